@@ -1,0 +1,70 @@
+-- Sliding window counter: the same function as src/limit/algorithm/sliding_window.rs, line
+-- for line, so memory and Redis decide alike (a differential test holds them to it).
+--
+-- KEYS[1]  the client's key under one rule: a hash of
+--          w = index of the current window, p = previous window's count, c = current count
+-- ARGV[1]  limit, requests per window
+-- ARGV[2]  window length in milliseconds
+-- ARGV[3]  cost of this request
+-- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
+-- Returns {allowed 1|0, remaining, retry_after_us, reset_after_us}.
+--
+-- The comparison is multiplied through by the window length, in whole request-milliseconds
+-- below 2^53 (the configuration guarantees it), so Lua's doubles are exact.
+local limit = tonumber(ARGV[1])
+local w = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local now_ms = math.floor(now / 1000)
+local window = math.floor(now_ms / w)
+local start = window * w
+local elapsed = now_ms - start
+
+local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
+local sw, sp, sc = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
+local previous, current = 0, 0
+if sw and sp and sc then
+  if sw == window then
+    previous, current = sp, sc
+  elseif sw + 1 == window then
+    previous, current = sc, 0
+  end
+end
+
+local budget = limit * w
+local previous_weight = previous * (w - elapsed)
+local function after_ms(at_ms)
+  return math.max(0, at_ms * 1000 - now)
+end
+
+if previous_weight + (current + cost) * w <= budget then
+  current = current + cost
+  -- The current count leaves the sliding window when the next window ends.
+  local reset_after = after_ms(start + 2 * w)
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window),
+    'p', string.format('%.0f', previous), 'c', string.format('%.0f', current))
+  redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(reset_after / 1000000)))
+  return {1, math.floor((budget - previous_weight - current * w) / w), 0, reset_after}
+end
+
+-- Denied: nothing is counted, nothing written.
+local reset_at = start + w
+if current > 0 then
+  reset_at = start + 2 * w
+end
+local allowed_at
+if current + cost <= limit then
+  -- Only the previous window's weight is in the way: wait until it has shrunk enough.
+  allowed_at = start + w - math.floor((limit - current - cost) * w / previous)
+elseif cost <= limit then
+  -- Wait for the next window, where the current count becomes the weighted previous one.
+  allowed_at = start + 2 * w - math.floor((limit - cost) * w / current)
+else
+  allowed_at = reset_at
+end
+return {0, 0, after_ms(allowed_at), after_ms(reset_at)}

@@ -1,0 +1,37 @@
+-- Token bucket as GCRA: the same function as src/limit/algorithm/token_bucket.rs, line for
+-- line, so memory and Redis decide alike (a differential test holds them to it).
+--
+-- KEYS[1]  the client's key under one rule; holds the theoretical arrival time (TAT), in
+--          microseconds, at which the bucket is full again
+-- ARGV[1]  capacity, in tokens
+-- ARGV[2]  microseconds to refill one token
+-- ARGV[3]  cost of this request, in tokens
+-- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
+-- Returns {allowed 1|0, remaining, retry_after_us, reset_after_us}.
+--
+-- Every number stays an integer below 2^53 (the gateway's configuration guarantees it), so
+-- Lua's doubles are exact and the reply's integer conversion loses nothing.
+local capacity = tonumber(ARGV[1])
+local interval = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local tat = tonumber(redis.call('GET', KEYS[1]))
+if not tat or tat < now then
+  tat = now
+end
+local tau = capacity * interval
+local new_tat = tat + cost * interval
+if new_tat - now > tau then
+  -- Denied: nothing is consumed, nothing written.
+  return {0, 0, new_tat - tau - now, tat - now}
+end
+
+-- Keep the key exactly as long as it matters: until the bucket is full again.
+local ttl = math.max(1, math.ceil((new_tat - now) / 1000000))
+redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'EX', ttl)
+return {1, math.floor((tau - (new_tat - now)) / interval), 0, new_tat - now}

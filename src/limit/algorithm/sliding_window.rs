@@ -1,0 +1,232 @@
+//! Sliding window counter, as the Go `ratelimiter` service documents it.
+//!
+//! Time is cut into fixed windows of `window_ms`. A client's count is the requests of the
+//! current window plus those of the previous window weighted by how much of it still overlaps
+//! the sliding window ending now: `previous * (window - elapsed) / window + current`. Two
+//! counters per client, no per-request log.
+//!
+//! The comparison is done multiplied through by `window`, in whole request-milliseconds, so
+//! there is no rounding at all and `scripts/sliding_window.lua` (Lua numbers are doubles,
+//! exact below 2^53, which the configuration guarantees) reaches the same answers.
+
+use std::time::Duration;
+
+use crate::limit::Decision;
+
+/// Parameters of one sliding window rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindow {
+    /// Requests allowed in any window-long stretch of time.
+    pub limit: u64,
+    /// Window length in milliseconds; windows are aligned to multiples of it.
+    pub window_ms: u64,
+}
+
+/// What is remembered of one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowState {
+    /// Index of the window `current` counts (`now_ms / window_ms`).
+    pub window: u64,
+    /// Requests counted in window `window - 1`.
+    pub previous: u64,
+    /// Requests counted in window `window`.
+    pub current: u64,
+}
+
+impl SlidingWindow {
+    /// One decision at `now_us`; returns the state to store, `None` when denied (a denial
+    /// counts nothing).
+    pub fn decide(
+        &self,
+        state: Option<WindowState>,
+        now_us: u64,
+        cost: u64,
+    ) -> (Decision, Option<WindowState>) {
+        let w = self.window_ms;
+        let now_ms = now_us / 1_000;
+        let window = now_ms / w;
+        let start = window * w;
+        let elapsed = now_ms - start;
+        let (previous, current) = match state {
+            Some(s) if s.window == window => (s.previous, s.current),
+            Some(s) if s.window + 1 == window => (s.current, 0),
+            _ => (0, 0),
+        };
+        let budget = self.limit * w;
+        let previous_weight = previous * (w - elapsed);
+        let after_ms = |at_ms: u64| Duration::from_micros((at_ms * 1_000).saturating_sub(now_us));
+
+        if previous_weight + (current + cost) * w <= budget {
+            let current = current + cost;
+            let decision = Decision {
+                allowed: true,
+                limit: self.limit,
+                remaining: (budget - previous_weight - current * w) / w,
+                retry_after: Duration::ZERO,
+                // `current` leaves the sliding window when the next window ends.
+                reset_after: after_ms(start + 2 * w),
+            };
+            let state = WindowState {
+                window,
+                previous,
+                current,
+            };
+            return (decision, Some(state));
+        }
+
+        let reset_at = if current > 0 { start + 2 * w } else { start + w };
+        let allowed_at = if current + cost <= self.limit {
+            // Only the previous window's weight is in the way (so `previous > 0`): wait until
+            // it has shrunk enough within this window.
+            start + w - (self.limit - current - cost) * w / previous
+        } else if cost <= self.limit {
+            // Wait for the next window, where `current` becomes the weighted previous count.
+            start + 2 * w - (self.limit - cost) * w / current
+        } else {
+            // Never allowed; the honest bound to report is a full reset.
+            reset_at
+        };
+        let decision = Decision {
+            allowed: false,
+            limit: self.limit,
+            remaining: 0,
+            retry_after: after_ms(allowed_at),
+            reset_after: after_ms(reset_at),
+        };
+        (decision, None)
+    }
+
+    /// True when forgetting this state changes no future decision.
+    pub fn is_idle(&self, state: &WindowState, now_us: u64) -> bool {
+        let window = now_us / 1_000 / self.window_ms;
+        window >= state.window + 2 || (state.previous == 0 && state.current == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: u64 = 1_000;
+
+    /// 10 requests per 60 s.
+    fn window() -> SlidingWindow {
+        SlidingWindow {
+            limit: 10,
+            window_ms: 60_000,
+        }
+    }
+
+    fn run(sw: &SlidingWindow, state: &mut Option<WindowState>, now_ms: u64, n: usize) -> Vec<Decision> {
+        (0..n)
+            .map(|_| {
+                let (d, next) = sw.decide(*state, now_ms * MS, 1);
+                if next.is_some() {
+                    *state = next;
+                }
+                d
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_limit_holds_within_one_window() {
+        let sw = window();
+        let mut state = None;
+        let t = 600_000; // start of window 10
+        let decisions = run(&sw, &mut state, t, 11);
+        let remaining: Vec<u64> = decisions[..10].iter().map(|d| d.remaining).collect();
+        assert_eq!(remaining, [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]);
+        let denied = &decisions[10];
+        assert!(!denied.allowed);
+        // The next window starts at 660 s, where the 10 requests weigh 10 * (60 - e) / 60;
+        // one more fits once e >= 6 s, so at 666 s.
+        assert_eq!(denied.retry_after, Duration::from_secs(66));
+        assert_eq!(denied.reset_after, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn the_previous_window_is_weighted_by_its_overlap() {
+        let sw = window();
+        let mut state = None;
+        run(&sw, &mut state, 600_000, 10);
+        // 15 s into the next window: previous weighs 10 * 45/60 = 7.5, so 2 more fit (9.5).
+        let decisions = run(&sw, &mut state, 675_000, 3);
+        assert!(decisions[0].allowed && decisions[1].allowed);
+        assert_eq!(decisions[1].remaining, 0);
+        assert!(!decisions[2].allowed);
+        // A third fits when 10 * (60 - e) / 60 + 3 <= 10, so at e = 18 s.
+        assert_eq!(decisions[2].retry_after, Duration::from_secs(3));
+        // Two windows later, everything is forgotten.
+        let decisions = run(&sw, &mut state, 780_000, 1);
+        assert_eq!(decisions[0].remaining, 9);
+    }
+
+    #[test]
+    fn retry_after_is_exact_to_the_microsecond() {
+        let sw = SlidingWindow {
+            limit: 1,
+            window_ms: 1_000,
+        };
+        let (_, state) = sw.decide(None, 5_000_250, 1);
+        let (d, _) = sw.decide(state, 5_000_750, 1);
+        // Next window starts at 6 s; the previous single request weighs 1 * (1000 - e)/1000,
+        // which leaves room for one more only at e = 1000 ms, i.e. at 7 s.
+        assert_eq!(d.retry_after, Duration::from_micros(7_000_000 - 5_000_750));
+    }
+
+    #[test]
+    fn idle_after_two_windows() {
+        let sw = window();
+        let state = WindowState {
+            window: 10,
+            previous: 3,
+            current: 4,
+        };
+        assert!(!sw.is_idle(&state, 719_999_999));
+        assert!(sw.is_idle(&state, 720_000_000));
+    }
+
+    proptest! {
+        /// In any window-long stretch ending at a request, at most `limit` requests (counting
+        /// whole windows: the sliding count is an estimate, but it never lets a fixed window
+        /// hold more than `limit`, nor two adjacent ones more than `2 * limit`).
+        #[test]
+        fn never_more_than_the_budget(
+            limit in 1u64..30,
+            window_ms in 1u64..10_000,
+            steps in proptest::collection::vec((0u64..2_000_000, 1u64..3), 1..300),
+        ) {
+            let sw = SlidingWindow { limit, window_ms };
+            let mut now = 1_000_000_000u64;
+            let mut state = None;
+            let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+            for (dt, cost) in steps {
+                now += dt;
+                let (d, next) = sw.decide(state, now, cost);
+                prop_assert!(d.remaining <= limit);
+                if d.allowed {
+                    *per_window.entry(now / 1_000 / window_ms).or_default() += cost;
+                    state = next;
+                } else {
+                    prop_assert_eq!(next, None);
+                    prop_assert_eq!(d.remaining, 0);
+                    prop_assert!(d.retry_after > Duration::ZERO);
+                    // Retrying exactly when told succeeds, one microsecond earlier does not.
+                    if cost <= limit {
+                        let at = now + d.retry_after.as_micros() as u64;
+                        prop_assert!(sw.decide(state, at, cost).0.allowed);
+                        prop_assert!(!sw.decide(state, at - 1, cost).0.allowed);
+                    }
+                }
+            }
+            for (w, n) in &per_window {
+                prop_assert!(*n <= limit);
+                if let Some(next) = per_window.get(&(w + 1)) {
+                    prop_assert!(n + next <= 2 * limit);
+                }
+            }
+        }
+    }
+}

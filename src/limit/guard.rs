@@ -1,0 +1,139 @@
+//! What happens when the Redis store fails: the fail mode and the circuit breaker.
+//!
+//! A failed or slow call costs at most `REDIS_TIMEOUT_MS`. After `REDIS_BREAKER_THRESHOLD`
+//! consecutive failures the breaker opens: from then on every decision is immediate (the fail
+//! mode, without asking Redis) and one background task pings Redis every
+//! `REDIS_PROBE_INTERVAL_MS`. The first successful ping closes the breaker and limiting
+//! resumes by itself. So an outage never makes every request wait for a timeout, and never
+//! turns into an outage of the backend (with `FAIL_MODE=open`).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::limit::{ClientKey, RedisStore, Rule, StoreError, Verdict};
+
+/// What to do with a request when the store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Forward it unlimited (`FAIL_MODE=open`, the default): Redis trouble never blocks users.
+    Open,
+    /// Refuse it with 503 (`FAIL_MODE=closed`): the backend is never unprotected.
+    Closed,
+}
+
+impl FailMode {
+    /// The value as written in `FAIL_MODE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+        }
+    }
+}
+
+/// The breaker's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardSettings {
+    /// `FAIL_MODE`.
+    pub fail_mode: FailMode,
+    /// `REDIS_BREAKER_THRESHOLD`: consecutive failures that open the breaker.
+    pub failure_threshold: u32,
+    /// `REDIS_PROBE_INTERVAL_MS`: how often an open breaker checks whether Redis is back.
+    pub probe_interval: Duration,
+}
+
+/// A Redis store behind a circuit breaker. Cheap to clone; clones share the breaker.
+#[derive(Clone)]
+pub struct Guard {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: RedisStore,
+    settings: GuardSettings,
+    /// Failures since the last success; reset by any success.
+    consecutive_failures: AtomicU32,
+    /// True while the breaker is open: decisions skip Redis and a probe task runs.
+    open: AtomicBool,
+}
+
+impl Guard {
+    /// Guard `store` with `settings`.
+    pub fn new(store: RedisStore, settings: GuardSettings) -> Self {
+        Guard {
+            inner: Arc::new(Inner {
+                store,
+                settings,
+                consecutive_failures: AtomicU32::new(0),
+                open: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Ask Redis, unless the breaker is open.
+    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
+        let inner = &self.inner;
+        if inner.open.load(Ordering::Acquire) {
+            return Verdict::Unavailable(inner.settings.fail_mode);
+        }
+        match inner.store.check(rule, client, cost).await {
+            Ok(decision) => {
+                // Read first: a store on every request would bounce the cache line.
+                if inner.consecutive_failures.load(Ordering::Relaxed) != 0 {
+                    inner.consecutive_failures.store(0, Ordering::Relaxed);
+                }
+                Verdict::Decided(decision)
+            }
+            Err(error) => {
+                self.record_failure(&error);
+                Verdict::Unavailable(inner.settings.fail_mode)
+            }
+        }
+    }
+
+    /// True while the breaker is open.
+    pub fn is_open(&self) -> bool {
+        self.inner.open.load(Ordering::Acquire)
+    }
+
+    fn record_failure(&self, error: &StoreError) {
+        let inner = &self.inner;
+        let failures = inner.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(%error, consecutive_failures = failures, "rate-limit store call failed");
+        if failures >= inner.settings.failure_threshold && !inner.open.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                fail_mode = inner.settings.fail_mode.as_str(),
+                probe_interval_ms = inner.settings.probe_interval.as_millis() as u64,
+                "circuit breaker open: redis is not asked until a probe succeeds; requests are {}",
+                match inner.settings.fail_mode {
+                    FailMode::Open => "forwarded without limiting",
+                    FailMode::Closed => "refused with 503",
+                }
+            );
+            tokio::spawn(probe(Arc::downgrade(&self.inner)));
+        }
+    }
+}
+
+/// Ping until Redis answers, then close the breaker. Ends early if the gateway is gone.
+async fn probe(inner: Weak<Inner>) {
+    loop {
+        let Some(interval) = inner.upgrade().map(|inner| inner.settings.probe_interval) else {
+            return;
+        };
+        tokio::time::sleep(interval).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        match inner.store.ping().await {
+            Ok(()) => {
+                inner.consecutive_failures.store(0, Ordering::Relaxed);
+                inner.open.store(false, Ordering::Release);
+                tracing::info!("circuit breaker closed: redis answers again, limiting resumes");
+                return;
+            }
+            Err(error) => tracing::debug!(%error, "redis probe failed; breaker stays open"),
+        }
+    }
+}

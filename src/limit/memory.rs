@@ -1,0 +1,242 @@
+//! The in-process store: client states in a fixed number of shards, each a small LRU map
+//! behind its own mutex.
+//!
+//! Sharding keeps two requests from different clients off the same lock; the LRU order makes
+//! "evict the idlest client when full" an O(1) pop, so the `MAX_KEYS` bound costs nothing on
+//! the hot path and a flood of invented identities cannot grow memory. A decision for a known
+//! client allocates nothing. Entries whose budget has fully come back are dropped by
+//! [`MemoryStore::purge_idle`], which the server runs periodically.
+
+use std::hash::BuildHasher;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use lru::LruCache;
+use tokio::time::Instant;
+
+use crate::limit::{ClientKey, Decision, Rule, RuleName, State};
+
+/// A client's budget is identified by its rule and its key.
+type EntryKey = (RuleName, ClientKey);
+
+type Shard = Mutex<LruCache<EntryKey, State>>;
+
+/// Most shards a store is cut into: enough that 2 to 64 cores rarely meet on a lock.
+const MAX_SHARDS: usize = 64;
+
+/// The in-memory store. Cheap to clone: clones share the same table.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Client states; a key lives in exactly one shard, chosen by `hasher`.
+    shards: Box<[Shard]>,
+    /// Picks the shard; randomly seeded so clients cannot aim at one shard.
+    hasher: std::collections::hash_map::RandomState,
+    /// The store's clock starts here; times are microseconds since then.
+    epoch: Instant,
+}
+
+impl MemoryStore {
+    /// A store holding at most `max_keys` client states (per rule and client) in total.
+    pub fn new(max_keys: NonZeroUsize) -> Self {
+        let max_keys = max_keys.get();
+        // A power of two no larger than max_keys, so every shard holds at least one entry.
+        let shard_count = MAX_SHARDS.min(1 << max_keys.ilog2());
+        let shards = (0..shard_count)
+            .map(|i| {
+                // Spread the remainder over the first shards, so capacities add up exactly.
+                let capacity = max_keys / shard_count + usize::from(i < max_keys % shard_count);
+                let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+                Mutex::new(LruCache::new(capacity))
+            })
+            .collect();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: Default::default(),
+                epoch: Instant::now(),
+            }),
+        }
+    }
+
+    /// Microseconds on the store's clock (tokio's, so tests can pause it).
+    pub fn now_us(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Decide a request of `cost` for `client` under `rule`, now.
+    pub fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Decision {
+        self.check_at(rule, client, cost, self.now_us())
+    }
+
+    /// Decide a request at an explicit time on the store's clock (`now_us` must not go
+    /// backwards for one client; it is for tests and benchmarks driving a clock of their own).
+    pub fn check_at(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: u64) -> Decision {
+        let key = (rule.name, client);
+        let mut table = self.shard(&key);
+        match table.get_mut(&key) {
+            Some(state) => {
+                let (decision, next) = rule.policy.decide(Some(state), now_us, cost);
+                if let Some(next) = next {
+                    *state = next;
+                }
+                decision
+            }
+            None => {
+                let (decision, next) = rule.policy.decide(None, now_us, cost);
+                if let Some(next) = next {
+                    // At capacity this evicts the least recently seen client of the shard.
+                    table.push(key, next);
+                }
+                decision
+            }
+        }
+    }
+
+    /// Forget every client whose budget under its rule is entirely back, as of now.
+    /// Returns how many were dropped.
+    pub fn purge_idle(&self, rules: &[Rule]) -> usize {
+        self.purge_idle_at(rules, self.now_us())
+    }
+
+    /// [`purge_idle`](Self::purge_idle) at an explicit time.
+    pub fn purge_idle_at(&self, rules: &[Rule], now_us: u64) -> usize {
+        let mut idle = Vec::new();
+        let mut purged = 0;
+        for shard in self.inner.shards.iter() {
+            let mut table = lock(shard);
+            idle.extend(table.iter().filter_map(|(key, state)| {
+                let rule = rules.iter().find(|rule| rule.name == key.0)?;
+                rule.policy.is_idle(state, now_us).then_some(*key)
+            }));
+            for key in idle.drain(..) {
+                table.pop(&key);
+                purged += 1;
+            }
+        }
+        purged
+    }
+
+    /// How many client states are held.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|shard| lock(shard).len()).sum()
+    }
+
+    /// True when no client state is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &EntryKey) -> MutexGuard<'_, LruCache<EntryKey, State>> {
+        let hash = self.inner.hasher.hash_one(key);
+        // Shard count is a power of two; the high bits are the best mixed.
+        let index = (hash >> 32) as usize & (self.inner.shards.len() - 1);
+        lock(&self.inner.shards[index])
+    }
+}
+
+/// No code panics while holding a shard lock, but a poisoned shard is still consistent
+/// (every update is a single assignment), so keep serving from it.
+fn lock(shard: &Shard) -> MutexGuard<'_, LruCache<EntryKey, State>> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::Policy;
+    use crate::limit::algorithm::{SlidingWindow, TokenBucket};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn rule(name: RuleName, capacity: u64) -> Rule {
+        Rule {
+            name,
+            policy: Policy::TokenBucket(TokenBucket {
+                capacity,
+                interval_us: 1_000_000,
+            }),
+        }
+    }
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::from(n))
+    }
+
+    fn store(max_keys: usize) -> MemoryStore {
+        MemoryStore::new(NonZeroUsize::new(max_keys).unwrap())
+    }
+
+    #[test]
+    fn rules_and_clients_have_separate_budgets() {
+        let store = store(100);
+        let general = rule(RuleName::General, 2);
+        let auth = rule(RuleName::Auth, 1);
+        assert!(store.check_at(&auth, ip(1), 1, 0).allowed);
+        assert!(!store.check_at(&auth, ip(1), 1, 0).allowed);
+        assert!(store.check_at(&auth, ip(2), 1, 0).allowed);
+        assert_eq!(store.check_at(&general, ip(1), 1, 0).remaining, 1);
+    }
+
+    #[test]
+    fn the_bound_holds_under_a_flood_and_evicts_the_idlest() {
+        let max_keys = 1_000;
+        let store = store(max_keys);
+        let r = rule(RuleName::General, 1);
+        // The first client spends its budget, then 10x max_keys strangers arrive.
+        assert!(store.check_at(&r, ip(0), 1, 0).allowed);
+        for n in 1..=(10 * max_keys as u32) {
+            store.check_at(&r, ip(n), 1, 0);
+            assert!(store.len() <= max_keys);
+        }
+        assert!(
+            store.len() > max_keys / 2,
+            "capacity is used, got {}",
+            store.len()
+        );
+        // The first client was the idlest, so it was forgotten and starts full again.
+        assert!(store.check_at(&r, ip(0), 1, 0).allowed);
+    }
+
+    #[test]
+    fn tiny_bounds_are_exact() {
+        for max_keys in [1, 2, 3, 7, 65, 130] {
+            let store = store(max_keys);
+            let r = rule(RuleName::General, 1);
+            for n in 0..1_000 {
+                store.check_at(&r, ip(n), 1, 0);
+            }
+            assert!(store.len() <= max_keys, "max_keys={max_keys}");
+        }
+    }
+
+    #[test]
+    fn purge_drops_exactly_the_refilled_clients() {
+        let store = store(100);
+        let tb = rule(RuleName::General, 2);
+        let sw = Rule {
+            name: RuleName::Auth,
+            policy: Policy::SlidingWindow(SlidingWindow {
+                limit: 5,
+                window_ms: 10_000,
+            }),
+        };
+        store.check_at(&tb, ip(1), 1, 0); // full again at 1 s
+        store.check_at(&tb, ip(2), 2, 0); // full again at 2 s
+        store.check_at(&sw, ip(1), 1, 0); // forgotten at 20 s
+        assert_eq!(store.purge_idle_at(&[tb, sw], 1_500_000), 1);
+        assert_eq!(store.len(), 2);
+        assert_eq!(store.purge_idle_at(&[tb, sw], 19_999_999), 1);
+        assert_eq!(store.purge_idle_at(&[tb, sw], 20_000_000), 1);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn a_denial_creates_no_entry() {
+        let store = store(10);
+        store.check_at(&rule(RuleName::General, 1), ip(1), 5, 0);
+        assert!(store.is_empty());
+    }
+}

@@ -1,0 +1,275 @@
+//! The Redis store: one shared budget per client across every replica.
+//!
+//! Each algorithm is a Lua script in `scripts/` (embedded at build time) that reads the state,
+//! runs the same arithmetic as the Rust algorithm and writes the result in one atomic step, on
+//! one round trip (`EVALSHA`, reloaded by `redis::Script` after `NOSCRIPT`). The script reads
+//! Redis `TIME`, so replicas with skewed clocks agree. Every key carries a TTL and all keys of
+//! one client and rule share a `{hash tag}`, so the same scripts run on Redis Cluster.
+//!
+//! Connections are made lazily: a Redis that is down at boot does not stop the gateway. Every
+//! call is bounded by `REDIS_TIMEOUT_MS`; what to do when it fails is [`super::guard`]'s job.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, ScriptInvocation};
+use tokio::sync::OnceCell;
+
+use crate::limit::{ClientKey, Decision, Policy, Rule, RuleName};
+
+static TOKEN_BUCKET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/token_bucket.lua")));
+static SLIDING_WINDOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../scripts/sliding_window.lua")));
+
+/// Why the store could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No answer within `REDIS_TIMEOUT_MS`.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Redis or the connection to it reported an error.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A script answered with something other than four non-negative integers.
+    #[error("redis script returned an unexpected reply: {0}")]
+    Reply(String),
+}
+
+/// Where Redis is. The password is kept out of `Debug` and every message.
+#[derive(Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server, as a `redis://` or `rediss://` URL (which may carry the password).
+    Single(String),
+    /// Seed nodes of a Redis Cluster, `host:port` each, and an optional password.
+    Cluster {
+        /// `host:port` of a few cluster nodes; the rest are discovered.
+        nodes: Vec<String>,
+        /// `REDIS_PASSWORD`, if the cluster wants one.
+        password: Option<String>,
+    },
+}
+
+impl RedisTarget {
+    /// A description safe to log: the URL with any password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        match self {
+            RedisTarget::Single(url) => redact_url(url),
+            RedisTarget::Cluster { nodes, .. } => format!("cluster {}", nodes.join(",")),
+        }
+    }
+}
+
+impl fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// `redis://user:secret@host/0` becomes `redis://user:***@host/0`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// The Redis-backed store. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+    /// `KEY_PREFIX`, in front of every key.
+    prefix: Arc<str>,
+    /// `REDIS_TIMEOUT_MS`: the most any one call may take, connecting included.
+    timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Connection {
+    /// Multiplexed and reconnecting; concurrent requests pipeline on one socket.
+    Single(ConnectionManager),
+    /// Connected on first use (the cluster client has no lazy constructor that retries).
+    Cluster(Arc<LazyCluster>),
+}
+
+struct LazyCluster {
+    client: ClusterClient,
+    connection: OnceCell<ClusterConnection>,
+}
+
+impl RedisStore {
+    /// A store for `target`; connects on first use, so this fails only on a malformed target.
+    pub fn new(target: &RedisTarget, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let connection = match target {
+            RedisTarget::Single(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    // Few, quick retries: the circuit breaker, not the client, rides out outages.
+                    .set_number_of_retries(1)
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(timeout);
+                Connection::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+            }
+            RedisTarget::Cluster { nodes, password } => {
+                let mut builder = ClusterClient::builder(nodes.iter().map(|node| format!("redis://{node}")))
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(1);
+                if let Some(password) = password {
+                    builder = builder.password(password);
+                }
+                Connection::Cluster(Arc::new(LazyCluster {
+                    client: builder.build()?,
+                    connection: OnceCell::new(),
+                }))
+            }
+        };
+        Ok(RedisStore {
+            connection,
+            prefix: prefix.into(),
+            timeout,
+        })
+    }
+
+    /// Decide a request of `cost` for `client` under `rule`, on the Redis clock.
+    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Result<Decision, StoreError> {
+        self.decide(rule, client, cost, None).await
+    }
+
+    /// Decide with the script's clock pinned to `now_us` (microseconds since the Unix epoch).
+    /// For tests that hold Redis to the Rust algorithms; production always uses Redis `TIME`.
+    #[doc(hidden)]
+    pub async fn check_at(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        now_us: u64,
+    ) -> Result<Decision, StoreError> {
+        self.decide(rule, client, cost, Some(now_us)).await
+    }
+
+    /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}`. The braces
+    /// are a Redis Cluster hash tag, so every key of one client and rule lives on one node.
+    pub fn key(&self, rule: RuleName, client: ClientKey, policy: &Policy) -> String {
+        let algorithm = match policy {
+            Policy::TokenBucket(_) => "tb",
+            Policy::SlidingWindow(_) => "sw",
+        };
+        format!("{}{{{rule}:{client}}}:{algorithm}", self.prefix)
+    }
+
+    /// `PING`, bounded by the timeout: the circuit breaker's health probe.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let cmd = redis::cmd("PING");
+        self.bounded(async {
+            match &self.connection {
+                Connection::Single(manager) => cmd.query_async::<()>(&mut manager.clone()).await,
+                Connection::Cluster(cluster) => cmd.query_async::<()>(&mut cluster.get().await?).await,
+            }
+        })
+        .await
+    }
+
+    async fn decide(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        now_us: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let (script, first, second) = match rule.policy {
+            Policy::TokenBucket(tb) => (&*TOKEN_BUCKET, tb.capacity, tb.interval_us),
+            Policy::SlidingWindow(sw) => (&*SLIDING_WINDOW, sw.limit, sw.window_ms),
+        };
+        let mut invocation = script.key(self.key(rule.name, client, &rule.policy));
+        invocation.arg(first).arg(second).arg(cost);
+        match now_us {
+            Some(now_us) => invocation.arg(now_us),
+            None => invocation.arg(""),
+        };
+        let reply: Vec<i64> = self.bounded(self.invoke(&invocation)).await?;
+        let [allowed, remaining, retry_after_us, reset_after_us] = reply[..] else {
+            return Err(StoreError::Reply(format!("{reply:?}")));
+        };
+        let non_negative = |n: i64| u64::try_from(n).map_err(|_| StoreError::Reply(format!("{reply:?}")));
+        Ok(Decision {
+            allowed: allowed == 1,
+            limit: rule.policy.limit(),
+            remaining: non_negative(remaining)?,
+            retry_after: Duration::from_micros(non_negative(retry_after_us)?),
+            reset_after: Duration::from_micros(non_negative(reset_after_us)?),
+        })
+    }
+
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Vec<i64>> {
+        match &self.connection {
+            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => invocation.invoke_async(&mut cluster.get().await?).await,
+        }
+    }
+
+    async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+impl LazyCluster {
+    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
+        self.connection
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_description() {
+        assert_eq!(redact_url("redis://:hunter2@db:6379/0"), "redis://:***@db:6379/0");
+        assert_eq!(redact_url("rediss://me:hunter2@db"), "rediss://me:***@db");
+        assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
+        assert_eq!(redact_url("garbage"), "***");
+        let target = RedisTarget::Cluster {
+            nodes: vec!["a:1".into()],
+            password: Some("hunter2".into()),
+        };
+        assert!(!format!("{target:?}").contains("hunter2"));
+    }
+
+    #[tokio::test]
+    async fn keys_share_a_hash_tag_per_client_and_rule() {
+        let store = RedisStore::new(
+            &RedisTarget::Single("redis://127.0.0.1:1".into()),
+            "tollgate:",
+            Duration::from_millis(10),
+        )
+        .unwrap();
+        let policy = Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+            capacity: 1,
+            interval_us: 1,
+        });
+        let key = store.key(RuleName::Auth, "2001:db8::1".parse().unwrap(), &policy);
+        assert_eq!(key, "tollgate:{auth:2001:db8::1}:tb");
+    }
+}

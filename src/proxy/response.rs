@@ -1,0 +1,126 @@
+//! Responses the gateway writes itself, and the rate-limit headers it adds to every decided
+//! response.
+//!
+//! `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (Unix seconds at which
+//! the budget is entirely back, as GitHub's API uses them) replace any the backend sent.
+//! `Retry-After` is whole seconds, rounded up, at least 1 (RFC 9110 section 10.2.3).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use super::{ProxyError, ResponseBody};
+use crate::limit::Decision;
+
+/// `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// `429 Too Many Requests` with `Retry-After` and a JSON body saying the same.
+pub fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
+    let retry_after = retry_after_secs(decision.retry_after);
+    let body = format!(r#"{{"error":"rate limit exceeded","retry_after":{retry_after}}}"#);
+    let mut response = json(StatusCode::TOO_MANY_REQUESTS, body);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    response
+}
+
+/// `503` for `FAIL_MODE=closed` while the store cannot decide.
+pub fn store_unavailable() -> Response<ResponseBody> {
+    let mut response = json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        r#"{"error":"rate limiter unavailable","retry_after":1}"#.to_owned(),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+    response
+}
+
+/// 502, 504 or 400, by where the failure came from.
+pub fn from_error(error: &ProxyError) -> Response<ResponseBody> {
+    let (status, message) = match error {
+        ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, "bad gateway"),
+        ProxyError::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "gateway timeout"),
+        ProxyError::Downstream(_) => (StatusCode::BAD_REQUEST, "bad request"),
+    };
+    json(status, format!(r#"{{"error":"{message}"}}"#))
+}
+
+/// Set the three rate-limit headers, replacing the backend's.
+pub fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
+    let reset_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_add(decision.reset_after);
+    headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
+    headers.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
+    headers.insert(&X_RATELIMIT_RESET, HeaderValue::from(ceil_secs(reset_at)));
+}
+
+/// Whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(retry_after: Duration) -> u64 {
+    ceil_secs(retry_after).max(1)
+}
+
+fn ceil_secs(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+fn json(status: StatusCode, body: String) -> Response<ResponseBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_micros(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(2)), 2);
+        assert_eq!(retry_after_secs(Duration::from_millis(2_001)), 3);
+    }
+
+    #[test]
+    fn a_429_says_when_to_come_back() {
+        let decision = Decision {
+            allowed: false,
+            limit: 5,
+            remaining: 0,
+            retry_after: Duration::from_millis(99_500),
+            reset_after: Duration::from_secs(500),
+        };
+        let mut response = too_many_requests(&decision);
+        set_rate_limit_headers(response.headers_mut(), &decision);
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()["retry-after"], "100");
+        assert_eq!(response.headers()["x-ratelimit-limit"], "5");
+        assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
+        let reset: u64 = response.headers()["x-ratelimit-reset"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        assert!((now + 500..=now + 501).contains(&reset));
+    }
+}
