@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit, property and integration tests.
+# Integration tests start their own redis-server processes on free ports (never one left
+# running by hand), so redis-server and redis-cli must be installed; on Debian this script
+# installs them when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
+    echo "test.sh: installing redis-server and redis-tools" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+  else
+    echo "test.sh: redis-server and redis-cli are required: apt-get install redis-server redis-tools" >&2
+    exit 1
+  fi
+fi
+redis-server --version
+
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+cargo test
