@@ -1,0 +1,176 @@
+//! The real `tollgate` binary: configuration errors, `--check-config`, `.env`, and SIGTERM.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::support::{Backend, free_port, get, redis::wait_for};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// Run the binary with exactly `vars` in its environment, in an empty directory.
+fn run(vars: &[(&str, &str)], args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    Command::new(BINARY)
+        .args(args)
+        .env_clear()
+        .envs(vars.iter().copied())
+        .current_dir(dir.path())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn each_bad_setting_exits_non_zero_naming_the_variable() {
+    let backend = ("BACKEND_URL", "http://127.0.0.1:9");
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[], "BACKEND_URL"),
+        (&[("BACKEND_URL", "localhost:8000")], "BACKEND_URL"),
+        (&[backend, ("ALGORITHM", "leaky_bucket")], "ALGORITHM"),
+        (&[backend, ("MAX_TOKENS", "lots")], "MAX_TOKENS"),
+        (&[backend, ("MAX_TOKENS", "0")], "MAX_TOKENS"),
+        (&[backend, ("REFILL_RATE", "-1")], "REFILL_RATE"),
+        (&[backend, ("AUTH_REFILL_RATE", "0")], "AUTH_REFILL_RATE"),
+        (
+            &[backend, ("ALGORITHM", "sliding_window"), ("WINDOW_SIZE", "-5")],
+            "WINDOW_SIZE",
+        ),
+        (
+            &[backend, ("ALGORITHM", "sliding_window"), ("LIMIT", "0")],
+            "LIMIT",
+        ),
+        (&[backend, ("TRUSTED_PROXIES", "10.0.0.0/99")], "TRUSTED_PROXIES"),
+        (&[backend, ("PORT", "http")], "PORT"),
+        (
+            &[
+                backend,
+                ("FAIL_MODE", "sideways"),
+                ("REDIS_ADDR", "127.0.0.1:6379"),
+            ],
+            "FAIL_MODE",
+        ),
+    ];
+    for (vars, variable) in cases {
+        let output = run(vars, &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{vars:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains(variable),
+            "{vars:?}: {stderr} should name {variable}"
+        );
+    }
+}
+
+#[test]
+fn a_redis_password_is_never_printed() {
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("REDIS_URL", "postgres://admin:hunter2@db"),
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr.contains("REDIS_URL") && !stderr.contains("hunter2"),
+        "{stderr}"
+    );
+
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("REDIS_URL", "redis://:hunter2@db:6379"),
+        ],
+        &["--check-config"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success());
+    assert!(
+        stdout.contains("redis://:***@db:6379") && !stdout.contains("hunter2"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_config_prints_the_effective_rules() {
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("AUTH_PATHS", "/login,/api/auth/*"),
+        ],
+        &["--check-config"],
+    );
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("general rule:     token_bucket: 10 tokens, refill 1/s"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("auth paths:       /login,/api/auth/*"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_dot_env_file_is_read_and_the_environment_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".env"),
+        "BACKEND_URL=http://127.0.0.1:9\nMAX_TOKENS=42\nLIMIT=7\n",
+    )
+    .unwrap();
+    let output = Command::new(BINARY)
+        .arg("--check-config")
+        .env_clear()
+        .env("LIMIT", "8")
+        .env("ALGORITHM", "sliding_window")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("sliding_window: 8 requests per 60 s"), "{stdout}");
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let backend = Backend::start().await;
+    let port = free_port();
+    let mut child = Command::new(BINARY)
+        .env_clear()
+        .env("BACKEND_URL", backend.url())
+        .env("BIND", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_for(
+        || std::net::TcpStream::connect(addr).is_ok(),
+        "tollgate to listen",
+    );
+    let in_flight = tokio::spawn(async move { get(addr, "/slow/700").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        in_flight.await.unwrap().status,
+        StatusCode::OK,
+        "the in-flight request completes"
+    );
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+}

@@ -1,0 +1,9 @@
+//! Integration tests: one binary, one module per area (see `support` for the harness).
+
+mod support;
+
+mod binary;
+mod cluster;
+mod faults;
+mod proxy;
+mod redis;

@@ -1,0 +1,204 @@
+//! The Redis store: exact limits across replicas, the same decisions as memory, TTLs, and
+//! script reloading.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use http::StatusCode;
+use tollgate::limit::algorithm::{SlidingWindow, TokenBucket};
+use tollgate::limit::{MemoryStore, Policy, RedisStore, RedisTarget, Rule, RuleName};
+
+use crate::support::{Backend, Gateway, RedisServer, get, get_from};
+
+/// Budget 25, no refill worth speaking of during a test, per algorithm.
+pub const EXACT_25: [&[(&str, &str)]; 2] = [
+    &[
+        ("ALGORITHM", "token_bucket"),
+        ("MAX_TOKENS", "25"),
+        ("REFILL_RATE", "0.0001"),
+    ],
+    &[
+        ("ALGORITHM", "sliding_window"),
+        ("LIMIT", "25"),
+        ("WINDOW_SIZE", "3600"),
+    ],
+];
+
+/// 300 concurrent requests from each of `clients`, spread round-robin over `gateways`;
+/// returns how many got 200 per client.
+pub async fn flood(gateways: &[Gateway], clients: &[IpAddr]) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for client in clients {
+        let replies =
+            join_all((0..300).map(|i| get_from(gateways[i % gateways.len()].addr, *client, "/", &[]))).await;
+        for reply in &replies {
+            assert!(
+                reply.status == StatusCode::OK || reply.status == StatusCode::TOO_MANY_REQUESTS,
+                "unexpected {}",
+                reply.status
+            );
+            // Only a decision carries Remaining (and Limit 25, not the backend's own 999).
+            assert!(
+                reply.headers.contains_key("x-ratelimit-remaining"),
+                "decided by redis"
+            );
+            assert_eq!(reply.number("x-ratelimit-limit"), 25);
+        }
+        counts.push(replies.iter().filter(|r| r.status == StatusCode::OK).count());
+    }
+    counts
+}
+
+#[tokio::test]
+async fn three_replicas_share_one_exact_budget() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    for algorithm in EXACT_25 {
+        let prefix = format!("exact-{}:", algorithm[0].1);
+        let mut vars = vec![
+            ("REDIS_ADDR", redis.addr()),
+            ("KEY_PREFIX", prefix),
+            ("REDIS_TIMEOUT_MS", "5000".into()),
+        ];
+        vars.extend(algorithm.iter().map(|(k, v)| (*k, v.to_string())));
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut gateways = Vec::new();
+        for _ in 0..3 {
+            gateways.push(Gateway::start(&backend.url(), &vars).await);
+        }
+        let allowed = flood(&gateways, &["127.0.0.1".parse().unwrap()]).await;
+        assert_eq!(allowed, [25], "{algorithm:?}");
+    }
+}
+
+#[tokio::test]
+async fn keys_are_hash_tagged_and_all_expire() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    for (algorithm, prefix) in [("token_bucket", "ttl-tb:"), ("sliding_window", "ttl-sw:")] {
+        let gateway = Gateway::start(
+            &backend.url(),
+            &[
+                ("REDIS_ADDR", &redis.addr()),
+                ("ALGORITHM", algorithm),
+                ("KEY_PREFIX", prefix),
+            ],
+        )
+        .await;
+        get(gateway.addr, "/").await;
+        get(gateway.addr, "/login").await;
+        get_from(gateway.addr, "127.0.0.9".parse().unwrap(), "/", &[]).await;
+    }
+    let mut keys: Vec<String> = redis.cli(&["--scan"]).lines().map(str::to_owned).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "ttl-sw:{auth:127.0.0.1}:sw",
+            "ttl-sw:{general:127.0.0.1}:sw",
+            "ttl-sw:{general:127.0.0.9}:sw",
+            "ttl-tb:{auth:127.0.0.1}:tb",
+            "ttl-tb:{general:127.0.0.1}:tb",
+            "ttl-tb:{general:127.0.0.9}:tb",
+        ]
+    );
+    for key in &keys {
+        let ttl: i64 = redis.cli(&["TTL", key]).trim().parse().unwrap();
+        assert!(ttl >= 1, "{key} has TTL {ttl}");
+    }
+    // Token bucket keys live until the bucket is full again: 1 s for the general rule
+    // (one token at 1/s), 100 s for auth (one token at 0.01/s); sliding windows two windows.
+    let ttl = |key: &str| redis.cli(&["TTL", key]).trim().parse::<i64>().unwrap();
+    assert!(ttl("ttl-tb:{general:127.0.0.1}:tb") <= 1);
+    assert!((99..=100).contains(&ttl("ttl-tb:{auth:127.0.0.1}:tb")));
+    assert!((60..=120).contains(&ttl("ttl-sw:{general:127.0.0.1}:sw")));
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[("REDIS_ADDR", &redis.addr()), ("MAX_TOKENS", "5")],
+    )
+    .await;
+    assert_eq!(get(gateway.addr, "/").await.number("x-ratelimit-remaining"), 4);
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let reply = get(gateway.addr, "/").await;
+    assert_eq!(
+        reply.number("x-ratelimit-remaining"),
+        3,
+        "decided by redis after NOSCRIPT"
+    );
+}
+
+/// A deterministic pseudo-random sequence (xorshift), so a failure replays exactly.
+struct Sequence(u64);
+
+impl Sequence {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below
+    }
+}
+
+#[tokio::test]
+async fn redis_and_memory_make_identical_decisions() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&RedisTarget::Single(redis.url()), "diff:", Duration::from_secs(5)).unwrap();
+    let policies = [
+        Policy::TokenBucket(TokenBucket {
+            capacity: 5,
+            interval_us: 1_000_000,
+        }),
+        Policy::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval_us: 333_333,
+        }),
+        Policy::TokenBucket(TokenBucket {
+            capacity: 1,
+            interval_us: 100_000_000,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 5,
+            window_ms: 1_000,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 7,
+            window_ms: 60_000,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 1,
+            window_ms: 10,
+        }),
+    ];
+    let mut sequence = Sequence(0x9E37_79B9_7F4A_7C15);
+    for (n, policy) in policies.into_iter().enumerate() {
+        let rule = Rule {
+            name: RuleName::General,
+            policy,
+        };
+        let memory = MemoryStore::new(100.try_into().unwrap());
+        let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
+        // A realistic wall-clock time, so the script's numbers are as large as in production.
+        let mut now_us = 1_764_000_000_000_000 + sequence.next(1_000_000_000);
+        let step = match policy {
+            Policy::TokenBucket(tb) => tb.interval_us,
+            Policy::SlidingWindow(sw) => sw.window_ms * 1_000 / sw.limit,
+        };
+        for i in 0..400 {
+            now_us += sequence.next(2 * step);
+            let cost = 1 + sequence.next(2);
+            let expected = memory.check_at(&rule, client, cost, now_us);
+            let actual = store.check_at(&rule, client, cost, now_us).await.unwrap();
+            assert_eq!(
+                actual, expected,
+                "{policy:?}, step {i}, now {now_us}, cost {cost}"
+            );
+        }
+    }
+}
