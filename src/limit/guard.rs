@@ -7,9 +7,11 @@
 //! resumes by itself. So an outage never makes every request wait for a timeout, and never
 //! turns into an outage of the backend (with `FAIL_MODE=open`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::limit::{ClientKey, RedisStore, Rule, StoreError, Verdict};
 
@@ -56,7 +58,12 @@ struct Inner {
     consecutive_failures: AtomicU32,
     /// True while the breaker is open: decisions skip Redis and a probe task runs.
     open: AtomicBool,
+    /// Requests answered by the fail mode since the outage began, for the outage's log lines.
+    degraded: AtomicU64,
 }
+
+/// While the breaker stays open, how often the probe repeats that requests are degraded.
+const OUTAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Guard {
     /// Guard `store` with `settings`.
@@ -67,6 +74,7 @@ impl Guard {
                 settings,
                 consecutive_failures: AtomicU32::new(0),
                 open: AtomicBool::new(false),
+                degraded: AtomicU64::new(0),
             }),
         }
     }
@@ -75,6 +83,7 @@ impl Guard {
     pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
         let inner = &self.inner;
         if inner.open.load(Ordering::Acquire) {
+            inner.degraded.fetch_add(1, Ordering::Relaxed);
             return Verdict::Unavailable(inner.settings.fail_mode);
         }
         match inner.store.check(rule, client, cost).await {
@@ -86,6 +95,7 @@ impl Guard {
                 Verdict::Decided(decision)
             }
             Err(error) => {
+                inner.degraded.fetch_add(1, Ordering::Relaxed);
                 self.record_failure(&error);
                 Verdict::Unavailable(inner.settings.fail_mode)
             }
@@ -117,7 +127,9 @@ impl Guard {
 }
 
 /// Ping until Redis answers, then close the breaker. Ends early if the gateway is gone.
+/// Every [`OUTAGE_REPORT_INTERVAL`] it logs how many requests the fail mode has answered.
 async fn probe(inner: Weak<Inner>) {
+    let mut last_report = Instant::now();
     loop {
         let Some(interval) = inner.upgrade().map(|inner| inner.settings.probe_interval) else {
             return;
@@ -130,10 +142,24 @@ async fn probe(inner: Weak<Inner>) {
             Ok(()) => {
                 inner.consecutive_failures.store(0, Ordering::Relaxed);
                 inner.open.store(false, Ordering::Release);
-                tracing::info!("circuit breaker closed: redis answers again, limiting resumes");
+                tracing::info!(
+                    degraded_requests = inner.degraded.swap(0, Ordering::Relaxed),
+                    "circuit breaker closed: redis answers again, limiting resumes"
+                );
                 return;
             }
-            Err(error) => tracing::debug!(%error, "redis probe failed; breaker stays open"),
+            Err(error) => {
+                tracing::debug!(%error, "redis probe failed; breaker stays open");
+                if last_report.elapsed() >= OUTAGE_REPORT_INTERVAL {
+                    last_report = Instant::now();
+                    tracing::warn!(
+                        %error,
+                        fail_mode = inner.settings.fail_mode.as_str(),
+                        degraded_requests = inner.degraded.load(Ordering::Relaxed),
+                        "redis still unavailable; requests are answered by the fail mode"
+                    );
+                }
+            }
         }
     }
 }

@@ -102,8 +102,9 @@ impl Proxy {
         } else {
             &self.general
         };
-        let method = request.method().clone();
-        let path = request.uri().path().to_owned();
+        // Captured only when the per-request line will be written: the request moves on.
+        let logged = tracing::enabled!(tracing::Level::DEBUG)
+            .then(|| (request.method().clone(), request.uri().path().to_owned()));
 
         let verdict = self.limiter.check(rule, client, 1).await;
         let (mut response, outcome) = match verdict {
@@ -117,16 +118,18 @@ impl Proxy {
         if let Verdict::Decided(decision) = &verdict {
             response::set_rate_limit_headers(response.headers_mut(), decision);
         }
-        tracing::debug!(
-            %method,
-            path,
-            %client,
-            rule = rule.name.as_str(),
-            decision = outcome,
-            status = response.status().as_u16(),
-            latency_us = started.elapsed().as_micros() as u64,
-            "request"
-        );
+        if let Some((method, path)) = logged {
+            tracing::debug!(
+                %method,
+                path,
+                %client,
+                rule = rule.name.as_str(),
+                decision = outcome,
+                status = response.status().as_u16(),
+                latency_us = started.elapsed().as_micros() as u64,
+                "request"
+            );
+        }
         response
     }
 

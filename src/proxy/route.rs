@@ -80,6 +80,10 @@ impl AuthPaths {
         if self.0.is_empty() {
             return false;
         }
+        if is_normal(raw_path) {
+            // The common case needs no allocation.
+            return self.0.iter().any(|pattern| pattern.matches(raw_path));
+        }
         let path = normalize(raw_path);
         self.0.iter().any(|pattern| pattern.matches(&path))
     }
@@ -95,6 +99,18 @@ impl fmt::Display for AuthPaths {
         }
         Ok(())
     }
+}
+
+/// True when `normalize(path) == path`: a conservative, allocation-free check.
+fn is_normal(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    bytes.first() == Some(&b'/')
+        && (bytes.len() == 1 || bytes.last() != Some(&b'/'))
+        && !bytes
+            .iter()
+            .any(|b| matches!(b, b'%' | b'A'..=b'Z') || !b.is_ascii())
+        && !path.contains("//")
+        && !path.split('/').any(|segment| segment == "." || segment == "..")
 }
 
 /// The normal form of a path, as described in the module docs.
@@ -172,6 +188,15 @@ mod tests {
             auth(&["/Login/", "/auth/*", "/o*"]).to_string(),
             "/login,/auth/*,/o*"
         );
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_normalize() {
+        for path in [
+            "/", "/a", "/a/b", "/a/", "//a", "/A", "/a/./b", "/a/../b", "/%61", "/é", "/a.b", "/..a", "",
+        ] {
+            assert_eq!(is_normal(path), normalize(path) == path, "{path:?}");
+        }
     }
 
     #[test]

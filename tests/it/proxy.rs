@@ -401,3 +401,39 @@ async fn shutdown_drains_in_flight_requests() {
         "no longer accepting"
     );
 }
+
+/// Send raw bytes on a fresh connection and return the response's status line.
+async fn raw_status_line(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The server may answer and close before it has read everything; that is its right.
+    let _ = stream.write_all(request).await;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).await.unwrap();
+    line.trim_end().to_owned()
+}
+
+#[tokio::test]
+async fn oversized_and_malformed_requests_are_refused_cleanly() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[]).await;
+    let mut huge = b"GET / HTTP/1.1\r\nHost: gateway.test\r\nX-Big: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 1024 * 1024));
+    huge.extend(b"\r\n\r\n");
+    assert_eq!(
+        raw_status_line(gateway.addr, &huge).await,
+        "HTTP/1.1 431 Request Header Fields Too Large"
+    );
+    let garbage = b"GET / HTTP/1.1\r\nHost: gateway.test\r\nBad Header\r\n\r\n";
+    assert_eq!(
+        raw_status_line(gateway.addr, garbage).await,
+        "HTTP/1.1 400 Bad Request"
+    );
+    assert!(backend.seen().is_empty(), "nothing malformed reaches the backend");
+    assert_eq!(
+        get(gateway.addr, "/").await.status,
+        StatusCode::OK,
+        "and the gateway carries on"
+    );
+}
