@@ -195,7 +195,11 @@ mod tests {
         for path in [
             "/", "/a", "/a/b", "/a/", "//a", "/A", "/a/./b", "/a/../b", "/%61", "/é", "/a.b", "/..a", "",
         ] {
-            assert_eq!(is_normal(path), normalize(path) == path, "{path:?}");
+            // Conservative: whatever it calls normal is normal.
+            assert!(!is_normal(path) || normalize(path) == path, "{path:?}");
+        }
+        for path in ["/", "/login", "/api/v1/users", "/a.b", "/..a"] {
+            assert!(is_normal(path), "{path:?} should take the fast path");
         }
     }
 
