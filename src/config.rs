@@ -550,12 +550,6 @@ fn parse_store(raw: &RawConfig) -> Result<StoreConfig, ConfigError> {
                     expected: expected.into(),
                 });
             }
-            if url.starts_with("rediss://") {
-                return Err(ConfigError::InvalidSecret {
-                    var: "REDIS_URL",
-                    expected: "redis://...: this build has no TLS support for Redis; use a TLS proxy such as stunnel".into(),
-                });
-            }
             if redis::Client::open(url).is_err() {
                 return Err(ConfigError::InvalidSecret {
                     var: "REDIS_URL",

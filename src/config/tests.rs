@@ -194,6 +194,11 @@ fn redis_settings() {
     assert_eq!(redis.timeout, Duration::from_millis(50));
     assert_eq!(redis.guard.fail_mode, FailMode::Closed);
     assert!(error(&[("REDIS_ADDR", "a:1"), ("REDIS_URL", "redis://b")]).contains("only one of"));
+    let config = parse(&[("REDIS_URL", "rediss://:pw@cache.internal:6380/1")]).unwrap();
+    let StoreConfig::Redis(redis) = config.store else {
+        panic!("redis store expected")
+    };
+    assert_eq!(redis.target.redacted(), "rediss://:***@cache.internal:6380/1");
 }
 
 #[test]

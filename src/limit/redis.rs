@@ -114,6 +114,11 @@ impl RedisStore {
     pub fn new(target: &RedisTarget, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
         let connection = match target {
             RedisTarget::Single(url) => {
+                if url.starts_with("rediss://") {
+                    // TLS via rustls with the ring provider; trusted roots are the system's
+                    // (or SSL_CERT_FILE). Already installed is fine.
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                }
                 let client = redis::Client::open(url.as_str())?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))

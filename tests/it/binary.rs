@@ -174,3 +174,41 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
         .unwrap();
     assert_eq!(exit.code(), Some(0));
 }
+
+#[tokio::test]
+async fn redis_over_tls_with_a_private_ca() {
+    let redis = crate::support::RedisServer::start_tls();
+    let backend = Backend::start().await;
+    let port = free_port();
+    let mut child = Command::new(BINARY)
+        .env_clear()
+        .env("BACKEND_URL", backend.url())
+        .env("BIND", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .env("REDIS_URL", format!("rediss://localhost:{}", redis.port))
+        // rustls reads the trusted roots from the system store, or from SSL_CERT_FILE.
+        .env("SSL_CERT_FILE", redis.cert_file())
+        .env("REDIS_TIMEOUT_MS", "2000")
+        .env("MAX_TOKENS", "2")
+        .env("REFILL_RATE", "0.01")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_for(
+        || std::net::TcpStream::connect(addr).is_ok(),
+        "tollgate to listen",
+    );
+    let statuses = [get(addr, "/").await, get(addr, "/").await, get(addr, "/").await];
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert_eq!(
+        statuses[0].header("x-ratelimit-remaining"),
+        Some("1"),
+        "decided by redis over TLS"
+    );
+    assert_eq!(statuses[2].status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(redis.cli(&["--scan"]).trim(), "tollgate:{general:127.0.0.1}:tb");
+}

@@ -13,6 +13,8 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: TempDir,
     extra: Vec<String>,
+    /// Serving TLS only, with the certificate in `dir/cert.pem`.
+    tls: bool,
 }
 
 impl RedisServer {
@@ -28,9 +30,48 @@ impl RedisServer {
             child: None,
             dir: tempfile::tempdir().unwrap(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: false,
         };
         server.restart();
         server
+    }
+
+    /// A server that speaks only TLS, with a fresh self-signed certificate for `localhost`
+    /// and 127.0.0.1 (see [`cert_file`](Self::cert_file)).
+    pub fn start_tls() -> RedisServer {
+        let dir = tempfile::tempdir().unwrap();
+        let certified =
+            rcgen::generate_simple_self_signed(["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        std::fs::write(dir.path().join("cert.pem"), certified.cert.pem()).unwrap();
+        std::fs::write(dir.path().join("key.pem"), certified.signing_key.serialize_pem()).unwrap();
+        let cert = dir.path().join("cert.pem").display().to_string();
+        let key = dir.path().join("key.pem").display().to_string();
+        let port = free_port();
+        let mut server = RedisServer {
+            port,
+            child: None,
+            extra: vec![
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                cert.clone(),
+                "--tls-key-file".into(),
+                key,
+                "--tls-ca-cert-file".into(),
+                cert,
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            dir,
+            tls: true,
+        };
+        server.restart();
+        server
+    }
+
+    /// The certificate a TLS server presents (self-signed: trust it as a root).
+    pub fn cert_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("cert.pem")
     }
 
     /// `host:port`, for `REDIS_ADDR`.
@@ -53,10 +94,15 @@ impl RedisServer {
     /// Start again on the same port, empty (after [`kill`](Self::kill)).
     pub fn restart(&mut self) {
         self.kill();
+        let plain_port = if self.tls {
+            "0".to_owned()
+        } else {
+            self.port.to_string()
+        };
         let child = Command::new("redis-server")
             .args([
                 "--port",
-                &self.port.to_string(),
+                &plain_port,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -73,7 +119,7 @@ impl RedisServer {
             .expect("redis-server must be installed (scripts/test.sh installs it)");
         self.child = Some(child);
         wait_for(
-            || cli(self.port, &["PING"]).trim() == "PONG",
+            || self.cli(&["PING"]).trim() == "PONG",
             "redis-server to answer PING",
         );
     }
@@ -99,7 +145,14 @@ impl RedisServer {
 
     /// Run `redis-cli` against this server and return its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        if self.tls {
+            let cert = self.cert_file().display().to_string();
+            let mut all = vec!["--tls", "--cacert", &cert];
+            all.extend_from_slice(args);
+            cli(self.port, &all)
+        } else {
+            cli(self.port, args)
+        }
     }
 }
 
