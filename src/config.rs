@@ -603,10 +603,11 @@ fn parse_store(raw: &RawConfig) -> Result<StoreConfig, ConfigError> {
         &raw.fail_mode,
         "FAIL_MODE",
         "open",
-        "open or closed",
+        "open, closed or local",
         |s| match s {
             "open" => Some(FailMode::Open),
             "closed" => Some(FailMode::Closed),
+            "local" => Some(FailMode::Local),
             _ => None,
         },
     )?;

@@ -36,7 +36,7 @@ pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
         StoreConfig::Memory => Limiter::Memory(MemoryStore::new(config.max_keys)),
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?;
-            Limiter::Redis(Guard::new(store, redis.guard))
+            Limiter::Redis(Guard::new(store, redis.guard, config.max_keys))
         }
     })
 }
@@ -49,20 +49,17 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let limiter = limiter(&config)?;
-    let purge = match &limiter {
-        Limiter::Memory(store) => {
-            let (store, rules) = (store.clone(), config.rules());
-            Some(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(PURGE_INTERVAL);
-                loop {
-                    tick.tick().await;
-                    let purged = store.purge_idle(&rules);
-                    tracing::trace!(purged, held = store.len(), "purged idle clients");
-                }
-            }))
-        }
-        Limiter::Redis(_) => None,
-    };
+    let purge = limiter.memory_store().map(|store| {
+        let (store, rules) = (store.clone(), config.rules());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(PURGE_INTERVAL);
+            loop {
+                tick.tick().await;
+                let purged = store.purge_idle(&rules);
+                tracing::trace!(purged, held = store.len(), "purged idle clients");
+            }
+        })
+    });
     tracing::info!(
         listen = %listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
         store = limiter.describe(),

@@ -5,7 +5,11 @@
 //! mode, without asking Redis) and one background task pings Redis every
 //! `REDIS_PROBE_INTERVAL_MS`. The first successful ping closes the breaker and limiting
 //! resumes by itself. So an outage never makes every request wait for a timeout, and never
-//! turns into an outage of the backend (with `FAIL_MODE=open`).
+//! turns into an outage of the backend (with `FAIL_MODE=open` or `local`).
+//!
+//! `FAIL_MODE=local` keeps limiting during the outage with a memory store of this replica's
+//! own: each replica then enforces the full budget by itself (so N replicas allow up to N
+//! times the budget), which protects the backend without refusing anyone.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -13,7 +17,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, RedisStore, Rule, StoreError, Verdict};
+use std::num::NonZeroUsize;
+
+use crate::limit::{ClientKey, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 
 /// What to do with a request when the store cannot decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +28,8 @@ pub enum FailMode {
     Open,
     /// Refuse it with 503 (`FAIL_MODE=closed`): the backend is never unprotected.
     Closed,
+    /// Decide it with this replica's own memory store (`FAIL_MODE=local`).
+    Local,
 }
 
 impl FailMode {
@@ -30,6 +38,7 @@ impl FailMode {
         match self {
             FailMode::Open => "open",
             FailMode::Closed => "closed",
+            FailMode::Local => "local",
         }
     }
 }
@@ -54,6 +63,8 @@ pub struct Guard {
 struct Inner {
     store: RedisStore,
     settings: GuardSettings,
+    /// Decides while Redis cannot: the fail mode, with its memory store for `local`.
+    fallback: Fallback,
     /// Failures since the last success; reset by any success.
     consecutive_failures: AtomicU32,
     /// True while the breaker is open: decisions skip Redis and a probe task runs.
@@ -62,16 +73,28 @@ struct Inner {
     degraded: AtomicU64,
 }
 
+enum Fallback {
+    Open,
+    Closed,
+    Local(MemoryStore),
+}
+
 /// While the breaker stays open, how often the probe repeats that requests are degraded.
 const OUTAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Guard {
-    /// Guard `store` with `settings`.
-    pub fn new(store: RedisStore, settings: GuardSettings) -> Self {
+    /// Guard `store` with `settings`; `max_keys` bounds the memory store of `FAIL_MODE=local`.
+    pub fn new(store: RedisStore, settings: GuardSettings, max_keys: NonZeroUsize) -> Self {
+        let fallback = match settings.fail_mode {
+            FailMode::Open => Fallback::Open,
+            FailMode::Closed => Fallback::Closed,
+            FailMode::Local => Fallback::Local(MemoryStore::new(max_keys)),
+        };
         Guard {
             inner: Arc::new(Inner {
                 store,
                 settings,
+                fallback,
                 consecutive_failures: AtomicU32::new(0),
                 open: AtomicBool::new(false),
                 degraded: AtomicU64::new(0),
@@ -83,8 +106,7 @@ impl Guard {
     pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
         let inner = &self.inner;
         if inner.open.load(Ordering::Acquire) {
-            inner.degraded.fetch_add(1, Ordering::Relaxed);
-            return Verdict::Unavailable(inner.settings.fail_mode);
+            return self.fall_back(rule, client, cost);
         }
         match inner.store.check(rule, client, cost).await {
             Ok(decision) => {
@@ -95,10 +117,26 @@ impl Guard {
                 Verdict::Decided(decision)
             }
             Err(error) => {
-                inner.degraded.fetch_add(1, Ordering::Relaxed);
                 self.record_failure(&error);
-                Verdict::Unavailable(inner.settings.fail_mode)
+                self.fall_back(rule, client, cost)
             }
+        }
+    }
+
+    /// The memory store of `FAIL_MODE=local`, if that is the mode (the server purges it).
+    pub fn local_store(&self) -> Option<&MemoryStore> {
+        match &self.inner.fallback {
+            Fallback::Local(store) => Some(store),
+            Fallback::Open | Fallback::Closed => None,
+        }
+    }
+
+    fn fall_back(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
+        self.inner.degraded.fetch_add(1, Ordering::Relaxed);
+        match &self.inner.fallback {
+            Fallback::Open => Verdict::FailOpen,
+            Fallback::Closed => Verdict::FailClosed,
+            Fallback::Local(store) => Verdict::DecidedLocally(store.check(rule, client, cost)),
         }
     }
 
@@ -119,6 +157,7 @@ impl Guard {
                 match inner.settings.fail_mode {
                     FailMode::Open => "forwarded without limiting",
                     FailMode::Closed => "refused with 503",
+                    FailMode::Local => "limited by this replica alone",
                 }
             );
             tokio::spawn(probe(Arc::downgrade(&self.inner)));

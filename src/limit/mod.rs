@@ -129,13 +129,27 @@ pub struct Decision {
     pub reset_after: Duration,
 }
 
-/// What the proxy acts on: a decision, or the news that the store could not give one.
+/// What the proxy acts on: a decision, or what the fail mode says when Redis cannot decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// The store answered.
+    /// The configured store answered.
     Decided(Decision),
-    /// The store failed or its circuit breaker is open; the fail mode says what to do.
-    Unavailable(FailMode),
+    /// Redis could not answer; this replica's own memory store did (`FAIL_MODE=local`).
+    DecidedLocally(Decision),
+    /// Redis could not answer: forward without limiting (`FAIL_MODE=open`).
+    FailOpen,
+    /// Redis could not answer: refuse with 503 (`FAIL_MODE=closed`).
+    FailClosed,
+}
+
+impl Verdict {
+    /// The decision, if some store made one.
+    pub fn decision(&self) -> Option<&Decision> {
+        match self {
+            Verdict::Decided(decision) | Verdict::DecidedLocally(decision) => Some(decision),
+            Verdict::FailOpen | Verdict::FailClosed => None,
+        }
+    }
 }
 
 /// The configured store, behind one call.
@@ -153,6 +167,15 @@ impl Limiter {
         match self {
             Limiter::Memory(store) => Verdict::Decided(store.check(rule, client, cost)),
             Limiter::Redis(guard) => guard.check(rule, client, cost).await,
+        }
+    }
+
+    /// Every memory store this limiter holds (the store itself, or `FAIL_MODE=local`'s), for
+    /// the periodic purge of idle clients.
+    pub fn memory_store(&self) -> Option<&MemoryStore> {
+        match self {
+            Limiter::Memory(store) => Some(store),
+            Limiter::Redis(guard) => guard.local_store(),
         }
     }
 

@@ -29,7 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
 use crate::config::{Backend, Config};
-use crate::limit::{FailMode, Limiter, Rule, Verdict};
+use crate::limit::{Limiter, Rule, Verdict};
 use identity::ClientIdentity;
 use route::AuthPaths;
 
@@ -107,15 +107,19 @@ impl Proxy {
             .then(|| (request.method().clone(), request.uri().path().to_owned()));
 
         let verdict = self.limiter.check(rule, client, 1).await;
-        let (mut response, outcome) = match verdict {
+        let (mut response, outcome) = match &verdict {
             Verdict::Decided(decision) if decision.allowed => {
                 (self.forward(request, peer.ip()).await, "allowed")
             }
-            Verdict::Decided(decision) => (response::too_many_requests(&decision), "denied"),
-            Verdict::Unavailable(FailMode::Open) => (self.forward(request, peer.ip()).await, "fail_open"),
-            Verdict::Unavailable(FailMode::Closed) => (response::store_unavailable(), "fail_closed"),
+            Verdict::DecidedLocally(decision) if decision.allowed => {
+                (self.forward(request, peer.ip()).await, "allowed_locally")
+            }
+            Verdict::Decided(decision) => (response::too_many_requests(decision), "denied"),
+            Verdict::DecidedLocally(decision) => (response::too_many_requests(decision), "denied_locally"),
+            Verdict::FailOpen => (self.forward(request, peer.ip()).await, "fail_open"),
+            Verdict::FailClosed => (response::store_unavailable(), "fail_closed"),
         };
-        if let Verdict::Decided(decision) = &verdict {
+        if let Some(decision) = verdict.decision() {
             response::set_rate_limit_headers(response.headers_mut(), decision);
         }
         if let Some((method, path)) = logged {

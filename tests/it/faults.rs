@@ -193,3 +193,59 @@ async fn a_frozen_redis_costs_one_timeout_per_request_until_the_breaker_opens() 
     redis.thaw();
     until_limiting_resumes(&gateway).await;
 }
+
+#[tokio::test]
+async fn redis_killed_with_fail_local_limits_per_replica_then_resumes() {
+    let backend = Backend::start().await;
+    let mut redis = RedisServer::start();
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[
+            ("REDIS_ADDR", &redis.addr()),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("FAIL_MODE", "local"),
+            ("MAX_TOKENS", "3"),
+            ("REFILL_RATE", "0.01"),
+        ],
+    )
+    .await;
+    assert_eq!(get(gateway.addr, "/").await.number("x-ratelimit-remaining"), 2);
+    redis.kill();
+    // This replica's own budget takes over, fresh: 3 more, then 429.
+    let statuses: Vec<StatusCode> = futures_util::future::join_all((0..4).map(|_| get(gateway.addr, "/")))
+        .await
+        .iter()
+        .map(|reply| reply.status)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+            .count(),
+        1
+    );
+    let denied = get(gateway.addr, "/").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.number("x-ratelimit-limit"), 3);
+    redis.restart();
+    // The local budget is spent, so the first 200 is Redis deciding again, from a fresh budget.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = get(gateway.addr, "/").await;
+        if reply.status == StatusCode::OK {
+            assert_eq!(
+                reply.number("x-ratelimit-remaining"),
+                2,
+                "decided by the restarted redis"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "redis limiting did not resume");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
