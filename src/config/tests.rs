@@ -242,7 +242,7 @@ fn check_config_output_shows_the_rules() {
 #[test]
 fn fail_mode_local_is_accepted() {
     let config = parse(&[("REDIS_ADDR", "db:6379"), ("FAIL_MODE", "local")]).unwrap();
-    let StoreConfig::Redis(redis) = config.store else {
+    let StoreConfig::Redis(redis) = &config.store else {
         panic!("redis store expected")
     };
     assert_eq!(redis.guard.fail_mode, FailMode::Local);
