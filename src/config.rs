@@ -429,17 +429,6 @@ fn count(value: &Option<String>, var: &'static str, default: &str) -> Result<u64
     })
 }
 
-fn positive(
-    value: &Option<String>,
-    var: &'static str,
-    default: &str,
-    expected: &str,
-) -> Result<f64, ConfigError> {
-    parse(value, var, default, expected, |s| {
-        s.parse::<f64>().ok().filter(|n| n.is_finite() && *n > 0.0)
-    })
-}
-
 fn token_bucket(
     name: RuleName,
     capacity: &Option<String>,
@@ -451,12 +440,13 @@ fn token_bucket(
 ) -> Result<Rule, ConfigError> {
     let capacity = count(capacity, capacity_var, capacity_default)?;
     let expected = "tokens per second: a number above 0 and at most 1000000, fractions allowed (0.01 is one token every 100 s)";
-    let per_second = positive(rate, rate_var, rate_default, expected)?;
-    let interval_us = (1e6 / per_second).round();
-    if interval_us < 1.0 {
-        return Err(invalid(rate_var, &per_second.to_string(), expected));
-    }
-    let interval_us = interval_us as u64;
+    let per_second = parse(rate, rate_var, rate_default, expected, |s| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n > 0.0 && *n <= 1e6)
+    })?;
+    // At most 1e6 per second, so at least one microsecond per token.
+    let interval_us = (1e6 / per_second).round() as u64;
     if interval_us >= EXACT_LIMIT || capacity.saturating_mul(interval_us) >= EXACT_LIMIT {
         return Err(ConfigError::Conflict(format!(
             "{capacity_var}={capacity} with {rate_var}={per_second} takes longer than 35 years to refill; \
@@ -483,16 +473,15 @@ fn sliding_window(
 ) -> Result<Rule, ConfigError> {
     let limit = count(limit, limit_var, limit_default)?;
     let expected = "a window length in seconds: a number of at least 0.001";
-    let seconds = positive(window, window_var, window_default, expected)?;
-    let window_ms = (seconds * 1e3).round();
-    if window_ms < 1.0 {
-        return Err(invalid(window_var, &seconds.to_string(), expected));
-    }
-    let window_ms = window_ms as u64;
-    if window_ms >= EXACT_LIMIT || limit.saturating_mul(window_ms) >= EXACT_LIMIT {
+    let seconds = parse(window, window_var, window_default, expected, |s| {
+        s.parse::<f64>().ok().filter(|n| n.is_finite() && *n >= 0.001)
+    })?;
+    let window_ms = (seconds * 1e3).round() as u64;
+    // 10^12 request-seconds: the Lua arithmetic (about twice this, in request-ms) stays exact.
+    if limit.saturating_mul(window_ms) >= 1_000_000_000_000_000 {
         return Err(ConfigError::Conflict(format!(
             "{limit_var}={limit} with {window_var}={seconds} is too large: \
-             {limit_var} x {window_var} must stay below 1000000000000 request-seconds"
+             {limit_var} x {window_var} must stay below 10^12 request-seconds"
         )));
     }
     Ok(Rule {
@@ -541,6 +530,13 @@ fn parse_backend(value: Option<&str>) -> Result<Backend, ConfigError> {
 fn parse_store(raw: &RawConfig) -> Result<StoreConfig, ConfigError> {
     let target = match (&raw.redis_url, &raw.redis_addr, &raw.redis_cluster_nodes) {
         (None, None, None) => return Ok(StoreConfig::Memory),
+        (Some(_), None, None) if raw.redis_password.is_some() => {
+            return Err(ConfigError::Conflict(
+                "REDIS_PASSWORD goes with REDIS_ADDR or REDIS_CLUSTER_NODES; \
+                 with REDIS_URL, put the password in the URL (redis://:password@host:port)"
+                    .into(),
+            ));
+        }
         (Some(url), None, None) => {
             let url = url.trim();
             let expected = "redis://[:password@]host:port/db or rediss://... for TLS";

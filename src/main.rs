@@ -1,6 +1,7 @@
 //! The `tollgate` binary: configuration from the environment, logging, bind, serve until
 //! SIGTERM or SIGINT.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use tokio::net::TcpListener;
@@ -37,7 +38,8 @@ async fn main() -> ExitCode {
         Err(error) => return fail(&format!("configuration error: {error}")),
     };
     if check_only {
-        println!("configuration ok\n{config}");
+        // A closed pipe (`| head -1`) is not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "configuration ok\n{config}");
         return ExitCode::SUCCESS;
     }
     tollgate::telemetry::init(config.log_format);

@@ -88,6 +88,11 @@ fn every_error_names_its_variable_and_value() {
         (&[("REFILL_RATE", "-1")], "REFILL_RATE=\"-1\""),
         (&[("REFILL_RATE", "NaN")], "REFILL_RATE=\"NaN\""),
         (&[("REFILL_RATE", "5000000")], "REFILL_RATE=\"5000000\""),
+        (&[("REFILL_RATE", "1500000")], "REFILL_RATE=\"1500000\""),
+        (
+            &[("ALGORITHM", "sliding_window"), ("WINDOW_SIZE", "0.0005")],
+            "WINDOW_SIZE=\"0.0005\"",
+        ),
         (&[("AUTH_REFILL_RATE", "x")], "AUTH_REFILL_RATE=\"x\""),
         (
             &[("ALGORITHM", "sliding_window"), ("WINDOW_SIZE", "0")],
@@ -247,4 +252,13 @@ fn fail_mode_local_is_accepted() {
     };
     assert_eq!(redis.guard.fail_mode, FailMode::Local);
     assert!(config.to_string().contains("fail local"));
+}
+
+#[test]
+fn a_password_beside_redis_url_is_refused_not_ignored() {
+    let message = error(&[("REDIS_URL", "redis://db:6379"), ("REDIS_PASSWORD", "hunter2")]);
+    assert!(
+        message.contains("REDIS_PASSWORD") && !message.contains("hunter2"),
+        "{message}"
+    );
 }

@@ -165,10 +165,12 @@ impl Proxy {
                 .and_then(|authority| authority.as_str().parse().ok())
         });
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
+        // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
+        let peer = peer.to_canonical();
         headers::set_forwarded(
             &mut parts.headers,
             peer,
-            self.identity.is_trusted(peer.to_canonical()),
+            self.identity.is_trusted(peer),
             host.as_ref(),
         );
         if let Some(host) = host {
