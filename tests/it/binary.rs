@@ -140,75 +140,82 @@ fn a_dot_env_file_is_read_and_the_environment_wins() {
     assert!(stdout.contains("sliding_window: 8 requests per 60 s"), "{stdout}");
 }
 
+/// The binary serving on a free loopback port with `vars` (and nothing else) in its environment.
+struct Running {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Running {
+    fn start(vars: &[(&str, &str)]) -> Running {
+        let port = free_port();
+        let child = Command::new(BINARY)
+            .env_clear()
+            .env("BIND", "127.0.0.1")
+            .env("PORT", port.to_string())
+            .envs(vars.iter().copied())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        wait_for(
+            || std::net::TcpStream::connect(addr).is_ok(),
+            "tollgate to listen",
+        );
+        Running { child, addr }
+    }
+
+    /// SIGTERM, then wait for the exit without blocking the runtime.
+    async fn terminate(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tokio::task::spawn_blocking(move || self.child.wait().unwrap())
+            .await
+            .unwrap()
+    }
+}
+
 #[tokio::test]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let backend = Backend::start().await;
-    let port = free_port();
-    let mut child = Command::new(BINARY)
-        .env_clear()
-        .env("BACKEND_URL", backend.url())
-        .env("BIND", "127.0.0.1")
-        .env("PORT", port.to_string())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_for(
-        || std::net::TcpStream::connect(addr).is_ok(),
-        "tollgate to listen",
-    );
+    let tollgate = Running::start(&[("BACKEND_URL", &backend.url())]);
+    let addr = tollgate.addr;
     let in_flight = tokio::spawn(async move { get(addr, "/slow/700").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let exit = tokio::spawn(tollgate.terminate());
     assert_eq!(
         in_flight.await.unwrap().status,
         StatusCode::OK,
         "the in-flight request completes"
     );
-    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(exit.code(), Some(0));
+    assert_eq!(exit.await.unwrap().code(), Some(0));
 }
 
 #[tokio::test]
 async fn redis_over_tls_with_a_private_ca() {
     let redis = crate::support::RedisServer::start_tls();
     let backend = Backend::start().await;
-    let port = free_port();
-    let mut child = Command::new(BINARY)
-        .env_clear()
-        .env("BACKEND_URL", backend.url())
-        .env("BIND", "127.0.0.1")
-        .env("PORT", port.to_string())
-        .env("REDIS_URL", format!("rediss://localhost:{}", redis.port))
+    let cert = redis.cert_file().display().to_string();
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("REDIS_URL", &format!("rediss://localhost:{}", redis.port)),
         // rustls reads the trusted roots from the system store, or from SSL_CERT_FILE.
-        .env("SSL_CERT_FILE", redis.cert_file())
-        .env("REDIS_TIMEOUT_MS", "2000")
-        .env("MAX_TOKENS", "2")
-        .env("REFILL_RATE", "0.01")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_for(
-        || std::net::TcpStream::connect(addr).is_ok(),
-        "tollgate to listen",
-    );
-    let statuses = [get(addr, "/").await, get(addr, "/").await, get(addr, "/").await];
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+        ("SSL_CERT_FILE", &cert),
+        ("REDIS_TIMEOUT_MS", "2000"),
+        ("MAX_TOKENS", "2"),
+        ("REFILL_RATE", "0.01"),
+    ]);
+    let addr = tollgate.addr;
+    let replies = [get(addr, "/").await, get(addr, "/").await, get(addr, "/").await];
+    tollgate.terminate().await;
     assert_eq!(
-        statuses[0].header("x-ratelimit-remaining"),
+        replies[0].header("x-ratelimit-remaining"),
         Some("1"),
         "decided by redis over TLS"
     );
-    assert_eq!(statuses[2].status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(redis.cli(&["--scan"]).trim(), "tollgate:{general:127.0.0.1}:tb");
 }
