@@ -1,0 +1,310 @@
+//! The in-memory decision hot path: `MemoryStore::check_at` for one hot client, for a million
+//! clients, and with two threads contending on one store; plus heap allocations per decision.
+//!
+//! The clock is synthetic (one microsecond per decision, passed to `check_at`), so the numbers
+//! measure the store and the algorithm, not the cost of reading a clock. Budgets are large
+//! enough that every decision is allowed and writes new state: the more expensive branch.
+//!
+//! Run with `cargo bench --bench decision`; results and how to read them are in
+//! `docs/benchmarks.md`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroUsize;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use tollgate::limit::algorithm::{SlidingWindow, TokenBucket};
+use tollgate::limit::{MemoryStore, Policy, Rule, RuleName};
+
+/// Heap allocations (alloc, alloc_zeroed, realloc) made by the whole process so far.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// `System`, counting every allocation, so the bench can say how many a decision makes.
+struct CountingAllocator;
+
+// SAFETY: every method forwards its arguments unchanged to `System`, which upholds the
+// `GlobalAlloc` contract; the only addition is a relaxed atomic increment, which neither
+// allocates nor touches the memory being handed out.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `alloc`'s contract (non-zero size), forwarded as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `ptr` was allocated by this allocator (hence by `System`) with `layout`,
+        // as the caller guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by this allocator (hence by `System`) with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+/// "One million" clients: 2^20, so a multiplicative stride walks them all in a scattered order.
+const MANY_KEYS: u64 = 1 << 20;
+
+/// An odd stride: `i * STRIDE mod 2^20` visits every key once per lap, far from its neighbours
+/// in insertion (and so allocation) order.
+const STRIDE: u64 = 0x9E37_79B1;
+
+/// Clients each thread walks in the "distinct keys" contention case.
+const KEYS_PER_THREAD: u64 = 1 << 10;
+
+fn token_bucket() -> Rule {
+    Rule {
+        name: RuleName::General,
+        // A billion tokens refilled at one per microsecond: with the clock advancing one
+        // microsecond per decision, every request is allowed and the state is rewritten.
+        policy: Policy::TokenBucket(TokenBucket {
+            capacity: 1_000_000_000,
+            interval_us: 1,
+        }),
+    }
+}
+
+fn sliding_window() -> Rule {
+    Rule {
+        name: RuleName::General,
+        policy: Policy::SlidingWindow(SlidingWindow {
+            limit: 1_000_000_000,
+            window_ms: 60_000,
+        }),
+    }
+}
+
+fn client(n: u64) -> IpAddr {
+    // 10.0.0.0/8 and up: plain IPv4 clients, as most deployments see.
+    IpAddr::V4(Ipv4Addr::from(0x0A00_0000_u32.wrapping_add(n as u32)))
+}
+
+fn new_store(max_keys: u64) -> MemoryStore {
+    MemoryStore::new(NonZeroUsize::new(max_keys as usize).expect("max_keys > 0"))
+}
+
+/// A store holding `MANY_KEYS` clients under `rule`, inserted at times `0..MANY_KEYS`.
+/// `MAX_KEYS` is twice that, so uneven sharding never evicts one of them.
+fn million_store(rule: &Rule) -> MemoryStore {
+    let store = new_store(2 * MANY_KEYS);
+    for n in 0..MANY_KEYS {
+        store.check_at(rule, client(n), 1, n);
+    }
+    assert_eq!(store.len() as u64, MANY_KEYS, "every client is held");
+    store
+}
+
+fn hot_key(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hot_key");
+    group.throughput(Throughput::Elements(1));
+    for (name, rule) in [
+        ("token_bucket", token_bucket()),
+        ("sliding_window", sliding_window()),
+    ] {
+        let store = new_store(100_000);
+        let ip = client(1);
+        let mut now = 0u64;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                now += 1;
+                store.check_at(black_box(&rule), black_box(ip), 1, now)
+            })
+        });
+    }
+    group.finish();
+}
+
+fn million_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("million_keys");
+    group.throughput(Throughput::Elements(1));
+    for (name, rule) in [
+        ("token_bucket", token_bucket()),
+        ("sliding_window", sliding_window()),
+    ] {
+        let store = million_store(&rule);
+        let mut i = 0u64;
+        let mut now = MANY_KEYS;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i += 1;
+                now += 1;
+                let ip = client(i.wrapping_mul(STRIDE) & (MANY_KEYS - 1));
+                store.check_at(black_box(&rule), ip, 1, now)
+            })
+        });
+        // Free the million entries before the next store is built.
+        drop(store);
+    }
+    group.finish();
+}
+
+/// Runs `iters` decisions on each of `threads` threads at once; returns the longest thread's
+/// time, i.e. the wall time of the whole batch. Thread `t` uses the clients `keys(t, i)`.
+fn run_threads(
+    store: &MemoryStore,
+    rule: &Rule,
+    threads: usize,
+    iters: u64,
+    clock_base: u64,
+    keys: impl Fn(usize, u64) -> IpAddr + Sync,
+) -> Duration {
+    let start = Barrier::new(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (start, keys) = (&start, &keys);
+                scope.spawn(move || {
+                    start.wait();
+                    let began = Instant::now();
+                    for i in 0..iters {
+                        // All threads run the same clock, so one client's time barely wobbles.
+                        black_box(store.check_at(rule, keys(t, i), 1, clock_base + i));
+                    }
+                    began.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| handle.join().expect("bench thread panicked"))
+            .max()
+            .unwrap_or_default()
+    })
+}
+
+fn contended(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended");
+    let rule = token_bucket();
+    for threads in [1usize, 2] {
+        // Time per iteration = wall time for one decision on *each* thread, so 2 threads with
+        // no contention at all would show the same time as 1 thread and twice the throughput.
+        group.throughput(Throughput::Elements(threads as u64));
+
+        let store = new_store(100_000);
+        let mut clock = 0u64;
+        group.bench_function(format!("hot_key/{threads}_threads"), |b| {
+            b.iter_custom(|iters| {
+                let elapsed = run_threads(&store, &rule, threads, iters, clock, |_, _| client(1));
+                clock += iters;
+                elapsed
+            })
+        });
+
+        // Each thread walks its own clients; they meet only when two land in one shard.
+        let store = new_store(100_000);
+        for n in 0..threads as u64 * KEYS_PER_THREAD {
+            store.check_at(&rule, client(n), 1, 0);
+        }
+        let mut clock = 1u64;
+        let own_client = |t: usize, i: u64| client(t as u64 * KEYS_PER_THREAD + (i & (KEYS_PER_THREAD - 1)));
+        group.bench_function(format!("distinct_keys/{threads}_threads"), |b| {
+            b.iter_custom(|iters| {
+                let elapsed = run_threads(&store, &rule, threads, iters, clock, own_client);
+                clock += iters;
+                elapsed
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Allocations per decision over `n` calls of `decide(i)`, after one warm-up call.
+fn allocations_per_decision(n: u64, mut decide: impl FnMut(u64)) -> f64 {
+    decide(0);
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for i in 1..=n {
+        decide(i);
+    }
+    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / n as f64
+}
+
+/// Counts heap allocations per decision on each path and prints them. The hot path (a client
+/// already held) must make none; a report, not an assertion, so the timings still run.
+fn report_allocations() {
+    const N: u64 = 1_000_000;
+    let mut rows: Vec<(String, f64, bool)> = Vec::new();
+
+    for (name, rule) in [
+        ("token_bucket", token_bucket()),
+        ("sliding_window", sliding_window()),
+    ] {
+        let hot = new_store(100_000);
+        rows.push((
+            format!("hot_key/{name}"),
+            allocations_per_decision(N, |i| {
+                black_box(hot.check_at(&rule, client(1), 1, i));
+            }),
+            true,
+        ));
+
+        let many = million_store(&rule);
+        rows.push((
+            format!("million_keys/{name}"),
+            allocations_per_decision(N, |i| {
+                let ip = client(i.wrapping_mul(STRIDE) & (MANY_KEYS - 1));
+                black_box(many.check_at(&rule, ip, 1, MANY_KEYS + i));
+            }),
+            true,
+        ));
+    }
+
+    // For comparison, not the hot path: a client seen for the first time.
+    let rule = token_bucket();
+    let fresh = new_store(2 * N);
+    rows.push((
+        "new client, store not full".into(),
+        allocations_per_decision(N, |i| {
+            black_box(fresh.check_at(&rule, client(i), 1, i));
+        }),
+        false,
+    ));
+    let full = new_store(1_000);
+    rows.push((
+        "new client, store full (evicts)".into(),
+        allocations_per_decision(N, |i| {
+            black_box(full.check_at(&rule, client(i), 1, i));
+        }),
+        false,
+    ));
+
+    println!("\nheap allocations per decision (over {N} decisions each, after warm-up)");
+    let mut hot_path_allocates = false;
+    for (label, per_decision, hot_path) in &rows {
+        let verdict = match (hot_path, *per_decision == 0.0) {
+            (true, true) => "ok: none on the hot path",
+            (true, false) => "UNEXPECTED: the hot path allocates",
+            (false, _) => "(not the hot path)",
+        };
+        hot_path_allocates |= *hot_path && *per_decision != 0.0;
+        println!("  {label:<34} {per_decision:>8.4}  {verdict}");
+    }
+    if hot_path_allocates {
+        println!("  WARNING: a decision for a known client allocated; see above");
+    }
+    println!();
+}
+
+fn main() {
+    report_allocations();
+    let mut criterion = Criterion::default().configure_from_args();
+    hot_key(&mut criterion);
+    million_keys(&mut criterion);
+    contended(&mut criterion);
+    criterion.final_summary();
+}
