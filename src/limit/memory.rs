@@ -33,8 +33,9 @@ pub struct MemoryStore {
 struct Inner {
     /// Client states; a key lives in exactly one shard, chosen by `hasher`.
     shards: Box<[Shard]>,
-    /// Picks the shard; randomly seeded so clients cannot aim at one shard.
-    hasher: std::collections::hash_map::RandomState,
+    /// Picks the shard: the maps' own hasher (foldhash), a few times cheaper than SipHash and
+    /// randomly seeded per process, so clients cannot aim at one shard.
+    hasher: lru::DefaultHasher,
     /// The store's clock starts here; times are microseconds since then.
     epoch: Instant,
 }

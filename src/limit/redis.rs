@@ -111,6 +111,7 @@ struct LazyCluster {
 
 impl RedisStore {
     /// A store for `target`; connects on first use, so this fails only on a malformed target.
+    /// Call it inside a Tokio runtime: the connection manager starts its tasks there.
     pub fn new(target: &RedisTarget, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
         let connection = match target {
             RedisTarget::Single(url) => {
