@@ -58,7 +58,8 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Completes on the first SIGTERM or SIGINT.
+/// Completes on the first SIGTERM or SIGINT, which starts the drain. A second signal during
+/// the drain exits at once (status 130), for an operator who does not want to wait.
 async fn shutdown_signal() {
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {
@@ -69,6 +70,14 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal during the drain: exiting now");
+        std::process::exit(130);
+    });
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -219,3 +219,23 @@ async fn redis_over_tls_with_a_private_ca() {
     assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(redis.cli(&["--scan"]).trim(), "tollgate:{general:127.0.0.1}:tb");
 }
+
+#[tokio::test]
+async fn a_second_signal_cuts_the_drain_short() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[("BACKEND_URL", &backend.url())]);
+    let addr = tollgate.addr;
+    let in_flight = tokio::spawn(async move { get(addr, "/slow/5000").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = tollgate.child.id().to_string();
+    let term = || Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(term().success());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let exit = tollgate.terminate().await;
+    assert_eq!(
+        exit.code(),
+        Some(130),
+        "the second SIGTERM exits without waiting 5 s"
+    );
+    in_flight.abort();
+}
