@@ -210,13 +210,16 @@ impl Proxy {
 
     /// `BACKEND_URL`'s scheme and host, its path prefix, then the request's path and query.
     fn backend_uri(&self, uri: &Uri) -> Result<Uri, ProxyError> {
-        let path_and_query = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let path_and_query: PathAndQuery = if self.backend.base_path.is_empty() {
-            path_and_query.parse()
-        } else {
-            format!("{}{path_and_query}", self.backend.base_path).parse()
-        }
-        .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?;
+        let path_and_query = match uri.path_and_query() {
+            // The common case: a cheap clone of the parsed original.
+            Some(original) if self.backend.base_path.is_empty() => original.clone(),
+            original => {
+                let original = original.map_or("/", PathAndQuery::as_str);
+                format!("{}{original}", self.backend.base_path)
+                    .parse()
+                    .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?
+            }
+        };
         Uri::builder()
             .scheme(self.backend.scheme.clone())
             .authority(self.backend.authority.clone())
