@@ -12,22 +12,26 @@ use http::StatusCode;
 
 use crate::support::{Backend, Gateway, Reply, get, redis::RedisServer};
 
-/// Poll for up to 10 s until a request is decided by Redis again.
-async fn until_limiting_resumes(gateway: &Gateway) -> Reply {
+/// `GET /` every 50 ms, for up to 10 s, until a reply satisfies `done`; returns that reply.
+async fn poll(gateway: &Gateway, what: &str, done: impl Fn(&Reply) -> bool) -> Reply {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let reply = get(gateway.addr, "/").await;
-        // The backend sends an X-RateLimit-Limit of its own, never a Remaining.
-        if reply.headers.contains_key("x-ratelimit-remaining") {
+        if done(&reply) {
             return reply;
         }
-        assert!(
-            Instant::now() < deadline,
-            "limiting did not resume; last status {}",
-            reply.status
-        );
+        assert!(Instant::now() < deadline, "{what}: last status {}", reply.status);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Poll until a request is decided again (the backend sends an X-RateLimit-Limit of its own,
+/// never a Remaining).
+async fn until_limiting_resumes(gateway: &Gateway) -> Reply {
+    poll(gateway, "limiting did not resume", |reply| {
+        reply.headers.contains_key("x-ratelimit-remaining")
+    })
+    .await
 }
 
 #[tokio::test]
@@ -234,18 +238,13 @@ async fn redis_killed_with_fail_local_limits_per_replica_then_resumes() {
     assert_eq!(denied.number("x-ratelimit-limit"), 3);
     redis.restart();
     // The local budget is spent, so the first 200 is Redis deciding again, from a fresh budget.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let reply = get(gateway.addr, "/").await;
-        if reply.status == StatusCode::OK {
-            assert_eq!(
-                reply.number("x-ratelimit-remaining"),
-                2,
-                "decided by the restarted redis"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "redis limiting did not resume");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let reply = poll(&gateway, "redis limiting did not resume", |reply| {
+        reply.status == StatusCode::OK
+    })
+    .await;
+    assert_eq!(
+        reply.number("x-ratelimit-remaining"),
+        2,
+        "decided by the restarted redis"
+    );
 }
