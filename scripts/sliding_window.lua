@@ -20,13 +20,19 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
+local sw, sp, sc = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
+
+-- A clock that stepped back must not erase newer counts: never place now before the stored
+-- window.
 local now_ms = math.floor(now / 1000)
+if sw and sw * w > now_ms then
+  now_ms = sw * w
+end
 local window = math.floor(now_ms / w)
 local start = window * w
 local elapsed = now_ms - start
 
-local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
-local sw, sp, sc = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
 local previous, current = 0, 0
 if sw and sp and sc then
   if sw == window then

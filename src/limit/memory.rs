@@ -70,14 +70,20 @@ impl MemoryStore {
 
     /// Decide a request of `cost` for `client` under `rule`, now.
     pub fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Decision {
-        self.check_at(rule, client, cost, self.now_us())
+        // The clock is read under the shard lock, so one client's decisions see it in order.
+        self.decide(rule, client, cost, || self.now_us())
     }
 
-    /// Decide a request at an explicit time on the store's clock (`now_us` must not go
-    /// backwards for one client; it is for tests and benchmarks driving a clock of their own).
+    /// Decide a request at an explicit time on the store's clock, for tests and benchmarks
+    /// driving a clock of their own.
     pub fn check_at(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: u64) -> Decision {
+        self.decide(rule, client, cost, || now_us)
+    }
+
+    fn decide(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: impl FnOnce() -> u64) -> Decision {
         let key = (rule.name, client);
         let mut table = self.shard(&key);
+        let now_us = now_us();
         match table.get_mut(&key) {
             Some(state) => {
                 let (decision, next) = rule.policy.decide(Some(state), now_us, cost);

@@ -192,6 +192,10 @@ async fn redis_and_memory_make_identical_decisions() {
         };
         for i in 0..400 {
             now_us += sequence.next(2 * step);
+            if i % 17 == 16 {
+                // Now and then the clock steps back, as a wall clock may: both must agree.
+                now_us -= sequence.next(4 * step);
+            }
             let cost = 1 + sequence.next(2);
             let expected = memory.check_at(&rule, client, cost, now_us);
             let actual = store.check_at(&rule, client, cost, now_us).await.unwrap();

@@ -43,7 +43,12 @@ impl SlidingWindow {
         cost: u64,
     ) -> (Decision, Option<WindowState>) {
         let w = self.window_ms;
-        let now_ms = now_us / 1_000;
+        // A clock that stepped back (or a request that read the clock just before another)
+        // must not erase newer counts: never place `now` before the stored window.
+        let now_ms = match state {
+            Some(s) => (now_us / 1_000).max(s.window * w),
+            None => now_us / 1_000,
+        };
         let window = now_ms / w;
         let start = window * w;
         let elapsed = now_ms - start;
@@ -174,6 +179,19 @@ mod tests {
         // Next window starts at 6 s; the previous single request weighs 1 * (1000 - e)/1000,
         // which leaves room for one more only at e = 1000 ms, i.e. at 7 s.
         assert_eq!(d.retry_after, Duration::from_micros(7_000_000 - 5_000_750));
+    }
+
+    #[test]
+    fn a_clock_behind_the_stored_window_keeps_its_counts() {
+        let sw = SlidingWindow {
+            limit: 2,
+            window_ms: 1_000,
+        };
+        let (_, state) = sw.decide(None, 5_000_000, 1);
+        let (_, state) = sw.decide(state, 5_000_100, 1);
+        // 1 ms earlier, in the previous window: still the same two requests, so denied.
+        let (d, _) = sw.decide(state, 4_999_000, 1);
+        assert!(!d.allowed);
     }
 
     #[test]
