@@ -87,6 +87,7 @@ struct RawConfig {
     redis_url: Option<String>,
     redis_password: Option<String>,
     redis_cluster_nodes: Option<String>,
+    redis_tls: Option<String>,
     key_prefix: Option<String>,
     redis_timeout_ms: Option<String>,
     fail_mode: Option<String>,
@@ -530,6 +531,13 @@ fn parse_backend(value: Option<&str>) -> Result<Backend, ConfigError> {
 fn parse_store(raw: &RawConfig) -> Result<StoreConfig, ConfigError> {
     let target = match (&raw.redis_url, &raw.redis_addr, &raw.redis_cluster_nodes) {
         (None, None, None) => return Ok(StoreConfig::Memory),
+        (Some(_), None, None) if raw.redis_tls.is_some() => {
+            return Err(ConfigError::Conflict(
+                "REDIS_TLS goes with REDIS_ADDR or REDIS_CLUSTER_NODES; \
+                 with REDIS_URL, choose redis:// or rediss:// (TLS) in the URL"
+                    .into(),
+            ));
+        }
         (Some(_), None, None) if raw.redis_password.is_some() => {
             return Err(ConfigError::Conflict(
                 "REDIS_PASSWORD goes with REDIS_ADDR or REDIS_CLUSTER_NODES; \
@@ -556,12 +564,13 @@ fn parse_store(raw: &RawConfig) -> Result<StoreConfig, ConfigError> {
         }
         (None, Some(addr), None) => {
             let addr = host_port("REDIS_ADDR", addr.trim())?;
+            let scheme = if redis_tls(raw)? { "rediss" } else { "redis" };
             let url = match &raw.redis_password {
                 Some(password) => format!(
-                    "redis://:{}@{addr}",
+                    "{scheme}://:{}@{addr}",
                     percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC)
                 ),
-                None => format!("redis://{addr}"),
+                None => format!("{scheme}://{addr}"),
             };
             RedisTarget::Single(url)
         }
@@ -579,6 +588,7 @@ fn parse_store(raw: &RawConfig) -> Result<StoreConfig, ConfigError> {
             RedisTarget::Cluster {
                 nodes,
                 password: raw.redis_password.clone(),
+                tls: redis_tls(raw)?,
             }
         }
         _ => {
@@ -624,6 +634,21 @@ fn parse_store(raw: &RawConfig) -> Result<StoreConfig, ConfigError> {
             probe_interval: millis(&raw.redis_probe_interval_ms, "REDIS_PROBE_INTERVAL_MS", "500")?,
         },
     }))
+}
+
+/// `REDIS_TLS`, for `REDIS_ADDR` and `REDIS_CLUSTER_NODES`.
+fn redis_tls(raw: &RawConfig) -> Result<bool, ConfigError> {
+    parse(
+        &raw.redis_tls,
+        "REDIS_TLS",
+        "false",
+        "true or false",
+        |s| match s {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        },
+    )
 }
 
 fn host_port(var: &'static str, value: &str) -> Result<String, ConfigError> {

@@ -192,7 +192,8 @@ fn redis_settings() {
         redis.target,
         RedisTarget::Cluster {
             nodes: vec!["a:7000".into(), "b:7001".into()],
-            password: None
+            password: None,
+            tls: false,
         }
     );
     assert_eq!(redis.key_prefix, "rl:");
@@ -261,4 +262,17 @@ fn a_password_beside_redis_url_is_refused_not_ignored() {
         message.contains("REDIS_PASSWORD") && !message.contains("hunter2"),
         "{message}"
     );
+}
+
+#[test]
+fn redis_tls_switches_addr_and_cluster_to_tls() {
+    let config = parse(&[("REDIS_ADDR", "cache:6380"), ("REDIS_TLS", "true")]).unwrap();
+    let StoreConfig::Redis(redis) = &config.store else {
+        panic!("redis store expected")
+    };
+    assert_eq!(redis.target, RedisTarget::Single("rediss://cache:6380".into()));
+    let config = parse(&[("REDIS_CLUSTER_NODES", "a:1"), ("REDIS_TLS", "true")]).unwrap();
+    assert!(config.to_string().contains("cluster a:1 (TLS)"), "{config}");
+    assert!(error(&[("REDIS_ADDR", "a:1"), ("REDIS_TLS", "yes")]).starts_with("REDIS_TLS=\"yes\""));
+    assert!(error(&[("REDIS_URL", "redis://a:1"), ("REDIS_TLS", "true")]).contains("REDIS_TLS goes with"));
 }

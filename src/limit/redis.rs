@@ -51,6 +51,8 @@ pub enum RedisTarget {
         nodes: Vec<String>,
         /// `REDIS_PASSWORD`, if the cluster wants one.
         password: Option<String>,
+        /// `REDIS_TLS`: speak TLS to every node.
+        tls: bool,
     },
 }
 
@@ -59,7 +61,9 @@ impl RedisTarget {
     pub fn redacted(&self) -> String {
         match self {
             RedisTarget::Single(url) => redact_url(url),
-            RedisTarget::Cluster { nodes, .. } => format!("cluster {}", nodes.join(",")),
+            RedisTarget::Cluster { nodes, tls, .. } => {
+                format!("cluster {}{}", nodes.join(","), if *tls { " (TLS)" } else { "" })
+            }
         }
     }
 }
@@ -116,9 +120,7 @@ impl RedisStore {
         let connection = match target {
             RedisTarget::Single(url) => {
                 if url.starts_with("rediss://") {
-                    // TLS via rustls with the ring provider; trusted roots are the system's
-                    // (or SSL_CERT_FILE). Already installed is fine.
-                    let _ = rustls::crypto::ring::default_provider().install_default();
+                    install_tls_provider();
                 }
                 let client = redis::Client::open(url.as_str())?;
                 let config = ConnectionManagerConfig::new()
@@ -130,11 +132,17 @@ impl RedisStore {
                     .set_max_delay(timeout);
                 Connection::Single(ConnectionManager::new_lazy_with_config(client, config)?)
             }
-            RedisTarget::Cluster { nodes, password } => {
-                let mut builder = ClusterClient::builder(nodes.iter().map(|node| format!("redis://{node}")))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(1);
+            RedisTarget::Cluster { nodes, password, tls } => {
+                let scheme = if *tls { "rediss" } else { "redis" };
+                if *tls {
+                    install_tls_provider();
+                }
+                // The cluster client takes TLS from the first node's scheme.
+                let mut builder =
+                    ClusterClient::builder(nodes.iter().map(|node| format!("{scheme}://{node}")))
+                        .connection_timeout(timeout)
+                        .response_timeout(timeout)
+                        .retries(1);
                 if let Some(password) = password {
                     builder = builder.password(password);
                 }
@@ -237,6 +245,12 @@ impl RedisStore {
     }
 }
 
+/// TLS is rustls with the ring provider; trusted roots are the system's (or `SSL_CERT_FILE`).
+/// Installing it twice is harmless, so the result is ignored.
+fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 impl LazyCluster {
     async fn get(&self) -> redis::RedisResult<ClusterConnection> {
         self.connection
@@ -259,6 +273,7 @@ mod tests {
         let target = RedisTarget::Cluster {
             nodes: vec!["a:1".into()],
             password: Some("hunter2".into()),
+            tls: false,
         };
         assert!(!format!("{target:?}").contains("hunter2"));
     }

@@ -239,3 +239,42 @@ async fn a_second_signal_cuts_the_drain_short() {
     );
     in_flight.abort();
 }
+
+#[tokio::test]
+async fn redis_cluster_over_tls() {
+    let cluster = crate::support::RedisCluster::start_tls();
+    let backend = Backend::start().await;
+    let cert = cluster.cert_file().display().to_string();
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("REDIS_CLUSTER_NODES", &cluster.seeds()),
+        ("REDIS_TLS", "true"),
+        ("SSL_CERT_FILE", &cert),
+        ("REDIS_TIMEOUT_MS", "5000"),
+        ("MAX_TOKENS", "25"),
+        ("REFILL_RATE", "0.0001"),
+    ]);
+    let addr = tollgate.addr;
+    let mut allowed = Vec::new();
+    for n in 2..=4 {
+        let client: std::net::IpAddr = format!("127.0.0.{n}").parse().unwrap();
+        let replies =
+            futures_util::future::join_all((0..40).map(|_| crate::support::get_from(addr, client, "/", &[])))
+                .await;
+        assert!(
+            replies
+                .iter()
+                .all(|r| r.headers.contains_key("x-ratelimit-remaining")),
+            "decided"
+        );
+        allowed.push(replies.iter().filter(|r| r.status == StatusCode::OK).count());
+    }
+    tollgate.terminate().await;
+    assert_eq!(allowed, [25, 25, 25]);
+    let holding = cluster
+        .nodes
+        .iter()
+        .filter(|node| node.cli(&["DBSIZE"]).trim() != "0")
+        .count();
+    assert!(holding >= 2, "keys landed on {holding} of 3 masters");
+}

@@ -1,20 +1,48 @@
 //! `redis-server` processes owned by a test: started on free ports, killed on drop, and
-//! available to kill, freeze (SIGSTOP), thaw and restart mid-test.
+//! available to kill, freeze (SIGSTOP), thaw and restart mid-test; alone or as a cluster,
+//! in plain TCP or TLS only.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
 use super::free_port;
 
+/// A self-signed certificate for `localhost` and 127.0.0.1, and its key, in a temp dir.
+pub struct Certificate {
+    dir: TempDir,
+}
+
+impl Certificate {
+    pub fn generate() -> Arc<Certificate> {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let certified = rcgen::generate_simple_self_signed(names).unwrap();
+        std::fs::write(dir.path().join("cert.pem"), certified.cert.pem()).unwrap();
+        std::fs::write(dir.path().join("key.pem"), certified.signing_key.serialize_pem()).unwrap();
+        Arc::new(Certificate { dir })
+    }
+
+    /// The certificate (self-signed: trust it as a root).
+    pub fn cert_file(&self) -> PathBuf {
+        self.dir.path().join("cert.pem")
+    }
+
+    fn key_file(&self) -> PathBuf {
+        self.dir.path().join("key.pem")
+    }
+}
+
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     dir: TempDir,
     extra: Vec<String>,
-    /// Serving TLS only, with the certificate in `dir/cert.pem`.
-    tls: bool,
+    /// When set, the server speaks only TLS, with this certificate.
+    tls: Option<Arc<Certificate>>,
 }
 
 impl RedisServer {
@@ -25,53 +53,24 @@ impl RedisServer {
 
     /// A server on `port` with extra `redis-server` arguments.
     pub fn start_with(port: u16, extra: &[&str]) -> RedisServer {
+        Self::launch(port, extra, None)
+    }
+
+    /// A server on a free port that speaks only TLS, with a fresh certificate.
+    pub fn start_tls() -> RedisServer {
+        Self::launch(free_port(), &[], Some(Certificate::generate()))
+    }
+
+    fn launch(port: u16, extra: &[&str], tls: Option<Arc<Certificate>>) -> RedisServer {
         let mut server = RedisServer {
             port,
             child: None,
             dir: tempfile::tempdir().unwrap(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
-            tls: false,
+            tls,
         };
         server.restart();
         server
-    }
-
-    /// A server that speaks only TLS, with a fresh self-signed certificate for `localhost`
-    /// and 127.0.0.1 (see [`cert_file`](Self::cert_file)).
-    pub fn start_tls() -> RedisServer {
-        let dir = tempfile::tempdir().unwrap();
-        let certified =
-            rcgen::generate_simple_self_signed(["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
-        std::fs::write(dir.path().join("cert.pem"), certified.cert.pem()).unwrap();
-        std::fs::write(dir.path().join("key.pem"), certified.signing_key.serialize_pem()).unwrap();
-        let cert = dir.path().join("cert.pem").display().to_string();
-        let key = dir.path().join("key.pem").display().to_string();
-        let port = free_port();
-        let mut server = RedisServer {
-            port,
-            child: None,
-            extra: vec![
-                "--tls-port".into(),
-                port.to_string(),
-                "--tls-cert-file".into(),
-                cert.clone(),
-                "--tls-key-file".into(),
-                key,
-                "--tls-ca-cert-file".into(),
-                cert,
-                "--tls-auth-clients".into(),
-                "no".into(),
-            ],
-            dir,
-            tls: true,
-        };
-        server.restart();
-        server
-    }
-
-    /// The certificate a TLS server presents (self-signed: trust it as a root).
-    pub fn cert_file(&self) -> std::path::PathBuf {
-        self.dir.path().join("cert.pem")
     }
 
     /// `host:port`, for `REDIS_ADDR`.
@@ -81,6 +80,11 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The certificate of a TLS server.
+    pub fn cert_file(&self) -> PathBuf {
+        self.tls.as_ref().expect("not a TLS server").cert_file()
     }
 
     /// Kill the server (SIGKILL): its data is gone.
@@ -94,24 +98,28 @@ impl RedisServer {
     /// Start again on the same port, empty (after [`kill`](Self::kill)).
     pub fn restart(&mut self) {
         self.kill();
-        let plain_port = if self.tls {
-            "0".to_owned()
-        } else {
-            self.port.to_string()
+        let mut command = Command::new("redis-server");
+        command.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        command.arg("--dir").arg(self.dir.path());
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some(certificate) => command
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &self.port.to_string(),
+                    "--tls-auth-clients",
+                    "no",
+                ])
+                .arg("--tls-cert-file")
+                .arg(certificate.cert_file())
+                .arg("--tls-key-file")
+                .arg(certificate.key_file())
+                .arg("--tls-ca-cert-file")
+                .arg(certificate.cert_file()),
         };
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &plain_port,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
+        let child = command
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -145,14 +153,7 @@ impl RedisServer {
 
     /// Run `redis-cli` against this server and return its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        if self.tls {
-            let cert = self.cert_file().display().to_string();
-            let mut all = vec!["--tls", "--cacert", &cert];
-            all.extend_from_slice(args);
-            cli(self.port, &all)
-        } else {
-            cli(self.port, args)
-        }
+        cli(self.port, self.tls.as_deref(), args)
     }
 }
 
@@ -163,15 +164,23 @@ impl Drop for RedisServer {
     }
 }
 
-/// `redis-cli -p port args...`, output as text.
-pub fn cli(port: u16, args: &[&str]) -> String {
-    let output = Command::new("redis-cli")
+/// `redis-cli -p port args...` (over TLS with `tls`), output as text.
+fn cli(port: u16, tls: Option<&Certificate>, args: &[&str]) -> String {
+    let output = redis_cli(tls)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .stderr(Stdio::null())
         .output()
         .expect("redis-cli must be installed (scripts/test.sh installs it)");
     String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn redis_cli(tls: Option<&Certificate>) -> Command {
+    let mut command = Command::new("redis-cli");
+    if let Some(certificate) = tls {
+        command.arg("--tls").arg("--cacert").arg(certificate.cert_file());
+    }
+    command
 }
 
 /// Poll `ready` for up to 10 s.
@@ -186,10 +195,26 @@ pub fn wait_for(mut ready: impl FnMut() -> bool, what: &str) {
 /// A Redis Cluster of three masters, no replicas.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
+    tls: Option<Arc<Certificate>>,
 }
 
 impl RedisCluster {
+    /// Plain TCP.
     pub fn start() -> RedisCluster {
+        Self::form(None)
+    }
+
+    /// TLS only, clients and cluster bus alike, all nodes with one certificate.
+    pub fn start_tls() -> RedisCluster {
+        Self::form(Some(Certificate::generate()))
+    }
+
+    fn form(tls: Option<Arc<Certificate>>) -> RedisCluster {
+        let mut extra = vec!["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"];
+        extra.extend(["--cluster-node-timeout", "2000"]);
+        if tls.is_some() {
+            extra.extend(["--tls-cluster", "yes"]);
+        }
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
                 // The cluster bus listens on port + 10000, which must be free too.
@@ -199,21 +224,11 @@ impl RedisCluster {
                         break port;
                     }
                 };
-                RedisServer::start_with(
-                    port,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ],
-                )
+                RedisServer::launch(port, &extra, tls.clone())
             })
             .collect();
         let addresses: Vec<String> = nodes.iter().map(RedisServer::addr).collect();
-        let output = Command::new("redis-cli")
+        let output = redis_cli(tls.as_deref())
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -230,7 +245,7 @@ impl RedisCluster {
                 "the cluster to be ok",
             );
         }
-        RedisCluster { nodes }
+        RedisCluster { nodes, tls }
     }
 
     /// `REDIS_CLUSTER_NODES`.
@@ -240,5 +255,10 @@ impl RedisCluster {
             .map(RedisServer::addr)
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The certificate of a TLS cluster.
+    pub fn cert_file(&self) -> PathBuf {
+        self.tls.as_ref().expect("not a TLS cluster").cert_file()
     }
 }
