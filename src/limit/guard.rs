@@ -140,11 +140,6 @@ impl Guard {
         }
     }
 
-    /// True while the breaker is open.
-    pub fn is_open(&self) -> bool {
-        self.inner.open.load(Ordering::Acquire)
-    }
-
     fn record_failure(&self, error: &StoreError) {
         let inner = &self.inner;
         let failures = inner.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;

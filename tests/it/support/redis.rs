@@ -257,6 +257,14 @@ impl RedisCluster {
             .join(",")
     }
 
+    /// How many masters hold at least one key.
+    pub fn masters_holding_keys(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|node| node.cli(&["DBSIZE"]).trim() != "0")
+            .count()
+    }
+
     /// The certificate of a TLS cluster.
     pub fn cert_file(&self) -> PathBuf {
         self.tls.as_ref().expect("not a TLS cluster").cert_file()
