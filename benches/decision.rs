@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use tollgate::limit::algorithm::{SlidingWindow, TokenBucket};
-use tollgate::limit::{MemoryStore, Policy, Rule, RuleName};
+use tollgate::limit::{ClientKey, MemoryStore, Policy, Rule};
 
 /// Heap allocations (alloc, alloc_zeroed, realloc) made by the whole process so far.
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -69,30 +69,32 @@ const STRIDE: u64 = 0x9E37_79B1;
 const KEYS_PER_THREAD: u64 = 1 << 10;
 
 fn token_bucket() -> Rule {
-    Rule {
-        name: RuleName::General,
-        // A billion tokens refilled at one per microsecond: with the clock advancing one
-        // microsecond per decision, every request is allowed and the state is rewritten.
-        policy: Policy::TokenBucket(TokenBucket {
+    // A billion tokens refilled at one per microsecond: with the clock advancing one
+    // microsecond per decision, every request is allowed and the state is rewritten.
+    Rule::new(
+        0,
+        "general",
+        Policy::TokenBucket(TokenBucket {
             capacity: 1_000_000_000,
             interval_us: 1,
         }),
-    }
+    )
 }
 
 fn sliding_window() -> Rule {
-    Rule {
-        name: RuleName::General,
-        policy: Policy::SlidingWindow(SlidingWindow {
+    Rule::new(
+        0,
+        "general",
+        Policy::SlidingWindow(SlidingWindow {
             limit: 1_000_000_000,
             window_ms: 60_000,
         }),
-    }
+    )
 }
 
-fn client(n: u64) -> IpAddr {
+fn client(n: u64) -> ClientKey {
     // 10.0.0.0/8 and up: plain IPv4 clients, as most deployments see.
-    IpAddr::V4(Ipv4Addr::from(0x0A00_0000_u32.wrapping_add(n as u32)))
+    IpAddr::V4(Ipv4Addr::from(0x0A00_0000_u32.wrapping_add(n as u32))).into()
 }
 
 fn new_store(max_keys: u64) -> MemoryStore {
@@ -162,7 +164,7 @@ fn run_threads(
     threads: usize,
     iters: u64,
     clock_base: u64,
-    keys: impl Fn(usize, u64) -> IpAddr + Sync,
+    keys: impl Fn(usize, u64) -> ClientKey + Sync,
 ) -> Duration {
     let start = Barrier::new(threads);
     std::thread::scope(|scope| {

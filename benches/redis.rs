@@ -20,7 +20,7 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 use tollgate::limit::algorithm::TokenBucket;
-use tollgate::limit::{Policy, RedisStore, RedisTarget, Rule, RuleName};
+use tollgate::limit::{ClientKey, Policy, RedisStore, RedisTarget, Rule};
 
 const TOKEN_BUCKET_LUA: &str = include_str!("../scripts/token_bucket.lua");
 
@@ -89,29 +89,30 @@ impl Drop for RedisServer {
 }
 
 fn rule() -> Rule {
-    Rule {
-        name: RuleName::General,
-        policy: Policy::TokenBucket(TokenBucket {
+    Rule::new(
+        0,
+        "general",
+        Policy::TokenBucket(TokenBucket {
             capacity: CAPACITY,
             interval_us: INTERVAL_US,
         }),
-    }
+    )
 }
 
-fn client(n: u64) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(0x0A00_0000_u32.wrapping_add((n % CLIENTS) as u32)))
+fn client(n: u64) -> ClientKey {
+    IpAddr::V4(Ipv4Addr::from(0x0A00_0000_u32.wrapping_add((n % CLIENTS) as u32))).into()
 }
 
 /// `decisions` decisions split over `callers` concurrent tasks, each waiting for its answer
 /// before asking again (as a request would); returns the wall time. Client numbers start at
 /// `first_client`, so consecutive runs keep walking the key space.
 async fn run(store: &RedisStore, callers: u64, decisions: u64, first_client: u64) -> Duration {
-    let rule = rule();
+    let rule = std::sync::Arc::new(rule());
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for caller in 0..callers {
         let share = decisions / callers + u64::from(caller < decisions % callers);
-        let store = store.clone();
+        let (store, rule) = (store.clone(), rule.clone());
         tasks.spawn(async move {
             for i in 0..share {
                 let ip = client(first_client + i * callers + caller);

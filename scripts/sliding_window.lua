@@ -7,7 +7,9 @@
 -- ARGV[2]  window length in milliseconds
 -- ARGV[3]  cost of this request
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
--- Returns {allowed 1|0, remaining, retry_after_us, reset_after_us}.
+-- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}, where
+-- now_us is the time the request was counted at (never before the stored window).
 --
 -- The comparison is multiplied through by the window length, in whole request-milliseconds
 -- below 2^53 (the configuration guarantees it), so Lua's doubles are exact.
@@ -23,6 +25,17 @@ end
 local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
 local sw, sp, sc = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
 
+if ARGV[5] ~= '' then
+  -- Refund: take the cost back from the window it was counted in, if still remembered.
+  local counted = math.floor(math.floor(tonumber(ARGV[5]) / 1000) / w)
+  if sw and sw == counted then
+    redis.call('HSET', KEYS[1], 'c', string.format('%.0f', math.max(0, sc - cost)))
+  elseif sw and sw == counted + 1 then
+    redis.call('HSET', KEYS[1], 'p', string.format('%.0f', math.max(0, sp - cost)))
+  end
+  return 1
+end
+
 -- A clock that stepped back must not erase newer counts: never place now before the stored
 -- window.
 local now_ms = math.floor(now / 1000)
@@ -32,6 +45,7 @@ end
 local window = math.floor(now_ms / w)
 local start = window * w
 local elapsed = now_ms - start
+local counted_at = math.max(now, now_ms * 1000)
 
 local previous, current = 0, 0
 if sw and sp and sc then
@@ -55,7 +69,7 @@ if previous_weight + (current + cost) * w <= budget then
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window),
     'p', string.format('%.0f', previous), 'c', string.format('%.0f', current))
   redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(reset_after / 1000000)))
-  return {1, math.floor((budget - previous_weight - current * w) / w), 0, reset_after}
+  return {1, math.floor((budget - previous_weight - current * w) / w), 0, reset_after, counted_at}
 end
 
 -- Denied: nothing is counted, nothing written.
@@ -73,4 +87,4 @@ elseif cost <= limit then
 else
   allowed_at = reset_at
 end
-return {0, 0, after_ms(allowed_at), after_ms(reset_at)}
+return {0, 0, after_ms(allowed_at), after_ms(reset_at), counted_at}

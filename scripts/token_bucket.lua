@@ -7,7 +7,8 @@
 -- ARGV[2]  microseconds to refill one token
 -- ARGV[3]  cost of this request, in tokens
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
--- Returns {allowed 1|0, remaining, retry_after_us, reset_after_us}.
+-- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}.
 --
 -- Every number stays an integer below 2^53 (the gateway's configuration guarantees it), so
 -- Lua's doubles are exact and the reply's integer conversion loses nothing.
@@ -19,8 +20,18 @@ if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+local stored = tonumber(redis.call('GET', KEYS[1]))
 
-local tat = tonumber(redis.call('GET', KEYS[1]))
+if ARGV[5] ~= '' then
+  -- Refund: moving the TAT back by the cost undoes the request whenever it was made.
+  if stored then
+    local tat = math.max(0, stored - cost * interval)
+    redis.call('SET', KEYS[1], string.format('%.0f', tat), 'EX', math.max(1, math.ceil((tat - now) / 1000000)))
+  end
+  return 1
+end
+
+local tat = stored
 if not tat or tat < now then
   tat = now
 end
@@ -28,10 +39,10 @@ local tau = capacity * interval
 local new_tat = tat + cost * interval
 if new_tat - now > tau then
   -- Denied: nothing is consumed, nothing written.
-  return {0, 0, new_tat - tau - now, tat - now}
+  return {0, 0, new_tat - tau - now, tat - now, now}
 end
 
 -- Keep the key exactly as long as it matters: until the bucket is full again.
 local ttl = math.max(1, math.ceil((new_tat - now) / 1000000))
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'EX', ttl)
-return {1, math.floor((tau - (new_tat - now)) / interval), 0, new_tat - now}
+return {1, math.floor((tau - (new_tat - now)) / interval), 0, new_tat - now, now}

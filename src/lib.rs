@@ -1,8 +1,9 @@
 //! tollgate: a rate-limiting reverse proxy.
 //!
-//! Every request is attributed to a client (its IP, or the address a trusted proxy forwarded),
-//! matched to a rule by path (the general rule, or the stricter auth rule for `AUTH_PATHS`),
-//! and decided by a limiter held in memory or in Redis. Allowed requests stream through to the
+//! Every request's path is read once into a canonical form, attributed to a client (its IP, the
+//! address a trusted proxy forwarded, or a header such as an API key), matched to a rule by the
+//! compiled rule table (routes, the auth paths, the general rule), and decided by a limiter
+//! held in memory or in Redis. Allowed requests stream through to the
 //! backend; the rest get `429 Too Many Requests` with `Retry-After`. Configuration comes only
 //! from the environment.
 //!
@@ -16,13 +17,16 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: environment variables to a validated [`Config`]; every error names the variable.
+//! - [`config`]: environment variables to a validated [`Config`]: a reader of named variables,
+//!   the rule table parser and the store parser; every error names the variable.
 //! - [`server`]: accept loop, HTTP/1.1 + h2c, graceful shutdown; wires the pieces together.
-//! - [`proxy`]: the HTTP face: client identity, path rules, forwarding, hop-by-hop headers,
-//!   upgrades, and the gateway's own responses.
-//! - [`limit`]: the domain, without HTTP types: [`limit::Rule`], [`limit::Decision`], the
-//!   algorithms (`limit::algorithm`, one pure function each), the memory store, the Redis
-//!   store (`scripts/*.lua`) and the guard that decides what happens when Redis fails.
+//! - [`proxy`]: the HTTP face: path canonicalisation, client address, forwarding, hop-by-hop
+//!   headers, upgrades, and the gateway's own responses and rate-limit headers.
+//! - [`limit`]: the policy, never forwarding or answering anything: the rule table
+//!   ([`limit::RuleTable`]: classify a request head into rule, key, cost and mode), client keys,
+//!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
+//!   the memory store, the Redis store and the guard that decides what happens when Redis
+//!   fails.
 //! - [`telemetry`]: log setup.
 
 #![forbid(unsafe_code)]

@@ -50,7 +50,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let limiter = limiter(&config)?;
     let purge = limiter.memory_store().map(|store| {
-        let (store, rules) = (store.clone(), config.rules());
+        let (store, rules) = (store.clone(), config.rules.rules().to_vec());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PURGE_INTERVAL);
             loop {

@@ -5,7 +5,14 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// How log lines are written (`LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
 
 /// Install the global subscriber. Call once, before serving.
 pub fn init(format: LogFormat) {

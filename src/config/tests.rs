@@ -1,4 +1,7 @@
 use super::*;
+use crate::limit::algorithm::{FixedWindow, Policy, SlidingLog, SlidingWindow, TokenBucket};
+use crate::limit::{FailMode, KeyBy, Mode, RedisTarget, RequestHead};
+use http::{HeaderMap, Method};
 
 fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let mut all = vec![("BACKEND_URL", "http://127.0.0.1:8000")];
@@ -10,25 +13,45 @@ fn error(vars: &[(&str, &str)]) -> String {
     parse(vars).expect_err("should be rejected").to_string()
 }
 
+fn general(config: &Config) -> &crate::limit::Rule {
+    config.rules.rule("general").expect("a general rule")
+}
+
+fn auth(config: &Config) -> &crate::limit::Rule {
+    config.rules.rule("auth").expect("an auth rule")
+}
+
+/// The rule name, mode and cost a GET of `path` from 192.0.2.1 is classified under.
+fn classify(config: &Config, method: &str, path: &str) -> (String, Mode, u64) {
+    let head = RequestHead {
+        method: &Method::from_bytes(method.as_bytes()).unwrap(),
+        path,
+        headers: &HeaderMap::new(),
+        client_ip: "192.0.2.1".parse().unwrap(),
+    };
+    let matched = config.rules.classify(&head).unwrap();
+    (matched.rule.name.to_string(), matched.mode, matched.cost)
+}
+
 #[test]
 fn defaults_match_the_go_service() {
     let config = parse(&[]).unwrap();
     assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
     assert_eq!(
-        config.general.policy,
+        general(&config).policy,
         Policy::TokenBucket(TokenBucket {
             capacity: 10,
             interval_us: 1_000_000
         })
     );
     assert_eq!(
-        config.auth.policy,
+        auth(&config).policy,
         Policy::TokenBucket(TokenBucket {
             capacity: 5,
             interval_us: 100_000_000
         })
     );
-    assert_eq!(config.auth_paths.to_string(), "/login,/signup,/reset-password");
+    assert_eq!(config.rules.paths_of("auth"), "/login,/signup,/reset-password");
     assert!(config.trusted_proxies.is_empty());
     assert_eq!(config.max_keys.get(), 100_000);
     assert_eq!(config.log_format, LogFormat::Text);
@@ -48,14 +71,14 @@ fn sliding_window_reads_only_its_own_variables() {
     ])
     .unwrap();
     assert_eq!(
-        config.general.policy,
+        general(&config).policy,
         Policy::SlidingWindow(SlidingWindow {
             limit: 100,
             window_ms: 500
         })
     );
     assert_eq!(
-        config.auth.policy,
+        auth(&config).policy,
         Policy::SlidingWindow(SlidingWindow {
             limit: 3,
             window_ms: 60_000
@@ -71,7 +94,7 @@ fn lists_are_trimmed_and_empty_values_are_unset() {
         ("PORT", ""),
     ])
     .unwrap();
-    assert_eq!(config.auth_paths.to_string(), "/a,/b/*");
+    assert_eq!(config.rules.paths_of("auth"), "/a,/b/*");
     let proxies: Vec<String> = config.trusted_proxies.iter().map(ToString::to_string).collect();
     assert_eq!(proxies, ["10.0.0.0/8", "192.168.1.7/32", "::1/128"]);
     assert_eq!(config.listen.port(), 8080);
@@ -116,6 +139,16 @@ fn every_error_names_its_variable_and_value() {
             "TRUSTED_PROXIES=\"10.0.0.0/33\"",
         ),
         (&[("AUTH_PATHS", "login")], "AUTH_PATHS=\"login\""),
+        (&[("AUTH_ALGORITHM", "leaky")], "AUTH_ALGORITHM=\"leaky\""),
+        (&[("KEY_BY", "cookie")], "KEY_BY=\"cookie\""),
+        (&[("IPV6_PREFIX", "129")], "IPV6_PREFIX=\"129\""),
+        (&[("SHADOW_MODE", "yes")], "SHADOW_MODE=\"yes\""),
+        (&[("AUTH_COUNT", "some")], "AUTH_COUNT=\"some\""),
+        (&[("RATE_LIMIT_HEADERS", "ietf")], "RATE_LIMIT_HEADERS=\"ietf\""),
+        (
+            &[("ALGORITHM", "sliding_log"), ("LIMIT", "10001")],
+            "LIMIT=\"10001\"",
+        ),
         (&[("MAX_KEYS", "0")], "MAX_KEYS=\"0\""),
         (&[("LOG_FORMAT", "xml")], "LOG_FORMAT=\"xml\""),
         (&[("BACKEND_TIMEOUT_MS", "1s")], "BACKEND_TIMEOUT_MS=\"1s\""),
@@ -234,11 +267,32 @@ fn backend_path_prefix_is_kept() {
 
 #[test]
 fn check_config_output_shows_the_rules() {
-    let shown = parse(&[]).unwrap().to_string();
+    let shown = parse(&[
+        (
+            "ROUTES",
+            "/api/export/*=token_bucket:5:0.1,method=GET|head;/search=fixed_window:100:60,name=search,shadow",
+        ),
+        ("COSTS", "/api/export/big=3"),
+        ("SKIP_PATHS", "/healthz"),
+        ("EXEMPT", "10.0.0.0/8"),
+    ])
+    .unwrap()
+    .to_string();
     assert!(
         shown.contains("general rule:     token_bucket: 10 tokens, refill 1/s"),
         "{shown}"
     );
+    for line in [
+        "   1. /api/export/* GET|HEAD -> /api/export/*: token_bucket: 5 tokens, refill 0.1/s",
+        "   2. /search -> search: fixed_window: 100 requests per 60 s (key ip, cost 1, shadow)",
+        "   3. /login -> auth: token_bucket: 5 tokens",
+        "   6. every other path -> general: token_bucket: 10 tokens",
+        "costs:            /api/export/big=3",
+        "skip paths:       /healthz",
+        "exempt:           10.0.0.0/8",
+    ] {
+        assert!(shown.contains(line), "{line:?} missing from\n{shown}");
+    }
     assert!(
         shown.contains("auth rule:        token_bucket: 5 tokens, refill 0.01/s"),
         "{shown}"
@@ -275,4 +329,155 @@ fn redis_tls_switches_addr_and_cluster_to_tls() {
     assert!(config.to_string().contains("cluster a:1 (TLS)"), "{config}");
     assert!(error(&[("REDIS_ADDR", "a:1"), ("REDIS_TLS", "yes")]).starts_with("REDIS_TLS=\"yes\""));
     assert!(error(&[("REDIS_URL", "redis://a:1"), ("REDIS_TLS", "true")]).contains("REDIS_TLS goes with"));
+}
+
+#[test]
+fn every_algorithm_is_accepted_for_either_rule() {
+    let config = parse(&[
+        ("ALGORITHM", "fixed_window"),
+        ("LIMIT", "100"),
+        ("WINDOW_SIZE", "1"),
+        ("AUTH_ALGORITHM", "sliding_log"),
+        ("AUTH_LIMIT", "3"),
+    ])
+    .unwrap();
+    assert_eq!(
+        general(&config).policy,
+        Policy::FixedWindow(FixedWindow {
+            limit: 100,
+            window_ms: 1_000
+        })
+    );
+    assert_eq!(
+        auth(&config).policy,
+        Policy::SlidingLog(SlidingLog {
+            limit: 3,
+            window_ms: 60_000
+        })
+    );
+    // gcra is the token bucket, read from the same variables.
+    let config = parse(&[("ALGORITHM", "gcra"), ("MAX_TOKENS", "7")]).unwrap();
+    assert_eq!(general(&config).policy.name(), "token_bucket");
+    assert_eq!(general(&config).policy.limit(), 7);
+    // AUTH_ALGORITHM defaults to ALGORITHM.
+    let config = parse(&[("ALGORITHM", "sliding_window")]).unwrap();
+    assert_eq!(auth(&config).policy.name(), "sliding_window");
+    assert!(error(&[("ALGORITHM", "sliding_log"), ("LIMIT", "20000")]).contains("10000"));
+}
+
+#[test]
+fn routes_are_tried_in_order_before_auth_paths_and_the_general_rule() {
+    let config = parse(&[
+        (
+            "ROUTES",
+            "/api/export/*=token_bucket:5:0.1,cost=2;/login=fixed_window:3:60,method=POST,name=login-post;/search=sliding_log:100:60",
+        ),
+        ("COSTS", "/api/export/huge=5,/search=4"),
+        ("SKIP_PATHS", "/healthz"),
+    ])
+    .unwrap();
+    let cases = [
+        ("GET", "/api/export/x", ("/api/export/*", Mode::Enforce, 2)),
+        ("GET", "/api/export/huge", ("/api/export/*", Mode::Enforce, 5)),
+        ("POST", "/login", ("login-post", Mode::Enforce, 1)),
+        ("GET", "/login", ("auth", Mode::Enforce, 1)),
+        ("GET", "/search", ("/search", Mode::Enforce, 4)),
+        ("GET", "/other", ("general", Mode::Enforce, 1)),
+        ("GET", "/healthz", ("general", Mode::Exempt, 1)),
+    ];
+    for (method, path, (rule, mode, cost)) in cases {
+        assert_eq!(
+            classify(&config, method, path),
+            (rule.to_owned(), mode, cost),
+            "{method} {path}"
+        );
+    }
+}
+
+#[test]
+fn shadow_mode_and_failure_counting() {
+    let config = parse(&[("SHADOW_MODE", "true"), ("AUTH_COUNT", "failures")]).unwrap();
+    assert_eq!(classify(&config, "GET", "/x").1, Mode::Shadow);
+    assert!(general(&config).shadow && auth(&config).shadow);
+    assert_eq!(auth(&config).count, crate::limit::Count::Failures);
+    assert_eq!(general(&config).count, crate::limit::Count::All);
+    let config = parse(&[("ROUTES", "/a=gcra:1:1,shadow,count=failures")]).unwrap();
+    let route = config.rules.rule("/a").unwrap();
+    assert!(route.shadow);
+    assert!(!general(&config).shadow);
+}
+
+#[test]
+fn bad_route_entries_stop_startup_naming_the_entry() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("ROUTES", "/a", "expected PATTERN=ALGORITHM:A:B"),
+        ("ROUTES", "/a=leaky:1:1", "unknown algorithm \"leaky\""),
+        ("ROUTES", "/a=token_bucket:5", "expected ALGORITHM:A:B"),
+        ("ROUTES", "/a=token_bucket:x:1", "capacity \"x\""),
+        ("ROUTES", "/a=fixed_window:5:0", "window seconds \"0\""),
+        ("ROUTES", "a=token_bucket:5:1", "pattern"),
+        (
+            "ROUTES",
+            "/a=token_bucket:5:1,cost=6",
+            "above the rule's capacity",
+        ),
+        ("ROUTES", "/a=token_bucket:5:1,colour=red", "unknown option"),
+        ("ROUTES", "/a=token_bucket:5:1,name=Bad Name", "whitespace"),
+        ("ROUTES", "/a=token_bucket:5:1,name=auth", "is taken"),
+        ("ROUTES", "/a=token_bucket:5:1;/a=gcra:1:1", "is taken"),
+        ("ROUTES", "/a=token_bucket:5:1,key=cookie:x", "key"),
+        ("COSTS", "/heavy", "expected PATTERN=N"),
+        ("COSTS", "/heavy=0", "expected PATTERN=N"),
+        ("COSTS", "/heavy=11", "rule \"general\", which holds at most 10"),
+        ("COSTS", "/login=6", "rule \"auth\", which holds at most 5"),
+        ("EXEMPT", "10.0.0.0/33", "expected a CIDR"),
+        ("EXEMPT", "key:abc", "need a rule keyed by a header"),
+        ("SKIP_PATHS", "health", "start with"),
+        ("AUTH_PATHS", "/login /signup", "whitespace"),
+    ];
+    for (var, value, problem) in cases {
+        let message = error(&[(var, value)]);
+        assert!(message.starts_with(var), "{var}={value}: {message}");
+        assert!(
+            message.contains(problem),
+            "{var}={value}: {message} should say {problem:?}"
+        );
+    }
+}
+
+#[test]
+fn header_keys_need_a_shared_secret_with_redis() {
+    let config = parse(&[("KEY_BY", "header:X-API-Key")]).unwrap();
+    assert_eq!(general(&config).key_by, KeyBy::parse("header:x-api-key").unwrap());
+    let message = error(&[("KEY_BY", "header:X-API-Key"), ("REDIS_ADDR", "db:6379")]);
+    assert!(message.starts_with("KEY_HASH_SECRET is required"), "{message}");
+    let message = error(&[("KEY_HASH_SECRET", "short-secret")]);
+    assert!(
+        message.starts_with("KEY_HASH_SECRET is invalid") && !message.contains("short-secret"),
+        "{message}"
+    );
+    parse(&[
+        ("KEY_BY", "header:X-API-Key"),
+        ("REDIS_ADDR", "db:6379"),
+        ("KEY_HASH_SECRET", "0123456789abcdef0123"),
+        ("EXEMPT", "key:internal-batch-job"),
+    ])
+    .unwrap();
+}
+
+#[test]
+fn every_variable_read_is_recorded() {
+    let config = parse(&[]).unwrap();
+    for name in [
+        "BACKEND_URL",
+        "ROUTES",
+        "KEY_BY",
+        "MAX_TOKENS",
+        "AUTH_REFILL_RATE",
+        "REDIS_URL",
+    ] {
+        assert!(config.read.contains(name), "{name}");
+    }
+    // Only the chosen algorithm's numbers are read.
+    assert!(!config.read.contains("WINDOW_SIZE"));
 }

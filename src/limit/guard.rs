@@ -123,6 +123,17 @@ impl Guard {
         }
     }
 
+    /// Refund a decision Redis made (see [`RedisStore::refund`]). While the breaker is open
+    /// Redis is not asked: the cost stays spent, erring toward the limit.
+    pub async fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
+        if self.inner.open.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(error) = self.inner.store.refund(rule, client, cost, at_us).await {
+            self.record_failure(&error);
+        }
+    }
+
     /// The memory store of `FAIL_MODE=local`, if that is the mode (the server purges it).
     pub fn local_store(&self) -> Option<&MemoryStore> {
         match &self.inner.fallback {

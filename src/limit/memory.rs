@@ -10,14 +10,15 @@
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Decision, Rule, RuleName, State};
+use crate::limit::{ClientKey, Decision, Rule, State};
 
-/// A client's budget is identified by its rule and its key.
-type EntryKey = (RuleName, ClientKey);
+/// A client's budget is identified by its rule's position in the table and its key.
+type EntryKey = (u16, ClientKey);
 
 type Shard = Mutex<LruCache<EntryKey, State>>;
 
@@ -36,8 +37,12 @@ struct Inner {
     /// Picks the shard: the maps' own hasher (foldhash), a few times cheaper than SipHash and
     /// randomly seeded per process, so clients cannot aim at one shard.
     hasher: lru::DefaultHasher,
-    /// The store's clock starts here; times are microseconds since then.
-    epoch: Instant,
+    /// The store's clock: microseconds since the Unix epoch, read from the monotonic clock
+    /// (tokio's, so tests can pause it) anchored once to wall-clock time at `started`. Never
+    /// steps back, and fixed windows align to the epoch as they do in Redis.
+    started: Instant,
+    /// Unix time in microseconds at `started`.
+    started_unix_us: u64,
 }
 
 impl MemoryStore {
@@ -58,14 +63,18 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 shards,
                 hasher: Default::default(),
-                epoch: Instant::now(),
+                started: Instant::now(),
+                started_unix_us: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
             }),
         }
     }
 
-    /// Microseconds on the store's clock (tokio's, so tests can pause it).
+    /// Microseconds since the Unix epoch on the store's clock.
     pub fn now_us(&self) -> u64 {
-        u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        let elapsed = u64::try_from(self.inner.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.inner.started_unix_us.saturating_add(elapsed)
     }
 
     /// Decide a request of `cost` for `client` under `rule`, now.
@@ -81,30 +90,35 @@ impl MemoryStore {
     }
 
     fn decide(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: impl FnOnce() -> u64) -> Decision {
-        let key = (rule.name, client);
+        let key = (rule.id, client);
         let mut table = self.shard(&key);
         let now_us = now_us();
         match table.get_mut(&key) {
-            Some(state) => {
-                let (decision, next) = rule.policy.decide(Some(state), now_us, cost);
-                if let Some(next) = next {
-                    *state = next;
-                }
-                decision
-            }
+            Some(state) => rule.policy.check(state, now_us, cost),
             None => {
-                let (decision, next) = rule.policy.decide(None, now_us, cost);
-                if let Some(next) = next {
+                let mut state = rule.policy.fresh_state();
+                let decision = rule.policy.check(&mut state, now_us, cost);
+                if decision.allowed {
                     // At capacity this evicts the least recently seen client of the shard.
-                    table.push(key, next);
+                    table.push(key, state);
                 }
                 decision
             }
         }
     }
 
+    /// Give back `cost` taken by an allowed request counted at `at_us` (see
+    /// [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)).
+    pub fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
+        let key = (rule.id, client);
+        // `peek_mut`: a refund is not a sighting, so it leaves the eviction order alone.
+        if let Some(state) = self.shard(&key).peek_mut(&key) {
+            rule.policy.refund(state, at_us, cost);
+        }
+    }
+
     /// Forget every client whose budget under its rule is entirely back, as of now.
-    /// Returns how many were dropped.
+    /// `rules` is the table's rules, indexed by id. Returns how many were dropped.
     pub fn purge_idle(&self, rules: &[Rule]) -> usize {
         self.purge_idle_at(rules, self.now_us())
     }
@@ -116,8 +130,11 @@ impl MemoryStore {
         for shard in self.inner.shards.iter() {
             let mut table = lock(shard);
             idle.extend(table.iter().filter_map(|(key, state)| {
-                let rule = rules.iter().find(|rule| rule.name == key.0)?;
-                rule.policy.is_idle(state, now_us).then_some(*key)
+                // A state under a rule the table no longer has is forgotten.
+                let idle = rules
+                    .get(usize::from(key.0))
+                    .is_none_or(|rule| rule.policy.is_idle(state, now_us));
+                idle.then_some(*key)
             }));
             for key in idle.drain(..) {
                 table.pop(&key);
@@ -158,18 +175,19 @@ mod tests {
     use crate::limit::algorithm::{SlidingWindow, TokenBucket};
     use std::net::{IpAddr, Ipv4Addr};
 
-    fn rule(name: RuleName, capacity: u64) -> Rule {
-        Rule {
-            name,
-            policy: Policy::TokenBucket(TokenBucket {
-                capacity,
-                interval_us: 1_000_000,
-            }),
-        }
+    const GENERAL: u16 = 0;
+    const AUTH: u16 = 1;
+
+    fn rule(id: u16, capacity: u64) -> Rule {
+        let policy = Policy::TokenBucket(TokenBucket {
+            capacity,
+            interval_us: 1_000_000,
+        });
+        Rule::new(id, if id == GENERAL { "general" } else { "auth" }, policy)
     }
 
-    fn ip(n: u32) -> IpAddr {
-        IpAddr::V4(Ipv4Addr::from(n))
+    fn ip(n: u32) -> ClientKey {
+        IpAddr::V4(Ipv4Addr::from(n)).into()
     }
 
     fn store(max_keys: usize) -> MemoryStore {
@@ -179,8 +197,8 @@ mod tests {
     #[test]
     fn rules_and_clients_have_separate_budgets() {
         let store = store(100);
-        let general = rule(RuleName::General, 2);
-        let auth = rule(RuleName::Auth, 1);
+        let general = rule(GENERAL, 2);
+        let auth = rule(AUTH, 1);
         assert!(store.check_at(&auth, ip(1), 1, 0).allowed);
         assert!(!store.check_at(&auth, ip(1), 1, 0).allowed);
         assert!(store.check_at(&auth, ip(2), 1, 0).allowed);
@@ -191,7 +209,7 @@ mod tests {
     fn the_bound_holds_under_a_flood_and_evicts_the_idlest() {
         let max_keys = 1_000;
         let store = store(max_keys);
-        let r = rule(RuleName::General, 1);
+        let r = rule(GENERAL, 1);
         // The first client spends its budget, then 10x max_keys strangers arrive.
         assert!(store.check_at(&r, ip(0), 1, 0).allowed);
         for n in 1..=(10 * max_keys as u32) {
@@ -211,7 +229,7 @@ mod tests {
     fn tiny_bounds_are_exact() {
         for max_keys in [1, 2, 3, 7, 65, 130] {
             let store = store(max_keys);
-            let r = rule(RuleName::General, 1);
+            let r = rule(GENERAL, 1);
             for n in 0..1_000 {
                 store.check_at(&r, ip(n), 1, 0);
             }
@@ -222,28 +240,29 @@ mod tests {
     #[test]
     fn purge_drops_exactly_the_refilled_clients() {
         let store = store(100);
-        let tb = rule(RuleName::General, 2);
-        let sw = Rule {
-            name: RuleName::Auth,
-            policy: Policy::SlidingWindow(SlidingWindow {
+        let tb = rule(GENERAL, 2);
+        let sw = Rule::new(
+            AUTH,
+            "auth",
+            Policy::SlidingWindow(SlidingWindow {
                 limit: 5,
                 window_ms: 10_000,
             }),
-        };
+        );
         store.check_at(&tb, ip(1), 1, 0); // full again at 1 s
         store.check_at(&tb, ip(2), 2, 0); // full again at 2 s
         store.check_at(&sw, ip(1), 1, 0); // forgotten at 20 s
-        assert_eq!(store.purge_idle_at(&[tb, sw], 1_500_000), 1);
+        assert_eq!(store.purge_idle_at(&[tb.clone(), sw.clone()], 1_500_000), 1);
         assert_eq!(store.len(), 2);
-        assert_eq!(store.purge_idle_at(&[tb, sw], 19_999_999), 1);
-        assert_eq!(store.purge_idle_at(&[tb, sw], 20_000_000), 1);
+        assert_eq!(store.purge_idle_at(&[tb.clone(), sw.clone()], 19_999_999), 1);
+        assert_eq!(store.purge_idle_at(&[tb.clone(), sw.clone()], 20_000_000), 1);
         assert!(store.is_empty());
     }
 
     #[test]
     fn a_denial_creates_no_entry() {
         let store = store(10);
-        store.check_at(&rule(RuleName::General, 1), ip(1), 5, 0);
+        store.check_at(&rule(GENERAL, 1), ip(1), 5, 0);
         assert!(store.is_empty());
     }
 }

@@ -1,118 +1,24 @@
-//! The limiting domain: rules, decisions, algorithms and the stores that remember clients.
-//! Nothing here knows about HTTP; the proxy hands in a [`Rule`] and a [`ClientKey`] and gets a
-//! [`Verdict`] back.
+//! The limiting domain: rules, keys, decisions, algorithms and the stores that remember
+//! clients. Nothing here forwards or answers HTTP; the proxy hands a request head to the
+//! [`RuleTable`], gets a [`Match`] (rule, key, cost, mode), and asks the [`Limiter`] for a
+//! [`Verdict`].
 
 pub mod algorithm;
 pub mod guard;
+pub mod key;
 pub mod memory;
+pub mod pattern;
 pub mod redis;
+pub mod rules;
 
-use std::fmt;
-use std::net::IpAddr;
 use std::time::Duration;
 
-use algorithm::{SlidingWindow, TokenBucket, WindowState};
-
+pub use algorithm::{Policy, State};
 pub use guard::{FailMode, Guard, GuardSettings};
+pub use key::{ClientIp, ClientKey, KeyBy, KeyHasher};
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisTarget, StoreError};
-
-/// Who a budget belongs to: the client's IP address, as worked out by the proxy.
-pub type ClientKey = IpAddr;
-
-/// Which of the two budgets a request draws from. Every client has one of each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RuleName {
-    /// Every path not listed in `AUTH_PATHS`.
-    General,
-    /// The paths in `AUTH_PATHS` (login, signup, ...), which share one stricter budget.
-    Auth,
-}
-
-impl RuleName {
-    /// The name used in logs, Redis keys and `--check-config`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RuleName::General => "general",
-            RuleName::Auth => "auth",
-        }
-    }
-}
-
-impl fmt::Display for RuleName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A named budget and the algorithm that enforces it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rule {
-    /// Which budget this is; part of every store key.
-    pub name: RuleName,
-    /// The algorithm and its numbers.
-    pub policy: Policy,
-}
-
-/// An algorithm with its parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// `ALGORITHM=token_bucket`.
-    TokenBucket(TokenBucket),
-    /// `ALGORITHM=sliding_window`.
-    SlidingWindow(SlidingWindow),
-}
-
-/// What a store remembers of one client under one rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// Theoretical arrival time of the token bucket (see [`TokenBucket`]).
-    TokenBucket(u64),
-    /// Counters of the sliding window.
-    SlidingWindow(WindowState),
-}
-
-impl Policy {
-    /// The number advertised in `X-RateLimit-Limit`.
-    pub fn limit(&self) -> u64 {
-        match self {
-            Policy::TokenBucket(tb) => tb.capacity,
-            Policy::SlidingWindow(sw) => sw.limit,
-        }
-    }
-
-    /// The algorithm's decision for a request of `cost` at `now_us`. A stored state of another
-    /// algorithm (impossible within one process) counts as no state.
-    pub fn decide(&self, state: Option<&State>, now_us: u64, cost: u64) -> (Decision, Option<State>) {
-        match self {
-            Policy::TokenBucket(tb) => {
-                let tat = match state {
-                    Some(State::TokenBucket(tat)) => Some(*tat),
-                    _ => None,
-                };
-                let (decision, tat) = tb.decide(tat, now_us, cost);
-                (decision, tat.map(State::TokenBucket))
-            }
-            Policy::SlidingWindow(sw) => {
-                let counters = match state {
-                    Some(State::SlidingWindow(counters)) => Some(*counters),
-                    _ => None,
-                };
-                let (decision, counters) = sw.decide(counters, now_us, cost);
-                (decision, counters.map(State::SlidingWindow))
-            }
-        }
-    }
-
-    /// True when forgetting `state` at `now_us` changes no future decision.
-    pub fn is_idle(&self, state: &State, now_us: u64) -> bool {
-        match (self, state) {
-            (Policy::TokenBucket(_), State::TokenBucket(tat)) => TokenBucket::is_idle(*tat, now_us),
-            (Policy::SlidingWindow(sw), State::SlidingWindow(counters)) => sw.is_idle(counters, now_us),
-            _ => true,
-        }
-    }
-}
+pub use rules::{Count, Match, Mode, RequestHead, Rule, RuleTable};
 
 /// The outcome of asking a store about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +33,9 @@ pub struct Decision {
     pub retry_after: Duration,
     /// How long until the budget is entirely back (`X-RateLimit-Reset` is now plus this).
     pub reset_after: Duration,
+    /// When the request was counted, in microseconds since the Unix epoch on the deciding
+    /// store's clock: what a refund hands back to find what to give back.
+    pub at_us: u64,
 }
 
 /// What the proxy acts on: a decision, or what the fail mode says when Redis cannot decide.
@@ -167,6 +76,25 @@ impl Limiter {
         match self {
             Limiter::Memory(store) => Verdict::Decided(store.check(rule, client, cost)),
             Limiter::Redis(guard) => guard.check(rule, client, cost).await,
+        }
+    }
+
+    /// Give back the `cost` an allowed request took (see [`Count::Failures`]), to the store
+    /// that decided it.
+    pub async fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, verdict: &Verdict) {
+        match (self, verdict) {
+            (Limiter::Memory(store), Verdict::Decided(decision)) => {
+                store.refund(rule, client, cost, decision.at_us);
+            }
+            (Limiter::Redis(guard), Verdict::Decided(decision)) => {
+                guard.refund(rule, client, cost, decision.at_us).await;
+            }
+            (Limiter::Redis(guard), Verdict::DecidedLocally(decision)) => {
+                if let Some(store) = guard.local_store() {
+                    store.refund(rule, client, cost, decision.at_us);
+                }
+            }
+            _ => {}
         }
     }
 

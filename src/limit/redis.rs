@@ -1,6 +1,6 @@
 //! The Redis store: one shared budget per client across every replica.
 //!
-//! Each algorithm is a Lua script in `scripts/` (embedded at build time) that reads the state,
+//! Each algorithm has a Lua script in `scripts/` (embedded at build time) that reads the state,
 //! runs the same arithmetic as the Rust algorithm and writes the result in one atomic step, on
 //! one round trip (`EVALSHA`, reloaded by `redis::Script` after `NOSCRIPT`). The script reads
 //! Redis `TIME`, so replicas with skewed clocks agree. Every key carries a TTL and all keys of
@@ -10,21 +10,16 @@
 //! call is bounded by `REDIS_TIMEOUT_MS`; what to do when it fails is [`super::guard`]'s job.
 
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use redis::ScriptInvocation;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
-use crate::limit::{ClientKey, Decision, Policy, Rule, RuleName};
-
-static TOKEN_BUCKET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/token_bucket.lua")));
-static SLIDING_WINDOW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../scripts/sliding_window.lua")));
+use crate::limit::{ClientKey, Decision, Rule};
 
 /// Why the store could not decide.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +30,7 @@ pub enum StoreError {
     /// Redis or the connection to it reported an error.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-    /// A script answered with something other than four non-negative integers.
+    /// A script answered with something other than five non-negative integers.
     #[error("redis script returned an unexpected reply: {0}")]
     Reply(String),
 }
@@ -177,14 +172,40 @@ impl RedisStore {
         self.decide(rule, client, cost, Some(now_us)).await
     }
 
+    /// Give back `cost` taken by an allowed request counted at `at_us` (microseconds since
+    /// the Unix epoch on the Redis clock), atomically.
+    pub async fn refund(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        at_us: u64,
+    ) -> Result<(), StoreError> {
+        self.give_back(rule, client, cost, at_us, None).await
+    }
+
+    /// [`refund`](Self::refund) with the script's clock pinned to `now_us`, for tests.
+    #[doc(hidden)]
+    pub async fn refund_at(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        at_us: u64,
+        now_us: u64,
+    ) -> Result<(), StoreError> {
+        self.give_back(rule, client, cost, at_us, Some(now_us)).await
+    }
+
     /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}`. The braces
     /// are a Redis Cluster hash tag, so every key of one client and rule lives on one node.
-    pub fn key(&self, rule: RuleName, client: ClientKey, policy: &Policy) -> String {
-        let algorithm = match policy {
-            Policy::TokenBucket(_) => "tb",
-            Policy::SlidingWindow(_) => "sw",
-        };
-        format!("{}{{{rule}:{client}}}:{algorithm}", self.prefix)
+    pub fn key(&self, rule: &Rule, client: ClientKey) -> String {
+        format!(
+            "{}{{{}:{client}}}:{}",
+            self.prefix,
+            rule.name,
+            rule.policy.key_suffix()
+        )
     }
 
     /// `PING`, bounded by the timeout: the circuit breaker's health probe.
@@ -199,6 +220,39 @@ impl RedisStore {
         .await
     }
 
+    async fn give_back(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        at_us: u64,
+        now_us: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.invocation(rule, client, cost, now_us);
+        invocation.arg(at_us);
+        self.bounded(self.invoke::<redis::Value>(&invocation))
+            .await
+            .map(drop)
+    }
+
+    /// The script of `rule` on the client's key with its first four arguments.
+    fn invocation(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        now_us: Option<u64>,
+    ) -> ScriptInvocation<'static> {
+        let (script, [first, second]) = rule.policy.script();
+        let mut invocation = script.key(self.key(rule, client));
+        invocation.arg(first).arg(second).arg(cost);
+        match now_us {
+            Some(now_us) => invocation.arg(now_us),
+            None => invocation.arg(""),
+        };
+        invocation
+    }
+
     async fn decide(
         &self,
         rule: &Rule,
@@ -206,18 +260,10 @@ impl RedisStore {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let (script, first, second) = match rule.policy {
-            Policy::TokenBucket(tb) => (&*TOKEN_BUCKET, tb.capacity, tb.interval_us),
-            Policy::SlidingWindow(sw) => (&*SLIDING_WINDOW, sw.limit, sw.window_ms),
-        };
-        let mut invocation = script.key(self.key(rule.name, client, &rule.policy));
-        invocation.arg(first).arg(second).arg(cost);
-        match now_us {
-            Some(now_us) => invocation.arg(now_us),
-            None => invocation.arg(""),
-        };
+        let mut invocation = self.invocation(rule, client, cost, now_us);
+        invocation.arg("");
         let reply: Vec<i64> = self.bounded(self.invoke(&invocation)).await?;
-        let [allowed, remaining, retry_after_us, reset_after_us] = reply[..] else {
+        let [allowed, remaining, retry_after_us, reset_after_us, at_us] = reply[..] else {
             return Err(StoreError::Reply(format!("{reply:?}")));
         };
         let non_negative = |n: i64| u64::try_from(n).map_err(|_| StoreError::Reply(format!("{reply:?}")));
@@ -227,10 +273,14 @@ impl RedisStore {
             remaining: non_negative(remaining)?,
             retry_after: Duration::from_micros(non_negative(retry_after_us)?),
             reset_after: Duration::from_micros(non_negative(reset_after_us)?),
+            at_us: non_negative(at_us)?,
         })
     }
 
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Vec<i64>> {
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
         match &self.connection {
             Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
             Connection::Cluster(cluster) => invocation.invoke_async(&mut cluster.get().await?).await,
@@ -286,11 +336,14 @@ mod tests {
             Duration::from_millis(10),
         )
         .unwrap();
-        let policy = Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+        let policy = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
             capacity: 1,
             interval_us: 1,
         });
-        let key = store.key(RuleName::Auth, "2001:db8::1".parse().unwrap(), &policy);
-        assert_eq!(key, "tollgate:{auth:2001:db8::1}:tb");
+        let rule = Rule::new(1, "auth", policy);
+        let ip: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(store.key(&rule, ip.into()), "tollgate:{auth:2001:db8::1}:tb");
+        let grouped = ClientKey::Ip(crate::limit::ClientIp::new(ip, 64));
+        assert_eq!(store.key(&rule, grouped), "tollgate:{auth:2001:db8::/64}:tb");
     }
 }

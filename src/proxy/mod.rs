@@ -1,19 +1,26 @@
-//! The HTTP face of the gateway: identify the client, pick the rule, ask the limiter, then
-//! forward the request or answer it ourselves.
+//! The HTTP face of the gateway: read the path and the client once, classify the request with
+//! the rule table, ask the limiter, then forward the request or answer it ourselves.
 //!
-//! - [`identity`]: the client key (peer IP, or `X-Forwarded-For` from trusted proxies).
-//! - [`route`]: which rule a path falls under.
+//! - [`path`]: the request path parsed once into the canonical form rules match, or refused.
+//! - [`identity`]: the client address (peer IP, or `X-Forwarded-For` from trusted proxies).
 //! - [`headers`]: hop-by-hop stripping and `X-Forwarded-*`.
-//! - [`response`]: the gateway's own answers (429, 502, 503, 504) and rate-limit headers.
+//! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504) and rate-limit headers;
+//!   [`draft_headers`]: the IETF `RateLimit` fields.
+//!
+//! What is counted is what is forwarded: the path the rules matched is the path the backend
+//! gets (byte for byte, or with its dot segments resolved), and a request that could be read
+//! two ways is refused before any budget is touched.
 //!
 //! Bodies stream both ways: the client's request body is handed to the backend as it arrives,
 //! the backend's response body to the client, and nothing is buffered.
 
+pub mod draft_headers;
 pub mod headers;
 pub mod identity;
+pub mod path;
 pub mod response;
-pub mod route;
 
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -28,10 +35,90 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
-use crate::config::{Backend, Config};
-use crate::limit::{Limiter, Rule, Verdict};
+use crate::config::Config;
+use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict};
 use identity::ClientIdentity;
-use route::AuthPaths;
+use response::HeaderStyle;
+
+/// Where allowed requests go (`BACKEND_URL`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backend {
+    /// `http` (TLS to the backend is not supported).
+    pub scheme: http::uri::Scheme,
+    /// Host and port of the backend.
+    pub authority: http::uri::Authority,
+    /// Path prefix of `BACKEND_URL` without its trailing slash (often empty); request paths
+    /// are appended to it.
+    pub base_path: String,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+/// What became of one request, as logs (and metrics) name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Within budget: forwarded.
+    Allowed,
+    /// Over budget: refused with 429.
+    Limited,
+    /// Over budget under a shadow rule: forwarded anyway.
+    Shadow,
+    /// `SKIP_PATHS` or `EXEMPT`: forwarded without a decision.
+    Exempt,
+    /// Redis could not decide and `FAIL_MODE=open`: forwarded.
+    FailOpen,
+    /// Redis could not decide and `FAIL_MODE=closed`: refused with 503.
+    FailClosed,
+    /// Redis could not decide; this replica's own store allowed it (`FAIL_MODE=local`).
+    LocalAllowed,
+    /// Redis could not decide; this replica's own store refused it (`FAIL_MODE=local`).
+    LocalLimited,
+}
+
+impl Outcome {
+    /// What the gateway does with a request matched in `mode` given the limiter's verdict
+    /// (`None` for exempt requests, which are not decided).
+    pub fn of(mode: Mode, verdict: Option<&Verdict>) -> Outcome {
+        match (mode, verdict) {
+            (Mode::Exempt, _) | (_, None) => Outcome::Exempt,
+            (_, Some(Verdict::Decided(decision))) if decision.allowed => Outcome::Allowed,
+            (Mode::Shadow, Some(Verdict::Decided(_))) => Outcome::Shadow,
+            (_, Some(Verdict::Decided(_))) => Outcome::Limited,
+            (_, Some(Verdict::DecidedLocally(decision))) if decision.allowed => Outcome::LocalAllowed,
+            (Mode::Shadow, Some(Verdict::DecidedLocally(_))) => Outcome::Shadow,
+            (_, Some(Verdict::DecidedLocally(_))) => Outcome::LocalLimited,
+            (_, Some(Verdict::FailOpen)) => Outcome::FailOpen,
+            (Mode::Shadow, Some(Verdict::FailClosed)) => Outcome::FailOpen,
+            (_, Some(Verdict::FailClosed)) => Outcome::FailClosed,
+        }
+    }
+
+    /// Whether the request goes to the backend.
+    pub fn forwards(self) -> bool {
+        !matches!(
+            self,
+            Outcome::Limited | Outcome::LocalLimited | Outcome::FailClosed
+        )
+    }
+
+    /// The name in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::Shadow => "shadow",
+            Outcome::Exempt => "exempt",
+            Outcome::FailOpen => "fail_open",
+            Outcome::FailClosed => "fail_closed",
+            Outcome::LocalAllowed => "local_allowed",
+            Outcome::LocalLimited => "local_limited",
+        }
+    }
+}
 
 /// Body of every response the gateway sends.
 pub type ResponseBody = BoxBody<Bytes, hyper::Error>;
@@ -58,12 +145,10 @@ pub struct Proxy {
     backend: Backend,
     /// Memory or Redis.
     limiter: Limiter,
-    /// Rule for paths outside `AUTH_PATHS`.
-    general: Rule,
-    /// Rule for `AUTH_PATHS`.
-    auth: Rule,
-    /// `AUTH_PATHS`.
-    auth_paths: AuthPaths,
+    /// Which rule, key, cost and mode apply to a request.
+    rules: RuleTable,
+    /// `RATE_LIMIT_HEADERS`.
+    header_style: HeaderStyle,
     /// `TRUSTED_PROXIES`.
     identity: ClientIdentity,
     /// `BACKEND_TIMEOUT_MS`.
@@ -85,9 +170,8 @@ impl Proxy {
             client,
             backend: config.backend.clone(),
             limiter,
-            general: config.general,
-            auth: config.auth,
-            auth_paths: config.auth_paths.clone(),
+            rules: config.rules.clone(),
+            header_style: config.headers,
             identity: ClientIdentity::new(config.trusted_proxies.clone()),
             backend_timeout: config.backend_timeout,
         }
@@ -96,39 +180,70 @@ impl Proxy {
     /// Answer one request from `peer`.
     pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
         let started = Instant::now();
-        let client = self.identity.client(peer.ip(), request.headers());
-        let rule = if self.auth_paths.matches(request.uri().path()) {
-            &self.auth
+        // The path is read once: its canonical form is what rules match, and a rewritten form
+        // (dot segments resolved) is what the backend gets.
+        let raw_path = request.uri().path();
+        let parsed = if raw_path == "*" {
+            // `OPTIONS *` names the server, not a resource: only the general rule applies.
+            Ok(path::RequestPath {
+                canonical: "*".into(),
+                rewritten: None,
+            })
         } else {
-            &self.general
+            path::parse(raw_path)
+        };
+        let path = match parsed {
+            Ok(path) => path,
+            Err(error) => return refuse(&error.to_string(), raw_path, peer),
+        };
+        let client_ip = self.identity.client(peer.ip(), request.headers());
+        let head = RequestHead {
+            method: request.method(),
+            path: &path.canonical,
+            headers: request.headers(),
+            client_ip,
+        };
+        let matched = match self.rules.classify(&head) {
+            Ok(matched) => matched,
+            Err(error) => return refuse(&error.to_string(), raw_path, peer),
         };
         // Captured only when the per-request line will be written: the request moves on.
         let logged = tracing::enabled!(tracing::Level::DEBUG)
             .then(|| (request.method().clone(), request.uri().path().to_owned()));
+        let rewritten = path.rewritten;
 
-        let verdict = self.limiter.check(rule, client, 1).await;
-        let (mut response, outcome) = match &verdict {
-            Verdict::Decided(decision) if decision.allowed => {
-                (self.forward(request, peer.ip()).await, "allowed")
+        let verdict = match matched.mode {
+            Mode::Exempt => None,
+            Mode::Enforce | Mode::Shadow => {
+                Some(self.limiter.check(matched.rule, matched.key, matched.cost).await)
             }
-            Verdict::DecidedLocally(decision) if decision.allowed => {
-                (self.forward(request, peer.ip()).await, "allowed_locally")
-            }
-            Verdict::Decided(decision) => (response::too_many_requests(decision), "denied"),
-            Verdict::DecidedLocally(decision) => (response::too_many_requests(decision), "denied_locally"),
-            Verdict::FailOpen => (self.forward(request, peer.ip()).await, "fail_open"),
-            Verdict::FailClosed => (response::store_unavailable(), "fail_closed"),
         };
-        if let Some(decision) = verdict.decision() {
-            response::set_rate_limit_headers(response.headers_mut(), decision);
+        let outcome = Outcome::of(matched.mode, verdict.as_ref());
+        let mut response = if outcome.forwards() {
+            self.forward(request, peer.ip(), rewritten.as_deref()).await
+        } else {
+            match verdict.as_ref().and_then(Verdict::decision) {
+                Some(decision) => response::too_many_requests(decision),
+                None => response::store_unavailable(),
+            }
+        };
+        if outcome == Outcome::Shadow {
+            tracing::info!(
+                rule = &*matched.rule.name,
+                client = %matched.key,
+                "shadow rule would have refused this request; forwarded"
+            );
+        }
+        if let Some(verdict) = &verdict {
+            self.settle(&matched, verdict, outcome, &mut response).await;
         }
         if let Some((method, path)) = logged {
             tracing::debug!(
                 %method,
                 path,
-                %client,
-                rule = rule.name.as_str(),
-                decision = outcome,
+                client = %matched.key,
+                rule = &*matched.rule.name,
+                decision = outcome.as_str(),
                 status = response.status().as_u16(),
                 latency_us = started.elapsed().as_micros() as u64,
                 "request"
@@ -137,9 +252,44 @@ impl Proxy {
         response
     }
 
-    /// Send an allowed request to the backend and stream its answer back.
-    async fn forward(&self, request: Request<Incoming>, peer: IpAddr) -> Response<ResponseBody> {
-        match self.try_forward(request, peer).await {
+    /// After the response is known: refund a success under `count=failures`, then write the
+    /// rate-limit headers of an enforced decision (a shadow rule is invisible to clients).
+    async fn settle(
+        &self,
+        matched: &Match<'_>,
+        verdict: &Verdict,
+        outcome: Outcome,
+        response: &mut Response<ResponseBody>,
+    ) {
+        let Some(decision) = verdict.decision() else {
+            return;
+        };
+        let mut decision = *decision;
+        let succeeded = response.status().as_u16() < 400;
+        if matched.rule.count == Count::Failures
+            && matches!(outcome, Outcome::Allowed | Outcome::LocalAllowed)
+            && succeeded
+        {
+            self.limiter
+                .refund(matched.rule, matched.key, matched.cost, verdict)
+                .await;
+            decision.remaining = (decision.remaining + matched.cost).min(decision.limit);
+        }
+        if matched.mode == Mode::Enforce {
+            self.header_style
+                .set(response.headers_mut(), matched.rule, &decision);
+        }
+    }
+
+    /// Send an allowed request to the backend and stream its answer back. `rewritten`
+    /// replaces the request's path when its dot segments had to be resolved.
+    async fn forward(
+        &self,
+        request: Request<Incoming>,
+        peer: IpAddr,
+        rewritten: Option<&str>,
+    ) -> Response<ResponseBody> {
+        match self.try_forward(request, peer, rewritten).await {
             Ok(response) => response,
             Err(error) => {
                 tracing::warn!(%error, "proxying failed");
@@ -152,6 +302,7 @@ impl Proxy {
         &self,
         mut request: Request<Incoming>,
         peer: IpAddr,
+        rewritten: Option<&str>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let upgrade = request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
@@ -176,7 +327,7 @@ impl Proxy {
         if let Some(host) = host {
             parts.headers.insert(header::HOST, host);
         }
-        parts.uri = self.backend_uri(&parts.uri)?;
+        parts.uri = self.backend_uri(&parts.uri, rewritten)?;
         // The backend speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
 
@@ -208,14 +359,16 @@ impl Proxy {
         Ok(response.map(BodyExt::boxed))
     }
 
-    /// `BACKEND_URL`'s scheme and host, its path prefix, then the request's path and query.
-    fn backend_uri(&self, uri: &Uri) -> Result<Uri, ProxyError> {
-        let path_and_query = match uri.path_and_query() {
+    /// `BACKEND_URL`'s scheme and host, its path prefix, then the request's path (or its
+    /// `rewritten` form) and query.
+    fn backend_uri(&self, uri: &Uri, rewritten: Option<&str>) -> Result<Uri, ProxyError> {
+        let path_and_query = match (uri.path_and_query(), rewritten) {
             // The common case: a cheap clone of the parsed original.
-            Some(original) if self.backend.base_path.is_empty() => original.clone(),
-            original => {
-                let original = original.map_or("/", PathAndQuery::as_str);
-                format!("{}{original}", self.backend.base_path)
+            (Some(original), None) if self.backend.base_path.is_empty() => original.clone(),
+            (original, rewritten) => {
+                let path = rewritten.unwrap_or_else(|| original.map_or("/", PathAndQuery::path));
+                let query = uri.query().map_or_else(String::new, |query| format!("?{query}"));
+                format!("{}{path}{query}", self.backend.base_path)
                     .parse()
                     .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?
             }
@@ -227,4 +380,11 @@ impl Proxy {
             .build()
             .map_err(|e| ProxyError::Downstream(e.to_string()))
     }
+}
+
+/// Refuse a request that cannot be read one way only, before any budget is touched. Logged at
+/// debug: it is the client's mistake (or probe), not the gateway's.
+fn refuse(reason: &str, raw_path: &str, peer: SocketAddr) -> Response<ResponseBody> {
+    tracing::debug!(%peer, path = raw_path, reason, "refused an ambiguous request");
+    response::bad_request(reason)
 }

@@ -1,9 +1,14 @@
 //! Responses the gateway writes itself, and the rate-limit headers it adds to every decided
 //! response.
 //!
-//! `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (Unix seconds at which
-//! the budget is entirely back, as GitHub's API uses them) replace any the backend sent.
-//! `Retry-After` is whole seconds, rounded up, at least 1 (RFC 9110 section 10.2.3).
+//! `RATE_LIMIT_HEADERS` picks the headers ([`HeaderStyle`]):
+//! - `legacy`: `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (Unix
+//!   seconds at which the budget is entirely back, as GitHub's API uses them);
+//! - `draft`: `RateLimit-Policy` and `RateLimit` of the IETF draft (see [`super::draft_headers`]);
+//! - `both`, or `none` (nothing about the limits is revealed; a 429 still has `Retry-After`).
+//!
+//! Ours replace any the backend sent. `Retry-After` is whole seconds, rounded up, at least 1
+//! (RFC 9110 section 10.2.3).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,8 +17,66 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use super::{ProxyError, ResponseBody};
-use crate::limit::Decision;
+use super::{ProxyError, ResponseBody, draft_headers};
+use crate::limit::{Decision, Rule};
+
+/// Which rate-limit headers responses carry (`RATE_LIMIT_HEADERS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderStyle {
+    /// `X-RateLimit-*` (the default).
+    Legacy,
+    /// `RateLimit-Policy` and `RateLimit`.
+    Draft,
+    /// Both sets.
+    Both,
+    /// None: nothing about the limits is revealed (a 429 still carries `Retry-After`).
+    None,
+}
+
+impl HeaderStyle {
+    /// Parse `legacy`, `draft`, `both` or `none`.
+    pub fn parse(value: &str) -> Option<HeaderStyle> {
+        match value {
+            "legacy" => Some(HeaderStyle::Legacy),
+            "draft" => Some(HeaderStyle::Draft),
+            "both" => Some(HeaderStyle::Both),
+            "none" => Some(HeaderStyle::None),
+            _ => None,
+        }
+    }
+
+    /// The value as written in `RATE_LIMIT_HEADERS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeaderStyle::Legacy => "legacy",
+            HeaderStyle::Draft => "draft",
+            HeaderStyle::Both => "both",
+            HeaderStyle::None => "none",
+        }
+    }
+
+    /// Set this style's headers for `decision` under `rule`, replacing the backend's.
+    ///
+    /// For the draft, `t` is the time the client can use no more than `r`: on a denial that
+    /// is exactly `Retry-After` (so `Retry-After` is never earlier than `t`, as section 6 of
+    /// the draft asks); on an allowed request it is the time until the budget is entirely
+    /// back, which tells the client no more than it may use (the budget can come back in
+    /// parts sooner, never later).
+    pub fn set(self, headers: &mut HeaderMap, rule: &Rule, decision: &Decision) {
+        if matches!(self, HeaderStyle::Legacy | HeaderStyle::Both) {
+            set_rate_limit_headers(headers, decision);
+        }
+        if matches!(self, HeaderStyle::Draft | HeaderStyle::Both) {
+            let t = if decision.allowed {
+                ceil_secs(decision.reset_after)
+            } else {
+                retry_after_secs(decision.retry_after)
+            };
+            let window = ceil_secs(rule.policy.window());
+            draft_headers::set(headers, &rule.name, decision.limit, window, decision.remaining, t);
+        }
+    }
+}
 
 /// `X-RateLimit-Limit`.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -43,6 +106,16 @@ pub fn store_unavailable() -> Response<ResponseBody> {
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
     response
+}
+
+/// `400` for a request the gateway will not read two ways (an ambiguous path or identity);
+/// `reason` says what, in a few words.
+pub fn bad_request(reason: &str) -> Response<ResponseBody> {
+    let reason = reason.replace(['"', '\\'], "'");
+    json(
+        StatusCode::BAD_REQUEST,
+        format!(r#"{{"error":"bad request","reason":"{reason}"}}"#),
+    )
 }
 
 /// 502, 504 or 400, by where the failure came from.
@@ -108,6 +181,7 @@ mod tests {
             remaining: 0,
             retry_after: Duration::from_millis(99_500),
             reset_after: Duration::from_secs(500),
+            at_us: 0,
         };
         let mut response = too_many_requests(&decision);
         set_rate_limit_headers(response.headers_mut(), &decision);

@@ -7,3 +7,4 @@ mod cluster;
 mod faults;
 mod proxy;
 mod redis;
+mod rules;

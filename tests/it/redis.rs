@@ -6,20 +6,37 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use http::StatusCode;
-use tollgate::limit::algorithm::{SlidingWindow, TokenBucket};
-use tollgate::limit::{MemoryStore, Policy, RedisStore, RedisTarget, Rule, RuleName};
+use tollgate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
+use tollgate::limit::{MemoryStore, Policy, RedisStore, RedisTarget, Rule};
 
 use crate::support::{Backend, Gateway, RedisServer, get, get_from};
 
-/// Budget 25, no refill worth speaking of during a test, per algorithm.
-pub const EXACT_25: [&[(&str, &str)]; 2] = [
+/// Budget 25, no refill worth speaking of during a test, for every algorithm. The fixed
+/// window is 10^7 s long, so a window boundary (aligned to the epoch) almost never falls
+/// inside a test run and splits the budget.
+pub const EXACT_25: [&[(&str, &str)]; 5] = [
     &[
         ("ALGORITHM", "token_bucket"),
         ("MAX_TOKENS", "25"),
         ("REFILL_RATE", "0.0001"),
     ],
     &[
+        ("ALGORITHM", "gcra"),
+        ("MAX_TOKENS", "25"),
+        ("REFILL_RATE", "0.0001"),
+    ],
+    &[
         ("ALGORITHM", "sliding_window"),
+        ("LIMIT", "25"),
+        ("WINDOW_SIZE", "3600"),
+    ],
+    &[
+        ("ALGORITHM", "fixed_window"),
+        ("LIMIT", "25"),
+        ("WINDOW_SIZE", "10000000"),
+    ],
+    &[
+        ("ALGORITHM", "sliding_log"),
         ("LIMIT", "25"),
         ("WINDOW_SIZE", "3600"),
     ],
@@ -76,7 +93,12 @@ async fn three_replicas_share_one_exact_budget() {
 async fn keys_are_hash_tagged_and_all_expire() {
     let redis = RedisServer::start();
     let backend = Backend::start().await;
-    for (algorithm, prefix) in [("token_bucket", "ttl-tb:"), ("sliding_window", "ttl-sw:")] {
+    for (algorithm, prefix) in [
+        ("token_bucket", "ttl-tb:"),
+        ("sliding_window", "ttl-sw:"),
+        ("fixed_window", "ttl-fw:"),
+        ("sliding_log", "ttl-sl:"),
+    ] {
         let gateway = Gateway::start(
             &backend.url(),
             &[
@@ -95,6 +117,12 @@ async fn keys_are_hash_tagged_and_all_expire() {
     assert_eq!(
         keys,
         [
+            "ttl-fw:{auth:127.0.0.1}:fw",
+            "ttl-fw:{general:127.0.0.1}:fw",
+            "ttl-fw:{general:127.0.0.9}:fw",
+            "ttl-sl:{auth:127.0.0.1}:sl",
+            "ttl-sl:{general:127.0.0.1}:sl",
+            "ttl-sl:{general:127.0.0.9}:sl",
             "ttl-sw:{auth:127.0.0.1}:sw",
             "ttl-sw:{general:127.0.0.1}:sw",
             "ttl-sw:{general:127.0.0.9}:sw",
@@ -113,6 +141,9 @@ async fn keys_are_hash_tagged_and_all_expire() {
     assert!(ttl("ttl-tb:{general:127.0.0.1}:tb") <= 1);
     assert!((99..=100).contains(&ttl("ttl-tb:{auth:127.0.0.1}:tb")));
     assert!((60..=120).contains(&ttl("ttl-sw:{general:127.0.0.1}:sw")));
+    // A fixed window's key lives to the window's end, a log's until its newest entry expires.
+    assert!((1..=60).contains(&ttl("ttl-fw:{general:127.0.0.1}:fw")));
+    assert!((59..=60).contains(&ttl("ttl-sl:{general:127.0.0.1}:sl")));
 }
 
 #[tokio::test]
@@ -150,7 +181,7 @@ impl Sequence {
 async fn redis_and_memory_make_identical_decisions() {
     let redis = RedisServer::start();
     let store = RedisStore::new(&RedisTarget::Single(redis.url()), "diff:", Duration::from_secs(5)).unwrap();
-    let policies = [
+    let mut policies = vec![
         Policy::TokenBucket(TokenBucket {
             capacity: 5,
             interval_us: 1_000_000,
@@ -163,32 +194,23 @@ async fn redis_and_memory_make_identical_decisions() {
             capacity: 1,
             interval_us: 100_000_000,
         }),
-        Policy::SlidingWindow(SlidingWindow {
-            limit: 5,
-            window_ms: 1_000,
-        }),
-        Policy::SlidingWindow(SlidingWindow {
-            limit: 7,
-            window_ms: 60_000,
-        }),
-        Policy::SlidingWindow(SlidingWindow {
-            limit: 1,
-            window_ms: 10,
-        }),
     ];
+    for (limit, window_ms) in [(5, 1_000), (7, 60_000), (1, 10)] {
+        policies.push(Policy::SlidingWindow(SlidingWindow { limit, window_ms }));
+        policies.push(Policy::FixedWindow(FixedWindow { limit, window_ms }));
+        policies.push(Policy::SlidingLog(SlidingLog { limit, window_ms }));
+    }
     let mut sequence = Sequence(0x9E37_79B9_7F4A_7C15);
     for (n, policy) in policies.into_iter().enumerate() {
-        let rule = Rule {
-            name: RuleName::General,
-            policy,
-        };
+        let rule = Rule::new(0, "general", policy);
         let memory = MemoryStore::new(100.try_into().unwrap());
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
+        let client = client.into();
         // A realistic wall-clock time, so the script's numbers are as large as in production.
         let mut now_us = 1_764_000_000_000_000 + sequence.next(1_000_000_000);
         let step = match policy {
             Policy::TokenBucket(tb) => tb.interval_us,
-            Policy::SlidingWindow(sw) => sw.window_ms * 1_000 / sw.limit,
+            other => other.window().as_micros() as u64 / other.limit(),
         };
         for i in 0..400 {
             now_us += sequence.next(2 * step);
@@ -203,6 +225,15 @@ async fn redis_and_memory_make_identical_decisions() {
                 actual, expected,
                 "{policy:?}, step {i}, now {now_us}, cost {cost}"
             );
+            // Now and then an allowed request is refunded (`count=failures`): both must
+            // give back the same.
+            if expected.allowed && sequence.next(3) == 0 {
+                memory.refund(&rule, client, cost, expected.at_us);
+                store
+                    .refund_at(&rule, client, cost, actual.at_us, now_us)
+                    .await
+                    .unwrap();
+            }
         }
     }
 }

@@ -1,10 +1,271 @@
-//! The rate-limiting algorithms, one file each. Every algorithm is a pure function of
-//! (stored state, now, parameters, cost) returning a [`Decision`](crate::limit::Decision) and
-//! the state to store, so the in-memory store, the Redis Lua scripts and the tests share one
-//! definition. Time is an integer count of microseconds on whatever clock the store uses.
+//! The rate-limiting algorithms, one module each.
+//!
+//! An algorithm is one type implementing [`Algorithm`]: its parameters, how they are parsed
+//! from the two numbers a rule is written with, its pure decision function, its refund, and
+//! its Lua script (`scripts/<name>.lua`, the same function line for line) with the Redis key
+//! suffix and arguments. The in-memory store, the Redis store and the tests all go through
+//! that one definition. Time is an integer count of microseconds since the Unix epoch (the
+//! memory store's clock is anchored there too, so fixed windows align alike in both stores).
+//!
+//! Adding an algorithm is one Rust file and one Lua file, plus its line in the
+//! `algorithms!` list below, which generates [`Policy`] and [`State`].
 
+pub mod fixed_window;
+pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+use std::fmt;
+use std::time::Duration;
+
+use redis::Script;
+
+pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, WindowState};
 pub use token_bucket::TokenBucket;
+
+use crate::limit::Decision;
+
+/// Numbers that cross into Lua (where they are doubles, exact below 2^53) stay below 2^50,
+/// which leaves room for the additions the scripts make. Parameter parsers enforce it.
+pub const EXACT_LIMIT: u64 = 1 << 50;
+
+/// One rate-limiting algorithm: parameters plus a pure function of (state, now, cost).
+pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync + 'static {
+    /// What a store remembers of one client under one rule. `Default` is a client never seen,
+    /// whose whole budget is available.
+    type State: Clone + Default + PartialEq + fmt::Debug + Send + 'static;
+
+    /// The name in `ALGORITHM`, `AUTH_ALGORITHM` and `ROUTES`.
+    const NAME: &'static str;
+    /// Other names accepted for the same algorithm.
+    const ALIASES: &'static [&'static str] = &[];
+    /// The two numbers a rule of this algorithm is written with, in order.
+    const PARAMETERS: [Parameter; 2];
+    /// Last part of the Redis key, so two algorithms never read each other's state.
+    const KEY_SUFFIX: &'static str;
+
+    /// The Lua script: `KEYS[1]` the client's key; `ARGV` the two [`script_arguments`], the
+    /// cost, now in µs (or `""` to read Redis `TIME`), and `""` to decide or the decision's
+    /// time in µs to refund. A decision returns `{allowed 1|0, remaining, retry_after_us,
+    /// reset_after_us, now_us}`.
+    ///
+    /// [`script_arguments`]: Algorithm::script_arguments
+    fn script() -> &'static Script;
+
+    /// Build from the two numbers as written (already trimmed).
+    fn from_parameters(first: &str, second: &str) -> Result<Self, ParameterError>;
+
+    /// `ARGV[1]` and `ARGV[2]` of the script.
+    fn script_arguments(&self) -> [u64; 2];
+
+    /// The quota a client is told about (`X-RateLimit-Limit`, `q=`): burst capacity or
+    /// requests per window.
+    fn limit(&self) -> u64;
+
+    /// The time over which [`limit`](Algorithm::limit) applies (`w=`): the window, or the
+    /// time to refill an empty bucket.
+    fn window(&self) -> Duration;
+
+    /// Decide a request of `cost` at `now_us`, updating `state` when it is allowed. A denial
+    /// consumes nothing: the state may only be tidied (expired entries dropped), never changed
+    /// in a way a later decision could see.
+    fn check(&self, state: &mut Self::State, now_us: u64, cost: u64) -> Decision;
+
+    /// Give back `cost` taken by an allowed request decided at `at_us`, as if it had never
+    /// been made (as far as the state still remembers it).
+    fn refund(&self, state: &mut Self::State, at_us: u64, cost: u64);
+
+    /// True when forgetting `state` at `now_us` changes no future decision.
+    fn is_idle(&self, state: &Self::State, now_us: u64) -> bool;
+}
+
+/// One number of a rule: the variables it is read from for the general and auth rules, and
+/// their defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parameter {
+    /// What it is, in a few words (`capacity`, `window seconds`).
+    pub meaning: &'static str,
+    /// Variable for the general rule (`MAX_TOKENS`).
+    pub general: &'static str,
+    /// Its default.
+    pub general_default: &'static str,
+    /// Variable for the auth rule (`AUTH_MAX_TOKENS`).
+    pub auth: &'static str,
+    /// Its default.
+    pub auth_default: &'static str,
+}
+
+/// Why a rule's numbers were refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParameterError {
+    /// The first or second number (index 0 or 1) is not acceptable; says what is.
+    Invalid {
+        /// 0 or 1.
+        index: usize,
+        /// What is accepted.
+        expected: String,
+    },
+    /// Each number is fine alone, but not together (e.g. a refill taking 35 years).
+    Combination(String),
+}
+
+/// Microseconds in a whole number of milliseconds.
+pub(crate) const US_PER_MS: u64 = 1_000;
+
+/// Parse a whole number of at least 1 (and below [`EXACT_LIMIT`]).
+pub(crate) fn parse_count(value: &str, index: usize) -> Result<u64, ParameterError> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (1..EXACT_LIMIT).contains(n))
+        .ok_or_else(|| ParameterError::Invalid {
+            index,
+            expected: "a whole number of at least 1".into(),
+        })
+}
+
+/// Parse a window length in seconds (fractions allowed, at least 1 ms, below 10^9 s so the
+/// window in microseconds stays below [`EXACT_LIMIT`]) into milliseconds.
+pub(crate) fn parse_window_ms(value: &str, index: usize) -> Result<u64, ParameterError> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.001 && *s < 1e9)
+        .map(|s| (s * 1e3).round() as u64)
+        .ok_or_else(|| ParameterError::Invalid {
+            index,
+            expected: "a window length in seconds: a number from 0.001 to below 1000000000".into(),
+        })
+}
+
+/// Generates [`Policy`] (an algorithm with its parameters) and [`State`] (what a store keeps)
+/// from the list of algorithms, with the dispatch from one to the other.
+macro_rules! algorithms {
+    ($($variant:ident($algorithm:ty)),+ $(,)?) => {
+        /// An algorithm with its parameters: what a rule enforces.
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub enum Policy {
+            $(
+                #[doc = concat!("`", stringify!($variant), "`: see [`", stringify!($algorithm), "`].")]
+                $variant($algorithm),
+            )+
+        }
+
+        /// What a store remembers of one client under one rule.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum State {
+            $(
+                #[doc = concat!("State of [`", stringify!($algorithm), "`].")]
+                $variant(<$algorithm as Algorithm>::State),
+            )+
+        }
+
+        impl Policy {
+            /// Every algorithm name accepted, canonical names first.
+            pub const NAMES: &'static [&'static str] = &[$(<$algorithm as Algorithm>::NAME),+];
+
+            /// The algorithm named `name` (or an alias), with its two parameters, as
+            /// [`Algorithm::PARAMETERS`]; `None` when no algorithm has that name.
+            pub fn parameters(name: &str) -> Option<[Parameter; 2]> {
+                $(
+                    if <$algorithm as Algorithm>::NAME == name
+                        || <$algorithm as Algorithm>::ALIASES.contains(&name)
+                    {
+                        return Some(<$algorithm as Algorithm>::PARAMETERS);
+                    }
+                )+
+                None
+            }
+
+            /// Build the algorithm named `name` from its two numbers; `None` when no algorithm
+            /// has that name.
+            pub fn parse(name: &str, first: &str, second: &str) -> Option<Result<Policy, ParameterError>> {
+                $(
+                    if <$algorithm as Algorithm>::NAME == name
+                        || <$algorithm as Algorithm>::ALIASES.contains(&name)
+                    {
+                        return Some(<$algorithm>::from_parameters(first, second).map(Policy::$variant));
+                    }
+                )+
+                None
+            }
+
+            /// The algorithm's canonical name.
+            pub fn name(&self) -> &'static str {
+                match self { $(Policy::$variant(_) => <$algorithm as Algorithm>::NAME),+ }
+            }
+
+            /// See [`Algorithm::limit`].
+            pub fn limit(&self) -> u64 {
+                match self { $(Policy::$variant(a) => a.limit()),+ }
+            }
+
+            /// See [`Algorithm::window`].
+            pub fn window(&self) -> Duration {
+                match self { $(Policy::$variant(a) => a.window()),+ }
+            }
+
+            /// See [`Algorithm::KEY_SUFFIX`].
+            pub fn key_suffix(&self) -> &'static str {
+                match self { $(Policy::$variant(_) => <$algorithm as Algorithm>::KEY_SUFFIX),+ }
+            }
+
+            /// The script and its two parameter arguments.
+            pub fn script(&self) -> (&'static Script, [u64; 2]) {
+                match self {
+                    $(Policy::$variant(a) => (<$algorithm as Algorithm>::script(), a.script_arguments())),+
+                }
+            }
+
+            /// The state of a client never seen.
+            pub fn fresh_state(&self) -> State {
+                match self { $(Policy::$variant(_) => State::$variant(Default::default())),+ }
+            }
+
+            /// See [`Algorithm::check`]. A state of another algorithm (impossible unless the
+            /// rule table changed) counts as a client never seen.
+            pub fn check(&self, state: &mut State, now_us: u64, cost: u64) -> Decision {
+                match (self, &mut *state) {
+                    $((Policy::$variant(a), State::$variant(s)) => return a.check(s, now_us, cost),)+
+                    #[allow(unreachable_patterns)]
+                    _ => {}
+                }
+                *state = self.fresh_state();
+                self.check(state, now_us, cost)
+            }
+
+            /// See [`Algorithm::refund`]; a state of another algorithm is left alone.
+            pub fn refund(&self, state: &mut State, at_us: u64, cost: u64) {
+                match (self, state) {
+                    $((Policy::$variant(a), State::$variant(s)) => a.refund(s, at_us, cost),)+
+                    #[allow(unreachable_patterns)]
+                    _ => {}
+                }
+            }
+
+            /// See [`Algorithm::is_idle`]; a state of another algorithm is idle.
+            pub fn is_idle(&self, state: &State, now_us: u64) -> bool {
+                match (self, state) {
+                    $((Policy::$variant(a), State::$variant(s)) => a.is_idle(s, now_us),)+
+                    #[allow(unreachable_patterns)]
+                    _ => true,
+                }
+            }
+        }
+
+        impl fmt::Display for Policy {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self { $(Policy::$variant(a) => write!(f, "{}: {a}", <$algorithm as Algorithm>::NAME)),+ }
+            }
+        }
+    };
+}
+
+algorithms! {
+    TokenBucket(TokenBucket),
+    SlidingWindow(SlidingWindow),
+    FixedWindow(FixedWindow),
+    SlidingLog(SlidingLog),
+}

@@ -9,9 +9,52 @@
 //! there is no rounding at all and `scripts/sliding_window.lua` (Lua numbers are doubles,
 //! exact below 2^53, which the configuration guarantees) reaches the same answers.
 
+use std::fmt;
+use std::sync::LazyLock;
 use std::time::Duration;
 
+use redis::Script;
+
+use super::{Algorithm, Parameter, ParameterError, US_PER_MS, parse_count, parse_window_ms};
 use crate::limit::Decision;
+
+static SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../scripts/sliding_window.lua")));
+
+/// `LIMIT` x `WINDOW_SIZE` stays below 10^12 request-seconds, so the Lua arithmetic (about
+/// twice this, in request-milliseconds) stays exact.
+pub(crate) const MAX_REQUEST_MS: u64 = 1_000_000_000_000_000;
+
+/// The `LIMIT`/`WINDOW_SIZE` pair shared by the window algorithms.
+pub(crate) const WINDOW_PARAMETERS: [Parameter; 2] = [
+    Parameter {
+        meaning: "requests per window",
+        general: "LIMIT",
+        general_default: "10",
+        auth: "AUTH_LIMIT",
+        auth_default: "5",
+    },
+    Parameter {
+        meaning: "window seconds",
+        general: "WINDOW_SIZE",
+        general_default: "60",
+        auth: "AUTH_WINDOW_SIZE",
+        auth_default: "60",
+    },
+];
+
+/// Parse `LIMIT` and `WINDOW_SIZE` (requests, seconds) into (requests, milliseconds).
+pub(crate) fn parse_limit_and_window(limit: &str, window: &str) -> Result<(u64, u64), ParameterError> {
+    let limit = parse_count(limit, 0)?;
+    let window_ms = parse_window_ms(window, 1)?;
+    if limit.saturating_mul(window_ms) >= MAX_REQUEST_MS {
+        return Err(ParameterError::Combination(format!(
+            "{limit} requests per {} s is too large: requests x window seconds must stay below 10^12",
+            window_ms as f64 / 1e3
+        )));
+    }
+    Ok((limit, window_ms))
+}
 
 /// Parameters of one sliding window rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +66,7 @@ pub struct SlidingWindow {
 }
 
 /// What is remembered of one client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowState {
     /// Index of the window `current` counts (`now_ms / window_ms`).
     pub window: u64,
@@ -70,6 +113,7 @@ impl SlidingWindow {
                 retry_after: Duration::ZERO,
                 // `current` leaves the sliding window when the next window ends.
                 reset_after: after_ms(start + 2 * w),
+                at_us: now_us.max(now_ms * US_PER_MS),
             };
             let state = WindowState {
                 window,
@@ -97,6 +141,7 @@ impl SlidingWindow {
             remaining: 0,
             retry_after: after_ms(allowed_at),
             reset_after: after_ms(reset_at),
+            at_us: now_us.max(now_ms * US_PER_MS),
         };
         (decision, None)
     }
@@ -105,6 +150,64 @@ impl SlidingWindow {
     pub fn is_idle(&self, state: &WindowState, now_us: u64) -> bool {
         let window = now_us / 1_000 / self.window_ms;
         window >= state.window + 2 || (state.previous == 0 && state.current == 0)
+    }
+}
+
+impl Algorithm for SlidingWindow {
+    type State = WindowState;
+
+    const NAME: &'static str = "sliding_window";
+    const PARAMETERS: [Parameter; 2] = WINDOW_PARAMETERS;
+    const KEY_SUFFIX: &'static str = "sw";
+
+    fn script() -> &'static Script {
+        &SCRIPT
+    }
+
+    fn from_parameters(limit: &str, window: &str) -> Result<Self, ParameterError> {
+        let (limit, window_ms) = parse_limit_and_window(limit, window)?;
+        Ok(SlidingWindow { limit, window_ms })
+    }
+
+    fn script_arguments(&self) -> [u64; 2] {
+        [self.limit, self.window_ms]
+    }
+
+    fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_millis(self.window_ms)
+    }
+
+    fn check(&self, state: &mut WindowState, now_us: u64, cost: u64) -> Decision {
+        let (decision, next) = self.decide(Some(*state), now_us, cost);
+        if let Some(next) = next {
+            *state = next;
+        }
+        decision
+    }
+
+    /// The request was counted in the window holding `at_us`: take it back from that window,
+    /// which is now either the current or the previous one (older counts are forgotten).
+    fn refund(&self, state: &mut WindowState, at_us: u64, cost: u64) {
+        let window = at_us / US_PER_MS / self.window_ms;
+        if state.window == window {
+            state.current = state.current.saturating_sub(cost);
+        } else if state.window == window + 1 {
+            state.previous = state.previous.saturating_sub(cost);
+        }
+    }
+
+    fn is_idle(&self, state: &WindowState, now_us: u64) -> bool {
+        SlidingWindow::is_idle(self, state, now_us)
+    }
+}
+
+impl fmt::Display for SlidingWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} requests per {} s", self.limit, self.window_ms as f64 / 1e3)
     }
 }
 

@@ -7,11 +7,20 @@
 //! arithmetic in integers (so Lua's doubles and Rust's `u64` agree bit for bit) and makes
 //! "fully refilled" a single comparison: `tat <= now`.
 //!
-//! `scripts/token_bucket.lua` is the same function, line for line.
+//! `scripts/token_bucket.lua` is the same function, line for line. `ALGORITHM=gcra` names the
+//! same algorithm.
 
+use std::fmt;
+use std::sync::LazyLock;
 use std::time::Duration;
 
+use redis::Script;
+
+use super::{Algorithm, EXACT_LIMIT, Parameter, ParameterError, parse_count};
 use crate::limit::Decision;
+
+static SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../scripts/token_bucket.lua")));
 
 /// Parameters of one token bucket rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +46,7 @@ impl TokenBucket {
                 remaining: 0,
                 retry_after: Duration::from_micros(new_tat - tau - now_us),
                 reset_after: Duration::from_micros(tat - now_us),
+                at_us: now_us,
             };
             return (decision, None);
         }
@@ -46,6 +56,7 @@ impl TokenBucket {
             remaining: (tau - (new_tat - now_us)) / self.interval_us,
             retry_after: Duration::ZERO,
             reset_after: Duration::from_micros(new_tat - now_us),
+            at_us: now_us,
         };
         (decision, Some(new_tat))
     }
@@ -53,6 +64,103 @@ impl TokenBucket {
     /// True when a bucket with this TAT is full at `now`, so forgetting it changes nothing.
     pub fn is_idle(tat: u64, now_us: u64) -> bool {
         tat <= now_us
+    }
+}
+
+/// The state is the TAT; 0 (long past) is a full bucket, the same as no state.
+impl Algorithm for TokenBucket {
+    type State = u64;
+
+    const NAME: &'static str = "token_bucket";
+    const ALIASES: &'static [&'static str] = &["gcra"];
+    const PARAMETERS: [Parameter; 2] = [
+        Parameter {
+            meaning: "capacity",
+            general: "MAX_TOKENS",
+            general_default: "10",
+            auth: "AUTH_MAX_TOKENS",
+            auth_default: "5",
+        },
+        Parameter {
+            meaning: "tokens per second",
+            general: "REFILL_RATE",
+            general_default: "1",
+            auth: "AUTH_REFILL_RATE",
+            auth_default: "0.01",
+        },
+    ];
+    const KEY_SUFFIX: &'static str = "tb";
+
+    fn script() -> &'static Script {
+        &SCRIPT
+    }
+
+    fn from_parameters(capacity: &str, rate: &str) -> Result<Self, ParameterError> {
+        let capacity = parse_count(capacity, 0)?;
+        let per_second = rate
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n > 0.0 && *n <= 1e6)
+            .ok_or_else(|| ParameterError::Invalid {
+                index: 1,
+                expected: "tokens per second: a number above 0 and at most 1000000, fractions allowed \
+                           (0.01 is one token every 100 s)"
+                    .into(),
+            })?;
+        // At most 1e6 per second, so at least one microsecond per token.
+        let interval_us = (1e6 / per_second).round() as u64;
+        if interval_us >= EXACT_LIMIT || capacity.saturating_mul(interval_us) >= EXACT_LIMIT {
+            return Err(ParameterError::Combination(format!(
+                "a capacity of {capacity} at {per_second} tokens per second takes longer than 35 years \
+                 to refill; raise the rate or lower the capacity"
+            )));
+        }
+        Ok(TokenBucket {
+            capacity,
+            interval_us,
+        })
+    }
+
+    fn script_arguments(&self) -> [u64; 2] {
+        [self.capacity, self.interval_us]
+    }
+
+    fn limit(&self) -> u64 {
+        self.capacity
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_micros(self.capacity * self.interval_us)
+    }
+
+    fn check(&self, tat: &mut u64, now_us: u64, cost: u64) -> Decision {
+        let (decision, next) = self.decide(Some(*tat), now_us, cost);
+        if let Some(next) = next {
+            *tat = next;
+        }
+        decision
+    }
+
+    /// Moving the TAT back by the cost undoes the request whenever it was made; a bucket that
+    /// is full already stays full.
+    fn refund(&self, tat: &mut u64, _at_us: u64, cost: u64) {
+        *tat = tat.saturating_sub(cost * self.interval_us);
+    }
+
+    fn is_idle(&self, tat: &u64, now_us: u64) -> bool {
+        TokenBucket::is_idle(*tat, now_us)
+    }
+}
+
+impl fmt::Display for TokenBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} tokens, refill {}/s (one token every {} ms)",
+            self.capacity,
+            1e6 / self.interval_us as f64,
+            self.interval_us as f64 / 1e3
+        )
     }
 }
 

@@ -80,3 +80,16 @@ pub async fn get(to: SocketAddr, path: &str) -> Reply {
 pub async fn get_from(to: SocketAddr, from: IpAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
     request(to, from, Method::GET, path, headers, Bytes::new()).await
 }
+
+/// Send raw bytes on a fresh connection and return the response's status line: for requests
+/// a well-behaved client library would refuse to send.
+pub async fn raw_status_line(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The server may answer and close before it has read everything; that is its right.
+    let _ = stream.write_all(request).await;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).await.unwrap();
+    line.trim_end().to_owned()
+}

@@ -1,0 +1,113 @@
+//! The reader of named variables: the environment as a map of strings, read one name at a
+//! time, remembering every name it was asked for (so a later check can tell which variables
+//! that look like ours were never read).
+//!
+//! Values are trimmed and an empty value (`FOO=`) counts as unset. Nothing here knows what a
+//! variable means; the parsers in [`super`] turn strings into settings and name the variable
+//! in every error.
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use super::ConfigError;
+
+/// The variables, and the names read so far.
+#[derive(Debug, Default)]
+pub struct Env {
+    vars: HashMap<String, String>,
+    read: RefCell<BTreeSet<&'static str>>,
+}
+
+impl Env {
+    /// From `NAME=value` pairs; later pairs win, as in a shell.
+    pub fn new<I, K, V>(vars: I) -> Env
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let vars = vars
+            .into_iter()
+            .map(|(name, value)| (name.into(), value.into().trim().to_owned()))
+            .filter(|(_, value)| !value.is_empty())
+            .collect();
+        Env {
+            vars,
+            read: RefCell::default(),
+        }
+    }
+
+    /// The trimmed value of `name`, if set and not empty.
+    pub fn get(&self, name: &'static str) -> Option<&str> {
+        self.read.borrow_mut().insert(name);
+        self.vars.get(name).map(String::as_str)
+    }
+
+    /// True when `name` is set (recorded as read).
+    pub fn is_set(&self, name: &'static str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Every name asked for so far.
+    pub fn read_names(&self) -> BTreeSet<&'static str> {
+        self.read.borrow().clone()
+    }
+
+    /// Parse `name` (or `default` when unset) with `parse`; `None` from it is an error naming
+    /// the variable and the value, saying what is `expected`.
+    pub fn parse<T>(
+        &self,
+        name: &'static str,
+        default: &str,
+        expected: &str,
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<T, ConfigError> {
+        let value = self.get(name).unwrap_or(default);
+        parse(value).ok_or_else(|| ConfigError::invalid(name, value, expected))
+    }
+
+    /// A duration in whole milliseconds, at least 1.
+    pub fn millis(&self, name: &'static str, default: &str) -> Result<Duration, ConfigError> {
+        self.parse(name, default, "a whole number of milliseconds, at least 1", |s| {
+            s.parse::<u64>()
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis)
+        })
+    }
+
+    /// `true` or `false`.
+    pub fn flag(&self, name: &'static str, default: &str) -> Result<bool, ConfigError> {
+        self.parse(name, default, "true or false", |s| match s {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        })
+    }
+}
+
+/// Entries of a list variable split on any of `separators`, trimmed, empty ones skipped.
+pub fn entries<'a>(value: &'a str, separators: &'a [char]) -> impl Iterator<Item = &'a str> {
+    value
+        .split(separators)
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_every_name_read_and_treats_empty_as_unset() {
+        let env = Env::new([("PORT", " 81 "), ("BIND", "  ")]);
+        assert_eq!(env.get("PORT"), Some("81"));
+        assert_eq!(env.get("BIND"), None);
+        assert!(!env.is_set("LIMIT"));
+        assert_eq!(
+            env.read_names().into_iter().collect::<Vec<_>>(),
+            ["BIND", "LIMIT", "PORT"]
+        );
+    }
+}

@@ -1,0 +1,283 @@
+//! Configuration: environment variables in, a validated [`Config`] out.
+//!
+//! Parsing is a pure function over a map of strings ([`Config::from_vars`]), so every rule is
+//! unit-tested without touching the process environment, in the manner of linkerd2-proxy's
+//! `env.rs`. It is split by concern:
+//!
+//! - [`env`]: the reader of named variables, which records every name it reads;
+//! - [`rules`]: the rule table (`ALGORITHM`, `ROUTES`, `AUTH_PATHS`, `KEY_BY`, `COSTS`, ...);
+//! - [`store`]: memory or Redis, and what to do when Redis fails;
+//! - this module: the listener, the backend, timeouts and logging, and the whole [`Config`].
+//!
+//! Setting types belong to the modules that use them ([`Backend`] to the proxy, [`LogFormat`]
+//! to telemetry, [`RuleTable`] to the limiter): configuration depends on the components, never
+//! the reverse. Every error names the variable, shows the bad value (except for secrets) and
+//! says what is accepted.
+
+pub mod env;
+pub mod rules;
+pub mod store;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use http::uri::{Scheme, Uri};
+use ipnet::IpNet;
+
+use crate::limit::RuleTable;
+use crate::proxy::Backend;
+use crate::proxy::response::HeaderStyle;
+use crate::telemetry::LogFormat;
+use env::{Env, entries};
+pub use store::{RedisConfig, StoreConfig};
+
+/// A configuration mistake, naming the variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A required variable is unset or empty.
+    #[error("{var} is required: {expected}")]
+    Missing {
+        /// The variable.
+        var: &'static str,
+        /// What it should hold.
+        expected: &'static str,
+    },
+    /// A value that does not parse or is out of range.
+    #[error("{var}={value:?} is invalid: expected {expected}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// What was given.
+        value: String,
+        /// What is accepted.
+        expected: String,
+    },
+    /// One entry of a list variable (`ROUTES`, `COSTS`, ...) is wrong.
+    #[error("{var} entry {entry:?} is invalid: {problem}")]
+    Entry {
+        /// The variable.
+        var: &'static str,
+        /// The entry as written.
+        entry: String,
+        /// What is wrong with it, and what is accepted.
+        problem: String,
+    },
+    /// A value that may hold a password: it is never printed.
+    #[error("{var} is invalid (value hidden, it may hold a password): expected {expected}")]
+    InvalidSecret {
+        /// The variable.
+        var: &'static str,
+        /// What is accepted.
+        expected: String,
+    },
+    /// Variables that cannot be used together.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl ConfigError {
+    /// `var=value` is not what is `expected`.
+    pub fn invalid(var: &'static str, value: &str, expected: &str) -> ConfigError {
+        ConfigError::Invalid {
+            var,
+            value: value.to_owned(),
+            expected: expected.to_owned(),
+        }
+    }
+
+    /// One `entry` of `var` is wrong.
+    pub fn entry(var: &'static str, entry: &str, problem: impl Into<String>) -> ConfigError {
+        ConfigError::Entry {
+            var,
+            entry: entry.to_owned(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `BACKEND_URL`.
+    pub backend: Backend,
+    /// `BIND` and `PORT`.
+    pub listen: SocketAddr,
+    /// The compiled rule table: every rule, route, cost and exemption.
+    pub rules: RuleTable,
+    /// `TRUSTED_PROXIES`: peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// `MAX_KEYS`: bound on client states held in memory.
+    pub max_keys: NonZeroUsize,
+    /// `RATE_LIMIT_HEADERS`: which rate-limit headers responses carry.
+    pub headers: HeaderStyle,
+    /// `LOG_FORMAT`.
+    pub log_format: LogFormat,
+    /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers (504 after).
+    pub backend_timeout: Duration,
+    /// `BACKEND_IDLE_TIMEOUT_MS`: idle pooled backend connections are closed after this; keep
+    /// it below the backend's own keep-alive timeout so we never reuse a closing connection.
+    pub backend_idle_timeout: Duration,
+    /// `HEADER_READ_TIMEOUT_MS`: a client must send its request headers within this
+    /// (slowloris protection).
+    pub header_read_timeout: Duration,
+    /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests.
+    pub shutdown_timeout: Duration,
+    /// Memory or Redis.
+    pub store: StoreConfig,
+    /// Every variable name the parsers read (set or not), for warnings about the rest.
+    pub read: BTreeSet<&'static str>,
+}
+
+impl Config {
+    /// Read the process environment (after the caller has loaded `.env`, if any).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// Parse from any set of `NAME=value` pairs; names are the upper-case variable names.
+    pub fn from_vars<I, K, V>(vars: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        Self::from_env_reader(&Env::new(vars))
+    }
+
+    fn from_env_reader(env: &Env) -> Result<Self, ConfigError> {
+        let backend = parse_backend(env.get("BACKEND_URL"))?;
+        let port: u16 = env.parse("PORT", "8080", "a port number from 1 to 65535", |s| {
+            s.parse().ok().filter(|p| *p != 0)
+        })?;
+        let bind: IpAddr = env.parse("BIND", "0.0.0.0", "an IP address such as 0.0.0.0 or ::", |s| {
+            s.parse().ok()
+        })?;
+        let store = store::parse(env)?;
+        let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)))?;
+        let trusted_proxies = entries(env.get("TRUSTED_PROXIES").unwrap_or(""), &[','])
+            .map(|entry| {
+                parse_network(entry).ok_or_else(|| {
+                    ConfigError::invalid(
+                        "TRUSTED_PROXIES",
+                        entry,
+                        "comma-separated CIDRs or addresses, e.g. 10.0.0.0/8,192.168.1.7",
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let max_keys = env.parse("MAX_KEYS", "100000", "a whole number of at least 1", |s| {
+            s.parse::<usize>().ok().and_then(NonZeroUsize::new)
+        })?;
+        let headers = env.parse(
+            "RATE_LIMIT_HEADERS",
+            "legacy",
+            "legacy, draft, both or none",
+            HeaderStyle::parse,
+        )?;
+        let log_format = env.parse("LOG_FORMAT", "text", "text or json", |s| match s {
+            "text" => Some(LogFormat::Text),
+            "json" => Some(LogFormat::Json),
+            _ => None,
+        })?;
+        Ok(Config {
+            backend,
+            listen: SocketAddr::new(bind, port),
+            rules,
+            trusted_proxies,
+            max_keys,
+            headers,
+            log_format,
+            backend_timeout: env.millis("BACKEND_TIMEOUT_MS", "30000")?,
+            backend_idle_timeout: env.millis("BACKEND_IDLE_TIMEOUT_MS", "4000")?,
+            header_read_timeout: env.millis("HEADER_READ_TIMEOUT_MS", "10000")?,
+            shutdown_timeout: env.millis("SHUTDOWN_TIMEOUT_MS", "10000")?,
+            store,
+            read: env.read_names(),
+        })
+    }
+}
+
+/// The effective configuration, as `--check-config` prints it and startup logs it.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "listen:           {}", self.listen)?;
+        writeln!(
+            f,
+            "backend:          {} (timeout {} ms)",
+            self.backend,
+            self.backend_timeout.as_millis()
+        )?;
+        let rules = self.rules.rules();
+        if let [.., auth, general] = rules {
+            writeln!(f, "general rule:     {}", general.policy)?;
+            writeln!(f, "auth rule:        {}", auth.policy)?;
+        }
+        writeln!(f, "auth paths:       {}", self.rules.paths_of("auth"))?;
+        writeln!(f, "{}", self.rules)?;
+        let proxies: Vec<String> = self.trusted_proxies.iter().map(ToString::to_string).collect();
+        writeln!(
+            f,
+            "trusted proxies:  {}",
+            if proxies.is_empty() {
+                "none".into()
+            } else {
+                proxies.join(",")
+            }
+        )?;
+        writeln!(f, "headers:          {}", self.headers.as_str())?;
+        match &self.store {
+            StoreConfig::Memory => write!(
+                f,
+                "store:            memory (at most {} client states)",
+                self.max_keys
+            ),
+            StoreConfig::Redis(redis) => write!(f, "store:            {redis}"),
+        }
+    }
+}
+
+/// A CIDR (`10.0.0.0/8`) or a single address, host bits cleared.
+pub(crate) fn parse_network(entry: &str) -> Option<IpNet> {
+    entry
+        .parse::<IpNet>()
+        .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
+        .ok()
+        .map(|net| net.trunc())
+}
+
+fn parse_backend(value: Option<&str>) -> Result<Backend, ConfigError> {
+    let expected = "an http URL such as http://127.0.0.1:8000";
+    let value = value.ok_or(ConfigError::Missing {
+        var: "BACKEND_URL",
+        expected: "where allowed requests go, e.g. http://127.0.0.1:8000",
+    })?;
+    let invalid = |expected: &str| ConfigError::invalid("BACKEND_URL", value, expected);
+    let uri: Uri = value.parse().map_err(|_| invalid(expected))?;
+    match uri.scheme() {
+        Some(scheme) if *scheme == Scheme::HTTP => {}
+        Some(scheme) if *scheme == Scheme::HTTPS => {
+            return Err(invalid(
+                "http:// (TLS to the backend is not supported; terminate it in front of the backend)",
+            ));
+        }
+        _ => return Err(invalid(expected)),
+    }
+    let authority = uri.authority().cloned().ok_or_else(|| invalid(expected))?;
+    if authority.as_str().contains('@') {
+        return Err(invalid("a URL without user:password@"));
+    }
+    if uri.query().is_some() {
+        return Err(invalid("a URL without a query string"));
+    }
+    Ok(Backend {
+        scheme: Scheme::HTTP,
+        authority,
+        base_path: uri.path().trim_end_matches('/').to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,352 @@
+//! The rule table parser: `ALGORITHM`, `AUTH_ALGORITHM` and their numbers, `ROUTES`,
+//! `AUTH_PATHS`, `KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
+//! `SHADOW_MODE` and `AUTH_COUNT`, compiled into one [`RuleTable`].
+//!
+//! `ROUTES` is `;`-separated entries, each `PATTERN=ALGORITHM:A:B[,OPTION...]`:
+//!
+//! ```text
+//! ROUTES="/api/export/*=token_bucket:5:0.1;/search=fixed_window:100:60,method=GET|HEAD,key=header:X-API-Key"
+//! ```
+//!
+//! `A:B` are capacity and refill rate for `token_bucket`/`gcra`, and limit and window seconds
+//! for `sliding_window`, `fixed_window` and `sliding_log`. Options: `name=NAME` (default: the
+//! pattern), `key=ip|header:NAME|ip+header:NAME` (default `KEY_BY`), `cost=N` (default 1),
+//! `method=GET|POST` (default every method), `shadow`, and `count=failures`. No entry may
+//! contain whitespace: `AUTH_PATHS="/login /signup"` is an error, not one odd path.
+
+use ipnet::IpNet;
+
+use super::env::{Env, entries};
+use super::{ConfigError, parse_network};
+use crate::limit::algorithm::{ParameterError, Policy};
+use crate::limit::key::{KeyBy, KeyHasher};
+use crate::limit::pattern::PathPattern;
+use crate::limit::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
+
+/// Most `ROUTES` entries: rule ids are 16 bits, and a table this long is a mistake anyway.
+const MAX_ROUTES: usize = 1_000;
+
+/// A `KEY_HASH_SECRET` shorter than this is refused: it must be hard to guess.
+const MIN_SECRET_LEN: usize = 16;
+
+/// `AUTH_PATHS` when unset.
+const DEFAULT_AUTH_PATHS: [&str; 3] = ["/login", "/signup", "/reset-password"];
+
+const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
+
+/// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
+/// replicas and need `KEY_HASH_SECRET`.
+pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
+    let key_by = env.parse(
+        "KEY_BY",
+        "ip",
+        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
+        |s| KeyBy::parse(s).ok(),
+    )?;
+    let ipv6_prefix = env.parse("IPV6_PREFIX", "64", "a prefix length from 1 to 128", |s| {
+        s.parse::<u8>().ok().filter(|p| (1..=128).contains(p))
+    })?;
+    let shadow = env.flag("SHADOW_MODE", "false")?;
+    let auth_count = env.parse("AUTH_COUNT", "all", "all or failures", |s| match s {
+        "all" => Some(Count::All),
+        "failures" => Some(Count::Failures),
+        _ => None,
+    })?;
+
+    let algorithm = env.get("ALGORITHM").unwrap_or("token_bucket");
+    let general_policy = policy_from_variables(env, "ALGORITHM", algorithm, false)?;
+    let auth_algorithm = env.get("AUTH_ALGORITHM").unwrap_or(algorithm);
+    let auth_policy = policy_from_variables(env, "AUTH_ALGORITHM", auth_algorithm, true)?;
+    let defaults = Rule {
+        id: 0,
+        name: "".into(),
+        policy: general_policy,
+        key_by,
+        cost: 1,
+        shadow,
+        count: Count::All,
+    };
+
+    let mut rules = Vec::new();
+    let mut routes = Vec::new();
+    for entry in list(env, "ROUTES", &[';'])? {
+        if rules.len() == MAX_ROUTES {
+            return Err(ConfigError::entry(
+                "ROUTES",
+                entry,
+                format!("at most {MAX_ROUTES} routes"),
+            ));
+        }
+        let (route, mut rule) = parse_route(entry, &defaults)?;
+        if rules.iter().any(|other: &Rule| other.name == rule.name)
+            || ["general", "auth"].contains(&&*rule.name)
+        {
+            return Err(ConfigError::entry(
+                "ROUTES",
+                entry,
+                format!(
+                    "the rule name {:?} is taken; give this route its own with name=NAME",
+                    rule.name
+                ),
+            ));
+        }
+        rule.id = rules.len() as u16;
+        routes.push(Route {
+            rule: rules.len(),
+            ..route
+        });
+        rules.push(rule);
+    }
+    let auth_index = rules.len();
+    let auth_paths = match env.is_set("AUTH_PATHS") {
+        true => list(env, "AUTH_PATHS", &[','])?,
+        false => DEFAULT_AUTH_PATHS.to_vec(),
+    };
+    for entry in auth_paths {
+        let pattern =
+            PathPattern::parse(entry).map_err(|why| ConfigError::invalid("AUTH_PATHS", entry, &why))?;
+        routes.push(Route {
+            pattern,
+            methods: None,
+            rule: auth_index,
+        });
+    }
+    rules.push(Rule {
+        id: auth_index as u16,
+        name: "auth".into(),
+        policy: auth_policy,
+        count: auth_count,
+        ..defaults.clone()
+    });
+    rules.push(Rule {
+        id: auth_index as u16 + 1,
+        name: "general".into(),
+        ..defaults
+    });
+
+    let mut costs = Vec::new();
+    let cost_entries = list(env, "COSTS", &[';', ','])?;
+    for entry in &cost_entries {
+        let parsed = entry.split_once('=').and_then(|(pattern, cost)| {
+            Some((
+                PathPattern::parse(pattern).ok()?,
+                cost.parse::<u64>().ok().filter(|n| *n > 0)?,
+            ))
+        });
+        costs.push(parsed.ok_or_else(|| {
+            ConfigError::entry(
+                "COSTS",
+                entry,
+                "expected PATTERN=N, e.g. /export=5 (N a whole number >= 1)",
+            )
+        })?);
+    }
+    let skip = list(env, "SKIP_PATHS", &[','])?
+        .into_iter()
+        .map(|entry| PathPattern::parse(entry).map_err(|why| ConfigError::entry("SKIP_PATHS", entry, why)))
+        .collect::<Result<_, _>>()?;
+
+    let header_keys = rules.iter().any(|rule| rule.key_by.header().is_some());
+    let hasher = key_hasher(env, header_keys, shared_store)?;
+    let exempt = parse_exemptions(env, &hasher, header_keys)?;
+
+    RuleTable::new(rules, routes, costs, skip, exempt, ipv6_prefix, hasher).map_err(|error| match error {
+        TableError::CostAboveCapacity {
+            entry,
+            rule,
+            capacity,
+        } => ConfigError::entry(
+            "COSTS",
+            cost_entries[entry],
+            format!("a request there can fall under rule {rule:?}, which holds at most {capacity}"),
+        ),
+    })
+}
+
+/// The entries of a list variable. Whitespace inside an entry is an error: it is nearly always
+/// a wrong separator (`/login /signup`), and silently protecting nothing is the worst outcome.
+fn list<'a>(env: &'a Env, var: &'static str, separators: &'a [char]) -> Result<Vec<&'a str>, ConfigError> {
+    let entries: Vec<&str> = entries(env.get(var).unwrap_or(""), separators).collect();
+    match entries.iter().find(|entry| entry.contains(char::is_whitespace)) {
+        Some(entry) => Err(ConfigError::entry(
+            var,
+            entry,
+            format!(
+                "it contains whitespace; separate entries with {:?}",
+                separators[0]
+            ),
+        )),
+        None => Ok(entries),
+    }
+}
+
+/// The general (`ALGORITHM`, `MAX_TOKENS`, ...) or auth (`AUTH_ALGORITHM`, `AUTH_MAX_TOKENS`,
+/// ...) rule's policy, from the variables the chosen algorithm reads.
+fn policy_from_variables(
+    env: &Env,
+    algorithm_var: &'static str,
+    algorithm: &str,
+    auth: bool,
+) -> Result<Policy, ConfigError> {
+    let unknown = || ConfigError::invalid(algorithm_var, algorithm, ALGORITHMS);
+    let parameters = Policy::parameters(algorithm).ok_or_else(unknown)?;
+    let [first, second] = parameters.map(|p| {
+        let (var, default) = if auth {
+            (p.auth, p.auth_default)
+        } else {
+            (p.general, p.general_default)
+        };
+        (var, env.get(var).unwrap_or(default))
+    });
+    match Policy::parse(algorithm, first.1, second.1).ok_or_else(unknown)? {
+        Ok(policy) => Ok(policy),
+        Err(ParameterError::Invalid { index, expected }) => {
+            let (var, value) = [first, second][index];
+            Err(ConfigError::invalid(var, value, &expected))
+        }
+        Err(ParameterError::Combination(why)) => Err(ConfigError::Conflict(format!(
+            "{}={} with {}={}: {why}",
+            first.0, first.1, second.0, second.1
+        ))),
+    }
+}
+
+/// One `ROUTES` entry: its route (rule index filled in by the caller) and its rule.
+fn parse_route(entry: &str, defaults: &Rule) -> Result<(Route, Rule), ConfigError> {
+    let bad = |problem: String| ConfigError::entry("ROUTES", entry, problem);
+    let (pattern, rest) = entry
+        .split_once('=')
+        .ok_or_else(|| bad("expected PATTERN=ALGORITHM:A:B, e.g. /api/export/*=token_bucket:5:0.1".into()))?;
+    let pattern = PathPattern::parse(pattern).map_err(|why| bad(format!("pattern: {why}")))?;
+    let mut options = rest.split(',');
+    let spec = options.next().unwrap_or_default();
+    let [algorithm, first, second] = spec.split(':').collect::<Vec<_>>()[..] else {
+        return Err(bad(format!(
+            "expected ALGORITHM:A:B after '=', e.g. token_bucket:5:0.1 or fixed_window:100:60, not {spec:?}"
+        )));
+    };
+    let policy = match Policy::parse(algorithm, first, second) {
+        None => {
+            return Err(bad(format!(
+                "unknown algorithm {algorithm:?}; expected {ALGORITHMS}"
+            )));
+        }
+        Some(Err(ParameterError::Invalid { index, expected })) => {
+            let meaning = Policy::parameters(algorithm).map_or("", |p| p[index].meaning);
+            return Err(bad(format!(
+                "{meaning} {:?}: expected {expected}",
+                [first, second][index]
+            )));
+        }
+        Some(Err(ParameterError::Combination(why))) => return Err(bad(why)),
+        Some(Ok(policy)) => policy,
+    };
+    let mut rule = Rule {
+        name: pattern.to_string().into(),
+        policy,
+        ..defaults.clone()
+    };
+    let mut methods = None;
+    for option in options {
+        match option.split_once('=') {
+            Some(("name", name)) if is_rule_name(name) => rule.name = name.into(),
+            Some(("name", name)) => {
+                return Err(bad(format!(
+                    "name {name:?}: expected 1 to 64 of a-z, 0-9, '_' and '-'"
+                )));
+            }
+            Some(("key", key)) => {
+                rule.key_by = KeyBy::parse(key).map_err(|why| bad(format!("key: expected {why}")))?
+            }
+            Some(("cost", cost)) => {
+                rule.cost =
+                    cost.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        bad(format!("cost {cost:?}: expected a whole number of at least 1"))
+                    })?;
+            }
+            Some(("method", list)) => {
+                let parsed: Option<Vec<http::Method>> = list
+                    .split('|')
+                    .map(|method| http::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).ok())
+                    .collect();
+                methods =
+                    Some(parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?);
+            }
+            Some(("count", "failures")) => rule.count = Count::Failures,
+            Some(("count", "all")) => rule.count = Count::All,
+            None if option == "shadow" => rule.shadow = true,
+            _ => {
+                return Err(bad(format!(
+                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures or shadow"
+                )));
+            }
+        }
+    }
+    if rule.cost > rule.policy.limit() {
+        return Err(bad(format!(
+            "cost {} is above the rule's capacity of {}: no request could ever pass",
+            rule.cost,
+            rule.policy.limit()
+        )));
+    }
+    let route = Route {
+        pattern,
+        methods,
+        rule: 0,
+    };
+    Ok((route, rule))
+}
+
+fn is_rule_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// The keyed hash for header keys. Replicas sharing Redis must agree on it, so there it comes
+/// from `KEY_HASH_SECRET`; alone, a random key per process does (or the secret, if given).
+fn key_hasher(env: &Env, header_keys: bool, shared_store: bool) -> Result<KeyHasher, ConfigError> {
+    match env.get("KEY_HASH_SECRET") {
+        Some(secret) if secret.len() < MIN_SECRET_LEN => Err(ConfigError::InvalidSecret {
+            var: "KEY_HASH_SECRET",
+            expected: format!("at least {MIN_SECRET_LEN} characters, e.g. from `openssl rand -hex 32`"),
+        }),
+        Some(secret) => Ok(KeyHasher::from_secret(secret)),
+        None if header_keys && shared_store => Err(ConfigError::Missing {
+            var: "KEY_HASH_SECRET",
+            expected: "with Redis and header keys (KEY_BY or a route's key=header:...), every replica \
+                       must digest header values alike: set the same secret of 16+ characters on each, \
+                       e.g. from `openssl rand -hex 32`",
+        }),
+        None => KeyHasher::random().map_err(|error| {
+            ConfigError::Conflict(format!(
+                "cannot read the operating system's random source for KEY_HASH_SECRET's default ({error}); \
+                 set KEY_HASH_SECRET"
+            ))
+        }),
+    }
+}
+
+/// `EXEMPT`: CIDRs or addresses, and `key:VALUE` header values (stored only as digests).
+fn parse_exemptions(env: &Env, hasher: &KeyHasher, header_keys: bool) -> Result<Exemptions, ConfigError> {
+    let mut exempt = Exemptions::default();
+    for entry in list(env, "EXEMPT", &[','])? {
+        if let Some(value) = entry.strip_prefix("key:") {
+            if !header_keys {
+                return Err(ConfigError::entry(
+                    "EXEMPT",
+                    "key:***",
+                    "key: entries need a rule keyed by a header (KEY_BY=header:NAME or a route's key=)",
+                ));
+            }
+            exempt.keys.push(hasher.digest(value.as_bytes()));
+        } else {
+            let network: IpNet = parse_network(entry).ok_or_else(|| {
+                ConfigError::entry("EXEMPT", entry, "expected a CIDR, an address, or key:VALUE")
+            })?;
+            exempt.networks.push(network);
+        }
+    }
+    Ok(exempt)
+}

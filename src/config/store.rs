@@ -1,0 +1,168 @@
+//! The store settings: memory, or Redis (one server, a URL, or a cluster) with its key prefix,
+//! timeout, fail mode and circuit breaker. Redis URLs and passwords are never printed.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::ConfigError;
+use super::env::{Env, entries};
+use crate::limit::redis::redact_url;
+use crate::limit::{FailMode, GuardSettings, RedisTarget};
+
+/// Which store holds client budgets.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreConfig {
+    /// In process memory (no Redis variable set).
+    Memory,
+    /// Redis, shared by all replicas.
+    Redis(RedisConfig),
+}
+
+/// Redis settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConfig {
+    /// `REDIS_URL`, `REDIS_ADDR` or `REDIS_CLUSTER_NODES`.
+    pub target: RedisTarget,
+    /// `KEY_PREFIX`: in front of every key, so several gateways can share one Redis.
+    pub key_prefix: String,
+    /// `REDIS_TIMEOUT_MS`: the most one decision may wait for Redis.
+    pub timeout: Duration,
+    /// Fail mode and circuit breaker.
+    pub guard: GuardSettings,
+}
+
+/// As `--check-config` shows it, password redacted.
+impl fmt::Display for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "redis {} (prefix {:?}, timeout {} ms, fail {}, breaker after {} failures, probe every {} ms)",
+            self.target.redacted(),
+            self.key_prefix,
+            self.timeout.as_millis(),
+            self.guard.fail_mode.as_str(),
+            self.guard.failure_threshold,
+            self.guard.probe_interval.as_millis(),
+        )
+    }
+}
+
+/// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` is set.
+pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
+    let target = match (
+        env.get("REDIS_URL"),
+        env.get("REDIS_ADDR"),
+        env.get("REDIS_CLUSTER_NODES"),
+    ) {
+        (None, None, None) => return Ok(StoreConfig::Memory),
+        (Some(_), None, None) if env.is_set("REDIS_TLS") => {
+            return Err(ConfigError::Conflict(
+                "REDIS_TLS goes with REDIS_ADDR or REDIS_CLUSTER_NODES; \
+                 with REDIS_URL, choose redis:// or rediss:// (TLS) in the URL"
+                    .into(),
+            ));
+        }
+        (Some(_), None, None) if env.is_set("REDIS_PASSWORD") => {
+            return Err(ConfigError::Conflict(
+                "REDIS_PASSWORD goes with REDIS_ADDR or REDIS_CLUSTER_NODES; \
+                 with REDIS_URL, put the password in the URL (redis://:password@host:port)"
+                    .into(),
+            ));
+        }
+        (Some(url), None, None) => {
+            let expected = "redis://[:password@]host:port/db or rediss://... for TLS";
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(ConfigError::InvalidSecret {
+                    var: "REDIS_URL",
+                    expected: expected.into(),
+                });
+            }
+            if redis::Client::open(url).is_err() {
+                return Err(ConfigError::InvalidSecret {
+                    var: "REDIS_URL",
+                    expected: format!("{expected} (got {})", redact_url(url)),
+                });
+            }
+            RedisTarget::Single(url.to_owned())
+        }
+        (None, Some(addr), None) => {
+            let addr = host_port("REDIS_ADDR", addr)?;
+            let scheme = if env.flag("REDIS_TLS", "false")? {
+                "rediss"
+            } else {
+                "redis"
+            };
+            let url = match env.get("REDIS_PASSWORD") {
+                Some(password) => format!(
+                    "{scheme}://:{}@{addr}",
+                    percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC)
+                ),
+                None => format!("{scheme}://{addr}"),
+            };
+            RedisTarget::Single(url)
+        }
+        (None, None, Some(value)) => {
+            let nodes: Vec<String> = entries(value, &[','])
+                .map(|node| host_port("REDIS_CLUSTER_NODES", node))
+                .collect::<Result<_, _>>()?;
+            if nodes.is_empty() {
+                return Err(ConfigError::invalid(
+                    "REDIS_CLUSTER_NODES",
+                    value,
+                    "comma-separated host:port seeds",
+                ));
+            }
+            RedisTarget::Cluster {
+                nodes,
+                password: env.get("REDIS_PASSWORD").map(str::to_owned),
+                tls: env.flag("REDIS_TLS", "false")?,
+            }
+        }
+        _ => {
+            return Err(ConfigError::Conflict(
+                "set only one of REDIS_URL, REDIS_ADDR and REDIS_CLUSTER_NODES".into(),
+            ));
+        }
+    };
+    let key_prefix = env.get("KEY_PREFIX").unwrap_or("tollgate:").to_owned();
+    if key_prefix.contains(['{', '}']) {
+        return Err(ConfigError::invalid(
+            "KEY_PREFIX",
+            &key_prefix,
+            "a prefix without '{' or '}' (they would break Redis Cluster hash tags)",
+        ));
+    }
+    let fail_mode = env.parse("FAIL_MODE", "open", "open, closed or local", |s| match s {
+        "open" => Some(FailMode::Open),
+        "closed" => Some(FailMode::Closed),
+        "local" => Some(FailMode::Local),
+        _ => None,
+    })?;
+    let failure_threshold = env.parse(
+        "REDIS_BREAKER_THRESHOLD",
+        "3",
+        "a whole number of at least 1",
+        |s| s.parse::<u32>().ok().filter(|n| *n > 0),
+    )?;
+    Ok(StoreConfig::Redis(RedisConfig {
+        target,
+        key_prefix,
+        timeout: env.millis("REDIS_TIMEOUT_MS", "50")?,
+        guard: GuardSettings {
+            fail_mode,
+            failure_threshold,
+            probe_interval: env.millis("REDIS_PROBE_INTERVAL_MS", "500")?,
+        },
+    }))
+}
+
+fn host_port(var: &'static str, value: &str) -> Result<String, ConfigError> {
+    let valid = value.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains(['/', '@']) && port.parse::<u16>().is_ok_and(|p| p > 0)
+    });
+    if valid {
+        Ok(value.to_owned())
+    } else {
+        Err(ConfigError::invalid(var, value, "host:port, e.g. 127.0.0.1:6379"))
+    }
+}

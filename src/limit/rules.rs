@@ -1,0 +1,384 @@
+//! The compiled rule table: which budget a request draws from, under which key, at what cost.
+//!
+//! Built once from the configuration and consulted once per request with
+//! [`RuleTable::classify`]. Rules are tried in order and the first match wins: `ROUTES` entries
+//! as written, then `AUTH_PATHS`, then the general rule, which matches everything. Then
+//! `SKIP_PATHS` and `EXEMPT` may exempt the request, and `COSTS` may price it. Paths are
+//! matched in the canonical form the proxy parsed them into (see `proxy::path`), never as
+//! spelled, so every spelling a backend would read as `/login` counts against `/login`.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method};
+use ipnet::IpNet;
+
+use super::algorithm::Policy;
+use super::key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher};
+use super::pattern::PathPattern;
+
+/// A named budget: the algorithm that enforces it and how requests are filed under it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Position in the table; the memory store files client states under it.
+    pub id: u16,
+    /// `general`, `auth`, or the route's own name: part of every Redis key, log line and
+    /// rate-limit header, so it must stay stable across restarts.
+    pub name: Arc<str>,
+    /// The algorithm and its numbers.
+    pub policy: Policy,
+    /// What budgets are keyed by.
+    pub key_by: KeyBy,
+    /// What one request costs unless `COSTS` says otherwise.
+    pub cost: u64,
+    /// Decide and count, but never refuse (`SHADOW_MODE`, or a route's `shadow`).
+    pub shadow: bool,
+    /// Which requests keep their cost (`AUTH_COUNT`, or a route's `count=`).
+    pub count: Count,
+}
+
+impl Rule {
+    /// A rule keyed by IP, costing 1, enforced, counting every request.
+    pub fn new(id: u16, name: &str, policy: Policy) -> Rule {
+        Rule {
+            id,
+            name: name.into(),
+            policy,
+            key_by: KeyBy::Ip,
+            cost: 1,
+            shadow: false,
+            count: Count::All,
+        }
+    }
+}
+
+/// Which allowed requests keep spending the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Every allowed request.
+    All,
+    /// Only those the backend answers with a status of 400 or more: the cost of a success is
+    /// refunded, so a login brute-force is limited without punishing users who get in.
+    Failures,
+}
+
+/// A path pattern that selects a rule, optionally for some methods only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Which paths.
+    pub pattern: PathPattern,
+    /// Which methods (`None`: all).
+    pub methods: Option<Vec<Method>>,
+    /// Index of the rule in [`RuleTable::rules`].
+    pub rule: usize,
+}
+
+impl Route {
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        self.methods
+            .as_ref()
+            .is_none_or(|methods| methods.contains(method))
+            && self.pattern.matches(path)
+    }
+}
+
+/// What is never limited (`EXEMPT`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Exemptions {
+    /// Client networks.
+    pub networks: Vec<IpNet>,
+    /// Digests of header values (`key:VALUE`), compared with the request's keyed header.
+    pub keys: Vec<Digest>,
+}
+
+/// How a matched request is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Decided; denials are refused.
+    Enforce,
+    /// Decided and counted; denials are forwarded anyway (and logged).
+    Shadow,
+    /// Not decided at all (`SKIP_PATHS`, `EXEMPT`): forwarded without rate-limit headers.
+    Exempt,
+}
+
+impl Mode {
+    /// As in `--check-config` and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+            Mode::Exempt => "exempt",
+        }
+    }
+}
+
+/// The parts of a request the table looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// The request method.
+    pub method: &'a Method,
+    /// The path in canonical form (`proxy::path`).
+    pub path: &'a str,
+    /// The request headers (for header keys).
+    pub headers: &'a HeaderMap,
+    /// The client address, after `TRUSTED_PROXIES`.
+    pub client_ip: IpAddr,
+}
+
+/// The outcome of classifying one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Match<'t> {
+    /// The rule that applies.
+    pub rule: &'t Rule,
+    /// Whose budget.
+    pub key: ClientKey,
+    /// How much of it this request costs.
+    pub cost: u64,
+    /// Enforce, shadow or exempt.
+    pub mode: Mode,
+}
+
+/// A request whose identity cannot be read one way only.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClassifyError {
+    /// The header budgets are keyed by came more than once: which one the backend would
+    /// believe is unknowable, so the request is refused rather than counted under either.
+    #[error("the {0} header appears more than once")]
+    RepeatedKeyHeader(http::HeaderName),
+}
+
+/// The compiled rule table.
+#[derive(Debug, Clone)]
+pub struct RuleTable {
+    /// Every rule, in evaluation order of their first route; the general rule is last.
+    rules: Vec<Rule>,
+    /// `ROUTES` then `AUTH_PATHS`, in order.
+    routes: Vec<Route>,
+    /// `COSTS`: the first matching entry prices the request.
+    costs: Vec<(PathPattern, u64)>,
+    /// `SKIP_PATHS`.
+    skip: Vec<PathPattern>,
+    /// `EXEMPT`.
+    exempt: Exemptions,
+    /// `IPV6_PREFIX`.
+    ipv6_prefix: u8,
+    /// Digests header keys.
+    hasher: KeyHasher,
+}
+
+/// Why a table cannot be built; the configuration turns it into an error naming a variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableError {
+    /// A `COSTS` entry (by index) prices a request above a rule's capacity.
+    CostAboveCapacity {
+        /// Index into the costs.
+        entry: usize,
+        /// The rule it can reach.
+        rule: String,
+        /// That rule's capacity.
+        capacity: u64,
+    },
+}
+
+impl RuleTable {
+    /// Assemble a table. `rules` must end with the general rule (which every request falls
+    /// back to) and each rule's `id` must be its index; `routes` point into `rules`.
+    pub fn new(
+        rules: Vec<Rule>,
+        routes: Vec<Route>,
+        costs: Vec<(PathPattern, u64)>,
+        skip: Vec<PathPattern>,
+        exempt: Exemptions,
+        ipv6_prefix: u8,
+        hasher: KeyHasher,
+    ) -> Result<RuleTable, TableError> {
+        debug_assert!(
+            rules
+                .iter()
+                .enumerate()
+                .all(|(i, rule)| usize::from(rule.id) == i)
+        );
+        let table = RuleTable {
+            rules,
+            routes,
+            costs,
+            skip,
+            exempt,
+            ipv6_prefix,
+            hasher,
+        };
+        for (entry, (pattern, cost)) in table.costs.iter().enumerate() {
+            if let Some(rule) = table
+                .reachable(pattern)
+                .into_iter()
+                .find(|rule| rule.policy.limit() < *cost)
+            {
+                return Err(TableError::CostAboveCapacity {
+                    entry,
+                    rule: rule.name.to_string(),
+                    capacity: rule.policy.limit(),
+                });
+            }
+        }
+        Ok(table)
+    }
+
+    /// Every rule; the general rule is last.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The rule called `name`.
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|rule| &*rule.name == name)
+    }
+
+    /// The patterns that select the rule called `name`, as `AUTH_PATHS` is written.
+    pub fn paths_of(&self, name: &str) -> String {
+        let patterns: Vec<String> = self
+            .routes
+            .iter()
+            .filter(|route| &*self.rules[route.rule].name == name)
+            .map(|route| route.pattern.to_string())
+            .collect();
+        patterns.join(",")
+    }
+
+    /// The hasher header keys are digested with (for `EXEMPT` entries).
+    pub fn hasher(&self) -> &KeyHasher {
+        &self.hasher
+    }
+
+    /// Which rule, key, cost and mode apply to this request.
+    pub fn classify(&self, head: &RequestHead<'_>) -> Result<Match<'_>, ClassifyError> {
+        let rule = self
+            .routes
+            .iter()
+            .find(|route| route.matches(head.method, head.path))
+            .map_or_else(|| self.general(), |route| &self.rules[route.rule]);
+        let header = match rule.key_by.header() {
+            None => None,
+            Some(name) => {
+                let mut values = head.headers.get_all(name).iter();
+                match (values.next(), values.next()) {
+                    (Some(_), Some(_)) => return Err(ClassifyError::RepeatedKeyHeader(name.clone())),
+                    (value, _) => value
+                        .map(|value| value.as_bytes())
+                        .filter(|value| !value.is_empty()),
+                }
+            }
+        };
+        let ip = ClientIp::new(head.client_ip, self.ipv6_prefix);
+        let key = ClientKey::new(&rule.key_by, ip, header, &self.hasher);
+        let exempt = self.skip.iter().any(|pattern| pattern.matches(head.path))
+            || self
+                .exempt
+                .networks
+                .iter()
+                .any(|net| net.contains(&head.client_ip.to_canonical()))
+            || key
+                .digest()
+                .is_some_and(|digest| self.exempt.keys.contains(&digest));
+        let mode = match (exempt, rule.shadow) {
+            (true, _) => Mode::Exempt,
+            (false, true) => Mode::Shadow,
+            (false, false) => Mode::Enforce,
+        };
+        let cost = self
+            .costs
+            .iter()
+            .find(|(pattern, _)| pattern.matches(head.path))
+            .map_or(rule.cost, |(_, cost)| *cost);
+        Ok(Match {
+            rule,
+            key,
+            cost,
+            mode,
+        })
+    }
+
+    fn general(&self) -> &Rule {
+        // `new` is only handed tables that end with the general rule.
+        &self.rules[self.rules.len() - 1]
+    }
+
+    /// The rules a request on `pattern` can be classified under: each route overlapping it, in
+    /// order, up to one that takes all of it for every method (or else the general rule).
+    /// Startup only.
+    fn reachable(&self, pattern: &PathPattern) -> Vec<&Rule> {
+        let mut rules = Vec::new();
+        for route in &self.routes {
+            if route.pattern.overlaps(pattern) {
+                rules.push(&self.rules[route.rule]);
+                if route.methods.is_none() && route.pattern.covers(pattern) {
+                    return rules;
+                }
+            }
+        }
+        rules.push(self.general());
+        rules
+    }
+}
+
+/// The table in evaluation order, as `--check-config` prints it.
+impl fmt::Display for RuleTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "rules, first match wins:")?;
+        let mut position = 0;
+        for route in &self.routes {
+            position += 1;
+            let methods = route.methods.as_ref().map_or_else(String::new, |methods| {
+                let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
+                format!(" {}", names.join("|"))
+            });
+            writeln!(
+                f,
+                "  {position:>2}. {}{methods} -> {}",
+                route.pattern,
+                describe(&self.rules[route.rule])
+            )?;
+        }
+        writeln!(
+            f,
+            "  {:>2}. every other path -> {}",
+            position + 1,
+            describe(self.general())
+        )?;
+        let costs: Vec<String> = self
+            .costs
+            .iter()
+            .map(|(pattern, cost)| format!("{pattern}={cost}"))
+            .collect();
+        writeln!(f, "costs:            {}", list_or_none(&costs))?;
+        let skip: Vec<String> = self.skip.iter().map(ToString::to_string).collect();
+        writeln!(f, "skip paths:       {}", list_or_none(&skip))?;
+        let mut exempt: Vec<String> = self.exempt.networks.iter().map(ToString::to_string).collect();
+        if !self.exempt.keys.is_empty() {
+            exempt.push(format!("{} key(s), values not shown", self.exempt.keys.len()));
+        }
+        write!(f, "exempt:           {}", list_or_none(&exempt))
+    }
+}
+
+/// One rule in words: `auth: token_bucket: 5 tokens, ... (key ip, cost 1, enforce)`.
+pub fn describe(rule: &Rule) -> String {
+    let mode = if rule.shadow { "shadow" } else { "enforce" };
+    let count = match rule.count {
+        Count::All => "",
+        Count::Failures => ", counts failures only",
+    };
+    format!(
+        "{}: {} (key {}, cost {}, {mode}{count})",
+        rule.name, rule.policy, rule.key_by, rule.cost
+    )
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.join(", ")
+    }
+}
