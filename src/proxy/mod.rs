@@ -229,7 +229,7 @@ impl Proxy {
         };
         if outcome == Outcome::Shadow {
             tracing::info!(
-                rule = &*matched.rule.name,
+                rule = %matched.rule.name,
                 client = %matched.key,
                 "shadow rule would have refused this request; forwarded"
             );
@@ -242,7 +242,7 @@ impl Proxy {
                 %method,
                 path,
                 client = %matched.key,
-                rule = &*matched.rule.name,
+                rule = %matched.rule.name,
                 decision = outcome.as_str(),
                 status = response.status().as_u16(),
                 latency_us = started.elapsed().as_micros() as u64,

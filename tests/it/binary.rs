@@ -116,6 +116,66 @@ fn check_config_prints_the_effective_rules() {
 }
 
 #[test]
+fn check_config_prints_the_whole_table_in_evaluation_order() {
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            (
+                "ROUTES",
+                "/api/export/*=gcra:5:0.1,cost=2;/search=sliding_log:100:60,method=GET,key=header:X-API-Key,name=search,shadow",
+            ),
+            ("AUTH_PATHS", "/login"),
+            ("AUTH_ALGORITHM", "fixed_window"),
+            ("COSTS", "/api/export/all=5"),
+            ("EXEMPT", "10.0.0.0/8,key:batch-job-key"),
+            ("SKIP_PATHS", "/healthz"),
+        ],
+        &["--check-config"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let expected = [
+        "rules, first match wins:",
+        "   1. /api/export/* -> /api/export/*: token_bucket: 5 tokens, refill 0.1/s \
+         (one token every 10000 ms) (key ip, cost 2, enforce)",
+        "   2. /search GET -> search: sliding_log: 100 requests per 60 s (exact rolling window) \
+         (key header:x-api-key, cost 1, shadow)",
+        "   3. /login -> auth: fixed_window: 5 requests per 60 s (key ip, cost 1, enforce)",
+        "   4. every other path -> general: token_bucket: 10 tokens",
+        "costs:            /api/export/all=5",
+        "skip paths:       /healthz",
+        "exempt:           10.0.0.0/8, 1 key(s), values not shown",
+    ];
+    let mut rest = stdout.as_ref();
+    for line in expected {
+        let at = rest
+            .find(line)
+            .unwrap_or_else(|| panic!("{line:?} missing or out of order in\n{stdout}"));
+        rest = &rest[at + line.len()..];
+    }
+    assert!(!stdout.contains("batch-job-key"), "exempt keys are never shown");
+}
+
+#[tokio::test]
+async fn a_shadow_denial_is_logged_at_info_and_forwarded() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("MAX_TOKENS", "1"),
+        ("SHADOW_MODE", "true"),
+    ]);
+    assert_eq!(get(tollgate.addr, "/").await.status, StatusCode::OK);
+    assert_eq!(get(tollgate.addr, "/").await.status, StatusCode::OK);
+    let log = tollgate.log();
+    assert_eq!(log.matches("shadow rule would have refused").count(), 1, "{log}");
+    assert!(
+        log.contains("rule=general") && log.contains("client=127.0.0.1"),
+        "{log}"
+    );
+    tollgate.terminate().await;
+}
+
+#[test]
 fn a_dot_env_file_is_read_and_the_environment_wins() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -144,17 +204,20 @@ fn a_dot_env_file_is_read_and_the_environment_wins() {
 struct Running {
     child: std::process::Child,
     addr: std::net::SocketAddr,
+    /// Where its stdout (the log) goes.
+    log: tempfile::NamedTempFile,
 }
 
 impl Running {
     fn start(vars: &[(&str, &str)]) -> Running {
         let port = free_port();
+        let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(BINARY)
             .env_clear()
             .env("BIND", "127.0.0.1")
             .env("PORT", port.to_string())
             .envs(vars.iter().copied())
-            .stdout(Stdio::null())
+            .stdout(log.reopen().unwrap())
             .spawn()
             .unwrap();
         let addr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -162,7 +225,12 @@ impl Running {
             || std::net::TcpStream::connect(addr).is_ok(),
             "tollgate to listen",
         );
-        Running { child, addr }
+        Running { child, addr, log }
+    }
+
+    /// What it has logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap()
     }
 
     /// SIGTERM, then wait for the exit without blocking the runtime.
