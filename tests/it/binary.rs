@@ -1,6 +1,6 @@
 //! The real `tollgate` binary: configuration errors, `--check-config`, `.env`, and SIGTERM.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use http::StatusCode;

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::sliding_window::{WINDOW_PARAMETERS, parse_limit_and_window};
-use super::{Algorithm, Parameter, ParameterError, US_PER_MS};
+use super::sliding_window::{parse_limit_and_window, window_parameters};
+use super::{Algorithm, ParameterError, US_PER_MS};
 use crate::limit::Decision;
 
 static SCRIPT: LazyLock<Script> =
@@ -47,7 +47,8 @@ impl Algorithm for FixedWindow {
     type State = FixedWindowState;
 
     const NAME: &'static str = "fixed_window";
-    const PARAMETERS: [Parameter; 2] = WINDOW_PARAMETERS;
+    window_parameters!();
+
     const KEY_SUFFIX: &'static str = "fw";
 
     fn script() -> &'static Script {
@@ -57,18 +58,6 @@ impl Algorithm for FixedWindow {
     fn from_parameters(limit: &str, window: &str) -> Result<Self, ParameterError> {
         let (limit, window_ms) = parse_limit_and_window(limit, window)?;
         Ok(FixedWindow { limit, window_ms })
-    }
-
-    fn script_arguments(&self) -> [u64; 2] {
-        [self.limit, self.window_ms]
-    }
-
-    fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    fn window(&self) -> Duration {
-        Duration::from_millis(self.window_ms)
     }
 
     fn check(&self, state: &mut FixedWindowState, now_us: u64, cost: u64) -> Decision {

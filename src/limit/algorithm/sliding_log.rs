@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::sliding_window::{WINDOW_PARAMETERS, parse_limit_and_window};
-use super::{Algorithm, Parameter, ParameterError, US_PER_MS};
+use super::sliding_window::{parse_limit_and_window, window_parameters};
+use super::{Algorithm, ParameterError, US_PER_MS};
 use crate::limit::Decision;
 
 static SCRIPT: LazyLock<Script> =
@@ -58,7 +58,8 @@ impl Algorithm for SlidingLog {
     type State = SlidingLogState;
 
     const NAME: &'static str = "sliding_log";
-    const PARAMETERS: [Parameter; 2] = WINDOW_PARAMETERS;
+    window_parameters!();
+
     const KEY_SUFFIX: &'static str = "sl";
 
     fn script() -> &'static Script {
@@ -77,18 +78,6 @@ impl Algorithm for SlidingLog {
             });
         }
         Ok(SlidingLog { limit, window_ms })
-    }
-
-    fn script_arguments(&self) -> [u64; 2] {
-        [self.limit, self.window_ms]
-    }
-
-    fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    fn window(&self) -> Duration {
-        Duration::from_millis(self.window_ms)
     }
 
     fn check(&self, state: &mut SlidingLogState, now_us: u64, cost: u64) -> Decision {

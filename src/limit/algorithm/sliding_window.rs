@@ -43,6 +43,28 @@ pub(crate) const WINDOW_PARAMETERS: [Parameter; 2] = [
     },
 ];
 
+/// The members of [`Algorithm`] that every window algorithm (a `limit` per `window_ms`, read
+/// from `LIMIT` and `WINDOW_SIZE`) defines alike.
+macro_rules! window_parameters {
+    () => {
+        const PARAMETERS: [$crate::limit::algorithm::Parameter; 2] =
+            $crate::limit::algorithm::sliding_window::WINDOW_PARAMETERS;
+
+        fn script_arguments(&self) -> [u64; 2] {
+            [self.limit, self.window_ms]
+        }
+
+        fn limit(&self) -> u64 {
+            self.limit
+        }
+
+        fn window(&self) -> std::time::Duration {
+            std::time::Duration::from_millis(self.window_ms)
+        }
+    };
+}
+pub(crate) use window_parameters;
+
 /// Parse `LIMIT` and `WINDOW_SIZE` (requests, seconds) into (requests, milliseconds).
 pub(crate) fn parse_limit_and_window(limit: &str, window: &str) -> Result<(u64, u64), ParameterError> {
     let limit = parse_count(limit, 0)?;
@@ -157,7 +179,8 @@ impl Algorithm for SlidingWindow {
     type State = WindowState;
 
     const NAME: &'static str = "sliding_window";
-    const PARAMETERS: [Parameter; 2] = WINDOW_PARAMETERS;
+    window_parameters!();
+
     const KEY_SUFFIX: &'static str = "sw";
 
     fn script() -> &'static Script {
@@ -167,18 +190,6 @@ impl Algorithm for SlidingWindow {
     fn from_parameters(limit: &str, window: &str) -> Result<Self, ParameterError> {
         let (limit, window_ms) = parse_limit_and_window(limit, window)?;
         Ok(SlidingWindow { limit, window_ms })
-    }
-
-    fn script_arguments(&self) -> [u64; 2] {
-        [self.limit, self.window_ms]
-    }
-
-    fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    fn window(&self) -> Duration {
-        Duration::from_millis(self.window_ms)
     }
 
     fn check(&self, state: &mut WindowState, now_us: u64, cost: u64) -> Decision {
