@@ -20,6 +20,8 @@
 //! - [`config`]: environment variables to a validated [`Config`]: a reader of named variables,
 //!   the rule table parser and the store parser; every error names the variable.
 //! - [`server`]: accept loop, HTTP/1.1 + h2c, graceful shutdown; wires the pieces together.
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
+//! - [`metrics`]: the Prometheus registry and the typed metrics, labels bounded by the config.
 //! - [`proxy`]: the HTTP face: path canonicalisation, client address, forwarding, hop-by-hop
 //!   headers, upgrades, and the gateway's own responses and rate-limit headers.
 //! - [`limit`]: the policy, never forwarding or answering anything: the rule table
@@ -32,11 +34,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod config;
 pub mod limit;
+pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod telemetry;
 
 pub use config::{Config, ConfigError};
-pub use server::{ServeError, serve};
+pub use server::{ServeError, serve, serve_with_admin};

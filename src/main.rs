@@ -1,48 +1,89 @@
-//! The `tollgate` binary: configuration from the environment, logging, bind, serve until
-//! SIGTERM or SIGINT.
+//! The `tollgate` binary: configuration from the environment, logging, bind the proxy and
+//! admin listeners, serve until SIGTERM or SIGINT. `tollgate healthcheck` asks a running
+//! tollgate's admin listener whether it serves (for a container's `HEALTHCHECK`).
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tollgate::Config;
 
-const USAGE: &str = "usage: tollgate [--check-config]\n\
-    Configured through environment variables (and a .env file in the working directory);\n\
-    see .env.example. --check-config validates them, prints the effective rules and exits.";
+const USAGE: &str = "\
+tollgate: a rate-limiting reverse proxy
+
+usage: tollgate                  serve until SIGTERM or SIGINT
+       tollgate --check-config   validate the configuration, print warnings and the effective
+                                 rules, and exit (0 if valid, 2 if not)
+       tollgate healthcheck      GET /healthz on the admin listener (ADMIN_BIND, ADMIN_PORT);
+                                 exit 0 if it answers 200, 1 otherwise
+       tollgate --version | -V   print the version
+       tollgate --help | -h      print this help
+
+Configuration comes from environment variables and from a .env file in the working directory
+(a variable set in the environment wins). Every variable, its default and its meaning are in
+.env.example and docs/operations.md. A configuration error exits with status 2.";
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let check_only = match std::env::args().nth(1).as_deref() {
-        None => false,
-        Some("--check-config") => true,
-        Some("--version") => {
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let check_only = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => false,
+        ["--check-config"] => true,
+        ["healthcheck"] => {
+            load_dot_env_quietly();
+            return match tollgate::admin::healthcheck(std::env::vars()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("tollgate healthcheck: {error}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        ["--version" | "-V"] => {
             println!("tollgate {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
-        Some("--help" | "-h") => {
+        ["--help" | "-h"] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         }
-        Some(other) => return fail(&format!("unknown argument {other:?}\n{USAGE}")),
+        _ => {
+            return fail(&format!(
+                "unexpected arguments {args:?} (tollgate --help lists them)"
+            ));
+        }
     };
-    // A missing .env is normal; a malformed one is an error (its contents are not echoed).
-    if let Err(error) = dotenvy::dotenv()
-        && !error.not_found()
-    {
-        return fail("the .env file could not be read; check its syntax (values are not shown)");
+    if let Err(message) = load_dot_env() {
+        return fail(&message);
     }
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(error) => return fail(&format!("configuration error: {error}")),
     };
     if check_only {
+        if let Err(error) = tollgate::telemetry::filter_from_env() {
+            return fail(&format!("configuration error: {error}"));
+        }
+        let mut out = String::from("configuration ok\n");
+        for warning in &config.warnings {
+            out += &format!("warning: {warning}\n");
+        }
         // A closed pipe (`| head -1`) is not an error worth a panic.
-        let _ = writeln!(std::io::stdout(), "configuration ok\n{config}");
+        let _ = writeln!(std::io::stdout(), "{out}{config}");
         return ExitCode::SUCCESS;
     }
-    tollgate::telemetry::init(config.log_format);
+    if let Err(error) = tollgate::telemetry::init(config.log_format) {
+        return fail(&format!("configuration error: {error}"));
+    }
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -52,7 +93,16 @@ async fn main() -> ExitCode {
             ));
         }
     };
-    match tollgate::serve(listener, config, shutdown_signal()).await {
+    let admin = match TcpListener::bind(config.admin).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            return fail(&format!(
+                "cannot listen on {} (ADMIN_BIND, ADMIN_PORT): {error}",
+                config.admin
+            ));
+        }
+    };
+    match tollgate::serve_with_admin(listener, admin, config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&error.to_string()),
     }
@@ -78,6 +128,81 @@ async fn shutdown_signal() {
         tracing::warn!("second signal during the drain: exiting now");
         std::process::exit(130);
     });
+}
+
+/// `healthcheck` reads `.env` like the server, so both see the same admin address; a broken
+/// `.env` is the server's to report, not the probe's.
+fn load_dot_env_quietly() {
+    let _ = load_dot_env();
+}
+
+/// Load `.env` from the working directory into the environment, where a variable already set
+/// wins. No file is fine. A line dotenvy cannot parse is an error naming the file and the line
+/// but never showing it: it may hold a password.
+fn load_dot_env() -> Result<(), String> {
+    let path = std::path::absolute(".env").unwrap_or_else(|_| PathBuf::from(".env"));
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(format!("cannot read {}: {error}", path.display())),
+    };
+    let mut lines = LineByLine {
+        inner: BufReader::new(file),
+        line: 0,
+        mid_line: false,
+    };
+    match dotenvy::from_read(&mut lines) {
+        Ok(()) => Ok(()),
+        // dotenvy reports the entry's text (a multi-line quoted value spans several lines)
+        // and no line number: the entry ends on the last line handed over.
+        Err(dotenvy::Error::LineParse(entry, _)) => {
+            let first = lines
+                .line
+                .saturating_sub(entry.trim_end_matches(['\r', '\n']).matches('\n').count());
+            Err(format!(
+                "{} line {first} cannot be parsed (not shown: it may hold a secret); \
+                 expected NAME=value (quote a value holding spaces; close every quote)",
+                path.display()
+            ))
+        }
+        Err(dotenvy::Error::Io(error)) => Err(format!(
+            "cannot read {} (line {}): {error}",
+            path.display(),
+            lines.line
+        )),
+        Err(_) => Err(format!("cannot load {}", path.display())),
+    }
+}
+
+/// Hands a file to dotenvy one line per `read`, counting lines. dotenvy's reader asks for more
+/// only when it needs the next line, so `line` is the line it is parsing.
+struct LineByLine<R> {
+    inner: BufReader<R>,
+    /// The 1-based number of the last line handed over (in part or whole).
+    line: usize,
+    /// The last byte handed over was not the end of a line.
+    mid_line: bool,
+}
+
+impl<R: Read> Read for LineByLine<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let available = self.inner.fill_buf()?;
+        let line_end = available
+            .iter()
+            .position(|&byte| byte == b'\n')
+            .map_or(available.len(), |newline| newline + 1);
+        let n = line_end.min(buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        buf[..n].copy_from_slice(&available[..n]);
+        if !self.mid_line {
+            self.line += 1;
+        }
+        self.mid_line = buf[n - 1] != b'\n';
+        self.inner.consume(n);
+        Ok(n)
+    }
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -11,8 +11,12 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
+use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 
 /// How often the memory store drops clients whose budget is entirely back.
@@ -41,14 +45,42 @@ pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
     })
 }
 
-/// Serve on `listener` until `shutdown` completes, then stop accepting, wait up to
-/// `SHUTDOWN_TIMEOUT_MS` for in-flight requests, and return.
+/// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then
+/// stop accepting, wait up to `SHUTDOWN_TIMEOUT_MS` for in-flight requests, and return.
 pub async fn serve(
     listener: TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    run(listener, None, config, shutdown).await
+}
+
+/// [`serve`], with the admin endpoints (`/metrics`, `/healthz`, `/readyz`) on `admin`. The
+/// admin listener stays up during the drain, answering `/readyz` with 503.
+pub async fn serve_with_admin(
+    listener: TcpListener,
+    admin: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    run(listener, Some(admin), config, shutdown).await
+}
+
+async fn run(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let limiter = limiter(&config)?;
+    let metrics = Arc::new(Metrics::new(&config.rules, limiter.clone()));
+    let admin_state = Arc::new(AdminState {
+        metrics: metrics.clone(),
+        limiter: limiter.clone(),
+        draining: AtomicBool::new(false),
+    });
+    let admin_address = admin.as_ref().and_then(|admin| admin.local_addr().ok());
+    let admin = admin.map(|admin| tokio::spawn(admin::serve(admin, admin_state.clone())));
     let purge = limiter.memory_store().map(|store| {
         let (store, rules) = (store.clone(), config.rules.rules().to_vec());
         tokio::spawn(async move {
@@ -60,12 +92,23 @@ pub async fn serve(
             }
         })
     });
+    // One line; in JSON every setting is a field of its own.
     tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
         listen = %listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
-        store = limiter.describe(),
-        "tollgate ready\n{config}"
+        admin = %admin_address.map_or_else(|| "off".into(), |a| a.to_string()),
+        backend = %config.backend,
+        store = %match &config.store {
+            StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.max_keys),
+            StoreConfig::Redis(redis) => redis.to_string(),
+        },
+        rules = %config.rules.summary(),
+        headers = config.headers.as_str(),
+        access_log = config.access_log.as_str(),
+        trusted_proxies = config.trusted_proxies.len(),
+        "tollgate ready"
     );
-    let proxy = Arc::new(Proxy::new(&config, limiter));
+    let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -107,6 +150,7 @@ pub async fn serve(
     }
 
     drop(listener);
+    admin_state.draining.store(true, Ordering::Release);
     if let Some(purge) = purge {
         purge.abort();
     }
@@ -120,6 +164,9 @@ pub async fn serve(
             timeout_ms = config.shutdown_timeout.as_millis() as u64,
             "shutdown timeout: closing connections that are still busy"
         ),
+    }
+    if let Some(admin) = admin {
+        admin.abort();
     }
     Ok(())
 }

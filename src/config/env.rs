@@ -54,6 +54,17 @@ impl Env {
         self.read.borrow().clone()
     }
 
+    /// The names of every variable that is set (not empty), sorted; none is recorded as read.
+    pub fn set_names(&self) -> BTreeSet<&str> {
+        self.vars.keys().map(String::as_str).collect()
+    }
+
+    /// The value of any variable, without recording it as read: for the checks that look at
+    /// the variables no parser asked for.
+    pub fn peek(&self, name: &str) -> Option<&str> {
+        self.vars.get(name).map(String::as_str)
+    }
+
     /// Parse `name` (or `default` when unset) with `parse`; `None` from it is an error naming
     /// the variable and the value, saying what is `expected`.
     pub fn parse<T>(
@@ -109,5 +120,16 @@ mod tests {
             env.read_names().into_iter().collect::<Vec<_>>(),
             ["BIND", "LIMIT", "PORT"]
         );
+    }
+
+    #[test]
+    fn set_names_and_peek_record_nothing() {
+        let env = Env::new([("PORT", "81"), ("BIND", ""), ("MAX_TOKEN", "5")]);
+        assert_eq!(
+            env.set_names().into_iter().collect::<Vec<_>>(),
+            ["MAX_TOKEN", "PORT"]
+        );
+        assert_eq!(env.peek("MAX_TOKEN"), Some("5"));
+        assert!(env.read_names().is_empty());
     }
 }

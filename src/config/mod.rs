@@ -7,6 +7,8 @@
 //! - [`env`]: the reader of named variables, which records every name it reads;
 //! - [`rules`]: the rule table (`ALGORITHM`, `ROUTES`, `AUTH_PATHS`, `KEY_BY`, `COSTS`, ...);
 //! - [`store`]: memory or Redis, and what to do when Redis fails;
+//! - [`warnings`]: variables that are set but change nothing (misspelt, or not read by the
+//!   chosen algorithm or store), reported without stopping startup;
 //! - this module: the listener, the backend, timeouts and logging, and the whole [`Config`].
 //!
 //! Setting types belong to the modules that use them ([`Backend`] to the proxy, [`LogFormat`]
@@ -17,6 +19,7 @@
 pub mod env;
 pub mod rules;
 pub mod store;
+pub mod warnings;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -28,11 +31,73 @@ use http::uri::{Scheme, Uri};
 use ipnet::IpNet;
 
 use crate::limit::RuleTable;
-use crate::proxy::Backend;
 use crate::proxy::response::HeaderStyle;
+use crate::proxy::{AccessLog, Backend};
 use crate::telemetry::LogFormat;
 use env::{Env, entries};
 pub use store::{RedisConfig, StoreConfig};
+
+/// Every environment variable tollgate reads, grouped as in `.env.example`: the parsers'
+/// names (whichever the configuration makes them read), and `RUST_LOG`, `SSL_CERT_FILE` and
+/// `SSL_CERT_DIR`, which the log filter and the TLS library read themselves. A set variable
+/// that is not here but looks like one of these is warned about.
+pub const VARIABLES: &[&str] = &[
+    // core
+    "BACKEND_URL",
+    "PORT",
+    "BIND",
+    "ADMIN_PORT",
+    "ADMIN_BIND",
+    "ALGORITHM",
+    "AUTH_ALGORITHM",
+    "AUTH_PATHS",
+    "RATE_LIMIT_HEADERS",
+    "LOG_FORMAT",
+    "ACCESS_LOG",
+    "RUST_LOG",
+    // token bucket
+    "MAX_TOKENS",
+    "REFILL_RATE",
+    "AUTH_MAX_TOKENS",
+    "AUTH_REFILL_RATE",
+    // window algorithms
+    "LIMIT",
+    "WINDOW_SIZE",
+    "AUTH_LIMIT",
+    "AUTH_WINDOW_SIZE",
+    // more rules
+    "ROUTES",
+    "COSTS",
+    "EXEMPT",
+    "SKIP_PATHS",
+    "SHADOW_MODE",
+    "AUTH_COUNT",
+    // client identity
+    "KEY_BY",
+    "AUTH_KEY_BY",
+    "IPV6_PREFIX",
+    "KEY_HASH_SECRET",
+    "TRUSTED_PROXIES",
+    "MAX_KEYS",
+    // backend and timeouts
+    "BACKEND_TIMEOUT_MS",
+    "BACKEND_IDLE_TIMEOUT_MS",
+    "HEADER_READ_TIMEOUT_MS",
+    "SHUTDOWN_TIMEOUT_MS",
+    // redis
+    "REDIS_ADDR",
+    "REDIS_URL",
+    "REDIS_CLUSTER_NODES",
+    "REDIS_PASSWORD",
+    "REDIS_TLS",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "KEY_PREFIX",
+    "REDIS_TIMEOUT_MS",
+    "FAIL_MODE",
+    "REDIS_BREAKER_THRESHOLD",
+    "REDIS_PROBE_INTERVAL_MS",
+];
 
 /// A configuration mistake, naming the variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,6 +170,11 @@ pub struct Config {
     pub backend: Backend,
     /// `BIND` and `PORT`.
     pub listen: SocketAddr,
+    /// `ADMIN_BIND` (default `BIND`) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`, apart
+    /// from proxied traffic so no backend path is shadowed and probes spend no budget.
+    pub admin: SocketAddr,
+    /// `ACCESS_LOG`: which requests get an `info` line.
+    pub access_log: AccessLog,
     /// The compiled rule table: every rule, route, cost and exemption.
     pub rules: RuleTable,
     /// `TRUSTED_PROXIES`: peers whose `X-Forwarded-For` is believed.
@@ -123,12 +193,16 @@ pub struct Config {
     /// `HEADER_READ_TIMEOUT_MS`: a client must send its request headers within this
     /// (slowloris protection).
     pub header_read_timeout: Duration,
-    /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests.
+    /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests (default 8 s, below
+    /// the 10 s `docker stop` waits before SIGKILL).
     pub shutdown_timeout: Duration,
     /// Memory or Redis.
     pub store: StoreConfig,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
     pub read: BTreeSet<&'static str>,
+    /// Variables that are set but change nothing (see [`warnings`]), one line each, naming
+    /// variables but never showing values: `--check-config` prints them, startup logs them.
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -155,6 +229,22 @@ impl Config {
         let bind: IpAddr = env.parse("BIND", "0.0.0.0", "an IP address such as 0.0.0.0 or ::", |s| {
             s.parse().ok()
         })?;
+        let admin_bind: IpAddr = env.parse(
+            "ADMIN_BIND",
+            &bind.to_string(),
+            "an IP address such as 127.0.0.1 or ::",
+            |s| s.parse().ok(),
+        )?;
+        let admin_port: u16 = env.parse("ADMIN_PORT", "9091", "a port number from 1 to 65535", |s| {
+            s.parse().ok().filter(|p| *p != 0)
+        })?;
+        let admin = SocketAddr::new(admin_bind, admin_port);
+        if admin == SocketAddr::new(bind, port) {
+            return Err(ConfigError::Conflict(format!(
+                "ADMIN_PORT={admin_port} is PORT too: the admin listener needs a port of its own"
+            )));
+        }
+        let access_log = env.parse("ACCESS_LOG", "denied", "off, denied or all", AccessLog::parse)?;
         let store = store::parse(env)?;
         let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)))?;
         let trusted_proxies = entries(env.get("TRUSTED_PROXIES").unwrap_or(""), &[','])
@@ -182,20 +272,30 @@ impl Config {
             "json" => Some(LogFormat::Json),
             _ => None,
         })?;
+        let backend_timeout = env.millis("BACKEND_TIMEOUT_MS", "30000")?;
+        let backend_idle_timeout = env.millis("BACKEND_IDLE_TIMEOUT_MS", "4000")?;
+        let header_read_timeout = env.millis("HEADER_READ_TIMEOUT_MS", "10000")?;
+        let shutdown_timeout = env.millis("SHUTDOWN_TIMEOUT_MS", "8000")?;
+        // Last, when every variable this configuration reads has been read.
+        let read = env.read_names();
+        let warnings = warnings::warnings(env);
         Ok(Config {
             backend,
             listen: SocketAddr::new(bind, port),
+            admin,
+            access_log,
             rules,
             trusted_proxies,
             max_keys,
             headers,
             log_format,
-            backend_timeout: env.millis("BACKEND_TIMEOUT_MS", "30000")?,
-            backend_idle_timeout: env.millis("BACKEND_IDLE_TIMEOUT_MS", "4000")?,
-            header_read_timeout: env.millis("HEADER_READ_TIMEOUT_MS", "10000")?,
-            shutdown_timeout: env.millis("SHUTDOWN_TIMEOUT_MS", "10000")?,
+            backend_timeout,
+            backend_idle_timeout,
+            header_read_timeout,
+            shutdown_timeout,
             store,
-            read: env.read_names(),
+            read,
+            warnings,
         })
     }
 }
@@ -203,7 +303,7 @@ impl Config {
 /// The effective configuration, as `--check-config` prints it and startup logs it.
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "listen:           {}", self.listen)?;
+        writeln!(f, "listen:           {} (admin {})", self.listen, self.admin)?;
         writeln!(
             f,
             "backend:          {} (timeout {} ms)",

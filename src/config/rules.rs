@@ -1,5 +1,5 @@
 //! The rule table parser: `ALGORITHM`, `AUTH_ALGORITHM` and their numbers, `ROUTES`,
-//! `AUTH_PATHS`, `KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
+//! `AUTH_PATHS`, `KEY_BY`, `AUTH_KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
 //! `SHADOW_MODE` and `AUTH_COUNT`, compiled into one [`RuleTable`].
 //!
 //! `ROUTES` is `;`-separated entries, each `PATTERN=ALGORITHM:A:B[,OPTION...]`:
@@ -39,6 +39,14 @@ const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sl
 pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
     let key_by = env.parse(
         "KEY_BY",
+        "ip",
+        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
+        |s| KeyBy::parse(s).ok(),
+    )?;
+    // Logins come before any API key, and a key the client chooses is a fresh budget per
+    // request: the auth rule stays keyed by address unless told otherwise.
+    let auth_key_by = env.parse(
+        "AUTH_KEY_BY",
         "ip",
         "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
         |s| KeyBy::parse(s).ok(),
@@ -116,6 +124,7 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
         name: "auth".into(),
         policy: auth_policy,
         count: auth_count,
+        key_by: auth_key_by,
         ..defaults.clone()
     });
     rules.push(Rule {

@@ -449,6 +449,10 @@ fn bad_route_entries_stop_startup_naming_the_entry() {
 fn header_keys_need_a_shared_secret_with_redis() {
     let config = parse(&[("KEY_BY", "header:X-API-Key")]).unwrap();
     assert_eq!(general(&config).key_by, KeyBy::parse("header:x-api-key").unwrap());
+    assert_eq!(auth(&config).key_by, KeyBy::Ip, "logins stay keyed by address");
+    let config = parse(&[("AUTH_KEY_BY", "ip+header:X-Device")]).unwrap();
+    assert_eq!(auth(&config).key_by, KeyBy::parse("ip+header:x-device").unwrap());
+    assert_eq!(general(&config).key_by, KeyBy::Ip);
     let message = error(&[("KEY_BY", "header:X-API-Key"), ("REDIS_ADDR", "db:6379")]);
     assert!(message.starts_with("KEY_HASH_SECRET is required"), "{message}");
     let message = error(&[("KEY_HASH_SECRET", "short-secret")]);
@@ -480,4 +484,271 @@ fn every_variable_read_is_recorded() {
     }
     // Only the chosen algorithm's numbers are read.
     assert!(!config.read.contains("WINDOW_SIZE"));
+}
+
+/// The names `.env.example` documents, as `NAME=` or `# NAME=` lines.
+fn documented_variables() -> BTreeSet<&'static str> {
+    include_str!("../../.env.example")
+        .lines()
+        .filter_map(|line| {
+            let (name, _) = line.trim_start_matches("# ").split_once('=')?;
+            let is_name = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+            is_name.then_some(name)
+        })
+        .collect()
+}
+
+#[test]
+fn env_example_documents_exactly_the_variables_tollgate_reads() {
+    let documented = documented_variables();
+    let known: BTreeSet<&str> = VARIABLES.iter().copied().collect();
+    assert_eq!(known.len(), VARIABLES.len(), "VARIABLES has no duplicates");
+    let undocumented: Vec<_> = known.difference(&documented).collect();
+    assert!(undocumented.is_empty(), "not in .env.example: {undocumented:?}");
+    let unknown: Vec<_> = documented.difference(&known).collect();
+    assert!(
+        unknown.is_empty(),
+        "in .env.example but not in VARIABLES: {unknown:?}"
+    );
+}
+
+#[test]
+fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
+    // Between them, these make the parsers read every name they can: both parameter pairs of
+    // both rules, and every Redis setting.
+    let maximal: [&[(&str, &str)]; 2] = [
+        &[
+            ("ALGORITHM", "token_bucket"),
+            ("AUTH_ALGORITHM", "sliding_window"),
+            ("REDIS_ADDR", "db:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_PASSWORD", "hunter2"),
+            ("KEY_HASH_SECRET", "0123456789abcdef0123"),
+            ("AUTH_PATHS", "/login"),
+        ],
+        &[
+            ("ALGORITHM", "sliding_window"),
+            ("AUTH_ALGORITHM", "token_bucket"),
+            ("REDIS_CLUSTER_NODES", "a:6379,b:6379"),
+        ],
+    ];
+    let mut read = BTreeSet::new();
+    for vars in maximal {
+        read.extend(parse(vars).unwrap().read);
+    }
+    read.extend(["RUST_LOG", "SSL_CERT_FILE", "SSL_CERT_DIR"]);
+    let known: BTreeSet<&str> = VARIABLES.iter().copied().collect();
+    assert_eq!(read, known);
+    for algorithm in Policy::NAMES {
+        for parameter in Policy::parameters(algorithm).unwrap() {
+            assert!(VARIABLES.contains(&parameter.general), "{parameter:?}");
+            assert!(VARIABLES.contains(&parameter.auth), "{parameter:?}");
+        }
+    }
+}
+
+fn warnings(vars: &[(&str, &str)]) -> Vec<String> {
+    parse(vars).unwrap().warnings
+}
+
+#[test]
+fn a_misspelt_variable_is_warned_about_with_the_nearest_name() {
+    assert_eq!(
+        warnings(&[("MAX_TOKEN", "5")]),
+        ["MAX_TOKEN is not a tollgate variable; did you mean MAX_TOKENS?"]
+    );
+    for (name, meant) in [
+        ("MAX_TOKNES", "MAX_TOKENS"),
+        ("AUTH_WINDOWSIZE", "AUTH_WINDOW_SIZE"),
+        ("REDIS_ADR", "REDIS_ADDR"),
+        ("BACKEND_TIMEOUT", "BACKEND_TIMEOUT_MS"),
+        ("SHUTDOWN_TIMEOUT", "SHUTDOWN_TIMEOUT_MS"),
+        ("LIMITS", "LIMIT"),
+        ("max_tokens", "MAX_TOKENS"),
+        ("TOLLGATE_PORT", "PORT"),
+    ] {
+        assert_eq!(
+            warnings(&[(name, "5")]),
+            [format!(
+                "{name} is not a tollgate variable; did you mean {meant}?"
+            )]
+        );
+    }
+}
+
+#[test]
+fn a_name_with_our_prefix_but_no_close_match_points_to_env_example() {
+    assert_eq!(
+        warnings(&[("REDIS_HOST", "db"), ("TOLLGATE_MODE", "strict")]),
+        [
+            "REDIS_HOST is not a tollgate variable (see .env.example)",
+            "TOLLGATE_MODE is not a tollgate variable (see .env.example)",
+        ]
+    );
+}
+
+#[test]
+fn an_algorithm_variable_the_chosen_algorithm_does_not_read_is_warned_about() {
+    assert_eq!(
+        warnings(&[("ALGORITHM", "token_bucket"), ("LIMIT", "100")]),
+        [
+            "LIMIT is set but not used: ALGORITHM=token_bucket reads MAX_TOKENS and REFILL_RATE \
+             (LIMIT is for sliding_window, fixed_window or sliding_log)"
+        ]
+    );
+    assert_eq!(
+        warnings(&[("WINDOW_SIZE", "60")]),
+        [
+            "WINDOW_SIZE is set but not used: ALGORITHM=token_bucket (the default) reads \
+             MAX_TOKENS and REFILL_RATE (WINDOW_SIZE is for sliding_window, fixed_window or sliding_log)"
+        ]
+    );
+    assert_eq!(
+        warnings(&[("ALGORITHM", "sliding_window"), ("AUTH_MAX_TOKENS", "3")]),
+        ["AUTH_MAX_TOKENS is set but not used: AUTH_ALGORITHM defaults to \
+             ALGORITHM=sliding_window, which reads AUTH_LIMIT and AUTH_WINDOW_SIZE \
+             (AUTH_MAX_TOKENS is for token_bucket)"]
+    );
+    assert_eq!(
+        warnings(&[("AUTH_ALGORITHM", "gcra"), ("AUTH_LIMIT", "3")]),
+        [
+            "AUTH_LIMIT is set but not used: AUTH_ALGORITHM=gcra reads AUTH_MAX_TOKENS and \
+             AUTH_REFILL_RATE (AUTH_LIMIT is for sliding_window, fixed_window or sliding_log)"
+        ]
+    );
+    // Each rule reads its own pair: a window auth rule does not make MAX_TOKENS unused.
+    assert!(
+        warnings(&[
+            ("AUTH_ALGORITHM", "fixed_window"),
+            ("MAX_TOKENS", "20"),
+            ("AUTH_LIMIT", "3")
+        ])
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_redis_setting_without_redis_is_warned_about() {
+    assert_eq!(
+        warnings(&[("REDIS_TIMEOUT_MS", "100"), ("FAIL_MODE", "closed")]),
+        [
+            "FAIL_MODE is set but not used: the store is in memory; Redis settings apply once \
+             REDIS_ADDR, REDIS_URL or REDIS_CLUSTER_NODES is set",
+            "REDIS_TIMEOUT_MS is set but not used: the store is in memory; Redis settings apply \
+             once REDIS_ADDR, REDIS_URL or REDIS_CLUSTER_NODES is set",
+        ]
+    );
+    assert!(
+        warnings(&[
+            ("REDIS_ADDR", "db:6379"),
+            ("REDIS_TIMEOUT_MS", "100"),
+            ("FAIL_MODE", "closed")
+        ])
+        .is_empty()
+    );
+}
+
+#[test]
+fn warnings_never_show_values() {
+    let all = warnings(&[
+        ("REDIS_PASSWROD", "hunter2"),
+        ("KEY_HASH_SECRT", "hunter2hunter2hunter2"),
+        ("REDIS_PASSWORD", "hunter2"),
+    ]);
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert!(all.iter().all(|warning| !warning.contains("hunter2")), "{all:?}");
+}
+
+#[test]
+fn a_clean_configuration_has_no_warnings() {
+    assert!(warnings(&[]).is_empty());
+    let every_setting_in_use = [
+        ("PORT", "8081"),
+        ("BIND", "127.0.0.1"),
+        ("ADMIN_PORT", "9092"),
+        ("ADMIN_BIND", "127.0.0.1"),
+        ("ACCESS_LOG", "all"),
+        ("ALGORITHM", "gcra"),
+        ("MAX_TOKENS", "20"),
+        ("REFILL_RATE", "2"),
+        ("AUTH_ALGORITHM", "sliding_window"),
+        ("AUTH_LIMIT", "5"),
+        ("AUTH_WINDOW_SIZE", "60"),
+        ("AUTH_PATHS", "/login"),
+        ("ROUTES", "/search=fixed_window:100:60"),
+        ("COSTS", "/export=2"),
+        ("SKIP_PATHS", "/healthz"),
+        ("SHADOW_MODE", "false"),
+        ("AUTH_COUNT", "failures"),
+        ("KEY_BY", "ip"),
+        ("IPV6_PREFIX", "56"),
+        ("TRUSTED_PROXIES", "10.0.0.0/8"),
+        ("MAX_KEYS", "1000"),
+        ("LOG_FORMAT", "json"),
+        ("RUST_LOG", "info"),
+        ("SSL_CERT_FILE", "/etc/ca.pem"),
+        ("BACKEND_TIMEOUT_MS", "1000"),
+        ("REDIS_ADDR", "db:6379"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_PASSWORD", "secret"),
+        ("KEY_PREFIX", "tg:"),
+        ("REDIS_TIMEOUT_MS", "100"),
+        ("FAIL_MODE", "local"),
+        ("REDIS_BREAKER_THRESHOLD", "5"),
+        ("REDIS_PROBE_INTERVAL_MS", "1000"),
+    ];
+    assert_eq!(warnings(&every_setting_in_use), Vec::<String>::new());
+}
+
+#[test]
+fn a_container_environment_has_no_warnings() {
+    // What Docker and Kubernetes put in a pod's environment, including the variables that
+    // describe Services named `redis`, `tollgate` and `admin` (which share our prefixes).
+    let container = [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", "/home/nonroot"),
+        ("HOSTNAME", "tollgate-7d9f8b6c5-x2x4z"),
+        ("HOST", "0.0.0.0"),
+        ("TERM", "xterm"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("PWD", "/"),
+        ("SHLVL", "1"),
+        ("USER", "nonroot"),
+        ("TZ", "UTC"),
+        ("container", "docker"),
+        ("DEBIAN_FRONTEND", "noninteractive"),
+        ("SSL_CERT_DIR", "/etc/ssl/certs"),
+        ("RUST_BACKTRACE", "1"),
+        ("RUST_VERSION", "1.95.0"),
+        ("RUSTUP_HOME", "/usr/local/rustup"),
+        ("CARGO_HOME", "/usr/local/cargo"),
+        ("HTTPS_PROXY", "http://proxy:3128"),
+        ("NO_PROXY", "localhost"),
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "443"),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+        ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+        ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+        ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+        ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+        ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+        ("REDIS_SERVICE_HOST", "10.0.0.11"),
+        ("REDIS_SERVICE_PORT", "6379"),
+        ("REDIS_PORT", "tcp://10.0.0.11:6379"),
+        ("REDIS_PORT_6379_TCP", "tcp://10.0.0.11:6379"),
+        ("REDIS_PORT_6379_TCP_ADDR", "10.0.0.11"),
+        ("TOLLGATE_SERVICE_HOST", "10.0.0.12"),
+        ("TOLLGATE_SERVICE_PORT_ADMIN", "9091"),
+        ("TOLLGATE_PORT", "tcp://10.0.0.12:8080"),
+        ("TOLLGATE_PORT_8080_TCP_PROTO", "tcp"),
+        ("ADMIN_SERVICE_HOST", "10.0.0.13"),
+    ];
+    assert_eq!(warnings(&container), Vec::<String>::new());
 }

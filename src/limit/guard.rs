@@ -43,6 +43,51 @@ impl FailMode {
     }
 }
 
+/// What went wrong with a Redis call, as counted for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisErrorKind {
+    /// No answer within `REDIS_TIMEOUT_MS`.
+    Timeout,
+    /// Connecting failed or the connection broke.
+    Connection,
+    /// Redis answered with an error (`OOM`, `READONLY`, a script error, a wrong key type...).
+    Script,
+    /// The script answered something other than a decision.
+    Reply,
+}
+
+impl RedisErrorKind {
+    /// Every kind, in label order.
+    pub const ALL: [RedisErrorKind; 4] = [
+        RedisErrorKind::Timeout,
+        RedisErrorKind::Connection,
+        RedisErrorKind::Script,
+        RedisErrorKind::Reply,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisErrorKind::Timeout => "timeout",
+            RedisErrorKind::Connection => "connection",
+            RedisErrorKind::Script => "script",
+            RedisErrorKind::Reply => "reply",
+        }
+    }
+
+    fn of(error: &StoreError) -> RedisErrorKind {
+        match error {
+            StoreError::Timeout(_) => RedisErrorKind::Timeout,
+            StoreError::Redis(error) if error.is_io_error() || error.is_connection_dropped() => {
+                RedisErrorKind::Connection
+            }
+            StoreError::Redis(error) if error.is_timeout() => RedisErrorKind::Timeout,
+            StoreError::Redis(_) => RedisErrorKind::Script,
+            StoreError::Reply(_) => RedisErrorKind::Reply,
+        }
+    }
+}
+
 /// The breaker's numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuardSettings {
@@ -71,6 +116,8 @@ struct Inner {
     open: AtomicBool,
     /// Requests answered by the fail mode since the outage began, for the outage's log lines.
     degraded: AtomicU64,
+    /// Failed calls since startup, by [`RedisErrorKind`].
+    errors: [AtomicU64; RedisErrorKind::ALL.len()],
 }
 
 enum Fallback {
@@ -98,6 +145,7 @@ impl Guard {
                 consecutive_failures: AtomicU32::new(0),
                 open: AtomicBool::new(false),
                 degraded: AtomicU64::new(0),
+                errors: Default::default(),
             }),
         }
     }
@@ -134,6 +182,21 @@ impl Guard {
         }
     }
 
+    /// True while the breaker is open: requests get the fail mode without asking Redis.
+    pub fn is_open(&self) -> bool {
+        self.inner.open.load(Ordering::Acquire)
+    }
+
+    /// The fail mode and breaker settings.
+    pub fn settings(&self) -> &GuardSettings {
+        &self.inner.settings
+    }
+
+    /// Failed calls of `kind` since startup.
+    pub fn errors(&self, kind: RedisErrorKind) -> u64 {
+        self.inner.errors[kind as usize].load(Ordering::Relaxed)
+    }
+
     /// The memory store of `FAIL_MODE=local`, if that is the mode (the server purges it).
     pub fn local_store(&self) -> Option<&MemoryStore> {
         match &self.inner.fallback {
@@ -153,6 +216,7 @@ impl Guard {
 
     fn record_failure(&self, error: &StoreError) {
         let inner = &self.inner;
+        inner.errors[RedisErrorKind::of(error) as usize].fetch_add(1, Ordering::Relaxed);
         let failures = inner.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::warn!(%error, consecutive_failures = failures, "rate-limit store call failed");
         if failures >= inner.settings.failure_threshold && !inner.open.swap(true, Ordering::AcqRel) {

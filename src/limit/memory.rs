@@ -9,6 +9,7 @@
 
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,6 +44,8 @@ struct Inner {
     started: Instant,
     /// Unix time in microseconds at `started`.
     started_unix_us: u64,
+    /// Client states forgotten to stay within `MAX_KEYS`, since startup.
+    evictions: AtomicU64,
 }
 
 impl MemoryStore {
@@ -67,6 +70,7 @@ impl MemoryStore {
                 started_unix_us: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
+                evictions: AtomicU64::new(0),
             }),
         }
     }
@@ -98,9 +102,10 @@ impl MemoryStore {
             None => {
                 let mut state = rule.policy.fresh_state();
                 let decision = rule.policy.check(&mut state, now_us, cost);
-                if decision.allowed {
-                    // At capacity this evicts the least recently seen client of the shard.
-                    table.push(key, state);
+                // At capacity this evicts the least recently seen client of the shard (`push`
+                // returns it; the key is new, so it is never the entry just pushed).
+                if decision.allowed && table.push(key, state).is_some() {
+                    self.inner.evictions.fetch_add(1, Ordering::Relaxed);
                 }
                 decision
             }
@@ -147,6 +152,11 @@ impl MemoryStore {
     /// How many client states are held.
     pub fn len(&self) -> usize {
         self.inner.shards.iter().map(|shard| lock(shard).len()).sum()
+    }
+
+    /// Client states forgotten to stay within `MAX_KEYS`, since startup.
+    pub fn evictions(&self) -> u64 {
+        self.inner.evictions.load(Ordering::Relaxed)
     }
 
     /// True when no client state is held.

@@ -107,6 +107,14 @@ impl Limiter {
         }
     }
 
+    /// The Redis guard, in Redis mode.
+    pub fn guard(&self) -> Option<&Guard> {
+        match self {
+            Limiter::Memory(_) => None,
+            Limiter::Redis(guard) => Some(guard),
+        }
+    }
+
     /// Name of the store, for the startup log.
     pub fn describe(&self) -> &'static str {
         match self {

@@ -246,6 +246,22 @@ impl RuleTable {
         patterns.join(",")
     }
 
+    /// The table on one line, for the startup log: each rule with its paths, in order.
+    pub fn summary(&self) -> String {
+        let rules: Vec<String> = self
+            .rules
+            .iter()
+            .map(|rule| {
+                let paths = match self.paths_of(&rule.name) {
+                    paths if paths.is_empty() => "*".to_owned(),
+                    paths => paths,
+                };
+                format!("[{paths}] {}", describe(rule))
+            })
+            .collect();
+        rules.join("; ")
+    }
+
     /// The hasher header keys are digested with (for `EXEMPT` entries).
     pub fn hasher(&self) -> &KeyHasher {
         &self.hasher
@@ -258,6 +274,29 @@ impl RuleTable {
             .iter()
             .find(|route| route.matches(head.method, head.path))
             .map_or_else(|| self.general(), |route| &self.rules[route.rule]);
+        let cost = self
+            .costs
+            .iter()
+            .find(|(pattern, _)| pattern.matches(head.path))
+            .map_or(rule.cost, |(_, cost)| *cost);
+        let ip = ClientIp::new(head.client_ip, self.ipv6_prefix);
+        // Skipped paths and exempt networks are decided before any header is read, so nothing
+        // in a header can make them fail.
+        if self.skip.iter().any(|pattern| pattern.matches(head.path))
+            || self
+                .exempt
+                .networks
+                .iter()
+                .any(|net| net.contains(&head.client_ip.to_canonical()))
+        {
+            let key = ClientKey::Ip(ip);
+            return Ok(Match {
+                rule,
+                key,
+                cost,
+                mode: Mode::Exempt,
+            });
+        }
         let header = match rule.key_by.header() {
             None => None,
             Some(name) => {
@@ -270,21 +309,11 @@ impl RuleTable {
                 }
             }
         };
-        let ip = ClientIp::new(head.client_ip, self.ipv6_prefix);
         let key = ClientKey::new(&rule.key_by, ip, header, &self.hasher);
-        let exempt = self.skip.iter().any(|pattern| pattern.matches(head.path))
-            || self
-                .exempt
-                .networks
-                .iter()
-                .any(|net| net.contains(&head.client_ip.to_canonical()))
-            || key
-                .digest()
-                .is_some_and(|digest| self.exempt.keys.contains(&digest));
-        let mode = match (exempt, rule.shadow) {
-            (true, _) => Mode::Exempt,
-            (false, true) => Mode::Shadow,
-            (false, false) => Mode::Enforce,
+        let mode = match (key.digest(), rule.shadow) {
+            (Some(digest), _) if self.exempt.keys.contains(&digest) => Mode::Exempt,
+            (_, true) => Mode::Shadow,
+            (_, false) => Mode::Enforce,
         };
         let cost = self
             .costs

@@ -18,13 +18,17 @@ pub mod draft_headers;
 pub mod headers;
 pub mod identity;
 pub mod path;
+pub mod request_id;
 pub mod response;
+pub mod throttle;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::HeaderValue;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version, header};
 use http_body_util::BodyExt;
@@ -37,8 +41,11 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict};
+use crate::metrics::Metrics;
 use identity::ClientIdentity;
+use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
+use throttle::LogThrottle;
 
 /// Where allowed requests go (`BACKEND_URL`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +65,39 @@ impl fmt::Display for Backend {
     }
 }
 
-/// What became of one request, as logs (and metrics) name it.
+/// Which requests get an `info` line (`ACCESS_LOG`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLog {
+    /// None (denials are still counted in the metrics).
+    Off,
+    /// Refused requests (429, 503) only, rate-limited under a flood (the default).
+    Denied,
+    /// Every request, never rate-limited: the operator asked for all of them.
+    All,
+}
+
+impl AccessLog {
+    /// Parse `off`, `denied` or `all`.
+    pub fn parse(value: &str) -> Option<AccessLog> {
+        match value {
+            "off" => Some(AccessLog::Off),
+            "denied" => Some(AccessLog::Denied),
+            "all" => Some(AccessLog::All),
+            _ => None,
+        }
+    }
+
+    /// The value as written in `ACCESS_LOG`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessLog::Off => "off",
+            AccessLog::Denied => "denied",
+            AccessLog::All => "all",
+        }
+    }
+}
+
+/// What became of one request, as logs and metrics name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Within budget: forwarded.
@@ -80,6 +119,18 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in declaration order (`outcome as usize` indexes it).
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Allowed,
+        Outcome::Limited,
+        Outcome::Shadow,
+        Outcome::Exempt,
+        Outcome::FailOpen,
+        Outcome::FailClosed,
+        Outcome::LocalAllowed,
+        Outcome::LocalLimited,
+    ];
+
     /// What the gateway does with a request matched in `mode` given the limiter's verdict
     /// (`None` for exempt requests, which are not decided).
     pub fn of(mode: Mode, verdict: Option<&Verdict>) -> Outcome {
@@ -105,7 +156,7 @@ impl Outcome {
         )
     }
 
-    /// The name in logs.
+    /// The name in logs and the `decision` label of the metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -114,9 +165,77 @@ impl Outcome {
             Outcome::Exempt => "exempt",
             Outcome::FailOpen => "fail_open",
             Outcome::FailClosed => "fail_closed",
-            Outcome::LocalAllowed => "local_allowed",
-            Outcome::LocalLimited => "local_limited",
+            Outcome::LocalAllowed => "local_fallback",
+            Outcome::LocalLimited => "local_fallback_limited",
         }
+    }
+}
+
+/// Why the backend gave no answer, as logs and metrics name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendFailure {
+    /// Its name did not resolve.
+    Dns,
+    /// Nothing listens there.
+    Refused,
+    /// It closed or reset the connection before answering.
+    Reset,
+    /// It did not connect or answer within `BACKEND_TIMEOUT_MS`.
+    Timeout,
+    /// Anything else.
+    Other,
+}
+
+impl BackendFailure {
+    /// Every failure, in declaration order (`failure as usize` indexes it).
+    pub const ALL: [BackendFailure; 5] = [
+        BackendFailure::Dns,
+        BackendFailure::Refused,
+        BackendFailure::Reset,
+        BackendFailure::Timeout,
+        BackendFailure::Other,
+    ];
+
+    /// The name in logs and the `cause` label of the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendFailure::Dns => "dns",
+            BackendFailure::Refused => "refused",
+            BackendFailure::Reset => "reset",
+            BackendFailure::Timeout => "timeout",
+            BackendFailure::Other => "other",
+        }
+    }
+
+    /// Read the cause out of a client error's chain. hyper-util exposes no error types, only
+    /// the chain: an I/O error's kind, hyper's own `is_incomplete_message`, and the connector's
+    /// "dns error" context.
+    fn of(error: &hyper_util::client::legacy::Error) -> BackendFailure {
+        use std::io::ErrorKind;
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(current) = source {
+            if let Some(io) = current.downcast_ref::<std::io::Error>() {
+                match io.kind() {
+                    ErrorKind::ConnectionRefused => return BackendFailure::Refused,
+                    ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof => return BackendFailure::Reset,
+                    ErrorKind::TimedOut => return BackendFailure::Timeout,
+                    _ => {}
+                }
+            }
+            if let Some(hyper) = current.downcast_ref::<hyper::Error>()
+                && (hyper.is_incomplete_message() || hyper.is_closed() || hyper.is_canceled())
+            {
+                return BackendFailure::Reset;
+            }
+            if current.to_string().starts_with("dns error") {
+                return BackendFailure::Dns;
+            }
+            source = current.source();
+        }
+        BackendFailure::Other
     }
 }
 
@@ -153,11 +272,36 @@ pub struct Proxy {
     identity: ClientIdentity,
     /// `BACKEND_TIMEOUT_MS`.
     backend_timeout: Duration,
+    /// Counts what became of requests.
+    metrics: Arc<Metrics>,
+    /// `ACCESS_LOG`.
+    access_log: AccessLog,
+    /// Makes `X-Request-Id`s.
+    request_ids: RequestIds,
+    /// Bounds the lines about refused requests.
+    denial_log: LogThrottle,
+    /// Bounds the warnings about backend failures.
+    failure_log: LogThrottle,
+}
+
+/// What the log lines and metrics of one request need to know, wherever they are written.
+struct RequestContext<'a> {
+    /// `X-Request-Id`.
+    id: &'a HeaderValue,
+    /// The rule it was classified under (`None` before classification).
+    rule: Option<u16>,
+}
+
+impl RequestContext<'_> {
+    /// The request id as text, for log fields (always visible ASCII).
+    fn id(&self) -> &str {
+        self.id.to_str().unwrap_or("-")
+    }
 }
 
 impl Proxy {
-    /// Build the proxy for `config`, deciding with `limiter`.
-    pub fn new(config: &Config, limiter: Limiter) -> Self {
+    /// Build the proxy for `config`, deciding with `limiter` and counting into `metrics`.
+    pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.backend_timeout));
@@ -174,17 +318,37 @@ impl Proxy {
             header_style: config.headers,
             identity: ClientIdentity::new(config.trusted_proxies.clone()),
             backend_timeout: config.backend_timeout,
+            metrics,
+            access_log: config.access_log,
+            request_ids: RequestIds::new(),
+            denial_log: LogThrottle::new(),
+            failure_log: LogThrottle::new(),
         }
     }
 
     /// Answer one request from `peer`.
     pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
         let started = Instant::now();
+        let id = self.request_ids.for_request(request.headers());
+        let mut response = self.respond(request, peer, &id, started).await;
+        response.headers_mut().insert(&X_REQUEST_ID, id);
+        response
+    }
+
+    async fn respond(
+        &self,
+        mut request: Request<Incoming>,
+        peer: SocketAddr,
+        id: &HeaderValue,
+        started: Instant,
+    ) -> Response<ResponseBody> {
+        let mut context = RequestContext { id, rule: None };
         // The path is read once: its canonical form is what rules match, and a rewritten form
         // (dot segments resolved) is what the backend gets.
         let raw_path = request.uri().path();
         let parsed = if raw_path == "*" {
-            // `OPTIONS *` names the server, not a resource: only the general rule applies.
+            // `OPTIONS *` names the server, not a resource: no path pattern matches it but a
+            // catch-all `/*`.
             Ok(path::RequestPath {
                 canonical: "*".into(),
                 rewritten: None,
@@ -194,7 +358,7 @@ impl Proxy {
         };
         let path = match parsed {
             Ok(path) => path,
-            Err(error) => return refuse(&error.to_string(), raw_path, peer),
+            Err(error) => return refuse(&error.to_string(), raw_path, peer, &context),
         };
         let client_ip = self.identity.client(peer.ip(), request.headers());
         let head = RequestHead {
@@ -205,54 +369,121 @@ impl Proxy {
         };
         let matched = match self.rules.classify(&head) {
             Ok(matched) => matched,
-            Err(error) => return refuse(&error.to_string(), raw_path, peer),
+            Err(error) => return refuse(&error.to_string(), raw_path, peer, &context),
         };
-        // Captured only when the per-request line will be written: the request moves on.
-        let logged = tracing::enabled!(tracing::Level::DEBUG)
-            .then(|| (request.method().clone(), request.uri().path().to_owned()));
+        context.rule = Some(matched.rule.id);
+        // Captured only when a line about this request may be written: the request moves on.
+        let logged = (self.access_log != AccessLog::Off
+            || matched.rule.shadow
+            || tracing::enabled!(tracing::Level::DEBUG))
+        .then(|| (request.method().clone(), request.uri().path().to_owned()));
         let rewritten = path.rewritten;
+        // The backend gets the request id too, so its logs and ours can be joined.
+        request.headers_mut().insert(&X_REQUEST_ID, id.clone());
 
         let verdict = match matched.mode {
             Mode::Exempt => None,
             Mode::Enforce | Mode::Shadow => {
-                Some(self.limiter.check(matched.rule, matched.key, matched.cost).await)
+                let asked = Instant::now();
+                let verdict = self.limiter.check(matched.rule, matched.key, matched.cost).await;
+                self.metrics.decision(asked.elapsed());
+                Some(verdict)
             }
         };
         let outcome = Outcome::of(matched.mode, verdict.as_ref());
+        self.metrics.request(matched.rule.id, outcome);
         let mut response = if outcome.forwards() {
-            self.forward(request, peer.ip(), rewritten.as_deref()).await
+            self.forward(request, peer.ip(), rewritten.as_deref(), &context)
+                .await
         } else {
             match verdict.as_ref().and_then(Verdict::decision) {
                 Some(decision) => response::too_many_requests(decision),
                 None => response::store_unavailable(),
             }
         };
-        if outcome == Outcome::Shadow {
-            tracing::info!(
-                rule = %matched.rule.name,
-                client = %matched.key,
-                "shadow rule would have refused this request; forwarded"
-            );
-        }
         if let Some(verdict) = &verdict {
             self.settle(&matched, verdict, outcome, &mut response).await;
         }
         if let Some((method, path)) = logged {
-            tracing::debug!(
-                %method,
-                path,
-                client = %matched.key,
-                rule = %matched.rule.name,
-                decision = outcome.as_str(),
-                status = response.status().as_u16(),
-                latency_us = started.elapsed().as_micros() as u64,
-                "request"
+            self.log(
+                &context,
+                &matched,
+                outcome,
+                verdict.as_ref(),
+                &response,
+                (&method, &path),
+                started,
             );
         }
         response
     }
 
-    /// After the response is known: refund a success under `count=failures`, then write the
+    /// The lines about one request: shadow denials always, refusals under `ACCESS_LOG=denied`
+    /// (rate-limited), everything under `ACCESS_LOG=all`, and a debug line per request.
+    #[allow(clippy::too_many_arguments)]
+    fn log(
+        &self,
+        context: &RequestContext<'_>,
+        matched: &Match<'_>,
+        outcome: Outcome,
+        verdict: Option<&Verdict>,
+        response: &Response<ResponseBody>,
+        (method, path): (&http::Method, &str),
+        started: Instant,
+    ) {
+        let status = response.status().as_u16();
+        let latency_us = started.elapsed().as_micros() as u64;
+        let retry_after_s = verdict
+            .and_then(Verdict::decision)
+            .filter(|decision| !decision.allowed)
+            .map(|decision| response::retry_after_secs(decision.retry_after));
+        let refused = !outcome.forwards() || outcome == Outcome::Shadow;
+        let suppressed = match self.access_log {
+            AccessLog::All => Some(0),
+            // A shadow rule exists to be watched: its would-be denials are logged whatever
+            // ACCESS_LOG says.
+            _ if outcome == Outcome::Shadow => self.denial_log.admit(),
+            AccessLog::Denied if refused => self.denial_log.admit(),
+            AccessLog::Denied | AccessLog::Off => None,
+        };
+        match suppressed {
+            Some(suppressed) => {
+                if suppressed > 0 {
+                    tracing::info!(suppressed, "{suppressed} similar lines suppressed");
+                }
+                let message = match outcome {
+                    Outcome::Shadow => "shadow rule would have refused this request; forwarded",
+                    _ if refused => "request refused",
+                    _ => "request",
+                };
+                tracing::info!(
+                    request_id = context.id(),
+                    %method,
+                    path,
+                    client = %matched.key,
+                    rule = %matched.rule.name,
+                    decision = outcome.as_str(),
+                    status,
+                    retry_after_s,
+                    latency_us,
+                    "{message}"
+                );
+            }
+            None => tracing::debug!(
+                request_id = context.id(),
+                %method,
+                path,
+                client = %matched.key,
+                rule = %matched.rule.name,
+                decision = outcome.as_str(),
+                status,
+                latency_us,
+                "request"
+            ),
+        }
+    }
+
+    /// After the response is known: refund a success under `count=failures`, and write the
     /// rate-limit headers of an enforced decision (a shadow rule is invisible to clients).
     async fn settle(
         &self,
@@ -264,20 +495,18 @@ impl Proxy {
         let Some(decision) = verdict.decision() else {
             return;
         };
-        let mut decision = *decision;
-        let succeeded = response.status().as_u16() < 400;
         if matched.rule.count == Count::Failures
             && matches!(outcome, Outcome::Allowed | Outcome::LocalAllowed)
-            && succeeded
+            && response.status().as_u16() < 400
         {
             self.limiter
                 .refund(matched.rule, matched.key, matched.cost, verdict)
                 .await;
-            decision.remaining = (decision.remaining + matched.cost).min(decision.limit);
         }
+        // The headers tell the decision as it was made: a refund shows on the next response.
         if matched.mode == Mode::Enforce {
             self.header_style
-                .set(response.headers_mut(), matched.rule, &decision);
+                .set(response.headers_mut(), matched.rule, decision);
         }
     }
 
@@ -288,13 +517,52 @@ impl Proxy {
         request: Request<Incoming>,
         peer: IpAddr,
         rewritten: Option<&str>,
+        context: &RequestContext<'_>,
     ) -> Response<ResponseBody> {
+        // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
+        // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
+        let version = request.version();
+        let sent = Instant::now();
         match self.try_forward(request, peer, rewritten).await {
-            Ok(response) => response,
+            Ok(mut response) => {
+                let rule = context.rule.unwrap_or_default();
+                self.metrics
+                    .backend_response(rule, response.status().as_u16(), sent.elapsed());
+                *response.version_mut() = version;
+                response
+            }
             Err(error) => {
-                tracing::warn!(%error, "proxying failed");
+                self.backend_failed(&error, context);
                 response::from_error(&error)
             }
+        }
+    }
+
+    /// Count and (rate-limited) log a request the backend did not answer, naming the backend
+    /// and the cause.
+    fn backend_failed(&self, error: &ProxyError, context: &RequestContext<'_>) {
+        let failure = match error {
+            ProxyError::Upstream(error) => BackendFailure::of(error),
+            ProxyError::UpstreamTimeout(_) => BackendFailure::Timeout,
+            ProxyError::Downstream(_) => {
+                tracing::debug!(request_id = context.id(), %error, "request cannot be forwarded");
+                return;
+            }
+        };
+        if let Some(rule) = context.rule {
+            self.metrics.backend_error(rule, failure);
+        }
+        if let Some(suppressed) = self.failure_log.admit() {
+            if suppressed > 0 {
+                tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
+            }
+            tracing::warn!(
+                request_id = context.id(),
+                backend = %self.backend.authority,
+                cause = failure.as_str(),
+                %error,
+                "backend request failed"
+            );
         }
     }
 
@@ -384,7 +652,12 @@ impl Proxy {
 
 /// Refuse a request that cannot be read one way only, before any budget is touched. Logged at
 /// debug: it is the client's mistake (or probe), not the gateway's.
-fn refuse(reason: &str, raw_path: &str, peer: SocketAddr) -> Response<ResponseBody> {
-    tracing::debug!(%peer, path = raw_path, reason, "refused an ambiguous request");
+fn refuse(
+    reason: &str,
+    raw_path: &str,
+    peer: SocketAddr,
+    context: &RequestContext<'_>,
+) -> Response<ResponseBody> {
+    tracing::debug!(request_id = context.id(), %peer, path = raw_path, reason, "refused an ambiguous request");
     response::bad_request(reason)
 }

@@ -204,6 +204,8 @@ fn a_dot_env_file_is_read_and_the_environment_wins() {
 struct Running {
     child: std::process::Child,
     addr: std::net::SocketAddr,
+    /// Its admin listener's port.
+    admin_port: u16,
     /// Where its stdout (the log) goes.
     log: tempfile::NamedTempFile,
 }
@@ -211,11 +213,14 @@ struct Running {
 impl Running {
     fn start(vars: &[(&str, &str)]) -> Running {
         let port = free_port();
+        let admin_port = free_port();
         let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(BINARY)
             .env_clear()
             .env("BIND", "127.0.0.1")
             .env("PORT", port.to_string())
+            // Tests run in parallel: each instance needs an admin port of its own.
+            .env("ADMIN_PORT", admin_port.to_string())
             .envs(vars.iter().copied())
             .stdout(log.reopen().unwrap())
             .spawn()
@@ -225,7 +230,12 @@ impl Running {
             || std::net::TcpStream::connect(addr).is_ok(),
             "tollgate to listen",
         );
-        Running { child, addr, log }
+        Running {
+            child,
+            addr,
+            admin_port,
+            log,
+        }
     }
 
     /// What it has logged so far.
@@ -341,4 +351,77 @@ async fn redis_cluster_over_tls() {
     assert_eq!(allowed, [25, 25, 25]);
     let holding = cluster.masters_holding_keys();
     assert!(holding >= 2, "keys landed on {holding} of 3 masters");
+}
+
+/// `tollgate healthcheck` with `ADMIN_PORT=port` (and BIND as the server had it).
+fn healthcheck(port: u16) -> Output {
+    run(
+        &[("BIND", "127.0.0.1"), ("ADMIN_PORT", &port.to_string())],
+        &["healthcheck"],
+    )
+}
+
+#[tokio::test]
+async fn healthcheck_passes_against_a_live_admin_port_and_fails_against_a_dead_one() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[("BACKEND_URL", &backend.url())]);
+    let admin_port = tollgate.admin_port;
+    wait_for(
+        || std::net::TcpStream::connect(("127.0.0.1", admin_port)).is_ok(),
+        "the admin listener",
+    );
+    let live = tokio::task::spawn_blocking(move || healthcheck(admin_port))
+        .await
+        .unwrap();
+    assert_eq!(
+        live.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&live.stderr)
+    );
+    assert_eq!(tollgate.terminate().await.code(), Some(0));
+    let dead = tokio::task::spawn_blocking(move || healthcheck(admin_port))
+        .await
+        .unwrap();
+    assert_eq!(dead.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&dead.stderr);
+    assert!(stderr.contains(&format!("127.0.0.1:{admin_port}")), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_denial_is_one_json_line_with_its_request_id() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("MAX_TOKENS", "1"),
+        ("REFILL_RATE", "0.01"),
+        ("LOG_FORMAT", "json"),
+    ]);
+    let from = "127.0.0.1".parse().unwrap();
+    crate::support::get_from(tollgate.addr, from, "/", &[]).await;
+    let denied = crate::support::get_from(tollgate.addr, from, "/a?b", &[("x-request-id", "req-7f3a")]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("x-request-id"), Some("req-7f3a"));
+    let log = tollgate.log();
+    let lines: Vec<&str> = log.lines().collect();
+    // The startup line is one line, its settings fields of their own.
+    assert!(
+        lines[0].contains(r#""message":"tollgate ready""#) && lines[0].contains(r#""listen":"#),
+        "{log}"
+    );
+    let denial = lines
+        .iter()
+        .find(|line| line.contains("request refused"))
+        .unwrap_or_else(|| panic!("no denial line in\n{log}"));
+    for field in [
+        r#""level":"INFO""#,
+        r#""request_id":"req-7f3a""#,
+        r#""rule":"general""#,
+        r#""client":"127.0.0.1""#,
+        r#""retry_after_s":100"#,
+        r#""status":429"#,
+    ] {
+        assert!(denial.contains(field), "{field} missing from {denial}");
+    }
+    tollgate.terminate().await;
 }

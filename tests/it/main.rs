@@ -2,6 +2,7 @@
 
 mod support;
 
+mod admin;
 mod binary;
 mod cluster;
 mod faults;

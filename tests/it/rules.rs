@@ -168,9 +168,10 @@ async fn failures_only_counting_refunds_successes() {
     for _ in 0..5 {
         let reply = get(gateway.addr, "/status/200").await;
         assert_eq!(reply.status, StatusCode::OK);
+        // Each is decided with the whole budget there: the success before it was refunded.
         assert_eq!(
             reply.number("x-ratelimit-remaining"),
-            2,
+            1,
             "a success costs nothing"
         );
     }
@@ -245,6 +246,8 @@ async fn header_keys_give_each_api_key_its_own_budget() {
             ("REFILL_RATE", "0.01"),
             ("KEY_BY", "header:X-API-Key"),
             ("EXEMPT", "key:internal-batch"),
+            ("AUTH_MAX_TOKENS", "1"),
+            ("SKIP_PATHS", "/healthz"),
         ],
     )
     .await;
@@ -271,6 +274,18 @@ async fn header_keys_give_each_api_key_its_own_budget() {
         assert_eq!(reply.status, StatusCode::OK);
         assert!(!has_rate_limit_headers(&reply), "{:?}", reply.headers);
     }
+    // The auth rule stays keyed by address: rotating keys buys no new login attempts.
+    assert_eq!(
+        get_with(&gateway, "/login", &key("k1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with(&gateway, "/login", &key("k2")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A skipped path is never refused over its headers.
+    let reply = get_with(&gateway, "/healthz", &[("x-api-key", "a"), ("x-api-key", "b")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
     // Two values of the key header cannot be read one way only.
     let reply = get_with(&gateway, "/", &[("x-api-key", "carol"), ("x-api-key", "alice")]).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);

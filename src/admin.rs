@@ -1,0 +1,219 @@
+//! The admin listener: `GET /metrics`, `GET /healthz` and `GET /readyz`, on a port of their own
+//! (`ADMIN_PORT`), so no backend path is shadowed and a prober never spends a client's budget.
+//!
+//! - `/healthz`: 200 while the process serves (liveness).
+//! - `/readyz`: 200 when traffic should be sent here, 503 while draining after SIGTERM, or
+//!   while `FAIL_MODE=closed` refuses everything because the Redis breaker is open. With the
+//!   fail modes that forward (`open`, `local`), a Redis outage does not make the gateway
+//!   unready: taking every replica out of a load balancer would turn it into an outage of the
+//!   backend. The body says which store, and the breaker's state, as JSON.
+//! - `/metrics`: the Prometheus text format (see [`crate::metrics`]).
+//!
+//! Also here: [`healthcheck`], what `tollgate healthcheck` runs for a container's
+//! `HEALTHCHECK` (the distroless image has no curl).
+
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::config::env::Env;
+use crate::limit::{FailMode, Limiter};
+use crate::metrics::Metrics;
+
+/// How long an admin client may take to send its request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long `tollgate healthcheck` waits for an answer.
+const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What the admin endpoints report on.
+pub struct AdminState {
+    /// The registry `/metrics` encodes.
+    pub metrics: Arc<Metrics>,
+    /// The store, for `/readyz`.
+    pub limiter: Limiter,
+    /// Set when the drain begins: `/readyz` turns 503 so load balancers stop sending.
+    pub draining: AtomicBool,
+}
+
+/// Serve the admin endpoints on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::debug!(%error, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        let service = service_fn(move |request| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(answer(&state, &request)) }
+        });
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+fn answer(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+    }
+    match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" => readiness(state),
+        "/metrics" => match state.metrics.encode() {
+            Ok(body) => {
+                let mut response = Response::new(Full::new(Bytes::from(body)));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                response
+            }
+            Err(_) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "metrics could not be encoded\n",
+            ),
+        },
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n",
+        ),
+    }
+}
+
+fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
+    let draining = state.draining.load(Ordering::Acquire);
+    let (store, breaker, refusing) = match state.limiter.guard() {
+        None => ("memory", "none", false),
+        Some(guard) => {
+            let open = guard.is_open();
+            let refusing = open && guard.settings().fail_mode == FailMode::Closed;
+            ("redis", if open { "open" } else { "closed" }, refusing)
+        }
+    };
+    let fail_mode = state
+        .limiter
+        .guard()
+        .map_or("none", |guard| guard.settings().fail_mode.as_str());
+    let ready = !draining && !refusing;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = format!(
+        r#"{{"ready":{ready},"draining":{draining},"store":"{store}","breaker":"{breaker}","fail_mode":"{fail_mode}"}}"#
+    );
+    let mut response = text(status, &body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::copy_from_slice(body.as_bytes())));
+    *response.status_mut() = status;
+    response
+}
+
+/// `tollgate healthcheck`: GET `/healthz` on the admin listener named by `ADMIN_BIND` and
+/// `ADMIN_PORT` in `vars` (an unspecified bind address is reached on loopback). `Ok` on 200.
+pub async fn healthcheck<I, K, V>(vars: I) -> Result<(), String>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<String>,
+    V: Into<String>,
+{
+    let env = Env::new(vars);
+    let address = admin_address(&env)?;
+    let probe = async {
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|error| format!("cannot connect to the admin listener at {address}: {error}"))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| format!("{address}: {error}"))?;
+        tokio::spawn(connection);
+        let request = Request::get("/healthz")
+            .header(header::HOST, address.to_string())
+            .body(Empty::<Bytes>::new())
+            .map_err(|error| error.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|error| format!("{address}: {error}"))?;
+        let status = response.status();
+        // Read the body so the exchange completes cleanly; its content does not matter.
+        let _ = response.into_body().collect().await;
+        if status == StatusCode::OK {
+            Ok(())
+        } else {
+            Err(format!("http://{address}/healthz answered {status}"))
+        }
+    };
+    tokio::time::timeout(HEALTHCHECK_TIMEOUT, probe)
+        .await
+        .map_err(|_| format!("no answer from {address} within {HEALTHCHECK_TIMEOUT:?}"))?
+}
+
+/// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default `BIND`,
+/// default `0.0.0.0`) and `ADMIN_PORT` (default 9091), with an unspecified address replaced
+/// by loopback of the same family.
+fn admin_address(env: &Env) -> Result<SocketAddr, String> {
+    let invalid = |var: &str, value: &str| format!("{var}={value:?} is invalid");
+    let bind = env.get("ADMIN_BIND").or(env.get("BIND")).unwrap_or("0.0.0.0");
+    let ip: IpAddr = bind.parse().map_err(|_| invalid("ADMIN_BIND", bind))?;
+    let port = env.get("ADMIN_PORT").unwrap_or("9091");
+    let port: u16 = port.parse().map_err(|_| invalid("ADMIN_PORT", port))?;
+    let ip = match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_finds_the_admin_listener_like_the_server_binds_it() {
+        let at = |vars: &[(&str, &str)]| {
+            admin_address(&Env::new(vars.iter().copied()))
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(at(&[]), "127.0.0.1:9091");
+        assert_eq!(at(&[("BIND", "::"), ("ADMIN_PORT", "9100")]), "[::1]:9100");
+        assert_eq!(at(&[("BIND", "10.0.0.5")]), "10.0.0.5:9091");
+        assert_eq!(
+            at(&[("BIND", "10.0.0.5"), ("ADMIN_BIND", "127.0.0.1")]),
+            "127.0.0.1:9091"
+        );
+        assert!(admin_address(&Env::new([("ADMIN_PORT", "x")])).is_err());
+    }
+}

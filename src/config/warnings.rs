@@ -1,0 +1,206 @@
+//! Warnings about variables that are set but change nothing: a name that looks like one of
+//! ours but is not (`MAX_TOKEN`), and one of ours that this configuration never reads (`LIMIT`
+//! with the token bucket, `REDIS_TIMEOUT_MS` without Redis). They do not stop startup:
+//! `--check-config` prints them and the server logs each once.
+//!
+//! A warning names variables, never their values: a value may be a secret.
+
+use super::VARIABLES;
+use super::env::Env;
+use crate::limit::algorithm::{Parameter, Policy};
+
+/// Prefixes of our variables: a name starting with one is a misspelling or a guess even when
+/// no known name is close to it (`REDIS_HOST`).
+const PREFIXES: &[&str] = &[
+    "AUTH_",
+    "REDIS_",
+    "MAX_",
+    "KEY_",
+    "BACKEND_",
+    "ADMIN_",
+    "RATE_LIMIT_",
+    "TOLLGATE_",
+];
+
+/// Ours, but read by libraries from the process environment, never by the parsers.
+const READ_BY_LIBRARIES: &[&str] = &["RUST_LOG", "SSL_CERT_FILE", "SSL_CERT_DIR"];
+
+/// Read only when one of `REDIS_ADDR`, `REDIS_URL` and `REDIS_CLUSTER_NODES` selects Redis.
+const REDIS_ONLY: &[&str] = &[
+    "REDIS_PASSWORD",
+    "REDIS_TLS",
+    "KEY_PREFIX",
+    "REDIS_TIMEOUT_MS",
+    "FAIL_MODE",
+    "REDIS_BREAKER_THRESHOLD",
+    "REDIS_PROBE_INTERVAL_MS",
+];
+
+/// The algorithm of a rule whose `ALGORITHM` (or `AUTH_ALGORITHM`) is unset.
+const DEFAULT_ALGORITHM: &str = "token_bucket";
+
+/// One line per suspicious variable, sorted by name. Call after a successful parse, when every
+/// name this configuration reads has been read.
+pub fn warnings(env: &Env) -> Vec<String> {
+    let read = env.read_names();
+    env.set_names()
+        .into_iter()
+        .filter_map(|name| match VARIABLES.contains(&name) {
+            true if read.contains(name) || READ_BY_LIBRARIES.contains(&name) => None,
+            true => Some(unused(env, name)),
+            false => unknown(env, name),
+        })
+        .collect()
+}
+
+/// A name that is not ours: a warning if it looks like ours, with the nearest known name.
+fn unknown(env: &Env, name: &str) -> Option<String> {
+    if is_service_link(env, name) {
+        return None;
+    }
+    // Names are case-sensitive (`port` is not `PORT`), and `TOLLGATE_PORT` is a guess at `PORT`.
+    let upper = name.to_ascii_uppercase();
+    let stem = upper.strip_prefix("TOLLGATE_").unwrap_or(&upper);
+    let nearest = VARIABLES
+        .iter()
+        .filter_map(|known| Some((typos(stem, known)?, known)))
+        .min_by_key(|(typos, _)| *typos);
+    match nearest {
+        Some((_, known)) => Some(format!(
+            "{name} is not a tollgate variable; did you mean {known}?"
+        )),
+        None if PREFIXES.iter().any(|prefix| upper.starts_with(prefix)) => {
+            Some(format!("{name} is not a tollgate variable (see .env.example)"))
+        }
+        None => None,
+    }
+}
+
+/// How many typos away from the `known` name `name` is, if it is close enough to be taken for
+/// it: two typos at most, one in the short names (where two would take `HOST` for `PORT`).
+/// Leaving out the unit (`SHUTDOWN_TIMEOUT` for `SHUTDOWN_TIMEOUT_MS`) counts as one.
+fn typos(name: &str, known: &str) -> Option<usize> {
+    let allowed = if known.len() < 6 { 1 } else { 2 };
+    let without_unit = known.strip_suffix("_MS").map(|stem| (stem, 1));
+    [(known, 0)]
+        .into_iter()
+        .chain(without_unit)
+        .filter(|(known, _)| known.len().abs_diff(name.len()) <= allowed)
+        .map(|(known, left_out)| edit_distance(name, known) + left_out)
+        .filter(|typos| *typos <= allowed)
+        .min()
+}
+
+/// Kubernetes describes every Service of the namespace to every pod (`REDIS_SERVICE_HOST`,
+/// `REDIS_PORT=tcp://10.0.0.11:6379`, `REDIS_PORT_6379_TCP_ADDR`, ...), as Docker links did: a
+/// Service named `redis` or `tollgate` must not make each pod warn.
+fn is_service_link(env: &Env, name: &str) -> bool {
+    name.contains("_SERVICE_HOST")
+        || name.contains("_SERVICE_PORT")
+        || name
+            .split_once("_PORT_")
+            .is_some_and(|(_, rest)| rest.starts_with(|c: char| c.is_ascii_digit()))
+        || (name.ends_with("_PORT")
+            && env.peek(name).is_some_and(|value| {
+                ["tcp://", "udp://", "sctp://"]
+                    .iter()
+                    .any(|scheme| value.starts_with(scheme))
+            }))
+}
+
+/// One of ours, set but not read: say what this configuration reads instead.
+fn unused(env: &Env, name: &str) -> String {
+    if let Some(why) = algorithm_reads_others(env, name) {
+        return format!("{name} is set but not used: {why}");
+    }
+    let redis = ["REDIS_ADDR", "REDIS_URL", "REDIS_CLUSTER_NODES"];
+    if REDIS_ONLY.contains(&name) && !redis.iter().any(|selector| env.peek(selector).is_some()) {
+        return format!(
+            "{name} is set but not used: the store is in memory; Redis settings apply once \
+             REDIS_ADDR, REDIS_URL or REDIS_CLUSTER_NODES is set"
+        );
+    }
+    format!("{name} is set but not used with this configuration (see .env.example)")
+}
+
+/// For a rule parameter (`LIMIT`, `AUTH_MAX_TOKENS`, ...): the algorithm its rule uses, what
+/// that one reads, and which algorithms read `name`. Algorithm names are safe to show: the
+/// configuration parsed, so they are valid names.
+fn algorithm_reads_others(env: &Env, name: &str) -> Option<String> {
+    let variable = |p: &Parameter, auth: bool| if auth { p.auth } else { p.general };
+    let readers = |auth: bool| -> Vec<&str> {
+        Policy::NAMES
+            .iter()
+            .copied()
+            .filter(|algorithm| {
+                Policy::parameters(algorithm).is_some_and(|ps| ps.iter().any(|p| variable(p, auth) == name))
+            })
+            .collect()
+    };
+    let auth = match (readers(false).is_empty(), readers(true).is_empty()) {
+        (false, _) => false,
+        (true, false) => true,
+        (true, true) => return None,
+    };
+    let (general, auth_algorithm) = (env.peek("ALGORITHM"), env.peek("AUTH_ALGORITHM"));
+    let (chosen, algorithm) = match (auth, auth_algorithm, general) {
+        (false, _, Some(algorithm)) => (format!("ALGORITHM={algorithm}"), algorithm),
+        (true, Some(algorithm), _) => (format!("AUTH_ALGORITHM={algorithm}"), algorithm),
+        (true, None, Some(algorithm)) => (
+            format!("AUTH_ALGORITHM defaults to ALGORITHM={algorithm}, which"),
+            algorithm,
+        ),
+        (false, _, None) | (true, None, None) => (
+            format!(
+                "{}={DEFAULT_ALGORITHM} (the default)",
+                if auth { "AUTH_ALGORITHM" } else { "ALGORITHM" }
+            ),
+            DEFAULT_ALGORITHM,
+        ),
+    };
+    let [first, second] = Policy::parameters(algorithm)?.map(|p| variable(&p, auth));
+    let readers = readers(auth);
+    let readers = match readers.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => readers.join(""),
+    };
+    Some(format!(
+        "{chosen} reads {first} and {second} ({name} is for {readers})"
+    ))
+}
+
+/// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+/// neighbours cost one each (`MAX_TOKEN`, `MAX_TOKNES` and `MAX_TOKENS` are one apart).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // d[i][j]: the distance between the first i characters of a and the first j of b.
+    let mut d: Vec<Vec<usize>> = (0..=a.len()).map(|i| vec![i; b.len() + 1]).collect();
+    d[0] = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let substitution = d[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = substitution.min(d[i - 1][j] + 1).min(d[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::edit_distance;
+
+    #[test]
+    fn edit_distance_counts_swaps_as_one() {
+        assert_eq!(edit_distance("MAX_TOKENS", "MAX_TOKENS"), 0);
+        assert_eq!(edit_distance("MAX_TOKEN", "MAX_TOKENS"), 1);
+        assert_eq!(edit_distance("MAX_TOKNES", "MAX_TOKENS"), 1);
+        assert_eq!(edit_distance("MAX_TOKES", "MAX_TOKENS"), 1);
+        assert_eq!(edit_distance("MAXTOKEN", "MAX_TOKENS"), 2);
+        assert_eq!(edit_distance("HOST", "PORT"), 2);
+        assert_eq!(edit_distance("", "PORT"), 4);
+        assert_eq!(edit_distance("PATH", ""), 4);
+    }
+}

@@ -1,0 +1,103 @@
+//! Request ids: one per request, in every log line about it, forwarded to the backend and
+//! returned to the client, so a report from either side can be found in the other's logs.
+//!
+//! A client's (or an outer proxy's) `X-Request-Id` is kept when it is 1 to 128 visible ASCII
+//! characters (RFC 9110 `VCHAR`: nothing that could split a log line or a header); otherwise
+//! the gateway makes one: 32 hex digits, a random per-process prefix and a counter, unique
+//! without a random draw per request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue};
+
+/// `X-Request-Id`.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client-supplied id kept.
+const MAX_LEN: usize = 128;
+
+/// Makes request ids.
+#[derive(Debug)]
+pub struct RequestIds {
+    /// Random per process, so two replicas (or restarts) never hand out the same id.
+    prefix: u64,
+    /// Requests numbered so far.
+    counter: AtomicU64,
+}
+
+impl RequestIds {
+    /// A generator with a random prefix (a fixed one if the OS has no randomness to give,
+    /// which only makes ids less unique across processes).
+    pub fn new() -> RequestIds {
+        RequestIds {
+            prefix: getrandom::u64().unwrap_or(0x746f_6c6c_6761_7465),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    /// The request's own id if acceptable, else a new one.
+    pub fn for_request(&self, headers: &HeaderMap) -> HeaderValue {
+        let mut given = headers.get_all(&X_REQUEST_ID).iter();
+        match (given.next(), given.next()) {
+            (Some(id), None) if is_acceptable(id.as_bytes()) => id.clone(),
+            _ => self.generate(),
+        }
+    }
+
+    fn generate(&self) -> HeaderValue {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{:016x}{n:016x}", self.prefix);
+        // 32 hex digits are always a valid header value.
+        HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    }
+}
+
+impl Default for RequestIds {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn is_acceptable(id: &[u8]) -> bool {
+    (1..=MAX_LEN).contains(&id.len()) && id.iter().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id_for(values: &[&[u8]]) -> String {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append(&X_REQUEST_ID, HeaderValue::from_bytes(value).unwrap());
+        }
+        RequestIds::new()
+            .for_request(&headers)
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn a_sane_id_is_kept_anything_else_is_replaced() {
+        assert_eq!(id_for(&[b"abc-123"]), "abc-123");
+        assert_eq!(id_for(&[&[b'x'; 128]]), "x".repeat(128));
+        for bad in [&[b'x'; 129][..], b"has space", b"tab\there", b"caf\xc3\xa9"] {
+            let id = id_for(&[bad]);
+            assert_eq!(id.len(), 32, "{bad:?} -> {id}");
+            assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+        assert_eq!(id_for(&[b"one", b"two"]).len(), 32, "two ids are no id");
+        assert_eq!(id_for(&[]).len(), 32);
+    }
+
+    #[test]
+    fn generated_ids_are_unique() {
+        let ids = RequestIds::new();
+        let headers = HeaderMap::new();
+        let a = ids.for_request(&headers);
+        let b = ids.for_request(&headers);
+        assert_ne!(a, b);
+    }
+}

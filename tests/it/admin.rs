@@ -1,0 +1,234 @@
+//! The admin listener (metrics, health, readiness), request ids, and what the gateway owes an
+//! HTTP/1.1 client in front of an HTTP/1.0 backend.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Version};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::support::{Backend, Gateway, RedisServer, get, get_from};
+
+/// The samples of a Prometheus text exposition: `name{labels}` -> value.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("a sample is `series value`");
+            (series.to_owned(), value.parse().expect("a numeric value"))
+        })
+        .collect()
+}
+
+async fn scrape(gateway: &Gateway) -> HashMap<String, f64> {
+    let reply = gateway.admin_get("/metrics").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.header("content-type").unwrap().starts_with("text/plain"));
+    samples(reply.text())
+}
+
+#[tokio::test]
+async fn metrics_move_as_traffic_flows_and_never_name_a_client() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("MAX_TOKENS", "2"),
+            ("REFILL_RATE", "0.01"),
+            ("SKIP_PATHS", "/healthz"),
+        ],
+    )
+    .await;
+    let before = scrape(&gateway).await;
+    let allowed = r#"tollgate_requests_total{rule="general",decision="allowed"}"#;
+    let limited = r#"tollgate_requests_total{rule="general",decision="limited"}"#;
+    assert_eq!(before[allowed], 0.0, "every series exists from the start");
+    for _ in 0..3 {
+        get_from(gateway.addr, "127.0.0.9".parse().unwrap(), "/", &[]).await;
+    }
+    get(gateway.addr, "/status/503").await;
+    get(gateway.addr, "/healthz").await;
+    let after = scrape(&gateway).await;
+    assert_eq!(after[allowed], 3.0);
+    assert_eq!(after[limited], 1.0);
+    assert_eq!(
+        after[r#"tollgate_requests_total{rule="general",decision="exempt"}"#],
+        1.0
+    );
+    assert_eq!(
+        after[r#"tollgate_backend_responses_total{rule="general",class="2xx"}"#],
+        3.0
+    );
+    assert_eq!(
+        after[r#"tollgate_backend_responses_total{rule="general",class="5xx"}"#],
+        1.0
+    );
+    assert_eq!(after["tollgate_decision_duration_seconds_count"], 4.0);
+    assert_eq!(after["tollgate_backend_duration_seconds_count"], 4.0);
+    assert_eq!(after["tollgate_memory_clients"], 2.0);
+    assert_eq!(after["tollgate_breaker_open"], 0.0);
+    assert_eq!(after[r#"tollgate_build_info{version="0.1.0"}"#], 1.0);
+    let text = gateway.admin_get("/metrics").await.text().to_owned();
+    assert!(
+        !text.contains("127.0.0"),
+        "no client address in any label:\n{text}"
+    );
+    // The admin port shadows nothing: /metrics on the proxy port goes to the backend.
+    get(gateway.addr, "/metrics").await;
+    assert_eq!(backend.last().uri, "/metrics");
+}
+
+#[tokio::test]
+async fn backend_failures_are_counted_by_cause() {
+    let closed = format!("http://127.0.0.1:{}", crate::support::free_port());
+    let gateway = Gateway::start_with_admin(&closed, &[]).await;
+    assert_eq!(get(gateway.addr, "/").await.status, StatusCode::BAD_GATEWAY);
+    let after = scrape(&gateway).await;
+    assert_eq!(
+        after[r#"tollgate_backend_errors_total{rule="general",cause="refused"}"#],
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn readiness_follows_the_breaker_only_when_the_fail_mode_refuses() {
+    let mut redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let mut gateways = Vec::new();
+    for fail_mode in ["open", "closed"] {
+        let vars = [
+            ("REDIS_ADDR", redis.addr()),
+            ("FAIL_MODE", fail_mode.into()),
+            ("REDIS_TIMEOUT_MS", "100".into()),
+            ("REDIS_PROBE_INTERVAL_MS", "100".into()),
+        ];
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        gateways.push(Gateway::start_with_admin(&backend.url(), &vars).await);
+    }
+    for gateway in &gateways {
+        let ready = gateway.admin_get("/readyz").await;
+        assert_eq!(ready.status, StatusCode::OK);
+        assert!(
+            ready.text().contains(r#""store":"redis","breaker":"closed""#),
+            "{}",
+            ready.text()
+        );
+    }
+    redis.kill();
+    for gateway in &gateways {
+        // Enough failures to open the breaker.
+        for _ in 0..3 {
+            get(gateway.addr, "/").await;
+        }
+    }
+    let open = gateways[0].admin_get("/readyz").await;
+    assert_eq!(
+        open.status,
+        StatusCode::OK,
+        "fail open still forwards: {}",
+        open.text()
+    );
+    assert!(open.text().contains(r#""breaker":"open""#), "{}", open.text());
+    let closed = gateways[1].admin_get("/readyz").await;
+    assert_eq!(
+        closed.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        closed.text()
+    );
+    assert_eq!(scrape(&gateways[1]).await["tollgate_breaker_open"], 1.0);
+    let errors = scrape(&gateways[0]).await;
+    assert!(
+        errors[r#"tollgate_redis_errors_total{kind="connection"}"#]
+            + errors[r#"tollgate_redis_errors_total{kind="timeout"}"#]
+            >= 3.0
+    );
+    assert_eq!(gateways[0].admin_get("/healthz").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn request_ids_are_kept_or_made_and_reach_both_sides() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[("MAX_TOKENS", "1"), ("REFILL_RATE", "0.01")]).await;
+    let given = get_from(
+        gateway.addr,
+        "127.0.0.1".parse().unwrap(),
+        "/",
+        &[("x-request-id", "trace-42")],
+    )
+    .await;
+    assert_eq!(given.header("x-request-id"), Some("trace-42"));
+    assert_eq!(backend.last().headers["x-request-id"], "trace-42");
+    // A denial, never forwarded, still says which request it was; a bad id is replaced.
+    let long = "x".repeat(129);
+    let denied = get_from(
+        gateway.addr,
+        "127.0.0.1".parse().unwrap(),
+        "/",
+        &[("x-request-id", &long)],
+    )
+    .await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    let made = denied.header("x-request-id").unwrap();
+    assert_eq!(made.len(), 32);
+    assert!(made.bytes().all(|b| b.is_ascii_hexdigit()));
+    let other = get_from(gateway.addr, "127.0.0.2".parse().unwrap(), "/", &[]).await;
+    assert_ne!(other.header("x-request-id"), Some(made));
+    assert_eq!(
+        backend.last().headers["x-request-id"],
+        other.header("x-request-id").unwrap()
+    );
+}
+
+/// A backend that answers every request in HTTP/1.0 and closes.
+async fn http10_backend() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let mut read = Vec::new();
+                while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn an_http10_backend_does_not_downgrade_the_client() {
+    let gateway = Gateway::start(&http10_backend().await, &[]).await;
+    let stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    for _ in 0..3 {
+        let request = Request::get("/")
+            .header("host", "gateway.test")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.version(), Version::HTTP_11);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !connection.is_finished(),
+        "the client's keep-alive connection stays open"
+    );
+}
