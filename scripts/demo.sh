@@ -2,9 +2,16 @@
 # The demo: build, start the echo backend (examples/echo_backend.rs) and tollgate on the
 # in-memory store with small limits, send bursts, and print the 200s turning into 429s with
 # their rate-limit headers. Both processes are stopped on exit. Needs cargo and curl only.
+#
+# usage: scripts/demo.sh
+# Environment: DEMO_PORT (tollgate), DEMO_ADMIN_PORT (its admin listener) and
+#   DEMO_BACKEND_PORT (the echo backend) pick the ports; each defaults to a free one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ ! -x "${CARGO_TARGET_DIR:-target}/release/tollgate" ]; then
+  echo "demo.sh: the first build compiles tollgate in release mode; that takes a few minutes." >&2
+fi
 cargo build --release --bin tollgate --example echo_backend
 bin=$(cd "${CARGO_TARGET_DIR:-target}/release" && pwd)
 
@@ -50,8 +57,15 @@ wait_ready() { # port pid name
   exit 1
 }
 
-backend_port=$(free_port)
-gateway_port=$(free_port "$backend_port")
+backend_port=${DEMO_BACKEND_PORT:-$(free_port)}
+gateway_port=${DEMO_PORT:-$(free_port "$backend_port")}
+admin_port=${DEMO_ADMIN_PORT:-$(free_port "$gateway_port")}
+for port in "$backend_port" "$gateway_port" "$admin_port"; do
+  if listening "$port"; then
+    echo "demo.sh: port $port is taken; choose others with DEMO_PORT, DEMO_ADMIN_PORT, DEMO_BACKEND_PORT" >&2
+    exit 1
+  fi
+done
 
 # env -i: only these variables, so neither the caller's environment nor a .env file (tollgate
 # runs in an empty directory) can switch the demo to Redis or change its limits.
@@ -60,6 +74,7 @@ config=(
   "BACKEND_URL=http://127.0.0.1:$backend_port"
   BIND=127.0.0.1
   "PORT=$gateway_port"
+  "ADMIN_PORT=$admin_port"
   ALGORITHM=token_bucket
   MAX_TOKENS=5
   REFILL_RATE=1
@@ -120,7 +135,13 @@ request /
 
 echo
 echo "== tollgate's per-request log lines (RUST_LOG=tollgate=debug), last 3"
-grep ' request ' "$workdir/tollgate.log" | tail -n 3 || true
+grep ' request' "$workdir/tollgate.log" | tail -n 3 || true
+
+echo
+echo "== the admin listener: GET /readyz and the request counters from GET /metrics"
+curl -sS "http://127.0.0.1:$admin_port/readyz"
+echo
+curl -sS "http://127.0.0.1:$admin_port/metrics" | grep '^tollgate_requests_total' | grep -v ' 0$' || true
 
 echo
 echo "== SIGTERM: tollgate drains and exits"

@@ -18,6 +18,11 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 redis-server --version
 
+started=$SECONDS
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
-cargo test
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test 2>&1 | tee "$log"
+passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{n += $1} END {print n + 0}')
+echo "test.sh: fmt, clippy and $passed tests passed in $((SECONDS - started)) s"

@@ -33,8 +33,9 @@ use crate::metrics::Metrics;
 /// How long an admin client may take to send its request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long `tollgate healthcheck` waits for an answer.
-const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long `tollgate healthcheck` waits for an answer: below the image's `HEALTHCHECK
+/// --timeout=3s`, so the probe's own message (not Docker's "timed out") reaches the health log.
+const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the admin endpoints report on.
 pub struct AdminState {
@@ -199,6 +200,30 @@ fn admin_address(env: &Env) -> Result<SocketAddr, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Config;
+    use crate::metrics::{METRIC_NAMES, Metrics};
+
+    #[test]
+    fn metric_names_are_exactly_what_is_exported() {
+        let config = Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9")]).unwrap();
+        let limiter = crate::server::limiter(&config).unwrap();
+        let text = Metrics::new(&config.rules, limiter).encode().unwrap();
+        let mut exported: Vec<&str> = text
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.is_empty())
+            .map(|line| line.split(['{', ' ']).next().unwrap_or(line))
+            .map(|name| {
+                ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .fold(name, |n, s| n.strip_suffix(s).unwrap_or(n))
+            })
+            .collect();
+        exported.sort_unstable();
+        exported.dedup();
+        let mut expected = METRIC_NAMES.to_vec();
+        expected.sort_unstable();
+        assert_eq!(exported, expected);
+    }
 
     #[test]
     fn the_probe_finds_the_admin_listener_like_the_server_binds_it() {

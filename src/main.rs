@@ -1,5 +1,6 @@
-//! The `tollgate` binary: configuration from the environment, logging, bind the proxy and
-//! admin listeners, serve until SIGTERM or SIGINT. `tollgate healthcheck` asks a running
+//! The `tollgate` binary: configuration from the environment (and `.env`), logging, bind the
+//! proxy and admin listeners, serve until SIGTERM or SIGINT. `--check-config` validates and
+//! prints the configuration with its warnings; `tollgate healthcheck` asks a running
 //! tollgate's admin listener whether it serves (for a container's `HEALTHCHECK`).
 
 use std::fs::File;
@@ -32,7 +33,8 @@ async fn main() -> ExitCode {
         .skip(1)
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
-    let check_only = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let check_only = match args[..] {
         [] => false,
         ["--check-config"] => true,
         ["healthcheck"] => {
@@ -53,11 +55,7 @@ async fn main() -> ExitCode {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         }
-        _ => {
-            return fail(&format!(
-                "unexpected arguments {args:?} (tollgate --help lists them)"
-            ));
-        }
+        _ => return fail(&format!("unexpected arguments {:?}\n\n{USAGE}", args.join(" "))),
     };
     if let Err(message) = load_dot_env() {
         return fail(&message);
@@ -70,12 +68,13 @@ async fn main() -> ExitCode {
         if let Err(error) = tollgate::telemetry::filter_from_env() {
             return fail(&format!("configuration error: {error}"));
         }
-        let mut out = String::from("configuration ok\n");
-        for warning in &config.warnings {
-            out += &format!("warning: {warning}\n");
-        }
+        let warnings: String = config
+            .warnings
+            .iter()
+            .map(|warning| format!("warning: {warning}\n"))
+            .collect();
         // A closed pipe (`| head -1`) is not an error worth a panic.
-        let _ = writeln!(std::io::stdout(), "{out}{config}");
+        let _ = writeln!(std::io::stdout(), "configuration ok\n{warnings}{config}");
         return ExitCode::SUCCESS;
     }
     if let Err(error) = tollgate::telemetry::init(config.log_format) {

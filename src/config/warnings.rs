@@ -45,10 +45,14 @@ pub fn warnings(env: &Env) -> Vec<String> {
     let read = env.read_names();
     env.set_names()
         .into_iter()
-        .filter_map(|name| match VARIABLES.contains(&name) {
-            true if read.contains(name) || READ_BY_LIBRARIES.contains(&name) => None,
-            true => Some(unused(env, name)),
-            false => unknown(env, name),
+        .filter_map(|name| {
+            if !VARIABLES.contains(&name) {
+                unknown(env, name)
+            } else if read.contains(name) || READ_BY_LIBRARIES.contains(&name) {
+                None
+            } else {
+                Some(unused(env, name))
+            }
         })
         .collect()
 }

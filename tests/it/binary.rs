@@ -425,3 +425,145 @@ async fn a_denial_is_one_json_line_with_its_request_id() {
     }
     tollgate.terminate().await;
 }
+
+#[test]
+fn check_config_warns_about_a_misspelt_variable() {
+    let output = run(
+        &[("BACKEND_URL", "http://127.0.0.1:9"), ("MAX_TOKEN", "50")],
+        &["--check-config"],
+    );
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "configuration ok", "{stdout}");
+    assert_eq!(
+        lines[1], "warning: MAX_TOKEN is not a tollgate variable; did you mean MAX_TOKENS?",
+        "{stdout}"
+    );
+    assert!(!stdout.contains("50"), "values are never shown: {stdout}");
+    assert!(
+        stdout.contains("general rule:     token_bucket: 10 tokens"),
+        "the misspelt value is not used: {stdout}"
+    );
+}
+
+#[tokio::test]
+async fn a_warning_is_logged_once_at_startup() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[("BACKEND_URL", &backend.url()), ("REDIS_TIMEOUT_MS", "100")]);
+    let log = tollgate.log();
+    let warning = "REDIS_TIMEOUT_MS is set but not used: the store is in memory";
+    assert_eq!(log.matches(warning).count(), 1, "{log}");
+    assert!(
+        log.lines()
+            .any(|line| line.contains("WARN") && line.contains(warning)),
+        "{log}"
+    );
+    tollgate.terminate().await;
+}
+
+/// Run the binary like [`run`], failing the test if it is still running after 10 s (it was
+/// expected to refuse to start, and is serving instead).
+fn run_expecting_exit(vars: &[(&str, &str)], args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BINARY)
+        .args(args)
+        .env_clear()
+        .env("BIND", "127.0.0.1")
+        .env("PORT", free_port().to_string())
+        .env("ADMIN_PORT", free_port().to_string())
+        .envs(vars.iter().copied())
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("tollgate {args:?} with {vars:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn an_invalid_rust_log_exits_2_naming_it() {
+    for args in [&[][..], &["--check-config"]] {
+        let output = run_expecting_exit(
+            &[
+                ("BACKEND_URL", "http://127.0.0.1:9"),
+                ("RUST_LOG", "info,foo=loud"),
+            ],
+            args,
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(r#"RUST_LOG="info,foo=loud" is invalid"#),
+            "{args:?}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "nothing served or logged");
+    }
+}
+
+#[test]
+fn a_bad_dot_env_line_is_named_without_its_content() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".env"),
+        "BACKEND_URL=http://127.0.0.1:9\n# the Redis password\nREDIS_PASSWORD=hunter2 hunter3\nPORT=8081\n",
+    )
+    .unwrap();
+    for args in [&[][..], &["--check-config"]] {
+        let output = Command::new(BINARY)
+            .args(args)
+            .env_clear()
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(".env line 3 "), "{stderr}");
+        assert!(!stderr.contains("hunter"), "{stderr}");
+        assert!(!stderr.contains("REDIS_PASSWORD"), "{stderr}");
+    }
+}
+
+#[test]
+fn version_flags_print_the_version() {
+    for flag in ["--version", "-V"] {
+        let output = run(&[], &[flag]);
+        assert!(output.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            format!("tollgate {}\n", env!("CARGO_PKG_VERSION"))
+        );
+    }
+}
+
+#[test]
+fn help_lists_every_flag_and_subcommand_and_where_variables_are_documented() {
+    for flag in ["--help", "-h"] {
+        let output = run(&[], &[flag]);
+        assert!(output.status.success());
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        for mentioned in [
+            "--check-config",
+            "healthcheck",
+            "--version",
+            "-V",
+            "--help",
+            "-h",
+            ".env.example",
+            "docs/operations.md",
+        ] {
+            assert!(stdout.contains(mentioned), "{mentioned} missing from\n{stdout}");
+        }
+    }
+    let output = run(&[], &["--check-config", "extra"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--help"));
+}
