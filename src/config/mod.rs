@@ -208,7 +208,26 @@ pub struct Config {
 impl Config {
     /// Read the process environment (after the caller has loaded `.env`, if any).
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_vars(std::env::vars())
+        let mut vars = Vec::new();
+        // `std::env::vars` panics on a value that is not UTF-8; a variable that is not ours may
+        // hold anything, and one of ours that is not UTF-8 is an error naming it.
+        for (name, value) in std::env::vars_os() {
+            let Ok(name) = name.into_string() else {
+                continue;
+            };
+            match value.into_string() {
+                Ok(value) => vars.push((name, value)),
+                Err(_) => {
+                    if let Some(var) = VARIABLES.iter().find(|known| **known == name) {
+                        return Err(ConfigError::InvalidSecret {
+                            var,
+                            expected: "valid UTF-8 text".into(),
+                        });
+                    }
+                }
+            }
+        }
+        Self::from_vars(vars)
     }
 
     /// Parse from any set of `NAME=value` pairs; names are the upper-case variable names.
