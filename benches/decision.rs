@@ -97,14 +97,18 @@ fn client(n: u64) -> ClientKey {
     IpAddr::V4(Ipv4Addr::from(0x0A00_0000_u32.wrapping_add(n as u32))).into()
 }
 
-fn new_store(max_keys: u64) -> MemoryStore {
-    MemoryStore::new(NonZeroUsize::new(max_keys as usize).expect("max_keys > 0"))
+/// A store for `rule` alone (its id is 0) holding at most `max_keys` clients.
+fn new_store(max_keys: u64, rule: &Rule) -> MemoryStore {
+    MemoryStore::new(
+        NonZeroUsize::new(max_keys as usize).expect("max_keys > 0"),
+        std::slice::from_ref(rule),
+    )
 }
 
 /// A store holding `MANY_KEYS` clients under `rule`, inserted at times `0..MANY_KEYS`.
 /// `MAX_KEYS` is twice that, so uneven sharding never evicts one of them.
 fn million_store(rule: &Rule) -> MemoryStore {
-    let store = new_store(2 * MANY_KEYS);
+    let store = new_store(2 * MANY_KEYS, rule);
     for n in 0..MANY_KEYS {
         store.check_at(rule, client(n), 1, n);
     }
@@ -119,7 +123,7 @@ fn hot_key(c: &mut Criterion) {
         ("token_bucket", token_bucket()),
         ("sliding_window", sliding_window()),
     ] {
-        let store = new_store(100_000);
+        let store = new_store(100_000, &rule);
         let ip = client(1);
         let mut now = 0u64;
         group.bench_function(name, |b| {
@@ -198,7 +202,7 @@ fn contended(c: &mut Criterion) {
         // no contention at all would show the same time as 1 thread and twice the throughput.
         group.throughput(Throughput::Elements(threads as u64));
 
-        let store = new_store(100_000);
+        let store = new_store(100_000, &rule);
         let mut clock = 0u64;
         group.bench_function(format!("hot_key/{threads}_threads"), |b| {
             b.iter_custom(|iters| {
@@ -209,7 +213,7 @@ fn contended(c: &mut Criterion) {
         });
 
         // Each thread walks its own clients; they meet only when two land in one shard.
-        let store = new_store(100_000);
+        let store = new_store(100_000, &rule);
         for n in 0..threads as u64 * KEYS_PER_THREAD {
             store.check_at(&rule, client(n), 1, 0);
         }
@@ -246,7 +250,7 @@ fn report_allocations() {
         ("token_bucket", token_bucket()),
         ("sliding_window", sliding_window()),
     ] {
-        let hot = new_store(100_000);
+        let hot = new_store(100_000, &rule);
         rows.push((
             format!("hot_key/{name}"),
             allocations_per_decision(N, |i| {
@@ -268,7 +272,7 @@ fn report_allocations() {
 
     // For comparison, not the hot path: a client seen for the first time.
     let rule = token_bucket();
-    let fresh = new_store(2 * N);
+    let fresh = new_store(2 * N, &rule);
     rows.push((
         "new client, store not full".into(),
         allocations_per_decision(N, |i| {
@@ -276,7 +280,7 @@ fn report_allocations() {
         }),
         false,
     ));
-    let full = new_store(1_000);
+    let full = new_store(1_000, &rule);
     rows.push((
         "new client, store full (evicts)".into(),
         allocations_per_decision(N, |i| {

@@ -37,10 +37,15 @@ pub enum ServeError {
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
 pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
     Ok(match &config.store {
-        StoreConfig::Memory => Limiter::Memory(MemoryStore::new(config.max_keys)),
+        StoreConfig::Memory => Limiter::Memory(MemoryStore::new(config.max_keys, config.rules.rules())),
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?;
-            Limiter::Redis(Guard::new(store, redis.guard, config.max_keys))
+            Limiter::Redis(Guard::new(
+                store,
+                redis.guard,
+                config.max_keys,
+                config.rules.rules(),
+            ))
         }
     })
 }
@@ -82,12 +87,12 @@ async fn run(
     let admin_address = admin.as_ref().and_then(|admin| admin.local_addr().ok());
     let admin = admin.map(|admin| tokio::spawn(admin::serve(admin, admin_state.clone())));
     let purge = limiter.memory_store().map(|store| {
-        let (store, rules) = (store.clone(), config.rules.rules().to_vec());
+        let store = store.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PURGE_INTERVAL);
             loop {
                 tick.tick().await;
-                let purged = store.purge_idle(&rules);
+                let purged = store.purge_idle();
                 tracing::trace!(purged, held = store.len(), "purged idle clients");
             }
         })

@@ -130,12 +130,13 @@ enum Fallback {
 const OUTAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Guard {
-    /// Guard `store` with `settings`; `max_keys` bounds the memory store of `FAIL_MODE=local`.
-    pub fn new(store: RedisStore, settings: GuardSettings, max_keys: NonZeroUsize) -> Self {
+    /// Guard `store` with `settings`; `max_keys` bounds the memory store of `FAIL_MODE=local`,
+    /// which serves `rules`.
+    pub fn new(store: RedisStore, settings: GuardSettings, max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
         let fallback = match settings.fail_mode {
             FailMode::Open => Fallback::Open,
             FailMode::Closed => Fallback::Closed,
-            FailMode::Local => Fallback::Local(MemoryStore::new(max_keys)),
+            FailMode::Local => Fallback::Local(MemoryStore::new(max_keys, rules)),
         };
         Guard {
             inner: Arc::new(Inner {

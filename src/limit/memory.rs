@@ -1,9 +1,12 @@
 //! The in-process store: client states in a fixed number of shards, each a small LRU map
 //! behind its own mutex.
 //!
-//! Sharding keeps two requests from different clients off the same lock; the LRU order makes
-//! "evict the idlest client when full" an O(1) pop, so the `MAX_KEYS` bound costs nothing on
-//! the hot path and a flood of invented identities cannot grow memory. A decision for a known
+//! Sharding keeps two requests from different clients off the same lock. When a shard is full,
+//! a new client evicts one of the [`EVICTION_SAMPLE`] least recently seen: the one whose budget
+//! is closest to entirely back, which loses the least information. So the `MAX_KEYS` bound
+//! costs nothing on the hot path, a flood of invented identities cannot grow memory, and it
+//! cannot hand a limited client (whose budget is far from back) a fresh budget either: the
+//! flood's own entries, each having spent a little, go first. A decision for a known
 //! client allocates nothing. Entries whose budget has fully come back are dropped by
 //! [`MemoryStore::purge_idle`], which the server runs periodically.
 
@@ -16,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lru::LruCache;
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Decision, Rule, State};
+use crate::limit::{ClientKey, Decision, Policy, Rule, State};
 
 /// A client's budget is identified by its rule's position in the table and its key.
 type EntryKey = (u16, ClientKey);
@@ -25,6 +28,9 @@ type Shard = Mutex<LruCache<EntryKey, State>>;
 
 /// Most shards a store is cut into: enough that 2 to 64 cores rarely meet on a lock.
 const MAX_SHARDS: usize = 64;
+
+/// How many of a full shard's least recently seen clients are candidates for eviction.
+pub const EVICTION_SAMPLE: usize = 8;
 
 /// The in-memory store. Cheap to clone: clones share the same table.
 #[derive(Clone)]
@@ -46,11 +52,14 @@ struct Inner {
     started_unix_us: u64,
     /// Client states forgotten to stay within `MAX_KEYS`, since startup.
     evictions: AtomicU64,
+    /// The policy of each rule, by rule id: what purging and eviction judge states by.
+    policies: Box<[Policy]>,
 }
 
 impl MemoryStore {
-    /// A store holding at most `max_keys` client states (per rule and client) in total.
-    pub fn new(max_keys: NonZeroUsize) -> Self {
+    /// A store holding at most `max_keys` client states (per rule and client) in total, for
+    /// the rules of one table (`rules[i].id == i`).
+    pub fn new(max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
         let max_keys = max_keys.get();
         // A power of two no larger than max_keys, so every shard holds at least one entry.
         let shard_count = MAX_SHARDS.min(1 << max_keys.ilog2());
@@ -71,6 +80,7 @@ impl MemoryStore {
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
                 evictions: AtomicU64::new(0),
+                policies: rules.iter().map(|rule| rule.policy).collect(),
             }),
         }
     }
@@ -102,10 +112,11 @@ impl MemoryStore {
             None => {
                 let mut state = rule.policy.fresh_state();
                 let decision = rule.policy.check(&mut state, now_us, cost);
-                // At capacity this evicts the least recently seen client of the shard (`push`
-                // returns it; the key is new, so it is never the entry just pushed).
-                if decision.allowed && table.push(key, state).is_some() {
-                    self.inner.evictions.fetch_add(1, Ordering::Relaxed);
+                if decision.allowed {
+                    if table.len() == table.cap().get() {
+                        self.evict(&mut table);
+                    }
+                    table.push(key, state);
                 }
                 decision
             }
@@ -122,25 +133,47 @@ impl MemoryStore {
         }
     }
 
-    /// Forget every client whose budget under its rule is entirely back, as of now.
-    /// `rules` is the table's rules, indexed by id. Returns how many were dropped.
-    pub fn purge_idle(&self, rules: &[Rule]) -> usize {
-        self.purge_idle_at(rules, self.now_us())
+    /// Make room in a full shard: of its [`EVICTION_SAMPLE`] least recently seen clients,
+    /// forget the one whose budget is back soonest (a state under a rule the store does not
+    /// know counts as back already).
+    fn evict(&self, table: &mut LruCache<EntryKey, State>) {
+        let victim = table
+            .iter()
+            .rev()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|(key, state)| self.idle_at(key.0, state))
+            .map(|(key, _)| *key);
+        if let Some(victim) = victim {
+            table.pop(&victim);
+            self.inner.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn idle_at(&self, rule: u16, state: &State) -> u64 {
+        self.inner
+            .policies
+            .get(usize::from(rule))
+            .map_or(0, |policy| policy.idle_at(state))
+    }
+
+    /// Forget every client whose budget under its rule is entirely back, as of now. Returns
+    /// how many were dropped.
+    pub fn purge_idle(&self) -> usize {
+        self.purge_idle_at(self.now_us())
     }
 
     /// [`purge_idle`](Self::purge_idle) at an explicit time.
-    pub fn purge_idle_at(&self, rules: &[Rule], now_us: u64) -> usize {
+    pub fn purge_idle_at(&self, now_us: u64) -> usize {
         let mut idle = Vec::new();
         let mut purged = 0;
         for shard in self.inner.shards.iter() {
             let mut table = lock(shard);
-            idle.extend(table.iter().filter_map(|(key, state)| {
-                // A state under a rule the table no longer has is forgotten.
-                let idle = rules
-                    .get(usize::from(key.0))
-                    .is_none_or(|rule| rule.policy.is_idle(state, now_us));
-                idle.then_some(*key)
-            }));
+            idle.extend(
+                table
+                    .iter()
+                    .filter(|(key, state)| self.idle_at(key.0, state) <= now_us)
+                    .map(|(key, _)| *key),
+            );
             for key in idle.drain(..) {
                 table.pop(&key);
                 purged += 1;
@@ -201,7 +234,10 @@ mod tests {
     }
 
     fn store(max_keys: usize) -> MemoryStore {
-        MemoryStore::new(NonZeroUsize::new(max_keys).unwrap())
+        MemoryStore::new(
+            NonZeroUsize::new(max_keys).unwrap(),
+            &[rule(GENERAL, 1), rule(AUTH, 1)],
+        )
     }
 
     #[test]
@@ -236,6 +272,21 @@ mod tests {
     }
 
     #[test]
+    fn a_flood_of_identities_cannot_reset_a_limited_client() {
+        let max_keys = 1_000;
+        let store = store(max_keys);
+        let r = rule(GENERAL, 10);
+        // A client spends its whole budget (full again in 10 s), then goes quiet while 10x
+        // max_keys strangers each spend one token (full again in 1 s).
+        assert!(store.check_at(&r, ip(0), 10, 0).allowed);
+        for n in 1..=(10 * max_keys as u32) {
+            store.check_at(&r, ip(n), 1, u64::from(n));
+        }
+        assert!(store.evictions() > 0);
+        assert!(!store.check_at(&r, ip(0), 1, 20_000).allowed, "still limited");
+    }
+
+    #[test]
     fn tiny_bounds_are_exact() {
         for max_keys in [1, 2, 3, 7, 65, 130] {
             let store = store(max_keys);
@@ -249,7 +300,6 @@ mod tests {
 
     #[test]
     fn purge_drops_exactly_the_refilled_clients() {
-        let store = store(100);
         let tb = rule(GENERAL, 2);
         let sw = Rule::new(
             AUTH,
@@ -259,13 +309,14 @@ mod tests {
                 window_ms: 10_000,
             }),
         );
+        let store = MemoryStore::new(NonZeroUsize::new(100).unwrap(), &[tb.clone(), sw.clone()]);
         store.check_at(&tb, ip(1), 1, 0); // full again at 1 s
         store.check_at(&tb, ip(2), 2, 0); // full again at 2 s
         store.check_at(&sw, ip(1), 1, 0); // forgotten at 20 s
-        assert_eq!(store.purge_idle_at(&[tb.clone(), sw.clone()], 1_500_000), 1);
+        assert_eq!(store.purge_idle_at(1_500_000), 1);
         assert_eq!(store.len(), 2);
-        assert_eq!(store.purge_idle_at(&[tb.clone(), sw.clone()], 19_999_999), 1);
-        assert_eq!(store.purge_idle_at(&[tb.clone(), sw.clone()], 20_000_000), 1);
+        assert_eq!(store.purge_idle_at(19_999_999), 1);
+        assert_eq!(store.purge_idle_at(20_000_000), 1);
         assert!(store.is_empty());
     }
 

@@ -203,7 +203,7 @@ async fn redis_and_memory_make_identical_decisions() {
     let mut sequence = Sequence(0x9E37_79B9_7F4A_7C15);
     for (n, policy) in policies.into_iter().enumerate() {
         let rule = Rule::new(0, "general", policy);
-        let memory = MemoryStore::new(100.try_into().unwrap());
+        let memory = MemoryStore::new(100.try_into().unwrap(), std::slice::from_ref(&rule));
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
         let client = client.into();
         // A realistic wall-clock time, so the script's numbers are as large as in production.

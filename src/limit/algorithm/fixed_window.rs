@@ -106,8 +106,8 @@ impl Algorithm for FixedWindow {
     }
 
     /// Once its window is over, a state decides like no state at all.
-    fn is_idle(&self, state: &FixedWindowState, now_us: u64) -> bool {
-        state.window < now_us / US_PER_MS / self.window_ms
+    fn idle_at(&self, state: &FixedWindowState) -> u64 {
+        (state.window + 1) * self.window_ms * US_PER_MS
     }
 }
 

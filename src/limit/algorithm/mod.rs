@@ -77,8 +77,15 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// been made (as far as the state still remembers it).
     fn refund(&self, state: &mut Self::State, at_us: u64, cost: u64);
 
+    /// The time (µs) from which forgetting `state` changes no future decision: the budget is
+    /// entirely back. The memory store purges states past it and, when full, evicts the one
+    /// closest to it (it loses the least).
+    fn idle_at(&self, state: &Self::State) -> u64;
+
     /// True when forgetting `state` at `now_us` changes no future decision.
-    fn is_idle(&self, state: &Self::State, now_us: u64) -> bool;
+    fn is_idle(&self, state: &Self::State, now_us: u64) -> bool {
+        self.idle_at(state) <= now_us
+    }
 }
 
 /// One number of a rule: the variables it is read from for the general and auth rules, and
@@ -245,13 +252,18 @@ macro_rules! algorithms {
                 }
             }
 
-            /// See [`Algorithm::is_idle`]; a state of another algorithm is idle.
-            pub fn is_idle(&self, state: &State, now_us: u64) -> bool {
+            /// See [`Algorithm::idle_at`]; a state of another algorithm is idle already.
+            pub fn idle_at(&self, state: &State) -> u64 {
                 match (self, state) {
-                    $((Policy::$variant(a), State::$variant(s)) => a.is_idle(s, now_us),)+
+                    $((Policy::$variant(a), State::$variant(s)) => a.idle_at(s),)+
                     #[allow(unreachable_patterns)]
-                    _ => true,
+                    _ => 0,
                 }
+            }
+
+            /// See [`Algorithm::is_idle`].
+            pub fn is_idle(&self, state: &State, now_us: u64) -> bool {
+                self.idle_at(state) <= now_us
             }
         }
 

@@ -138,9 +138,12 @@ impl Algorithm for SlidingLog {
         log.drain(start..end);
     }
 
-    fn is_idle(&self, state: &SlidingLogState, now_us: u64) -> bool {
-        let window = self.window_ms * US_PER_MS;
-        state.log.back().is_none_or(|&newest| newest + window <= now_us)
+    /// When the newest entry leaves the window (an empty log is idle already).
+    fn idle_at(&self, state: &SlidingLogState) -> u64 {
+        state
+            .log
+            .back()
+            .map_or(0, |&newest| newest + self.window_ms * US_PER_MS)
     }
 }
 

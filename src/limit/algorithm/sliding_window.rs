@@ -211,8 +211,13 @@ impl Algorithm for SlidingWindow {
         }
     }
 
-    fn is_idle(&self, state: &WindowState, now_us: u64) -> bool {
-        SlidingWindow::is_idle(self, state, now_us)
+    /// Two windows after the stored one, nothing it counted weighs any more.
+    fn idle_at(&self, state: &WindowState) -> u64 {
+        if state.previous == 0 && state.current == 0 {
+            0
+        } else {
+            (state.window + 2) * self.window_ms * US_PER_MS
+        }
     }
 }
 

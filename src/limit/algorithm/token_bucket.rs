@@ -147,8 +147,9 @@ impl Algorithm for TokenBucket {
         *tat = tat.saturating_sub(cost * self.interval_us);
     }
 
-    fn is_idle(&self, tat: &u64, now_us: u64) -> bool {
-        TokenBucket::is_idle(*tat, now_us)
+    /// The TAT itself: the bucket is full from then on.
+    fn idle_at(&self, tat: &u64) -> u64 {
+        *tat
     }
 }
 
