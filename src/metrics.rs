@@ -36,6 +36,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_breaker_open",
     "tollgate_memory_clients",
     "tollgate_memory_evictions_total",
+    "tollgate_cached_denials_total",
     "tollgate_build_info",
 ];
 
@@ -229,6 +230,12 @@ impl Collector for StoreCollector {
             evictions,
         )?;
         let guard = self.limiter.guard();
+        counter(
+            &mut encoder,
+            "cached_denials",
+            "Requests refused from the denial cache in Redis mode, without a Redis call",
+            guard.map_or(0, |guard| guard.cached_denials()),
+        )?;
         gauge(
             &mut encoder,
             "breaker_open",

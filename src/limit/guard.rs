@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use std::num::NonZeroUsize;
 
+use crate::limit::denials::DenialCache;
 use crate::limit::{ClientKey, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 
 /// What to do with a request when the store cannot decide.
@@ -118,6 +119,8 @@ struct Inner {
     degraded: AtomicU64,
     /// Failed calls since startup, by [`RedisErrorKind`].
     errors: [AtomicU64; RedisErrorKind::ALL.len()],
+    /// Denials repeated without asking Redis until their retry time.
+    denials: DenialCache,
 }
 
 enum Fallback {
@@ -147,22 +150,29 @@ impl Guard {
                 open: AtomicBool::new(false),
                 degraded: AtomicU64::new(0),
                 errors: Default::default(),
+                denials: DenialCache::new(max_keys),
             }),
         }
     }
 
-    /// Ask Redis, unless the breaker is open.
+    /// Ask Redis, unless it has already refused this request until later (see
+    /// [`DenialCache`]) or the breaker is open.
     pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
         let inner = &self.inner;
+        if let Some(denial) = inner.denials.check(rule, client, cost) {
+            return Verdict::Decided(denial);
+        }
         if inner.open.load(Ordering::Acquire) {
             return self.fall_back(rule, client, cost);
         }
+        let sent = Instant::now();
         match inner.store.check(rule, client, cost).await {
             Ok(decision) => {
                 // Read first: a store on every request would bounce the cache line.
                 if inner.consecutive_failures.load(Ordering::Relaxed) != 0 {
                     inner.consecutive_failures.store(0, Ordering::Relaxed);
                 }
+                inner.denials.remember(rule, client, cost, &decision, sent);
                 Verdict::Decided(decision)
             }
             Err(error) => {
@@ -191,6 +201,11 @@ impl Guard {
     /// The fail mode and breaker settings.
     pub fn settings(&self) -> &GuardSettings {
         &self.inner.settings
+    }
+
+    /// Requests refused from the denial cache, without asking Redis, since startup.
+    pub fn cached_denials(&self) -> u64 {
+        self.inner.denials.hits()
     }
 
     /// Failed calls of `kind` since startup.

@@ -4,6 +4,7 @@
 //! [`Verdict`].
 
 pub mod algorithm;
+pub mod denials;
 pub mod guard;
 pub mod key;
 pub mod memory;

@@ -237,3 +237,59 @@ async fn redis_and_memory_make_identical_decisions() {
         }
     }
 }
+
+/// `calls` of one command in `INFO commandstats`.
+fn redis_calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// A flood from a refused client is answered locally until its retry time: near zero Redis
+/// calls per denied request, and the same answer Redis would give.
+#[tokio::test]
+async fn a_flood_of_denials_does_not_reach_redis() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("REDIS_ADDR", &redis.addr()),
+            ("REDIS_TIMEOUT_MS", "5000"),
+            ("MAX_TOKENS", "2"),
+            ("REFILL_RATE", "0.5"),
+        ],
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(get(gateway.addr, "/").await.status, StatusCode::OK);
+    }
+    let first = get(gateway.addr, "/").await;
+    assert_eq!(first.status, StatusCode::TOO_MANY_REQUESTS);
+    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    for _ in 0..20 {
+        let reply = get(gateway.addr, "/").await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.number("x-ratelimit-remaining"), 0);
+        assert_eq!(reply.number("x-ratelimit-limit"), 2);
+        assert!((1..=2).contains(&reply.number("retry-after")));
+    }
+    let after = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    assert_eq!(after, calls, "no Redis call for 20 denials");
+    let metrics = gateway.admin_get("/metrics").await;
+    assert!(
+        metrics
+            .text()
+            .lines()
+            .any(|line| line == "tollgate_cached_denials_total 20"),
+        "{}",
+        metrics.text()
+    );
+    // At the retry time (one token every 2 s, counted from the first denial) Redis is asked
+    // again and admits.
+    tokio::time::sleep(Duration::from_millis(2_050)).await;
+    assert_eq!(get(gateway.addr, "/").await.status, StatusCode::OK);
+}
