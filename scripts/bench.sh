@@ -1,38 +1,78 @@
 #!/usr/bin/env bash
-# Benchmarks, all on loopback:
+# Benchmarks, all on loopback. Results, the commands and how to read them: docs/benchmarks.md.
 #  1. criterion: the in-memory decision hot path (benches/decision.rs) and the Redis store
 #     against redis-benchmark on the same server (benches/redis.rs);
-#  2. the whole gateway under wrk, side by side in one run: the backend alone, tollgate with
-#     the memory store, tollgate with the Redis store, and nginx with limit_req, all in front
-#     of the same backend (examples/echo_backend.rs). Limits are set high enough that every
-#     request is allowed, so what is measured is the cost of deciding and forwarding.
-# Results and how to read them: docs/benchmarks.md. Quote the ratios, not the absolute req/s.
+#  2. the whole gateway under load, every target side by side in one run, rounds interleaved
+#     (A B C D E, A B C D E, ...), medians reported. On a machine with two cores or more the
+#     proxy under test runs alone on one core (BENCH_PROXY_CPU, default 0) and the backend
+#     and the load generator on another (BENCH_LOAD_CPU, default 1); a process pinned to one
+#     core sees one CPU, so tokio gives tollgate, the bare floor and the backend one worker each,
+#     and nginx runs `worker_processes 1`. Reported per target: req/s, p50/p99 latency, and the
+#     CPU time the proxy's process(es) used per request (utime+stime from /proc/PID/stat; for
+#     tollgate with Redis, redis-server's CPU is added, as it shares the proxy's core).
+#     Targets: the backend alone (examples/echo_backend), the bare floor (examples/bare_proxy:
+#     hyper + a keyed token bucket, nothing else), tollgate (memory store), tollgate (Redis
+#     store) and nginx with limit_req. Scenarios:
+#       allow  every request allowed: the cost of deciding and forwarding (the headline);
+#       deny   a budget of one request per 1000 s, so nearly every request is refused (429);
+#              for tollgate with Redis, Redis calls per refused request (the denial cache);
+#       many   every request allowed, from 100,000 distinct clients (X-Forwarded-For rotated by
+#              a wrk Lua script; tollgate with TRUSTED_PROXIES=127.0.0.1, nginx with realip);
+#       h2     HTTP/2 cleartext with prior knowledge, under h2load.
+# Quote the ratios, not the absolute req/s: the machine matters more than the code.
 #
-# usage: scripts/bench.sh [--quick] [--no-criterion] [--no-load] [--rounds N]
-#   --quick         short criterion runs and 3 s load runs (a smoke test, not a measurement)
-#   --no-criterion  skip part 1;  --no-load  skip part 2
-#   --rounds N      repeat the four load runs N times and average them (default 1)
-# Environment: BENCH_DURATION (wrk -d, default 10s), BENCH_CONNECTIONS (wrk -c, default 64),
-#   BENCH_THREADS (wrk -t, default 2).
+# usage: scripts/bench.sh [--quick] [--no-criterion] [--no-load] [--rounds N] [--duration D]
+#                         [--scenarios LIST] [--log FILE]
+#   --quick           short criterion runs, one round of 3 s per target (a smoke test)
+#   --no-criterion    skip part 1;  --no-load  skip part 2
+#   --rounds N        interleaved rounds per scenario (default 5)
+#   --duration D      measured seconds per target and round, wrk -d syntax (default 10s)
+#   --scenarios LIST  comma-separated subset of allow,deny,many,h2 (default all)
+#   --log FILE        raw output (every wrk/h2load report) goes here, results to FILE.tsv
+#                     (default bench-<date>.log in $TMPDIR); scripts/bench_plot.py draws FILE.tsv
+# Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_H2_CLIENTS and BENCH_H2_STREAMS
+#   (h2load -c and -m, default 8 and 4), BENCH_PROXY_CPU, BENCH_LOAD_CPU, CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-quick=0 criterion=1 load=1 rounds=1
+quick=0 criterion=1 load=1 rounds=5 duration=10s scenarios=allow,deny,many,h2
+log=${TMPDIR:-/tmp}/bench-$(date +%Y%m%d-%H%M%S).log
+rounds_set=0 duration_set=0
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
     --no-criterion) criterion=0 ;;
     --no-load) load=0 ;;
-    --rounds) rounds=${2:?--rounds needs a number}; shift ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --rounds) rounds=${2:?--rounds needs a number}; rounds_set=1; shift ;;
+    --duration) duration=${2:?--duration needs a time such as 10s}; duration_set=1; shift ;;
+    --scenarios) scenarios=${2:?--scenarios needs a list}; shift ;;
+    --log) log=${2:?--log needs a file}; shift ;;
+    -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-if [ "$quick" = 1 ]; then duration=${BENCH_DURATION:-3s} warmup=1s; else duration=${BENCH_DURATION:-10s} warmup=2s; fi
-connections=${BENCH_CONNECTIONS:-64}
-threads=${BENCH_THREADS:-2}
+if [ "$quick" = 1 ]; then
+  [ "$rounds_set" = 1 ] || rounds=1
+  [ "$duration_set" = 1 ] || duration=3s
+  warmup=1s
+else
+  warmup=2s
+fi
+case $rounds in '' | *[!0-9]* | 0) echo "bench.sh: --rounds needs a positive number" >&2; exit 2 ;; esac
+case $duration in *[!0-9smh]* | '') echo "bench.sh: --duration takes wrk syntax (10s, 1m)" >&2; exit 2 ;; esac
+duration_s=$(awk -v d="$duration" 'BEGIN { n = d + 0; if (d ~ /m$/) n *= 60; if (d ~ /h$/) n *= 3600; print n }')
+warmup_s=${warmup%s}
+connections=${BENCH_CONNECTIONS:-32}
+h2_clients=${BENCH_H2_CLIENTS:-8} h2_streams=${BENCH_H2_STREAMS:-4}
+target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
+results=$log.tsv
+
+# Everything printed goes to the terminal and to the log; raw tool output only to the log.
+mkdir -p "$(dirname "$log")"
+: >"$log"
+exec > >(tee -a "$log") 2>&1
 
 # --- tools -------------------------------------------------------------------------------
 missing=()
@@ -42,10 +82,12 @@ if [ "$load" = 1 ]; then
   command -v wrk >/dev/null || missing+=(wrk)
   command -v nginx >/dev/null || missing+=(nginx-light)
   command -v curl >/dev/null || missing+=(curl)
+  command -v h2load >/dev/null || missing+=(nghttp2-client)
+  command -v taskset >/dev/null || missing+=(util-linux)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "bench.sh: installing ${missing[*]}" >&2
+    echo "bench.sh: installing ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
@@ -54,7 +96,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+echo "bench.sh $* -- $(date -Is), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified)')"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), load average $(loadavg)"
+echo "log: $log  results: $results"
 
 # --- 1. criterion ----------------------------------------------------------------------------
 if [ "$criterion" = 1 ]; then
@@ -69,7 +114,7 @@ if [ "$criterion" = 1 ]; then
   echo "criterion medians (this run)"
   printf '| %-34s | %14s | %14s | %16s |\n' benchmark "time/iteration" "ns/decision" "decisions/s"
   printf '|%s|%s|%s|%s|\n' "------------------------------------" "----------------" "----------------" "------------------"
-  find target/criterion -path '*/new/benchmark.json' -newer "$marker" | sort | while read -r meta; do
+  find "$target_dir/criterion" -path '*/new/benchmark.json' -newer "$marker" | sort | while read -r meta; do
     id=$(sed -E 's/.*"full_id":"([^"]*)".*/\1/' "$meta")
     elements=$(sed -nE 's/.*"Elements":([0-9]+).*/\1/p' "$meta")
     median=$(sed -E 's/.*"median":\{"confidence_interval":\{[^}]*\},"point_estimate":([0-9.eE+-]+).*/\1/' \
@@ -82,22 +127,32 @@ if [ "$criterion" = 1 ]; then
 fi
 [ "$load" = 1 ] || exit 0
 
-# --- 2. the whole gateway under wrk --------------------------------------------------------
-echo "== building tollgate and the echo backend (release)"
-cargo build --release --quiet --bin tollgate --example echo_backend
-TOLLGATE=$ROOT/target/release/tollgate
-ECHO_BACKEND=$ROOT/target/release/examples/echo_backend
+# --- 2. the whole gateway under load ---------------------------------------------------------
+echo "== building tollgate, the echo backend and the bare floor (release)"
+cargo build --release --quiet --bin tollgate --example echo_backend --example bare_proxy
+TOLLGATE=$target_dir/release/tollgate
+ECHO_BACKEND=$target_dir/release/examples/echo_backend
+BARE=$target_dir/release/examples/bare_proxy
+
+if [ "$(nproc)" -ge 2 ]; then
+  proxy_cpu=${BENCH_PROXY_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
+  on_proxy_cpu=(taskset -c "$proxy_cpu") on_load_cpu=(taskset -c "$load_cpu")
+  echo "pinning: proxies (and redis-server) on CPU $proxy_cpu; backend, wrk and h2load on CPU $load_cpu"
+else
+  on_proxy_cpu=() on_load_cpu=()
+  echo "bench.sh: one CPU only: nothing pinned, CPU per request includes the load generator's interference"
+fi
 
 work=$(mktemp -d)
 chmod 755 "$work" # nginx workers may run as another user
 pids=() pnames=()
 cleanup() {
-  local status=$? pid log
+  local status=$? pid f
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   if [ "$status" -ne 0 ]; then
-    for log in "$work"/*.log; do
-      [ -s "$log" ] && { echo "--- last lines of $(basename "$log")"; tail -n 20 "$log"; } >&2
+    for f in "$work"/*.log; do
+      [ -s "$f" ] && { echo "--- last lines of $(basename "$f")"; tail -n 20 "$f"; } >&2
     done
   fi
   rm -rf "$work"
@@ -106,10 +161,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 used_ports=" "
-free_port() { # a loopback port nothing listens on, not handed out before in this run
+free_port() { # a loopback port below the ephemeral range that nothing listens on, not handed out before
   local port
   while :; do
-    port=$((20000 + RANDOM % 40000))
+    port=$((20000 + RANDOM % 12000))
     case $used_ports in *" $port "*) continue ;; esac
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       used_ports+="$port "
@@ -130,16 +185,34 @@ wait_for_port() { # port name
   exit 1
 }
 
-start() { # name port command... (runs in $work, so no .env of the repo is read)
-  local name=$1 port=$2
+declare -A pid_of port_of admin_of
+start() { # name port cpu-prefix... -- command... (runs in $work, so no .env of the repo is read)
+  local name=$1 port=$2 prefix=()
   shift 2
-  (cd "$work" && exec "$@") >"$work/$name.log" 2>&1 &
+  while [ "$1" != -- ]; do prefix+=("$1"); shift; done
+  shift
+  (cd "$work" && exec "${prefix[@]}" "$@") >"$work/$name.log" 2>&1 &
   pids+=($!) pnames+=("$name")
+  pid_of[$name]=$! port_of[$name]=$port
   wait_for_port "$port" "$name"
+  local pid
+  for pid in "${pid_of[$name]}" $(pgrep -P "${pid_of[$name]}" || true); do
+    echo "  started $name: pid $pid ($(cat "/proc/$pid/comm")), CPUs $(taskset -pc "$pid" | sed 's/.*: //')," \
+      "$(ls "/proc/$pid/task" | wc -l) threads: $(cat /proc/"$pid"/task/*/comm | sort | uniq -c | tr -s ' \n' ' ')"
+  done >>"$log"
 }
 
-all_alive() { # every process started above is still running
-  local i
+stop() { # name...: stop targets a scenario no longer needs, so they cannot disturb the next
+  local name i
+  for name in "$@"; do
+    kill "${pid_of[$name]}" 2>/dev/null || true
+    wait "${pid_of[$name]}" 2>/dev/null || true
+    for i in "${!pids[@]}"; do [ "${pids[$i]}" = "${pid_of[$name]}" ] && unset 'pids[i]' 'pnames[i]'; done
+  done
+}
+
+all_alive() {
+  local i status
   for i in "${!pids[@]}"; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null; then
       wait "${pids[$i]}" && status=0 || status=$?
@@ -150,46 +223,67 @@ all_alive() { # every process started above is still running
 }
 
 backend_port=$(free_port)
-start backend "$backend_port" env PORT="$backend_port" "$ECHO_BACKEND"
+start backend "$backend_port" "${on_load_cpu[@]}" -- env PORT="$backend_port" "$ECHO_BACKEND"
 backend=http://127.0.0.1:$backend_port
-
 redis_port=$(free_port)
-start redis "$redis_port" redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no
+start redis "$redis_port" "${on_proxy_cpu[@]}" -- \
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no
 
-# Everything allowed: a billion tokens refilled at a million per second.
-gateway_env=(env -u REDIS_URL -u REDIS_ADDR -u REDIS_CLUSTER_NODES -u ALGORITHM -u RUST_LOG
-  BACKEND_URL="$backend" BIND=127.0.0.1 MAX_TOKENS=1000000000 REFILL_RATE=1000000 RUST_LOG=warn)
-memory_port=$(free_port)
-start tollgate-memory "$memory_port" "${gateway_env[@]}" PORT="$memory_port" "$TOLLGATE"
-redis_gateway_port=$(free_port)
-start tollgate-redis "$redis_gateway_port" "${gateway_env[@]}" PORT="$redis_gateway_port" \
-  REDIS_URL="redis://127.0.0.1:$redis_port" KEY_PREFIX=bench: "$TOLLGATE"
+# A tollgate reads only the variables given here (env -i), plus what a scenario adds.
+tollgate() { # name store(memory|redis) VAR=value...
+  local name=$1 store=$2 port admin_port
+  shift 2
+  port=$(free_port) admin_port=$(free_port)
+  admin_of[$name]=$admin_port
+  local extra=()
+  [ "$store" = redis ] && extra=(REDIS_URL="redis://127.0.0.1:$redis_port" KEY_PREFIX="bench-$name:")
+  start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PATH="$PATH" BACKEND_URL="$backend" \
+    BIND=127.0.0.1 PORT="$port" ADMIN_BIND=127.0.0.1 ADMIN_PORT="$admin_port" RUST_LOG=warn \
+    "${extra[@]}" "$@" "$TOLLGATE"
+}
 
-nginx_port=$(free_port)
-mkdir -p "$work/nginx"
-cat >"$work/nginx.conf" <<EOF
-# Reference: nginx limiting by client address, every request allowed, same backend.
-worker_processes $(nproc);
-pid $work/nginx.pid;
-error_log $work/nginx-error.log warn;
+bare() { # name VAR=value...
+  local name=$1 port
+  shift
+  port=$(free_port)
+  start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PORT="$port" BACKEND_URL="$backend" "$@" "$BARE"
+}
+
+nginx_target() { # name listen-suffix limit_req_zone-rate limit_req-args [extra server directives]
+  local name=$1 listen=$2 rate=$3 limit=$4 extra=${5:-} port
+  port=$(free_port)
+  mkdir -p "$work/$name"
+  cat >"$work/$name.conf" <<EOF
+# Reference: nginx limiting by client address, in front of the same backend.
+worker_processes 1;
+pid $work/$name.pid;
+error_log $work/$name-error.log warn;
 daemon off;
 events { worker_connections 4096; }
 http {
   access_log off;
-  client_body_temp_path $work/nginx/body;
-  proxy_temp_path $work/nginx/proxy;
-  fastcgi_temp_path $work/nginx/fastcgi;
-  uwsgi_temp_path $work/nginx/uwsgi;
-  scgi_temp_path $work/nginx/scgi;
-  limit_req_zone \$binary_remote_addr zone=clients:10m rate=1000000r/s;
+  # nginx closes a client connection after 1000 requests by default (HTTP/2 too, which h2load
+  # does not survive); tollgate and the floor have no such limit.
+  keepalive_requests 1000000;
+  client_body_temp_path $work/$name/body;
+  proxy_temp_path $work/$name/proxy;
+  fastcgi_temp_path $work/$name/fastcgi;
+  uwsgi_temp_path $work/$name/uwsgi;
+  scgi_temp_path $work/$name/scgi;
+  limit_req_zone \$binary_remote_addr zone=clients:16m rate=$rate;
+  # Refusals are logged at info, below error_log's level: tollgate runs with RUST_LOG=warn.
+  limit_req_log_level info;
+  limit_req_status 429;
   upstream backend {
     server 127.0.0.1:$backend_port;
     keepalive 64;
+    keepalive_requests 1000000;
   }
   server {
-    listen 127.0.0.1:$nginx_port;
+    listen 127.0.0.1:$port$listen;
+    $extra
     location / {
-      limit_req zone=clients burst=1000000 nodelay;
+      limit_req zone=clients $limit;
       proxy_pass http://backend;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
@@ -201,72 +295,218 @@ http {
   }
 }
 EOF
-start nginx "$nginx_port" nginx -p "$work/nginx" -c "$work/nginx.conf"
-
-names=(direct tollgate-memory tollgate-redis nginx-limit_req)
-urls=("$backend/" "http://127.0.0.1:$memory_port/" "http://127.0.0.1:$redis_gateway_port/" "http://127.0.0.1:$nginx_port/")
-
-# Each target answers 200, and tollgate's answers carry its headers (so the limiter is in the path).
-for i in "${!names[@]}"; do
-  headers=$(curl -s -D - -o /dev/null --max-time 5 "${urls[$i]}") || true
-  status=$(printf '%s' "$headers" | head -1 | tr -d '\r')
-  case ${names[$i]} in
-    tollgate-*) printf '%s' "$headers" | grep -qi '^x-ratelimit-remaining:' || {
-      echo "bench.sh: ${names[$i]} answered without X-RateLimit-Remaining: $status" >&2
-      exit 1
-    } ;;
-  esac
-  case $status in *" 200"*) ;; *) echo "bench.sh: ${names[$i]} answered '$status'" >&2; exit 1 ;; esac
-done
-
-to_ms() { # wrk latency such as 512.00us, 1.23ms, 1.01s -> milliseconds
-  awk -v v="$1" 'BEGIN {
-    if (v ~ /us$/) printf "%.3f", v / 1000; else if (v ~ /ms$/) printf "%.3f", v + 0;
-    else if (v ~ /m$/) printf "%.3f", v * 60000; else printf "%.3f", v * 1000 }'
+  start "$name" "$port" "${on_proxy_cpu[@]}" -- nginx -p "$work/$name" -c "$work/$name.conf"
 }
 
-echo "== wrk -t$threads -c$connections -d$duration --latency (after a $warmup warm-up each), $rounds round(s)"
-results=$work/results # name rps p50_ms p99_ms requests non2xx errors
-: >"$results"
-for round in $(seq 1 "$rounds"); do
-  for i in "${!names[@]}"; do
-    name=${names[$i]} url=${urls[$i]}
-    all_alive
-    timeout 60 wrk -t"$threads" -c"$connections" -d"$warmup" "$url" >/dev/null
-    [ "$name" = tollgate-redis ] && redis-cli -p "$redis_port" CONFIG RESETSTAT >/dev/null
-    out=$(timeout 120 wrk -t"$threads" -c"$connections" -d"$duration" --latency "$url")
+# CPU time (clock ticks) of a process and its children (nginx's master and worker).
+cpu_ticks() {
+  local total=0 pid
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+hz=$(getconf CLK_TCK)
+
+# Script calls (EVAL/EVALSHA: one round trip each) Redis has run so far. commandstats also
+# counts the commands a script runs (TIME, GET, SET), which are not round trips.
+redis_calls() {
+  redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' |
+    awk -F'[=,:]' '/^cmdstat_eval/ {n += $3} END {print n + 0}'
+}
+
+to_us() { # wrk latency such as 512.00us, 1.23ms, 1.01s -> microseconds
+  awk -v v="$1" 'BEGIN {
+    if (v ~ /us$/) printf "%.0f", v; else if (v ~ /ms$/) printf "%.0f", v * 1000;
+    else if (v ~ /m$/) printf "%.0f", v * 6e7; else printf "%.0f", v * 1e6 }'
+}
+
+cat >"$work/many.lua" <<'EOF'
+-- 100,000 distinct clients: each request comes "from" the next address of 10.0.0.0/8,
+-- through a trusted proxy (the gateway believes X-Forwarded-For from 127.0.0.1).
+local clients, n, offset = 100000, 0, 0
+local thread_count = 0
+function setup(thread) thread:set("offset", thread_count * 7919); thread_count = thread_count + 1 end
+function init() n = offset end
+function request()
+  n = (n + 1) % clients
+  return wrk.format(nil, nil, { ["X-Forwarded-For"] = string.format("10.%d.%d.%d", math.floor(n / 65536), math.floor(n / 256) % 256, n % 256) })
+end
+EOF
+
+echo -e "scenario\tround\ttarget\treq_s\tp50_us\tp99_us\trequests\tnon2xx\terrors\tcpu_ticks\tcpu_us_per_req\tredis_calls" >"$results"
+
+# One measurement: warm up, then load the target for $duration, recording one results row.
+measure() { # scenario round target tool(wrk|h2load) [wrk args...]
+  local scenario=$1 round=$2 name=$3 tool=$4
+  shift 4
+  local url=http://127.0.0.1:${port_of[$name]}/ pid=${pid_of[$name]} out c0 c1 r0=0 r1=0
+  local rps requests p50 p99 non2xx errors billed=$pid
+  all_alive
+  if [ "$tool" = wrk ]; then
+    timeout 60 "${on_load_cpu[@]}" wrk -t1 -c"$connections" -d"$warmup" "$@" "$url" >/dev/null
+  else
+    timeout 60 "${on_load_cpu[@]}" h2load -t1 -c"$h2_clients" -m"$h2_streams" -D "$warmup_s" "$url" >/dev/null
+  fi
+  c0=$(cpu_ticks "$pid")
+  case $name in *redis*) c0=$((c0 + $(cpu_ticks "${pid_of[redis]}"))) r0=$(redis_calls) ;; esac
+  if [ "$tool" = wrk ]; then
+    out=$(timeout $((duration_s + 60)) "${on_load_cpu[@]}" wrk -t1 -c"$connections" -d"$duration" --latency "$@" "$url")
     rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-    p50=$(to_ms "$(awk '$1 == "50%" {print $2}' <<<"$out")")
-    p99=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
     requests=$(awk '/requests in/ {print $1}' <<<"$out")
+    p50=$(to_us "$(awk '$1 == "50%" {print $2}' <<<"$out")")
+    p99=$(to_us "$(awk '$1 == "99%" {print $2}' <<<"$out")")
     non2xx=$(awk -F: '/Non-2xx/ {gsub(/ /, "", $2); print $2}' <<<"$out")
     errors=$(awk '/Socket errors/ {gsub(/,/, ""); print $4 + $6 + $8 + $10}' <<<"$out")
-    echo "$name ${rps:-0} $p50 $p99 ${requests:-0} ${non2xx:-0} ${errors:-0}" >>"$results"
-    all_alive
-    printf '  round %s  %-16s %10.0f req/s  p50 %7.3f ms  p99 %7.3f ms  (%s requests, %s non-2xx, %s socket errors)\n' \
-      "$round" "$name" "${rps:-0}" "$p50" "$p99" "${requests:-0}" "${non2xx:-0}" "${errors:-0}"
-    if [ "$name" = tollgate-redis ]; then
-      # Every request must have been decided by Redis, not waved through by the fail mode.
-      decided=$(redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' |
-        awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}')
-      failed=$(grep -c 'store call failed' "$work/tollgate-redis.log" || true)
-      echo "                   redis EVALSHA calls during the run: ${decided:-0} (wrk counted ${requests:-0}; failed store calls so far: $failed)"
-    fi
+  else
+    # h2load prints no percentiles: they come from its per-request log (elapsed microseconds).
+    out=$(timeout $((duration_s + 60)) "${on_load_cpu[@]}" h2load -t1 -c"$h2_clients" -m"$h2_streams" \
+      -D "$duration_s" --log-file="$work/h2load.tsv" "$url")
+    rps=$(awk '/^finished in/ {gsub(/,/, ""); print $4}' <<<"$out")
+    requests=$(awk '/^requests:/ {print $8}' <<<"$out")
+    non2xx=$(awk '/^status codes:/ {gsub(/,/, ""); print $5 + $7 + $9}' <<<"$out")
+    errors=$(awk '/^requests:/ {gsub(/,/, ""); print $10 + $12 + $14}' <<<"$out")
+    read -r p50 p99 < <(cut -f3 "$work/h2load.tsv" | sort -n |
+      awk '{v[NR] = $1} END {printf "%d %d\n", v[int(NR * 0.5) + 1], v[int(NR * 0.99) + 1]}')
+  fi
+  c1=$(cpu_ticks "$pid")
+  case $name in *redis*) c1=$((c1 + $(cpu_ticks "${pid_of[redis]}"))) r1=$(redis_calls) ;; esac
+  all_alive
+  printf '%s\n' "--- $scenario round $round $name ($tool $*)" "$out" >>"$log"
+  local ticks=$((c1 - c0))
+  local cpu=$(awk -v t="$ticks" -v hz="$hz" -v n="${requests:-0}" 'BEGIN { printf "%.2f", n ? t * 1e6 / hz / n : 0 }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$round" "$name" "${rps:-0}" \
+    "${p50:-0}" "${p99:-0}" "${requests:-0}" "${non2xx:-0}" "${errors:-0}" "$ticks" "$cpu" $((r1 - r0)) >>"$results"
+  printf '  %-5s r%-2s %-16s %9.0f req/s  p50 %6s us  p99 %7s us  CPU %6s us/req  (%s requests, %s non-2xx, %s errors%s)\n' \
+    "$scenario" "$round" "$name" "${rps:-0}" "${p50:-0}" "${p99:-0}" "$cpu" "${requests:-0}" "${non2xx:-0}" "${errors:-0}" \
+    "$(case $name in *redis*) echo ", $((r1 - r0)) redis script calls" ;; esac)"
+}
+
+check() { # name expected-status [curl args...]: the target answers as the scenario expects
+  local name=$1 want=$2 got
+  shift 2
+  got=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@" "http://127.0.0.1:${port_of[$name]}/") || true
+  if [ "$got" != "$want" ]; then
+    echo "bench.sh: $name answered $got, expected $want" >&2
+    exit 1
+  fi
+}
+
+run_rounds() { # scenario tool "target..." [tool args...]
+  local scenario=$1 tool=$2 targets=$3 round name
+  shift 3
+  for round in $(seq 1 "$rounds"); do
+    echo "  -- $scenario round $round/$rounds, $(date +%T), load average $(loadavg)"
+    for name in $targets; do measure "$scenario" "$round" "$name" "$tool" "$@"; done
   done
+}
+
+allow=(MAX_TOKENS=1000000000 REFILL_RATE=1000000) # a billion tokens, a million more per second
+deny=(MAX_TOKENS=1 REFILL_RATE=0.001)             # one request, then one per 1000 s
+# Many clients, each allowed every request but refilled so slowly (one token per 100 s) that
+# no client's budget is whole again during the run: every client stays held in the store (and
+# in Redis) instead of being purged as idle, as on a real gateway.
+many=(MAX_TOKENS=1000000000 REFILL_RATE=0.01)
+
+echo "== wrk -t1 -c$connections -d$duration --latency / h2load -t1 -c$h2_clients -m$h2_streams -D $duration_s;" \
+  "$warmup warm-up before each; $rounds interleaved round(s)"
+for scenario in ${scenarios//,/ }; do
+  case $scenario in
+    allow)
+      echo "== allow: every request allowed"
+      bare bare "${allow[@]}"
+      tollgate tollgate-memory memory "${allow[@]}"
+      tollgate tollgate-redis redis "${allow[@]}"
+      nginx_target nginx "" 1000000r/s "burst=1000000 nodelay"
+      for name in bare tollgate-memory tollgate-redis nginx; do check "$name" 200; done
+      curl -s -D - -o /dev/null "http://127.0.0.1:${port_of[tollgate-memory]}/" | grep -qi '^x-ratelimit-remaining:' ||
+        { echo "bench.sh: tollgate answered without X-RateLimit-Remaining" >&2; exit 1; }
+      # The direct target's "proxy CPU" is the backend's own (on the load generator's core).
+      pid_of[direct]=${pid_of[backend]} port_of[direct]=$backend_port
+      run_rounds allow wrk "direct bare tollgate-memory tollgate-redis nginx"
+      failed=$(grep -c 'store call failed' "$work/tollgate-redis.log" || true)
+      echo "  tollgate-redis failed store calls (a request waved through by the fail mode): $failed"
+      stop bare tollgate-memory tollgate-redis nginx
+      ;;
+    deny)
+      echo "== deny: one request per 1000 s per client, so nearly every request is refused"
+      bare bare-deny "${deny[@]}"
+      tollgate tollgate-memory-deny memory "${deny[@]}"
+      tollgate tollgate-redis-deny redis "${deny[@]}"
+      nginx_target nginx-deny "" 1r/m ""
+      for name in bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny; do
+        curl -s -o /dev/null "http://127.0.0.1:${port_of[$name]}/"
+        check "$name" 429
+      done
+      run_rounds deny wrk "bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny"
+      stop bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny
+      ;;
+    many)
+      echo "== many: every request allowed, 100,000 distinct clients by X-Forwarded-For"
+      bare bare-many "${many[@]}" BARE_KEY_BY_XFF=1
+      tollgate tollgate-memory-many memory "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
+      tollgate tollgate-redis-many redis "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
+      nginx_target nginx-many "" 1000000r/s "burst=1000000 nodelay" \
+        "set_real_ip_from 127.0.0.1; real_ip_header X-Forwarded-For;"
+      for name in bare-many tollgate-memory-many tollgate-redis-many nginx-many; do
+        check "$name" 200 -H 'X-Forwarded-For: 10.0.0.1'
+      done
+      run_rounds many wrk "bare-many tollgate-memory-many tollgate-redis-many nginx-many" -s "$work/many.lua"
+      echo "  clients held by tollgate-memory-many: $(curl -s "http://127.0.0.1:${admin_of[tollgate-memory-many]}/metrics" |
+        awk '/^tollgate_memory_clients/ {print $2}'); Redis keys: $(redis-cli -p "$redis_port" DBSIZE)"
+      stop bare-many tollgate-memory-many tollgate-redis-many nginx-many
+      ;;
+    h2)
+      echo "== h2: HTTP/2 cleartext with prior knowledge (the backend stays HTTP/1.1)"
+      bare bare-h2 "${allow[@]}" BARE_H2=1
+      tollgate tollgate-memory-h2 memory "${allow[@]}"
+      tollgate tollgate-redis-h2 redis "${allow[@]}"
+      # nginx 1.22 speaks h2c with prior knowledge on a listen ... http2 port (no HTTP/1 there).
+      nginx_target nginx-h2 " http2" 1000000r/s "burst=1000000 nodelay"
+      for name in bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2; do check "$name" 200 --http2-prior-knowledge; done
+      run_rounds h2 h2load "bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2"
+      stop bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2
+      ;;
+    *) echo "bench.sh: unknown scenario $scenario (allow, deny, many, h2)" >&2; exit 2 ;;
+  esac
 done
 
 echo
-echo "whole gateway on loopback, wrk -t$threads -c$connections -d$duration, mean of $rounds round(s); backend: examples/echo_backend"
-awk -v names="${names[*]}" '
-  { n[$1]++; rps[$1] += $2; p50[$1] += $3; p99[$1] += $4; bad[$1] += $6 + $7 }
+echo "== summary: medians over $rounds round(s) [min-max]; ratios are of the medians"
+echo "   (req/s: higher is better; CPU us/req: the proxy's own process(es), plus redis-server for *-redis)"
+awk -F'\t' '
+  function sorted(list, a,   n, i, j, t) { # split list into a, sorted numerically; returns n
+    n = split(list, a, " ")
+    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+    return n }
+  function med(list,   a, n) { n = sorted(list, a); return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+  function lo(list,   a) { sorted(list, a); return a[1] }
+  function hi(list,   a, n) { n = sorted(list, a); return a[n] }
+  function ratio(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }
+  NR > 1 {
+    k = $1 SUBSEP $3
+    if (!($1 in nt)) order[++ns] = $1
+    if (!(k in seen)) { seen[k] = 1; target[$1, ++nt[$1]] = $3 }
+    rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $11
+    reqs[k] += $7; refused[k] += $8; bad[k] += $9; calls[k] += $12
+  }
   END {
-    split(names, order, " ")
-    direct = rps["direct"] / n["direct"]
-    printf "| %-16s | %10s | %9s | %9s | %15s | %11s |\n", "target", "req/s", "p50 ms", "p99 ms", "req/s vs direct", "non-2xx+err"
-    printf "|%s|%s|%s|%s|%s|%s|\n", "------------------", "------------", "-----------", "-----------", "-----------------", "-------------"
-    for (i = 1; i in order; i++) {
-      t = order[i]; r = rps[t] / n[t]
-      printf "| %-16s | %10.0f | %9.3f | %9.3f | %15.2f | %11d |\n", t, r, p50[t] / n[t], p99[t] / n[t], r / direct, bad[t]
+    for (s = 1; s <= ns; s++) {
+      S = order[s]; ref_nginx = ref_bare = ""
+      for (t = 1; t <= nt[S]; t++) { T = target[S, t]
+        if (T ~ /^nginx/) ref_nginx = T; if (T ~ /^bare/) ref_bare = T }
+      printf "\nscenario %s\n", S
+      printf "| %-20s | %-24s | %-7s | %-8s | %-20s | %-8s | %-8s | %-8s | %-8s | %-11s | %s |\n", "target", "req/s median [min-max]",
+        "p50 us", "p99 us", "CPU us/req [min-max]", "req/s vs nginx", "req/s vs floor", "CPU vs nginx", "CPU vs floor", "non-2xx", "errors" (S == "deny" ? " | redis script calls per refusal" : " | redis script calls per request")
+      printf "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+      for (t = 1; t <= nt[S]; t++) { T = target[S, t]; k = S SUBSEP T
+        r = med(rps[k]); c = med(cpu[k])
+        rn = med(rps[S SUBSEP ref_nginx]); rb = med(rps[S SUBSEP ref_bare]); cn = med(cpu[S SUBSEP ref_nginx]); cb = med(cpu[S SUBSEP ref_bare])
+        per = T ~ /redis/ ? sprintf("%.4f", calls[k] / (S == "deny" ? (refused[k] ? refused[k] : 1) : (reqs[k] ? reqs[k] : 1))) : "-"
+        printf "| %-20s | %7.0f [%6.0f-%6.0f] | %7.0f | %8.0f | %6.2f [%5.2f-%5.2f] | %8s | %8s | %8s | %8s | %11d | %d | %s |\n", T,
+          r, lo(rps[k]), hi(rps[k]), med(p50[k]), med(p99[k]), c, lo(cpu[k]), hi(cpu[k]),
+          ratio(r, rn), ratio(r, rb), ratio(c, cn), ratio(c, cb), refused[k], bad[k], per }
     }
   }' "$results"
-echo "load average after the load runs: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load average at the end: $(loadavg)"
+echo "raw output: $log  results: $results  (plot: python3 scripts/bench_plot.py $results docs/bench.png)"

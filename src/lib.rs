@@ -19,11 +19,13 @@
 //!
 //! - [`config`]: environment variables to a validated [`Config`]: a reader of named variables,
 //!   the rule table parser and the store parser; every error names the variable.
-//! - [`server`]: accept loop, HTTP/1.1 + h2c, graceful shutdown; wires the pieces together.
+//! - [`server`]: accept loop, HTTP/1.1 + h2c, connection limits and timeouts, graceful
+//!   shutdown; wires the pieces together.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
 //! - [`metrics`]: the Prometheus registry and the typed metrics, labels bounded by the config.
-//! - [`proxy`]: the HTTP face: path canonicalisation, client address, forwarding, hop-by-hop
-//!   headers, upgrades, and the gateway's own responses and rate-limit headers.
+//! - [`proxy`]: the HTTP face: strict HTTP/1.1 checks, path canonicalisation, client address,
+//!   forwarding (request bodies watched, so a broken one is the client's fault), hop-by-hop and
+//!   forwarding headers, upgrades, and the gateway's own responses and rate-limit headers.
 //! - [`limit`]: the policy, never forwarding or answering anything: the rule table
 //!   ([`limit::RuleTable`]: classify a request head into rule, key, cost and mode), client keys,
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),

@@ -83,6 +83,11 @@ async fn main() -> ExitCode {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    // Every connection is a file descriptor, and MAX_CONNECTIONS is sized from this limit
+    // (the ready line shows both).
+    if let Err(error) = tollgate::server::raise_fd_limit() {
+        tracing::warn!(%error, "cannot raise the file-descriptor limit to its hard limit");
+    }
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(error) => {

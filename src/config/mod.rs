@@ -9,7 +9,8 @@
 //! - [`store`]: memory or Redis, and what to do when Redis fails;
 //! - [`warnings`]: variables that are set but change nothing (misspelt, or not read by the
 //!   chosen algorithm or store), reported without stopping startup;
-//! - this module: the listener, the backend, timeouts and logging, and the whole [`Config`].
+//! - this module: the listener, the backend, timeouts, connection limits and logging, and the
+//!   whole [`Config`].
 //!
 //! Setting types belong to the modules that use them ([`Backend`] to the proxy, [`LogFormat`]
 //! to telemetry, [`RuleTable`] to the limiter): configuration depends on the components, never
@@ -82,8 +83,13 @@ pub const VARIABLES: &[&str] = &[
     // backend and timeouts
     "BACKEND_TIMEOUT_MS",
     "BACKEND_IDLE_TIMEOUT_MS",
+    "BODY_IDLE_TIMEOUT_MS",
     "HEADER_READ_TIMEOUT_MS",
     "SHUTDOWN_TIMEOUT_MS",
+    // client connections
+    "IDLE_TIMEOUT_MS",
+    "MAX_CONNECTIONS",
+    "MAX_UPGRADES_PER_CLIENT",
     // redis
     "REDIS_ADDR",
     "REDIS_URL",
@@ -185,14 +191,31 @@ pub struct Config {
     pub headers: HeaderStyle,
     /// `LOG_FORMAT`.
     pub log_format: LogFormat,
-    /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers (504 after).
+    /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers once the
+    /// request body has been sent, and for the backend to connect or to read more of a body
+    /// (504 after). Counted from the end of the body, so a long upload is not a slow backend.
     pub backend_timeout: Duration,
     /// `BACKEND_IDLE_TIMEOUT_MS`: idle pooled backend connections are closed after this; keep
     /// it below the backend's own keep-alive timeout so we never reuse a closing connection.
     pub backend_idle_timeout: Duration,
+    /// `BODY_IDLE_TIMEOUT_MS`: a client that sends no request body data for this long in the
+    /// middle of its body is answered 408 and cut off (slow-upload protection).
+    pub body_idle_timeout: Duration,
     /// `HEADER_READ_TIMEOUT_MS`: a client must send its request headers within this
-    /// (slowloris protection).
+    /// (slowloris protection); a new connection must send its first request within this of
+    /// being accepted (HTTP/2: preface, settings and the first request's headers).
     pub header_read_timeout: Duration,
+    /// `IDLE_TIMEOUT_MS`: a client connection with nothing in flight for this long is closed
+    /// (HTTP/2 with `GOAWAY`), so idle keep-alive connections cannot pile up.
+    pub idle_timeout: Duration,
+    /// `MAX_CONNECTIONS`: most client connections open at once, tunnels included; past it a
+    /// new connection is closed at once. `None`: sized from the file-descriptor limit when
+    /// serving starts (see [`crate::server::limits`]).
+    pub max_connections: Option<NonZeroUsize>,
+    /// `MAX_UPGRADES_PER_CLIENT`: most upgraded connections (WebSocket tunnels) one client
+    /// address may hold open; `None` is unlimited. Requests inside a tunnel are not seen, so
+    /// not limited: this bounds what one client can hold that way.
+    pub max_upgrades_per_client: Option<u32>,
     /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests (default 8 s, below
     /// the 10 s `docker stop` waits before SIGKILL).
     pub shutdown_timeout: Duration,
@@ -293,8 +316,38 @@ impl Config {
         })?;
         let backend_timeout = env.millis("BACKEND_TIMEOUT_MS", "30000")?;
         let backend_idle_timeout = env.millis("BACKEND_IDLE_TIMEOUT_MS", "4000")?;
+        let body_idle_timeout = env.millis("BODY_IDLE_TIMEOUT_MS", "30000")?;
         let header_read_timeout = env.millis("HEADER_READ_TIMEOUT_MS", "10000")?;
         let shutdown_timeout = env.millis("SHUTDOWN_TIMEOUT_MS", "8000")?;
+        let idle_timeout = env.millis("IDLE_TIMEOUT_MS", "60000")?;
+        let max_connections = env
+            .get("MAX_CONNECTIONS")
+            .map(|value| {
+                value
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(NonZeroUsize::new)
+                    .ok_or_else(|| {
+                        ConfigError::invalid(
+                            "MAX_CONNECTIONS",
+                            value,
+                            "a whole number of at least 1 (unset: sized from the file-descriptor limit)",
+                        )
+                    })
+            })
+            .transpose()?;
+        let max_upgrades_per_client = env
+            .get("MAX_UPGRADES_PER_CLIENT")
+            .map(|value| {
+                value.parse::<u32>().map_err(|_| {
+                    ConfigError::invalid(
+                        "MAX_UPGRADES_PER_CLIENT",
+                        value,
+                        "a whole number, 0 refusing every upgrade (unset: unlimited)",
+                    )
+                })
+            })
+            .transpose()?;
         // Last, when every variable this configuration reads has been read.
         let read = env.read_names();
         let warnings = warnings::warnings(env);
@@ -310,7 +363,11 @@ impl Config {
             log_format,
             backend_timeout,
             backend_idle_timeout,
+            body_idle_timeout,
             header_read_timeout,
+            idle_timeout,
+            max_connections,
+            max_upgrades_per_client,
             shutdown_timeout,
             store,
             read,
@@ -347,6 +404,19 @@ impl fmt::Display for Config {
             }
         )?;
         writeln!(f, "headers:          {}", self.headers.as_str())?;
+        writeln!(
+            f,
+            "connections:      at most {}, first request within {} ms, closed after {} ms idle; \
+             upgrades per client: {}",
+            self.max_connections.map_or_else(
+                || "as the file-descriptor limit allows".to_owned(),
+                |max| max.to_string()
+            ),
+            self.header_read_timeout.as_millis(),
+            self.idle_timeout.as_millis(),
+            self.max_upgrades_per_client
+                .map_or_else(|| "unlimited".to_owned(), |max| max.to_string())
+        )?;
         match &self.store {
             StoreConfig::Memory => write!(
                 f,

@@ -752,3 +752,42 @@ fn a_container_environment_has_no_warnings() {
     ];
     assert_eq!(warnings(&container), Vec::<String>::new());
 }
+
+#[test]
+fn connection_limits_and_timeouts() {
+    let defaults = parse(&[]).unwrap();
+    assert_eq!(defaults.idle_timeout, Duration::from_secs(60));
+    assert_eq!(defaults.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(
+        defaults.max_connections, None,
+        "sized from the fd limit at startup"
+    );
+    assert_eq!(defaults.max_upgrades_per_client, None, "unlimited");
+    let set = parse(&[
+        ("IDLE_TIMEOUT_MS", "1500"),
+        ("MAX_CONNECTIONS", "5000"),
+        ("MAX_UPGRADES_PER_CLIENT", "0"),
+    ])
+    .unwrap();
+    assert_eq!(set.idle_timeout, Duration::from_millis(1500));
+    assert_eq!(set.max_connections.map(NonZeroUsize::get), Some(5000));
+    assert_eq!(set.max_upgrades_per_client, Some(0));
+    assert!(set.warnings.is_empty(), "{:?}", set.warnings);
+    assert!(
+        set.to_string()
+            .contains("connections:      at most 5000, first request within 10000 ms, closed after 1500 ms idle; upgrades per client: 0"),
+        "{set}"
+    );
+    for (var, value) in [
+        ("IDLE_TIMEOUT_MS", "0"),
+        ("MAX_CONNECTIONS", "0"),
+        ("MAX_CONNECTIONS", "lots"),
+        ("MAX_UPGRADES_PER_CLIENT", "-1"),
+    ] {
+        let message = error(&[(var, value)]);
+        assert!(
+            message.starts_with(&format!("{var}=\"{value}\" is invalid: expected")),
+            "{message}"
+        );
+    }
+}

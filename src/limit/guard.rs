@@ -79,10 +79,11 @@ impl RedisErrorKind {
     fn of(error: &StoreError) -> RedisErrorKind {
         match error {
             StoreError::Timeout(_) => RedisErrorKind::Timeout,
+            // Before the I/O check: the client's response timeout is an I/O error too.
+            StoreError::Redis(error) if error.is_timeout() => RedisErrorKind::Timeout,
             StoreError::Redis(error) if error.is_io_error() || error.is_connection_dropped() => {
                 RedisErrorKind::Connection
             }
-            StoreError::Redis(error) if error.is_timeout() => RedisErrorKind::Timeout,
             StoreError::Redis(_) => RedisErrorKind::Script,
             StoreError::Reply(_) => RedisErrorKind::Reply,
         }
@@ -233,6 +234,12 @@ impl Guard {
     fn record_failure(&self, error: &StoreError) {
         let inner = &self.inner;
         inner.errors[RedisErrorKind::of(error) as usize].fetch_add(1, Ordering::Relaxed);
+        if error.is_about_one_key() {
+            // Redis answered: one key's trouble says nothing of its health, and an open
+            // breaker would hand every other client the fail mode too.
+            tracing::warn!(%error, "rate-limit store call failed for this key alone");
+            return;
+        }
         let failures = inner.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::warn!(%error, consecutive_failures = failures, "rate-limit store call failed");
         if failures >= inner.settings.failure_threshold && !inner.open.swap(true, Ordering::AcqRel) {
@@ -263,7 +270,16 @@ async fn probe(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        match inner.store.ping().await {
+        // The connection manager remembers a failed reconnect and starts a new one only when
+        // a call fails on it: after a connection error, ask again at once, so a Redis that
+        // came back since the last probe is seen now rather than one interval later.
+        let answer = match inner.store.ping().await {
+            Err(error) if RedisErrorKind::of(&error) == RedisErrorKind::Connection => {
+                inner.store.ping().await
+            }
+            answer => answer,
+        };
+        match answer {
             Ok(()) => {
                 inner.consecutive_failures.store(0, Ordering::Relaxed);
                 inner.open.store(false, Ordering::Release);

@@ -35,6 +35,15 @@ pub enum StoreError {
     Reply(String),
 }
 
+impl StoreError {
+    /// True when Redis answered and the trouble is one key's content, not the store: a value
+    /// of another type at the client's key (`WRONGTYPE`, say from another application sharing
+    /// `KEY_PREFIX`). Other clients are unaffected, so the circuit breaker does not count it.
+    pub fn is_about_one_key(&self) -> bool {
+        matches!(self, StoreError::Redis(error) if error.code() == Some("WRONGTYPE"))
+    }
+}
+
 /// Where Redis is. The password is kept out of `Debug` and every message.
 #[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {

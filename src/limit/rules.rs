@@ -262,6 +262,12 @@ impl RuleTable {
         rules.join("; ")
     }
 
+    /// `IPV6_PREFIX`: IPv6 clients are this network, for anything else counted per client
+    /// (such as open tunnels).
+    pub fn ipv6_prefix(&self) -> u8 {
+        self.ipv6_prefix
+    }
+
     /// The hasher header keys are digested with (for `EXEMPT` entries).
     pub fn hasher(&self) -> &KeyHasher {
         &self.hasher

@@ -8,7 +8,14 @@
 //! `Connection` is removed. An upgrade (RFC 9110 section 7.8, e.g. WebSocket) is the one case
 //! where `Connection: upgrade` and `Upgrade` must reach the other side, so they are put back
 //! for upgrade requests and `101 Switching Protocols` responses.
+//!
+//! The forwarding headers tell the backend who called and how ([`set_forwarded`]). Those that
+//! identify the client are always the gateway's own decision, whatever the client sent:
+//! `X-Real-IP` is the address the rules used, and `Forwarded` (RFC 7239) from an untrusted peer
+//! is replaced by the gateway's element; lists (`X-Forwarded-For`, `Forwarded`) keep what a
+//! trusted proxy wrote before it and end with the gateway's entry.
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -19,6 +26,8 @@ use super::identity::X_FORWARDED_FOR;
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// `X-Forwarded-Host`: the `Host` the client asked for.
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// `X-Real-IP`: the client address the gateway decided on (nginx's name for it).
+pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Hop-by-hop headers that are always dropped, whether or not `Connection` names them.
 static HOP_BY_HOP: [HeaderName; 7] = [
@@ -67,16 +76,29 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|token| !token.is_empty())
 }
 
-/// Set the `X-Forwarded-*` headers for the backend. `peer` is appended to
-/// `X-Forwarded-For` (all earlier lines folded into one list). `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` from a trusted proxy are kept, since it saw the original request;
-/// from anyone else they are overwritten.
-pub fn set_forwarded(
-    headers: &mut HeaderMap,
-    peer: IpAddr,
-    peer_is_trusted: bool,
-    host: Option<&HeaderValue>,
-) {
+/// The hop a request came in on, as the forwarding headers describe it.
+#[derive(Debug, Clone, Copy)]
+pub struct Hop<'a> {
+    /// The TCP peer (IPv4-mapped addresses as IPv4).
+    pub peer: IpAddr,
+    /// Whether `peer` is one of `TRUSTED_PROXIES`: only then are its forwarding headers kept.
+    pub peer_is_trusted: bool,
+    /// The client address the gateway decided on (the peer, or from a trusted
+    /// `X-Forwarded-For`).
+    pub client: IpAddr,
+    /// The host the request is for (see [`super::strict::target_host`]).
+    pub host: Option<&'a HeaderValue>,
+}
+
+/// Set the forwarding headers for the backend:
+///
+/// - `X-Forwarded-For`: `peer` appended (all earlier lines folded into one list);
+/// - `X-Forwarded-Proto`, `X-Forwarded-Host`: a trusted proxy's are kept, since it saw the
+///   original request; anyone else's are overwritten (`http`, and the host);
+/// - `X-Real-IP`: `client`, always ours;
+/// - `Forwarded` (RFC 7239): our element `for=peer;proto=http;host=host` appended to a trusted
+///   proxy's list; anyone else's lines are dropped and ours is the only element.
+pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
     let mut forwarded_for = String::new();
     for line in headers.get_all(&X_FORWARDED_FOR) {
         if let Ok(line) = line.to_str() {
@@ -84,19 +106,78 @@ pub fn set_forwarded(
             forwarded_for.push_str(", ");
         }
     }
-    forwarded_for.push_str(&peer.to_string());
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    let _ = write!(forwarded_for, "{}", hop.peer);
+    // From a String: the header takes its buffer, no copy.
+    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
         headers.insert(&X_FORWARDED_FOR, value);
     }
-    if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+    if !(hop.peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
-    if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        match host {
+    if !(hop.peer_is_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match hop.host {
             Some(host) => headers.insert(&X_FORWARDED_HOST, host.clone()),
             None => headers.remove(&X_FORWARDED_HOST),
         };
     }
+    if let Ok(value) = HeaderValue::try_from(hop.client.to_string()) {
+        headers.insert(&X_REAL_IP, value);
+    }
+    // Visible ASCII throughout (lines that are not are skipped), so this always succeeds.
+    match HeaderValue::try_from(forwarded(headers, hop)) {
+        Ok(value) => headers.insert(header::FORWARDED, value),
+        Err(_) => headers.remove(header::FORWARDED),
+    };
+}
+
+/// The `Forwarded` list to send: a trusted peer's elements, then ours.
+fn forwarded(headers: &HeaderMap, hop: &Hop<'_>) -> String {
+    let mut list = String::with_capacity(64);
+    if hop.peer_is_trusted {
+        for line in headers.get_all(header::FORWARDED) {
+            if let Ok(line) = line.to_str() {
+                let line = line.trim();
+                if !line.is_empty() {
+                    list.push_str(line);
+                    list.push_str(", ");
+                }
+            }
+        }
+    }
+    push_element(&mut list, hop);
+    list
+}
+
+/// `for=...;proto=http;host=...` (RFC 7239 section 4): an IPv6 node is bracketed and quoted,
+/// a host that is not a token (it has a port, say) quoted.
+fn push_element(element: &mut String, hop: &Hop<'_>) {
+    let _ = match hop.peer {
+        IpAddr::V4(ip) => write!(element, "for={ip}"),
+        IpAddr::V6(ip) => write!(element, "for=\"[{ip}]\""),
+    };
+    element.push_str(";proto=http");
+    if let Some(host) = hop.host.and_then(|host| host.to_str().ok())
+        && !host.is_empty()
+    {
+        element.push_str(";host=");
+        if host.bytes().all(is_tchar) {
+            element.push_str(host);
+        } else {
+            element.push('"');
+            for c in host.chars() {
+                if matches!(c, '"' | '\\') {
+                    element.push('\\');
+                }
+                element.push(c);
+            }
+            element.push('"');
+        }
+    }
+}
+
+/// A `token` character (RFC 9110 section 5.6.2).
+fn is_tchar(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
 }
 
 #[cfg(test)]
@@ -148,6 +229,15 @@ mod tests {
         assert!(!is_upgrade(&headers(&[("upgrade", "websocket")])));
     }
 
+    fn hop<'a>(peer: &str, trusted: bool, client: &str, host: Option<&'a HeaderValue>) -> Hop<'a> {
+        Hop {
+            peer: peer.parse().unwrap(),
+            peer_is_trusted: trusted,
+            client: client.parse().unwrap(),
+            host,
+        }
+    }
+
     #[test]
     fn forwarded_headers() {
         let host = HeaderValue::from_static("example.com");
@@ -156,15 +246,54 @@ mod tests {
             ("x-forwarded-for", "2.2.2.2"),
             ("x-forwarded-proto", "https"),
         ]);
-        set_forwarded(&mut map, "10.0.0.1".parse().unwrap(), true, Some(&host));
+        set_forwarded(&mut map, &hop("10.0.0.1", true, "2.2.2.2", Some(&host)));
         assert_eq!(map["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.1");
         assert_eq!(map["x-forwarded-proto"], "https");
         assert_eq!(map["x-forwarded-host"], "example.com");
+        assert_eq!(map["x-real-ip"], "2.2.2.2");
 
-        let mut map = headers(&[("x-forwarded-proto", "https"), ("x-forwarded-host", "evil")]);
-        set_forwarded(&mut map, "203.0.113.1".parse().unwrap(), false, Some(&host));
+        let mut map = headers(&[
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil"),
+            ("x-real-ip", "6.6.6.6"),
+        ]);
+        set_forwarded(&mut map, &hop("203.0.113.1", false, "203.0.113.1", Some(&host)));
         assert_eq!(map["x-forwarded-for"], "203.0.113.1");
         assert_eq!(map["x-forwarded-proto"], "http");
         assert_eq!(map["x-forwarded-host"], "example.com");
+        assert_eq!(map["x-real-ip"], "203.0.113.1");
+        assert_eq!(map.get_all("x-real-ip").iter().count(), 1);
+    }
+
+    #[test]
+    fn forwarded_from_an_untrusted_peer_is_replaced() {
+        let host = HeaderValue::from_static("example.com");
+        let mut map = headers(&[
+            ("forwarded", "for=1.2.3.4;proto=https"),
+            ("forwarded", "for=5.6.7.8"),
+        ]);
+        set_forwarded(&mut map, &hop("203.0.113.1", false, "203.0.113.1", Some(&host)));
+        assert_eq!(map.get_all("forwarded").iter().count(), 1);
+        assert_eq!(map["forwarded"], "for=203.0.113.1;proto=http;host=example.com");
+    }
+
+    #[test]
+    fn forwarded_from_a_trusted_peer_gets_our_element_appended() {
+        let host = HeaderValue::from_static("example.com:8080");
+        let mut map = headers(&[
+            ("forwarded", "for=198.51.100.7;proto=https"),
+            ("forwarded", "for=\"[2001:db8::9]\""),
+        ]);
+        set_forwarded(&mut map, &hop("2001:db8::1", true, "198.51.100.7", Some(&host)));
+        assert_eq!(
+            map["forwarded"],
+            "for=198.51.100.7;proto=https, for=\"[2001:db8::9]\", \
+             for=\"[2001:db8::1]\";proto=http;host=\"example.com:8080\""
+        );
+        // No host known: no host= parameter.
+        let mut map = HeaderMap::new();
+        set_forwarded(&mut map, &hop("192.0.2.1", false, "192.0.2.1", None));
+        assert_eq!(map["forwarded"], "for=192.0.2.1;proto=http");
+        assert!(!map.contains_key("x-forwarded-host"));
     }
 }

@@ -1,26 +1,37 @@
 //! The HTTP face of the gateway: read the path and the client once, classify the request with
 //! the rule table, ask the limiter, then forward the request or answer it ourselves.
 //!
+//! - [`strict`]: request heads HTTP/1.1 does not allow (`CONNECT`, two `Host`s, ...), refused
+//!   first; the host a request is for.
 //! - [`path`]: the request path parsed once into the canonical form rules match, or refused.
 //! - [`identity`]: the client address (peer IP, or `X-Forwarded-For` from trusted proxies).
-//! - [`headers`]: hop-by-hop stripping and `X-Forwarded-*`.
+//! - [`headers`]: hop-by-hop stripping, `X-Forwarded-*`, `X-Real-IP` and `Forwarded`.
+//! - [`body`]: the client's request body, watched so a body that breaks off is the client's
+//!   fault (400, 408), not the backend's.
 //! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504) and rate-limit headers;
 //!   [`draft_headers`]: the IETF `RateLimit` fields.
+//! - [`upgrades`]: `MAX_UPGRADES_PER_CLIENT`, the tunnels (WebSocket) one client may hold open.
 //!
 //! What is counted is what is forwarded: the path the rules matched is the path the backend
 //! gets (byte for byte, or with its dot segments resolved), and a request that could be read
 //! two ways is refused before any budget is touched.
 //!
 //! Bodies stream both ways: the client's request body is handed to the backend as it arrives,
-//! the backend's response body to the client, and nothing is buffered.
+//! the backend's response body to the client, and nothing is buffered. `BACKEND_TIMEOUT_MS`
+//! counts from the end of the request body; before that, a client that pauses mid-body is
+//! bounded by `BODY_IDLE_TIMEOUT_MS` and a backend that stops reading it by
+//! `BACKEND_TIMEOUT_MS`.
 
+pub mod body;
 pub mod draft_headers;
 pub mod headers;
 pub mod identity;
 pub mod path;
 pub mod request_id;
 pub mod response;
+pub mod strict;
 pub mod throttle;
+pub mod upgrades;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -34,14 +45,15 @@ use http::{Request, Response, Version, header};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict};
 use crate::metrics::Metrics;
+use body::{BodyState, ClientBody, Progress};
 use identity::ClientIdentity;
 use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
@@ -254,12 +266,28 @@ pub enum ProxyError {
     /// The request cannot be turned into a backend request (400).
     #[error("request cannot be forwarded: {0}")]
     Downstream(String),
+    /// The client's request body was malformed or cut short (400).
+    #[error("the request body could not be read (malformed, or cut short by the client)")]
+    BodyUnreadable,
+    /// The client paused mid-body for longer than `BODY_IDLE_TIMEOUT_MS` (408).
+    #[error("the client sent no request body data for {0:?}")]
+    BodyIdle(Duration),
+}
+
+impl ProxyError {
+    /// Whether the client, not the backend, is to blame.
+    fn is_downstream(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::Downstream(_) | ProxyError::BodyUnreadable | ProxyError::BodyIdle(_)
+        )
+    }
 }
 
 /// Everything a request needs, shared by all connections.
 pub struct Proxy {
     /// Pooled HTTP/1.1 client to the backend.
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, ClientBody>,
     /// `BACKEND_URL`.
     backend: Backend,
     /// Memory or Redis.
@@ -272,6 +300,8 @@ pub struct Proxy {
     identity: ClientIdentity,
     /// `BACKEND_TIMEOUT_MS`.
     backend_timeout: Duration,
+    /// `BODY_IDLE_TIMEOUT_MS`.
+    body_idle_timeout: Duration,
     /// Counts what became of requests.
     metrics: Arc<Metrics>,
     /// `ACCESS_LOG`.
@@ -282,6 +312,8 @@ pub struct Proxy {
     denial_log: LogThrottle,
     /// Bounds the warnings about backend failures.
     failure_log: LogThrottle,
+    /// `MAX_UPGRADES_PER_CLIENT`: open tunnels per client.
+    tunnels: upgrades::Tunnels,
 }
 
 /// What the log lines and metrics of one request need to know, wherever they are written.
@@ -318,11 +350,13 @@ impl Proxy {
             header_style: config.headers,
             identity: ClientIdentity::new(config.trusted_proxies.clone()),
             backend_timeout: config.backend_timeout,
+            body_idle_timeout: config.body_idle_timeout,
             metrics,
             access_log: config.access_log,
             request_ids: RequestIds::new(),
             denial_log: LogThrottle::new(),
             failure_log: LogThrottle::new(),
+            tunnels: upgrades::Tunnels::new(config.max_upgrades_per_client, config.rules.ipv6_prefix()),
         }
     }
 
@@ -343,6 +377,14 @@ impl Proxy {
         started: Instant,
     ) -> Response<ResponseBody> {
         let mut context = RequestContext { id, rule: None };
+        if let Err(violation) = strict::check(
+            request.method(),
+            request.uri(),
+            request.version(),
+            request.headers(),
+        ) {
+            return refuse_violation(violation, &request, peer, &context);
+        }
         // The path is read once: its canonical form is what rules match, and a rewritten form
         // (dot segments resolved) is what the backend gets.
         let raw_path = request.uri().path();
@@ -380,6 +422,11 @@ impl Proxy {
         let rewritten = path.rewritten;
         // The backend gets the request id too, so its logs and ours can be joined.
         request.headers_mut().insert(&X_REQUEST_ID, id.clone());
+        // An upgrade past MAX_UPGRADES_PER_CLIENT is refused before any budget is spent; an
+        // admitted one carries its slot to the tunnel (see `try_forward`).
+        if let Err(refusal) = self.tunnels.admit(&mut request, client_ip) {
+            return refusal;
+        }
 
         let verdict = match matched.mode {
             Mode::Exempt => None,
@@ -393,7 +440,7 @@ impl Proxy {
         let outcome = Outcome::of(matched.mode, verdict.as_ref());
         self.metrics.request(matched.rule.id, outcome);
         let mut response = if outcome.forwards() {
-            self.forward(request, peer.ip(), rewritten.as_deref(), &context)
+            self.forward(request, peer.ip(), client_ip, rewritten.as_deref(), &context)
                 .await
         } else {
             match verdict.as_ref().and_then(Verdict::decision) {
@@ -516,6 +563,7 @@ impl Proxy {
         &self,
         request: Request<Incoming>,
         peer: IpAddr,
+        client: IpAddr,
         rewritten: Option<&str>,
         context: &RequestContext<'_>,
     ) -> Response<ResponseBody> {
@@ -523,7 +571,7 @@ impl Proxy {
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
         let sent = Instant::now();
-        match self.try_forward(request, peer, rewritten).await {
+        match self.try_forward(request, peer, client, rewritten).await {
             Ok(mut response) => {
                 let rule = context.rule.unwrap_or_default();
                 self.metrics
@@ -533,7 +581,12 @@ impl Proxy {
             }
             Err(error) => {
                 self.backend_failed(&error, context);
-                response::from_error(&error)
+                let mut response = response::from_error(&error);
+                if error.is_downstream() && version < Version::HTTP_2 {
+                    // The request's framing is broken or unread: this connection is done.
+                    close_connection(&mut response);
+                }
+                response
             }
         }
     }
@@ -546,6 +599,11 @@ impl Proxy {
             ProxyError::UpstreamTimeout(_) => BackendFailure::Timeout,
             ProxyError::Downstream(_) => {
                 tracing::debug!(request_id = context.id(), %error, "request cannot be forwarded");
+                return;
+            }
+            // The client's doing: no warning, no backend error counted.
+            ProxyError::BodyUnreadable | ProxyError::BodyIdle(_) => {
+                tracing::debug!(request_id = context.id(), %error, "the client's request body broke off");
                 return;
             }
         };
@@ -570,28 +628,26 @@ impl Proxy {
         &self,
         mut request: Request<Incoming>,
         peer: IpAddr,
+        client: IpAddr,
         rewritten: Option<&str>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let upgrade = request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let tunnel_slot = request.extensions_mut().remove::<upgrades::TunnelSlot>();
 
         let (mut parts, body) = request.into_parts();
-        let host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            // HTTP/2 carries the host in :authority; HTTP/1.1 to the backend needs Host.
-            parts
-                .uri
-                .authority()
-                .and_then(|authority| authority.as_str().parse().ok())
-        });
+        // An absolute-form target or HTTP/2's :authority names the host; else Host does.
+        let host = strict::target_host(&parts.uri, &parts.headers);
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
         let peer = peer.to_canonical();
-        headers::set_forwarded(
-            &mut parts.headers,
+        let hop = headers::Hop {
             peer,
-            self.identity.is_trusted(peer),
-            host.as_ref(),
-        );
+            peer_is_trusted: self.identity.is_trusted(peer),
+            client,
+            host: host.as_ref(),
+        };
+        headers::set_forwarded(&mut parts.headers, &hop);
         if let Some(host) = host {
             parts.headers.insert(header::HOST, host);
         }
@@ -599,18 +655,18 @@ impl Proxy {
         // The backend speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
 
+        let body = ClientBody::new(body, self.body_idle_timeout);
+        let progress = body.progress();
         let sent = self.client.request(Request::from_parts(parts, body));
-        let mut response = match tokio::time::timeout(self.backend_timeout, sent).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(error)) => return Err(ProxyError::Upstream(error)),
-            Err(_) => return Err(ProxyError::UpstreamTimeout(self.backend_timeout)),
-        };
+        let mut response = self.response_to(sent, progress.as_deref()).await?;
 
         let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
         match client_upgrade {
             Some(client_upgrade) if switching => {
                 let backend_upgrade = hyper::upgrade::on(&mut response);
                 tokio::spawn(async move {
+                    // The client's place under MAX_UPGRADES_PER_CLIENT, until the tunnel closes.
+                    let _tunnel_slot = tunnel_slot;
                     let (client, backend) = match tokio::try_join!(client_upgrade, backend_upgrade) {
                         Ok(pair) => pair,
                         Err(error) => return tracing::debug!(%error, "upgrade failed"),
@@ -627,12 +683,79 @@ impl Proxy {
         Ok(response.map(BodyExt::boxed))
     }
 
+    /// Wait for the backend's response headers. While the request body streams, a client that
+    /// pauses longer than `BODY_IDLE_TIMEOUT_MS` is cut off (408; the body times itself out
+    /// too, for the time after the response has come) and a backend that reads none of it for
+    /// `BACKEND_TIMEOUT_MS` is given up on (504); once the body has ended, the backend has
+    /// `BACKEND_TIMEOUT_MS` to answer. A failure of the client's body is the client's (400).
+    async fn response_to(
+        &self,
+        sent: ResponseFuture,
+        progress: Option<&Progress>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let mut sent = std::pin::pin!(sent);
+        if let Some(progress) = progress {
+            loop {
+                let (since, waiting_for_client) = progress.activity();
+                let stall = match waiting_for_client {
+                    true => self.body_idle_timeout,
+                    false => self.backend_timeout,
+                };
+                tokio::select! {
+                    // An early answer (the backend need not read the whole body first).
+                    result = &mut sent => return self.answered(result, Some(progress)),
+                    state = progress.finished() => match self.body_failure(state) {
+                        Some(error) => return Err(error),
+                        None => break,
+                    },
+                    () = tokio::time::sleep_until(since + stall) => {
+                        if progress.activity() == (since, waiting_for_client) {
+                            return Err(match waiting_for_client {
+                                true => ProxyError::BodyIdle(self.body_idle_timeout),
+                                false => ProxyError::UpstreamTimeout(self.backend_timeout),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        match tokio::time::timeout(self.backend_timeout, sent).await {
+            Ok(result) => self.answered(result, progress),
+            Err(_) => Err(ProxyError::UpstreamTimeout(self.backend_timeout)),
+        }
+    }
+
+    /// The backend's answer, or whose failure it was: hyper-util reports a client body that
+    /// broke off as a failed request, and only the body's own record tells them apart.
+    fn answered(
+        &self,
+        result: Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+        progress: Option<&Progress>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        result.map_err(|error| {
+            progress
+                .and_then(|progress| self.body_failure(progress.state()))
+                .unwrap_or(ProxyError::Upstream(error))
+        })
+    }
+
+    /// The error for a request body that ended in `state`, if it failed.
+    fn body_failure(&self, state: BodyState) -> Option<ProxyError> {
+        match state {
+            BodyState::Streaming | BodyState::Ended => None,
+            BodyState::Unreadable => Some(ProxyError::BodyUnreadable),
+            BodyState::Idle => Some(ProxyError::BodyIdle(self.body_idle_timeout)),
+        }
+    }
+
     /// `BACKEND_URL`'s scheme and host, its path prefix, then the request's path (or its
     /// `rewritten` form) and query.
     fn backend_uri(&self, uri: &Uri, rewritten: Option<&str>) -> Result<Uri, ProxyError> {
         let path_and_query = match (uri.path_and_query(), rewritten) {
             // The common case: a cheap clone of the parsed original.
             (Some(original), None) if self.backend.base_path.is_empty() => original.clone(),
+            // `OPTIONS *` asks about the server, not a resource: no prefix in front.
+            (Some(original), None) if original.as_str() == "*" => original.clone(),
             (original, rewritten) => {
                 let path = rewritten.unwrap_or_else(|| original.map_or("/", PathAndQuery::path));
                 let query = uri.query().map_or_else(String::new, |query| format!("?{query}"));
@@ -660,4 +783,38 @@ fn refuse(
 ) -> Response<ResponseBody> {
     tracing::debug!(request_id = context.id(), %peer, path = raw_path, reason, "refused an ambiguous request");
     response::bad_request(reason)
+}
+
+/// Refuse a request head HTTP/1.1 does not allow (see [`strict`]), before any budget is
+/// touched, and close an HTTP/1 connection. Logged at debug: the client's mistake (or probe).
+fn refuse_violation(
+    violation: strict::Violation,
+    request: &Request<Incoming>,
+    peer: SocketAddr,
+    context: &RequestContext<'_>,
+) -> Response<ResponseBody> {
+    tracing::debug!(
+        request_id = context.id(),
+        %peer,
+        method = %request.method(),
+        reason = %violation,
+        "refused a request HTTP/1.1 does not allow"
+    );
+    let mut response = response::refused(violation.status(), &violation.to_string());
+    if violation == strict::Violation::Connect {
+        response
+            .headers_mut()
+            .insert(header::ALLOW, strict::ALLOW.clone());
+    }
+    if request.version() < Version::HTTP_2 {
+        close_connection(&mut response);
+    }
+    response
+}
+
+/// Ask hyper to close the HTTP/1 connection after this response (it honours the header).
+fn close_connection(response: &mut Response<ResponseBody>) {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
 }

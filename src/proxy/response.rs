@@ -1,4 +1,4 @@
-//! Responses the gateway writes itself, and the rate-limit headers it adds to every decided
+//! Responses the gateway writes itself (400, 405, 408, 429, 501, 502, 503, 504), and the rate-limit headers it adds to every decided
 //! response.
 //!
 //! `RATE_LIMIT_HEADERS` picks the headers ([`HeaderStyle`]):
@@ -111,19 +111,29 @@ pub fn store_unavailable() -> Response<ResponseBody> {
 /// `400` for a request the gateway will not read two ways (an ambiguous path or identity);
 /// `reason` says what, in a few words.
 pub fn bad_request(reason: &str) -> Response<ResponseBody> {
-    let reason = reason.replace(['"', '\\'], "'");
-    json(
-        StatusCode::BAD_REQUEST,
-        format!(r#"{{"error":"bad request","reason":"{reason}"}}"#),
-    )
+    refused(StatusCode::BAD_REQUEST, reason)
 }
 
-/// 502, 504 or 400, by where the failure came from.
+/// A refusal with `status`: `{"error":"<status text>","reason":"<reason>"}`.
+pub fn refused(status: StatusCode, reason: &str) -> Response<ResponseBody> {
+    let error = status.canonical_reason().unwrap_or("error").to_ascii_lowercase();
+    let reason = reason.replace(['"', '\\'], "'");
+    json(status, format!(r#"{{"error":"{error}","reason":"{reason}"}}"#))
+}
+
+/// 502 or 504 for the backend's failures, 400 or 408 for the client's, by where the failure
+/// came from.
 pub fn from_error(error: &ProxyError) -> Response<ResponseBody> {
     let (status, message) = match error {
         ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, "bad gateway"),
         ProxyError::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "gateway timeout"),
         ProxyError::Downstream(_) => (StatusCode::BAD_REQUEST, "bad request"),
+        ProxyError::BodyUnreadable => {
+            return refused(StatusCode::BAD_REQUEST, "the request body could not be read");
+        }
+        ProxyError::BodyIdle(_) => {
+            return refused(StatusCode::REQUEST_TIMEOUT, "the request body stalled");
+        }
     };
     json(status, format!(r#"{{"error":"{message}"}}"#))
 }

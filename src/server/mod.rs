@@ -1,23 +1,36 @@
 //! Wiring: build the limiter and proxy from the configuration, accept connections, serve
 //! HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, and drain on shutdown.
+//!
+//! - [`limits`]: `MAX_CONNECTIONS`, sized from the file-descriptor limit, and what the accept
+//!   loop does past it or when `accept` fails;
+//! - [`connection`]: the watchdog that closes silent and idle connections
+//!   (`HEADER_READ_TIMEOUT_MS` from accept, `IDLE_TIMEOUT_MS` with nothing in flight), and the
+//!   drain.
+
+pub mod connection;
+pub mod limits;
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-
-use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
+use connection::{Activity, ClientStream, Closed, Drain, Timeouts, Tracked};
+pub use limits::raise_fd_limit;
+use limits::{ConnectionSlots, IntervalLog, Slot};
 
 /// How often the memory store drops clients whose budget is entirely back.
 const PURGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -25,6 +38,17 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(10);
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again, so the
 /// loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// At most one line per this about failed accepts, and one about refused connections, each
+/// with the count since the last.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// HTTP/2 `PING`s sent this often on every connection, so a peer that vanished without a
+/// close (a dead host, a dropped NAT mapping) is noticed even with a request in flight.
+const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+
+/// A `PING` not acknowledged within this closes the connection.
+const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +121,11 @@ async fn run(
             }
         })
     });
+    let fd_limit = limits::fd_limit();
+    let (max_connections, warning) = limits::effective_max_connections(config.max_connections, fd_limit);
+    if let Some(warning) = warning {
+        tracing::warn!("{warning}");
+    }
     // One line; in JSON every setting is a field of its own.
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -111,6 +140,13 @@ async fn run(
         headers = config.headers.as_str(),
         access_log = config.access_log.as_str(),
         trusted_proxies = config.trusted_proxies.len(),
+        max_connections,
+        fd_limit = %fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
+        header_read_timeout_ms = config.header_read_timeout.as_millis() as u64,
+        idle_timeout_ms = config.idle_timeout.as_millis() as u64,
+        max_upgrades_per_client = %config
+            .max_upgrades_per_client
+            .map_or_else(|| "unlimited".into(), |max| max.to_string()),
         "tollgate ready"
     );
     let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
@@ -118,40 +154,68 @@ async fn run(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        // Without a timer the header read timeout is silently ignored.
+        // hyper's own header read timeout (30 s unless set, once a timer is) also runs while a
+        // keep-alive connection waits for its next request, cutting IDLE_TIMEOUT_MS short; the
+        // watchdog keeps both clocks (see `connection`). The timer stays, so a timeout set
+        // here later is not silently ignored.
         .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(None);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT);
+    let timeouts = Timeouts {
+        header_read: config.header_read_timeout,
+        idle: config.idle_timeout,
+    };
 
-    let graceful = GracefulShutdown::new();
+    let slots = ConnectionSlots::new(max_connections);
+    let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
+    let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
+    let drain = Drain::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
+                Err(error) if limits::is_connection_error(&error) => {
+                    tracing::debug!(%error, "accept failed for one connection");
+                    continue;
+                }
                 Err(error) => {
-                    tracing::warn!(%error, "accept failed");
+                    // Out of file descriptors (or memory): what is queued waits until
+                    // connections close. One line per interval, however often it recurs.
+                    if let Some(failures) = accept_failures.event() {
+                        tracing::warn!(
+                            %error,
+                            failures,
+                            open_connections = slots.open(),
+                            max_connections,
+                            "accept failed; retrying (out of file descriptors? see MAX_CONNECTIONS)"
+                        );
+                    }
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
             () = &mut shutdown => break,
         };
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "set_nodelay failed");
-        }
-        let proxy = proxy.clone();
-        let service = service_fn(move |request| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
-        });
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection.into_owned());
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, error = %error, "connection ended with an error");
+        let Some(slot) = slots.try_acquire() else {
+            // Closed at once with a reset: the client learns now, nothing lingers in
+            // TIME_WAIT, and the queue keeps moving for when a slot frees.
+            let _ = stream.set_zero_linger();
+            drop(stream);
+            if let Some(refused) = refusals.event() {
+                tracing::warn!(
+                    refused,
+                    max_connections,
+                    "MAX_CONNECTIONS reached: refusing new connections"
+                );
             }
-        });
+            continue;
+        };
+        serve_connection(&builder, &proxy, stream, peer, slot, drain.watcher(), timeouts);
     }
 
     drop(listener);
@@ -160,10 +224,10 @@ async fn run(
         purge.abort();
     }
     tracing::info!(
-        in_flight_connections = graceful.count(),
+        in_flight_connections = drain.open(),
         "shutting down: draining connections"
     );
-    match tokio::time::timeout(config.shutdown_timeout, graceful.shutdown()).await {
+    match tokio::time::timeout(config.shutdown_timeout, drain.close_all()).await {
         Ok(()) => tracing::info!("all connections drained"),
         Err(_) => tracing::warn!(
             timeout_ms = config.shutdown_timeout.as_millis() as u64,
@@ -174,4 +238,48 @@ async fn run(
         admin.abort();
     }
     Ok(())
+}
+
+/// Serve one accepted connection in a task of its own, under its watchdog (see [`connection`]):
+/// `slot` is its place under `MAX_CONNECTIONS`, `drain` tells it when to close.
+fn serve_connection(
+    builder: &auto::Builder<TokioExecutor>,
+    proxy: &Arc<Proxy>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    drain: watch::Receiver<bool>,
+    timeouts: Timeouts,
+) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "set_nodelay failed");
+    }
+    let activity = Arc::new(Activity::default());
+    let service = {
+        let (proxy, activity) = (proxy.clone(), activity.clone());
+        service_fn(move |request| {
+            // In flight from here until the response body is sent or dropped.
+            let in_flight = activity.start(request.version());
+            let proxy = proxy.clone();
+            async move {
+                let response = proxy.handle(request, peer).await;
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
+            }
+        })
+    };
+    let io = TokioIo::new(ClientStream::new(stream, slot, activity.clone()));
+    let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
+    tokio::spawn(async move {
+        let connection = std::pin::pin!(connection);
+        let close = |connection: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(connection);
+        match connection::supervise(connection, close, &activity, drain, timeouts).await {
+            (_, Err(error)) => {
+                tracing::debug!(%peer, error = %error, "connection ended with an error");
+            }
+            (Closed::Dropped, Ok(())) => {
+                tracing::debug!(%peer, "connection dropped: it did not close when asked");
+            }
+            (Closed::Ended, Ok(())) => {}
+        }
+    });
 }

@@ -19,6 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 
 /// What the backend saw of one request.
 #[derive(Debug, Clone)]
@@ -35,18 +36,41 @@ pub struct Backend {
 
 impl Backend {
     pub async fn start() -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(TcpListener::bind("127.0.0.1:0").await.unwrap())
+    }
+
+    /// A backend on a chosen port, e.g. the port of one just [`stop`](Self::stop)ped: a
+    /// backend restarted in place. Retries the bind for up to 5 s.
+    pub async fn start_on(port: u16) -> Backend {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match TcpListener::bind(("127.0.0.1", port)).await {
+                Ok(listener) => return Self::serve(listener),
+                // The stopped backend's listener may take a moment to close.
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => panic!("cannot bind 127.0.0.1:{port} again: {error}"),
+            }
+        }
+    }
+
+    fn serve(listener: TcpListener) -> Backend {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorder = seen.clone();
         let task = tokio::spawn(async move {
+            // Owned by this task, so stopping the backend closes its open connections too,
+            // as a killed process would.
+            let mut connections = JoinSet::new();
             loop {
+                while connections.try_join_next().is_some() {}
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let recorder = recorder.clone();
                 let service = service_fn(move |request| answer(request, recorder.clone()));
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
@@ -54,6 +78,13 @@ impl Backend {
             }
         });
         Backend { addr, seen, task }
+    }
+
+    /// Stop as a killed process would: the port stops listening and every open connection
+    /// (the gateway's pooled keep-alive ones included) is closed. Returns once they are.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
     }
 
     pub fn url(&self) -> String {

@@ -239,13 +239,68 @@ impl RedisCluster {
             "cluster create failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
-        for node in &nodes {
+        let cluster = RedisCluster { nodes, tls };
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// Wait until every running node says `cluster_state:ok`.
+    pub fn wait_until_ok(&self) {
+        for node in self.nodes.iter().filter(|node| node.child.is_some()) {
             wait_for(
                 || node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"),
                 "the cluster to be ok",
             );
         }
-        RedisCluster { nodes, tls }
+    }
+
+    /// Let the masters that are up keep serving their own slots while another master is
+    /// down (`cluster-require-full-coverage no`). With the default, `yes`, the whole cluster
+    /// refuses every key with `CLUSTERDOWN` once a master has been unreachable for
+    /// `cluster-node-timeout`.
+    pub fn allow_partial_coverage(&self) {
+        for node in &self.nodes {
+            let reply = node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+            assert_eq!(reply.trim(), "OK");
+        }
+    }
+
+    /// The index in [`nodes`](Self::nodes) of the master that owns `key`'s hash slot
+    /// (asked of the first running node).
+    pub fn owner_of(&self, key: &str) -> usize {
+        let asked = self
+            .nodes
+            .iter()
+            .find(|node| node.child.is_some())
+            .expect("no node is running");
+        let slot: u16 = asked.cli(&["CLUSTER", "KEYSLOT", key]).trim().parse().unwrap();
+        // `<id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slots>...`
+        for line in asked.cli(&["CLUSTER", "NODES"]).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let Some(port) = fields
+                .get(1)
+                .and_then(|address| address.split('@').next())
+                .and_then(|address| address.rsplit_once(':'))
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+            else {
+                continue;
+            };
+            let owns = fields.iter().skip(8).any(|range| {
+                let (first, last) = range.split_once('-').unwrap_or((range, range));
+                match (first.parse::<u16>(), last.parse::<u16>()) {
+                    (Ok(first), Ok(last)) => (first..=last).contains(&slot),
+                    _ => false,
+                }
+            });
+            if owns {
+                return self
+                    .nodes
+                    .iter()
+                    .position(|node| node.port == port)
+                    .expect("the owner is one of ours");
+            }
+        }
+        panic!("no master owns slot {slot} of {key}");
     }
 
     /// `REDIS_CLUSTER_NODES`.

@@ -1,0 +1,220 @@
+//! Upgraded connections (WebSocket and any other `Upgrade` protocol) open per client, capped
+//! at `MAX_UPGRADES_PER_CLIENT`.
+//!
+//! After `101 Switching Protocols` the gateway copies bytes both ways and sees no more
+//! requests: whatever the client sends inside a tunnel is neither rate-limited nor timed out
+//! as idle. The upgrade request itself is a request like any other (classified, counted,
+//! refused when over budget); this cap bounds how many tunnels one client can hold at once.
+//!
+//! A client is its address as the rules see it (after `TRUSTED_PROXIES`, IPv6 grouped by
+//! `IPV6_PREFIX`), whatever `KEY_BY` says: a header value is the client's to choose. The slot
+//! is taken when the upgrade request arrives (before any budget is spent, so a refused
+//! upgrade costs none) and held by the tunnel until it closes; a request that is not
+//! switched (refused, or the backend did not agree) gives it back when it ends. Entries are
+//! removed at zero, so the table holds only clients with a tunnel open.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+
+use super::{ResponseBody, headers};
+use crate::limit::ClientIp;
+
+/// Open tunnels per client.
+#[derive(Debug)]
+pub struct Tunnels {
+    /// `MAX_UPGRADES_PER_CLIENT`; `None` is unlimited (and nothing is counted).
+    limit: Option<u32>,
+    /// `IPV6_PREFIX`: clients are keyed as the rules key them.
+    ipv6_prefix: u8,
+    /// Tunnels (and upgrade requests in progress) per client; no zero entries.
+    open: Arc<Mutex<HashMap<ClientIp, u32>>>,
+}
+
+/// One client's place under `MAX_UPGRADES_PER_CLIENT`, given back when the last clone is
+/// dropped. The proxy puts it in the upgrade request's extensions (which need `Clone`); the
+/// tunnel takes it from there.
+#[derive(Debug, Clone)]
+pub struct TunnelSlot {
+    /// Dropped with the last clone.
+    _held: Arc<Held>,
+}
+
+/// What a [`TunnelSlot`] holds.
+#[derive(Debug)]
+struct Held {
+    open: Arc<Mutex<HashMap<ClientIp, u32>>>,
+    client: ClientIp,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
+}
+
+impl Tunnels {
+    /// At most `limit` tunnels per client (`None`: unlimited), IPv6 clients grouped by
+    /// `ipv6_prefix` as the rules group them.
+    pub fn new(limit: Option<u32>, ipv6_prefix: u8) -> Tunnels {
+        Tunnels {
+            limit,
+            ipv6_prefix,
+            open: Arc::default(),
+        }
+    }
+
+    /// For an upgrade request from `client`: take a slot and attach it to the request, or
+    /// answer `429` when the client holds `MAX_UPGRADES_PER_CLIENT` already. Any other request
+    /// passes untouched.
+    #[allow(clippy::result_large_err)]
+    pub fn admit<B>(&self, request: &mut Request<B>, client: IpAddr) -> Result<(), Response<ResponseBody>> {
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        if !is_upgrade(request) {
+            return Ok(());
+        }
+        match self.acquire(ClientIp::new(client, self.ipv6_prefix), limit) {
+            Some(slot) => {
+                request.extensions_mut().insert(slot);
+                Ok(())
+            }
+            None => {
+                tracing::debug!(%client, limit, "upgrade refused: MAX_UPGRADES_PER_CLIENT reached");
+                Err(too_many_upgrades(limit))
+            }
+        }
+    }
+
+    fn acquire(&self, client: ClientIp, limit: u32) -> Option<TunnelSlot> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(client).or_insert(0);
+        if *count >= limit {
+            if *count == 0 {
+                open.remove(&client);
+            }
+            return None;
+        }
+        *count += 1;
+        Some(TunnelSlot {
+            _held: Arc::new(Held {
+                open: self.open.clone(),
+                client,
+            }),
+        })
+    }
+
+    /// Clients holding at least one tunnel.
+    pub fn clients(&self) -> usize {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// What the proxy tunnels: an HTTP/1.1 request with `Connection: upgrade` and `Upgrade`.
+pub fn is_upgrade<B>(request: &Request<B>) -> bool {
+    request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers())
+}
+
+/// `429` for an upgrade past `MAX_UPGRADES_PER_CLIENT`. No `Retry-After`: a slot comes back
+/// when one of the client's own tunnels closes, not at a time the gateway can tell.
+pub fn too_many_upgrades(limit: u32) -> Response<ResponseBody> {
+    let body = format!(r#"{{"error":"too many upgraded connections","limit":{limit}}}"#);
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+
+    fn tunnels(limit: Option<u32>) -> Tunnels {
+        let config = Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9")]).unwrap();
+        Tunnels::new(limit, config.rules.ipv6_prefix())
+    }
+
+    fn upgrade() -> Request<()> {
+        Request::get("/ws")
+            .header("connection", "Upgrade")
+            .header("upgrade", "websocket")
+            .body(())
+            .unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_client_gets_at_most_the_limit_and_a_closed_tunnel_frees_its_slot() {
+        let tunnels = tunnels(Some(2));
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut request = upgrade();
+            tunnels.admit(&mut request, ip("192.0.2.1")).unwrap();
+            held.push(request.extensions_mut().remove::<TunnelSlot>().unwrap());
+        }
+        let refused = tunnels.admit(&mut upgrade(), ip("192.0.2.1")).unwrap_err();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        // Another client is counted apart.
+        let mut other = upgrade();
+        tunnels.admit(&mut other, ip("192.0.2.2")).unwrap();
+        assert_eq!(tunnels.clients(), 2);
+        held.pop();
+        let mut again = upgrade();
+        tunnels.admit(&mut again, ip("192.0.2.1")).unwrap();
+        // Every slot given back: nothing is left in the table.
+        drop((held, other, again));
+        assert_eq!(tunnels.clients(), 0);
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_as_the_rules_group_them() {
+        let tunnels = tunnels(Some(1));
+        let mut first = upgrade();
+        tunnels.admit(&mut first, ip("2001:db8:1:2::1")).unwrap();
+        // The same /64 (IPV6_PREFIX=64 by default) is the same client.
+        assert!(tunnels.admit(&mut upgrade(), ip("2001:db8:1:2::2")).is_err());
+        assert!(tunnels.admit(&mut upgrade(), ip("2001:db8:1:3::1")).is_ok());
+    }
+
+    #[test]
+    fn other_requests_and_an_unlimited_gateway_count_nothing() {
+        let limited = tunnels(Some(1));
+        let mut plain = Request::get("/").body(()).unwrap();
+        limited.admit(&mut plain, ip("192.0.2.1")).unwrap();
+        assert!(plain.extensions().get::<TunnelSlot>().is_none());
+        let unlimited = tunnels(None);
+        let mut request = upgrade();
+        unlimited.admit(&mut request, ip("192.0.2.1")).unwrap();
+        assert!(request.extensions().get::<TunnelSlot>().is_none());
+        assert_eq!(unlimited.clients(), 0);
+    }
+
+    #[test]
+    fn zero_refuses_every_upgrade_and_leaves_no_entry() {
+        let tunnels = tunnels(Some(0));
+        assert!(tunnels.admit(&mut upgrade(), ip("192.0.2.1")).is_err());
+        assert_eq!(tunnels.clients(), 0);
+    }
+}

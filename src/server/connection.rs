@@ -1,0 +1,541 @@
+//! One client connection's life after accept: the watchdog that closes it when it stays
+//! silent or idle, the count of requests in flight that tells idle from busy, and the drain
+//! that closes every connection on shutdown.
+//!
+//! hyper-util's protocol detection waits for bytes with no timer, hyper's HTTP/1
+//! `header_read_timeout` starts only after it (and again when a keep-alive connection goes
+//! idle, so it doubles as an idle timeout of the same length), and HTTP/2 has no idle timeout
+//! at all. So hyper's timer is off and the watchdog ([`supervise`]) keeps Envoy's clocks
+//! beside each connection:
+//!
+//! - from accept until the first request reaches the service, at most
+//!   `HEADER_READ_TIMEOUT_MS`. HTTP/2 calls the service when a request's `HEADERS` arrive, so
+//!   a stalled preface, a missing `SETTINGS` and a connection opened "for later" are covered.
+//! - after that, at most `IDLE_TIMEOUT_MS` with nothing in flight. A request is in flight
+//!   from the moment the service is called until its response body has been sent or dropped
+//!   ([`Tracked`]), not merely until the service returns: a long download is busy.
+//! - on HTTP/1, once the first byte of the next request arrives, the idle clock stops and the
+//!   request's headers must be complete within `HEADER_READ_TIMEOUT_MS` (slowloris).
+//! - when a clock runs out, or the server drains, the connection is closed gracefully: HTTP/1
+//!   closes at once when idle (after the response in progress otherwise), HTTP/2 sends
+//!   `GOAWAY` and lets its streams finish. A peer that has not let go [`CLOSE_GRACE`] after
+//!   its last response (an HTTP/2 client that never acknowledges the `GOAWAY` `PING`, an
+//!   HTTP/1 client stalled inside a request head) is dropped.
+//!
+//! Bytes alone never keep a connection open: HTTP/2 `PING`s, `SETTINGS` or `WINDOW_UPDATE`s,
+//! or a request head trickled in a byte at a time, count for nothing.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Version;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::limits::Slot;
+
+/// How long a connection being closed may stay open with nothing in flight before it is
+/// dropped: enough for an HTTP/2 client to acknowledge the `GOAWAY` `PING` (one round trip).
+/// Envoy's `delayed_close_timeout` has the same default.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// The watchdog's two clocks.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// `HEADER_READ_TIMEOUT_MS`: from accept to the first request, and on HTTP/1 from the
+    /// first byte of a later request to its last header.
+    pub header_read: Duration,
+    /// `IDLE_TIMEOUT_MS`: nothing in flight for this long closes the connection.
+    pub idle: Duration,
+}
+
+/// What one connection is doing, as the watchdog sees it: shared by the connection's
+/// service (which starts requests), the response bodies (which end them) and the socket
+/// (which sees the next HTTP/1 request begin).
+#[derive(Debug, Default)]
+pub struct Activity {
+    /// Requests whose response body has not been sent (or dropped) yet.
+    in_flight: AtomicUsize,
+    /// Whether the service has ever been called.
+    requested: AtomicBool,
+    /// The connection speaks HTTP/1 (known from its first request).
+    http1: AtomicBool,
+    /// HTTP/1: bytes of the next request have arrived while nothing was in flight.
+    head_started: AtomicBool,
+    /// Woken when a request starts, when the last one in flight ends, and when the next
+    /// HTTP/1 request begins to arrive.
+    changed: Notify,
+}
+
+impl Activity {
+    /// A request reached the service: in flight until the returned guard is dropped.
+    pub fn start(self: &Arc<Self>, version: Version) -> InFlight {
+        if !self.requested.swap(true, Ordering::AcqRel) {
+            self.http1.store(version < Version::HTTP_2, Ordering::Release);
+        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.head_started.store(false, Ordering::Release);
+        self.changed.notify_one();
+        InFlight(self.clone())
+    }
+
+    /// The socket read `n` bytes. On an idle HTTP/1 connection that is the next request's
+    /// head beginning: its header clock starts.
+    fn read(&self, n: usize) {
+        if n > 0
+            && self.http1.load(Ordering::Acquire)
+            && !self.busy()
+            && !self.head_started.swap(true, Ordering::AcqRel)
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    fn head_started(&self) -> bool {
+        self.head_started.load(Ordering::Acquire)
+    }
+}
+
+/// A client's socket: it holds the connection's place under `MAX_CONNECTIONS` until it is
+/// closed, whoever holds it last (the HTTP connection, or the tunnel it was upgraded to),
+/// and tells the watchdog when bytes arrive on an idle HTTP/1 connection.
+#[derive(Debug)]
+pub struct ClientStream {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+    _slot: Slot,
+}
+
+impl ClientStream {
+    /// `stream`, counted under `slot`, reporting to `activity`.
+    pub fn new(stream: TcpStream, slot: Slot, activity: Arc<Activity>) -> ClientStream {
+        ClientStream {
+            stream,
+            activity,
+            _slot: slot,
+        }
+    }
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if polled.is_ready() {
+            this.activity.read(buf.filled().len() - before);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// One request in flight on a connection; it ends when this is dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // notify_one keeps the wake-up if the watchdog is not waiting right now.
+            self.0.changed.notify_one();
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until it is finished, fails, or is
+/// dropped (hyper drops a body once it has sent it, and when the client goes away).
+#[derive(Debug)]
+pub struct Tracked<B> {
+    body: B,
+    in_flight: Option<InFlight>,
+}
+
+impl<B> Tracked<B> {
+    /// `body`, keeping `in_flight` until it ends.
+    pub fn new(body: B, in_flight: InFlight) -> Tracked<B> {
+        Tracked {
+            body,
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+impl<B: Body + Unpin> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            this.in_flight = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Tells every connection to close gracefully, and waits until all have: hyper-util's
+/// `GracefulShutdown`, for connections that the watchdog may also close.
+#[derive(Debug)]
+pub struct Drain {
+    signal: watch::Sender<bool>,
+}
+
+impl Drain {
+    /// Nothing draining yet.
+    pub fn new() -> Drain {
+        Drain {
+            signal: watch::Sender::new(false),
+        }
+    }
+
+    /// For one connection: held until it ends, and told when to close.
+    pub fn watcher(&self) -> watch::Receiver<bool> {
+        self.signal.subscribe()
+    }
+
+    /// Connections that have not ended yet.
+    pub fn open(&self) -> usize {
+        self.signal.receiver_count()
+    }
+
+    /// Ask every connection (and every later one) to close gracefully, and wait until they
+    /// all have ended.
+    pub async fn close_all(&self) {
+        self.signal.send_replace(true);
+        self.signal.closed().await;
+    }
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Why the watchdog closed a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The connection ended by itself (the client closed it, an error, an upgrade, or the
+    /// graceful close the watchdog asked for completed).
+    Ended,
+    /// Dropped: it had not let go [`CLOSE_GRACE`] after being asked to close.
+    Dropped,
+}
+
+/// Drive `connection` until it ends, closing it (with `close`, hyper's graceful shutdown)
+/// when it sends no request within `timeouts.header_read` of now (call this at accept), when
+/// it has nothing in flight for `timeouts.idle`, when an HTTP/1 request's head takes longer
+/// than `timeouts.header_read` from its first byte, or when `drain` says so; and dropping it
+/// when it has not let go [`CLOSE_GRACE`] after that with nothing in flight.
+pub async fn supervise<C, E>(
+    mut connection: Pin<&mut C>,
+    mut close: impl FnMut(Pin<&mut C>),
+    activity: &Activity,
+    mut drain: watch::Receiver<bool>,
+    timeouts: Timeouts,
+) -> (Closed, Result<(), E>)
+where
+    C: Future<Output = Result<(), E>>,
+{
+    let mut deadline = Some(Instant::now() + timeouts.header_read);
+    let mut closing = false;
+    let mut drain_seen = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => return (Closed::Ended, result),
+            // An error means the server is gone without a drain: close all the same.
+            _ = drain.wait_for(|draining| *draining), if !drain_seen => {
+                drain_seen = true;
+                if !closing {
+                    tracing::trace!("draining: closing the connection");
+                    close(connection.as_mut());
+                    closing = true;
+                    deadline = (!activity.busy()).then(|| Instant::now() + CLOSE_GRACE);
+                }
+            }
+            () = activity.changed.notified() => {
+                let now = Instant::now();
+                deadline = match (activity.busy(), closing) {
+                    (true, _) => None,
+                    (false, true) => Some(now + CLOSE_GRACE),
+                    // The next request's head has begun: the idle clock gives way to the
+                    // header clock.
+                    (false, false) if activity.head_started() => Some(now + timeouts.header_read),
+                    (false, false) => Some(now + timeouts.idle),
+                };
+            }
+            () = sleep_until(deadline) => {
+                if closing {
+                    tracing::debug!("closing connection did not let go: dropped");
+                    return (Closed::Dropped, Ok(()));
+                }
+                if activity.head_started() {
+                    tracing::debug!("request headers incomplete after HEADER_READ_TIMEOUT_MS: closing");
+                } else if activity.requested() {
+                    tracing::debug!("connection idle for IDLE_TIMEOUT_MS: closing");
+                } else {
+                    tracing::debug!("no request within HEADER_READ_TIMEOUT_MS of accept: closing");
+                }
+                close(connection.as_mut());
+                closing = true;
+                deadline = Some(Instant::now() + CLOSE_GRACE);
+            }
+        }
+    }
+}
+
+/// Sleep until `deadline`, or for ever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, StreamBody};
+
+    /// A connection that never ends by itself; a graceful close ends it once nothing is in
+    /// flight, as hyper's does, when it `obeys_close`.
+    struct FakeConnection {
+        closes: Arc<AtomicU32>,
+        activity: Arc<Activity>,
+        obeys_close: bool,
+    }
+
+    impl Future for FakeConnection {
+        type Output = Result<(), ()>;
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            if self.obeys_close && self.closes.load(Ordering::Acquire) > 0 && !self.activity.busy() {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    struct Harness {
+        activity: Arc<Activity>,
+        closes: Arc<AtomicU32>,
+        drain: Drain,
+        task: tokio::task::JoinHandle<(Closed, Result<(), ()>)>,
+    }
+
+    const TIMEOUTS: Timeouts = Timeouts {
+        header_read: Duration::from_secs(10),
+        idle: Duration::from_secs(60),
+    };
+
+    fn start(obeys_close: bool) -> Harness {
+        let activity = Arc::new(Activity::default());
+        let closes = Arc::new(AtomicU32::new(0));
+        let drain = Drain::new();
+        let watcher = drain.watcher();
+        let (task_activity, task_closes) = (activity.clone(), closes.clone());
+        let task = tokio::spawn(async move {
+            let connection = std::pin::pin!(FakeConnection {
+                closes: task_closes.clone(),
+                activity: task_activity.clone(),
+                obeys_close,
+            });
+            let close = |_: Pin<&mut FakeConnection>| {
+                task_closes.fetch_add(1, Ordering::AcqRel);
+            };
+            supervise(connection, close, &task_activity, watcher, TIMEOUTS).await
+        });
+        Harness {
+            activity,
+            closes,
+            drain,
+            task,
+        }
+    }
+
+    impl Harness {
+        fn closes(&self) -> u32 {
+            self.closes.load(Ordering::Acquire)
+        }
+    }
+
+    /// Let the watchdog run up to (not past) `by` from now.
+    async fn advance(by: Duration) {
+        tokio::time::sleep(by).await;
+    }
+
+    const JUST_UNDER: Duration = Duration::from_millis(999);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_with_no_request_is_closed_after_the_header_read_timeout() {
+        let harness = start(true);
+        advance(TIMEOUTS.header_read - Duration::from_millis(1)).await;
+        assert_eq!(harness.closes(), 0);
+        advance(Duration::from_millis(2)).await;
+        assert_eq!(harness.closes(), 1);
+        assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_does_not_let_go_is_dropped_after_the_grace() {
+        let harness = start(false);
+        advance(TIMEOUTS.header_read + JUST_UNDER).await;
+        assert_eq!(harness.closes(), 1);
+        assert!(!harness.task.is_finished());
+        advance(Duration::from_millis(2)).await;
+        assert_eq!(harness.task.await.unwrap(), (Closed::Dropped, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_closed_while_a_request_is_in_flight_then_the_idle_clock_runs() {
+        let harness = start(true);
+        advance(Duration::from_secs(1)).await;
+        let in_flight = harness.activity.start(Version::HTTP_2);
+        // Far past both timeouts: a slow backend or a long download.
+        advance(Duration::from_secs(600)).await;
+        assert_eq!(harness.closes(), 0);
+        drop(in_flight);
+        advance(TIMEOUTS.idle - Duration::from_millis(1)).await;
+        assert_eq!(harness.closes(), 0);
+        // A second request restarts the clock.
+        drop(harness.activity.start(Version::HTTP_2));
+        advance(TIMEOUTS.idle - Duration::from_millis(1)).await;
+        assert_eq!(harness.closes(), 0);
+        advance(Duration::from_millis(2)).await;
+        assert_eq!(harness.closes(), 1);
+        assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_http1_request_head_must_be_complete_within_the_header_read_timeout() {
+        let harness = start(true);
+        drop(harness.activity.start(Version::HTTP_11));
+        advance(Duration::from_secs(30)).await;
+        // The first bytes of the next head: the header clock replaces the idle clock.
+        harness.activity.read(3);
+        advance(TIMEOUTS.header_read - Duration::from_millis(1)).await;
+        harness.activity.read(3);
+        assert_eq!(harness.closes(), 0);
+        advance(Duration::from_millis(2)).await;
+        assert_eq!(harness.closes(), 1, "a trickled head is cut");
+        assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_on_an_idle_http2_connection_are_not_a_request() {
+        let harness = start(true);
+        drop(harness.activity.start(Version::HTTP_2));
+        // PINGs and WINDOW_UPDATEs: neither activity nor a head being read.
+        harness.activity.read(17);
+        advance(TIMEOUTS.header_read + Duration::from_secs(1)).await;
+        assert_eq!(harness.closes(), 0);
+        advance(TIMEOUTS.idle - TIMEOUTS.header_read).await;
+        assert_eq!(harness.closes(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_body_keeps_its_request_in_flight_until_it_ends() {
+        let harness = start(true);
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, ()>>(1);
+        let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|frame| (frame, receiver))
+        });
+        let mut body = Tracked::new(
+            StreamBody::new(Box::pin(stream)),
+            harness.activity.start(Version::HTTP_2),
+        );
+        for _ in 0..10 {
+            sender
+                .send(Ok(Frame::data(Bytes::from_static(b"x"))))
+                .await
+                .unwrap();
+            body.frame().await.unwrap().unwrap();
+            advance(TIMEOUTS.idle).await;
+        }
+        assert_eq!(harness.closes(), 0, "a download is not idle");
+        drop(sender);
+        assert!(body.frame().await.is_none());
+        // Finished: the body no longer counts, even while it is still held.
+        advance(TIMEOUTS.idle + Duration::from_millis(1)).await;
+        assert_eq!(harness.closes(), 1);
+        drop(body);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_closes_idle_connections_at_once_and_busy_ones_when_done() {
+        let idle = start(true);
+        drop(idle.activity.start(Version::HTTP_2));
+        let busy = start(true);
+        let in_flight = busy.activity.start(Version::HTTP_2);
+        let (idle_drain, busy_drain) = (
+            tokio::spawn(async move { idle.drain.close_all().await }),
+            tokio::spawn(async move { busy.drain.close_all().await }),
+        );
+        tokio::task::yield_now().await;
+        idle_drain.await.unwrap();
+        assert_eq!(idle.closes.load(Ordering::Acquire), 1);
+        assert_eq!(busy.closes.load(Ordering::Acquire), 1, "asked to close");
+        advance(Duration::from_secs(30)).await;
+        assert!(!busy_drain.is_finished(), "a request in flight is waited for");
+        drop(in_flight);
+        busy_drain.await.unwrap();
+        assert_eq!(busy.task.await.unwrap(), (Closed::Ended, Ok(())));
+    }
+}
