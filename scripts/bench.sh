@@ -19,24 +19,32 @@
 #       many   every request allowed, from 100,000 distinct clients (X-Forwarded-For rotated by
 #              a wrk Lua script; tollgate with TRUSTED_PROXIES=127.0.0.1, nginx with realip);
 #       h2     HTTP/2 cleartext with prior knowledge, under h2load.
+#  3. with --callgrind: instructions per request, exact whatever else the machine is doing, of
+#     the bare floor and tollgate (memory store), every request allowed and every request
+#     refused: each runs under `valgrind --tool=callgrind`, is warmed up, its counters are
+#     zeroed, it serves exactly N requests (h2load --h1 -n N), and its counters are dumped.
+#     Then scripts/callgrind_top.py lists tollgate's costliest functions and where its
+#     instructions differ from the floor's. Builds a second, unstripped copy for the symbols.
 # Quote the ratios, not the absolute req/s: the machine matters more than the code.
 #
-# usage: scripts/bench.sh [--quick] [--no-criterion] [--no-load] [--rounds N] [--duration D]
-#                         [--scenarios LIST] [--log FILE]
+# usage: scripts/bench.sh [--quick] [--no-criterion] [--no-load] [--callgrind] [--rounds N]
+#                         [--duration D] [--scenarios LIST] [--log FILE]
 #   --quick           short criterion runs, one round of 3 s per target (a smoke test)
-#   --no-criterion    skip part 1;  --no-load  skip part 2
+#   --no-criterion    skip part 1;  --no-load  skip part 2;  --callgrind  add part 3
 #   --rounds N        interleaved rounds per scenario (default 5)
 #   --duration D      measured seconds per target and round, wrk -d syntax (default 10s)
 #   --scenarios LIST  comma-separated subset of allow,deny,many,h2 (default all)
 #   --log FILE        raw output (every wrk/h2load report) goes here, results to FILE.tsv
 #                     (default bench-<date>.log in $TMPDIR); scripts/bench_plot.py draws FILE.tsv
 # Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_H2_CLIENTS and BENCH_H2_STREAMS
-#   (h2load -c and -m, default 8 and 4), BENCH_PROXY_CPU, BENCH_LOAD_CPU, CARGO_TARGET_DIR.
+#   (h2load -c and -m, default 8 and 4), BENCH_PROXY_CPU, BENCH_LOAD_CPU, CARGO_TARGET_DIR,
+#   BENCH_CALLGRIND_REQUESTS (default 20000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-quick=0 criterion=1 load=1 rounds=5 duration=10s scenarios=allow,deny,many,h2
+arguments=$*
+quick=0 criterion=1 load=1 callgrind=0 rounds=5 duration=10s scenarios=allow,deny,many,h2
 log=${TMPDIR:-/tmp}/bench-$(date +%Y%m%d-%H%M%S).log
 rounds_set=0 duration_set=0
 while [ $# -gt 0 ]; do
@@ -44,11 +52,12 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --no-criterion) criterion=0 ;;
     --no-load) load=0 ;;
+    --callgrind) callgrind=1 ;;
     --rounds) rounds=${2:?--rounds needs a number}; rounds_set=1; shift ;;
     --duration) duration=${2:?--duration needs a time such as 10s}; duration_set=1; shift ;;
     --scenarios) scenarios=${2:?--scenarios needs a list}; shift ;;
     --log) log=${2:?--log needs a file}; shift ;;
-    -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -85,6 +94,10 @@ if [ "$load" = 1 ]; then
   command -v h2load >/dev/null || missing+=(nghttp2-client)
   command -v taskset >/dev/null || missing+=(util-linux)
 fi
+if [ "$callgrind" = 1 ]; then
+  command -v h2load >/dev/null || missing+=(nghttp2-client)
+  command -v callgrind_control >/dev/null || missing+=(valgrind)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
     echo "bench.sh: installing ${missing[*]}"
@@ -97,7 +110,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-echo "bench.sh $* -- $(date -Is), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified)')"
+echo "bench.sh $arguments -- $(date -Is), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified)')"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), load average $(loadavg)"
 echo "log: $log  results: $results"
 
@@ -125,7 +138,7 @@ if [ "$criterion" = 1 ]; then
   done
   rm -f "$marker"
 fi
-[ "$load" = 1 ] || exit 0
+[ "$load" = 1 ] || [ "$callgrind" = 1 ] || exit 0
 
 # --- 2. the whole gateway under load ---------------------------------------------------------
 echo "== building tollgate, the echo backend and the bare floor (release)"
@@ -174,11 +187,11 @@ free_port() { # a loopback port below the ephemeral range that nothing listens o
   done
 }
 
-wait_for_port() { # port name
+wait_for_port() { # port name [tenths of a second to wait]
   local i
-  for i in $(seq 1 200); do
+  for i in $(seq 1 "${3:-100}"); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
+    sleep 0.1
   done
   echo "bench.sh: $2 did not start listening on 127.0.0.1:$1; its log:" >&2
   cat "$work/$2.log" >&2 || true
@@ -194,7 +207,7 @@ start() { # name port cpu-prefix... -- command... (runs in $work, so no .env of 
   (cd "$work" && exec "${prefix[@]}" "$@") >"$work/$name.log" 2>&1 &
   pids+=($!) pnames+=("$name")
   pid_of[$name]=$! port_of[$name]=$port
-  wait_for_port "$port" "$name"
+  wait_for_port "$port" "$name" "${wait_tenths:-100}"
   local pid
   for pid in "${pid_of[$name]}" $(pgrep -P "${pid_of[$name]}" || true); do
     echo "  started $name: pid $pid ($(cat "/proc/$pid/comm")), CPUs $(taskset -pc "$pid" | sed 's/.*: //')," \
@@ -403,11 +416,12 @@ run_rounds() { # scenario tool "target..." [tool args...]
 
 allow=(MAX_TOKENS=1000000000 REFILL_RATE=1000000) # a billion tokens, a million more per second
 deny=(MAX_TOKENS=1 REFILL_RATE=0.001)             # one request, then one per 1000 s
-# Many clients, each allowed every request but refilled so slowly (one token per 100 s) that
-# no client's budget is whole again during the run: every client stays held in the store (and
-# in Redis) instead of being purged as idle, as on a real gateway.
-many=(MAX_TOKENS=1000000000 REFILL_RATE=0.01)
+# Many clients, each allowed every request (a client gets a few hundred at most) but refilled
+# so slowly (one token per 100 s) that no client's budget is whole again during the run: every
+# client stays held in the store (and in Redis) instead of being purged as idle.
+many=(MAX_TOKENS=1000000 REFILL_RATE=0.01)
 
+if [ "$load" = 1 ]; then
 echo "== wrk -t1 -c$connections -d$duration --latency / h2load -t1 -c$h2_clients -m$h2_streams -D $duration_s;" \
   "$warmup warm-up before each; $rounds interleaved round(s)"
 for scenario in ${scenarios//,/ }; do
@@ -510,3 +524,70 @@ awk -F'\t' '
   }' "$results"
 echo "load average at the end: $(loadavg)"
 echo "raw output: $log  results: $results  (plot: python3 scripts/bench_plot.py $results docs/bench.png)"
+fi
+
+# --- 3. instructions per request under callgrind ---------------------------------------------
+[ "$callgrind" = 1 ] || exit 0
+requests=${BENCH_CALLGRIND_REQUESTS:-20000}
+cg_dir=$log.callgrind
+mkdir -p "$cg_dir"
+echo
+echo "== callgrind: building an unstripped copy with line tables in $target_dir/callgrind"
+CARGO_TARGET_DIR=$target_dir/callgrind CARGO_PROFILE_RELEASE_STRIP=false \
+  CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+  cargo build --release --quiet --bin tollgate --example bare_proxy
+TOLLGATE=$target_dir/callgrind/release/tollgate BARE=$target_dir/callgrind/release/examples/bare_proxy
+# Under valgrind: one thread at a time, output in $cg_dir/NAME.out.1 at the dump.
+valgrind_cmd() { # name
+  echo valgrind --tool=callgrind --callgrind-out-file="$cg_dir/$1.out" --dump-instr=no
+}
+wait_tenths=600 # valgrind starts slowly
+bare_cg() { # name VAR=value...
+  local name=$1 port
+  shift
+  port=$(free_port)
+  start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PORT="$port" BACKEND_URL="$backend" "$@" $(valgrind_cmd "$name") "$BARE"
+}
+tollgate_cg() { # name VAR=value...
+  local name=$1 port admin_port
+  shift
+  port=$(free_port) admin_port=$(free_port)
+  start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PATH="$PATH" BACKEND_URL="$backend" \
+    BIND=127.0.0.1 PORT="$port" ADMIN_BIND=127.0.0.1 ADMIN_PORT="$admin_port" RUST_LOG=warn \
+    "$@" $(valgrind_cmd "$name") "$TOLLGATE"
+}
+count_requests() { # name expected-status-class
+  local name=$1 class=$2 out pid
+  pid=${pid_of[$name]}
+  "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n 2000 "http://127.0.0.1:${port_of[$name]}/" >/dev/null
+  callgrind_control --zero "$pid" >/dev/null
+  out=$("${on_load_cpu[@]}" h2load --h1 -c "$connections" -n "$requests" "http://127.0.0.1:${port_of[$name]}/")
+  callgrind_control --dump=requests "$pid" >/dev/null
+  printf '%s\n' "--- callgrind $name" "$out" >>"$log"
+  grep -q "^status codes: .*$requests $class" <<<"$out" || {
+    echo "bench.sh: $name did not answer $requests x $class:" >&2
+    grep -E '^(requests|status codes):' <<<"$out" >&2
+    exit 1
+  }
+  stop "$name"
+  printf '  %-22s %12s instructions per request (%s requests, all %s)\n' "$name" \
+    "$(awk -v n="$requests" '/^totals:/ {printf "%\047.0f", $2 / n}' "$cg_dir/$name.out.1")" "$requests" "$class"
+}
+echo "== callgrind: $requests requests each, h2load --h1 -c$connections, after 2000 warm-up requests"
+bare_cg bare-cg "${allow[@]}"
+count_requests bare-cg 2xx
+tollgate_cg tollgate-memory-cg "${allow[@]}"
+count_requests tollgate-memory-cg 2xx
+bare_cg bare-deny-cg "${deny[@]}"
+count_requests bare-deny-cg 4xx
+tollgate_cg tollgate-memory-deny-cg "${deny[@]}"
+count_requests tollgate-memory-deny-cg 4xx
+echo
+echo "-- every request allowed: tollgate (memory) against the floor"
+python3 "$ROOT/scripts/callgrind_top.py" "$cg_dir/tollgate-memory-cg.out.1" "$requests" --match tollgate:: \
+  --baseline "$cg_dir/bare-cg.out.1" "$requests"
+echo
+echo "-- every request refused: tollgate (memory) against the floor"
+python3 "$ROOT/scripts/callgrind_top.py" "$cg_dir/tollgate-memory-deny-cg.out.1" "$requests" --match tollgate:: \
+  --baseline "$cg_dir/bare-deny-cg.out.1" "$requests" --top 15
+echo "callgrind dumps: $cg_dir (callgrind_annotate --inclusive=yes FILE)"

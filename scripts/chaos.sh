@@ -445,17 +445,22 @@ if part 4; then
   gateway_pid=$last_pid
   exact_budget "$port" 192.0.2.200 5 >/dev/null
   rss_before=$(rss_kb "$gateway_pid")
+  # Each wrk thread stops after its share of identities, but wrk itself waits out -d: once
+  # the gateway has counted them all, SIGINT makes it print its summary and exit.
   CHAOS_CLIENTS=1000000 CHAOS_THREADS=2 CHAOS_ONCE=1 \
-    timeout 900 wrk -t2 -c"$connections" -d10m -s "$work/clients.lua" "http://127.0.0.1:$port/" >"$work/wrk4.out" 2>&1 &
+    wrk -t2 -c"$connections" -d15m -s "$work/clients.lua" "http://127.0.0.1:$port/" >"$work/wrk4.out" 2>&1 &
   wrk_pid=$!
   flood_started=$(now)
   rss_peak=$rss_before
+  counted='tollgate_requests_total{rule="general",decision="allowed"}'
   while kill -0 "$wrk_pid" 2>/dev/null; do
     r=$(rss_kb "$gateway_pid"); [ "$r" -gt "$rss_peak" ] && rss_peak=$r
+    n=$(metric "$admin" "$counted"); [ "${n:-0}" -ge $((1000000 + 5)) ] && break
     sleep 1
   done
-  wait "$wrk_pid" || true
   flood_took=$(since "$flood_started" "$(now)")
+  kill -INT "$wrk_pid" 2>/dev/null || true
+  wait "$wrk_pid" || true
   raw <"$work/wrk4.out"
   rss_after=$(rss_kb "$gateway_pid")
   sent=$(awk '/requests in/ { print $1 }' "$work/wrk4.out")

@@ -8,6 +8,8 @@
 //! raw fuzzer input into a target's arguments, in a line format a libFuzzer dictionary
 //! (`fuzz/dict/`) can steer; proptest feeds them arbitrary bytes too.
 
+#![forbid(unsafe_code)]
+
 use std::net::{IpAddr, SocketAddr};
 
 use http::Method;
@@ -45,7 +47,7 @@ pub fn config(vars: &[(String, String)]) {
                 "the error names no variable: {message:?}\nvars: {vars:?}"
             );
             let shown = format!("{message}\n{error:?}");
-            if secret_marked(vars, false) && shown.contains(SECRET_MARK) && known_leak(vars).is_none() {
+            if secret_marked(vars, false) && shown.contains(SECRET_MARK) {
                 panic!("a secret is echoed: {message:?}\nvars: {vars:?}");
             }
             if let ConfigError::Missing { var, .. }
@@ -67,33 +69,6 @@ pub fn config(vars: &[(String, String)]) {
             rule_table(&config, vars);
         }
     }
-}
-
-/// Leaks found by these targets and not fixed yet, each with its regression test in
-/// `tests/fuzz.rs`: the check skips exactly these inputs, so the targets keep looking for
-/// others. Delete an entry when its bug is fixed (and un-ignore its test).
-pub fn known_leak(vars: &[(String, String)]) -> Option<&'static str> {
-    // `list` (src/config/rules.rs) refuses an entry holding whitespace by quoting it, and for
-    // `EXEMPT` that includes `key:VALUE` entries, which `parse_exemptions` otherwise writes as
-    // `key:***`: an API key such as `key:Bearer abc` is printed.
-    let exempt_key_with_space = effective(vars, "EXEMPT").is_some_and(|exempt| {
-        exempt
-            .split(',')
-            .map(str::trim)
-            .any(|entry| entry.starts_with("key:") && entry.contains(char::is_whitespace))
-    });
-    if exempt_key_with_space {
-        return Some("EXEMPT key: value with whitespace echoed by list");
-    }
-    // `redact_url` (src/limit/redis.rs) looks for the `@` ending the credentials only before
-    // the first `/`, so a password holding `/` (common in base64 secrets) is printed, whole or
-    // in part, in the "got ..." hint of the REDIS_URL error (src/config/store.rs).
-    let url = effective(vars, "REDIS_URL")?;
-    let (_, rest) = url.split_once("://")?;
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    rest[authority_end..]
-        .contains('@')
-        .then_some("REDIS_URL password with '/' echoed by redact_url")
 }
 
 /// `NAME=value` lines (lossy UTF-8) after `BACKEND_URL=http://127.0.0.1:8000`, which a line

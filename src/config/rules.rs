@@ -176,17 +176,23 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
 /// a wrong separator (`/login /signup`), and silently protecting nothing is the worst outcome.
 fn list<'a>(env: &'a Env, var: &'static str, separators: &'a [char]) -> Result<Vec<&'a str>, ConfigError> {
     let entries: Vec<&str> = entries(env.get(var).unwrap_or(""), separators).collect();
-    match entries.iter().find(|entry| entry.contains(char::is_whitespace)) {
-        Some(entry) => Err(ConfigError::entry(
-            var,
-            entry,
-            format!(
-                "it contains whitespace; separate entries with {:?}",
-                separators[0]
-            ),
-        )),
-        None => Ok(entries),
-    }
+    let Some(entry) = entries.iter().find(|entry| entry.contains(char::is_whitespace)) else {
+        return Ok(entries);
+    };
+    // An `EXEMPT` `key:VALUE` holds an API key: never shown.
+    let shown = if entry.starts_with("key:") {
+        "key:***"
+    } else {
+        entry
+    };
+    Err(ConfigError::entry(
+        var,
+        shown,
+        format!(
+            "it contains whitespace; separate entries with {:?}",
+            separators[0]
+        ),
+    ))
 }
 
 /// The general (`ALGORITHM`, `MAX_TOKENS`, ...) or auth (`AUTH_ALGORITHM`, `AUTH_MAX_TOKENS`,

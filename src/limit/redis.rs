@@ -78,16 +78,23 @@ impl fmt::Debug for RedisTarget {
     }
 }
 
-/// `redis://user:secret@host/0` becomes `redis://user:***@host/0`.
+/// `redis://user:secret@host/0` becomes `redis://user:***@host/0`. The credentials end at
+/// the last `@` (a Redis URL's path is a database number), so a password holding `/` or `?`,
+/// as base64 secrets do, is hidden too.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "***".to_owned();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    match rest.rfind('@') {
         Some(at) => {
             let userinfo = &rest[..at];
             let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            // A user name is not secret, but one that holds a '/' is a password misplaced.
+            let user = if user.contains(['/', '?', '#']) {
+                "***"
+            } else {
+                user
+            };
             format!("{scheme}://{user}:***@{}", &rest[at + 1..])
         }
         None => url.to_owned(),
@@ -329,6 +336,8 @@ mod tests {
         assert_eq!(redact_url("rediss://me:hunter2@db"), "rediss://me:***@db");
         assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
         assert_eq!(redact_url("garbage"), "***");
+        assert_eq!(redact_url("redis://:hun/ter2@db/0"), "redis://:***@db/0");
+        assert_eq!(redact_url("rediss://me:a?b/c@db"), "rediss://me:***@db");
         let target = RedisTarget::Cluster {
             nodes: vec!["a:1".into()],
             password: Some("hunter2".into()),

@@ -816,10 +816,10 @@ async fn exact_budget(to: SocketAddr, client: IpAddr, budget: u64, what: &str) {
 }
 
 /// What the store does with one master down. The circuit breaker is left out of it with a
-/// threshold no test reaches: it is one per gateway, not per master, so consecutive failures
-/// on the dead master's slots would open it for every slot, and its probe (`PING`, which the
-/// cluster client sends to every master) cannot close it until that master is back. That gap
-/// is written up in docs/reliability.md.
+/// threshold no test reaches: it is one per gateway, not per master, so this test's
+/// back-to-back failures on the dead master's slots would open it for every slot until the
+/// next probe (which the masters still up answer). That gap is written up in
+/// docs/reliability.md.
 #[tokio::test]
 async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_restart() {
     let mut cluster = RedisCluster::start();
