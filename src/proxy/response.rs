@@ -154,6 +154,15 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
     ceil_secs(retry_after).max(1)
 }
 
+/// `429` for an upgrade past `MAX_UPGRADES_PER_CLIENT`. No `Retry-After`: a slot comes back
+/// when one of the client's own tunnels closes, not at a time the gateway can tell.
+pub fn too_many_upgrades(limit: u32) -> Response<ResponseBody> {
+    json(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!(r#"{{"error":"too many upgraded connections","limit":{limit}}}"#),
+    )
+}
+
 fn ceil_secs(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }

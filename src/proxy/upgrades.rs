@@ -17,12 +17,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use bytes::Bytes;
-use http::header::{self, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
-use http_body_util::{BodyExt, Full};
+use http::{Request, Response, Version};
 
-use super::{ResponseBody, headers};
+use super::{ResponseBody, headers, response};
 use crate::limit::ClientIp;
 
 /// Open tunnels per client.
@@ -93,7 +90,7 @@ impl Tunnels {
             }
             None => {
                 tracing::debug!(%client, limit, "upgrade refused: MAX_UPGRADES_PER_CLIENT reached");
-                Err(too_many_upgrades(limit))
+                Err(response::too_many_upgrades(limit))
             }
         }
     }
@@ -125,22 +122,6 @@ impl Tunnels {
 /// What the proxy tunnels: an HTTP/1.1 request with `Connection: upgrade` and `Upgrade`.
 pub fn is_upgrade<B>(request: &Request<B>) -> bool {
     request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers())
-}
-
-/// `429` for an upgrade past `MAX_UPGRADES_PER_CLIENT`. No `Retry-After`: a slot comes back
-/// when one of the client's own tunnels closes, not at a time the gateway can tell.
-pub fn too_many_upgrades(limit: u32) -> Response<ResponseBody> {
-    let body = format!(r#"{{"error":"too many upgraded connections","limit":{limit}}}"#);
-    let mut response = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
 
 #[cfg(test)]
@@ -175,7 +156,7 @@ mod tests {
             held.push(request.extensions_mut().remove::<TunnelSlot>().unwrap());
         }
         let refused = tunnels.admit(&mut upgrade(), ip("192.0.2.1")).unwrap_err();
-        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.status(), http::StatusCode::TOO_MANY_REQUESTS);
         // Another client is counted apart.
         let mut other = upgrade();
         tunnels.admit(&mut other, ip("192.0.2.2")).unwrap();
