@@ -560,9 +560,9 @@ count_requests() { # name expected-status-class
   local name=$1 class=$2 out pid
   pid=${pid_of[$name]}
   "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n 2000 "http://127.0.0.1:${port_of[$name]}/" >/dev/null
-  callgrind_control --zero "$pid" >/dev/null
+  callgrind_control --zero "$pid" >/dev/null 2>&1
   out=$("${on_load_cpu[@]}" h2load --h1 -c "$connections" -n "$requests" "http://127.0.0.1:${port_of[$name]}/")
-  callgrind_control --dump=requests "$pid" >/dev/null
+  callgrind_control --dump=requests "$pid" >/dev/null 2>&1
   printf '%s\n' "--- callgrind $name" "$out" >>"$log"
   grep -q "^status codes: .*$requests $class" <<<"$out" || {
     echo "bench.sh: $name did not answer $requests x $class:" >&2

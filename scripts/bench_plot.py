@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Draw docs/bench.png from the results of scripts/bench.sh (its LOG.tsv).
 
-One column per scenario (allow, deny, many, h2), two rows: throughput (median req/s over the
-rounds, bars from the slowest to the fastest round) and p99 latency (median, same bars).
+One column per scenario (allow, deny, many, h2), three rows: throughput (median req/s over the
+rounds, bars from the slowest to the fastest round), p99 latency, and the CPU time the proxy
+used per request (the steadiest of the three on a shared machine), each median with min-max.
 
 usage: python3 scripts/bench_plot.py RESULTS.tsv [OUT.png]   (needs matplotlib: pip install matplotlib)
 """
@@ -47,15 +48,17 @@ def main():
     data = OrderedDict()  # scenario -> target -> {"rps": [...], "p99": [...]}
     with open(sys.argv[1], newline="") as f:
         for row in csv.DictReader(f, delimiter="\t"):
-            t = data.setdefault(row["scenario"], OrderedDict()).setdefault(row["target"], {"rps": [], "p99": []})
+            t = data.setdefault(row["scenario"], OrderedDict()).setdefault(row["target"], {"rps": [], "p99": [], "cpu": []})
             t["rps"].append(float(row["req_s"]))
             t["p99"].append(float(row["p99_us"]) / 1000)
-    fig, axes = plt.subplots(2, len(data), figsize=(3.6 * len(data), 6.4), squeeze=False)
+            t["cpu"].append(float(row["cpu_us_per_req"]))
+    fig, axes = plt.subplots(3, len(data), figsize=(3.4 * len(data), 9), squeeze=False)
     for col, (scenario, targets) in enumerate(data.items()):
         names = list(targets)
         x = range(len(names))
-        for row, (metric, ylabel) in enumerate([("rps", "req/s (median, min-max)"),
-                                                ("p99", "p99 latency, ms (median, min-max)")]):
+        for row, (metric, ylabel) in enumerate([("rps", "req/s (higher is better)"),
+                                                ("p99", "p99 latency, ms"),
+                                                ("cpu", "proxy CPU per request, µs\n(+ redis-server for Redis)")]):
             ax = axes[row][col]
             med = [statistics.median(targets[n][metric]) for n in names]
             err = [[m - min(targets[n][metric]) for m, n in zip(med, names)],
@@ -69,8 +72,9 @@ def main():
             if col == 0:
                 ax.set_ylabel(ylabel, fontsize=8)
     rounds = max(len(t["rps"]) for targets in data.values() for t in targets.values())
-    fig.suptitle(f"scripts/bench.sh: proxy alone on CPU 0, backend + load generator on CPU 1, "
-                 f"{rounds} interleaved rounds (a noisy shared 2-core VM: compare within a column)",
+    fig.suptitle(f"scripts/bench.sh: proxy alone on CPU 0, backend + load generator on CPU 1; median of "
+                 f"{rounds} interleaved rounds, bars min-max\n"
+                 f"a shared, noisy 2-core VM: compare within a column, trust CPU per request most",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

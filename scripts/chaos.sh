@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --soak-minutes) soak_minutes=${2:?--soak-minutes needs a number}; shift ;;
     --only) only=${2:?--only needs a list such as 1,3}; shift ;;
-    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -406,9 +406,11 @@ if part 3; then
   wrk_pid=$!
   echo "seconds rss_kb fds redis_keys" >"$work/soak.txt"
   echo "0 $(rss_kb "$gateway_pid") $(fds "$gateway_pid") 0" >>"$work/soak.txt"
+  # Samples while the load runs only: the last one, the "final" value, is taken under load.
   for t in $(seq 10 10 $((soak_minutes * 60))); do
     sleep 10
     kill -0 "$gateway_pid" 2>/dev/null || fail "tollgate exited during the soak"
+    kill -0 "$wrk_pid" 2>/dev/null || break
     echo "$t $(rss_kb "$gateway_pid") $(fds "$gateway_pid") $(redis-cli -p "$redis_port" DBSIZE)" >>"$work/soak.txt"
   done
   wait "$wrk_pid"
@@ -431,6 +433,7 @@ if part 3; then
   statuses=$(awk '$1 == "status" { printf "%s%s x %s", sep, $3, $2; sep = ", " }' "$work/wrk3.out")
   socket_errors=$(awk '/Socket errors/ { gsub(/,/, ""); print $4 + $6 + $8 + $10 }' "$work/wrk3.out")
   say "load: $requests requests ($rps req/s, p99 $p99): $statuses; ${socket_errors:-0} socket errors"
+  say "redis calls failed: timeout $(metric "$admin" 'tollgate_redis_errors_total{kind="timeout"}'), connection $(metric "$admin" 'tollgate_redis_errors_total{kind="connection"}'); answered by fail open: $(metric "$admin" 'tollgate_requests_total{rule="general",decision="fail_open"}')"
   say "panics in tollgate's log: $(panics tollgate3)"
   stop "$gateway_pid"
 fi
