@@ -162,10 +162,11 @@ fn redis_benchmark(port: u16, sha: &str, connections: u64, pipeline: u64) -> f64
         .args(["-n", &COMPARE_DECISIONS.to_string()])
         .args(["-c", &connections.to_string(), "-P", &pipeline.to_string()])
         .args(["-r", &CLIENTS.to_string()])
-        // Key shaped like the store's ("bench:{general:10.0.0.1}:tb"), same arguments, and
-        // "" so the script reads the Redis clock, as in production.
+        // Key shaped like the store's ("bench:{general:10.0.0.1}:tb"), same arguments: "" so
+        // the script reads the Redis clock, as in production, and "" for a decision (not a
+        // refund).
         .args(["EVALSHA", sha, "1", "bench:{k:__rand_int__}:tb"])
-        .args([&CAPACITY.to_string(), &INTERVAL_US.to_string(), "1", ""])
+        .args([&CAPACITY.to_string(), &INTERVAL_US.to_string(), "1", "", ""])
         .output()
         .expect("redis-benchmark is required for this bench (apt-get install redis-tools)");
     let text = String::from_utf8_lossy(&output.stdout);

@@ -57,7 +57,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=${2:?--duration needs a time such as 10s}; duration_set=1; shift ;;
     --scenarios) scenarios=${2:?--scenarios needs a list}; shift ;;
     --log) log=${2:?--log needs a file}; shift ;;
-    -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -422,108 +422,108 @@ deny=(MAX_TOKENS=1 REFILL_RATE=0.001)             # one request, then one per 10
 many=(MAX_TOKENS=1000000 REFILL_RATE=0.01)
 
 if [ "$load" = 1 ]; then
-echo "== wrk -t1 -c$connections -d$duration --latency / h2load -t1 -c$h2_clients -m$h2_streams -D $duration_s;" \
-  "$warmup warm-up before each; $rounds interleaved round(s)"
-for scenario in ${scenarios//,/ }; do
-  case $scenario in
-    allow)
-      echo "== allow: every request allowed"
-      bare bare "${allow[@]}"
-      tollgate tollgate-memory memory "${allow[@]}"
-      tollgate tollgate-redis redis "${allow[@]}"
-      nginx_target nginx "" 1000000r/s "burst=1000000 nodelay"
-      for name in bare tollgate-memory tollgate-redis nginx; do check "$name" 200; done
-      curl -s -D - -o /dev/null "http://127.0.0.1:${port_of[tollgate-memory]}/" | grep -qi '^x-ratelimit-remaining:' ||
-        { echo "bench.sh: tollgate answered without X-RateLimit-Remaining" >&2; exit 1; }
-      # The direct target's "proxy CPU" is the backend's own (on the load generator's core).
-      pid_of[direct]=${pid_of[backend]} port_of[direct]=$backend_port
-      run_rounds allow wrk "direct bare tollgate-memory tollgate-redis nginx"
-      failed=$(grep -c 'store call failed' "$work/tollgate-redis.log" || true)
-      echo "  tollgate-redis failed store calls (a request waved through by the fail mode): $failed"
-      stop bare tollgate-memory tollgate-redis nginx
-      ;;
-    deny)
-      echo "== deny: one request per 1000 s per client, so nearly every request is refused"
-      bare bare-deny "${deny[@]}"
-      tollgate tollgate-memory-deny memory "${deny[@]}"
-      tollgate tollgate-redis-deny redis "${deny[@]}"
-      nginx_target nginx-deny "" 1r/m ""
-      for name in bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny; do
-        curl -s -o /dev/null "http://127.0.0.1:${port_of[$name]}/"
-        check "$name" 429
-      done
-      run_rounds deny wrk "bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny"
-      stop bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny
-      ;;
-    many)
-      echo "== many: every request allowed, 100,000 distinct clients by X-Forwarded-For"
-      bare bare-many "${many[@]}" BARE_KEY_BY_XFF=1
-      tollgate tollgate-memory-many memory "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
-      tollgate tollgate-redis-many redis "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
-      nginx_target nginx-many "" 1000000r/s "burst=1000000 nodelay" \
-        "set_real_ip_from 127.0.0.1; real_ip_header X-Forwarded-For;"
-      for name in bare-many tollgate-memory-many tollgate-redis-many nginx-many; do
-        check "$name" 200 -H 'X-Forwarded-For: 10.0.0.1'
-      done
-      run_rounds many wrk "bare-many tollgate-memory-many tollgate-redis-many nginx-many" -s "$work/many.lua"
-      echo "  clients held by tollgate-memory-many: $(curl -s "http://127.0.0.1:${admin_of[tollgate-memory-many]}/metrics" |
-        awk '/^tollgate_memory_clients/ {print $2}'); Redis keys: $(redis-cli -p "$redis_port" DBSIZE)"
-      stop bare-many tollgate-memory-many tollgate-redis-many nginx-many
-      ;;
-    h2)
-      echo "== h2: HTTP/2 cleartext with prior knowledge (the backend stays HTTP/1.1)"
-      bare bare-h2 "${allow[@]}" BARE_H2=1
-      tollgate tollgate-memory-h2 memory "${allow[@]}"
-      tollgate tollgate-redis-h2 redis "${allow[@]}"
-      # nginx 1.22 speaks h2c with prior knowledge on a listen ... http2 port (no HTTP/1 there).
-      nginx_target nginx-h2 " http2" 1000000r/s "burst=1000000 nodelay"
-      for name in bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2; do check "$name" 200 --http2-prior-knowledge; done
-      run_rounds h2 h2load "bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2"
-      stop bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2
-      ;;
-    *) echo "bench.sh: unknown scenario $scenario (allow, deny, many, h2)" >&2; exit 2 ;;
-  esac
-done
+  echo "== wrk -t1 -c$connections -d$duration --latency / h2load -t1 -c$h2_clients -m$h2_streams -D $duration_s;" \
+    "$warmup warm-up before each; $rounds interleaved round(s)"
+  for scenario in ${scenarios//,/ }; do
+    case $scenario in
+      allow)
+        echo "== allow: every request allowed"
+        bare bare "${allow[@]}"
+        tollgate tollgate-memory memory "${allow[@]}"
+        tollgate tollgate-redis redis "${allow[@]}"
+        nginx_target nginx "" 1000000r/s "burst=1000000 nodelay"
+        for name in bare tollgate-memory tollgate-redis nginx; do check "$name" 200; done
+        curl -s -D - -o /dev/null "http://127.0.0.1:${port_of[tollgate-memory]}/" | grep -qi '^x-ratelimit-remaining:' ||
+          { echo "bench.sh: tollgate answered without X-RateLimit-Remaining" >&2; exit 1; }
+        # The direct target's "proxy CPU" is the backend's own (on the load generator's core).
+        pid_of[direct]=${pid_of[backend]} port_of[direct]=$backend_port
+        run_rounds allow wrk "direct bare tollgate-memory tollgate-redis nginx"
+        failed=$(grep -c 'store call failed' "$work/tollgate-redis.log" || true)
+        echo "  tollgate-redis failed store calls (a request waved through by the fail mode): $failed"
+        stop bare tollgate-memory tollgate-redis nginx
+        ;;
+      deny)
+        echo "== deny: one request per 1000 s per client, so nearly every request is refused"
+        bare bare-deny "${deny[@]}"
+        tollgate tollgate-memory-deny memory "${deny[@]}"
+        tollgate tollgate-redis-deny redis "${deny[@]}"
+        nginx_target nginx-deny "" 1r/m ""
+        for name in bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny; do
+          curl -s -o /dev/null "http://127.0.0.1:${port_of[$name]}/"
+          check "$name" 429
+        done
+        run_rounds deny wrk "bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny"
+        stop bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny
+        ;;
+      many)
+        echo "== many: every request allowed, 100,000 distinct clients by X-Forwarded-For"
+        bare bare-many "${many[@]}" BARE_KEY_BY_XFF=1
+        tollgate tollgate-memory-many memory "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
+        tollgate tollgate-redis-many redis "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
+        nginx_target nginx-many "" 1000000r/s "burst=1000000 nodelay" \
+          "set_real_ip_from 127.0.0.1; real_ip_header X-Forwarded-For;"
+        for name in bare-many tollgate-memory-many tollgate-redis-many nginx-many; do
+          check "$name" 200 -H 'X-Forwarded-For: 10.0.0.1'
+        done
+        run_rounds many wrk "bare-many tollgate-memory-many tollgate-redis-many nginx-many" -s "$work/many.lua"
+        echo "  clients held by tollgate-memory-many: $(curl -s "http://127.0.0.1:${admin_of[tollgate-memory-many]}/metrics" |
+          awk '/^tollgate_memory_clients/ {print $2}'); Redis keys: $(redis-cli -p "$redis_port" DBSIZE)"
+        stop bare-many tollgate-memory-many tollgate-redis-many nginx-many
+        ;;
+      h2)
+        echo "== h2: HTTP/2 cleartext with prior knowledge (the backend stays HTTP/1.1)"
+        bare bare-h2 "${allow[@]}" BARE_H2=1
+        tollgate tollgate-memory-h2 memory "${allow[@]}"
+        tollgate tollgate-redis-h2 redis "${allow[@]}"
+        # nginx 1.22 speaks h2c with prior knowledge on a listen ... http2 port (no HTTP/1 there).
+        nginx_target nginx-h2 " http2" 1000000r/s "burst=1000000 nodelay"
+        for name in bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2; do check "$name" 200 --http2-prior-knowledge; done
+        run_rounds h2 h2load "bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2"
+        stop bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2
+        ;;
+      *) echo "bench.sh: unknown scenario $scenario (allow, deny, many, h2)" >&2; exit 2 ;;
+    esac
+  done
 
-echo
-echo "== summary: medians over $rounds round(s) [min-max]; ratios are of the medians"
-echo "   (req/s: higher is better; CPU us/req: the proxy's own process(es), plus redis-server for *-redis)"
-awk -F'\t' '
-  function sorted(list, a,   n, i, j, t) { # split list into a, sorted numerically; returns n
-    n = split(list, a, " ")
-    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
-    return n }
-  function med(list,   a, n) { n = sorted(list, a); return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-  function lo(list,   a) { sorted(list, a); return a[1] }
-  function hi(list,   a, n) { n = sorted(list, a); return a[n] }
-  function ratio(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }
-  NR > 1 {
-    k = $1 SUBSEP $3
-    if (!($1 in nt)) order[++ns] = $1
-    if (!(k in seen)) { seen[k] = 1; target[$1, ++nt[$1]] = $3 }
-    rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $11
-    reqs[k] += $7; refused[k] += $8; bad[k] += $9; calls[k] += $12
-  }
-  END {
-    for (s = 1; s <= ns; s++) {
-      S = order[s]; ref_nginx = ref_bare = ""
-      for (t = 1; t <= nt[S]; t++) { T = target[S, t]
-        if (T ~ /^nginx/) ref_nginx = T; if (T ~ /^bare/) ref_bare = T }
-      printf "\nscenario %s\n", S
-      printf "| %-20s | %-24s | %-7s | %-8s | %-20s | %-8s | %-8s | %-8s | %-8s | %-11s | %s |\n", "target", "req/s median [min-max]",
-        "p50 us", "p99 us", "CPU us/req [min-max]", "req/s vs nginx", "req/s vs floor", "CPU vs nginx", "CPU vs floor", "non-2xx", "errors" (S == "deny" ? " | redis script calls per refusal" : " | redis script calls per request")
-      printf "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
-      for (t = 1; t <= nt[S]; t++) { T = target[S, t]; k = S SUBSEP T
-        r = med(rps[k]); c = med(cpu[k])
-        rn = med(rps[S SUBSEP ref_nginx]); rb = med(rps[S SUBSEP ref_bare]); cn = med(cpu[S SUBSEP ref_nginx]); cb = med(cpu[S SUBSEP ref_bare])
-        per = T ~ /redis/ ? sprintf("%.4f", calls[k] / (S == "deny" ? (refused[k] ? refused[k] : 1) : (reqs[k] ? reqs[k] : 1))) : "-"
-        printf "| %-20s | %7.0f [%6.0f-%6.0f] | %7.0f | %8.0f | %6.2f [%5.2f-%5.2f] | %8s | %8s | %8s | %8s | %11d | %d | %s |\n", T,
-          r, lo(rps[k]), hi(rps[k]), med(p50[k]), med(p99[k]), c, lo(cpu[k]), hi(cpu[k]),
-          ratio(r, rn), ratio(r, rb), ratio(c, cn), ratio(c, cb), refused[k], bad[k], per }
+  echo
+  echo "== summary: medians over $rounds round(s) [min-max]; ratios are of the medians"
+  echo "   (req/s: higher is better; CPU us/req: the proxy's own process(es), plus redis-server for *-redis)"
+  awk -F'\t' '
+    function sorted(list, a,   n, i, j, t) { # split list into a, sorted numerically; returns n
+      n = split(list, a, " ")
+      for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+      return n }
+    function med(list,   a, n) { n = sorted(list, a); return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+    function lo(list,   a) { sorted(list, a); return a[1] }
+    function hi(list,   a, n) { n = sorted(list, a); return a[n] }
+    function ratio(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }
+    NR > 1 {
+      k = $1 SUBSEP $3
+      if (!($1 in nt)) order[++ns] = $1
+      if (!(k in seen)) { seen[k] = 1; target[$1, ++nt[$1]] = $3 }
+      rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $11
+      reqs[k] += $7; refused[k] += $8; bad[k] += $9; calls[k] += $12
     }
-  }' "$results"
-echo "load average at the end: $(loadavg)"
-echo "raw output: $log  results: $results  (plot: python3 scripts/bench_plot.py $results docs/bench.png)"
+    END {
+      for (s = 1; s <= ns; s++) {
+        S = order[s]; ref_nginx = ref_bare = ""
+        for (t = 1; t <= nt[S]; t++) { T = target[S, t]
+          if (T ~ /^nginx/) ref_nginx = T; if (T ~ /^bare/) ref_bare = T }
+        printf "\nscenario %s\n", S
+        printf "| %-20s | %-24s | %-7s | %-8s | %-20s | %-8s | %-8s | %-8s | %-8s | %-11s | %s |\n", "target", "req/s median [min-max]",
+          "p50 us", "p99 us", "CPU us/req [min-max]", "req/s vs nginx", "req/s vs floor", "CPU vs nginx", "CPU vs floor", "non-2xx", "errors" (S == "deny" ? " | redis script calls per refusal" : " | redis script calls per request")
+        printf "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+        for (t = 1; t <= nt[S]; t++) { T = target[S, t]; k = S SUBSEP T
+          r = med(rps[k]); c = med(cpu[k])
+          rn = med(rps[S SUBSEP ref_nginx]); rb = med(rps[S SUBSEP ref_bare]); cn = med(cpu[S SUBSEP ref_nginx]); cb = med(cpu[S SUBSEP ref_bare])
+          per = T ~ /redis/ ? sprintf("%.4f", calls[k] / (S == "deny" ? (refused[k] ? refused[k] : 1) : (reqs[k] ? reqs[k] : 1))) : "-"
+          printf "| %-20s | %7.0f [%6.0f-%6.0f] | %7.0f | %8.0f | %6.2f [%5.2f-%5.2f] | %8s | %8s | %8s | %8s | %11d | %d | %s |\n", T,
+            r, lo(rps[k]), hi(rps[k]), med(p50[k]), med(p99[k]), c, lo(cpu[k]), hi(cpu[k]),
+            ratio(r, rn), ratio(r, rb), ratio(c, cn), ratio(c, cb), refused[k], bad[k], per }
+      }
+    }' "$results"
+  echo "load average at the end: $(loadavg)"
+  echo "raw output: $log  results: $results  (plot: python3 scripts/bench_plot.py $results docs/bench.png)"
 fi
 
 # --- 3. instructions per request under callgrind ---------------------------------------------

@@ -15,7 +15,6 @@
 //! is replaced by the gateway's element; lists (`X-Forwarded-For`, `Forwarded`) keep what a
 //! trusted proxy wrote before it and end with the gateway's entry.
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -99,14 +98,16 @@ pub struct Hop<'a> {
 /// - `Forwarded` (RFC 7239): our element `for=peer;proto=http;host=host` appended to a trusted
 ///   proxy's list; anyone else's lines are dropped and ours is the only element.
 pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
-    let mut forwarded_for = String::new();
+    // Formatted once: it is written into three headers.
+    let peer = hop.peer.to_string();
+    let mut forwarded_for = String::with_capacity(peer.len());
     for line in headers.get_all(&X_FORWARDED_FOR) {
         if let Ok(line) = line.to_str() {
             forwarded_for.push_str(line.trim());
             forwarded_for.push_str(", ");
         }
     }
-    let _ = write!(forwarded_for, "{}", hop.peer);
+    forwarded_for.push_str(&peer);
     // From a String: the header takes its buffer, no copy.
     if let Ok(value) = HeaderValue::try_from(forwarded_for) {
         headers.insert(&X_FORWARDED_FOR, value);
@@ -120,18 +121,23 @@ pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
             None => headers.remove(&X_FORWARDED_HOST),
         };
     }
-    if let Ok(value) = HeaderValue::try_from(hop.client.to_string()) {
+    let real_ip = match hop.client == hop.peer {
+        true => HeaderValue::from_str(&peer),
+        false => HeaderValue::try_from(hop.client.to_string()),
+    };
+    if let Ok(value) = real_ip {
         headers.insert(&X_REAL_IP, value);
     }
     // Visible ASCII throughout (lines that are not are skipped), so this always succeeds.
-    match HeaderValue::try_from(forwarded(headers, hop)) {
+    match HeaderValue::try_from(forwarded(headers, hop, &peer)) {
         Ok(value) => headers.insert(header::FORWARDED, value),
         Err(_) => headers.remove(header::FORWARDED),
     };
 }
 
-/// The `Forwarded` list to send: a trusted peer's elements, then ours.
-fn forwarded(headers: &HeaderMap, hop: &Hop<'_>) -> String {
+/// The `Forwarded` list to send: a trusted peer's elements, then ours (`peer` is the peer's
+/// address as text).
+fn forwarded(headers: &HeaderMap, hop: &Hop<'_>, peer: &str) -> String {
     let mut list = String::with_capacity(64);
     if hop.peer_is_trusted {
         for line in headers.get_all(header::FORWARDED) {
@@ -144,17 +150,24 @@ fn forwarded(headers: &HeaderMap, hop: &Hop<'_>) -> String {
             }
         }
     }
-    push_element(&mut list, hop);
+    push_element(&mut list, hop, peer);
     list
 }
 
 /// `for=...;proto=http;host=...` (RFC 7239 section 4): an IPv6 node is bracketed and quoted,
 /// a host that is not a token (it has a port, say) quoted.
-fn push_element(element: &mut String, hop: &Hop<'_>) {
-    let _ = match hop.peer {
-        IpAddr::V4(ip) => write!(element, "for={ip}"),
-        IpAddr::V6(ip) => write!(element, "for=\"[{ip}]\""),
-    };
+fn push_element(element: &mut String, hop: &Hop<'_>, peer: &str) {
+    match hop.peer {
+        IpAddr::V4(_) => {
+            element.push_str("for=");
+            element.push_str(peer);
+        }
+        IpAddr::V6(_) => {
+            element.push_str("for=\"[");
+            element.push_str(peer);
+            element.push_str("]\"");
+        }
+    }
     element.push_str(";proto=http");
     if let Some(host) = hop.host.and_then(|host| host.to_str().ok())
         && !host.is_empty()

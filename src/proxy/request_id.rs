@@ -47,15 +47,26 @@ impl RequestIds {
 
     fn generate(&self) -> HeaderValue {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{:016x}{n:016x}", self.prefix);
+        // Written by hand rather than with `format!`: this runs on every request.
+        let mut id = [0u8; 32];
+        hex(&mut id[..16], self.prefix);
+        hex(&mut id[16..], n);
         // 32 hex digits are always a valid header value.
-        HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
+        HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
     }
 }
 
 impl Default for RequestIds {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// `value` as 16 lower-case hex digits into `out`.
+fn hex(out: &mut [u8], value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = DIGITS[((value >> (60 - 4 * i)) & 0xf) as usize];
     }
 }
 
@@ -90,6 +101,15 @@ mod tests {
         }
         assert_eq!(id_for(&[b"one", b"two"]).len(), 32, "two ids are no id");
         assert_eq!(id_for(&[]).len(), 32);
+    }
+
+    #[test]
+    fn hex_digits_are_the_value() {
+        let mut out = [0u8; 16];
+        hex(&mut out, 0x0123_4567_89ab_cdef);
+        assert_eq!(&out, b"0123456789abcdef");
+        hex(&mut out, 42);
+        assert_eq!(&out, b"000000000000002a");
     }
 
     #[test]
