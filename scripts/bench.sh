@@ -173,30 +173,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-used_ports=" "
-free_port() { # a loopback port below the ephemeral range that nothing listens on, not handed out before
-  local port
-  while :; do
-    port=$((20000 + RANDOM % 12000))
-    case $used_ports in *" $port "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      used_ports+="$port "
-      echo "$port"
-      return
-    fi
-  done
-}
-
-wait_for_port() { # port name [tenths of a second to wait]
-  local i
-  for i in $(seq 1 "${3:-100}"); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "bench.sh: $2 did not start listening on 127.0.0.1:$1; its log:" >&2
-  cat "$work/$2.log" >&2 || true
-  exit 1
-}
+# free_port, wait_for_port
+. "$ROOT/scripts/lib.sh"
 
 declare -A pid_of port_of admin_of
 start() { # name port cpu-prefix... -- command... (runs in $work, so no .env of the repo is read)
@@ -246,7 +224,7 @@ start redis "$redis_port" "${on_proxy_cpu[@]}" -- \
 tollgate() { # name store(memory|redis) VAR=value...
   local name=$1 store=$2 port admin_port
   shift 2
-  port=$(free_port) admin_port=$(free_port)
+  port=$(free_port) admin_port=$(free_port "$port")
   admin_of[$name]=$admin_port
   local extra=()
   [ "$store" = redis ] && extra=(REDIS_URL="redis://127.0.0.1:$redis_port" KEY_PREFIX="bench-$name:")
@@ -551,7 +529,7 @@ bare_cg() { # name VAR=value...
 tollgate_cg() { # name VAR=value...
   local name=$1 port admin_port
   shift
-  port=$(free_port) admin_port=$(free_port)
+  port=$(free_port) admin_port=$(free_port "$port")
   start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PATH="$PATH" BACKEND_URL="$backend" \
     BIND=127.0.0.1 PORT="$port" ADMIN_BIND=127.0.0.1 ADMIN_PORT="$admin_port" RUST_LOG=warn \
     "$@" $(valgrind_cmd "$name") "$TOLLGATE"

@@ -94,30 +94,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-used_ports=" "
-free_port() { # a loopback port nothing listens on, not handed out before in this run
-  local port
-  while :; do
-    port=$((20000 + RANDOM % 40000))
-    case $used_ports in *" $port "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      used_ports+="$port "
-      echo "$port"
-      return
-    fi
-  done
-}
-
-wait_for_port() { # port name
-  local i
-  for i in $(seq 1 200); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "chaos.sh: $2 did not start listening on 127.0.0.1:$1; its log:" >&2
-  cat "$work/$2.log" >&2 || true
-  exit 1
-}
+# free_port, wait_for_port
+. "$ROOT/scripts/lib.sh"
 
 last_pid=
 start() { # name port command... (runs in $work, so no .env of the repo is read)
@@ -310,7 +288,7 @@ panics() { grep -c 'panicked' "$work/$1.log" || true; }
 if part 1; then
   say
   say "== 1. redis SIGKILL under load (fail open), restarted empty on the same port"
-  redis_port=$(free_port) port=$(free_port) admin=$(free_port)
+  redis_port=$(free_port) port=$(free_port "$redis_port") admin=$(free_port "$redis_port" "$port")
   start_redis redis1 "$redis_port"
   redis_pid=$last_pid
   # The load has a route of its own (a burst of 5, then 50/s per client, 100 clients: a mix
@@ -355,7 +333,7 @@ fi
 if part 2; then
   say
   say "== 2. redis frozen (SIGSTOP) for 5 s, REDIS_TIMEOUT_MS=50, REDIS_BREAKER_THRESHOLD=3"
-  redis_port=$(free_port) port=$(free_port) admin=$(free_port)
+  redis_port=$(free_port) port=$(free_port "$redis_port") admin=$(free_port "$redis_port" "$port")
   start_redis redis2 "$redis_port"
   redis_pid=$last_pid
   # Every request allowed, so every one asks Redis (no denial is cached).
@@ -396,7 +374,7 @@ fi
 if part 3; then
   say
   say "== 3. soak: $soak_minutes min, 100,000 client identities, Redis store, wrk -t1 -c$soak_connections with ${soak_delay_ms} ms between requests per connection"
-  redis_port=$(free_port) port=$(free_port) admin=$(free_port)
+  redis_port=$(free_port) port=$(free_port "$redis_port") admin=$(free_port "$redis_port" "$port")
   start_redis redis3 "$redis_port"
   start_gateway tollgate3 "$port" "$admin" REDIS_URL="redis://127.0.0.1:$redis_port" RUST_LOG=warn
   gateway_pid=$last_pid
@@ -442,7 +420,7 @@ fi
 if part 4; then
   say
   say "== 4. key flood: 1,000,000 identities, memory store, MAX_KEYS=100000"
-  port=$(free_port) admin=$(free_port)
+  port=$(free_port) admin=$(free_port "$port")
   # 5 requests, then one per 1000 s: nothing refills during the run.
   start_gateway tollgate4 "$port" "$admin" MAX_KEYS=100000 MAX_TOKENS=5 REFILL_RATE=0.001 RUST_LOG=warn
   gateway_pid=$last_pid

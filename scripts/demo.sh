@@ -26,22 +26,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Is something listening on 127.0.0.1:$1? (bash's /dev/tcp; sends no request, so the
-# readiness check spends no token.)
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-free_port() {
-  local port
-  for _ in $(seq 100); do
-    port=$((20000 + RANDOM % 30000))
-    if [ "$port" != "${1:-}" ] && ! listening "$port"; then
-      echo "$port"
-      return
-    fi
-  done
-  echo "demo.sh: no free port found" >&2
-  return 1
-}
+# listening, free_port (the readiness check sends no request, so it spends no token)
+. scripts/lib.sh
 
 wait_ready() { # port pid name
   for _ in $(seq 100); do
@@ -59,7 +45,7 @@ wait_ready() { # port pid name
 
 backend_port=${DEMO_BACKEND_PORT:-$(free_port)}
 gateway_port=${DEMO_PORT:-$(free_port "$backend_port")}
-admin_port=${DEMO_ADMIN_PORT:-$(free_port "$gateway_port")}
+admin_port=${DEMO_ADMIN_PORT:-$(free_port "$backend_port" "$gateway_port")}
 for port in "$backend_port" "$gateway_port" "$admin_port"; do
   if listening "$port"; then
     echo "demo.sh: port $port is taken; choose others with DEMO_PORT, DEMO_ADMIN_PORT, DEMO_BACKEND_PORT" >&2
