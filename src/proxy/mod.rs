@@ -99,6 +99,16 @@ impl AccessLog {
         }
     }
 
+    /// Whether a request that ended as `outcome` gets an `info` line. A shadow rule exists to
+    /// be watched: its would-be denials are logged whatever `ACCESS_LOG` says.
+    pub fn logs(self, outcome: Outcome) -> bool {
+        match self {
+            AccessLog::All => true,
+            AccessLog::Denied => outcome == Outcome::Shadow || !outcome.forwards(),
+            AccessLog::Off => outcome == Outcome::Shadow,
+        }
+    }
+
     /// The value as written in `ACCESS_LOG`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -414,11 +424,6 @@ impl Proxy {
             Err(error) => return refuse(&error.to_string(), raw_path, peer, &context),
         };
         context.rule = Some(matched.rule.id);
-        // Captured only when a line about this request may be written: the request moves on.
-        let logged = (self.access_log != AccessLog::Off
-            || matched.rule.shadow
-            || tracing::enabled!(tracing::Level::DEBUG))
-        .then(|| (request.method().clone(), request.uri().path().to_owned()));
         let rewritten = path.rewritten;
         // The backend gets the request id too, so its logs and ours can be joined.
         request.headers_mut().insert(&X_REQUEST_ID, id.clone());
@@ -439,6 +444,10 @@ impl Proxy {
         };
         let outcome = Outcome::of(matched.mode, verdict.as_ref());
         self.metrics.request(matched.rule.id, outcome);
+        // Captured only when a line about this request will be written (the request moves on
+        // to the backend): not for the allowed requests of the default ACCESS_LOG=denied.
+        let logged = (self.access_log.logs(outcome) || tracing::enabled!(tracing::Level::DEBUG))
+            .then(|| (request.method().clone(), request.uri().path().to_owned()));
         let mut response = if outcome.forwards() {
             self.forward(request, peer.ip(), client_ip, rewritten.as_deref(), &context)
                 .await
@@ -484,14 +493,10 @@ impl Proxy {
             .and_then(Verdict::decision)
             .filter(|decision| !decision.allowed)
             .map(|decision| response::retry_after_secs(decision.retry_after));
-        let refused = !outcome.forwards() || outcome == Outcome::Shadow;
         let suppressed = match self.access_log {
             AccessLog::All => Some(0),
-            // A shadow rule exists to be watched: its would-be denials are logged whatever
-            // ACCESS_LOG says.
-            _ if outcome == Outcome::Shadow => self.denial_log.admit(),
-            AccessLog::Denied if refused => self.denial_log.admit(),
-            AccessLog::Denied | AccessLog::Off => None,
+            _ if self.access_log.logs(outcome) => self.denial_log.admit(),
+            _ => None,
         };
         match suppressed {
             Some(suppressed) => {
@@ -500,7 +505,7 @@ impl Proxy {
                 }
                 let message = match outcome {
                     Outcome::Shadow => "shadow rule would have refused this request; forwarded",
-                    _ if refused => "request refused",
+                    _ if !outcome.forwards() => "request refused",
                     _ => "request",
                 };
                 tracing::info!(

@@ -334,13 +334,7 @@ async fn open_tunnel(addr: SocketAddr, from: IpAddr) -> Result<TcpStream, (Strin
         .write_all(b"GET /ws HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
         .await
         .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        stream.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    let head = crate::support::read_head(&mut stream).await;
     let status_line = head.lines().next().unwrap_or_default().to_owned();
     if status_line.starts_with("http/1.1 101") {
         stream.write_all(b"ping").await.unwrap();

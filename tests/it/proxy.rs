@@ -377,13 +377,7 @@ async fn upgrades_are_tunnelled() {
         .write_all(b"GET /ws HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
         .await
         .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        stream.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    let head = crate::support::read_head(&mut stream).await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: echo"), "{head}");
     assert!(head.contains("x-ratelimit-remaining: 9"), "{head}");

@@ -93,3 +93,17 @@ pub async fn raw_status_line(addr: SocketAddr, request: &[u8]) -> String {
     BufReader::new(stream).read_line(&mut line).await.unwrap();
     line.trim_end().to_owned()
 }
+
+/// Read a response head byte by byte (so nothing after it, such as a tunnel's first bytes, is
+/// consumed), lower-cased.
+pub async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap().to_ascii_lowercase()
+}

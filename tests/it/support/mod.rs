@@ -8,7 +8,7 @@ pub mod gateway;
 pub mod redis;
 
 pub use backend::Backend;
-pub use client::{Reply, get, get_from, raw_status_line, request};
+pub use client::{Reply, get, get_from, raw_status_line, read_head, request};
 pub use gateway::Gateway;
 pub use redis::{RedisCluster, RedisServer};
 
