@@ -167,12 +167,6 @@ impl SlidingWindow {
         };
         (decision, None)
     }
-
-    /// True when forgetting this state changes no future decision.
-    pub fn is_idle(&self, state: &WindowState, now_us: u64) -> bool {
-        let window = now_us / 1_000 / self.window_ms;
-        window >= state.window + 2 || (state.previous == 0 && state.current == 0)
-    }
 }
 
 impl Algorithm for SlidingWindow {

@@ -60,11 +60,6 @@ impl TokenBucket {
         };
         (decision, Some(new_tat))
     }
-
-    /// True when a bucket with this TAT is full at `now`, so forgetting it changes nothing.
-    pub fn is_idle(tat: u64, now_us: u64) -> bool {
-        tat <= now_us
-    }
 }
 
 /// The state is the TAT; 0 (long past) is a full bucket, the same as no state.
@@ -243,8 +238,8 @@ mod tests {
 
     #[test]
     fn idle_means_full() {
-        assert!(TokenBucket::is_idle(10, 10));
-        assert!(!TokenBucket::is_idle(11, 10));
+        assert!(bucket().is_idle(&10, 10));
+        assert!(!bucket().is_idle(&11, 10));
     }
 
     proptest! {
