@@ -3,10 +3,12 @@
 //!
 //! - `/healthz`: 200 while the process serves (liveness).
 //! - `/readyz`: 200 when traffic should be sent here, 503 while draining after SIGTERM, or
-//!   while `FAIL_MODE=closed` refuses everything because the Redis breaker is open. With the
-//!   fail modes that forward (`open`, `local`), a Redis outage does not make the gateway
-//!   unready: taking every replica out of a load balancer would turn it into an outage of the
-//!   backend. The body says which store, and the breaker's state, as JSON.
+//!   while `FAIL_MODE=closed` refuses everything because the Redis breaker is open (on a
+//!   cluster, every master's). With the fail modes that forward (`open`, `local`), a Redis
+//!   outage does not make the gateway unready: taking every replica out of a load balancer
+//!   would turn it into an outage of the backend. The body says which store, and the
+//!   breakers' state (`closed`, `open`, or `partial` when some cluster masters' are open), as
+//!   JSON.
 //! - `/metrics`: the Prometheus text format (see [`crate::metrics`]).
 //!
 //! Also here: [`healthcheck`], what `tollgate healthcheck` runs for a container's
@@ -110,7 +112,13 @@ fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
         Some(guard) => {
             let open = guard.is_open();
             let refusing = open && guard.settings().fail_mode == FailMode::Closed;
-            ("redis", if open { "open" } else { "closed" }, refusing)
+            let breaker = match guard.breakers_open() {
+                _ if open => "open",
+                (0, _) => "closed",
+                // Some cluster masters are given up on, not all: their slots get the fail mode.
+                _ => "partial",
+            };
+            ("redis", breaker, refusing)
         }
     };
     let fail_mode = state

@@ -34,6 +34,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_backend_duration_seconds",
     "tollgate_redis_errors_total",
     "tollgate_breaker_open",
+    "tollgate_redis_masters",
     "tollgate_memory_clients",
     "tollgate_memory_evictions_total",
     "tollgate_cached_denials_total",
@@ -239,8 +240,16 @@ impl Collector for StoreCollector {
         gauge(
             &mut encoder,
             "breaker_open",
-            "1 while the Redis circuit breaker is open (requests get the fail mode)",
-            i64::from(guard.is_some_and(|guard| guard.is_open())),
+            "Redis circuit breakers open (their requests get the fail mode): 0 or 1 for one \
+             Redis, up to one per master on a cluster",
+            guard.map_or(0, |guard| guard.breakers_open().0 as i64),
+        )?;
+        gauge(
+            &mut encoder,
+            "redis_masters",
+            "Redis Cluster masters in the gateway's slot map, each with its own breaker (0 for \
+             one Redis, or before the cluster first answers CLUSTER SLOTS)",
+            guard.map_or(0, |guard| guard.masters() as i64),
         )?;
         let mut family = encoder.encode_descriptor(
             "redis_errors",

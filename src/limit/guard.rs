@@ -1,18 +1,24 @@
-//! What happens when the Redis store fails: the fail mode and the circuit breaker.
+//! What happens when the Redis store fails: the fail mode and the circuit breakers.
 //!
 //! A failed or slow call costs at most `REDIS_TIMEOUT_MS`. After `REDIS_BREAKER_THRESHOLD`
-//! consecutive failures the breaker opens: from then on every decision is immediate (the fail
-//! mode, without asking Redis) and one background task pings Redis every
+//! consecutive failures a breaker opens: from then on every decision it guards is immediate
+//! (the fail mode, without asking Redis) and one background task pings Redis every
 //! `REDIS_PROBE_INTERVAL_MS`. The first successful ping closes the breaker and limiting
 //! resumes by itself. So an outage never makes every request wait for a timeout, and never
 //! turns into an outage of the backend (with `FAIL_MODE=open` or `local`).
+//!
+//! A single Redis has one breaker. A Redis Cluster has one per master: the guard keeps the
+//! cluster's slot map (`CLUSTER SLOTS`, asked again every few seconds to follow failovers),
+//! finds each key's master from its hash slot, and a dead master hands the fail mode to its
+//! own slots only, while every other slot keeps its exact limits. Its probe pings that master.
 //!
 //! `FAIL_MODE=local` keeps limiting during the outage with a memory store of this replica's
 //! own: each replica then enforces the full budget by itself (so N replicas allow up to N
 //! times the budget), which protects the backend without refusing anyone.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,6 +26,7 @@ use tokio::time::Instant;
 use std::num::NonZeroUsize;
 
 use crate::limit::denials::DenialCache;
+use crate::limit::slots::{Master, SlotMap, key_slot};
 use crate::limit::{ClientKey, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 
 /// What to do with a request when the store cannot decide.
@@ -101,7 +108,9 @@ pub struct GuardSettings {
     pub probe_interval: Duration,
 }
 
-/// A Redis store behind a circuit breaker. Cheap to clone; clones share the breaker.
+/// A Redis store behind circuit breakers: one for a single Redis, one per master for a Redis
+/// Cluster (so a dead master hands the fail mode to its own slots only). Cheap to clone;
+/// clones share the breakers.
 #[derive(Clone)]
 pub struct Guard {
     inner: Arc<Inner>,
@@ -112,12 +121,8 @@ struct Inner {
     settings: GuardSettings,
     /// Decides while Redis cannot: the fail mode, with its memory store for `local`.
     fallback: Fallback,
-    /// Failures since the last success; reset by any success.
-    consecutive_failures: AtomicU32,
-    /// True while the breaker is open: decisions skip Redis and a probe task runs.
-    open: AtomicBool,
-    /// Requests answered by the fail mode since the outage began, for the outage's log lines.
-    degraded: AtomicU64,
+    /// Which breaker guards which key.
+    breakers: Breakers,
     /// Failed calls since startup, by [`RedisErrorKind`].
     errors: [AtomicU64; RedisErrorKind::ALL.len()],
     /// Denials repeated without asking Redis until their retry time.
@@ -130,55 +135,163 @@ enum Fallback {
     Local(MemoryStore),
 }
 
-/// While the breaker stays open, how often the probe repeats that requests are degraded.
+/// One circuit breaker: for the whole store, or for one cluster master.
+struct Breaker {
+    /// The master it guards, `None` for the whole store (a single Redis; on a cluster, the
+    /// slots no known master serves, and every slot until the slot map is known).
+    master: Option<Master>,
+    /// Failures since the last success; reset by any success.
+    consecutive_failures: AtomicU32,
+    /// True while open: decisions skip Redis and a probe task runs.
+    open: AtomicBool,
+    /// Requests answered by the fail mode since the outage began, for its log lines.
+    degraded: AtomicU64,
+}
+
+impl Breaker {
+    fn new(master: Option<Master>) -> Arc<Breaker> {
+        Arc::new(Breaker {
+            master,
+            consecutive_failures: AtomicU32::new(0),
+            open: AtomicBool::new(false),
+            degraded: AtomicU64::new(0),
+        })
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// The master's address for log lines, empty for the whole store.
+    fn node(&self) -> &str {
+        self.master.as_ref().map_or("", |master| &master.address)
+    }
+
+    /// Where its probe's `PING` goes: the master's first slot, or any node.
+    fn probe_slot(&self) -> Option<u16> {
+        self.master.as_ref().map(|master| master.first_slot)
+    }
+}
+
+enum Breakers {
+    /// A single Redis: one breaker.
+    One(Arc<Breaker>),
+    /// A Redis Cluster: the breaker of each key's master, from a slot map refreshed every
+    /// [`SLOT_MAP_REFRESH`].
+    PerMaster(RwLock<Arc<MasterBreakers>>),
+}
+
+/// A breaker per master of one slot map, and the whole-store breaker for everything else.
+struct MasterBreakers {
+    whole: Arc<Breaker>,
+    /// By master, in the slot map's order.
+    masters: Vec<Arc<Breaker>>,
+    /// `None` until `CLUSTER SLOTS` has answered once.
+    slots: Option<SlotMap>,
+}
+
+impl MasterBreakers {
+    /// The breaker of `key`'s master.
+    fn of(&self, key: &str) -> &Arc<Breaker> {
+        self.slots
+            .as_ref()
+            .and_then(|slots| slots.owner(key_slot(key.as_bytes())))
+            .map_or(&self.whole, |master| &self.masters[master])
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Arc<Breaker>> {
+        std::iter::once(&self.whole).chain(&self.masters)
+    }
+
+    /// The breakers of a new slot map: a master already known keeps its breaker (and its
+    /// state), a new one starts closed, one that no longer owns slots is dropped (its probe
+    /// notices and stops).
+    fn remap(&self, slots: SlotMap) -> MasterBreakers {
+        let masters = slots
+            .masters()
+            .iter()
+            .map(|master| {
+                self.masters
+                    .iter()
+                    .find(|known| known.master.as_ref() == Some(master))
+                    .cloned()
+                    .unwrap_or_else(|| Breaker::new(Some(master.clone())))
+            })
+            .collect();
+        MasterBreakers {
+            whole: self.whole.clone(),
+            masters,
+            slots: Some(slots),
+        }
+    }
+}
+
+/// While a breaker stays open, how often the probe repeats that requests are degraded.
 const OUTAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How often a cluster's slot map is asked again, to follow failovers and resharding.
+const SLOT_MAP_REFRESH: Duration = Duration::from_secs(5);
 
 impl Guard {
     /// Guard `store` with `settings`; `max_keys` bounds the memory store of `FAIL_MODE=local`,
-    /// which serves `rules`.
+    /// which serves `rules`. Call it inside a Tokio runtime: on a cluster it starts the task
+    /// that keeps the slot map.
     pub fn new(store: RedisStore, settings: GuardSettings, max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
         let fallback = match settings.fail_mode {
             FailMode::Open => Fallback::Open,
             FailMode::Closed => Fallback::Closed,
             FailMode::Local => Fallback::Local(MemoryStore::new(max_keys, rules)),
         };
-        Guard {
+        let breakers = if store.is_cluster() {
+            Breakers::PerMaster(RwLock::new(Arc::new(MasterBreakers {
+                whole: Breaker::new(None),
+                masters: Vec::new(),
+                slots: None,
+            })))
+        } else {
+            Breakers::One(Breaker::new(None))
+        };
+        let guard = Guard {
             inner: Arc::new(Inner {
                 store,
                 settings,
                 fallback,
-                consecutive_failures: AtomicU32::new(0),
-                open: AtomicBool::new(false),
-                degraded: AtomicU64::new(0),
+                breakers,
                 errors: Default::default(),
                 denials: DenialCache::new(max_keys),
             }),
+        };
+        if matches!(guard.inner.breakers, Breakers::PerMaster(_)) {
+            tokio::spawn(keep_slot_map(Arc::downgrade(&guard.inner)));
         }
+        guard
     }
 
     /// Ask Redis, unless it has already refused this request until later (see
-    /// [`DenialCache`]) or the breaker is open.
+    /// [`DenialCache`]) or the breaker of the client's master is open.
     pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
         let inner = &self.inner;
         if let Some(denial) = inner.denials.check(rule, client, cost) {
             return Verdict::Decided(denial);
         }
-        if inner.open.load(Ordering::Acquire) {
-            return self.fall_back(rule, client, cost);
+        let key = inner.store.key(rule, client);
+        let breaker = inner.breaker(&key);
+        if breaker.is_open() {
+            return self.fall_back(&breaker, rule, client, cost);
         }
         let sent = Instant::now();
-        match inner.store.check(rule, client, cost).await {
+        match inner.store.check_key(rule, &key, cost).await {
             Ok(decision) => {
                 // Read first: a store on every request would bounce the cache line.
-                if inner.consecutive_failures.load(Ordering::Relaxed) != 0 {
-                    inner.consecutive_failures.store(0, Ordering::Relaxed);
+                if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
+                    breaker.consecutive_failures.store(0, Ordering::Relaxed);
                 }
                 inner.denials.remember(rule, client, cost, &decision, sent);
                 Verdict::Decided(decision)
             }
             Err(error) => {
-                self.record_failure(&error);
-                self.fall_back(rule, client, cost)
+                self.record_failure(&breaker, &error);
+                self.fall_back(&breaker, rule, client, cost)
             }
         }
     }
@@ -186,17 +299,54 @@ impl Guard {
     /// Refund a decision Redis made (see [`RedisStore::refund`]). While the breaker is open
     /// Redis is not asked: the cost stays spent, erring toward the limit.
     pub async fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
-        if self.inner.open.load(Ordering::Acquire) {
+        let key = self.inner.store.key(rule, client);
+        let breaker = self.inner.breaker(&key);
+        if breaker.is_open() {
             return;
         }
-        if let Err(error) = self.inner.store.refund(rule, client, cost, at_us).await {
-            self.record_failure(&error);
+        if let Err(error) = self.inner.store.refund_key(rule, &key, cost, at_us).await {
+            self.record_failure(&breaker, &error);
         }
     }
 
-    /// True while the breaker is open: requests get the fail mode without asking Redis.
+    /// How many breakers are open, and how many there are: one for a single Redis; on a
+    /// cluster, one per master plus one for slots no known master serves.
+    pub fn breakers_open(&self) -> (usize, usize) {
+        let count = |breakers: &mut dyn Iterator<Item = &Arc<Breaker>>| {
+            breakers.fold((0, 0), |(open, all), breaker| {
+                (open + usize::from(breaker.is_open()), all + 1)
+            })
+        };
+        match &self.inner.breakers {
+            Breakers::One(breaker) => count(&mut std::iter::once(breaker)),
+            Breakers::PerMaster(map) => count(&mut read(map).all()),
+        }
+    }
+
+    /// Redis Cluster masters in the slot map, each with its breaker; 0 for a single Redis
+    /// and until the cluster first answers `CLUSTER SLOTS`.
+    pub fn masters(&self) -> usize {
+        match &self.inner.breakers {
+            Breakers::One(_) => 0,
+            Breakers::PerMaster(map) => read(map).masters.len(),
+        }
+    }
+
+    /// True while Redis as a whole is given up on: the single Redis's breaker is open, or on a
+    /// cluster, the breaker of every master (and of the whole store) is.
     pub fn is_open(&self) -> bool {
-        self.inner.open.load(Ordering::Acquire)
+        let (open, all) = self.breakers_open();
+        match &self.inner.breakers {
+            Breakers::One(_) => open == all,
+            // The whole-store breaker only serves unowned slots once the map is known.
+            Breakers::PerMaster(map) => {
+                let map = read(map);
+                match map.slots {
+                    None => map.whole.is_open(),
+                    Some(_) => !map.masters.is_empty() && map.masters.iter().all(|b| b.is_open()),
+                }
+            }
+        }
     }
 
     /// The fail mode and breaker settings.
@@ -222,8 +372,8 @@ impl Guard {
         }
     }
 
-    fn fall_back(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
-        self.inner.degraded.fetch_add(1, Ordering::Relaxed);
+    fn fall_back(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
+        breaker.degraded.fetch_add(1, Ordering::Relaxed);
         match &self.inner.fallback {
             Fallback::Open => Verdict::FailOpen,
             Fallback::Closed => Verdict::FailClosed,
@@ -231,37 +381,68 @@ impl Guard {
         }
     }
 
-    fn record_failure(&self, error: &StoreError) {
+    fn record_failure(&self, breaker: &Arc<Breaker>, error: &StoreError) {
         let inner = &self.inner;
         inner.errors[RedisErrorKind::of(error) as usize].fetch_add(1, Ordering::Relaxed);
+        let node = breaker.node();
         if error.is_about_one_key() {
             // Redis answered: one key's trouble says nothing of its health, and an open
             // breaker would hand every other client the fail mode too.
-            tracing::warn!(%error, "rate-limit store call failed for this key alone");
+            tracing::warn!(%error, node, "rate-limit store call failed for this key alone");
             return;
         }
-        let failures = inner.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(%error, consecutive_failures = failures, "rate-limit store call failed");
-        if failures >= inner.settings.failure_threshold && !inner.open.swap(true, Ordering::AcqRel) {
+        let failures = breaker.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(%error, node, consecutive_failures = failures, "rate-limit store call failed");
+        if failures >= inner.settings.failure_threshold && !breaker.open.swap(true, Ordering::AcqRel) {
             tracing::warn!(
+                node,
                 fail_mode = inner.settings.fail_mode.as_str(),
                 probe_interval_ms = inner.settings.probe_interval.as_millis() as u64,
-                "circuit breaker open: redis is not asked until a probe succeeds; requests are {}",
+                "circuit breaker open: redis{} is not asked until a probe succeeds; its requests are {}",
+                if breaker.master.is_some() { " master" } else { "" },
                 match inner.settings.fail_mode {
                     FailMode::Open => "forwarded without limiting",
                     FailMode::Closed => "refused with 503",
                     FailMode::Local => "limited by this replica alone",
                 }
             );
-            tokio::spawn(probe(Arc::downgrade(&self.inner)));
+            tokio::spawn(probe(Arc::downgrade(inner), breaker.clone()));
         }
     }
 }
 
-/// Ping until Redis answers, then close the breaker. Ends early if the gateway is gone.
-/// Every [`OUTAGE_REPORT_INTERVAL`] it logs how many requests the fail mode has answered.
-async fn probe(inner: Weak<Inner>) {
+impl Inner {
+    /// The breaker that guards `key` (borrowed for a single Redis: no reference count to
+    /// bump on every request).
+    fn breaker(&self, key: &str) -> Cow<'_, Arc<Breaker>> {
+        match &self.breakers {
+            Breakers::One(breaker) => Cow::Borrowed(breaker),
+            Breakers::PerMaster(map) => Cow::Owned(read(map).of(key).clone()),
+        }
+    }
+
+    /// True while `breaker` still guards something: always for a single Redis; on a
+    /// cluster, while the current slot map has it (a master that failed over is dropped).
+    fn guards(&self, breaker: &Arc<Breaker>) -> bool {
+        match &self.breakers {
+            Breakers::One(_) => true,
+            Breakers::PerMaster(map) => read(map).all().any(|known| Arc::ptr_eq(known, breaker)),
+        }
+    }
+}
+
+/// The slot map behind the lock; a poisoned lock still holds a whole map (it is only ever
+/// replaced in one assignment).
+fn read(map: &RwLock<Arc<MasterBreakers>>) -> Arc<MasterBreakers> {
+    map.read().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// Ping until Redis (or the breaker's master) answers, then close the breaker. Ends early if
+/// the gateway is gone, or if the master no longer owns slots. Every
+/// [`OUTAGE_REPORT_INTERVAL`] it logs how many requests the fail mode has answered.
+async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
     let mut last_report = Instant::now();
+    let node = breaker.node();
     loop {
         let Some(interval) = inner.upgrade().map(|inner| inner.settings.probe_interval) else {
             return;
@@ -270,37 +451,85 @@ async fn probe(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
+        if !inner.guards(&breaker) {
+            tracing::info!(
+                node,
+                degraded_requests = breaker.degraded.load(Ordering::Relaxed),
+                "redis master no longer owns slots; its breaker is dropped"
+            );
+            return;
+        }
         // The connection manager remembers a failed reconnect and starts a new one only when
         // a call fails on it: after a connection error, ask again at once, so a Redis that
         // came back since the last probe is seen now rather than one interval later.
-        let answer = match inner.store.ping().await {
+        let slot = breaker.probe_slot();
+        let answer = match inner.store.ping(slot).await {
             Err(error) if RedisErrorKind::of(&error) == RedisErrorKind::Connection => {
-                inner.store.ping().await
+                inner.store.ping(slot).await
             }
             answer => answer,
         };
         match answer {
             Ok(()) => {
-                inner.consecutive_failures.store(0, Ordering::Relaxed);
-                inner.open.store(false, Ordering::Release);
+                breaker.consecutive_failures.store(0, Ordering::Relaxed);
+                breaker.open.store(false, Ordering::Release);
                 tracing::info!(
-                    degraded_requests = inner.degraded.swap(0, Ordering::Relaxed),
+                    node,
+                    degraded_requests = breaker.degraded.swap(0, Ordering::Relaxed),
                     "circuit breaker closed: redis answers again, limiting resumes"
                 );
                 return;
             }
             Err(error) => {
-                tracing::debug!(%error, "redis probe failed; breaker stays open");
+                tracing::debug!(%error, node, "redis probe failed; breaker stays open");
                 if last_report.elapsed() >= OUTAGE_REPORT_INTERVAL {
                     last_report = Instant::now();
                     tracing::warn!(
                         %error,
+                        node,
                         fail_mode = inner.settings.fail_mode.as_str(),
-                        degraded_requests = inner.degraded.load(Ordering::Relaxed),
+                        degraded_requests = breaker.degraded.load(Ordering::Relaxed),
                         "redis still unavailable; requests are answered by the fail mode"
                     );
                 }
             }
         }
+    }
+}
+
+/// Keep a cluster's slot map: ask `CLUSTER SLOTS` now, again every [`SLOT_MAP_REFRESH`]
+/// (every probe interval until it first answers), and give each master its breaker. Ends
+/// when the gateway is gone.
+async fn keep_slot_map(inner: Weak<Inner>) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let Breakers::PerMaster(map) = &strong.breakers else {
+            return;
+        };
+        let wait = match strong.store.slot_map().await {
+            Ok(Some(slots)) => {
+                let current = read(map);
+                if current.slots.as_ref() != Some(&slots) {
+                    let masters: Vec<&str> = slots.masters().iter().map(|m| m.address.as_str()).collect();
+                    tracing::info!(masters = %masters.join(","), "redis cluster slot map");
+                    let remapped = Arc::new(current.remap(slots));
+                    *map.write().unwrap_or_else(PoisonError::into_inner) = remapped;
+                }
+                SLOT_MAP_REFRESH
+            }
+            Ok(None) => return,
+            Err(error) => {
+                tracing::debug!(%error, "redis cluster slot map not read; asking again");
+                if read(map).slots.is_some() {
+                    SLOT_MAP_REFRESH
+                } else {
+                    strong.settings.probe_interval
+                }
+            }
+        };
+        drop(strong);
+        tokio::time::sleep(wait).await;
     }
 }

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod pattern;
 pub mod redis;
 pub mod rules;
+pub mod slots;
 
 use std::time::Duration;
 

@@ -17,8 +17,10 @@ use redis::ScriptInvocation;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::OnceCell;
 
+use crate::limit::slots::SlotMap;
 use crate::limit::{ClientKey, Decision, Rule};
 
 /// Why the store could not decide.
@@ -172,7 +174,13 @@ impl RedisStore {
 
     /// Decide a request of `cost` for `client` under `rule`, on the Redis clock.
     pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Result<Decision, StoreError> {
-        self.decide(rule, client, cost, None).await
+        self.decide(rule, &self.key(rule, client), cost, None).await
+    }
+
+    /// [`check`](Self::check) on the client's [`key`](Self::key), made by the caller (which
+    /// needs it first to find the key's Redis Cluster master).
+    pub async fn check_key(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, StoreError> {
+        self.decide(rule, key, cost, None).await
     }
 
     /// Decide with the script's clock pinned to `now_us` (microseconds since the Unix epoch).
@@ -185,7 +193,8 @@ impl RedisStore {
         cost: u64,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
-        self.decide(rule, client, cost, Some(now_us)).await
+        self.decide(rule, &self.key(rule, client), cost, Some(now_us))
+            .await
     }
 
     /// Give back `cost` taken by an allowed request counted at `at_us` (microseconds since
@@ -197,7 +206,13 @@ impl RedisStore {
         cost: u64,
         at_us: u64,
     ) -> Result<(), StoreError> {
-        self.give_back(rule, client, cost, at_us, None).await
+        self.give_back(rule, &self.key(rule, client), cost, at_us, None)
+            .await
+    }
+
+    /// [`refund`](Self::refund) on the client's [`key`](Self::key), made by the caller.
+    pub async fn refund_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
+        self.give_back(rule, key, cost, at_us, None).await
     }
 
     /// [`refund`](Self::refund) with the script's clock pinned to `now_us`, for tests.
@@ -210,7 +225,8 @@ impl RedisStore {
         at_us: u64,
         now_us: u64,
     ) -> Result<(), StoreError> {
-        self.give_back(rule, client, cost, at_us, Some(now_us)).await
+        self.give_back(rule, &self.key(rule, client), cost, at_us, Some(now_us))
+            .await
     }
 
     /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}`. The braces
@@ -224,27 +240,57 @@ impl RedisStore {
         )
     }
 
-    /// `PING`, bounded by the timeout: the circuit breaker's health probe.
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    /// True for a Redis Cluster, whose masters each get a circuit breaker of their own.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.connection, Connection::Cluster(_))
+    }
+
+    /// `PING`, bounded by the timeout: a circuit breaker's health probe. On a cluster, `slot`
+    /// routes it to the master that owns that slot; without one, any node answers.
+    pub async fn ping(&self, slot: Option<u16>) -> Result<(), StoreError> {
         let cmd = redis::cmd("PING");
         self.bounded(async {
-            match &self.connection {
-                Connection::Single(manager) => cmd.query_async::<()>(&mut manager.clone()).await,
-                Connection::Cluster(cluster) => cmd.query_async::<()>(&mut cluster.get().await?).await,
+            match (&self.connection, slot) {
+                (Connection::Single(manager), _) => cmd.query_async::<()>(&mut manager.clone()).await,
+                (Connection::Cluster(cluster), None) => {
+                    cmd.query_async::<()>(&mut cluster.get().await?).await
+                }
+                (Connection::Cluster(cluster), Some(slot)) => {
+                    let route = Route::new(slot, SlotAddr::Master);
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    cluster.get().await?.route_command(cmd, routing).await.map(drop)
+                }
             }
         })
         .await
     }
 
+    /// Which master owns which slot (`CLUSTER SLOTS`, asked of any node), bounded by the
+    /// timeout; `None` for a single Redis.
+    pub async fn slot_map(&self) -> Result<Option<SlotMap>, StoreError> {
+        let Connection::Cluster(cluster) = &self.connection else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+        let reply = self
+            .bounded(async { cluster.get().await?.route_command(cmd, routing).await })
+            .await?;
+        SlotMap::from_cluster_slots(&reply)
+            .map(Some)
+            .map_err(StoreError::Reply)
+    }
+
     async fn give_back(
         &self,
         rule: &Rule,
-        client: ClientKey,
+        key: &str,
         cost: u64,
         at_us: u64,
         now_us: Option<u64>,
     ) -> Result<(), StoreError> {
-        let mut invocation = self.invocation(rule, client, cost, now_us);
+        let mut invocation = self.invocation(rule, key, cost, now_us);
         invocation.arg(at_us);
         self.bounded(self.invoke::<redis::Value>(&invocation))
             .await
@@ -255,12 +301,12 @@ impl RedisStore {
     fn invocation(
         &self,
         rule: &Rule,
-        client: ClientKey,
+        key: &str,
         cost: u64,
         now_us: Option<u64>,
     ) -> ScriptInvocation<'static> {
         let (script, [first, second]) = rule.policy.script();
-        let mut invocation = script.key(self.key(rule, client));
+        let mut invocation = script.key(key);
         invocation.arg(first).arg(second).arg(cost);
         match now_us {
             Some(now_us) => invocation.arg(now_us),
@@ -272,11 +318,11 @@ impl RedisStore {
     async fn decide(
         &self,
         rule: &Rule,
-        client: ClientKey,
+        key: &str,
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let mut invocation = self.invocation(rule, client, cost, now_us);
+        let mut invocation = self.invocation(rule, key, cost, now_us);
         invocation.arg("");
         let reply: Vec<i64> = self.bounded(self.invoke(&invocation)).await?;
         let [allowed, remaining, retry_after_us, reset_after_us, at_us] = reply[..] else {

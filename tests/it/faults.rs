@@ -815,11 +815,10 @@ async fn exact_budget(to: SocketAddr, client: IpAddr, budget: u64, what: &str) {
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{what} {client}");
 }
 
-/// What the store does with one master down. The circuit breaker is left out of it with a
-/// threshold no test reaches: it is one per gateway, not per master, so this test's
-/// back-to-back failures on the dead master's slots would open it for every slot until the
-/// next probe (which the masters still up answer). That gap is written up in
-/// docs/reliability.md.
+/// One master down: its breaker opens and its slots get the fail mode, fast; the breakers of
+/// the other masters stay closed and their slots keep exact limits, however many requests
+/// fail on the dead one; after the restart its probe closes its breaker and every slot is
+/// exact again.
 #[tokio::test]
 async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_restart() {
     let mut cluster = RedisCluster::start();
@@ -832,8 +831,8 @@ async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_
             ("FAIL_MODE", "closed"),
             ("REDIS_TIMEOUT_MS", "1000"),
             ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("REDIS_BREAKER_THRESHOLD", "3"),
             ("MAX_TOKENS", "3"),
-            ("REDIS_BREAKER_THRESHOLD", "1000000"),
             ("REFILL_RATE", "0.0001"),
         ],
     )
@@ -850,13 +849,15 @@ async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_
         dead.len(),
         live.len()
     );
-    // Connected to every master before the fault.
+    // The gateway knows the three masters, and is connected to them, before the fault.
+    until_metric(&gateway, "tollgate_redis_masters", 3.0).await;
     exact_budget(gateway.addr, live[0], 3, "before").await;
 
     cluster.nodes[victim].kill();
     let killed = Instant::now();
+    // Ten refusals, well past the threshold of 3: the dead master's breaker opens...
     for client in &dead[..2] {
-        for _ in 0..3 {
+        for _ in 0..5 {
             let reply = get_from(gateway.addr, *client, "/", &[]).await;
             assert_eq!(
                 reply.status,
@@ -866,18 +867,32 @@ async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_
         }
     }
     eprintln!(
-        "6 requests on the dead master's slots took {:?}",
+        "10 requests on the dead master's slots took {:?}",
         killed.elapsed()
     );
+    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 1.0, "one master's");
+    let ready = gateway.admin_get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK, "the other slots are served");
+    assert!(
+        ready.text().contains(r#""breaker":"partial""#),
+        "{}",
+        ready.text()
+    );
+    // ...and only its: every other slot is exact, with failures and successes interleaved.
     for client in &live[1..3] {
         exact_budget(gateway.addr, *client, 3, "beside a dead master").await;
+        let reply = get_from(gateway.addr, dead[2], "/", &[]).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "still dead");
     }
+    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 1.0, "still one master's");
 
-    // Back, empty, with its slots (nodes.conf survives): every slot exact again.
+    // Back, empty, with its slots (nodes.conf survives): its probe closes its breaker and
+    // every slot is exact again.
     cluster.nodes[victim].restart();
     cluster.wait_until_ok();
-    for client in dead[..4].iter().chain(&live[3..4]) {
+    for client in dead[3..].iter().take(3).chain(&live[3..4]) {
         exact_budget_once_decided(gateway.addr, *client, 3, StatusCode::SERVICE_UNAVAILABLE).await;
     }
     assert_eq!(metric(&gateway, BREAKER_OPEN).await, 0.0);
+    assert_eq!(metric(&gateway, "tollgate_redis_masters").await, 3.0);
 }
