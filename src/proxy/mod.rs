@@ -392,6 +392,7 @@ impl Proxy {
             request.uri(),
             request.version(),
             request.headers(),
+            request.extensions(),
         ) {
             return refuse_violation(violation, &request, peer, &context);
         }

@@ -3,11 +3,13 @@
 //!
 //! hyper already refuses, with `400` and a closed connection, what its parser cannot frame:
 //! differing `Content-Length`s, a `Transfer-Encoding` whose last coding is not `chunked`, or any
-//! `Transfer-Encoding` in HTTP/1.0. A request with both `Content-Length` and
-//! `Transfer-Encoding` it reads by `Transfer-Encoding` alone, drops the `Content-Length` and
-//! closes the connection after the response (RFC 9112 section 6.1 allows exactly this); the
-//! `Content-Length` never reaches this module, nor the backend. The rest is checked here:
+//! `Transfer-Encoding` in HTTP/1.0. The rest is checked here:
 //!
+//! - Both `Content-Length` and `Transfer-Encoding`: `400`, as Envoy and nginx answer (RFC 9112
+//!   section 6.1 allows it, and calls it a likely smuggling attempt). hyper drops the
+//!   `Content-Length` before the request gets here, so the server follows the client's bytes
+//!   to find such heads and marks the request with [`ContentLengthDropped`] (see
+//!   `server::framing`).
 //! - `CONNECT` asks the gateway to open a tunnel to any host: `405` (RFC 9110 section 9.3.6).
 //! - The request-target `*` is only for `OPTIONS` (RFC 9112 section 3.2.4): `400` with any
 //!   other method.
@@ -27,7 +29,7 @@
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Scheme, Uri};
-use http::{Method, StatusCode, Version};
+use http::{Extensions, Method, StatusCode, Version};
 
 /// What is wrong with a request head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -56,7 +58,15 @@ pub enum Violation {
     /// A transfer coding other than `chunked`.
     #[error("only the chunked transfer coding is supported")]
     TransferCoding,
+    /// Both `Content-Length` and `Transfer-Encoding`.
+    #[error("the request has both Content-Length and Transfer-Encoding")]
+    ContentLengthWithTransferEncoding,
 }
+
+/// Marks a request whose head carried a `Content-Length` that hyper dropped because a
+/// `Transfer-Encoding` came with it; set by the server, which sees the client's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentLengthDropped;
 
 impl Violation {
     /// The status the refusal is sent with.
@@ -74,7 +84,16 @@ pub static ALLOW: HeaderValue =
     HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH");
 
 /// Check a request head; see the module docs for what is refused and why.
-pub fn check(method: &Method, uri: &Uri, version: Version, headers: &HeaderMap) -> Result<(), Violation> {
+pub fn check(
+    method: &Method,
+    uri: &Uri,
+    version: Version,
+    headers: &HeaderMap,
+    extensions: &Extensions,
+) -> Result<(), Violation> {
+    if extensions.get::<ContentLengthDropped>().is_some() && headers.contains_key(header::TRANSFER_ENCODING) {
+        return Err(Violation::ContentLengthWithTransferEncoding);
+    }
     if method == Method::CONNECT {
         return Err(Violation::Connect);
     }
@@ -141,7 +160,7 @@ mod tests {
                 HeaderValue::from_str(value).unwrap(),
             );
         }
-        check(&method, &uri, version, &map)
+        check(&method, &uri, version, &map, &Extensions::new())
     }
 
     const HOST: (&str, &str) = ("host", "example.com");
@@ -168,6 +187,25 @@ mod tests {
                 "{host}"
             );
         }
+    }
+
+    #[test]
+    fn a_dropped_content_length_is_refused_when_the_encoding_is_there() {
+        let uri: Uri = "/".parse().unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("a"));
+        let mut marked = Extensions::new();
+        marked.insert(ContentLengthDropped);
+        let checked = |headers: &HeaderMap, extensions: &Extensions| {
+            check(&Method::POST, &uri, Version::HTTP_11, headers, extensions)
+        };
+        // The mark alone is not enough: both readings must agree.
+        assert_eq!(checked(&headers, &marked), Ok(()));
+        headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        assert_eq!(checked(&headers, &Extensions::new()), Ok(()));
+        let refused = checked(&headers, &marked);
+        assert_eq!(refused, Err(Violation::ContentLengthWithTransferEncoding));
+        assert_eq!(refused.unwrap_err().status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]

@@ -28,7 +28,7 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,6 +39,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use super::framing::Framing;
 use super::limits::Slot;
 
 /// How long a connection being closed may stay open with nothing in flight before it is
@@ -118,15 +119,21 @@ impl Activity {
 pub struct ClientStream {
     stream: TcpStream,
     activity: Arc<Activity>,
+    /// Follows the request heads in the bytes read (see [`Framing`]).
+    framing: Framing,
+    heads: Arc<Heads>,
     _slot: Slot,
 }
 
 impl ClientStream {
-    /// `stream`, counted under `slot`, reporting to `activity`.
-    pub fn new(stream: TcpStream, slot: Slot, activity: Arc<Activity>) -> ClientStream {
+    /// `stream`, counted under `slot`, reporting to `activity`, and to `heads` which request
+    /// carried both `Content-Length` and `Transfer-Encoding`.
+    pub fn new(stream: TcpStream, slot: Slot, activity: Arc<Activity>, heads: Arc<Heads>) -> ClientStream {
         ClientStream {
             stream,
             activity,
+            framing: Framing::default(),
+            heads,
             _slot: slot,
         }
     }
@@ -138,9 +145,38 @@ impl AsyncRead for ClientStream {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
         if polled.is_ready() {
-            this.activity.read(buf.filled().len() - before);
+            let read = &buf.filled()[before..];
+            this.activity.read(read.len());
+            if this.heads.ambiguous.load(Ordering::Relaxed) == 0 {
+                this.framing.read(read);
+                if let Some(number) = this.framing.ambiguous() {
+                    this.heads.ambiguous.store(number, Ordering::Release);
+                }
+            }
         }
         polled
+    }
+}
+
+/// Between the socket, which sees request heads as the client sent them, and the service,
+/// which sees them as hyper parsed them: which request hyper read without its
+/// `Content-Length`.
+#[derive(Debug, Default)]
+pub struct Heads {
+    /// The number (from 1) of the first request whose head had both `Content-Length` and
+    /// `Transfer-Encoding`; 0 for none yet. Set before hyper hands that request on.
+    ambiguous: AtomicU64,
+    /// Requests the service has been called with.
+    requests: AtomicU64,
+}
+
+impl Heads {
+    /// Count a request reaching the service: true when it is the one whose head carried both
+    /// `Content-Length` and `Transfer-Encoding`. HTTP/1 calls the service in order, one
+    /// request at a time; on HTTP/2 nothing is ever marked.
+    pub fn next_is_ambiguous(&self) -> bool {
+        let number = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        self.ambiguous.load(Ordering::Acquire) == number
     }
 }
 

@@ -8,6 +8,7 @@
 //!   drain.
 
 pub mod connection;
+pub mod framing;
 pub mod limits;
 
 use std::convert::Infallible;
@@ -17,6 +18,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use hyper::Request;
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -28,7 +31,8 @@ use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use connection::{Activity, ClientStream, Closed, Drain, Timeouts, Tracked};
+use crate::proxy::strict::ContentLengthDropped;
+use connection::{Activity, ClientStream, Closed, Drain, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ConnectionSlots, IntervalLog, Slot};
 
@@ -255,11 +259,15 @@ fn serve_connection(
         tracing::debug!(%error, "set_nodelay failed");
     }
     let activity = Arc::new(Activity::default());
+    let heads = Arc::new(Heads::default());
     let service = {
-        let (proxy, activity) = (proxy.clone(), activity.clone());
-        service_fn(move |request| {
+        let (proxy, activity, heads) = (proxy.clone(), activity.clone(), heads.clone());
+        service_fn(move |mut request: Request<Incoming>| {
             // In flight from here until the response body is sent or dropped.
             let in_flight = activity.start(request.version());
+            if heads.next_is_ambiguous() {
+                request.extensions_mut().insert(ContentLengthDropped);
+            }
             let proxy = proxy.clone();
             async move {
                 let response = proxy.handle(request, peer).await;
@@ -267,7 +275,7 @@ fn serve_connection(
             }
         })
     };
-    let io = TokioIo::new(ClientStream::new(stream, slot, activity.clone()));
+    let io = TokioIo::new(ClientStream::new(stream, slot, activity.clone(), heads));
     let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
     tokio::spawn(async move {
         let connection = std::pin::pin!(connection);
