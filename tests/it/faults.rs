@@ -815,6 +815,65 @@ async fn exact_budget(to: SocketAddr, client: IpAddr, budget: u64, what: &str) {
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{what} {client}");
 }
 
+/// A master killed in a cluster with replicas: its slots get the fail mode until its replica
+/// is promoted, then the gateway follows the new slot map (the old master's breaker dropped,
+/// the new master's closed) and those slots are exact again, with no restart of tollgate.
+#[tokio::test]
+async fn a_failed_over_master_is_followed_to_its_promoted_replica() {
+    let mut cluster = RedisCluster::start_with_replicas();
+    cluster.allow_partial_coverage();
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("REDIS_CLUSTER_NODES", &cluster.seeds()),
+            ("FAIL_MODE", "closed"),
+            ("REDIS_TIMEOUT_MS", "1000"),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("MAX_TOKENS", "3"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    )
+    .await;
+    let key = |client: &IpAddr| format!("tollgate:{{general:{client}}}:tb");
+    let victim = cluster.owner_of(&key(&IpAddr::from([127, 0, 0, 100])));
+    let (dead, live): (Vec<IpAddr>, Vec<IpAddr>) = (100..=200)
+        .map(|n| IpAddr::from([127, 0, 0, n]))
+        .partition(|client| cluster.owner_of(&key(client)) == victim);
+    assert!(dead.len() >= 4 && live.len() >= 2);
+    until_metric(&gateway, "tollgate_redis_masters", 3.0).await;
+    exact_budget(gateway.addr, live[0], 3, "before").await;
+
+    cluster.nodes[victim].kill();
+    let killed = Instant::now();
+    for _ in 0..4 {
+        let reply = get_from(gateway.addr, dead[0], "/", &[]).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "on the dead master"
+        );
+    }
+    exact_budget(gateway.addr, live[1], 3, "beside a dead master").await;
+    crate::support::redis::wait_for(
+        || cluster.owner_of(&key(&dead[0])) != victim,
+        "the replica to be promoted",
+    );
+    let promoted = killed.elapsed();
+    // Fresh clients on the failed-over slots: the fail mode until the gateway follows, then
+    // exact budgets on the promoted replica.
+    let decided = exact_budget_once_decided(gateway.addr, dead[1], 3, StatusCode::SERVICE_UNAVAILABLE).await;
+    eprintln!(
+        "replica promoted {promoted:?} after the kill; slots decided again {:?} after the kill",
+        decided - killed
+    );
+    for client in &dead[2..4] {
+        exact_budget(gateway.addr, *client, 3, "on the promoted replica").await;
+    }
+    until_metric(&gateway, BREAKER_OPEN, 0.0).await;
+    assert_eq!(metric(&gateway, "tollgate_redis_masters").await, 3.0);
+}
+
 /// One master down: its breaker opens and its slots get the fail mode, fast; the breakers of
 /// the other masters stay closed and their slots keep exact limits, however many requests
 /// fail on the dead one; after the restart its probe closes its breaker and every slot is

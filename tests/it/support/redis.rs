@@ -192,7 +192,7 @@ pub fn wait_for(mut ready: impl FnMut() -> bool, what: &str) {
     }
 }
 
-/// A Redis Cluster of three masters, no replicas.
+/// A Redis Cluster of three masters, with or without a replica each.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
     tls: Option<Arc<Certificate>>,
@@ -201,21 +201,26 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Plain TCP.
     pub fn start() -> RedisCluster {
-        Self::form(None)
+        Self::form(None, 0)
+    }
+
+    /// Plain TCP, each master with one replica (six nodes): a killed master fails over.
+    pub fn start_with_replicas() -> RedisCluster {
+        Self::form(None, 1)
     }
 
     /// TLS only, clients and cluster bus alike, all nodes with one certificate.
     pub fn start_tls() -> RedisCluster {
-        Self::form(Some(Certificate::generate()))
+        Self::form(Some(Certificate::generate()), 0)
     }
 
-    fn form(tls: Option<Arc<Certificate>>) -> RedisCluster {
+    fn form(tls: Option<Arc<Certificate>>, replicas: usize) -> RedisCluster {
         let mut extra = vec!["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"];
         extra.extend(["--cluster-node-timeout", "2000"]);
         if tls.is_some() {
             extra.extend(["--tls-cluster", "yes"]);
         }
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 // The cluster bus listens on port + 10000, which must be free too.
                 let port = loop {
@@ -231,7 +236,7 @@ impl RedisCluster {
         let output = redis_cli(tls.as_deref())
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .unwrap();
         assert!(
@@ -241,7 +246,27 @@ impl RedisCluster {
         );
         let cluster = RedisCluster { nodes, tls };
         cluster.wait_until_ok();
+        if replicas > 0 {
+            cluster.wait_until_replicas_sync();
+        }
         cluster
+    }
+
+    /// Wait until every replica's link to its master is up: a replica that never synced
+    /// refuses to fail over ("disconnected from master for longer than allowed"). The first
+    /// sync of a new cluster takes several seconds (the first `PSYNC` times out).
+    fn wait_until_replicas_sync(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &self.nodes {
+            loop {
+                let replication = node.cli(&["INFO", "replication"]);
+                if !replication.contains("role:slave") || replication.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "replica {} never synced", node.addr());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 
     /// Wait until every running node says `cluster_state:ok`.
