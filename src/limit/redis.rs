@@ -13,7 +13,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::ScriptInvocation;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -290,29 +289,9 @@ impl RedisStore {
         at_us: u64,
         now_us: Option<u64>,
     ) -> Result<(), StoreError> {
-        let mut invocation = self.invocation(rule, key, cost, now_us);
-        invocation.arg(at_us);
-        self.bounded(self.invoke::<redis::Value>(&invocation))
+        self.bounded(self.run_script(rule, key, cost, now_us, Some(at_us)))
             .await
             .map(drop)
-    }
-
-    /// The script of `rule` on the client's key with its first four arguments.
-    fn invocation(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now_us: Option<u64>,
-    ) -> ScriptInvocation<'static> {
-        let (script, [first, second]) = rule.policy.script();
-        let mut invocation = script.key(key);
-        invocation.arg(first).arg(second).arg(cost);
-        match now_us {
-            Some(now_us) => invocation.arg(now_us),
-            None => invocation.arg(""),
-        };
-        invocation
     }
 
     async fn decide(
@@ -322,30 +301,76 @@ impl RedisStore {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let mut invocation = self.invocation(rule, key, cost, now_us);
-        invocation.arg("");
-        let reply: Vec<i64> = self.bounded(self.invoke(&invocation)).await?;
-        let [allowed, remaining, retry_after_us, reset_after_us, at_us] = reply[..] else {
-            return Err(StoreError::Reply(format!("{reply:?}")));
+        let reply = self
+            .bounded(self.run_script(rule, key, cost, now_us, None))
+            .await?;
+        let unexpected = || StoreError::Reply(format!("{reply:?}"));
+        let redis::Value::Array(fields) = &reply else {
+            return Err(unexpected());
         };
-        let non_negative = |n: i64| u64::try_from(n).map_err(|_| StoreError::Reply(format!("{reply:?}")));
+        let [allowed, remaining, retry_after_us, reset_after_us, at_us] = fields.as_slice() else {
+            return Err(unexpected());
+        };
+        let number = |field: &redis::Value| match field {
+            redis::Value::Int(n) => u64::try_from(*n).map_err(|_| unexpected()),
+            _ => Err(unexpected()),
+        };
         Ok(Decision {
-            allowed: allowed == 1,
+            allowed: number(allowed)? == 1,
             limit: rule.policy.limit(),
-            remaining: non_negative(remaining)?,
-            retry_after: Duration::from_micros(non_negative(retry_after_us)?),
-            reset_after: Duration::from_micros(non_negative(reset_after_us)?),
-            at_us: non_negative(at_us)?,
+            remaining: number(remaining)?,
+            retry_after: Duration::from_micros(number(retry_after_us)?),
+            reset_after: Duration::from_micros(number(reset_after_us)?),
+            at_us: number(at_us)?,
         })
     }
 
-    async fn invoke<T: redis::FromRedisValue>(
+    /// Run the script of `rule` on `key`: `EVALSHA` with its five arguments (the rule's two
+    /// numbers, the cost, the pinned clock or `""`, the refund's time or `""`), and after
+    /// `NOSCRIPT` (a Redis restarted, flushed or failed over) `SCRIPT LOAD` and once more.
+    /// The command is built in one buffer, and the reply left as Redis sent it for the caller
+    /// to read in place: the fewest allocations a call can make.
+    async fn run_script(
         &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> redis::RedisResult<T> {
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now_us: Option<u64>,
+        refund_at_us: Option<u64>,
+    ) -> redis::RedisResult<redis::Value> {
+        let (script, [first, second]) = rule.policy.script();
+        let mut cmd = redis::Cmd::with_capacity(9, 64 + key.len() + 5 * 20);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(first)
+            .arg(second)
+            .arg(cost);
+        match now_us {
+            Some(now_us) => cmd.arg(now_us),
+            None => cmd.arg(""),
+        };
+        match refund_at_us {
+            Some(at_us) => cmd.arg(at_us),
+            None => cmd.arg(""),
+        };
+        match self.query(&cmd).await {
+            Err(error) if error.code() == Some("NOSCRIPT") => {
+                match &self.connection {
+                    Connection::Single(manager) => script.load_async(&mut manager.clone()).await?,
+                    Connection::Cluster(cluster) => script.load_async(&mut cluster.get().await?).await?,
+                };
+                self.query(&cmd).await
+            }
+            reply => reply,
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match &self.connection {
-            Connection::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
-            Connection::Cluster(cluster) => invocation.invoke_async(&mut cluster.get().await?).await,
+            Connection::Single(manager) => cmd.query_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => cmd.query_async(&mut cluster.get().await?).await,
         }
     }
 
