@@ -90,6 +90,7 @@ pub const VARIABLES: &[&str] = &[
     "IDLE_TIMEOUT_MS",
     "MAX_CONNECTIONS",
     "MAX_UPGRADES_PER_CLIENT",
+    "UPGRADE_IDLE_TIMEOUT_MS",
     // redis
     "REDIS_ADDR",
     "REDIS_URL",
@@ -212,6 +213,10 @@ pub struct Config {
     /// new connection is closed at once. `None`: sized from the file-descriptor limit when
     /// serving starts (see [`crate::server::limits`]).
     pub max_connections: Option<NonZeroUsize>,
+    /// `UPGRADE_IDLE_TIMEOUT_MS`: an upgraded connection (a WebSocket tunnel) in which no byte
+    /// has moved either way for this long is closed, so abandoned tunnels cannot hold
+    /// connections forever; `None` (`0`) never closes one.
+    pub upgrade_idle_timeout: Option<Duration>,
     /// `MAX_UPGRADES_PER_CLIENT`: most upgraded connections (WebSocket tunnels) one client
     /// address may hold open; `None` is unlimited. Requests inside a tunnel are not seen, so
     /// not limited: this bounds what one client can hold that way.
@@ -348,6 +353,16 @@ impl Config {
                 })
             })
             .transpose()?;
+        let upgrade_idle_timeout = env.parse(
+            "UPGRADE_IDLE_TIMEOUT_MS",
+            "3600000",
+            "a whole number of milliseconds, 0 for never",
+            |s| {
+                s.parse::<u64>()
+                    .ok()
+                    .map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))
+            },
+        )?;
         // Last, when every variable this configuration reads has been read.
         let read = env.read_names();
         let warnings = warnings::warnings(env);
@@ -368,6 +383,7 @@ impl Config {
             idle_timeout,
             max_connections,
             max_upgrades_per_client,
+            upgrade_idle_timeout,
             shutdown_timeout,
             store,
             read,
@@ -407,7 +423,7 @@ impl fmt::Display for Config {
         writeln!(
             f,
             "connections:      at most {}, first request within {} ms, closed after {} ms idle; \
-             upgrades per client: {}",
+             upgrades per client: {}, tunnel idle timeout: {}",
             self.max_connections.map_or_else(
                 || "as the file-descriptor limit allows".to_owned(),
                 |max| max.to_string()
@@ -415,7 +431,9 @@ impl fmt::Display for Config {
             self.header_read_timeout.as_millis(),
             self.idle_timeout.as_millis(),
             self.max_upgrades_per_client
-                .map_or_else(|| "unlimited".to_owned(), |max| max.to_string())
+                .map_or_else(|| "unlimited".to_owned(), |max| max.to_string()),
+            self.upgrade_idle_timeout
+                .map_or_else(|| "never".to_owned(), |idle| format!("{} ms", idle.as_millis()))
         )?;
         match &self.store {
             StoreConfig::Memory => write!(

@@ -763,19 +763,22 @@ fn connection_limits_and_timeouts() {
         "sized from the fd limit at startup"
     );
     assert_eq!(defaults.max_upgrades_per_client, None, "unlimited");
+    assert_eq!(defaults.upgrade_idle_timeout, Some(Duration::from_secs(3600)));
     let set = parse(&[
         ("IDLE_TIMEOUT_MS", "1500"),
         ("MAX_CONNECTIONS", "5000"),
         ("MAX_UPGRADES_PER_CLIENT", "0"),
+        ("UPGRADE_IDLE_TIMEOUT_MS", "0"),
     ])
     .unwrap();
+    assert_eq!(set.upgrade_idle_timeout, None, "0 is never");
     assert_eq!(set.idle_timeout, Duration::from_millis(1500));
     assert_eq!(set.max_connections.map(NonZeroUsize::get), Some(5000));
     assert_eq!(set.max_upgrades_per_client, Some(0));
     assert!(set.warnings.is_empty(), "{:?}", set.warnings);
     assert!(
         set.to_string()
-            .contains("connections:      at most 5000, first request within 10000 ms, closed after 1500 ms idle; upgrades per client: 0"),
+            .contains("connections:      at most 5000, first request within 10000 ms, closed after 1500 ms idle; upgrades per client: 0, tunnel idle timeout: never"),
         "{set}"
     );
     for (var, value) in [
@@ -783,6 +786,7 @@ fn connection_limits_and_timeouts() {
         ("MAX_CONNECTIONS", "0"),
         ("MAX_CONNECTIONS", "lots"),
         ("MAX_UPGRADES_PER_CLIENT", "-1"),
+        ("UPGRADE_IDLE_TIMEOUT_MS", "1h"),
     ] {
         let message = error(&[(var, value)]);
         assert!(

@@ -312,6 +312,8 @@ pub struct Proxy {
     backend_timeout: Duration,
     /// `BODY_IDLE_TIMEOUT_MS`.
     body_idle_timeout: Duration,
+    /// `UPGRADE_IDLE_TIMEOUT_MS`.
+    upgrade_idle_timeout: Option<Duration>,
     /// Counts what became of requests.
     metrics: Arc<Metrics>,
     /// `ACCESS_LOG`.
@@ -361,6 +363,7 @@ impl Proxy {
             identity: ClientIdentity::new(config.trusted_proxies.clone()),
             backend_timeout: config.backend_timeout,
             body_idle_timeout: config.body_idle_timeout,
+            upgrade_idle_timeout: config.upgrade_idle_timeout,
             metrics,
             access_log: config.access_log,
             request_ids: RequestIds::new(),
@@ -670,6 +673,7 @@ impl Proxy {
         match client_upgrade {
             Some(client_upgrade) if switching => {
                 let backend_upgrade = hyper::upgrade::on(&mut response);
+                let upgrade_idle_timeout = self.upgrade_idle_timeout;
                 tokio::spawn(async move {
                     // The client's place under MAX_UPGRADES_PER_CLIENT, until the tunnel closes.
                     let _tunnel_slot = tunnel_slot;
@@ -677,8 +681,8 @@ impl Proxy {
                         Ok(pair) => pair,
                         Err(error) => return tracing::debug!(%error, "upgrade failed"),
                     };
-                    let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
-                    if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut backend).await {
+                    let (client, backend) = (TokioIo::new(client), TokioIo::new(backend));
+                    if let Err(error) = upgrades::tunnel(client, backend, upgrade_idle_timeout).await {
                         tracing::debug!(%error, "upgraded connection ended");
                     }
                 });

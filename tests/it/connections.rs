@@ -5,7 +5,7 @@
 //! Every wait is bounded; nothing asserts how fast, only what happens.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -380,6 +380,43 @@ async fn one_client_holds_at_most_max_upgrades_per_client_tunnels() {
     second.read_exact(&mut echoed).await.unwrap();
     assert_eq!(&echoed, b"pong", "the tunnels still open carry on");
     drop((other, third));
+}
+
+#[tokio::test]
+async fn a_quiet_tunnel_is_closed_after_the_upgrade_idle_timeout_and_frees_its_place() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[
+            ("UPGRADE_IDLE_TIMEOUT_MS", "400"),
+            ("MAX_UPGRADES_PER_CLIENT", "1"),
+        ],
+    )
+    .await;
+    let client: IpAddr = [127, 0, 0, 1].into();
+    let mut tunnel = open_tunnel(gateway.addr, client).await.expect("a tunnel");
+    // Bytes every 200 ms keep it open well past the timeout.
+    let mut echoed = [0u8; 4];
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tunnel.write_all(b"ping").await.unwrap();
+        tunnel.read_exact(&mut echoed).await.unwrap();
+    }
+    // Then quiet: the gateway closes it, and the client's one tunnel slot comes back.
+    let quiet = Instant::now();
+    assert!(closed_by_gateway(&mut tunnel).await, "a quiet tunnel stays open");
+    // Not before it was quiet for the timeout (less the echo's trip back to us).
+    assert!(
+        quiet.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        quiet.elapsed()
+    );
+    let again = eventually(
+        || async { open_tunnel(gateway.addr, client).await.ok() },
+        "the closed tunnel's slot",
+    )
+    .await;
+    drop(again);
 }
 
 #[tokio::test]
