@@ -31,9 +31,18 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::config::env::Env;
 use crate::limit::{FailMode, Limiter};
 use crate::metrics::Metrics;
+use crate::server::limits::ConnectionSlots;
 
-/// How long an admin client may take to send its request head.
+/// How long an admin client may take to send its request head (and stay idle between
+/// requests).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most admin connections open at once; past it a new one is closed at once. Probes and
+/// scrapers need a few; the cap keeps a flood of admin connections inside the file
+/// descriptors set apart for the admin listener and the like
+/// ([`RESERVED_FDS`](crate::server::limits::RESERVED_FDS)), so it cannot starve proxied
+/// traffic of them.
+pub const MAX_ADMIN_CONNECTIONS: usize = 32;
 
 /// How long `tollgate healthcheck` waits for an answer: below the image's `HEALTHCHECK
 /// --timeout=3s`, so the probe's own message (not Docker's "timed out") reaches the health log.
@@ -54,14 +63,19 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
+    let slots = ConnectionSlots::new(MAX_ADMIN_CONNECTIONS);
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(error) => {
                 tracing::debug!(%error, "admin accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
+        };
+        let Some(slot) = slots.try_acquire() else {
+            tracing::debug!(%peer, max = MAX_ADMIN_CONNECTIONS, "admin connection refused: too many open");
+            continue;
         };
         let state = state.clone();
         let service = service_fn(move |request| {
@@ -70,6 +84,8 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
         tokio::spawn(async move {
+            // The connection's place under MAX_ADMIN_CONNECTIONS, until it ends.
+            let _slot = slot;
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "admin connection ended with an error");
             }

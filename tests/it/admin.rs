@@ -232,3 +232,29 @@ async fn an_http10_backend_does_not_downgrade_the_client() {
         "the client's keep-alive connection stays open"
     );
 }
+
+#[tokio::test]
+async fn a_flood_of_admin_connections_is_capped_and_probes_answer_again_after_it() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(&backend.url(), &[]).await;
+    let admin = gateway.admin.unwrap();
+    // Idle connections up to the cap are held open (until their header timeout).
+    let mut held = Vec::new();
+    for _ in 0..tollgate::admin::MAX_ADMIN_CONNECTIONS {
+        held.push(tokio::net::TcpStream::connect(admin).await.unwrap());
+    }
+    // Make sure the gateway has accepted them all before the next one.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut refused = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(2), refused.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the connection past the cap is closed at once: {read:?}"
+    );
+    // Proxied traffic is untouched, and the admin listener answers once a place is free.
+    assert_eq!(get(gateway.addr, "/").await.status, StatusCode::OK);
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(gateway.admin_get("/healthz").await.status, StatusCode::OK);
+}
