@@ -31,7 +31,7 @@
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
 //!   the memory store, the Redis store and the guard that decides what happens when Redis
 //!   fails.
-//! - [`telemetry`]: log setup.
+//! - [`telemetry`]: log setup, and the throttle for log lines a flood could repeat.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

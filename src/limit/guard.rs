@@ -28,6 +28,7 @@ use std::num::NonZeroUsize;
 use crate::limit::denials::DenialCache;
 use crate::limit::slots::{Master, SlotMap, key_slot};
 use crate::limit::{ClientKey, MemoryStore, RedisStore, Rule, StoreError, Verdict};
+use crate::telemetry::throttle::LogThrottle;
 
 /// What to do with a request when the store cannot decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +128,9 @@ struct Inner {
     errors: [AtomicU64; RedisErrorKind::ALL.len()],
     /// Denials repeated without asking Redis until their retry time.
     denials: DenialCache,
+    /// Paces the warning for errors about one key, which recur on every request of that
+    /// client (the errors that open a breaker stop with it).
+    one_key_log: LogThrottle,
 }
 
 enum Fallback {
@@ -259,6 +263,7 @@ impl Guard {
                 breakers,
                 errors: Default::default(),
                 denials: DenialCache::new(max_keys),
+                one_key_log: LogThrottle::new(),
             }),
         };
         if matches!(guard.inner.breakers, Breakers::PerMaster(_)) {
@@ -388,7 +393,12 @@ impl Guard {
         if error.is_about_one_key() {
             // Redis answered: one key's trouble says nothing of its health, and an open
             // breaker would hand every other client the fail mode too.
-            tracing::warn!(%error, node, "rate-limit store call failed for this key alone");
+            if let Some(suppressed) = inner.one_key_log.admit() {
+                if suppressed > 0 {
+                    tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
+                }
+                tracing::warn!(%error, node, "rate-limit store call failed for this key alone");
+            }
             return;
         }
         let failures = breaker.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;

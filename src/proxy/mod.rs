@@ -30,7 +30,6 @@ pub mod path;
 pub mod request_id;
 pub mod response;
 pub mod strict;
-pub mod throttle;
 pub mod upgrades;
 
 use std::fmt;
@@ -53,11 +52,11 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict};
 use crate::metrics::Metrics;
+use crate::telemetry::throttle::LogThrottle;
 use body::{BodyState, ClientBody, Progress};
 use identity::ClientIdentity;
 use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
-use throttle::LogThrottle;
 
 /// Where allowed requests go (`BACKEND_URL`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,9 @@
 //! Logging: `tracing` events to stdout as text or JSON lines, level from `RUST_LOG`
 //! (default `info`; `debug` adds one line per request). An invalid `RUST_LOG` is an error, not
 //! a silent fallback: a filter that quietly logs less than asked for hides the 3 a.m. clue.
+//! Lines that a flood could repeat go through a [`throttle::LogThrottle`].
+
+pub mod throttle;
 
 use std::ffi::OsStr;
 use std::io::IsTerminal;
