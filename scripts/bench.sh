@@ -25,6 +25,8 @@
 #     zeroed, it serves exactly N requests (h2load --h1 -n N), and its counters are dumped.
 #     Then scripts/callgrind_top.py lists tollgate's costliest functions and where its
 #     instructions differ from the floor's. Builds a second, unstripped copy for the symbols.
+#     Also Redis mode: tollgate and redis-server both under callgrind for the same requests,
+#     and redis-server under redis-benchmark sending the same EVALSHA (Redis's own floor).
 # Quote the ratios, not the absolute req/s: the machine matters more than the code.
 #
 # usage: scripts/bench.sh [--quick] [--no-criterion] [--no-load] [--callgrind] [--rounds N]
@@ -539,6 +541,7 @@ count_requests() { # name expected-status-class
   pid=${pid_of[$name]}
   "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n 2000 "http://127.0.0.1:${port_of[$name]}/" >/dev/null
   callgrind_control --zero "$pid" >/dev/null 2>&1
+  [ -z "${also_zero:-}" ] || callgrind_control --zero "$also_zero" >/dev/null 2>&1
   out=$("${on_load_cpu[@]}" h2load --h1 -c "$connections" -n "$requests" "http://127.0.0.1:${port_of[$name]}/")
   callgrind_control --dump=requests "$pid" >/dev/null 2>&1
   printf '%s\n' "--- callgrind $name" "$out" >>"$log"
@@ -568,4 +571,41 @@ echo
 echo "-- every request refused: tollgate (memory) against the floor"
 python3 "$ROOT/scripts/callgrind_top.py" "$cg_dir/tollgate-memory-deny-cg.out.1" "$requests" --match tollgate:: \
   --baseline "$cg_dir/bare-deny-cg.out.1" "$requests" --top 15
+
+# Redis mode: tollgate and redis-server each under callgrind, for the same requests; then
+# redis-server alone under redis-benchmark sending the same EVALSHA (the floor of what one
+# decision costs Redis, whoever asks), and a plain GET for scale.
+echo
+echo "== callgrind, Redis mode: tollgate and redis-server, $requests requests, every request allowed"
+redis_cg_port=$(free_port)
+start redis-cg "$redis_cg_port" "${on_proxy_cpu[@]}" -- $(valgrind_cmd redis-cg) \
+  redis-server --port "$redis_cg_port" --bind 127.0.0.1 --save "" --appendonly no
+redis_cg_pid=${pid_of[redis-cg]}
+redis_cg_count() { # label dump-name: instructions per request of redis-server since its last zeroing
+  callgrind_control --dump="$2" "$redis_cg_pid" >/dev/null 2>&1
+  local dump
+  dump=$(ls -t "$cg_dir"/redis-cg.out.* | head -n 1)
+  printf '  %-44s %12s instructions per request\n' "$1" \
+    "$(awk -v n="$requests" '/^totals:/ {printf "%\047.0f", $2 / n}' "$dump")"
+}
+tollgate_cg tollgate-redis-cg "${allow[@]}" REDIS_URL="redis://127.0.0.1:$redis_cg_port" REDIS_TIMEOUT_MS=5000
+also_zero=$redis_cg_pid count_requests tollgate-redis-cg 2xx
+redis_cg_count "redis-server, for tollgate's requests" tollgate
+sha=$(redis-cli -p "$redis_cg_port" SCRIPT LOAD "$(cat "$ROOT/scripts/token_bucket.lua")")
+redis_floor() { # label dump-name redis-benchmark command...
+  local label=$1 name=$2
+  shift 2
+  "${on_load_cpu[@]}" redis-benchmark -p "$redis_cg_port" -c "$connections" -n 2000 -r 100000 "$@" >/dev/null
+  callgrind_control --zero "$redis_cg_pid" >/dev/null 2>&1
+  "${on_load_cpu[@]}" redis-benchmark -p "$redis_cg_port" -c "$connections" -n "$requests" -r 100000 "$@" >/dev/null
+  redis_cg_count "$label" "$name"
+}
+redis_floor "redis-server, redis-benchmark EVALSHA (floor)" evalsha \
+  EVALSHA "$sha" 1 "bench:{__rand_int__}:tb" 1000000000 1 1 "" ""
+redis_floor "redis-server, redis-benchmark GET (for scale)" get GET "bench:__rand_int__"
+stop redis-cg
+echo
+echo "-- every request allowed: tollgate (Redis) against tollgate (memory), tollgate's process only"
+python3 "$ROOT/scripts/callgrind_top.py" "$cg_dir/tollgate-redis-cg.out.1" "$requests" --match tollgate:: \
+  --baseline "$cg_dir/tollgate-memory-cg.out.1" "$requests" --top 15
 echo "callgrind dumps: $cg_dir (callgrind_annotate --inclusive=yes FILE)"
