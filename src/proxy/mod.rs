@@ -769,12 +769,12 @@ impl Proxy {
                     .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?
             }
         };
-        Uri::builder()
-            .scheme(self.backend.scheme.clone())
-            .authority(self.backend.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-            .map_err(|e| ProxyError::Downstream(e.to_string()))
+        // From its parts: `Uri::builder` threads each through a `Result` closure.
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.backend.scheme.clone());
+        parts.authority = Some(self.backend.authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).map_err(|e| ProxyError::Downstream(e.to_string()))
     }
 }
 

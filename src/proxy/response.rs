@@ -87,8 +87,15 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 
 /// `429 Too Many Requests` with `Retry-After` and a JSON body saying the same.
 pub fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
+    const START: &str = r#"{"error":"rate limit exceeded","retry_after":"#;
     let retry_after = retry_after_secs(decision.retry_after);
-    let body = format!(r#"{{"error":"rate limit exceeded","retry_after":{retry_after}}}"#);
+    // Without `format!`: this is every refused request's answer.
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(retry_after);
+    let mut body = String::with_capacity(START.len() + digits.len() + 1);
+    body.push_str(START);
+    body.push_str(digits);
+    body.push('}');
     let mut response = json(StatusCode::TOO_MANY_REQUESTS, body);
     response
         .headers_mut()
@@ -206,6 +213,11 @@ mod tests {
         set_rate_limit_headers(response.headers_mut(), &decision);
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "100");
+        let body = futures_util::FutureExt::now_or_never(response.body_mut().collect())
+            .unwrap()
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body, r#"{"error":"rate limit exceeded","retry_after":100}"#);
         assert_eq!(response.headers()["x-ratelimit-limit"], "5");
         assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
         let reset: u64 = response.headers()["x-ratelimit-reset"]
