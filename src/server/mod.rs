@@ -21,14 +21,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use connection::{Activity, ClientStream, Closed, Drain, Timeouts, Tracked};
+use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ConnectionSlots, IntervalLog, Slot};
 
@@ -248,7 +247,7 @@ fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     slot: Slot,
-    drain: watch::Receiver<bool>,
+    drain: DrainWatcher,
     timeouts: Timeouts,
 ) {
     if let Err(error) = stream.set_nodelay(true) {
