@@ -72,7 +72,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 
 /// `Upgrade`, or one of the names that are always hop-by-hop (`Connection` among them).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::UPGRADE || HOP_BY_HOP.contains(name)
+    // A `match` on the (lower-case) name: a length switch, then one comparison at most.
+    matches!(
+        name.as_str(),
+        "upgrade"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "transfer-encoding"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+    )
 }
 
 /// The comma-separated tokens of every `Connection` line.
@@ -189,11 +200,16 @@ fn push_element(element: &mut String, hop: &Hop<'_>, peer: &str) {
             element.push_str(host);
         } else {
             element.push('"');
-            for c in host.chars() {
-                if matches!(c, '"' | '\\') {
-                    element.push('\\');
+            if host.contains(['"', '\\']) {
+                for c in host.chars() {
+                    if matches!(c, '"' | '\\') {
+                        element.push('\\');
+                    }
+                    element.push(c);
                 }
-                element.push(c);
+            } else {
+                // The usual reason to quote: a port (`:`).
+                element.push_str(host);
             }
             element.push('"');
         }
@@ -250,7 +266,8 @@ impl IpText {
 
 /// A `token` character (RFC 9110 section 5.6.2).
 fn is_tchar(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
+    matches!(byte, b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' | b'!' | b'#' | b'$' | b'%' | b'&'
+        | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~')
 }
 
 #[cfg(test)]
@@ -286,6 +303,21 @@ mod tests {
             let address = IpAddr::from([octet, 0, 10, octet]);
             assert_eq!(IpText::new().format(address), address.to_string());
         }
+    }
+
+    #[test]
+    fn the_name_match_agrees_with_the_list() {
+        for name in HOP_BY_HOP.iter().chain([&header::UPGRADE]) {
+            assert!(is_hop_by_hop(name), "{name}");
+        }
+        for name in [header::HOST, header::ACCEPT, header::TRAILER, X_REAL_IP.clone()] {
+            assert!(!is_hop_by_hop(&name), "{name}");
+        }
+        let tchars: Vec<u8> = (0..=255u8).filter(|&b| is_tchar(b)).collect();
+        let expected: Vec<u8> = (0..=255u8)
+            .filter(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b))
+            .collect();
+        assert_eq!(tchars, expected);
     }
 
     #[test]
