@@ -22,8 +22,6 @@
 //!
 //! [draft]: https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/11/
 
-use std::fmt::Write as _;
-
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// `RateLimit-Policy`: the quota policy, `"name";q=…;w=…`.
@@ -70,8 +68,10 @@ fn item(name: &str, params: &[(&str, u64)]) -> Option<HeaderValue> {
         if number > MAX_INTEGER {
             return None;
         }
-        // Writing to a String cannot fail.
-        let _ = write!(value, ";{key}={number}");
+        value.push(';');
+        value.push_str(key);
+        value.push('=');
+        value.push_str(itoa::Buffer::new().format(number));
     }
     HeaderValue::from_str(&value).ok()
 }

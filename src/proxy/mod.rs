@@ -428,8 +428,6 @@ impl Proxy {
         };
         context.rule = Some(matched.rule.id);
         let rewritten = path.rewritten;
-        // The backend gets the request id too, so its logs and ours can be joined.
-        request.headers_mut().insert(&X_REQUEST_ID, id.clone());
         // An upgrade past MAX_UPGRADES_PER_CLIENT is refused before any budget is spent; an
         // admitted one carries its slot to the tunnel (see `try_forward`).
         if let Err(refusal) = self.tunnels.admit(&mut request, client_ip) {
@@ -448,10 +446,14 @@ impl Proxy {
         let outcome = Outcome::of(matched.mode, verdict.as_ref());
         self.metrics.request(matched.rule.id, outcome);
         // Captured only when a line about this request will be written (the request moves on
-        // to the backend): not for the allowed requests of the default ACCESS_LOG=denied.
-        let logged = (self.access_log.logs(outcome) || tracing::enabled!(tracing::Level::DEBUG))
-            .then(|| (request.method().clone(), request.uri().path().to_owned()));
+        // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
+        // for the refusals it would log at info when the log level is above info.
+        let logged = ((self.access_log.logs(outcome) && tracing::enabled!(tracing::Level::INFO))
+            || tracing::enabled!(tracing::Level::DEBUG))
+        .then(|| (request.method().clone(), request.uri().path().to_owned()));
         let mut response = if outcome.forwards() {
+            // The backend gets the request id too, so its logs and ours can be joined.
+            request.headers_mut().insert(&X_REQUEST_ID, id.clone());
             self.forward(request, peer.ip(), client_ip, rewritten.as_deref(), &context)
                 .await
         } else {
@@ -773,12 +775,12 @@ impl Proxy {
                     .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?
             }
         };
-        Uri::builder()
-            .scheme(self.backend.scheme.clone())
-            .authority(self.backend.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-            .map_err(|e| ProxyError::Downstream(e.to_string()))
+        // From its parts: `Uri::builder` threads each through a `Result` closure.
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.backend.scheme.clone());
+        parts.authority = Some(self.backend.authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).map_err(|e| ProxyError::Downstream(e.to_string()))
     }
 }
 

@@ -87,12 +87,19 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 
 /// `429 Too Many Requests` with `Retry-After` and a JSON body saying the same.
 pub fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
+    const START: &str = r#"{"error":"rate limit exceeded","retry_after":"#;
     let retry_after = retry_after_secs(decision.retry_after);
-    let body = format!(r#"{{"error":"rate limit exceeded","retry_after":{retry_after}}}"#);
+    // Without `format!`: this is every refused request's answer.
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(retry_after);
+    let mut body = String::with_capacity(START.len() + digits.len() + 1);
+    body.push_str(START);
+    body.push_str(digits);
+    body.push('}');
     let mut response = json(StatusCode::TOO_MANY_REQUESTS, body);
     response
         .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        .insert(header::RETRY_AFTER, digits_value(digits, retry_after));
     response
 }
 
@@ -104,7 +111,7 @@ pub fn store_unavailable() -> Response<ResponseBody> {
     );
     response
         .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     response
 }
 
@@ -144,9 +151,21 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .saturating_add(decision.reset_after);
-    headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
-    headers.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-    headers.insert(&X_RATELIMIT_RESET, HeaderValue::from(ceil_secs(reset_at)));
+    headers.insert(&X_RATELIMIT_LIMIT, integer_value(decision.limit));
+    headers.insert(&X_RATELIMIT_REMAINING, integer_value(decision.remaining));
+    headers.insert(&X_RATELIMIT_RESET, integer_value(ceil_secs(reset_at)));
+}
+
+/// `n` as a header value in one allocation: `HeaderValue::from(u64)` makes two (a 20-byte
+/// buffer, then, as its length is not its capacity, a shared header for it).
+pub fn integer_value(n: u64) -> HeaderValue {
+    digits_value(itoa::Buffer::new().format(n), n)
+}
+
+/// `digits`, the decimal form of `n`, as a header value.
+fn digits_value(digits: &str, n: u64) -> HeaderValue {
+    // Digits are always a valid header value; `n` is the (never taken) way round.
+    HeaderValue::from_str(digits).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// Whole seconds, rounded up, at least 1.
@@ -185,6 +204,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn integers_are_written_as_display_writes_them() {
+        for n in [0, 1, 9, 10, 99, 1_000_000, u64::MAX] {
+            assert_eq!(integer_value(n), n.to_string().as_str());
+        }
+    }
+
+    #[test]
     fn retry_after_rounds_up_to_whole_seconds() {
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
         assert_eq!(retry_after_secs(Duration::from_micros(1)), 1);
@@ -206,6 +232,11 @@ mod tests {
         set_rate_limit_headers(response.headers_mut(), &decision);
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "100");
+        let body = futures_util::FutureExt::now_or_never(response.body_mut().collect())
+            .unwrap()
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body, r#"{"error":"rate limit exceeded","retry_after":100}"#);
         assert_eq!(response.headers()["x-ratelimit-limit"], "5");
         assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
         let reset: u64 = response.headers()["x-ratelimit-reset"]

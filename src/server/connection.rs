@@ -29,14 +29,15 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use http::Version;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::framing::Framing;
@@ -70,9 +71,15 @@ pub struct Activity {
     http1: AtomicBool,
     /// HTTP/1: bytes of the next request have arrived while nothing was in flight.
     head_started: AtomicBool,
-    /// Woken when a request starts, when the last one in flight ends, and when the next
-    /// HTTP/1 request begins to arrive.
-    changed: Notify,
+    /// Set when a request starts, when the last one in flight ends, and when the next HTTP/1
+    /// request begins to arrive; the watchdog clears it when it looks.
+    changed: AtomicBool,
+    /// The watchdog's task, woken when `changed` is set.
+    waker: AtomicWaker,
+    /// Whether the watchdog is polling the connection right now: a change made meanwhile (on
+    /// HTTP/1 all of them are, by the service and the socket) is seen when that poll returns,
+    /// without waking the task to poll the whole connection again.
+    polling: AtomicBool,
 }
 
 impl Activity {
@@ -83,8 +90,18 @@ impl Activity {
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.head_started.store(false, Ordering::Release);
-        self.changed.notify_one();
+        self.notify();
         InFlight(self.clone())
+    }
+
+    /// Tell the watchdog something changed. `changed` and `polling` are written and read
+    /// sequentially consistent: either the watchdog sees the change after its poll, or this
+    /// sees that it is not polling and wakes it.
+    fn notify(&self) {
+        self.changed.store(true, Ordering::SeqCst);
+        if !self.polling.load(Ordering::SeqCst) {
+            self.waker.wake();
+        }
     }
 
     /// The socket read `n` bytes. On an idle HTTP/1 connection that is the next request's
@@ -95,7 +112,7 @@ impl Activity {
             && !self.busy()
             && !self.head_started.swap(true, Ordering::AcqRel)
         {
-            self.changed.notify_one();
+            self.notify();
         }
     }
 
@@ -213,8 +230,7 @@ pub struct InFlight(Arc<Activity>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // notify_one keeps the wake-up if the watchdog is not waiting right now.
-            self.0.changed.notify_one();
+            self.0.notify();
         }
     }
 }
@@ -267,6 +283,16 @@ impl<B: Body + Unpin> Body for Tracked<B> {
 #[derive(Debug)]
 pub struct Drain {
     signal: watch::Sender<bool>,
+    /// Set before `signal` changes (or goes): the watchdogs read this flag on every poll,
+    /// and poll their (costlier) receiver only once it is set.
+    draining: Arc<AtomicBool>,
+}
+
+/// One connection's end of the [`Drain`]: held until the connection ends.
+#[derive(Debug)]
+pub struct DrainWatcher {
+    receiver: watch::Receiver<bool>,
+    draining: Arc<AtomicBool>,
 }
 
 impl Drain {
@@ -274,12 +300,16 @@ impl Drain {
     pub fn new() -> Drain {
         Drain {
             signal: watch::Sender::new(false),
+            draining: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// For one connection: held until it ends, and told when to close.
-    pub fn watcher(&self) -> watch::Receiver<bool> {
-        self.signal.subscribe()
+    pub fn watcher(&self) -> DrainWatcher {
+        DrainWatcher {
+            receiver: self.signal.subscribe(),
+            draining: self.draining.clone(),
+        }
     }
 
     /// Connections that have not ended yet.
@@ -290,8 +320,17 @@ impl Drain {
     /// Ask every connection (and every later one) to close gracefully, and wait until they
     /// all have ended.
     pub async fn close_all(&self) {
+        self.draining.store(true, Ordering::Release);
         self.signal.send_replace(true);
         self.signal.closed().await;
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        // The server is gone without a drain: the watchdogs close their connections all the
+        // same (their receivers see the sender go).
+        self.draining.store(true, Ordering::Release);
     }
 }
 
@@ -316,33 +355,68 @@ pub enum Closed {
 /// it has nothing in flight for `timeouts.idle`, when an HTTP/1 request's head takes longer
 /// than `timeouts.header_read` from its first byte, or when `drain` says so; and dropping it
 /// when it has not let go [`CLOSE_GRACE`] after that with nothing in flight.
+///
+/// This runs on every poll of the connection, so it is a hand-written poll that touches
+/// nothing shared unless something changed: the connection first, then the drain's receiver
+/// (only once the drain's flag is set, or the first time and when the task's waker
+/// changes), the activity's flag, and one timer kept for the connection's life. The timer is
+/// never armed later than the clock that runs: when a request ends and the idle clock
+/// restarts, the timer keeps its earlier time, fires early, and is re-armed then, rather
+/// than being moved (and the timer wheel locked) on every request.
 pub async fn supervise<C, E>(
     mut connection: Pin<&mut C>,
     mut close: impl FnMut(Pin<&mut C>),
     activity: &Activity,
-    mut drain: watch::Receiver<bool>,
+    drain: DrainWatcher,
     timeouts: Timeouts,
 ) -> (Closed, Result<(), E>)
 where
     C: Future<Output = Result<(), E>>,
 {
-    let mut deadline = Some(Instant::now() + timeouts.header_read);
-    let mut closing = false;
+    let DrainWatcher {
+        mut receiver,
+        draining,
+    } = drain;
+    // An error means the server is gone without a drain: close all the same.
+    let mut drained = std::pin::pin!(receiver.wait_for(|draining| *draining));
+    // The waker the drain's receiver was last polled with (it keeps it until woken).
+    let mut drain_waker: Option<Waker> = None;
     let mut drain_seen = false;
-    loop {
-        tokio::select! {
-            result = connection.as_mut() => return (Closed::Ended, result),
-            // An error means the server is gone without a drain: close all the same.
-            _ = drain.wait_for(|draining| *draining), if !drain_seen => {
-                drain_seen = true;
-                if !closing {
-                    tracing::trace!("draining: closing the connection");
-                    close(connection.as_mut());
-                    closing = true;
-                    deadline = (!activity.busy()).then(|| Instant::now() + CLOSE_GRACE);
+    let first = Instant::now() + timeouts.header_read;
+    // When the connection is closed, if nothing happens before; `None` while busy.
+    let mut deadline = Some(first);
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(first));
+    let mut closing = false;
+    std::future::poll_fn(|cx| {
+        activity.waker.register(cx.waker());
+        loop {
+            activity.polling.store(true, Ordering::SeqCst);
+            let polled = connection.as_mut().poll(cx);
+            activity.polling.store(false, Ordering::SeqCst);
+            if let Poll::Ready(result) = polled {
+                return Poll::Ready((Closed::Ended, result));
+            }
+            if !drain_seen
+                && (draining.load(Ordering::Acquire)
+                    || drain_waker
+                        .as_ref()
+                        .is_none_or(|waker| !waker.will_wake(cx.waker())))
+            {
+                match drained.as_mut().poll(cx) {
+                    Poll::Ready(_) => {
+                        drain_seen = true;
+                        if !closing {
+                            tracing::trace!("draining: closing the connection");
+                            close(connection.as_mut());
+                            closing = true;
+                            deadline = (!activity.busy()).then(|| Instant::now() + CLOSE_GRACE);
+                            continue;
+                        }
+                    }
+                    Poll::Pending => drain_waker = Some(cx.waker().clone()),
                 }
             }
-            () = activity.changed.notified() => {
+            if activity.changed.swap(false, Ordering::SeqCst) {
                 let now = Instant::now();
                 deadline = match (activity.busy(), closing) {
                     (true, _) => None,
@@ -353,32 +427,39 @@ where
                     (false, false) => Some(now + timeouts.idle),
                 };
             }
-            () = sleep_until(deadline) => {
-                if closing {
-                    tracing::debug!("closing connection did not let go: dropped");
-                    return (Closed::Dropped, Ok(()));
-                }
-                if activity.head_started() {
-                    tracing::debug!("request headers incomplete after HEADER_READ_TIMEOUT_MS: closing");
-                } else if activity.requested() {
-                    tracing::debug!("connection idle for IDLE_TIMEOUT_MS: closing");
-                } else {
-                    tracing::debug!("no request within HEADER_READ_TIMEOUT_MS of accept: closing");
-                }
-                close(connection.as_mut());
-                closing = true;
-                deadline = Some(Instant::now() + CLOSE_GRACE);
+            let Some(due) = deadline else {
+                return Poll::Pending;
+            };
+            if timer.deadline() > due {
+                timer.as_mut().reset(due);
             }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if timer.deadline() < due {
+                // An earlier clock's time: re-armed for this one.
+                timer.as_mut().reset(due);
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+            }
+            if closing {
+                tracing::debug!("closing connection did not let go: dropped");
+                return Poll::Ready((Closed::Dropped, Ok(())));
+            }
+            if activity.head_started() {
+                tracing::debug!("request headers incomplete after HEADER_READ_TIMEOUT_MS: closing");
+            } else if activity.requested() {
+                tracing::debug!("connection idle for IDLE_TIMEOUT_MS: closing");
+            } else {
+                tracing::debug!("no request within HEADER_READ_TIMEOUT_MS of accept: closing");
+            }
+            close(connection.as_mut());
+            closing = true;
+            deadline = Some(Instant::now() + CLOSE_GRACE);
         }
-    }
-}
-
-/// Sleep until `deadline`, or for ever without one.
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
+    })
+    .await
 }
 
 #[cfg(test)]

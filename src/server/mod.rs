@@ -24,7 +24,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
@@ -32,7 +31,7 @@ use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::proxy::strict::ContentLengthDropped;
-use connection::{Activity, ClientStream, Closed, Drain, Heads, Timeouts, Tracked};
+use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ConnectionSlots, IntervalLog, Slot};
 
@@ -252,7 +251,7 @@ fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     slot: Slot,
-    drain: watch::Receiver<bool>,
+    drain: DrainWatcher,
     timeouts: Timeouts,
 ) {
     if let Err(error) = stream.set_nodelay(true) {
