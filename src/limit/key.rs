@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::hash::Hasher;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::header::HeaderName;
 use siphasher::sip128::{Hasher128, SipHasher24};
@@ -163,6 +163,47 @@ impl From<IpAddr> for ClientKey {
 }
 
 /// As in logs and Redis keys: `203.0.113.7`, `key:<32 hex digits>`, or `<ip>+key:<hex>`.
+impl ClientKey {
+    /// Append the key to `out` as [`Display`](fmt::Display) writes it; an IPv4 client (the
+    /// common case) without `core::fmt`, which costs several times as much, on every Redis
+    /// decision.
+    pub fn push_to(&self, out: &mut String) {
+        match self {
+            ClientKey::Ip(ClientIp {
+                addr: IpAddr::V4(v4), ..
+            }) => out.push_str(ipv4_text(*v4, &mut [0; 15])),
+            _ => {
+                use fmt::Write;
+                // Writing to a String cannot fail.
+                let _ = write!(out, "{self}");
+            }
+        }
+    }
+}
+
+/// `v4` in dotted decimal, as `Display` writes it, digit by digit into `buffer`.
+pub fn ipv4_text(v4: Ipv4Addr, buffer: &mut [u8; 15]) -> &str {
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            buffer[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            buffer[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            buffer[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        buffer[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    // Digits and dots only.
+    std::str::from_utf8(&buffer[..len]).unwrap_or_default()
+}
+
 impl fmt::Display for ClientKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -222,6 +263,30 @@ impl fmt::Debug for KeyHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn push_to_writes_what_display_writes(
+            v4 in any::<u32>(),
+            v6 in any::<u128>(),
+            prefix in 1u8..=128,
+            digest in any::<[u64; 2]>(),
+        ) {
+            let v4 = ClientIp::new(IpAddr::V4(Ipv4Addr::from(v4)), prefix);
+            let v6 = ClientIp::new(IpAddr::V6(Ipv6Addr::from(v6)), prefix);
+            for key in [
+                ClientKey::Ip(v4),
+                ClientKey::Ip(v6),
+                ClientKey::Header(Digest(digest)),
+                ClientKey::IpAndHeader(v4, Digest(digest)),
+            ] {
+                let mut pushed = String::from("prefix:");
+                key.push_to(&mut pushed);
+                prop_assert_eq!(pushed, format!("prefix:{key}"));
+            }
+        }
+    }
 
     fn ip(s: &str, prefix: u8) -> String {
         ClientIp::new(s.parse().unwrap(), prefix).to_string()

@@ -231,12 +231,17 @@ impl RedisStore {
     /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}`. The braces
     /// are a Redis Cluster hash tag, so every key of one client and rule lives on one node.
     pub fn key(&self, rule: &Rule, client: ClientKey) -> String {
-        format!(
-            "{}{{{}:{client}}}:{}",
-            self.prefix,
-            rule.name,
-            rule.policy.key_suffix()
-        )
+        let suffix = rule.policy.key_suffix();
+        // Room for the longest client key (an IPv6 prefix and a digest) in one allocation.
+        let mut key = String::with_capacity(self.prefix.len() + rule.name.len() + suffix.len() + 96);
+        key.push_str(&self.prefix);
+        key.push('{');
+        key.push_str(&rule.name);
+        key.push(':');
+        client.push_to(&mut key);
+        key.push_str("}:");
+        key.push_str(suffix);
+        key
     }
 
     /// True for a Redis Cluster, whose masters each get a circuit breaker of their own.

@@ -20,6 +20,7 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::identity::X_FORWARDED_FOR;
+use crate::limit::key::ipv4_text;
 
 /// `X-Forwarded-Proto`: the scheme the client used.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -235,27 +236,7 @@ impl IpText {
     /// `address` as `Display` writes it.
     fn format(&mut self, address: IpAddr) -> &str {
         match address {
-            IpAddr::V4(v4) => {
-                let mut len = 0;
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        self.v4[len] = b'.';
-                        len += 1;
-                    }
-                    if octet >= 100 {
-                        self.v4[len] = b'0' + octet / 100;
-                        len += 1;
-                    }
-                    if octet >= 10 {
-                        self.v4[len] = b'0' + octet / 10 % 10;
-                        len += 1;
-                    }
-                    self.v4[len] = b'0' + octet % 10;
-                    len += 1;
-                }
-                // Digits and dots only.
-                std::str::from_utf8(&self.v4[..len]).unwrap_or_default()
-            }
+            IpAddr::V4(v4) => ipv4_text(v4, &mut self.v4),
             IpAddr::V6(v6) => {
                 self.v6 = v6.to_string();
                 &self.v6
