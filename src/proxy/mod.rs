@@ -293,6 +293,12 @@ impl ProxyError {
     }
 }
 
+/// Marks a request that arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2
+/// streams can outnumber connections): it is answered `503` at once. Set by the server, which
+/// keeps the count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overloaded;
+
 /// Everything a request needs, shared by all connections.
 pub struct Proxy {
     /// Pooled HTTP/1.1 client to the backend.
@@ -321,6 +327,8 @@ pub struct Proxy {
     request_ids: RequestIds,
     /// Bounds the lines about refused requests.
     denial_log: LogThrottle,
+    /// Paces the warning for requests refused past the cap of requests in flight.
+    overload_log: LogThrottle,
     /// Bounds the warnings about backend failures.
     failure_log: LogThrottle,
     /// `MAX_UPGRADES_PER_CLIENT`: open tunnels per client.
@@ -367,6 +375,7 @@ impl Proxy {
             access_log: config.access_log,
             request_ids: RequestIds::new(),
             denial_log: LogThrottle::new(),
+            overload_log: LogThrottle::new(),
             failure_log: LogThrottle::new(),
             tunnels: upgrades::Tunnels::new(config.max_upgrades_per_client, config.rules.ipv6_prefix()),
         }
@@ -389,6 +398,19 @@ impl Proxy {
         started: Instant,
     ) -> Response<ResponseBody> {
         let mut context = RequestContext { id, rule: None };
+        if request.extensions().get::<Overloaded>().is_some() {
+            if let Some(suppressed) = self.overload_log.admit() {
+                if suppressed > 0 {
+                    tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
+                }
+                tracing::warn!(
+                    request_id = context.id(),
+                    %peer,
+                    "MAX_CONNECTIONS requests already in flight: answered 503"
+                );
+            }
+            return response::overloaded();
+        }
         if let Err(violation) = strict::check(
             request.method(),
             request.uri(),

@@ -115,6 +115,18 @@ pub fn store_unavailable() -> Response<ResponseBody> {
     response
 }
 
+/// `503` for a request past the cap of requests in flight (`MAX_CONNECTIONS`).
+pub fn overloaded() -> Response<ResponseBody> {
+    let mut response = json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        r#"{"error":"overloaded","reason":"too many requests in flight","retry_after":1}"#.to_owned(),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
 /// `400` for a request the gateway will not read two ways (an ambiguous path or identity);
 /// `reason` says what, in a few words.
 pub fn bad_request(reason: &str) -> Response<ResponseBody> {

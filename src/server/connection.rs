@@ -235,25 +235,27 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request in flight until it is finished, fails, or is
-/// dropped (hyper drops a body once it has sent it, and when the client goes away).
+/// A response body that keeps its request in flight (what `held` stands for: an
+/// [`InFlight`], and the request's place under the cap of requests in flight) until it is
+/// finished, fails, or is dropped (hyper drops a body once it has sent it, and when the client
+/// goes away).
 #[derive(Debug)]
-pub struct Tracked<B> {
+pub struct Tracked<B, H = InFlight> {
     body: B,
-    in_flight: Option<InFlight>,
+    in_flight: Option<H>,
 }
 
-impl<B> Tracked<B> {
-    /// `body`, keeping `in_flight` until it ends.
-    pub fn new(body: B, in_flight: InFlight) -> Tracked<B> {
+impl<B, H> Tracked<B, H> {
+    /// `body`, keeping `held` until it ends.
+    pub fn new(body: B, held: H) -> Tracked<B, H> {
         Tracked {
             body,
-            in_flight: Some(in_flight),
+            in_flight: Some(held),
         }
     }
 }
 
-impl<B: Body + Unpin> Body for Tracked<B> {
+impl<B: Body + Unpin, H: Unpin> Body for Tracked<B, H> {
     type Data = B::Data;
     type Error = B::Error;
 

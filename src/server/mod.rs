@@ -29,8 +29,8 @@ use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
 use crate::proxy::strict::ContentLengthDropped;
+use crate::proxy::{Overloaded, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ConnectionSlots, IntervalLog, Slot};
@@ -174,6 +174,12 @@ async fn run(
     };
 
     let slots = ConnectionSlots::new(max_connections);
+    let serving = Serving {
+        builder,
+        proxy,
+        requests: ConnectionSlots::new(max_connections),
+        timeouts,
+    };
     let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let drain = Drain::new();
@@ -218,7 +224,7 @@ async fn run(
             }
             continue;
         };
-        serve_connection(&builder, &proxy, stream, peer, slot, drain.watcher(), timeouts);
+        serve_connection(&serving, stream, peer, slot, drain.watcher());
     }
 
     drop(listener);
@@ -243,34 +249,53 @@ async fn run(
     Ok(())
 }
 
+/// What every connection is served with.
+struct Serving {
+    /// HTTP/1.1 and h2c, detected per connection.
+    builder: auto::Builder<TokioExecutor>,
+    proxy: Arc<Proxy>,
+    /// Requests in flight across all connections, capped at `MAX_CONNECTIONS` too: file
+    /// descriptors are budgeted for one backend connection per client connection, and HTTP/2
+    /// streams could otherwise outnumber them. A request past it is answered `503`.
+    requests: ConnectionSlots,
+    timeouts: Timeouts,
+}
+
 /// Serve one accepted connection in a task of its own, under its watchdog (see [`connection`]):
 /// `slot` is its place under `MAX_CONNECTIONS`, `drain` tells it when to close.
-fn serve_connection(
-    builder: &auto::Builder<TokioExecutor>,
-    proxy: &Arc<Proxy>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    slot: Slot,
-    drain: DrainWatcher,
-    timeouts: Timeouts,
-) {
+fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot: Slot, drain: DrainWatcher) {
+    let Serving {
+        builder,
+        proxy,
+        requests,
+        timeouts,
+    } = serving;
+    let timeouts = *timeouts;
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "set_nodelay failed");
     }
     let activity = Arc::new(Activity::default());
     let heads = Arc::new(Heads::default());
     let service = {
-        let (proxy, activity, heads) = (proxy.clone(), activity.clone(), heads.clone());
+        let (proxy, activity, heads, requests) =
+            (proxy.clone(), activity.clone(), heads.clone(), requests.clone());
         service_fn(move |mut request: Request<Incoming>| {
             // In flight from here until the response body is sent or dropped.
             let in_flight = activity.start(request.version());
+            // One place per request in flight, whatever the connection: the file descriptors
+            // are budgeted for one backend connection per client connection, and HTTP/2
+            // streams could otherwise outnumber them.
+            let request_slot = requests.try_acquire();
+            if request_slot.is_none() {
+                request.extensions_mut().insert(Overloaded);
+            }
             if heads.next_is_ambiguous() {
                 request.extensions_mut().insert(ContentLengthDropped);
             }
             let proxy = proxy.clone();
             async move {
                 let response = proxy.handle(request, peer).await;
-                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, (in_flight, request_slot))))
             }
         })
     };

@@ -383,6 +383,50 @@ async fn one_client_holds_at_most_max_upgrades_per_client_tunnels() {
 }
 
 #[tokio::test]
+async fn http2_streams_in_flight_are_capped_at_max_connections_across_connections() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[("MAX_CONNECTIONS", "3")]).await;
+    let (h2, h2_connection) = http2_connection(gateway.addr).await;
+    // Five slow requests at once on one connection: three places, so two are refused at once.
+    let requests: Vec<_> = (0..5)
+        .map(|_| {
+            let mut h2 = h2.clone();
+            tokio::spawn(async move {
+                let response = h2.send_request(get_request("/slow/700")).await.unwrap();
+                let status = response.status();
+                let retry_after = response.headers().get("retry-after").cloned();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                (status, retry_after, body)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.push(request.await.unwrap());
+    }
+    let served = answers
+        .iter()
+        .filter(|(status, ..)| *status == StatusCode::OK)
+        .count();
+    let refused: Vec<_> = answers
+        .iter()
+        .filter(|(status, ..)| *status == StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    assert_eq!((served, refused.len()), (3, 2), "{answers:?}");
+    for (_, retry_after, body) in refused {
+        assert_eq!(retry_after.as_ref().unwrap(), "1");
+        assert_eq!(
+            body.as_ref(),
+            br#"{"error":"overloaded","reason":"too many requests in flight","retry_after":1}"#
+        );
+    }
+    // The places come back when the responses end: a request on a new connection is served.
+    assert_eq!(get(gateway.addr, "/").await.status, StatusCode::OK);
+    drop(h2);
+    h2_connection.abort();
+}
+
+#[tokio::test]
 async fn a_quiet_tunnel_is_closed_after_the_upgrade_idle_timeout_and_frees_its_place() {
     let backend = Backend::start().await;
     let gateway = Gateway::start(
