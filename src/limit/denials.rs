@@ -10,8 +10,8 @@
 //!
 //! The entry's deadline is measured from the moment the request was *sent* to Redis, before
 //! Redis read its clock, so it falls at or before the true retry time: the cache never refuses
-//! a request after Redis would have admitted it. Entries are bounded like the memory store
-//! (shards of LRU maps), and an expired entry is simply overwritten or evicted.
+//! a request after Redis would have admitted it. Entries are bounded (shards of LRU maps),
+//! and an expired entry is simply overwritten or evicted.
 
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;

@@ -1,35 +1,37 @@
-//! The in-process store: client states in a fixed number of shards, each a small LRU map
-//! behind its own mutex.
+//! The in-process store: client states in a fixed number of shards, each behind its own
+//! mutex.
 //!
-//! Sharding keeps two requests from different clients off the same lock. When a shard is full,
-//! a new client evicts one of the [`EVICTION_SAMPLE`] least recently seen: the one whose budget
-//! is closest to entirely back, which loses the least information. So the `MAX_KEYS` bound
-//! costs nothing on the hot path, a flood of invented identities cannot grow memory, and it
-//! cannot hand a limited client (whose budget is far from back) a fresh budget either: the
-//! flood's own entries, each having spent a little, go first. A decision for a known
-//! client allocates nothing. Entries whose budget has fully come back are dropped by
-//! [`MemoryStore::purge_idle`], which the server runs periodically.
+//! Sharding keeps two requests from different clients off the same lock. A shard keeps its
+//! clients packed in one vector (each entry the key, the state and a last-seen stamp, 80
+//! bytes) and finds them through a `hashbrown` table of their positions (4 bytes a slot), so
+//! a client costs about 90 bytes and no allocation of its own. A decision for a known client
+//! is a lookup, the algorithm, and a stamp written into the entry: nothing is relinked and
+//! nothing is allocated.
+//!
+//! When a shard is full, a new client evicts one of [`EVICTION_SAMPLE`] clients picked at
+//! random: the one whose budget is closest to entirely back, which loses the least information
+//! (ties go to the least recently seen). So the `MAX_KEYS` bound is exact and costs nothing on
+//! the hot path, a flood of invented identities cannot grow memory, and it cannot hand a
+//! limited client (whose budget is far from back) a fresh budget either: the flood's own
+//! entries, each having spent a little, go first. Entries whose budget has fully come back are
+//! dropped by [`MemoryStore::purge_idle`], which the server runs periodically.
 
+use std::cmp::Reverse;
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use lru::LruCache;
+use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::time::Instant;
 
 use crate::limit::{ClientKey, Decision, Policy, Rule, State};
 
-/// A client's budget is identified by its rule's position in the table and its key.
-type EntryKey = (u16, ClientKey);
-
-type Shard = Mutex<LruCache<EntryKey, State>>;
-
 /// Most shards a store is cut into: enough that 2 to 64 cores rarely meet on a lock.
 const MAX_SHARDS: usize = 64;
 
-/// How many of a full shard's least recently seen clients are candidates for eviction.
+/// How many clients, picked at random in a full shard, are candidates for eviction.
 pub const EVICTION_SAMPLE: usize = 8;
 
 /// The in-memory store. Cheap to clone: clones share the same table.
@@ -41,9 +43,10 @@ pub struct MemoryStore {
 struct Inner {
     /// Client states; a key lives in exactly one shard, chosen by `hasher`.
     shards: Box<[Shard]>,
-    /// Picks the shard: the maps' own hasher (foldhash), a few times cheaper than SipHash and
-    /// randomly seeded per process, so clients cannot aim at one shard.
-    hasher: lru::DefaultHasher,
+    /// Hashes (rule, client) once per decision, for the shard and the shard's index alike:
+    /// foldhash, a few times cheaper than SipHash and randomly seeded per process, so clients
+    /// cannot aim at one shard or one chain of the index.
+    hasher: DefaultHashBuilder,
     /// The store's clock: microseconds since the Unix epoch, read from the monotonic clock
     /// (tokio's, so tests can pause it) anchored once to wall-clock time at `started`. Never
     /// steps back, and fixed windows align to the epoch as they do in Redis.
@@ -56,25 +59,78 @@ struct Inner {
     policies: Box<[Policy]>,
 }
 
+/// One shard's lock, alone on its cache lines (128 bytes: x86 fetches lines in pairs), so
+/// threads working in neighbouring shards do not invalidate each other's lock.
+#[repr(align(128))]
+struct Shard(Mutex<Table>);
+
+/// One client's budget under one rule.
+struct Entry {
+    /// Whose budget.
+    client: ClientKey,
+    /// What the rule's algorithm remembers.
+    state: State,
+    /// The shard's [`Table::tick`] when this client was last decided: breaks ties between
+    /// eviction candidates in favour of forgetting the least recently seen. A counter rather
+    /// than a clock, so it orders even decisions made at the same microsecond; wrapping only
+    /// makes a very old entry look recent, which costs a tie-break, never a bound.
+    seen: u32,
+    /// The rule's position in the table.
+    rule: u16,
+}
+
+impl Entry {
+    fn key(&self) -> (u16, ClientKey) {
+        (self.rule, self.client)
+    }
+}
+
+/// A shard's clients: packed in `entries`, found through `index`.
+struct Table {
+    /// The clients, in no particular order; a removal moves the last one into the hole, so
+    /// the vector stays dense (allocated once, at `capacity`, and touched as it fills).
+    entries: Vec<Entry>,
+    /// Positions in `entries`, hashed by (rule, client). Sized with a quarter to spare
+    /// beyond `capacity`, so the tombstones removals leave are cleared by [`Table::reindex`]
+    /// now and then rather than by hashbrown doubling the table.
+    index: HashTable<u32>,
+    /// Most entries this shard holds; the capacities of all shards add up to `MAX_KEYS`.
+    capacity: usize,
+    /// Counts this shard's decisions: the clock of [`Entry::seen`].
+    tick: u32,
+    /// xorshift64 state picking the eviction sample; seeded from the process's random hasher,
+    /// so which clients are candidates cannot be predicted from outside.
+    random: u64,
+}
+
 impl MemoryStore {
     /// A store holding at most `max_keys` client states (per rule and client) in total, for
     /// the rules of one table (`rules[i].id == i`).
     pub fn new(max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
         let max_keys = max_keys.get();
+        let hasher = DefaultHashBuilder::default();
         // A power of two no larger than max_keys, so every shard holds at least one entry.
         let shard_count = MAX_SHARDS.min(1 << max_keys.ilog2());
         let shards = (0..shard_count)
             .map(|i| {
                 // Spread the remainder over the first shards, so capacities add up exactly.
                 let capacity = max_keys / shard_count + usize::from(i < max_keys % shard_count);
-                let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
-                Mutex::new(LruCache::new(capacity))
+                // Positions are u32: a shard of more than 4 billion clients would need
+                // hundreds of gigabytes, and holding fewer keeps the bound.
+                let capacity = capacity.clamp(1, u32::MAX as usize);
+                Shard(Mutex::new(Table {
+                    entries: Vec::with_capacity(capacity),
+                    index: HashTable::with_capacity(capacity + capacity / 4 + 1),
+                    capacity,
+                    tick: 0,
+                    random: hasher.hash_one(i) | 1,
+                }))
             })
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
-                hasher: Default::default(),
+                hasher,
                 started: Instant::now(),
                 started_unix_us: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
@@ -104,56 +160,45 @@ impl MemoryStore {
     }
 
     fn decide(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: impl FnOnce() -> u64) -> Decision {
-        let key = (rule.id, client);
-        let mut table = self.shard(&key);
+        let inner = &*self.inner;
+        let hash = inner.hasher.hash_one((rule.id, client));
+        let mut table = self.shard(hash);
         let now_us = now_us();
-        match table.get_mut(&key) {
-            Some(state) => rule.policy.check(state, now_us, cost),
-            None => {
-                let mut state = rule.policy.fresh_state();
-                let decision = rule.policy.check(&mut state, now_us, cost);
-                if decision.allowed {
-                    if table.len() == table.cap().get() {
-                        self.evict(&mut table);
-                    }
-                    table.push(key, state);
-                }
-                decision
-            }
+        table.tick = table.tick.wrapping_add(1);
+        if let Some(position) = table.find(hash, rule.id, &client) {
+            let tick = table.tick;
+            let entry = &mut table.entries[position];
+            entry.seen = tick;
+            return rule.policy.check(&mut entry.state, now_us, cost);
         }
+        let mut state = rule.policy.fresh_state();
+        let decision = rule.policy.check(&mut state, now_us, cost);
+        if decision.allowed {
+            if table.entries.len() >= table.capacity && table.evict(inner) {
+                inner.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            let seen = table.tick;
+            let entry = Entry {
+                client,
+                state,
+                seen,
+                rule: rule.id,
+            };
+            table.insert(hash, entry, &inner.hasher);
+        }
+        decision
     }
 
     /// Give back `cost` taken by an allowed request counted at `at_us` (see
     /// [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)).
     pub fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
-        let key = (rule.id, client);
-        // `peek_mut`: a refund is not a sighting, so it leaves the eviction order alone.
-        if let Some(state) = self.shard(&key).peek_mut(&key) {
-            rule.policy.refund(state, at_us, cost);
+        let hash = self.inner.hasher.hash_one((rule.id, client));
+        let mut table = self.shard(hash);
+        // A refund is not a sighting, so it leaves the stamp alone.
+        if let Some(position) = table.find(hash, rule.id, &client) {
+            rule.policy
+                .refund(&mut table.entries[position].state, at_us, cost);
         }
-    }
-
-    /// Make room in a full shard: of its [`EVICTION_SAMPLE`] least recently seen clients,
-    /// forget the one whose budget is back soonest (a state under a rule the store does not
-    /// know counts as back already).
-    fn evict(&self, table: &mut LruCache<EntryKey, State>) {
-        let victim = table
-            .iter()
-            .rev()
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|(key, state)| self.idle_at(key.0, state))
-            .map(|(key, _)| *key);
-        if let Some(victim) = victim {
-            table.pop(&victim);
-            self.inner.evictions.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn idle_at(&self, rule: u16, state: &State) -> u64 {
-        self.inner
-            .policies
-            .get(usize::from(rule))
-            .map_or(0, |policy| policy.idle_at(state))
     }
 
     /// Forget every client whose budget under its rule is entirely back, as of now. Returns
@@ -164,19 +209,16 @@ impl MemoryStore {
 
     /// [`purge_idle`](Self::purge_idle) at an explicit time.
     pub fn purge_idle_at(&self, now_us: u64) -> usize {
-        let mut idle = Vec::new();
+        let inner = &*self.inner;
         let mut purged = 0;
-        for shard in self.inner.shards.iter() {
+        for shard in inner.shards.iter() {
             let mut table = lock(shard);
-            idle.extend(
-                table
-                    .iter()
-                    .filter(|(key, state)| self.idle_at(key.0, state) <= now_us)
-                    .map(|(key, _)| *key),
-            );
-            for key in idle.drain(..) {
-                table.pop(&key);
-                purged += 1;
+            // From the end, so the entry a removal moves into the hole was already judged.
+            for position in (0..table.entries.len()).rev() {
+                if inner.idle_at(&table.entries[position]) <= now_us {
+                    table.remove(position, &inner.hasher);
+                    purged += 1;
+                }
             }
         }
         purged
@@ -184,7 +226,11 @@ impl MemoryStore {
 
     /// How many client states are held.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|shard| lock(shard).len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|shard| lock(shard).entries.len())
+            .sum()
     }
 
     /// Client states forgotten to stay within `MAX_KEYS`, since startup.
@@ -197,18 +243,117 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &EntryKey) -> MutexGuard<'_, LruCache<EntryKey, State>> {
-        let hash = self.inner.hasher.hash_one(key);
-        // Shard count is a power of two; the high bits are the best mixed.
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Table> {
+        // Shard count is a power of two. The high half picks the shard: hashbrown places
+        // entries by the low bits and filters them by the top seven, so the three stay apart.
         let index = (hash >> 32) as usize & (self.inner.shards.len() - 1);
         lock(&self.inner.shards[index])
     }
 }
 
-/// No code panics while holding a shard lock, but a poisoned shard is still consistent
-/// (every update is a single assignment), so keep serving from it.
-fn lock(shard: &Shard) -> MutexGuard<'_, LruCache<EntryKey, State>> {
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
+impl Inner {
+    /// When `entry`'s budget is entirely back (a state under a rule the store does not know
+    /// counts as back already).
+    fn idle_at(&self, entry: &Entry) -> u64 {
+        self.policies
+            .get(usize::from(entry.rule))
+            .map_or(0, |policy| policy.idle_at(&entry.state))
+    }
+}
+
+impl Table {
+    /// The position of `client`'s entry under `rule`, if held.
+    fn find(&self, hash: u64, rule: u16, client: &ClientKey) -> Option<usize> {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&position| {
+                let entry = &entries[position as usize];
+                entry.rule == rule && entry.client == *client
+            })
+            .map(|&position| position as usize)
+    }
+
+    /// Add an entry not held yet; the caller has made room.
+    fn insert(&mut self, hash: u64, entry: Entry, hasher: &DefaultHashBuilder) {
+        // With no growth left, hashbrown would double the index; clearing the tombstones is
+        // enough, as the index is sized for a quarter more than the shard holds.
+        if self.index.len() == self.index.capacity() {
+            self.reindex(hasher);
+        }
+        let position = self.entries.len() as u32;
+        self.entries.push(entry);
+        let entries = &self.entries;
+        self.index.insert_unique(hash, position, |&position| {
+            hasher.hash_one(entries[position as usize].key())
+        });
+    }
+
+    /// Forget the entry at `position`; the last entry takes its place.
+    fn remove(&mut self, position: usize, hasher: &DefaultHashBuilder) {
+        let last = self.entries.len() - 1;
+        let hash = hasher.hash_one(self.entries[position].key());
+        if let Ok(slot) = self.index.find_entry(hash, |&p| p as usize == position) {
+            slot.remove();
+        }
+        self.entries.swap_remove(position);
+        if position != last {
+            let hash = hasher.hash_one(self.entries[position].key());
+            if let Some(slot) = self.index.find_mut(hash, |&p| p as usize == last) {
+                *slot = position as u32;
+            }
+        }
+    }
+
+    /// Rebuild the index from the entries, leaving no tombstones. Keeps its allocation.
+    fn reindex(&mut self, hasher: &DefaultHashBuilder) {
+        self.index.clear();
+        for (position, entry) in self.entries.iter().enumerate() {
+            let hash = hasher.hash_one(entry.key());
+            // Never grows: the index has room for more than `capacity` entries.
+            self.index.insert_unique(hash, position as u32, |_| hash);
+        }
+    }
+
+    /// Make room: of [`EVICTION_SAMPLE`] entries picked at random, forget the one whose budget
+    /// is back soonest, and of those the least recently seen. Returns whether one was dropped.
+    fn evict(&mut self, store: &Inner) -> bool {
+        let len = self.entries.len();
+        if len == 0 {
+            return false;
+        }
+        // Consecutive positions from a random start: distinct entries, in no meaningful order.
+        let start = self.next_random() % len;
+        let tick = self.tick;
+        let victim = (0..EVICTION_SAMPLE.min(len))
+            .map(|offset| (start + offset) % len)
+            .min_by_key(|&position| {
+                let entry = &self.entries[position];
+                (store.idle_at(entry), Reverse(tick.wrapping_sub(entry.seen)))
+            });
+        match victim {
+            Some(position) => {
+                self.remove(position, &store.hasher);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// xorshift64: cheap, and good enough to spread a sample over the shard.
+    fn next_random(&mut self) -> usize {
+        let mut x = self.random;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.random = x;
+        (x >> 32) as usize
+    }
+}
+
+/// No code panics while holding a shard lock; should one ever, keep serving the shard's
+/// clients rather than refusing them for good.
+fn lock(shard: &Shard) -> MutexGuard<'_, Table> {
+    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -318,6 +463,81 @@ mod tests {
         assert_eq!(store.purge_idle_at(19_999_999), 1);
         assert_eq!(store.purge_idle_at(20_000_000), 1);
         assert!(store.is_empty());
+    }
+
+    /// Every entry is found at its own position, the index holds nothing else, and it has
+    /// not grown: removals' tombstones were cleared in place.
+    fn assert_consistent(store: &MemoryStore, buckets: &[usize]) {
+        for (shard, &buckets) in store.inner.shards.iter().zip(buckets) {
+            let table = lock(shard);
+            assert_eq!(table.index.len(), table.entries.len());
+            assert!(table.entries.len() <= table.capacity);
+            assert_eq!(table.index.num_buckets(), buckets, "the index never grows");
+            for (position, entry) in table.entries.iter().enumerate() {
+                let hash = store.inner.hasher.hash_one(entry.key());
+                assert_eq!(table.find(hash, entry.rule, &entry.client), Some(position));
+            }
+        }
+    }
+
+    #[test]
+    fn the_index_follows_evictions_purges_and_churn() {
+        let store = store(1_000);
+        let buckets: Vec<usize> = store
+            .inner
+            .shards
+            .iter()
+            .map(|shard| lock(shard).index.num_buckets())
+            .collect();
+        let (general, auth) = (rule(GENERAL, 3), rule(AUTH, 1));
+        // 50x max_keys clients: every shard is emptied and refilled many times over, by
+        // evictions and by purges, under two rules.
+        for n in 0..50_000u32 {
+            let now = u64::from(n) * 100;
+            store.check_at(&general, ip(n), 1 + u64::from(n % 3), now);
+            if n % 7 == 0 {
+                store.check_at(&auth, ip(n), 1, now);
+            }
+            if n % 5_000 == 0 {
+                store.purge_idle_at(now);
+                assert_consistent(&store, &buckets);
+            }
+        }
+        assert!(store.evictions() > 40_000);
+        assert_consistent(&store, &buckets);
+        // A client still held keeps its own budget: the last one spent 2 of 3 tokens.
+        let last = 49_999;
+        assert_eq!(store.check_at(&general, ip(last), 1, 4_999_900).remaining, 0);
+        // Everything is idle at the end of time.
+        let held = store.len();
+        assert_eq!(store.purge_idle_at(u64::MAX), held);
+        assert!(store.is_empty());
+        assert_consistent(&store, &buckets);
+    }
+
+    #[test]
+    fn a_full_index_is_cleaned_in_place_not_grown() {
+        // One shard, its index cut to no slack at all, so removals' tombstones use up its
+        // growth quickly and `reindex` runs again and again.
+        let store = store(1);
+        let capacity = 28;
+        *lock(&store.inner.shards[0]) = Table {
+            entries: Vec::with_capacity(capacity),
+            index: HashTable::with_capacity(capacity),
+            capacity,
+            tick: 0,
+            random: 1,
+        };
+        let buckets = [lock(&store.inner.shards[0]).index.num_buckets()];
+        let r = rule(GENERAL, 2);
+        for n in 0..20_000 {
+            store.check_at(&r, ip(n), 1, u64::from(n));
+            if n % 1_000 == 0 {
+                assert_consistent(&store, &buckets);
+            }
+        }
+        assert_eq!(store.len(), capacity);
+        assert_consistent(&store, &buckets);
     }
 
     #[test]
