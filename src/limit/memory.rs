@@ -244,11 +244,20 @@ impl MemoryStore {
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, Table> {
-        // Shard count is a power of two. The high half picks the shard: hashbrown places
-        // entries by the low bits and filters them by the top seven, so the three stay apart.
-        let index = (hash >> 32) as usize & (self.inner.shards.len() - 1);
-        lock(&self.inner.shards[index])
+        lock(&self.inner.shards[shard_index(hash, self.inner.shards.len())])
     }
+}
+
+/// The shard of `hash` among `shards` (a power of two): the top bits of the hash multiplied by
+/// 2^64 / φ (Fibonacci hashing), which depend on all its bits. foldhash's own high bits are not
+/// enough: for some seeds, nearby keys (consecutive addresses) leave whole shards empty while
+/// others overflow, and a client in an overfull shard is evicted sooner than `MAX_KEYS` says.
+fn shard_index(hash: u64, shards: usize) -> usize {
+    let bits = shards.trailing_zeros();
+    // Shard count 1: no bits to take (a shift by 64 would overflow).
+    hash.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .checked_shr(64 - bits)
+        .map_or(0, |index| index as usize)
 }
 
 impl Inner {
@@ -538,6 +547,22 @@ mod tests {
         }
         assert_eq!(store.len(), capacity);
         assert_consistent(&store, &buckets);
+    }
+
+    #[test]
+    fn nearby_clients_spread_over_every_shard_whatever_the_seed() {
+        // 500 consecutive addresses over 32 shards: about 15.6 each. For about one foldhash
+        // seed in ten the hash's own high bits left shards empty; none may now. (Uniformly
+        // random shards leave one empty with a chance of 1 in 4,000 over these 50 seeds.)
+        for _ in 0..50 {
+            let hasher = DefaultHashBuilder::default();
+            let mut counts = [0u32; 32];
+            for n in 0..500 {
+                counts[shard_index(hasher.hash_one((GENERAL, ip(0x0A00_0000 + n))), 32)] += 1;
+            }
+            assert!(counts.iter().all(|&count| count > 0), "{counts:?}");
+        }
+        assert_eq!(shard_index(u64::MAX, 1), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::support::{Backend, free_port, get, redis::wait_for};
+use crate::support::{Backend, free_ports, get, redis::wait_for};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_tollgate");
 
@@ -212,8 +212,7 @@ struct Running {
 
 impl Running {
     fn start(vars: &[(&str, &str)]) -> Running {
-        let port = free_port();
-        let admin_port = free_port();
+        let [port, admin_port] = free_ports();
         let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(BINARY)
             .env_clear()
@@ -466,12 +465,13 @@ async fn a_warning_is_logged_once_at_startup() {
 /// expected to refuse to start, and is serving instead).
 fn run_expecting_exit(vars: &[(&str, &str)], args: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
+    let [port, admin_port] = free_ports();
     let mut child = Command::new(BINARY)
         .args(args)
         .env_clear()
         .env("BIND", "127.0.0.1")
-        .env("PORT", free_port().to_string())
-        .env("ADMIN_PORT", free_port().to_string())
+        .env("PORT", port.to_string())
+        .env("ADMIN_PORT", admin_port.to_string())
         .envs(vars.iter().copied())
         .current_dir(dir.path())
         .stdout(std::process::Stdio::piped())

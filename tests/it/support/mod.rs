@@ -16,8 +16,15 @@ use std::net::TcpListener;
 
 /// A TCP port nothing listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("no free port")
+    let [port] = free_ports();
+    port
+}
+
+/// `N` distinct free ports: each is held until all are picked, so two calls in a row cannot
+/// hand out the same port twice (the kernel reuses a released one readily).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("no free port"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("a bound address").port())
 }
