@@ -815,6 +815,44 @@ async fn exact_budget(to: SocketAddr, client: IpAddr, budget: u64, what: &str) {
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{what} {client}");
 }
 
+/// A gateway on `cluster`, failing closed (so an undecided request is a 503, told apart from
+/// a decided one), with a budget of 3 that does not refill during a test, and the cluster's
+/// masters known and connected.
+async fn cluster_gateway(cluster: &RedisCluster, backend: &Backend) -> Gateway {
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("REDIS_CLUSTER_NODES", &cluster.seeds()),
+            ("FAIL_MODE", "closed"),
+            ("REDIS_TIMEOUT_MS", "1000"),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("REDIS_BREAKER_THRESHOLD", "3"),
+            ("MAX_TOKENS", "3"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    )
+    .await;
+    until_metric(&gateway, "tollgate_redis_masters", 3.0).await;
+    gateway
+}
+
+/// The index of the master about to be killed (the owner of 127.0.0.100's key), and clients
+/// 127.0.0.100 onwards split by whether their keys live on it: at least 4 of each.
+fn clients_by_master(cluster: &RedisCluster) -> (usize, Vec<IpAddr>, Vec<IpAddr>) {
+    let owner = |client: &IpAddr| cluster.owner_of(&format!("tollgate:{{general:{client}}}:tb"));
+    let victim = owner(&IpAddr::from([127, 0, 0, 100]));
+    let (dead, live): (Vec<IpAddr>, Vec<IpAddr>) = (100..=200)
+        .map(|n| IpAddr::from([127, 0, 0, n]))
+        .partition(|client| owner(client) == victim);
+    assert!(
+        dead.len() >= 4 && live.len() >= 4,
+        "{} and {} clients",
+        dead.len(),
+        live.len()
+    );
+    (victim, dead, live)
+}
+
 /// A master killed in a cluster with replicas: its slots get the fail mode until its replica
 /// is promoted, then the gateway follows the new slot map (the old master's breaker dropped,
 /// the new master's closed) and those slots are exact again, with no restart of tollgate.
@@ -823,25 +861,9 @@ async fn a_failed_over_master_is_followed_to_its_promoted_replica() {
     let mut cluster = RedisCluster::start_with_replicas();
     cluster.allow_partial_coverage();
     let backend = Backend::start().await;
-    let gateway = Gateway::start_with_admin(
-        &backend.url(),
-        &[
-            ("REDIS_CLUSTER_NODES", &cluster.seeds()),
-            ("FAIL_MODE", "closed"),
-            ("REDIS_TIMEOUT_MS", "1000"),
-            ("REDIS_PROBE_INTERVAL_MS", "100"),
-            ("MAX_TOKENS", "3"),
-            ("REFILL_RATE", "0.0001"),
-        ],
-    )
-    .await;
+    let gateway = cluster_gateway(&cluster, &backend).await;
+    let (victim, dead, live) = clients_by_master(&cluster);
     let key = |client: &IpAddr| format!("tollgate:{{general:{client}}}:tb");
-    let victim = cluster.owner_of(&key(&IpAddr::from([127, 0, 0, 100])));
-    let (dead, live): (Vec<IpAddr>, Vec<IpAddr>) = (100..=200)
-        .map(|n| IpAddr::from([127, 0, 0, n]))
-        .partition(|client| cluster.owner_of(&key(client)) == victim);
-    assert!(dead.len() >= 4 && live.len() >= 2);
-    until_metric(&gateway, "tollgate_redis_masters", 3.0).await;
     exact_budget(gateway.addr, live[0], 3, "before").await;
 
     cluster.nodes[victim].kill();
@@ -883,33 +905,9 @@ async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_
     let mut cluster = RedisCluster::start();
     cluster.allow_partial_coverage();
     let backend = Backend::start().await;
-    let gateway = Gateway::start_with_admin(
-        &backend.url(),
-        &[
-            ("REDIS_CLUSTER_NODES", &cluster.seeds()),
-            ("FAIL_MODE", "closed"),
-            ("REDIS_TIMEOUT_MS", "1000"),
-            ("REDIS_PROBE_INTERVAL_MS", "100"),
-            ("REDIS_BREAKER_THRESHOLD", "3"),
-            ("MAX_TOKENS", "3"),
-            ("REFILL_RATE", "0.0001"),
-        ],
-    )
-    .await;
-    // Clients whose keys live on the master about to die, and clients whose keys do not.
-    let owner = |client: &IpAddr| cluster.owner_of(&format!("tollgate:{{general:{client}}}:tb"));
-    let victim = owner(&IpAddr::from([127, 0, 0, 100]));
-    let (dead, live): (Vec<IpAddr>, Vec<IpAddr>) = (100..=160)
-        .map(|n| IpAddr::from([127, 0, 0, n]))
-        .partition(|client| owner(client) == victim);
-    assert!(
-        dead.len() >= 4 && live.len() >= 4,
-        "{} and {} clients",
-        dead.len(),
-        live.len()
-    );
     // The gateway knows the three masters, and is connected to them, before the fault.
-    until_metric(&gateway, "tollgate_redis_masters", 3.0).await;
+    let gateway = cluster_gateway(&cluster, &backend).await;
+    let (victim, dead, live) = clients_by_master(&cluster);
     exact_budget(gateway.addr, live[0], 3, "before").await;
 
     cluster.nodes[victim].kill();
