@@ -297,6 +297,56 @@ async fn redis_over_tls_with_a_private_ca() {
     assert_eq!(redis.cli(&["--scan"]).trim(), "tollgate:{general:127.0.0.1}:tb");
 }
 
+/// The faults of `faults.rs`, over TLS: a Redis killed gives the fail mode, at once once the
+/// breaker is open (a failed TLS handshake is a connection error like any other), and the
+/// same Redis restarted is used again without a restart of tollgate, its TLS session new.
+#[tokio::test]
+async fn a_tls_redis_killed_and_restarted_is_ridden_out() {
+    let mut redis = crate::support::RedisServer::start_tls();
+    let backend = Backend::start().await;
+    let cert = redis.cert_file().display().to_string();
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("REDIS_URL", &format!("rediss://localhost:{}", redis.port)),
+        ("SSL_CERT_FILE", &cert),
+        ("REDIS_TIMEOUT_MS", "1000"),
+        ("REDIS_PROBE_INTERVAL_MS", "100"),
+        ("FAIL_MODE", "closed"),
+        ("MAX_TOKENS", "2"),
+        ("REFILL_RATE", "0.0001"),
+    ]);
+    let addr = tollgate.addr;
+    let first = get(addr, "/").await;
+    assert_eq!(
+        first.header("x-ratelimit-remaining"),
+        Some("1"),
+        "decided over TLS"
+    );
+
+    redis.kill();
+    for _ in 0..5 {
+        assert_eq!(get(addr, "/").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // Back, empty: decided again (a fresh budget) within a few probe intervals.
+    redis.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let decided = loop {
+        let reply = get(addr, "/").await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
+            break reply;
+        }
+        assert!(std::time::Instant::now() < deadline, "never decided again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tollgate.terminate().await;
+    assert_eq!(decided.status, StatusCode::OK);
+    assert_eq!(
+        decided.header("x-ratelimit-remaining"),
+        Some("1"),
+        "an empty Redis"
+    );
+}
+
 #[tokio::test]
 async fn a_second_signal_cuts_the_drain_short() {
     let backend = Backend::start().await;
