@@ -12,6 +12,10 @@ use std::time::Duration;
 
 use super::ConfigError;
 
+/// The longest duration a `*_MS` setting takes: a year. Longer is no timeout in practice, and
+/// deadlines computed from it must not overflow the clock.
+pub const MAX_MILLIS: u64 = 365 * 24 * 3600 * 1000;
+
 /// The variables, and the names read so far.
 #[derive(Debug, Default)]
 pub struct Env {
@@ -78,14 +82,19 @@ impl Env {
         parse(value).ok_or_else(|| ConfigError::invalid(name, value, expected))
     }
 
-    /// A duration in whole milliseconds, at least 1.
+    /// A duration in whole milliseconds, at least 1 and at most [`MAX_MILLIS`].
     pub fn millis(&self, name: &'static str, default: &str) -> Result<Duration, ConfigError> {
-        self.parse(name, default, "a whole number of milliseconds, at least 1", |s| {
-            s.parse::<u64>()
-                .ok()
-                .filter(|ms| *ms > 0)
-                .map(Duration::from_millis)
-        })
+        self.parse(
+            name,
+            default,
+            "a whole number of milliseconds, at least 1 and at most 31536000000 (a year)",
+            |s| {
+                s.parse::<u64>()
+                    .ok()
+                    .filter(|ms| (1..=MAX_MILLIS).contains(ms))
+                    .map(Duration::from_millis)
+            },
+        )
     }
 
     /// `true` or `false`.

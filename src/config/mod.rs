@@ -356,10 +356,11 @@ impl Config {
         let upgrade_idle_timeout = env.parse(
             "UPGRADE_IDLE_TIMEOUT_MS",
             "3600000",
-            "a whole number of milliseconds, 0 for never",
+            "a whole number of milliseconds up to 31536000000 (a year), 0 for never",
             |s| {
                 s.parse::<u64>()
                     .ok()
+                    .filter(|ms| *ms <= env::MAX_MILLIS)
                     .map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))
             },
         )?;

@@ -787,6 +787,9 @@ fn connection_limits_and_timeouts() {
         ("MAX_CONNECTIONS", "lots"),
         ("MAX_UPGRADES_PER_CLIENT", "-1"),
         ("UPGRADE_IDLE_TIMEOUT_MS", "1h"),
+        // A deadline that far away would overflow the clock: more than a year is refused.
+        ("UPGRADE_IDLE_TIMEOUT_MS", "18446744073709551615"),
+        ("IDLE_TIMEOUT_MS", "31536000001"),
     ] {
         let message = error(&[(var, value)]);
         assert!(

@@ -141,9 +141,12 @@ enum Fallback {
 
 /// One circuit breaker: for the whole store, or for one cluster master.
 struct Breaker {
-    /// The master it guards, `None` for the whole store (a single Redis; on a cluster, the
-    /// slots no known master serves, and every slot until the slot map is known).
-    master: Option<Master>,
+    /// The address of the master it guards, `None` for the whole store (a single Redis; on a
+    /// cluster, the slots no known master serves, and every slot until the slot map is known).
+    master: Option<String>,
+    /// A slot the master owns, where its probe's `PING` is routed; [`NO_SLOT`] for the whole
+    /// store. Updated when a new slot map moves the master's slots.
+    probe_slot: AtomicU32,
     /// Failures since the last success; reset by any success.
     consecutive_failures: AtomicU32,
     /// True while open: decisions skip Redis and a probe task runs.
@@ -153,9 +156,10 @@ struct Breaker {
 }
 
 impl Breaker {
-    fn new(master: Option<Master>) -> Arc<Breaker> {
+    fn new(master: Option<&Master>) -> Arc<Breaker> {
         Arc::new(Breaker {
-            master,
+            master: master.map(|master| master.address.clone()),
+            probe_slot: AtomicU32::new(master.map_or(NO_SLOT, |master| u32::from(master.first_slot))),
             consecutive_failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
             degraded: AtomicU64::new(0),
@@ -168,12 +172,12 @@ impl Breaker {
 
     /// The master's address for log lines, empty for the whole store.
     fn node(&self) -> &str {
-        self.master.as_ref().map_or("", |master| &master.address)
+        self.master.as_deref().unwrap_or_default()
     }
 
     /// Where its probe's `PING` goes: the master's first slot, or any node.
     fn probe_slot(&self) -> Option<u16> {
-        self.master.as_ref().map(|master| master.first_slot)
+        u16::try_from(self.probe_slot.load(Ordering::Relaxed)).ok()
     }
 }
 
@@ -207,19 +211,27 @@ impl MasterBreakers {
         std::iter::once(&self.whole).chain(&self.masters)
     }
 
-    /// The breakers of a new slot map: a master already known keeps its breaker (and its
-    /// state), a new one starts closed, one that no longer owns slots is dropped (its probe
-    /// notices and stops).
+    /// The breakers of a new slot map: a master already known (by its address) keeps its
+    /// breaker and its state, with its probe routed to a slot it owns now; a new one starts
+    /// closed; one that no longer owns slots is dropped (its probe notices and stops).
     fn remap(&self, slots: SlotMap) -> MasterBreakers {
         let masters = slots
             .masters()
             .iter()
             .map(|master| {
-                self.masters
+                match self
+                    .masters
                     .iter()
-                    .find(|known| known.master.as_ref() == Some(master))
-                    .cloned()
-                    .unwrap_or_else(|| Breaker::new(Some(master.clone())))
+                    .find(|known| known.master.as_deref() == Some(master.address.as_str()))
+                {
+                    Some(known) => {
+                        known
+                            .probe_slot
+                            .store(u32::from(master.first_slot), Ordering::Relaxed);
+                        known.clone()
+                    }
+                    None => Breaker::new(Some(master)),
+                }
             })
             .collect();
         MasterBreakers {
@@ -229,6 +241,9 @@ impl MasterBreakers {
         }
     }
 }
+
+/// [`Breaker::probe_slot`] of the whole store's breaker: no slot, any node.
+const NO_SLOT: u32 = u32::MAX;
 
 /// While a breaker stays open, how often the probe repeats that requests are degraded.
 const OUTAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
@@ -337,8 +352,9 @@ impl Guard {
         }
     }
 
-    /// True while Redis as a whole is given up on: the single Redis's breaker is open, or on a
-    /// cluster, the breaker of every master (and of the whole store) is.
+    /// True while Redis as a whole is given up on: the single Redis's breaker is open; on a
+    /// cluster, the breaker of every master is (before the slot map is known, the whole
+    /// store's).
     pub fn is_open(&self) -> bool {
         let (open, all) = self.breakers_open();
         match &self.inner.breakers {

@@ -162,7 +162,6 @@ impl From<IpAddr> for ClientKey {
     }
 }
 
-/// As in logs and Redis keys: `203.0.113.7`, `key:<32 hex digits>`, or `<ip>+key:<hex>`.
 impl ClientKey {
     /// Append the key to `out` as [`Display`](fmt::Display) writes it; an IPv4 client (the
     /// common case) without `core::fmt`, which costs several times as much, on every Redis
@@ -204,6 +203,7 @@ pub fn ipv4_text(v4: Ipv4Addr, buffer: &mut [u8; 15]) -> &str {
     std::str::from_utf8(&buffer[..len]).unwrap_or_default()
 }
 
+/// As in logs and Redis keys: `203.0.113.7`, `key:<32 hex digits>`, or `<ip>+key:<hex>`.
 impl fmt::Display for ClientKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

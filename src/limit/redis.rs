@@ -2,7 +2,7 @@
 //!
 //! Each algorithm has a Lua script in `scripts/` (embedded at build time) that reads the state,
 //! runs the same arithmetic as the Rust algorithm and writes the result in one atomic step, on
-//! one round trip (`EVALSHA`, reloaded by `redis::Script` after `NOSCRIPT`). The script reads
+//! one round trip (`EVALSHA`, or `EVAL` with the script's text after `NOSCRIPT`). The script reads
 //! Redis `TIME`, so replicas with skewed clocks agree. Every key carries a TTL and all keys of
 //! one client and rule share a `{hash tag}`, so the same scripts run on Redis Cluster.
 //!
@@ -257,7 +257,10 @@ impl RedisStore {
             match (&self.connection, slot) {
                 (Connection::Single(manager), _) => cmd.query_async::<()>(&mut manager.clone()).await,
                 (Connection::Cluster(cluster), None) => {
-                    cmd.query_async::<()>(&mut cluster.get().await?).await
+                    // Routed by redis-rs's default, a PING would go to every master and need
+                    // them all: one answer is what "Redis answers" means here.
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                    cluster.get().await?.route_command(cmd, routing).await.map(drop)
                 }
                 (Connection::Cluster(cluster), Some(slot)) => {
                     let route = Route::new(slot, SlotAddr::Master);
@@ -332,9 +335,11 @@ impl RedisStore {
 
     /// Run the script of `rule` on `key`: `EVALSHA` with its five arguments (the rule's two
     /// numbers, the cost, the pinned clock or `""`, the refund's time or `""`), and after
-    /// `NOSCRIPT` (a Redis restarted, flushed or failed over) `SCRIPT LOAD` and once more.
-    /// The command is built in one buffer, and the reply left as Redis sent it for the caller
-    /// to read in place: the fewest allocations a call can make.
+    /// `NOSCRIPT` (a Redis restarted, flushed or failed over) the same as `EVAL` with the
+    /// script's text, which caches it on that node for the next `EVALSHA`. Both are routed by
+    /// the key, so on a cluster only the key's master is asked: a node down elsewhere cannot
+    /// fail the reload. The command is built in one buffer, and the reply left as Redis sent
+    /// it for the caller to read in place: the fewest allocations a call can make.
     async fn run_script(
         &self,
         rule: &Rule,
@@ -344,29 +349,28 @@ impl RedisStore {
         refund_at_us: Option<u64>,
     ) -> redis::RedisResult<redis::Value> {
         let (script, [first, second]) = rule.policy.script();
-        let mut cmd = redis::Cmd::with_capacity(9, 64 + key.len() + 5 * 20);
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg(first)
-            .arg(second)
-            .arg(cost);
-        match now_us {
-            Some(now_us) => cmd.arg(now_us),
-            None => cmd.arg(""),
+        let command = |name: &str, script: &str| {
+            let mut cmd = redis::Cmd::with_capacity(9, script.len() + key.len() + 5 * 20);
+            cmd.arg(name)
+                .arg(script)
+                .arg(1)
+                .arg(key)
+                .arg(first)
+                .arg(second)
+                .arg(cost);
+            match now_us {
+                Some(now_us) => cmd.arg(now_us),
+                None => cmd.arg(""),
+            };
+            match refund_at_us {
+                Some(at_us) => cmd.arg(at_us),
+                None => cmd.arg(""),
+            };
+            cmd
         };
-        match refund_at_us {
-            Some(at_us) => cmd.arg(at_us),
-            None => cmd.arg(""),
-        };
-        match self.query(&cmd).await {
+        match self.query(&command("EVALSHA", script.hash())).await {
             Err(error) if error.code() == Some("NOSCRIPT") => {
-                match &self.connection {
-                    Connection::Single(manager) => script.load_async(&mut manager.clone()).await?,
-                    Connection::Cluster(cluster) => script.load_async(&mut cluster.get().await?).await?,
-                };
-                self.query(&cmd).await
+                self.query(&command("EVAL", script.source())).await
             }
             reply => reply,
         }

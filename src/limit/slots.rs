@@ -64,6 +64,12 @@ impl SlotMap {
         for range in ranges {
             let (first, last, address) =
                 slot_range(range).ok_or_else(|| format!("CLUSTER SLOTS answered a range of {range:?}"))?;
+            // A master announced without an endpoint (`cluster-preferred-endpoint-type
+            // unknown-endpoint`, or one being set up) cannot be told apart from another: its
+            // slots stay with the whole store's breaker, and the rest of the map still counts.
+            let Some(address) = address else {
+                continue;
+            };
             let index = match masters.iter().position(|master| master.address == address) {
                 Some(index) => index,
                 None => {
@@ -76,8 +82,11 @@ impl SlotMap {
             };
             let master = &mut masters[index];
             master.first_slot = master.first_slot.min(first);
-            // At most 16,384 masters, so the index fits below UNOWNED.
-            let index = u16::try_from(index).map_err(|_| "more masters than slots".to_owned())?;
+            // Each master owns a slot, so a sane answer names at most 16,384 of them.
+            let index = u16::try_from(index)
+                .ok()
+                .filter(|&index| index < UNOWNED)
+                .ok_or_else(|| "CLUSTER SLOTS named more masters than there are slots".to_owned())?;
             owners[usize::from(first)..=usize::from(last)].fill(index);
         }
         Ok(SlotMap { masters, owners })
@@ -97,8 +106,9 @@ impl SlotMap {
     }
 }
 
-/// `[first, last, [host, port, ...], ...]` as (first, last, "host:port"), slots checked.
-fn slot_range(range: &Value) -> Option<(u16, u16, String)> {
+/// `[first, last, [host, port, ...], ...]` as (first, last, "host:port"), slots checked; the
+/// address is `None` when the host is `NULL`, empty or `?` (no endpoint announced).
+fn slot_range(range: &Value) -> Option<(u16, u16, Option<String>)> {
     let Value::Array(fields) = range else {
         return None;
     };
@@ -115,9 +125,11 @@ fn slot_range(range: &Value) -> Option<(u16, u16, String)> {
     let host = match host {
         Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
         Value::SimpleString(text) => text.clone(),
+        Value::Nil => String::new(),
         _ => return None,
     };
-    Some((first, last, format!("{host}:{port}")))
+    let address = (!host.is_empty() && host != "?").then(|| format!("{host}:{port}"));
+    Some((first, last, address))
 }
 
 #[cfg(test)]
@@ -173,6 +185,22 @@ mod tests {
         assert_eq!(map.owner(10001), Some(0));
         assert_eq!(map.owner(16383), Some(1));
         assert_eq!(map.owner(SLOT_COUNT), None);
+    }
+
+    #[test]
+    fn a_master_without_an_endpoint_leaves_its_slots_unowned_and_the_rest_mapped() {
+        let mut unknown = range(100, 199, "", 7000);
+        if let Value::Array(fields) = &mut unknown
+            && let Value::Array(master) = &mut fields[2]
+        {
+            master[0] = Value::Nil;
+        }
+        let reply = Value::Array(vec![range(0, 99, "a", 1), unknown, range(200, 299, "?", 1)]);
+        let map = SlotMap::from_cluster_slots(&reply).unwrap();
+        assert_eq!(map.masters().len(), 1);
+        assert_eq!(map.owner(50), Some(0));
+        assert_eq!(map.owner(150), None);
+        assert_eq!(map.owner(250), None);
     }
 
     #[test]

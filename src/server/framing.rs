@@ -17,6 +17,9 @@
 //! connection after it. And the service refuses the flagged request only if it does carry a
 //! `Transfer-Encoding`, so a request is refused only when both readings agree on it.
 
+/// A line buffer up to this size is kept for the next line split across reads.
+const SMALL_LINE: usize = 1024;
+
 /// Longest line (request line, header, chunk size or trailer) followed; longer ones stop it.
 /// hyper's whole head is at most about 400 KiB, its line rarely more than a few KiB.
 const MAX_LINE: usize = 64 * 1024;
@@ -60,6 +63,12 @@ enum State {
 /// What a head says about its body and the connection.
 #[derive(Debug, Default, Clone, Copy)]
 struct Head {
+    /// A `Content-Length` line was there, valid or not: with a `Transfer-Encoding`, hyper
+    /// ignores its value, and the head is refused all the same.
+    content_length_seen: bool,
+    /// A `Content-Length` hyper refuses (not digits, or two that differ): without a
+    /// `Transfer-Encoding`, hyper answers `400` and closes.
+    content_length_invalid: bool,
     content_length: Option<u64>,
     transfer_encoding: bool,
     /// The last `Transfer-Encoding` line ends in `chunked`.
@@ -79,7 +88,11 @@ impl Framing {
     pub fn read(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             match self.state {
-                State::Stopped => return,
+                State::Stopped => {
+                    // Whatever line was being read is of no use now.
+                    self.line = Vec::new();
+                    return;
+                }
                 State::Body(left) | State::ChunkData(left) => {
                     let taken = left.min(bytes.len() as u64);
                     bytes = &bytes[taken as usize..];
@@ -91,9 +104,7 @@ impl Framing {
                     };
                 }
                 _ => match memchr::memchr(b'\n', bytes) {
-                    Some(end) if self.line.len() + end > MAX_LINE => {
-                        self.state = State::Stopped;
-                    }
+                    Some(end) if self.line.len() + end > MAX_LINE => self.stop(),
                     Some(end) => {
                         let (line, rest) = bytes.split_at(end);
                         bytes = &rest[1..];
@@ -103,13 +114,16 @@ impl Framing {
                             let mut whole = std::mem::take(&mut self.line);
                             whole.extend_from_slice(line);
                             self.end_line(&whole);
-                            whole.clear();
-                            self.line = whole;
+                            // Keep a small buffer for the next split line, not a long one's.
+                            if whole.capacity() <= SMALL_LINE {
+                                whole.clear();
+                                self.line = whole;
+                            }
                         }
                     }
                     None => {
                         if self.line.len() + bytes.len() > MAX_LINE {
-                            self.state = State::Stopped;
+                            self.stop();
                         } else {
                             self.line.extend_from_slice(bytes);
                         }
@@ -118,6 +132,12 @@ impl Framing {
                 },
             }
         }
+    }
+
+    /// Follow no more, and give back the line buffer: a connection may live long after.
+    fn stop(&mut self) {
+        self.state = State::Stopped;
+        self.line = Vec::new();
     }
 
     /// A whole line, its `\n` removed.
@@ -162,13 +182,13 @@ impl Framing {
         }
         let value = value.trim_ascii();
         if name.eq_ignore_ascii_case(b"content-length") {
-            let Some(length) = content_length(value) else {
-                return State::Stopped;
-            };
-            if self.head.content_length.is_some_and(|known| known != length) {
-                return State::Stopped;
+            self.head.content_length_seen = true;
+            match content_length(value) {
+                Some(length) if self.head.content_length.is_none_or(|known| known == length) => {
+                    self.head.content_length = Some(length);
+                }
+                _ => self.head.content_length_invalid = true,
             }
-            self.head.content_length = Some(length);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             self.head.transfer_encoding = true;
             let last = value.rsplit(|&byte| byte == b',').next().unwrap_or_default();
@@ -182,13 +202,17 @@ impl Framing {
     fn end_head(&mut self) -> State {
         self.heads += 1;
         let head = self.head;
-        if head.transfer_encoding && head.content_length.is_some() {
+        if head.transfer_encoding && head.content_length_seen {
             self.ambiguous.get_or_insert(self.heads);
             // hyper closes the connection after this request.
             return State::Stopped;
         }
         match head {
-            Head { switches: true, .. } => State::Stopped,
+            Head { switches: true, .. }
+            | Head {
+                content_length_invalid: true,
+                ..
+            } => State::Stopped,
             Head {
                 transfer_encoding: true,
                 chunked,
@@ -209,12 +233,22 @@ impl Framing {
     }
 }
 
-/// A `Content-Length` value: decimal digits only, as hyper reads it.
+/// A `Content-Length` value as hyper reads it: decimal digits, or a list of equal ones
+/// (`5, 5`).
 fn content_length(value: &[u8]) -> Option<u64> {
-    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-        return None;
+    let mut length = None;
+    for part in value.split(|&byte| byte == b',') {
+        let part = part.trim_ascii();
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let parsed: u64 = std::str::from_utf8(part).ok()?.parse().ok()?;
+        if length.is_some_and(|known| known != parsed) {
+            return None;
+        }
+        length = Some(parsed);
     }
-    std::str::from_utf8(value).ok()?.parse().ok()
+    length
 }
 
 /// A chunk-size line: hex digits, then nothing, whitespace or `;` extensions.
@@ -267,6 +301,35 @@ mod tests {
         let other_order = "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n";
         assert_eq!(ambiguous(other_order), Some(1));
         assert_eq!(ambiguous(&format!("{GET}{GET}{both}")), Some(3));
+        // hyper reads a Content-Length after Transfer-Encoding not at all: any value, valid or
+        // not, makes the head one with both.
+        for length in ["abc", "1, 2", "-1", ""] {
+            let head =
+                format!("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: {length}\r\n\r\n");
+            assert_eq!(ambiguous(&head), Some(1), "{length:?}");
+        }
+        let twice =
+            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(ambiguous(twice), Some(1));
+    }
+
+    #[test]
+    fn a_list_of_equal_lengths_is_one_length() {
+        let both = "POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let listed = format!("POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nhello{both}");
+        assert_eq!(ambiguous(&listed), Some(2));
+        // Unequal ones hyper refuses (and closes): nothing after is followed.
+        let unequal = format!("POST / HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\nhello{both}");
+        assert_eq!(ambiguous(&unequal), None);
+    }
+
+    #[test]
+    fn a_stopped_follower_keeps_no_line() {
+        let mut framing = Framing::default();
+        framing.read(b"GET / HTTP/1.1\r\nX-Long: ");
+        framing.read(&vec![b'a'; MAX_LINE]);
+        framing.read(b"more");
+        assert_eq!(framing.line.capacity(), 0);
     }
 
     #[test]

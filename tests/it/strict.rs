@@ -201,6 +201,9 @@ async fn content_length_with_transfer_encoding_is_refused_and_the_connection_clo
         "Content-Length: 4\r\nTransfer-Encoding: chunked",
         "Transfer-Encoding: chunked\r\nContent-Length: 4",
         "content-length: 4\r\ntransfer-encoding: chunked",
+        // hyper does not read a Content-Length after Transfer-Encoding at all.
+        "Transfer-Encoding: chunked\r\nContent-Length: abc",
+        "Transfer-Encoding: chunked\r\nContent-Length: 4\r\nContent-Length: 5",
     ] {
         let request = format!("POST /upload HTTP/1.1\r\nHost: gateway.test\r\n{framing}\r\n\r\n{body}");
         let reply = exchange(gateway.addr, request.as_bytes()).await;

@@ -16,14 +16,12 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
 use super::sliding_window::{parse_limit_and_window, window_parameters};
-use super::{Algorithm, ParameterError, US_PER_MS};
+use super::{Algorithm, LuaScript, ParameterError, US_PER_MS};
 use crate::limit::Decision;
 
-static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../scripts/fixed_window.lua")));
+static SCRIPT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/fixed_window.lua")));
 
 /// Parameters of one fixed window rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +49,7 @@ impl Algorithm for FixedWindow {
 
     const KEY_SUFFIX: &'static str = "fw";
 
-    fn script() -> &'static Script {
+    fn script() -> &'static LuaScript {
         &SCRIPT
     }
 

@@ -18,14 +18,40 @@ pub mod token_bucket;
 use std::fmt;
 use std::time::Duration;
 
-use redis::Script;
-
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, WindowState};
 pub use token_bucket::TokenBucket;
 
 use crate::limit::Decision;
+
+/// An algorithm's Lua script: its source, and the SHA1 `EVALSHA` names it by.
+#[derive(Debug)]
+pub struct LuaScript {
+    source: &'static str,
+    /// The SHA1, in hex.
+    hash: String,
+}
+
+impl LuaScript {
+    /// The script whose text is `source`.
+    pub fn new(source: &'static str) -> LuaScript {
+        LuaScript {
+            source,
+            hash: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    /// The script's text, for `EVAL` when a node has not cached it.
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+
+    /// Its SHA1 in hex, for `EVALSHA`.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+}
 
 /// Numbers that cross into Lua (where they are doubles, exact below 2^53) stay below 2^50,
 /// which leaves room for the additions the scripts make. Parameter parsers enforce it.
@@ -52,7 +78,7 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// reset_after_us, now_us}`.
     ///
     /// [`script_arguments`]: Algorithm::script_arguments
-    fn script() -> &'static Script;
+    fn script() -> &'static LuaScript;
 
     /// Build from the two numbers as written (already trimmed).
     fn from_parameters(first: &str, second: &str) -> Result<Self, ParameterError>;
@@ -220,7 +246,7 @@ macro_rules! algorithms {
             }
 
             /// The script and its two parameter arguments.
-            pub fn script(&self) -> (&'static Script, [u64; 2]) {
+            pub fn script(&self) -> (&'static LuaScript, [u64; 2]) {
                 match self {
                     $(Policy::$variant(a) => (<$algorithm as Algorithm>::script(), a.script_arguments())),+
                 }

@@ -25,14 +25,12 @@ use std::iter;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
 use super::sliding_window::{parse_limit_and_window, window_parameters};
-use super::{Algorithm, ParameterError, US_PER_MS};
+use super::{Algorithm, LuaScript, ParameterError, US_PER_MS};
 use crate::limit::Decision;
 
-static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../scripts/sliding_log.lua")));
+static SCRIPT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/sliding_log.lua")));
 
 /// Largest `LIMIT` accepted: a client's log holds up to `LIMIT` timestamps, in memory or in
 /// Redis, so this bounds what one client can cost.
@@ -62,7 +60,7 @@ impl Algorithm for SlidingLog {
 
     const KEY_SUFFIX: &'static str = "sl";
 
-    fn script() -> &'static Script {
+    fn script() -> &'static LuaScript {
         &SCRIPT
     }
 

@@ -13,13 +13,11 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
-use super::{Algorithm, Parameter, ParameterError, US_PER_MS, parse_count, parse_window_ms};
+use super::{Algorithm, LuaScript, Parameter, ParameterError, US_PER_MS, parse_count, parse_window_ms};
 use crate::limit::Decision;
 
-static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../scripts/sliding_window.lua")));
+static SCRIPT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/sliding_window.lua")));
 
 /// `LIMIT` x `WINDOW_SIZE` stays below 10^12 request-seconds, so the Lua arithmetic (about
 /// twice this, in request-milliseconds) stays exact.
@@ -177,7 +175,7 @@ impl Algorithm for SlidingWindow {
 
     const KEY_SUFFIX: &'static str = "sw";
 
-    fn script() -> &'static Script {
+    fn script() -> &'static LuaScript {
         &SCRIPT
     }
 

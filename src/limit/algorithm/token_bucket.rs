@@ -14,13 +14,11 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
-use super::{Algorithm, EXACT_LIMIT, Parameter, ParameterError, parse_count};
+use super::{Algorithm, EXACT_LIMIT, LuaScript, Parameter, ParameterError, parse_count};
 use crate::limit::Decision;
 
-static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../scripts/token_bucket.lua")));
+static SCRIPT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/token_bucket.lua")));
 
 /// Parameters of one token bucket rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +84,7 @@ impl Algorithm for TokenBucket {
     ];
     const KEY_SUFFIX: &'static str = "tb";
 
-    fn script() -> &'static Script {
+    fn script() -> &'static LuaScript {
         &SCRIPT
     }
 
