@@ -356,9 +356,8 @@ impl Guard {
     /// cluster, the breaker of every master is (before the slot map is known, the whole
     /// store's).
     pub fn is_open(&self) -> bool {
-        let (open, all) = self.breakers_open();
         match &self.inner.breakers {
-            Breakers::One(_) => open == all,
+            Breakers::One(breaker) => breaker.is_open(),
             // The whole-store breaker only serves unowned slots once the map is known.
             Breakers::PerMaster(map) => {
                 let map = read(map);

@@ -63,9 +63,6 @@ enum State {
 /// What a head says about its body and the connection.
 #[derive(Debug, Default, Clone, Copy)]
 struct Head {
-    /// A `Content-Length` line was there, valid or not: with a `Transfer-Encoding`, hyper
-    /// ignores its value, and the head is refused all the same.
-    content_length_seen: bool,
     /// A `Content-Length` hyper refuses (not digits, or two that differ): without a
     /// `Transfer-Encoding`, hyper answers `400` and closes.
     content_length_invalid: bool,
@@ -182,7 +179,6 @@ impl Framing {
         }
         let value = value.trim_ascii();
         if name.eq_ignore_ascii_case(b"content-length") {
-            self.head.content_length_seen = true;
             match content_length(value) {
                 Some(length) if self.head.content_length.is_none_or(|known| known == length) => {
                     self.head.content_length = Some(length);
@@ -202,7 +198,10 @@ impl Framing {
     fn end_head(&mut self) -> State {
         self.heads += 1;
         let head = self.head;
-        if head.transfer_encoding && head.content_length_seen {
+        // A `Content-Length` line, valid or not: with a `Transfer-Encoding` hyper ignores its
+        // value, and the head is refused all the same.
+        let content_length_seen = head.content_length.is_some() || head.content_length_invalid;
+        if head.transfer_encoding && content_length_seen {
             self.ambiguous.get_or_insert(self.heads);
             // hyper closes the connection after this request.
             return State::Stopped;

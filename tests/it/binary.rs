@@ -271,20 +271,32 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     assert_eq!(exit.await.unwrap().code(), Some(0));
 }
 
+/// The binary in front of `backend`, with a budget of 2 in `redis` over TLS, trusting its
+/// private CA, and `vars` besides.
+fn over_tls(redis: &crate::support::RedisServer, backend: &Backend, vars: &[(&str, &str)]) -> Running {
+    let cert = redis.cert_file().display().to_string();
+    let url = format!("rediss://localhost:{}", redis.port);
+    let mut all = vec![
+        ("BACKEND_URL", backend.url()),
+        ("REDIS_URL", url),
+        // rustls reads the trusted roots from the system store, or from SSL_CERT_FILE.
+        ("SSL_CERT_FILE", cert),
+        ("MAX_TOKENS", "2".to_owned()),
+    ];
+    all.extend(vars.iter().map(|(name, value)| (*name, (*value).to_owned())));
+    let all: Vec<(&str, &str)> = all.iter().map(|(name, value)| (*name, value.as_str())).collect();
+    Running::start(&all)
+}
+
 #[tokio::test]
 async fn redis_over_tls_with_a_private_ca() {
     let redis = crate::support::RedisServer::start_tls();
     let backend = Backend::start().await;
-    let cert = redis.cert_file().display().to_string();
-    let tollgate = Running::start(&[
-        ("BACKEND_URL", &backend.url()),
-        ("REDIS_URL", &format!("rediss://localhost:{}", redis.port)),
-        // rustls reads the trusted roots from the system store, or from SSL_CERT_FILE.
-        ("SSL_CERT_FILE", &cert),
-        ("REDIS_TIMEOUT_MS", "2000"),
-        ("MAX_TOKENS", "2"),
-        ("REFILL_RATE", "0.01"),
-    ]);
+    let tollgate = over_tls(
+        &redis,
+        &backend,
+        &[("REDIS_TIMEOUT_MS", "2000"), ("REFILL_RATE", "0.01")],
+    );
     let addr = tollgate.addr;
     let replies = [get(addr, "/").await, get(addr, "/").await, get(addr, "/").await];
     tollgate.terminate().await;
@@ -304,17 +316,16 @@ async fn redis_over_tls_with_a_private_ca() {
 async fn a_tls_redis_killed_and_restarted_is_ridden_out() {
     let mut redis = crate::support::RedisServer::start_tls();
     let backend = Backend::start().await;
-    let cert = redis.cert_file().display().to_string();
-    let tollgate = Running::start(&[
-        ("BACKEND_URL", &backend.url()),
-        ("REDIS_URL", &format!("rediss://localhost:{}", redis.port)),
-        ("SSL_CERT_FILE", &cert),
-        ("REDIS_TIMEOUT_MS", "1000"),
-        ("REDIS_PROBE_INTERVAL_MS", "100"),
-        ("FAIL_MODE", "closed"),
-        ("MAX_TOKENS", "2"),
-        ("REFILL_RATE", "0.0001"),
-    ]);
+    let tollgate = over_tls(
+        &redis,
+        &backend,
+        &[
+            ("REDIS_TIMEOUT_MS", "1000"),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("FAIL_MODE", "closed"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    );
     let addr = tollgate.addr;
     let first = get(addr, "/").await;
     assert_eq!(
