@@ -6,6 +6,7 @@
 //! - [`path`]: the request path parsed once into the canonical form rules match, or refused.
 //! - [`identity`]: the client address (peer IP, or `X-Forwarded-For` from trusted proxies).
 //! - [`headers`]: hop-by-hop stripping, `X-Forwarded-*`, `X-Real-IP` and `Forwarded`.
+//! - [`backend`]: the backend's connections, kept alive and reused.
 //! - [`body`]: the client's request body, watched so a body that breaks off is the client's
 //!   fault (400, 408), not the backend's.
 //! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504) and rate-limit headers;
@@ -22,6 +23,7 @@
 //! bounded by `BODY_IDLE_TIMEOUT_MS` and a backend that stops reading it by
 //! `BACKEND_TIMEOUT_MS`.
 
+pub mod backend;
 pub mod body;
 pub mod draft_headers;
 pub mod headers;
@@ -44,15 +46,14 @@ use http::{Request, Response, Version, header};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::{Client, ResponseFuture};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict};
 use crate::metrics::Metrics;
 use crate::telemetry::throttle::LogThrottle;
+use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, Progress};
 use identity::ClientIdentity;
 use request_id::{RequestIds, X_REQUEST_ID};
@@ -228,35 +229,41 @@ impl BackendFailure {
         }
     }
 
-    /// Read the cause out of a client error's chain. hyper-util exposes no error types, only
-    /// the chain: an I/O error's kind, hyper's own `is_incomplete_message`, and the connector's
-    /// "dns error" context.
-    fn of(error: &hyper_util::client::legacy::Error) -> BackendFailure {
-        use std::io::ErrorKind;
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-        while let Some(current) = source {
-            if let Some(io) = current.downcast_ref::<std::io::Error>() {
-                match io.kind() {
-                    ErrorKind::ConnectionRefused => return BackendFailure::Refused,
-                    ErrorKind::ConnectionReset
-                    | ErrorKind::ConnectionAborted
-                    | ErrorKind::BrokenPipe
-                    | ErrorKind::UnexpectedEof => return BackendFailure::Reset,
-                    ErrorKind::TimedOut => return BackendFailure::Timeout,
-                    _ => {}
+    /// What became of the exchange: the stage that failed says most, and an exchange's I/O
+    /// cause or hyper's own reading of it says the rest.
+    fn of(error: &BackendError) -> BackendFailure {
+        match error {
+            BackendError::Resolve(_) => BackendFailure::Dns,
+            BackendError::Connect(io) => BackendFailure::of_io(io).unwrap_or(BackendFailure::Other),
+            BackendError::Exchange(hyper) => {
+                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(hyper);
+                while let Some(current) = source {
+                    if let Some(io) = current.downcast_ref::<std::io::Error>()
+                        && let Some(failure) = BackendFailure::of_io(io)
+                    {
+                        return failure;
+                    }
+                    source = current.source();
+                }
+                match hyper.is_incomplete_message() || hyper.is_closed() || hyper.is_canceled() {
+                    true => BackendFailure::Reset,
+                    false => BackendFailure::Other,
                 }
             }
-            if let Some(hyper) = current.downcast_ref::<hyper::Error>()
-                && (hyper.is_incomplete_message() || hyper.is_closed() || hyper.is_canceled())
-            {
-                return BackendFailure::Reset;
-            }
-            if current.to_string().starts_with("dns error") {
-                return BackendFailure::Dns;
-            }
-            source = current.source();
         }
-        BackendFailure::Other
+    }
+
+    fn of_io(io: &std::io::Error) -> Option<BackendFailure> {
+        use std::io::ErrorKind;
+        match io.kind() {
+            ErrorKind::ConnectionRefused => Some(BackendFailure::Refused),
+            ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+            | ErrorKind::UnexpectedEof => Some(BackendFailure::Reset),
+            ErrorKind::TimedOut => Some(BackendFailure::Timeout),
+            _ => None,
+        }
     }
 }
 
@@ -268,7 +275,7 @@ pub type ResponseBody = BoxBody<Bytes, hyper::Error>;
 pub enum ProxyError {
     /// The backend refused, reset or broke the connection (502).
     #[error("backend unreachable: {0}")]
-    Upstream(#[source] hyper_util::client::legacy::Error),
+    Upstream(#[source] BackendError),
     /// The backend sent no response headers within `BACKEND_TIMEOUT_MS` (504).
     #[error("backend sent no response within {0:?}")]
     UpstreamTimeout(Duration),
@@ -301,8 +308,8 @@ pub struct Overloaded;
 
 /// Everything a request needs, shared by all connections.
 pub struct Proxy {
-    /// Pooled HTTP/1.1 client to the backend.
-    client: Client<HttpConnector, ClientBody>,
+    /// The backend's kept-alive HTTP/1.1 connections.
+    pool: BackendPool,
     /// `BACKEND_URL`.
     backend: Backend,
     /// Memory or Redis.
@@ -353,16 +360,12 @@ impl RequestContext<'_> {
 impl Proxy {
     /// Build the proxy for `config`, deciding with `limiter` and counting into `metrics`.
     pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.backend_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            // Without a timer the idle timeout is silently ignored.
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(config.backend_idle_timeout)
-            .build(connector);
         Proxy {
-            client,
+            pool: BackendPool::new(
+                &config.backend.authority,
+                config.backend_timeout,
+                config.backend_idle_timeout,
+            ),
             backend: config.backend.clone(),
             limiter,
             rules: config.rules.clone(),
@@ -689,7 +692,7 @@ impl Proxy {
 
         let body = ClientBody::new(body, self.body_idle_timeout);
         let progress = body.progress();
-        let sent = self.client.request(Request::from_parts(parts, body));
+        let sent = self.pool.send(Request::from_parts(parts, body));
         let mut response = self.response_to(sent, progress.as_deref()).await?;
 
         let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
@@ -723,9 +726,9 @@ impl Proxy {
     /// `BACKEND_TIMEOUT_MS` to answer. A failure of the client's body is the client's (400).
     async fn response_to(
         &self,
-        sent: ResponseFuture,
+        sent: impl Future<Output = Result<Response<BackendBody>, BackendError>>,
         progress: Option<&Progress>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<BackendBody>, ProxyError> {
         let mut sent = std::pin::pin!(sent);
         if let Some(progress) = progress {
             loop {
@@ -758,13 +761,13 @@ impl Proxy {
         }
     }
 
-    /// The backend's answer, or whose failure it was: hyper-util reports a client body that
+    /// The backend's answer, or whose failure it was: hyper reports a client body that
     /// broke off as a failed request, and only the body's own record tells them apart.
     fn answered(
         &self,
-        result: Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+        result: Result<Response<BackendBody>, BackendError>,
         progress: Option<&Progress>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<BackendBody>, ProxyError> {
         result.map_err(|error| {
             progress
                 .and_then(|progress| self.body_failure(progress.state()))
@@ -781,8 +784,8 @@ impl Proxy {
         }
     }
 
-    /// `BACKEND_URL`'s scheme and host, its path prefix, then the request's path (or its
-    /// `rewritten` form) and query.
+    /// The target the backend gets, in origin form (RFC 9112 section 3.2.1): `BACKEND_URL`'s
+    /// path prefix, then the request's path (or its `rewritten` form) and query.
     fn backend_uri(&self, uri: &Uri, rewritten: Option<&str>) -> Result<Uri, ProxyError> {
         let path_and_query = match (uri.path_and_query(), rewritten) {
             // The common case: a cheap clone of the parsed original.
@@ -797,12 +800,7 @@ impl Proxy {
                     .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?
             }
         };
-        // From its parts: `Uri::builder` threads each through a `Result` closure.
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.backend.scheme.clone());
-        parts.authority = Some(self.backend.authority.clone());
-        parts.path_and_query = Some(path_and_query);
-        Uri::from_parts(parts).map_err(|e| ProxyError::Downstream(e.to_string()))
+        Ok(Uri::from(path_and_query))
     }
 }
 

@@ -3,6 +3,7 @@
 mod support;
 
 mod admin;
+mod backend;
 mod binary;
 mod cluster;
 mod connections;

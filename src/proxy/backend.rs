@@ -1,0 +1,361 @@
+//! The connections to the backend: HTTP/1.1 over TCP, kept alive and reused.
+//!
+//! There is one backend and so one address: the pool is a stack of idle connections behind a
+//! mutex, with no pool keys to hash and nothing to race. A request takes the connection used
+//! most recently (the warmest; the oldest expire at the bottom), or opens a new one. A
+//! connection goes back on the stack when the response body has been read to its end and
+//! hyper's dispatcher is ready for the next request, which on one worker thread is already
+//! true when the last frame comes out: no task is spawned per request. (hyper-util's pooled
+//! client spawns one for every HTTP/1 request to wait for that moment, and hashes a pool key
+//! twice; this module replaced it for about 4,000 instructions a request, docs/benchmarks.md.)
+//!
+//! What the pooled client did and this keeps:
+//! - A request that meets a kept-alive connection the backend has just closed (hyper hands it
+//!   back unwritten) is sent once more, on a new connection. A request that was written is
+//!   never sent twice.
+//! - Idle connections are used for at most `BACKEND_IDLE_TIMEOUT_MS` (keep it below the
+//!   backend's keep-alive timeout, so the backend never closes one just as it is used) and
+//!   closed within twice that.
+//! - A request without a `Host` gets the backend's.
+//! - Failures say what failed: resolving the backend's name, connecting to it, or the
+//!   exchange (hyper's error, with its I/O cause).
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::Authority;
+use http::{Request, Response};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::body::ClientBody;
+
+/// Why the backend gave no response.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend's name did not resolve (or resolved to no address).
+    #[error("dns error: {0}")]
+    Resolve(#[source] io::Error),
+    /// No connection could be made to any of its addresses.
+    #[error("connect error: {0}")]
+    Connect(#[source] io::Error),
+    /// The connection was made but the exchange failed: refused by hyper, reset, closed early.
+    #[error(transparent)]
+    Exchange(#[from] hyper::Error),
+}
+
+/// Where the backend listens: an address, or a name resolved on every new connection (so a
+/// backend that moves is followed, as a DNS-based deployment expects).
+#[derive(Debug, Clone)]
+enum Destination {
+    Address(SocketAddr),
+    Name(String, u16),
+}
+
+/// The connections to one backend. Cheap to clone: clones share the pool.
+#[derive(Clone)]
+pub struct BackendPool {
+    inner: Arc<Pool>,
+}
+
+struct Pool {
+    /// Connections ready for a request, the most recently used last.
+    idle: Mutex<VecDeque<Idle>>,
+    /// Where to connect.
+    destination: Destination,
+    /// `Host` for requests that name none: the backend's authority.
+    host: HeaderValue,
+    /// `BACKEND_TIMEOUT_MS`, shared among the addresses a name resolves to.
+    connect_timeout: Duration,
+    /// `BACKEND_IDLE_TIMEOUT_MS`.
+    idle_timeout: Duration,
+    /// Set once the task closing expired idle connections runs (started with the first
+    /// connection, inside the runtime).
+    reaper: OnceLock<()>,
+}
+
+/// A connection waiting for its next request.
+struct Idle {
+    sender: SendRequest<ClientBody>,
+    /// When it went idle.
+    since: Instant,
+}
+
+impl BackendPool {
+    /// A pool for the backend at `authority` (`http`, so port 80 when none is given).
+    pub fn new(authority: &Authority, connect_timeout: Duration, idle_timeout: Duration) -> Self {
+        let port = authority.port_u16().unwrap_or(80);
+        // `[::1]` in a URL is `::1` to a socket.
+        let host = authority.host();
+        let bare = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let destination = match bare.parse::<IpAddr>() {
+            Ok(ip) => Destination::Address(SocketAddr::new(ip, port)),
+            Err(_) => Destination::Name(bare.to_owned(), port),
+        };
+        let host = HeaderValue::from_str(authority.as_str())
+            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        BackendPool {
+            inner: Arc::new(Pool {
+                idle: Mutex::new(VecDeque::new()),
+                destination,
+                host,
+                connect_timeout,
+                idle_timeout,
+                reaper: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Send `request` (origin-form target, HTTP/1.1) and wait for the response head. The
+    /// response body gives the connection back to the pool when it has been read to its end.
+    pub async fn send(
+        &self,
+        mut request: Request<ClientBody>,
+    ) -> Result<Response<BackendBody>, BackendError> {
+        if !request.headers().contains_key(header::HOST) {
+            request
+                .headers_mut()
+                .insert(header::HOST, self.inner.host.clone());
+        }
+        if let Some(mut sender) = self.inner.checkout() {
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok(self.inner.body_of(response, sender)),
+                Err(mut error) => match error.take_message() {
+                    // Never written: the backend closed this connection as it was taken.
+                    Some(unsent) => request = unsent,
+                    None => return Err(BackendError::Exchange(error.into_error())),
+                },
+            }
+        }
+        let mut sender = self.inner.connect().await?;
+        let response = sender.send_request(request).await?;
+        Ok(self.inner.body_of(response, sender))
+    }
+
+    /// Idle connections held now (for tests and the pool's own bookkeeping).
+    pub fn idle(&self) -> usize {
+        self.inner
+            .lock()
+            .iter()
+            .filter(|idle| !idle.sender.is_closed())
+            .count()
+    }
+}
+
+impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
+        // A panic while holding the lock leaves a valid deque.
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most recently used connection that is still fresh and ready, if any.
+    fn checkout(&self) -> Option<SendRequest<ClientBody>> {
+        let mut idle = self.lock();
+        while let Some(top) = idle.pop_back() {
+            if top.since.elapsed() >= self.idle_timeout {
+                // Everything below went idle earlier still.
+                idle.clear();
+                return None;
+            }
+            if top.sender.is_ready() {
+                return Some(top.sender);
+            }
+        }
+        None
+    }
+
+    /// Put a connection whose exchange is over back on the stack.
+    fn checkin(self: &Arc<Self>, sender: SendRequest<ClientBody>) {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        while idle
+            .front()
+            .is_some_and(|oldest| now.duration_since(oldest.since) >= self.idle_timeout)
+        {
+            idle.pop_front();
+        }
+        idle.push_back(Idle { sender, since: now });
+    }
+
+    /// Open a connection and start hyper's dispatcher for it.
+    async fn connect(self: &Arc<Self>) -> Result<SendRequest<ClientBody>, BackendError> {
+        let stream = match &self.destination {
+            Destination::Address(address) => connect_to(&[*address], self.connect_timeout).await,
+            Destination::Name(name, port) => {
+                let addresses: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), *port))
+                    .await
+                    .map_err(BackendError::Resolve)?
+                    .collect();
+                if addresses.is_empty() {
+                    return Err(BackendError::Resolve(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("{name} resolved to no address"),
+                    )));
+                }
+                connect_to(&addresses, self.connect_timeout).await
+            }
+        }
+        .map_err(BackendError::Connect)?;
+        let (sender, connection) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            // Ends when the backend or the pool closes it; its error was the request's.
+            if let Err(error) = connection.with_upgrades().await {
+                tracing::debug!(%error, "backend connection ended");
+            }
+        });
+        self.reaper.get_or_init(|| {
+            tokio::spawn(reap(Arc::downgrade(self), self.idle_timeout));
+        });
+        Ok(sender)
+    }
+
+    fn body_of(
+        self: &Arc<Self>,
+        response: Response<Incoming>,
+        sender: SendRequest<ClientBody>,
+    ) -> Response<BackendBody> {
+        // A switched protocol owns the connection now; anything else may give it back.
+        let checkin = (response.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| Checkin {
+            sender,
+            pool: Arc::downgrade(self),
+        });
+        response.map(|inner| BackendBody { inner, checkin })
+    }
+}
+
+/// Try `addresses` in order, each for its share of `timeout`.
+async fn connect_to(addresses: &[SocketAddr], timeout: Duration) -> io::Result<TcpStream> {
+    let share = timeout / u32::try_from(addresses.len()).unwrap_or(u32::MAX).max(1);
+    let mut last = None;
+    for address in addresses {
+        match tokio::time::timeout(share, TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => {
+                // Requests are written whole: no waiting for an ACK to send the next one.
+                stream.set_nodelay(true)?;
+                return Ok(stream);
+            }
+            Ok(Err(error)) => last = Some(error),
+            Err(_) => {
+                last = Some(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("connecting to {address} timed out"),
+                ))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address to connect to")))
+}
+
+/// Close connections idle past the timeout, every `idle_timeout`, while the pool lives.
+async fn reap(pool: Weak<Pool>, idle_timeout: Duration) {
+    let mut interval = tokio::time::interval(idle_timeout);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        let now = Instant::now();
+        pool.lock()
+            .retain(|idle| now.duration_since(idle.since) < idle_timeout && !idle.sender.is_closed());
+    }
+}
+
+/// The connection a response body came on, to give back when the body has ended.
+struct Checkin {
+    sender: SendRequest<ClientBody>,
+    pool: Weak<Pool>,
+}
+
+impl Checkin {
+    fn release(self) {
+        let Some(pool) = self.pool.upgrade() else { return };
+        let mut sender = self.sender;
+        if sender.is_ready() {
+            pool.checkin(sender);
+        } else if !sender.is_closed()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            // The dispatcher has not caught up yet: it runs on another worker thread, or the
+            // request body is still streaming after an early response. Rare; wait for it.
+            runtime.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.checkin(sender);
+                }
+            });
+        }
+    }
+}
+
+/// The backend's response body: hyper's, giving its connection back when read to the end. A
+/// body dropped before its end takes the connection with it (hyper closes it).
+pub struct BackendBody {
+    inner: Incoming,
+    checkin: Option<Checkin>,
+}
+
+impl BackendBody {
+    fn release(&mut self) {
+        if let Some(checkin) = self.checkin.take() {
+            checkin.release();
+        }
+    }
+}
+
+impl Body for BackendBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        match &frame {
+            // hyper's server stops polling once `is_end_stream` says so.
+            Some(Ok(_)) if this.inner.is_end_stream() => this.release(),
+            Some(Ok(_)) => {}
+            None => this.release(),
+            // The connection is broken: it goes down with the body.
+            Some(Err(_)) => this.checkin = None,
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for BackendBody {
+    fn drop(&mut self) {
+        // An empty body (204, 304, a response to HEAD) is never polled.
+        if self.inner.is_end_stream() {
+            self.release();
+        }
+    }
+}
+
+impl std::fmt::Debug for BackendBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendBody")
+            .field("pooled", &self.checkin.is_some())
+            .finish()
+    }
+}
