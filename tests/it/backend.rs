@@ -22,6 +22,8 @@ enum Connections {
     /// Closed after every response, without saying so (no `Connection: close`), as a backend
     /// whose keep-alive timeout is shorter than the gateway's idle timeout may do.
     CloseAfterEach,
+    /// Closed after every response that says `Connection: close`.
+    AnnounceClose,
 }
 
 /// A backend written over raw TCP, to count the connections the gateway opens and closes.
@@ -100,6 +102,9 @@ async fn serve(mut stream: TcpStream, connections: Connections) -> bool {
         let mut line = head.split(' ');
         let (method, path) = (line.next().unwrap_or(""), line.next().unwrap_or(""));
         let response: &[u8] = match (method, path) {
+            _ if matches!(connections, Connections::AnnounceClose) => {
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+            }
             (_, "/empty") => b"HTTP/1.1 204 No Content\r\n\r\n",
             ("HEAD", _) => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
             (_, "/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
@@ -108,7 +113,7 @@ async fn serve(mut stream: TcpStream, connections: Connections) -> bool {
         if stream.write_all(response).await.is_err() {
             return false;
         }
-        if let Connections::CloseAfterEach = connections {
+        if let Connections::CloseAfterEach | Connections::AnnounceClose = connections {
             return false;
         }
     }
@@ -168,6 +173,53 @@ async fn a_backend_that_closes_every_connection_after_answering_is_still_answere
         assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]), "request {i}");
     }
     assert_eq!(backend.accepted(), 30);
+}
+
+#[tokio::test]
+async fn a_backend_that_answers_connection_close_gets_a_new_connection_each_time() {
+    let backend = RawBackend::start(Connections::AnnounceClose).await;
+    let gateway = Gateway::start(&backend.url(), &UNLIMITED).await;
+    for i in 0..10 {
+        let reply = get(gateway.addr, "/").await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i}");
+        assert_eq!(
+            reply.header("connection"),
+            None,
+            "the backend's close is its own, not the client's"
+        );
+    }
+    assert_eq!(backend.accepted(), 10);
+}
+
+/// On several worker threads, a connection may be given back a moment after its response
+/// ends (hyper's dispatcher runs on the other thread): the pool waits for it rather than
+/// losing it, so connections stay about as many as requests in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_share_a_few_backend_connections() {
+    let backend = RawBackend::start(Connections::KeepAlive).await;
+    let gateway = Gateway::start(&backend.url(), &UNLIMITED).await;
+    let (clients, requests) = (8, 50);
+    let mut tasks = JoinSet::new();
+    for _ in 0..clients {
+        let to = gateway.addr;
+        tasks.spawn(async move {
+            for _ in 0..requests {
+                assert_eq!(get(to, "/").await.status, StatusCode::OK);
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let opened = backend.accepted();
+    println!(
+        "{opened} backend connections for {} requests from {clients} clients",
+        clients * requests
+    );
+    assert!(
+        opened <= 2 * clients,
+        "{opened} backend connections for {clients} clients in flight"
+    );
 }
 
 #[tokio::test]
