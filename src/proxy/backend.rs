@@ -16,7 +16,6 @@
 //! - Idle connections are used for at most `BACKEND_IDLE_TIMEOUT_MS` (keep it below the
 //!   backend's keep-alive timeout, so the backend never closes one just as it is used) and
 //!   closed within twice that.
-//! - A request without a `Host` gets the backend's.
 //! - Failures say what failed: resolving the backend's name, connecting to it, or the
 //!   exchange (hyper's error, with its I/O cause).
 
@@ -29,7 +28,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::uri::Authority;
 use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -73,7 +72,7 @@ struct Pool {
     idle: Mutex<VecDeque<Idle>>,
     /// Where to connect.
     destination: Destination,
-    /// `Host` for requests that name none: the backend's authority.
+    /// The backend's authority as a `Host` value.
     host: HeaderValue,
     /// `BACKEND_TIMEOUT_MS`, shared among the addresses a name resolves to.
     connect_timeout: Duration,
@@ -119,17 +118,18 @@ impl BackendPool {
         }
     }
 
-    /// Send `request` (origin-form target, HTTP/1.1) and wait for the response head. The
-    /// response body gives the connection back to the pool when it has been read to its end.
+    /// The backend's authority as a `Host` value, for requests that name no host.
+    pub fn host(&self) -> &HeaderValue {
+        &self.inner.host
+    }
+
+    /// Send `request` (origin-form target, HTTP/1.1, with a `Host`) and wait for the response
+    /// head. The response body gives the connection back to the pool when it has been read to
+    /// its end.
     pub async fn send(
         &self,
         mut request: Request<ClientBody>,
     ) -> Result<Response<BackendBody>, BackendError> {
-        if !request.headers().contains_key(header::HOST) {
-            request
-                .headers_mut()
-                .insert(header::HOST, self.inner.host.clone());
-        }
         if let Some(mut sender) = self.inner.checkout() {
             match sender.try_send_request(request).await {
                 Ok(response) => return Ok(self.inner.body_of(response, sender)),
@@ -143,15 +143,6 @@ impl BackendPool {
         let mut sender = self.inner.connect().await?;
         let response = sender.send_request(request).await?;
         Ok(self.inner.body_of(response, sender))
-    }
-
-    /// Idle connections held now (for tests and the pool's own bookkeeping).
-    pub fn idle(&self) -> usize {
-        self.inner
-            .lock()
-            .iter()
-            .filter(|idle| !idle.sender.is_closed())
-            .count()
     }
 }
 

@@ -683,9 +683,10 @@ impl Proxy {
             host: host.as_ref(),
         };
         headers::set_forwarded(&mut parts.headers, &hop);
-        if let Some(host) = host {
-            parts.headers.insert(header::HOST, host);
-        }
+        // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
+        // backend's own clients would send.
+        let host = host.unwrap_or_else(|| self.pool.host().clone());
+        parts.headers.insert(header::HOST, host);
         parts.uri = self.backend_uri(&parts.uri, rewritten)?;
         // The backend speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
