@@ -36,6 +36,11 @@ use crate::proxy::response::HeaderStyle;
 use crate::proxy::{AccessLog, Backend};
 use crate::telemetry::LogFormat;
 use env::{Env, entries};
+
+/// The most `MAX_KEYS` may be: a billion clients, about 87 GB held in full. The store's index
+/// (about 7 bytes per key) is allocated and written at startup, so a mistyped value is refused
+/// here rather than failing the allocation.
+pub const MAX_MAX_KEYS: usize = 1_000_000_000;
 pub use store::{RedisConfig, StoreConfig};
 
 /// Every environment variable tollgate reads, grouped as in `.env.example`: the parsers'
@@ -305,8 +310,11 @@ impl Config {
                 })
             })
             .collect::<Result<_, _>>()?;
-        let max_keys = env.parse("MAX_KEYS", "100000", "a whole number of at least 1", |s| {
-            s.parse::<usize>().ok().and_then(NonZeroUsize::new)
+        let max_keys = env.parse("MAX_KEYS", "100000", "a whole number from 1 to 1000000000", |s| {
+            s.parse::<usize>()
+                .ok()
+                .filter(|&keys| keys <= MAX_MAX_KEYS)
+                .and_then(NonZeroUsize::new)
         })?;
         let headers = env.parse(
             "RATE_LIMIT_HEADERS",

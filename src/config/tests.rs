@@ -150,6 +150,7 @@ fn every_error_names_its_variable_and_value() {
             "LIMIT=\"10001\"",
         ),
         (&[("MAX_KEYS", "0")], "MAX_KEYS=\"0\""),
+        (&[("MAX_KEYS", "1000000001")], "MAX_KEYS=\"1000000001\""),
         (&[("LOG_FORMAT", "xml")], "LOG_FORMAT=\"xml\""),
         (&[("BACKEND_TIMEOUT_MS", "1s")], "BACKEND_TIMEOUT_MS=\"1s\""),
         (&[("REDIS_ADDR", "nohost")], "REDIS_ADDR=\"nohost\""),

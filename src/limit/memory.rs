@@ -432,7 +432,8 @@ impl Index {
     /// free slot is always found.
     fn insert(&mut self, hash: u64, position: usize) {
         let (mut at, tag) = self.home(hash);
-        loop {
+        // One lap at most: there is always a free slot (see above).
+        for _ in 0..self.buckets.len() {
             let bucket = &mut self.buckets[at];
             if let Some(slot) = bucket.tags.iter().position(|&t| t == 0) {
                 bucket.tags[slot] = tag;
@@ -442,6 +443,7 @@ impl Index {
             bucket.overflow = bucket.overflow.saturating_add(1);
             at = self.next(at);
         }
+        debug_assert!(false, "the index had no free slot for a new position");
     }
 
     /// The bucket and slot holding `position` under `hash`.
@@ -468,6 +470,7 @@ impl Index {
     /// Forget `position`, held under `hash`.
     fn remove(&mut self, hash: u64, position: usize) {
         let Some((found, slot)) = self.slot_of(hash, position) else {
+            debug_assert!(false, "removing a position the index does not hold");
             return;
         };
         self.buckets[found].tags[slot] = 0;
@@ -484,8 +487,9 @@ impl Index {
 
     /// `from`, held under `hash`, is now at position `to`.
     fn relocate(&mut self, hash: u64, from: usize, to: usize) {
-        if let Some((at, slot)) = self.slot_of(hash, from) {
-            self.buckets[at].positions[slot] = to as u32;
+        match self.slot_of(hash, from) {
+            Some((at, slot)) => self.buckets[at].positions[slot] = to as u32,
+            None => debug_assert!(false, "moving a position the index does not hold"),
         }
     }
 

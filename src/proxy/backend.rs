@@ -35,6 +35,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::body::ClientBody;
@@ -57,13 +58,16 @@ pub enum BackendError {
 /// backend that moves is followed, as a DNS-based deployment expects).
 #[derive(Debug, Clone)]
 enum Destination {
+    /// An IP address and port: connected to as is.
     Address(SocketAddr),
+    /// A host name and port: resolved, then its addresses tried in turn.
     Name(String, u16),
 }
 
 /// The connections to one backend. Cheap to clone: clones share the pool.
 #[derive(Clone)]
 pub struct BackendPool {
+    /// The pool itself; response bodies hold it weakly, to give their connection back.
     inner: Arc<Pool>,
 }
 
@@ -74,8 +78,10 @@ struct Pool {
     destination: Destination,
     /// The backend's authority as a `Host` value.
     host: HeaderValue,
-    /// `BACKEND_TIMEOUT_MS`, shared among the addresses a name resolves to.
-    connect_timeout: Duration,
+    /// `BACKEND_TIMEOUT_MS`: shared among the addresses a name resolves to when connecting,
+    /// and the most a connection may take to finish an exchange after its response (see
+    /// [`Checkin::release`]).
+    timeout: Duration,
     /// `BACKEND_IDLE_TIMEOUT_MS`.
     idle_timeout: Duration,
     /// Set once the task closing expired idle connections runs (started with the first
@@ -83,16 +89,25 @@ struct Pool {
     reaper: OnceLock<()>,
 }
 
+/// One connection: where requests go in, and the task that runs it.
+struct Connection {
+    /// Hands requests to hyper's dispatcher.
+    sender: SendRequest<ClientBody>,
+    /// The dispatcher's task, to close a connection that will not finish an exchange.
+    task: AbortHandle,
+}
+
 /// A connection waiting for its next request.
 struct Idle {
-    sender: SendRequest<ClientBody>,
+    /// The connection, ready for a request when it went idle.
+    connection: Connection,
     /// When it went idle.
     since: Instant,
 }
 
 impl BackendPool {
     /// A pool for the backend at `authority` (`http`, so port 80 when none is given).
-    pub fn new(authority: &Authority, connect_timeout: Duration, idle_timeout: Duration) -> Self {
+    pub fn new(authority: &Authority, timeout: Duration, idle_timeout: Duration) -> Self {
         let port = authority.port_u16().unwrap_or(80);
         // `[::1]` in a URL is `::1` to a socket.
         let host = authority.host();
@@ -111,7 +126,7 @@ impl BackendPool {
                 idle: Mutex::new(VecDeque::new()),
                 destination,
                 host,
-                connect_timeout,
+                timeout,
                 idle_timeout,
                 reaper: OnceLock::new(),
             }),
@@ -130,9 +145,9 @@ impl BackendPool {
         &self,
         mut request: Request<ClientBody>,
     ) -> Result<Response<BackendBody>, BackendError> {
-        if let Some(mut sender) = self.inner.checkout() {
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.inner.body_of(response, sender)),
+        if let Some(mut connection) = self.inner.checkout() {
+            match connection.sender.try_send_request(request).await {
+                Ok(response) => return Ok(self.inner.body_of(response, connection)),
                 Err(mut error) => match error.take_message() {
                     // Never written: the backend closed this connection as it was taken.
                     Some(unsent) => request = unsent,
@@ -140,9 +155,9 @@ impl BackendPool {
                 },
             }
         }
-        let mut sender = self.inner.connect().await?;
-        let response = sender.send_request(request).await?;
-        Ok(self.inner.body_of(response, sender))
+        let mut connection = self.inner.connect().await?;
+        let response = connection.sender.send_request(request).await?;
+        Ok(self.inner.body_of(response, connection))
     }
 }
 
@@ -153,7 +168,7 @@ impl Pool {
     }
 
     /// The most recently used connection that is still fresh and ready, if any.
-    fn checkout(&self) -> Option<SendRequest<ClientBody>> {
+    fn checkout(&self) -> Option<Connection> {
         let mut idle = self.lock();
         while let Some(top) = idle.pop_back() {
             if top.since.elapsed() >= self.idle_timeout {
@@ -161,15 +176,15 @@ impl Pool {
                 idle.clear();
                 return None;
             }
-            if top.sender.is_ready() {
-                return Some(top.sender);
+            if top.connection.sender.is_ready() {
+                return Some(top.connection);
             }
         }
         None
     }
 
     /// Put a connection whose exchange is over back on the stack.
-    fn checkin(self: &Arc<Self>, sender: SendRequest<ClientBody>) {
+    fn checkin(&self, connection: Connection) {
         let now = Instant::now();
         let mut idle = self.lock();
         while idle
@@ -178,13 +193,16 @@ impl Pool {
         {
             idle.pop_front();
         }
-        idle.push_back(Idle { sender, since: now });
+        idle.push_back(Idle {
+            connection,
+            since: now,
+        });
     }
 
     /// Open a connection and start hyper's dispatcher for it.
-    async fn connect(self: &Arc<Self>) -> Result<SendRequest<ClientBody>, BackendError> {
+    async fn connect(self: &Arc<Self>) -> Result<Connection, BackendError> {
         let stream = match &self.destination {
-            Destination::Address(address) => connect_to(&[*address], self.connect_timeout).await,
+            Destination::Address(address) => connect_to(&[*address], self.timeout).await,
             Destination::Name(name, port) => {
                 let addresses: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), *port))
                     .await
@@ -196,31 +214,32 @@ impl Pool {
                         format!("{name} resolved to no address"),
                     )));
                 }
-                connect_to(&addresses, self.connect_timeout).await
+                connect_to(&addresses, self.timeout).await
             }
         }
         .map_err(BackendError::Connect)?;
         let (sender, connection) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             // Ends when the backend or the pool closes it; its error was the request's.
             if let Err(error) = connection.with_upgrades().await {
                 tracing::debug!(%error, "backend connection ended");
             }
-        });
+        })
+        .abort_handle();
         self.reaper.get_or_init(|| {
             tokio::spawn(reap(Arc::downgrade(self), self.idle_timeout));
         });
-        Ok(sender)
+        Ok(Connection { sender, task })
     }
 
     fn body_of(
         self: &Arc<Self>,
         response: Response<Incoming>,
-        sender: SendRequest<ClientBody>,
+        connection: Connection,
     ) -> Response<BackendBody> {
         // A switched protocol owns the connection now; anything else may give it back.
         let checkin = (response.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| Checkin {
-            sender,
+            connection,
             pool: Arc::downgrade(self),
         });
         response.map(|inner| BackendBody { inner, checkin })
@@ -252,37 +271,46 @@ async fn connect_to(addresses: &[SocketAddr], timeout: Duration) -> io::Result<T
 
 /// Close connections idle past the timeout, every `idle_timeout`, while the pool lives.
 async fn reap(pool: Weak<Pool>, idle_timeout: Duration) {
-    let mut interval = tokio::time::interval(idle_timeout);
+    // `interval` panics on zero; the configuration never gives less than a millisecond.
+    let mut interval = tokio::time::interval(idle_timeout.max(Duration::from_millis(1)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
         let Some(pool) = pool.upgrade() else { return };
         let now = Instant::now();
-        pool.lock()
-            .retain(|idle| now.duration_since(idle.since) < idle_timeout && !idle.sender.is_closed());
+        pool.lock().retain(|idle| {
+            now.duration_since(idle.since) < idle_timeout && !idle.connection.sender.is_closed()
+        });
     }
 }
 
 /// The connection a response body came on, to give back when the body has ended.
 struct Checkin {
-    sender: SendRequest<ClientBody>,
+    /// The connection the response came on.
+    connection: Connection,
+    /// Where to give it back (gone once the proxy is).
     pool: Weak<Pool>,
 }
 
 impl Checkin {
+    /// Give the connection back once hyper is ready for its next request.
     fn release(self) {
         let Some(pool) = self.pool.upgrade() else { return };
-        let mut sender = self.sender;
-        if sender.is_ready() {
-            pool.checkin(sender);
-        } else if !sender.is_closed()
+        let mut connection = self.connection;
+        if connection.sender.is_ready() {
+            pool.checkin(connection);
+        } else if !connection.sender.is_closed()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             // The dispatcher has not caught up yet: it runs on another worker thread, or the
-            // request body is still streaming after an early response. Rare; wait for it.
+            // request body is still streaming after an early response. Rare; wait for it, but
+            // not for ever: a backend that answered early and then stopped reading the body
+            // would hold the connection (and its socket) with nothing else to time it out.
             runtime.spawn(async move {
-                if sender.ready().await.is_ok() {
-                    pool.checkin(sender);
+                match tokio::time::timeout(pool.timeout, connection.sender.ready()).await {
+                    Ok(Ok(())) => pool.checkin(connection),
+                    Ok(Err(_)) => {}
+                    Err(_) => connection.task.abort(),
                 }
             });
         }
@@ -292,7 +320,10 @@ impl Checkin {
 /// The backend's response body: hyper's, giving its connection back when read to the end. A
 /// body dropped before its end takes the connection with it (hyper closes it).
 pub struct BackendBody {
+    /// The body as hyper reads it.
     inner: Incoming,
+    /// The connection to give back at the end; `None` once given back, after a `101`, or
+    /// when the body failed.
     checkin: Option<Checkin>,
 }
 
@@ -315,8 +346,9 @@ impl Body for BackendBody {
         let this = self.get_mut();
         let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
         match &frame {
-            // hyper's server stops polling once `is_end_stream` says so.
-            Some(Ok(_)) if this.inner.is_end_stream() => this.release(),
+            // hyper's server stops polling once `is_end_stream` says so, and after trailers
+            // (always the last frame; a chunked body never says `is_end_stream`).
+            Some(Ok(frame)) if frame.is_trailers() || this.inner.is_end_stream() => this.release(),
             Some(Ok(_)) => {}
             None => this.release(),
             // The connection is broken: it goes down with the body.

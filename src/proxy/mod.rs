@@ -772,7 +772,14 @@ impl Proxy {
         result.map_err(|error| {
             progress
                 .and_then(|progress| self.body_failure(progress.state()))
-                .unwrap_or(ProxyError::Upstream(error))
+                .unwrap_or_else(|| match &error {
+                    // Not connected within BACKEND_TIMEOUT_MS: a timeout (504), as when it
+                    // connects and then does not answer, whichever deadline fired first.
+                    BackendError::Connect(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                        ProxyError::UpstreamTimeout(self.backend_timeout)
+                    }
+                    _ => ProxyError::Upstream(error),
+                })
         })
     }
 

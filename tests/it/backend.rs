@@ -24,6 +24,9 @@ enum Connections {
     CloseAfterEach,
     /// Closed after every response that says `Connection: close`.
     AnnounceClose,
+    /// Answers at once, then reads nothing for 1.5 s: a backend that refuses an upload early
+    /// and stops reading it. Then reads whatever comes, for 5 s at most.
+    AnswerEarly,
 }
 
 /// A backend written over raw TCP, to count the connections the gateway opens and closes.
@@ -82,8 +85,8 @@ impl Drop for RawBackend {
     }
 }
 
-/// Answer requests (heads only; the tests send no bodies) until the gateway closes the
-/// connection (true) or the backend does.
+/// Answer requests (heads only; the tests send no bodies, but for `AnswerEarly`) until the
+/// gateway closes the connection (true) or the backend does.
 async fn serve(mut stream: TcpStream, connections: Connections) -> bool {
     let mut buffer = Vec::new();
     loop {
@@ -108,13 +111,27 @@ async fn serve(mut stream: TcpStream, connections: Connections) -> bool {
             (_, "/empty") => b"HTTP/1.1 204 No Content\r\n\r\n",
             ("HEAD", _) => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
             (_, "/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+            (_, "/trailers") => {
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-t\r\n\r\n2\r\nok\r\n0\r\nx-t: 1\r\n\r\n"
+            }
             _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         };
         if stream.write_all(response).await.is_err() {
             return false;
         }
-        if let Connections::CloseAfterEach | Connections::AnnounceClose = connections {
-            return false;
+        match connections {
+            Connections::KeepAlive => {}
+            Connections::CloseAfterEach | Connections::AnnounceClose => return false,
+            Connections::AnswerEarly => {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let drained = tokio::time::timeout(Duration::from_secs(5), async {
+                    let mut chunk = vec![0u8; 1 << 16];
+                    while let Ok(n) = stream.read(&mut chunk).await
+                        && n > 0
+                    {}
+                });
+                return drained.await.is_ok();
+            }
         }
     }
 }
@@ -150,6 +167,10 @@ async fn one_backend_connection_carries_every_kind_of_response_in_turn() {
         );
         assert_eq!(
             send(&gateway, Method::GET, "/chunked").await,
+            (StatusCode::OK, "ok".into())
+        );
+        assert_eq!(
+            send(&gateway, Method::GET, "/trailers").await,
             (StatusCode::OK, "ok".into())
         );
         assert_eq!(
@@ -222,6 +243,45 @@ async fn concurrent_clients_share_a_few_backend_connections() {
     );
 }
 
+/// A backend that answers an upload early and then stops reading it leaves hyper's write to
+/// it blocked, and the client's body unread, so neither's timeout runs: the pool gives the
+/// exchange `BACKEND_TIMEOUT_MS` to finish and then closes the connection.
+#[tokio::test]
+async fn a_backend_that_answers_early_and_stops_reading_is_closed_after_the_backend_timeout() {
+    let backend = RawBackend::start(Connections::AnswerEarly).await;
+    let vars = [("BACKEND_TIMEOUT_MS", "300"), ("BODY_IDLE_TIMEOUT_MS", "60000")];
+    let gateway = Gateway::start(&backend.url(), &vars).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    client
+        .write_all(b"POST /upload HTTP/1.1\r\nhost: gateway.test\r\ncontent-length: 100000000\r\n\r\n")
+        .await
+        .unwrap();
+    let (mut reader, mut writer) = client.into_split();
+    // 8 MiB of the body, more than the sockets between here and the backend hold; then
+    // nothing more, with the connection left open.
+    let uploading = tokio::spawn(async move {
+        let chunk = vec![b'x'; 1 << 16];
+        for _ in 0..128 {
+            if writer.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        writer
+    });
+    let mut head = [0u8; 12];
+    reader.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while backend.closed_by_gateway() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled backend connection was still open after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    uploading.abort();
+}
+
 #[tokio::test]
 async fn an_idle_backend_connection_is_closed_after_the_idle_timeout() {
     let backend = RawBackend::start(Connections::KeepAlive).await;
@@ -237,6 +297,37 @@ async fn an_idle_backend_connection_is_closed_after_the_idle_timeout() {
     }
     assert_eq!(send(&gateway, Method::GET, "/").await.0, StatusCode::OK);
     assert_eq!(backend.accepted(), 2, "the closed connection was not used again");
+}
+
+/// A backend whose accept queue is full drops the gateway's SYN: not connected within
+/// `BACKEND_TIMEOUT_MS` is a timeout (504), as not answering within it is.
+#[tokio::test]
+async fn a_backend_not_connected_within_the_backend_timeout_is_a_504() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Connections it never accepts, until its queue is full and a SYN goes unanswered.
+    let mut queued = Vec::new();
+    for _ in 0..4 {
+        match tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => queued.push(stream),
+            _ => break,
+        }
+    }
+    let gateway =
+        Gateway::start_with_admin(&format!("http://{addr}"), &[("BACKEND_TIMEOUT_MS", "300")]).await;
+    let reply = get(gateway.addr, "/").await;
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT, "{}", reply.text());
+    let metrics = gateway.admin_get("/metrics").await;
+    assert!(
+        metrics
+            .text()
+            .contains(r#"tollgate_backend_errors_total{rule="general",cause="timeout"} 1"#),
+        "{}",
+        metrics.text()
+    );
+    drop((listener, queued));
 }
 
 #[tokio::test]
