@@ -407,16 +407,23 @@ impl Index {
     }
 
     /// The first position of `hash` for which `is_match` holds.
-    fn find(&self, hash: u64, mut is_match: impl FnMut(usize) -> bool) -> Option<usize> {
+    fn find(&self, hash: u64, is_match: impl FnMut(usize) -> bool) -> Option<usize> {
+        self.probe(hash, is_match)
+            .map(|(at, slot)| self.buckets[at].positions[slot] as usize)
+    }
+
+    /// The bucket and slot of the first position of `hash` for which `is_match` holds.
+    #[inline]
+    fn probe(&self, hash: u64, mut is_match: impl FnMut(usize) -> bool) -> Option<(usize, usize)> {
         let (mut at, tag) = self.home(hash);
         // Bounded: were every bucket's overflow count above 0, the search would come round.
         for _ in 0..self.buckets.len() {
             let bucket = &self.buckets[at];
             let mut slots = bucket.matching(tag);
             while slots != 0 {
-                let position = bucket.positions[slots.trailing_zeros() as usize] as usize;
-                if is_match(position) {
-                    return Some(position);
+                let slot = slots.trailing_zeros() as usize;
+                if is_match(bucket.positions[slot] as usize) {
+                    return Some((at, slot));
                 }
                 slots &= slots - 1;
             }
@@ -448,23 +455,7 @@ impl Index {
 
     /// The bucket and slot holding `position` under `hash`.
     fn slot_of(&self, hash: u64, position: usize) -> Option<(usize, usize)> {
-        let (mut at, tag) = self.home(hash);
-        for _ in 0..self.buckets.len() {
-            let bucket = &self.buckets[at];
-            let mut slots = bucket.matching(tag);
-            while slots != 0 {
-                let slot = slots.trailing_zeros() as usize;
-                if bucket.positions[slot] as usize == position {
-                    return Some((at, slot));
-                }
-                slots &= slots - 1;
-            }
-            if bucket.overflow == 0 {
-                return None;
-            }
-            at = self.next(at);
-        }
-        None
+        self.probe(hash, |held| held == position)
     }
 
     /// Forget `position`, held under `hash`.
