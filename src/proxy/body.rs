@@ -1,7 +1,7 @@
 //! The client's request body on its way to the backend, watched so that a body that breaks
 //! off is blamed on the client, not on the backend.
 //!
-//! hyper-util's client reports a request body that fails as a failed request: without a
+//! hyper's client reports a request body that fails as a failed request: without a
 //! record of its own, the gateway could not tell "the client sent a malformed chunk, or hung
 //! up mid-upload" from "the backend reset the connection", and would answer 502 with a
 //! warning that blames the backend. [`ClientBody`] wraps the body hyper gives the server and
@@ -196,7 +196,7 @@ impl Body for ClientBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(error))) => {
-                // Recorded before hyper-util sees the error, so the handler knows whose it is.
+                // Recorded before hyper sees the error, so the handler knows whose it is.
                 watch.progress.finish(BodyState::Unreadable);
                 Poll::Ready(Some(Err(ClientBodyError::Unreadable(error))))
             }
