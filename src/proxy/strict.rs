@@ -141,10 +141,27 @@ pub fn target_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
 /// address or a registered name, each written with these): no `@`, `/`, `?`, `#`, quote,
 /// backslash, space or control byte. Empty is allowed (RFC 9110 section 7.2).
 fn is_host(value: &[u8]) -> bool {
-    value
-        .iter()
-        .all(|&byte| byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&byte))
+    value.iter().all(|&byte| HOST_BYTES[usize::from(byte)])
 }
+
+/// The bytes [`is_host`] allows, by value: one load a byte where a search of the punctuation
+/// list cost a scan for each `.` and `:` of every request's `Host`.
+static HOST_BYTES: [bool; 256] = {
+    let mut allowed = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        allowed[byte] = b.is_ascii_alphanumeric();
+        byte += 1;
+    }
+    let punctuation = b"-._~!$&'()*+,;=:[]%";
+    let mut i = 0;
+    while i < punctuation.len() {
+        allowed[punctuation[i] as usize] = true;
+        i += 1;
+    }
+    allowed
+};
 
 #[cfg(test)]
 mod tests {
@@ -277,6 +294,16 @@ mod tests {
         assert_eq!(Violation::Connect.status(), 405);
         assert_eq!(Violation::TransferCoding.status(), 501);
         assert_eq!(Violation::DuplicateHost.status(), 400);
+    }
+
+    #[test]
+    fn host_bytes_are_the_rfc_3986_host_characters() {
+        for byte in 0..=255u8 {
+            let allowed = byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&byte);
+            assert_eq!(is_host(&[byte]), allowed, "byte {byte:#04x}");
+        }
+        assert!(is_host(b"[2001:db8::1]:8080"));
+        assert!(!is_host(b"a b"));
     }
 
     #[test]
