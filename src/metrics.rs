@@ -30,6 +30,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_requests_total",
     "tollgate_backend_responses_total",
     "tollgate_backend_errors_total",
+    "tollgate_backend_connections_total",
     "tollgate_decision_duration_seconds",
     "tollgate_backend_duration_seconds",
     "tollgate_redis_errors_total",
@@ -75,6 +76,8 @@ pub struct Metrics {
     decision_seconds: Histogram,
     /// `tollgate_backend_duration_seconds`: from sending to the backend's response headers.
     backend_seconds: Histogram,
+    /// `tollgate_backend_connections_total`: connections opened to the backend.
+    backend_connections: Counter,
 }
 
 impl Metrics {
@@ -114,6 +117,12 @@ impl Metrics {
             "backend_duration_seconds",
             "Time from forwarding a request to the backend's response headers",
             backend_seconds.clone(),
+        );
+        let backend_connections = Counter::default();
+        registry.register(
+            "backend_connections",
+            "Connections opened to the backend (kept alive and reused: far fewer than requests)",
+            backend_connections.clone(),
         );
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
@@ -158,6 +167,7 @@ impl Metrics {
             registry,
             decision_seconds,
             backend_seconds,
+            backend_connections,
         }
     }
 
@@ -179,6 +189,11 @@ impl Metrics {
         {
             counter.inc();
         }
+    }
+
+    /// The counter of connections opened to the backend, for the pool to count into.
+    pub fn backend_connections(&self) -> Counter {
+        self.backend_connections.clone()
     }
 
     /// The backend did not answer a request under rule `rule_id`.

@@ -34,6 +34,7 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -84,6 +85,8 @@ struct Pool {
     timeout: Duration,
     /// `BACKEND_IDLE_TIMEOUT_MS`.
     idle_timeout: Duration,
+    /// `tollgate_backend_connections_total`.
+    opened: Counter,
     /// Set once the task closing expired idle connections runs (started with the first
     /// connection, inside the runtime).
     reaper: OnceLock<()>,
@@ -107,7 +110,8 @@ struct Idle {
 
 impl BackendPool {
     /// A pool for the backend at `authority` (`http`, so port 80 when none is given).
-    pub fn new(authority: &Authority, timeout: Duration, idle_timeout: Duration) -> Self {
+    /// Each connection it opens is counted in `opened`.
+    pub fn new(authority: &Authority, timeout: Duration, idle_timeout: Duration, opened: Counter) -> Self {
         let port = authority.port_u16().unwrap_or(80);
         // `[::1]` in a URL is `::1` to a socket.
         let host = authority.host();
@@ -128,6 +132,7 @@ impl BackendPool {
                 host,
                 timeout,
                 idle_timeout,
+                opened,
                 reaper: OnceLock::new(),
             }),
         }
@@ -218,6 +223,7 @@ impl Pool {
             }
         }
         .map_err(BackendError::Connect)?;
+        self.opened.inc();
         let (sender, connection) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
         let task = tokio::spawn(async move {
             // Ends when the backend or the pool closes it; its error was the request's.

@@ -365,6 +365,7 @@ impl Proxy {
                 &config.backend.authority,
                 config.backend_timeout,
                 config.backend_idle_timeout,
+                metrics.backend_connections(),
             ),
             backend: config.backend.clone(),
             limiter,

@@ -155,7 +155,7 @@ async fn send(gateway: &Gateway, method: Method, path: &str) -> (StatusCode, Byt
 #[tokio::test]
 async fn one_backend_connection_carries_every_kind_of_response_in_turn() {
     let backend = RawBackend::start(Connections::KeepAlive).await;
-    let gateway = Gateway::start(&backend.url(), &UNLIMITED).await;
+    let gateway = Gateway::start_with_admin(&backend.url(), &UNLIMITED).await;
     for _ in 0..10 {
         assert_eq!(
             send(&gateway, Method::GET, "/").await,
@@ -182,6 +182,12 @@ async fn one_backend_connection_carries_every_kind_of_response_in_turn() {
         backend.accepted(),
         1,
         "every request after the first reused its connection"
+    );
+    let metrics = gateway.admin_get("/metrics").await;
+    assert!(
+        metrics.text().contains("tollgate_backend_connections_total 1\n"),
+        "{}",
+        metrics.text()
     );
 }
 
