@@ -1,5 +1,6 @@
 //! The in-process store: client states in a fixed number of shards, each behind its own
-//! mutex.
+//! mutex (`parking_lot`'s: under two threads deciding one hot client it measured 0.58x the
+//! time of the standard library's, docs/benchmarks.md part 1).
 //!
 //! Sharding keeps two requests from different clients off the same lock. A shard keeps its
 //! clients packed in one vector (each entry the key, the state and a last-seen stamp, 80
@@ -22,11 +23,12 @@
 use std::cmp::Reverse;
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use hashbrown::DefaultHashBuilder;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::limit::{ClientKey, Decision, Policy, Rule, State};
@@ -494,10 +496,10 @@ impl Index {
     }
 }
 
-/// No code panics while holding a shard lock; should one ever, keep serving the shard's
-/// clients rather than refusing them for good.
+/// A shard's table, locked. `parking_lot`'s mutex does not poison: no code panics while
+/// holding a shard lock, and should one ever, the shard's clients are still served.
 fn lock(shard: &Shard) -> MutexGuard<'_, Table> {
-    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
+    shard.0.lock()
 }
 
 #[cfg(test)]
