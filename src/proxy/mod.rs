@@ -253,6 +253,7 @@ impl BackendFailure {
         }
     }
 
+    /// The failure an I/O error's kind names, if it names one.
     fn of_io(io: &std::io::Error) -> Option<BackendFailure> {
         use std::io::ErrorKind;
         match io.kind() {
