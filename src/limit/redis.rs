@@ -6,6 +6,14 @@
 //! Redis `TIME`, so replicas with skewed clocks agree. Every key carries a TTL and all keys of
 //! one client and rule share a `{hash tag}`, so the same scripts run on Redis Cluster.
 //!
+//! On a single Redis, decisions coalesce under load: up to [`MAX_CALLS_IN_FLIGHT`] calls go
+//! out at once, each a decision alone, and the decisions that arrive meanwhile wait and go
+//! together, up to [`MAX_BATCH`], in one call of the [`batch_script`] (every algorithm's
+//! script as a function, run in turn) when a call comes back. One call for many decisions
+//! costs Redis about a third less per decision (docs/benchmarks.md, part 2), and nothing waits
+//! while fewer than [`MAX_CALLS_IN_FLIGHT`] are out. A decision that fails inside a batch (a
+//! key of the wrong type) fails alone.
+//!
 //! Connections are made lazily: a Redis that is down at boot does not stop the gateway. Every
 //! call is bounded by `REDIS_TIMEOUT_MS`; what to do when it fails is [`super::guard`]'s job.
 
@@ -19,11 +27,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::OnceCell;
 
+use crate::limit::algorithm::batch_script;
 use crate::limit::slots::SlotMap;
 use crate::limit::{ClientKey, Decision, Rule};
 
 /// Why the store could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// No answer within `REDIS_TIMEOUT_MS`.
     #[error("redis did not answer within {0:?}")]
@@ -110,6 +119,90 @@ pub struct RedisStore {
     prefix: Arc<str>,
     /// `REDIS_TIMEOUT_MS`: the most any one call may take, connecting included.
     timeout: Duration,
+    /// Single Redis only: decisions that wait while [`MAX_CALLS_IN_FLIGHT`] calls are out,
+    /// sent together as one call when one comes back.
+    coalescer: Option<Arc<Coalescer>>,
+}
+
+/// Decision calls out at once before further decisions wait to be sent together. Enough for
+/// the multiplexed connection to keep Redis busy; beyond it, coalescing saves Redis about a
+/// third of each decision (docs/benchmarks.md, part 2).
+pub const MAX_CALLS_IN_FLIGHT: usize = 4;
+
+/// The most decisions one call carries.
+pub const MAX_BATCH: usize = 64;
+
+/// The decisions waiting for a call, and how many calls are out.
+#[derive(Default)]
+struct Coalescer {
+    state: parking_lot::Mutex<Coalescing>,
+}
+
+#[derive(Default)]
+struct Coalescing {
+    /// Decision calls out (a single decision's or a batch's).
+    in_flight: usize,
+    /// Decisions waiting, oldest first.
+    waiting: Vec<Waiting>,
+}
+
+/// When a decision goes to Redis.
+enum Turn {
+    /// At once, alone: in a place among the calls out (`None` on a cluster, which does not
+    /// coalesce: its clients' keys are in different slots).
+    Now(Option<CallSlot>),
+    /// With the next batch; its reply comes here.
+    Later(tokio::sync::oneshot::Receiver<BatchReply>),
+}
+
+/// One decision's part of a batch's reply: its script's reply, or why it has none.
+type BatchReply = Result<redis::Value, StoreError>;
+
+/// One decision waiting to be sent.
+struct Waiting {
+    /// The rule's algorithm ([`Policy::script_index`](crate::limit::Policy::script_index)).
+    algorithm: usize,
+    /// The script's first two arguments and the cost.
+    arguments: [u64; 3],
+    /// The client's key.
+    key: String,
+    /// The pinned clock, for tests; `None` reads Redis `TIME`.
+    now_us: Option<u64>,
+    /// Where the reply goes.
+    reply: tokio::sync::oneshot::Sender<BatchReply>,
+}
+
+/// A decision call's place among the [`MAX_CALLS_IN_FLIGHT`]. When it ends (the call came
+/// back, failed, or its caller went away), the place goes to the decisions waiting, sent as
+/// one call, or is given up when none wait.
+struct CallSlot {
+    store: RedisStore,
+}
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        let Some(coalescer) = &self.store.coalescer else {
+            return;
+        };
+        let batch: Vec<Waiting> = {
+            let mut state = coalescer.state.lock();
+            if state.waiting.is_empty() {
+                state.in_flight -= 1;
+                return;
+            }
+            let take = state.waiting.len().min(MAX_BATCH);
+            state.waiting.drain(..take).collect()
+        };
+        match tokio::runtime::Handle::try_current() {
+            // The place passes to the batch, whose own slot hands it on when it ends.
+            Ok(runtime) => {
+                runtime.spawn(self.store.clone().send_batch(batch));
+            }
+            // No runtime (the process is ending): the waiting decisions see their replies
+            // dropped and take the fail mode; the place is given up.
+            Err(_) => coalescer.state.lock().in_flight -= 1,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -164,10 +257,12 @@ impl RedisStore {
                 }))
             }
         };
+        let coalescer = matches!(connection, Connection::Single(_)).then(Arc::default);
         Ok(RedisStore {
             connection,
             prefix: prefix.into(),
             timeout,
+            coalescer,
         })
     }
 
@@ -309,28 +404,96 @@ impl RedisStore {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let reply = self
-            .bounded(self.run_script(rule, key, cost, now_us, None))
-            .await?;
-        let unexpected = || StoreError::Reply(format!("{reply:?}"));
-        let redis::Value::Array(fields) = &reply else {
-            return Err(unexpected());
+        let reply = match self.turn(rule, key, cost, now_us) {
+            Turn::Now(slot) => {
+                let reply = self.bounded(self.run_script(rule, key, cost, now_us, None)).await;
+                // The place passes to the decisions that waited meanwhile.
+                drop(slot);
+                reply?
+            }
+            Turn::Later(waiting) => match tokio::time::timeout(self.timeout, waiting).await {
+                Ok(Ok(reply)) => reply?,
+                Ok(Err(_)) => return Err(StoreError::Reply("the batch call was dropped".into())),
+                Err(_) => return Err(StoreError::Timeout(self.timeout)),
+            },
         };
-        let [allowed, remaining, retry_after_us, reset_after_us, at_us] = fields.as_slice() else {
-            return Err(unexpected());
+        decision_of(rule, &reply)
+    }
+
+    /// When this decision goes to Redis: now, in a place among the calls out (or on a
+    /// cluster, which does not coalesce), or later, with the next batch.
+    fn turn(&self, rule: &Rule, key: &str, cost: u64, now_us: Option<u64>) -> Turn {
+        let Some(coalescer) = &self.coalescer else {
+            return Turn::Now(None);
         };
-        let number = |field: &redis::Value| match field {
-            redis::Value::Int(n) => u64::try_from(*n).map_err(|_| unexpected()),
-            _ => Err(unexpected()),
+        let mut state = coalescer.state.lock();
+        if state.in_flight < MAX_CALLS_IN_FLIGHT {
+            state.in_flight += 1;
+            return Turn::Now(Some(CallSlot { store: self.clone() }));
+        }
+        let (reply, waiting) = tokio::sync::oneshot::channel();
+        let (_, [first, second]) = rule.policy.script();
+        state.waiting.push(Waiting {
+            algorithm: rule.policy.script_index(),
+            arguments: [first, second, cost],
+            key: key.to_owned(),
+            now_us,
+            reply,
+        });
+        Turn::Later(waiting)
+    }
+
+    /// Send `batch` as one call (it holds a place among the calls out) and hand each decision
+    /// its reply; then pass the place on.
+    async fn send_batch(self, batch: Vec<Waiting>) {
+        let _slot = CallSlot { store: self.clone() };
+        let replies = self.bounded(self.run_batch(&batch)).await;
+        match replies {
+            Ok(redis::Value::Array(replies)) if replies.len() == batch.len() => {
+                for (waiting, reply) in batch.into_iter().zip(replies) {
+                    let _ = waiting.reply.send(reply_of_one(reply));
+                }
+            }
+            Ok(other) => {
+                let error = StoreError::Reply(format!("{other:?}"));
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(error.clone()));
+                }
+            }
+            Err(error) => {
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+
+    /// `EVALSHA` of [`batch_script`] for `batch` (after `NOSCRIPT`, `EVAL` with its text).
+    async fn run_batch(&self, batch: &[Waiting]) -> redis::RedisResult<redis::Value> {
+        let script = batch_script();
+        let command = |name: &str, script: &str| {
+            let mut cmd = redis::Cmd::with_capacity(3 + batch.len() * 7, script.len() + batch.len() * 160);
+            cmd.arg(name).arg(script).arg(batch.len());
+            for waiting in batch {
+                cmd.arg(&waiting.key);
+            }
+            for waiting in batch {
+                let [first, second, cost] = waiting.arguments;
+                cmd.arg(waiting.algorithm).arg(first).arg(second).arg(cost);
+                match waiting.now_us {
+                    Some(now_us) => cmd.arg(now_us),
+                    None => cmd.arg(""),
+                };
+                cmd.arg("");
+            }
+            cmd
         };
-        Ok(Decision {
-            allowed: number(allowed)? == 1,
-            limit: rule.policy.limit(),
-            remaining: number(remaining)?,
-            retry_after: Duration::from_micros(number(retry_after_us)?),
-            reset_after: Duration::from_micros(number(reset_after_us)?),
-            at_us: number(at_us)?,
-        })
+        match self.query(&command("EVALSHA", script.hash())).await {
+            Err(error) if error.code() == Some("NOSCRIPT") => {
+                self.query(&command("EVAL", script.source())).await
+            }
+            reply => reply,
+        }
     }
 
     /// Run the script of `rule` on `key`: `EVALSHA` with its five arguments (the rule's two
@@ -389,6 +552,44 @@ impl RedisStore {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
+}
+
+/// One decision's entry in a batch's reply: its script's reply, or the text of its error.
+fn reply_of_one(reply: redis::Value) -> BatchReply {
+    let text = match &reply {
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        redis::Value::SimpleString(text) => text.clone(),
+        _ => return Ok(reply),
+    };
+    // "WRONGTYPE Operation against a key...": the code first, as Redis writes its errors.
+    let (code, detail) = text.split_once(' ').unwrap_or((text.as_str(), ""));
+    Err(StoreError::Redis(redis::make_extension_error(
+        code.to_owned(),
+        Some(detail.to_owned()),
+    )))
+}
+
+/// The decision a script's reply says: five non-negative integers.
+fn decision_of(rule: &Rule, reply: &redis::Value) -> Result<Decision, StoreError> {
+    let unexpected = || StoreError::Reply(format!("{reply:?}"));
+    let redis::Value::Array(fields) = reply else {
+        return Err(unexpected());
+    };
+    let [allowed, remaining, retry_after_us, reset_after_us, at_us] = fields.as_slice() else {
+        return Err(unexpected());
+    };
+    let number = |field: &redis::Value| match field {
+        redis::Value::Int(n) => u64::try_from(*n).map_err(|_| unexpected()),
+        _ => Err(unexpected()),
+    };
+    Ok(Decision {
+        allowed: number(allowed)? == 1,
+        limit: rule.policy.limit(),
+        remaining: number(remaining)?,
+        retry_after: Duration::from_micros(number(retry_after_us)?),
+        reset_after: Duration::from_micros(number(reset_after_us)?),
+        at_us: number(at_us)?,
+    })
 }
 
 /// TLS is rustls with the ring provider; trusted roots are the system's (or `SSL_CERT_FILE`).

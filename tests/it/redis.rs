@@ -177,10 +177,8 @@ impl Sequence {
     }
 }
 
-#[tokio::test]
-async fn redis_and_memory_make_identical_decisions() {
-    let redis = RedisServer::start();
-    let store = RedisStore::new(&RedisTarget::Single(redis.url()), "diff:", Duration::from_secs(5)).unwrap();
+/// Every algorithm, with parameters from generous to tiny.
+fn differential_policies() -> Vec<Policy> {
     let mut policies = vec![
         Policy::TokenBucket(TokenBucket {
             capacity: 5,
@@ -200,42 +198,144 @@ async fn redis_and_memory_make_identical_decisions() {
         policies.push(Policy::FixedWindow(FixedWindow { limit, window_ms }));
         policies.push(Policy::SlidingLog(SlidingLog { limit, window_ms }));
     }
-    let mut sequence = Sequence(0x9E37_79B9_7F4A_7C15);
-    for (n, policy) in policies.into_iter().enumerate() {
-        let rule = Rule::new(0, "general", policy);
-        let memory = MemoryStore::new(100.try_into().unwrap(), std::slice::from_ref(&rule));
-        let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
-        let client = client.into();
-        // A realistic wall-clock time, so the script's numbers are as large as in production.
-        let mut now_us = 1_764_000_000_000_000 + sequence.next(1_000_000_000);
-        let step = match policy {
-            Policy::TokenBucket(tb) => tb.interval_us,
-            other => other.window().as_micros() as u64 / other.limit(),
-        };
-        for i in 0..400 {
-            now_us += sequence.next(2 * step);
-            if i % 17 == 16 {
-                // Now and then the clock steps back, as a wall clock may: both must agree.
-                now_us -= sequence.next(4 * step);
+    policies
+}
+
+/// 400 decisions (and some refunds) for client `n` under `policy`, pseudo-random times and
+/// costs from `seed`, each decided by `store` and by a memory store: they must agree.
+async fn agree_with_memory(store: &RedisStore, policy: Policy, n: usize, seed: u64) {
+    let mut sequence = Sequence(seed);
+    let rule = Rule::new(0, "general", policy);
+    let memory = MemoryStore::new(100.try_into().unwrap(), std::slice::from_ref(&rule));
+    let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
+    let client = client.into();
+    // A realistic wall-clock time, so the script's numbers are as large as in production.
+    let mut now_us = 1_764_000_000_000_000 + sequence.next(1_000_000_000);
+    let step = match policy {
+        Policy::TokenBucket(tb) => tb.interval_us,
+        other => other.window().as_micros() as u64 / other.limit(),
+    };
+    for i in 0..400 {
+        now_us += sequence.next(2 * step);
+        if i % 17 == 16 {
+            // Now and then the clock steps back, as a wall clock may: both must agree.
+            now_us -= sequence.next(4 * step);
+        }
+        let cost = 1 + sequence.next(2);
+        let expected = memory.check_at(&rule, client, cost, now_us);
+        let actual = store.check_at(&rule, client, cost, now_us).await.unwrap();
+        assert_eq!(
+            actual, expected,
+            "{policy:?}, step {i}, now {now_us}, cost {cost}"
+        );
+        // Now and then an allowed request is refunded (`count=failures`): both must give
+        // back the same.
+        if expected.allowed && sequence.next(3) == 0 {
+            memory.refund(&rule, client, cost, expected.at_us);
+            store
+                .refund_at(&rule, client, cost, actual.at_us, now_us)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn redis_and_memory_make_identical_decisions() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&RedisTarget::Single(redis.url()), "diff:", Duration::from_secs(5)).unwrap();
+    for (n, policy) in differential_policies().into_iter().enumerate() {
+        agree_with_memory(&store, policy, n, 0x9E37_79B9_7F4A_7C15 + n as u64).await;
+    }
+}
+
+/// The same sequences, every client's at once: past `MAX_CALLS_IN_FLIGHT` calls out, the
+/// decisions waiting go to Redis together in one script call, every algorithm mixed in it.
+#[tokio::test]
+async fn decisions_sent_together_agree_with_memory_too() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&RedisTarget::Single(redis.url()), "diff:", Duration::from_secs(5)).unwrap();
+    let policies = differential_policies();
+    let clients = policies.len();
+    join_all(
+        policies
+            .into_iter()
+            .enumerate()
+            .map(|(n, policy)| agree_with_memory(&store, policy, n, 0xD1B5_4A32_D192_ED03 + n as u64)),
+    )
+    .await;
+    let decisions = 400 * clients as u64;
+    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    assert!(
+        calls < decisions,
+        "{calls} script calls for {decisions} decisions and their refunds: nothing was sent together"
+    );
+}
+
+/// Many requests for one budget at once, sent together: still exactly the budget is allowed.
+#[tokio::test]
+async fn a_burst_sent_together_is_exact() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(
+        &RedisTarget::Single(redis.url()),
+        "burst:",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let rule = Rule::new(
+        0,
+        "general",
+        Policy::TokenBucket(TokenBucket {
+            capacity: 50,
+            interval_us: 1_000_000_000,
+        }),
+    );
+    let client: IpAddr = "192.0.2.7".parse().unwrap();
+    let decisions = join_all((0..300).map(|_| store.check(&rule, client.into(), 1))).await;
+    let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+    assert_eq!(allowed, 50);
+    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    assert!(calls < 300, "{calls} script calls for 300 decisions");
+}
+
+/// A key of the wrong type in a call that carries others fails alone, as a fault of that key.
+#[tokio::test]
+async fn a_wrong_type_key_in_a_batch_fails_alone() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(
+        &RedisTarget::Single(redis.url()),
+        "mixed:",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let rule = Rule::new(
+        0,
+        "general",
+        Policy::TokenBucket(TokenBucket {
+            capacity: 10,
+            interval_us: 1_000_000,
+        }),
+    );
+    let bad: IpAddr = "192.0.2.66".parse().unwrap();
+    redis.cli(&["LPUSH", &store.key(&rule, bad.into()), "not a budget"]);
+    let clients: Vec<IpAddr> = (0..64u8)
+        .map(|n| format!("192.0.2.{}", 100 + n).parse().unwrap())
+        .chain(std::iter::once(bad))
+        .collect();
+    let decisions = join_all(clients.iter().map(|&client| store.check(&rule, client.into(), 1))).await;
+    for (client, decision) in clients.iter().zip(&decisions) {
+        match decision {
+            Ok(decision) => {
+                assert_ne!(*client, bad, "the wrong-type key was decided");
+                assert!(decision.allowed);
             }
-            let cost = 1 + sequence.next(2);
-            let expected = memory.check_at(&rule, client, cost, now_us);
-            let actual = store.check_at(&rule, client, cost, now_us).await.unwrap();
-            assert_eq!(
-                actual, expected,
-                "{policy:?}, step {i}, now {now_us}, cost {cost}"
-            );
-            // Now and then an allowed request is refunded (`count=failures`): both must
-            // give back the same.
-            if expected.allowed && sequence.next(3) == 0 {
-                memory.refund(&rule, client, cost, expected.at_us);
-                store
-                    .refund_at(&rule, client, cost, actual.at_us, now_us)
-                    .await
-                    .unwrap();
+            Err(error) => {
+                assert_eq!(*client, bad, "{client} failed: {error}");
+                assert!(error.is_about_one_key(), "{error}");
             }
         }
     }
+    assert!(decisions.last().unwrap().is_err());
 }
 
 /// `calls` of one command in `INFO commandstats`.

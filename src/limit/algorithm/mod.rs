@@ -53,6 +53,56 @@ impl LuaScript {
     }
 }
 
+/// One script that decides several requests in one call, each with its own algorithm: every
+/// algorithm's script (`scripts/*.lua`, unchanged) wrapped as a Lua function of its `KEYS` and
+/// `ARGV`, run in turn for each key. For the i-th key `ARGV` holds six values from
+/// `(i - 1) * 6 + 1`: the algorithm's [`Policy::script_index`] and its script's five
+/// arguments. One `TIME` serves every decision that does not pin its clock. A decision that
+/// fails (a key of the wrong type, say) is its own entry, the error's text, and not the
+/// call's: the others in the call are decided all the same.
+pub fn batch_script() -> &'static LuaScript {
+    static BATCH: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
+        let mut source = String::from("local algorithms = {}\n");
+        for (index, script) in Policy::scripts().enumerate() {
+            source.push_str(&format!(
+                "algorithms[{index}] = function(KEYS, ARGV)\n{}\nend\n",
+                script.source()
+            ));
+        }
+        source.push_str(BATCH_LOOP);
+        // Built once per process, and a script's text lives as long as the process anyway.
+        LuaScript::new(Box::leak(source.into_boxed_str()))
+    });
+    &BATCH
+}
+
+/// The loop of [`batch_script`], after the algorithms' functions.
+const BATCH_LOOP: &str = r#"
+local clock
+local replies = {}
+for i = 1, #KEYS do
+  local at = (i - 1) * 6
+  local now = ARGV[at + 5]
+  if now == '' then
+    if not clock then
+      local t = redis.call('TIME')
+      clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+    now = clock
+  end
+  local ok, reply = pcall(algorithms[tonumber(ARGV[at + 1])], {KEYS[i]},
+    {ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], now, ARGV[at + 6]})
+  if ok then
+    replies[i] = reply
+  elseif type(reply) == 'table' and reply.err then
+    replies[i] = reply.err
+  else
+    replies[i] = tostring(reply)
+  end
+end
+return replies
+"#;
+
 /// Numbers that cross into Lua (where they are doubles, exact below 2^53) stay below 2^50,
 /// which leaves room for the additions the scripts make. Parameter parsers enforce it.
 pub const EXACT_LIMIT: u64 = 1 << 50;
@@ -243,6 +293,23 @@ macro_rules! algorithms {
             /// See [`Algorithm::KEY_SUFFIX`].
             pub fn key_suffix(&self) -> &'static str {
                 match self { $(Policy::$variant(_) => <$algorithm as Algorithm>::KEY_SUFFIX),+ }
+            }
+
+            /// Every algorithm's script, in the order of [`Policy::script_index`].
+            pub fn scripts() -> impl Iterator<Item = &'static LuaScript> {
+                [$(<$algorithm as Algorithm>::script()),+].into_iter()
+            }
+
+            /// The position of this algorithm's script in [`Policy::scripts`].
+            pub fn script_index(&self) -> usize {
+                let mut index = 0;
+                $(
+                    if matches!(self, Policy::$variant(_)) {
+                        return index;
+                    }
+                    index += 1;
+                )+
+                index
             }
 
             /// The script and its two parameter arguments.
