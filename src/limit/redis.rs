@@ -186,6 +186,9 @@ impl Drop for CallSlot {
         };
         let batch: Vec<Waiting> = {
             let mut state = coalescer.state.lock();
+            // A decision whose caller stopped waiting (its timeout, or the request gone) was
+            // answered by the fail mode: it must not spend the client's budget now.
+            state.waiting.retain(|waiting| !waiting.reply.is_closed());
             if state.waiting.is_empty() {
                 state.in_flight -= 1;
                 return;
