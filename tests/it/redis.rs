@@ -272,24 +272,21 @@ async fn decisions_sent_together_agree_with_memory_too() {
     );
 }
 
+/// A store on `redis` under `prefix`, and a token-bucket rule for it.
+fn token_bucket_on(redis: &RedisServer, prefix: &str, capacity: u64, interval_us: u64) -> (RedisStore, Rule) {
+    let store = RedisStore::new(&RedisTarget::Single(redis.url()), prefix, Duration::from_secs(5)).unwrap();
+    let policy = Policy::TokenBucket(TokenBucket {
+        capacity,
+        interval_us,
+    });
+    (store, Rule::new(0, "general", policy))
+}
+
 /// Many requests for one budget at once, sent together: still exactly the budget is allowed.
 #[tokio::test]
 async fn a_burst_sent_together_is_exact() {
     let redis = RedisServer::start();
-    let store = RedisStore::new(
-        &RedisTarget::Single(redis.url()),
-        "burst:",
-        Duration::from_secs(5),
-    )
-    .unwrap();
-    let rule = Rule::new(
-        0,
-        "general",
-        Policy::TokenBucket(TokenBucket {
-            capacity: 50,
-            interval_us: 1_000_000_000,
-        }),
-    );
+    let (store, rule) = token_bucket_on(&redis, "burst:", 50, 1_000_000_000);
     let client: IpAddr = "192.0.2.7".parse().unwrap();
     let decisions = join_all((0..300).map(|_| store.check(&rule, client.into(), 1))).await;
     let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
@@ -302,20 +299,7 @@ async fn a_burst_sent_together_is_exact() {
 #[tokio::test]
 async fn a_wrong_type_key_in_a_batch_fails_alone() {
     let redis = RedisServer::start();
-    let store = RedisStore::new(
-        &RedisTarget::Single(redis.url()),
-        "mixed:",
-        Duration::from_secs(5),
-    )
-    .unwrap();
-    let rule = Rule::new(
-        0,
-        "general",
-        Policy::TokenBucket(TokenBucket {
-            capacity: 10,
-            interval_us: 1_000_000,
-        }),
-    );
+    let (store, rule) = token_bucket_on(&redis, "mixed:", 10, 1_000_000);
     let bad: IpAddr = "192.0.2.66".parse().unwrap();
     redis.cli(&["LPUSH", &store.key(&rule, bad.into()), "not a budget"]);
     let clients: Vec<IpAddr> = (0..64u8)
