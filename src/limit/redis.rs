@@ -151,8 +151,8 @@ enum Turn {
     /// At once, alone: in a place among the calls out (`None` on a cluster, which does not
     /// coalesce: its clients' keys are in different slots).
     Now(Option<CallSlot>),
-    /// With the next batch; its reply comes here.
-    Later(tokio::sync::oneshot::Receiver<BatchReply>),
+    /// With the next batch, which answers here by the deadline.
+    Later(tokio::sync::oneshot::Receiver<BatchReply>, tokio::time::Instant),
 }
 
 /// One decision's part of a batch's reply: its script's reply, or why it has none.
@@ -170,6 +170,9 @@ struct Waiting {
     now_us: Option<u64>,
     /// Where the reply goes.
     reply: tokio::sync::oneshot::Sender<BatchReply>,
+    /// `REDIS_TIMEOUT_MS` from when it was queued: the batch that carries it must answer by
+    /// then, waiting included, as a decision sent alone would.
+    deadline: tokio::time::Instant,
 }
 
 /// A decision call's place among the [`MAX_CALLS_IN_FLIGHT`]. When it ends (the call came
@@ -184,27 +187,33 @@ impl Drop for CallSlot {
         let Some(coalescer) = &self.store.coalescer else {
             return;
         };
-        let batch: Vec<Waiting> = {
-            let mut state = coalescer.state.lock();
-            // A decision whose caller stopped waiting (its timeout, or the request gone) was
-            // answered by the fail mode: it must not spend the client's budget now.
-            state.waiting.retain(|waiting| !waiting.reply.is_closed());
-            if state.waiting.is_empty() {
-                state.in_flight -= 1;
-                return;
-            }
-            let take = state.waiting.len().min(MAX_BATCH);
-            state.waiting.drain(..take).collect()
-        };
-        match tokio::runtime::Handle::try_current() {
-            // The place passes to the batch, whose own slot hands it on when it ends.
-            Ok(runtime) => {
-                runtime.spawn(self.store.clone().send_batch(batch));
-            }
+        let now = tokio::time::Instant::now();
+        let mut state = coalescer.state.lock();
+        // A decision whose caller stopped waiting (the request gone) or whose time is up was
+        // answered by the fail mode: it must not spend the client's budget now.
+        state
+            .waiting
+            .retain(|waiting| !waiting.reply.is_closed() && waiting.deadline > now);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime (the process is ending): the waiting decisions see their replies
             // dropped and take the fail mode; the place is given up.
-            Err(_) => coalescer.state.lock().in_flight -= 1,
+            state.waiting.clear();
+            state.in_flight -= 1;
+            return;
+        };
+        if state.waiting.is_empty() {
+            state.in_flight -= 1;
+            return;
         }
+        let take = state.waiting.len().min(MAX_BATCH);
+        let batch: Vec<Waiting> = state.waiting.drain(..take).collect();
+        drop(state);
+        // The place passes to the batch: held by its task, and handed on again (this very
+        // Drop) when the task ends, or is dropped unrun.
+        let slot = CallSlot {
+            store: self.store.clone(),
+        };
+        runtime.spawn(slot.store.clone().send_batch(slot, batch));
     }
 }
 
@@ -414,11 +423,15 @@ impl RedisStore {
                 drop(slot);
                 reply?
             }
-            Turn::Later(waiting) => match tokio::time::timeout(self.timeout, waiting).await {
-                Ok(Ok(reply)) => reply?,
-                Ok(Err(_)) => return Err(StoreError::Reply("the batch call was dropped".into())),
-                Err(_) => return Err(StoreError::Timeout(self.timeout)),
-            },
+            // The batch answers by this decision's deadline; a millisecond more is only the
+            // backstop for a batch task that never ran.
+            Turn::Later(waiting, deadline) => {
+                match tokio::time::timeout_at(deadline + Duration::from_millis(1), waiting).await {
+                    Ok(Ok(reply)) => reply?,
+                    Ok(Err(_)) => return Err(StoreError::Reply("the batch call was dropped".into())),
+                    Err(_) => return Err(StoreError::Timeout(self.timeout)),
+                }
+            }
         };
         decision_of(rule, &reply)
     }
@@ -436,21 +449,31 @@ impl RedisStore {
         }
         let (reply, waiting) = tokio::sync::oneshot::channel();
         let (_, [first, second]) = rule.policy.script();
+        let deadline = tokio::time::Instant::now() + self.timeout;
         state.waiting.push(Waiting {
             algorithm: rule.policy.script_index(),
             arguments: [first, second, cost],
             key: key.to_owned(),
             now_us,
             reply,
+            deadline,
         });
-        Turn::Later(waiting)
+        Turn::Later(waiting, deadline)
     }
 
     /// Send `batch` as one call (it holds a place among the calls out) and hand each decision
     /// its reply; then pass the place on.
-    async fn send_batch(self, batch: Vec<Waiting>) {
-        let _slot = CallSlot { store: self.clone() };
-        let replies = self.bounded(self.run_batch(&batch)).await;
+    async fn send_batch(self, slot: CallSlot, batch: Vec<Waiting>) {
+        let _slot = slot;
+        // By the first deadline among them (they are queued in order): none waits longer
+        // than REDIS_TIMEOUT_MS in all.
+        let deadline = batch.iter().map(|waiting| waiting.deadline).min();
+        let call = self.run_batch(&batch);
+        let replies =
+            match tokio::time::timeout_at(deadline.unwrap_or_else(tokio::time::Instant::now), call).await {
+                Ok(result) => result.map_err(StoreError::from),
+                Err(_) => Err(StoreError::Timeout(self.timeout)),
+            };
         match replies {
             Ok(redis::Value::Array(replies)) if replies.len() == batch.len() => {
                 for (waiting, reply) in batch.into_iter().zip(replies) {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use http::StatusCode;
-use tollgate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
+use tollgate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, batch_script};
 use tollgate::limit::{MemoryStore, Policy, RedisStore, RedisTarget, Rule};
 
 use crate::support::{Backend, Gateway, RedisServer, get, get_from};
@@ -293,6 +293,9 @@ async fn a_burst_sent_together_is_exact() {
     assert_eq!(allowed, 50);
     let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
     assert!(calls < 300, "{calls} script calls for 300 decisions");
+    // A fresh Redis had no batch script: its first batch met NOSCRIPT and sent the text.
+    let cached = redis.cli(&["SCRIPT", "EXISTS", batch_script().hash()]);
+    assert_eq!(cached.trim(), "1", "the batch script was loaded");
 }
 
 /// A key of the wrong type in a call that carries others fails alone, as a fault of that key.
@@ -320,6 +323,11 @@ async fn a_wrong_type_key_in_a_batch_fails_alone() {
         }
     }
     assert!(decisions.last().unwrap().is_err());
+    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    assert!(
+        calls < 65,
+        "{calls} script calls for 65 decisions: nothing was sent together"
+    );
 }
 
 /// `calls` of one command in `INFO commandstats`.
