@@ -27,6 +27,9 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// `REDIS_TIMEOUT_MS`: the most one decision may wait for Redis.
     pub timeout: Duration,
+    /// `REDIS_CALLS_IN_FLIGHT`: decision calls out at once before the decisions arriving
+    /// wait and go together in one call (single Redis); 0 never coalesces.
+    pub calls_in_flight: usize,
     /// Fail mode and circuit breaker.
     pub guard: GuardSettings,
 }
@@ -36,10 +39,11 @@ impl fmt::Display for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "redis {} (prefix {:?}, timeout {} ms, fail {}, breaker after {} failures, probe every {} ms)",
+            "redis {} (prefix {:?}, timeout {} ms, {} calls in flight, fail {}, breaker after {} failures, probe every {} ms)",
             self.target.redacted(),
             self.key_prefix,
             self.timeout.as_millis(),
+            self.calls_in_flight,
             self.guard.fail_mode.as_str(),
             self.guard.failure_threshold,
             self.guard.probe_interval.as_millis(),
@@ -144,10 +148,17 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
         "a whole number of at least 1",
         |s| s.parse::<u32>().ok().filter(|n| *n > 0),
     )?;
+    let calls_in_flight = env.parse(
+        "REDIS_CALLS_IN_FLIGHT",
+        "4",
+        "a whole number from 0 (never coalesce) to 1024",
+        |s| s.parse::<usize>().ok().filter(|n| *n <= 1024),
+    )?;
     Ok(StoreConfig::Redis(RedisConfig {
         target,
         key_prefix,
         timeout: env.millis("REDIS_TIMEOUT_MS", "50")?,
+        calls_in_flight,
         guard: GuardSettings {
             fail_mode,
             failure_threshold,

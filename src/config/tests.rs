@@ -159,6 +159,10 @@ fn every_error_names_its_variable_and_value() {
             "FAIL_MODE=\"maybe\"",
         ),
         (
+            &[("REDIS_ADDR", "h:1"), ("REDIS_CALLS_IN_FLIGHT", "1025")],
+            "REDIS_CALLS_IN_FLIGHT=\"1025\"",
+        ),
+        (
             &[("REDIS_ADDR", "h:1"), ("REDIS_TIMEOUT_MS", "0")],
             "REDIS_TIMEOUT_MS=\"0\"",
         ),
@@ -700,6 +704,7 @@ fn a_clean_configuration_has_no_warnings() {
         ("FAIL_MODE", "local"),
         ("REDIS_BREAKER_THRESHOLD", "5"),
         ("REDIS_PROBE_INTERVAL_MS", "1000"),
+        ("REDIS_CALLS_IN_FLIGHT", "0"),
     ];
     assert_eq!(warnings(&every_setting_in_use), Vec::<String>::new());
 }

@@ -6,12 +6,13 @@
 //! Redis `TIME`, so replicas with skewed clocks agree. Every key carries a TTL and all keys of
 //! one client and rule share a `{hash tag}`, so the same scripts run on Redis Cluster.
 //!
-//! On a single Redis, decisions coalesce under load: up to [`MAX_CALLS_IN_FLIGHT`] calls go
+//! On a single Redis, decisions coalesce under load: up to `REDIS_CALLS_IN_FLIGHT` calls go
 //! out at once, each a decision alone, and the decisions that arrive meanwhile wait and go
 //! together, up to [`MAX_BATCH`], in one call of the [`batch_script`] (every algorithm's
 //! script as a function, run in turn) when a call comes back. One call for many decisions
-//! costs Redis about a third less per decision (docs/benchmarks.md, part 2), and nothing waits
-//! while fewer than [`MAX_CALLS_IN_FLIGHT`] are out. A decision that fails inside a batch (a
+//! costs Redis a sixth less per decision at the load of part 3 (a third in batches of 16;
+//! docs/benchmarks.md, part 2), and nothing waits
+//! while fewer than `REDIS_CALLS_IN_FLIGHT` are out. A decision that fails inside a batch (a
 //! key of the wrong type) fails alone.
 //!
 //! Connections are made lazily: a Redis that is down at boot does not stop the gateway. Every
@@ -119,23 +120,33 @@ pub struct RedisStore {
     prefix: Arc<str>,
     /// `REDIS_TIMEOUT_MS`: the most any one call may take, connecting included.
     timeout: Duration,
-    /// Single Redis only: decisions that wait while [`MAX_CALLS_IN_FLIGHT`] calls are out,
+    /// Single Redis only: decisions that wait while `REDIS_CALLS_IN_FLIGHT` calls are out,
     /// sent together as one call when one comes back.
     coalescer: Option<Arc<Coalescer>>,
 }
 
-/// Decision calls out at once before further decisions wait to be sent together. Enough for
-/// the multiplexed connection to keep Redis busy; beyond it, coalescing saves Redis about a
-/// third of each decision (docs/benchmarks.md, part 2).
-pub const MAX_CALLS_IN_FLIGHT: usize = 4;
+/// `REDIS_CALLS_IN_FLIGHT`'s default: decision calls out at once before further decisions
+/// wait to be sent together. Enough for the multiplexed connection to keep Redis busy; past
+/// it, coalescing saves Redis a sixth of each decision (docs/benchmarks.md, part 2).
+pub const DEFAULT_CALLS_IN_FLIGHT: usize = 4;
 
 /// The most decisions one call carries.
 pub const MAX_BATCH: usize = 64;
 
 /// The decisions waiting for a call, and how many calls are out.
-#[derive(Default)]
 struct Coalescer {
+    /// `REDIS_CALLS_IN_FLIGHT`, at least 1.
+    calls_in_flight: usize,
     state: parking_lot::Mutex<Coalescing>,
+}
+
+impl Coalescer {
+    fn new(calls_in_flight: usize) -> Self {
+        Coalescer {
+            calls_in_flight,
+            state: parking_lot::Mutex::new(Coalescing::default()),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -175,7 +186,7 @@ struct Waiting {
     deadline: tokio::time::Instant,
 }
 
-/// A decision call's place among the [`MAX_CALLS_IN_FLIGHT`]. When it ends (the call came
+/// A decision call's place among the `REDIS_CALLS_IN_FLIGHT`. When it ends (the call came
 /// back, failed, or its caller went away), the place goes to the decisions waiting, sent as
 /// one call, or is given up when none wait.
 struct CallSlot {
@@ -269,13 +280,23 @@ impl RedisStore {
                 }))
             }
         };
-        let coalescer = matches!(connection, Connection::Single(_)).then(Arc::default);
+        let coalescer = matches!(connection, Connection::Single(_))
+            .then(|| Arc::new(Coalescer::new(DEFAULT_CALLS_IN_FLIGHT)));
         Ok(RedisStore {
             connection,
             prefix: prefix.into(),
             timeout,
             coalescer,
         })
+    }
+
+    /// Coalesce past `calls` decision calls out at once (`REDIS_CALLS_IN_FLIGHT`); 0 sends
+    /// every decision alone. A cluster never coalesces.
+    pub fn with_calls_in_flight(mut self, calls: usize) -> Self {
+        if self.coalescer.is_some() {
+            self.coalescer = (calls > 0).then(|| Arc::new(Coalescer::new(calls)));
+        }
+        self
     }
 
     /// Decide a request of `cost` for `client` under `rule`, on the Redis clock.
@@ -443,7 +464,7 @@ impl RedisStore {
             return Turn::Now(None);
         };
         let mut state = coalescer.state.lock();
-        if state.in_flight < MAX_CALLS_IN_FLIGHT {
+        if state.in_flight < coalescer.calls_in_flight {
             state.in_flight += 1;
             return Turn::Now(Some(CallSlot { store: self.clone() }));
         }

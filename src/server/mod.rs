@@ -66,7 +66,8 @@ pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
     Ok(match &config.store {
         StoreConfig::Memory => Limiter::Memory(MemoryStore::new(config.max_keys, config.rules.rules())),
         StoreConfig::Redis(redis) => {
-            let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?;
+            let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
+                .with_calls_in_flight(redis.calls_in_flight);
             Limiter::Redis(Guard::new(
                 store,
                 redis.guard,

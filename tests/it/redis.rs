@@ -298,6 +298,20 @@ async fn a_burst_sent_together_is_exact() {
     assert_eq!(cached.trim(), "1", "the batch script was loaded");
 }
 
+/// `REDIS_CALLS_IN_FLIGHT=0`: every decision its own call, however many at once.
+#[tokio::test]
+async fn coalescing_can_be_turned_off() {
+    let redis = RedisServer::start();
+    let (store, rule) = token_bucket_on(&redis, "alone:", 50, 1_000_000_000);
+    let store = store.with_calls_in_flight(0);
+    let client: IpAddr = "192.0.2.8".parse().unwrap();
+    let decisions = join_all((0..100).map(|_| store.check(&rule, client.into(), 1))).await;
+    let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+    assert_eq!(allowed, 50);
+    // One EVALSHA each (those that met NOSCRIPT went again as EVAL).
+    assert_eq!(redis_calls(&redis, "evalsha"), 100);
+}
+
 /// A key of the wrong type in a call that carries others fails alone, as a fault of that key.
 #[tokio::test]
 async fn a_wrong_type_key_in_a_batch_fails_alone() {
