@@ -28,7 +28,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::OnceCell;
 
-use crate::limit::algorithm::batch_script;
+use crate::limit::algorithm::{LuaScript, batch_script};
 use crate::limit::slots::SlotMap;
 use crate::limit::{ClientKey, Decision, Rule};
 
@@ -492,19 +492,15 @@ impl RedisStore {
         let call = self.run_batch(&batch);
         let replies =
             match tokio::time::timeout_at(deadline.unwrap_or_else(tokio::time::Instant::now), call).await {
-                Ok(result) => result.map_err(StoreError::from),
+                Ok(Ok(redis::Value::Array(replies))) if replies.len() == batch.len() => Ok(replies),
+                Ok(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
+                Ok(Err(error)) => Err(StoreError::from(error)),
                 Err(_) => Err(StoreError::Timeout(self.timeout)),
             };
         match replies {
-            Ok(redis::Value::Array(replies)) if replies.len() == batch.len() => {
+            Ok(replies) => {
                 for (waiting, reply) in batch.into_iter().zip(replies) {
                     let _ = waiting.reply.send(reply_of_one(reply));
-                }
-            }
-            Ok(other) => {
-                let error = StoreError::Reply(format!("{other:?}"));
-                for waiting in batch {
-                    let _ = waiting.reply.send(Err(error.clone()));
                 }
             }
             Err(error) => {
@@ -535,6 +531,17 @@ impl RedisStore {
             }
             cmd
         };
+        self.evaluate(script, command).await
+    }
+
+    /// `command("EVALSHA", hash)`, and after `NOSCRIPT` (a Redis restarted, flushed or failed
+    /// over) `command("EVAL", source)`, which caches the script on that node for the next
+    /// `EVALSHA`.
+    async fn evaluate(
+        &self,
+        script: &LuaScript,
+        command: impl Fn(&str, &str) -> redis::Cmd,
+    ) -> redis::RedisResult<redis::Value> {
         match self.query(&command("EVALSHA", script.hash())).await {
             Err(error) if error.code() == Some("NOSCRIPT") => {
                 self.query(&command("EVAL", script.source())).await
@@ -578,12 +585,7 @@ impl RedisStore {
             };
             cmd
         };
-        match self.query(&command("EVALSHA", script.hash())).await {
-            Err(error) if error.code() == Some("NOSCRIPT") => {
-                self.query(&command("EVAL", script.source())).await
-            }
-            reply => reply,
-        }
+        self.evaluate(script, command).await
     }
 
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {

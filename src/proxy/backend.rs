@@ -39,7 +39,7 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
@@ -173,13 +173,9 @@ impl BackendPool {
 }
 
 impl Pool {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Idle>> {
-        self.idle.lock()
-    }
-
     /// The most recently used connection that is still fresh and ready, if any.
     fn checkout(&self) -> Option<Connection> {
-        let mut idle = self.lock();
+        let mut idle = self.idle.lock();
         while let Some(top) = idle.pop_back() {
             if top.since.elapsed() >= self.idle_timeout {
                 // Everything below went idle earlier still.
@@ -193,20 +189,11 @@ impl Pool {
         None
     }
 
-    /// Put a connection whose exchange is over back on the stack.
+    /// Put a connection whose exchange is over back on the stack. Expired ones below it are
+    /// the reaper's to close, and `checkout` never takes them.
     fn checkin(&self, connection: Connection) {
-        let now = Instant::now();
-        let mut idle = self.lock();
-        while idle
-            .front()
-            .is_some_and(|oldest| now.duration_since(oldest.since) >= self.idle_timeout)
-        {
-            idle.pop_front();
-        }
-        idle.push_back(Idle {
-            connection,
-            since: now,
-        });
+        let since = Instant::now();
+        self.idle.lock().push_back(Idle { connection, since });
     }
 
     /// Open a connection and start hyper's dispatcher for it.
@@ -289,7 +276,7 @@ async fn reap(pool: Weak<Pool>, idle_timeout: Duration) {
         interval.tick().await;
         let Some(pool) = pool.upgrade() else { return };
         let now = Instant::now();
-        pool.lock().retain(|idle| {
+        pool.idle.lock().retain(|idle| {
             now.duration_since(idle.since) < idle_timeout && !idle.connection.sender.is_closed()
         });
     }
