@@ -87,6 +87,9 @@ async fn redis_killed_mid_run_fails_open_then_resumes_when_restarted() {
         &[
             ("REDIS_ADDR", &redis.addr()),
             ("REDIS_PROBE_INTERVAL_MS", "100"),
+            // The first call connects and loads the script: more than the default 50 ms on
+            // a test machine running a dozen servers at once. A dead Redis refuses at once.
+            ("REDIS_TIMEOUT_MS", "1000"),
             ("MAX_TOKENS", "2"),
             ("REFILL_RATE", "0.01"),
         ],
@@ -142,6 +145,9 @@ async fn redis_killed_with_fail_closed_refuses_with_503_then_recovers() {
         &[
             ("REDIS_ADDR", &redis.addr()),
             ("REDIS_PROBE_INTERVAL_MS", "100"),
+            // The first call connects and loads the script: more than the default 50 ms on
+            // a test machine running a dozen servers at once. A dead Redis refuses at once.
+            ("REDIS_TIMEOUT_MS", "1000"),
             ("FAIL_MODE", "closed"),
         ],
     )
@@ -228,6 +234,9 @@ async fn redis_killed_with_fail_local_limits_per_replica_then_resumes() {
         &[
             ("REDIS_ADDR", &redis.addr()),
             ("REDIS_PROBE_INTERVAL_MS", "100"),
+            // The first call connects and loads the script: more than the default 50 ms on
+            // a test machine running a dozen servers at once. A dead Redis refuses at once.
+            ("REDIS_TIMEOUT_MS", "1000"),
             ("FAIL_MODE", "local"),
             ("MAX_TOKENS", "3"),
             ("REFILL_RATE", "0.01"),
@@ -877,10 +886,21 @@ async fn a_failed_over_master_is_followed_to_its_promoted_replica() {
         );
     }
     exact_budget(gateway.addr, live[1], 3, "beside a dead master").await;
-    crate::support::redis::wait_for(
-        || cluster.owner_of(&key(&dead[0])) != victim,
-        "the replica to be promoted",
-    );
+    // Until every node has the replica as the owner: a node that has not heard of the
+    // failover yet still names the dead master, and a slot map asked of it then would send
+    // the gateway back there (the fail mode again, after limiting had resumed). Waited for on
+    // the runtime rather than by blocking it: the gateway under test runs on it.
+    let promoted_everywhere = Instant::now() + Duration::from_secs(10);
+    while cluster
+        .agreed_owner_of(&key(&dead[0]))
+        .is_none_or(|owner| owner == victim)
+    {
+        assert!(
+            Instant::now() < promoted_everywhere,
+            "the replica was not promoted in every node's view"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let promoted = killed.elapsed();
     // Fresh clients on the failed-over slots: the fail mode until the gateway follows, then
     // exact budgets on the promoted replica.

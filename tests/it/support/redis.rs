@@ -298,6 +298,25 @@ impl RedisCluster {
             .iter()
             .find(|node| node.child.is_some())
             .expect("no node is running");
+        self.owner_seen_by(asked, key)
+            .unwrap_or_else(|| panic!("no master owns the slot of {key}"))
+    }
+
+    /// The owner of `key`'s hash slot once every running node agrees on it; `None` while
+    /// their views differ (a failover is not known everywhere yet: a client that asks the
+    /// cluster for its slot map then may still be told the old owner).
+    pub fn agreed_owner_of(&self, key: &str) -> Option<usize> {
+        let mut views = self
+            .nodes
+            .iter()
+            .filter(|node| node.child.is_some())
+            .map(|node| self.owner_seen_by(node, key));
+        let first = views.next().expect("no node is running")?;
+        views.all(|view| view == Some(first)).then_some(first)
+    }
+
+    /// The owner of `key`'s hash slot in `asked`'s `CLUSTER NODES`.
+    fn owner_seen_by(&self, asked: &RedisServer, key: &str) -> Option<usize> {
         let slot: u16 = asked.cli(&["CLUSTER", "KEYSLOT", key]).trim().parse().unwrap();
         // `<id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slots>...`
         for line in asked.cli(&["CLUSTER", "NODES"]).lines() {
@@ -318,14 +337,11 @@ impl RedisCluster {
                 }
             });
             if owns {
-                return self
-                    .nodes
-                    .iter()
-                    .position(|node| node.port == port)
-                    .expect("the owner is one of ours");
+                let owner = self.nodes.iter().position(|node| node.port == port);
+                return Some(owner.expect("the owner is one of ours"));
             }
         }
-        panic!("no master owns slot {slot} of {key}");
+        None
     }
 
     /// `REDIS_CLUSTER_NODES`.
