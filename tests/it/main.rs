@@ -8,6 +8,7 @@ mod binary;
 mod cluster;
 mod connections;
 mod faults;
+mod http2;
 mod proxy;
 mod redis;
 mod rules;

@@ -1,0 +1,244 @@
+//! HTTP/2 floods, written frame by frame as an attacker would, each with a bounded answer:
+//! the connection is ended (`GOAWAY` with `ENHANCE_YOUR_CALM`) or the excess is refused, the
+//! backend sees nothing it should not, and other clients are served meanwhile. These hold
+//! hyper's and h2's defences (on by default, never turned off by tollgate) to what a
+//! deployment relies on, so a change of settings or versions that drops one fails here.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use http::StatusCode;
+
+use crate::support::{Backend, Gateway, get};
+
+/// The client connection preface and an empty SETTINGS frame.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const CONTINUATION: u8 = 0x9;
+
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`.
+const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+
+/// Error codes (RFC 9113 section 7).
+const REFUSED_STREAM: u32 = 0x7;
+const CANCEL: u32 = 0x8;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut frame = Vec::with_capacity(9 + payload.len());
+    frame.extend_from_slice(&length[1..]);
+    frame.push(kind);
+    frame.push(flags);
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// An HPACK block for `GET path` on `localhost`: `:method GET` and `:scheme http` from the
+/// static table, `:path` and `:authority` as literals that are not indexed.
+fn get_block(path: &str) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86];
+    for (name_index, value) in [(0x04, path), (0x01, "localhost")] {
+        block.push(name_index);
+        block.push(u8::try_from(value.len()).expect("a short value"));
+        block.extend_from_slice(value.as_bytes());
+    }
+    block
+}
+
+/// One frame from the gateway.
+struct Frame {
+    kind: u8,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+/// The frames the gateway sent until it closed the connection or `quiet` passed with
+/// nothing more.
+struct Seen {
+    frames: Vec<Frame>,
+    closed: bool,
+}
+
+impl Seen {
+    /// The error code of the gateway's `GOAWAY`, if it sent one.
+    fn goaway(&self) -> Option<u32> {
+        self.frames
+            .iter()
+            .find(|frame| frame.kind == GOAWAY)
+            .map(|frame| u32::from_be_bytes(frame.payload[4..8].try_into().unwrap()))
+    }
+
+    /// Frames of `kind` on request streams.
+    fn on_streams(&self, kind: u8) -> impl Iterator<Item = &Frame> {
+        self.frames
+            .iter()
+            .filter(move |frame| frame.kind == kind && frame.stream != 0)
+    }
+
+    /// The value of `setting` in the gateway's first `SETTINGS`.
+    fn setting(&self, setting: u16) -> Option<u32> {
+        let settings = self.frames.iter().find(|frame| frame.kind == SETTINGS)?;
+        settings.payload.chunks_exact(6).find_map(|entry| {
+            (u16::from_be_bytes([entry[0], entry[1]]) == setting)
+                .then(|| u32::from_be_bytes(entry[2..6].try_into().unwrap()))
+        })
+    }
+}
+
+/// Read the gateway's frames until it closes the connection, or until `quiet` passes with
+/// nothing more.
+async fn read_frames(stream: &mut TcpStream, quiet: Duration) -> Seen {
+    let mut buffer = Vec::new();
+    let mut frames = Vec::new();
+    let mut chunk = [0u8; 16384];
+    let closed = loop {
+        match tokio::time::timeout(quiet, stream.read(&mut chunk)).await {
+            Err(_) => break false,
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => buffer.extend_from_slice(&chunk[..n]),
+        }
+        while buffer.len() >= 9 {
+            let length = usize::from(buffer[0]) << 16 | usize::from(buffer[1]) << 8 | usize::from(buffer[2]);
+            if buffer.len() < 9 + length {
+                break;
+            }
+            frames.push(Frame {
+                kind: buffer[3],
+                stream: u32::from_be_bytes(buffer[5..9].try_into().unwrap()) & 0x7fff_ffff,
+                payload: buffer[9..9 + length].to_vec(),
+            });
+            buffer.drain(..9 + length);
+        }
+    };
+    Seen { frames, closed }
+}
+
+/// A gateway with a budget no test here spends, so every refusal seen is HTTP/2's.
+async fn gateway(backend: &Backend) -> Gateway {
+    Gateway::start(&backend.url(), &[("MAX_TOKENS", "100000")]).await
+}
+
+/// Rapid reset (CVE-2023-44487): streams opened and cancelled at once cost the client nothing
+/// and would cost the server a request each. After 20 cancelled before they were taken up,
+/// the connection is ended; the backend sees none of them.
+#[tokio::test]
+async fn a_rapid_reset_flood_ends_the_connection_before_the_backend_sees_it() {
+    let backend = Backend::start().await;
+    let gateway = gateway(&backend).await;
+    let mut attacker = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut flood = PREFACE.to_vec();
+    for n in 0..2_000u32 {
+        let stream = 2 * n + 1;
+        flood.extend(frame(HEADERS, END_STREAM | END_HEADERS, stream, &get_block("/")));
+        flood.extend(frame(RST_STREAM, 0, stream, &CANCEL.to_be_bytes()));
+    }
+    // The gateway may close before all of it is written.
+    let _ = attacker.write_all(&flood).await;
+    let seen = read_frames(&mut attacker, Duration::from_secs(5)).await;
+    assert_eq!(seen.goaway(), Some(ENHANCE_YOUR_CALM));
+    assert!(seen.closed, "the connection is ended");
+    assert!(
+        backend.seen().len() <= 20,
+        "{} of 2,000 cancelled requests reached the backend",
+        backend.seen().len()
+    );
+    assert_eq!(
+        get(gateway.addr, "/").await.status,
+        StatusCode::OK,
+        "others are served"
+    );
+}
+
+/// A header block that never ends (`CONTINUATION` frames without `END_HEADERS`,
+/// CVE-2024-27316 and kin): the gateway stops reading it at a bounded size and ends the
+/// connection, rather than buffering it for a request that never comes.
+#[tokio::test]
+async fn a_header_block_that_never_ends_is_cut_off() {
+    let backend = Backend::start().await;
+    let gateway = gateway(&backend).await;
+    let mut attacker = TcpStream::connect(gateway.addr).await.unwrap();
+    attacker.write_all(PREFACE).await.unwrap();
+    attacker
+        .write_all(&frame(HEADERS, END_STREAM, 1, &get_block("/")))
+        .await
+        .unwrap();
+    // A 4 KiB `x-pad` header per frame (a literal, its length 4096 as HPACK writes it), 16 MiB
+    // in all: a thousand times the header list size the gateway advertises.
+    let mut field = vec![0x00, 5];
+    field.extend_from_slice(b"x-pad");
+    field.extend_from_slice(&[0x7f, 0x81, 0x1f]);
+    field.extend(std::iter::repeat_n(b'a', 4096));
+    let continuation = frame(CONTINUATION, 0, 1, &field);
+    let mut written = 0;
+    for _ in 0..4_096 {
+        if attacker.write_all(&continuation).await.is_err() {
+            break;
+        }
+        written += continuation.len();
+    }
+    let seen = read_frames(&mut attacker, Duration::from_secs(5)).await;
+    assert_eq!(seen.goaway(), Some(ENHANCE_YOUR_CALM), "{written} bytes written");
+    assert!(seen.closed, "the connection is ended");
+    assert!(backend.seen().is_empty(), "a request reached the backend");
+    assert_eq!(
+        get(gateway.addr, "/").await.status,
+        StatusCode::OK,
+        "others are served"
+    );
+}
+
+/// More streams at once than the gateway advertises: the excess is refused
+/// (`REFUSED_STREAM`, which a client may retry) and never reaches the backend; the streams
+/// within the limit are answered.
+#[tokio::test]
+async fn streams_past_the_advertised_limit_are_refused_before_the_backend() {
+    let backend = Backend::start().await;
+    let gateway = gateway(&backend).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut burst = PREFACE.to_vec();
+    for n in 0..400u32 {
+        burst.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            2 * n + 1,
+            &get_block("/slow/500"),
+        ));
+    }
+    client.write_all(&burst).await.unwrap();
+    let seen = read_frames(&mut client, Duration::from_secs(3)).await;
+    let limit = seen
+        .setting(MAX_CONCURRENT_STREAMS)
+        .expect("the gateway advertises SETTINGS_MAX_CONCURRENT_STREAMS");
+    assert!(
+        limit < 400,
+        "a limit of {limit} lets every stream of the test through"
+    );
+    let refused: Vec<u32> = seen
+        .on_streams(RST_STREAM)
+        .map(|frame| u32::from_be_bytes(frame.payload[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(refused.len() as u32, 400 - limit, "the excess is reset");
+    assert!(refused.iter().all(|&code| code == REFUSED_STREAM), "{refused:?}");
+    assert_eq!(
+        seen.on_streams(HEADERS).count() as u32,
+        limit,
+        "the rest are answered"
+    );
+    assert_eq!(
+        backend.seen().len() as u32,
+        limit,
+        "only those reached the backend"
+    );
+    assert!(!seen.closed, "the connection stays open");
+}
