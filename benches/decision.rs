@@ -1,5 +1,7 @@
 //! The in-memory decision hot path: `MemoryStore::check_at` for one hot client, for a million
-//! clients, and with two threads contending on one store; plus heap allocations per decision.
+//! clients, and with two threads contending on one store, beside the floor of any design for
+//! two threads (the token bucket's state alone in an atomic word, see [`CasFloor`]); plus heap
+//! allocations per decision.
 //!
 //! The clock is synthetic (one microsecond per decision, passed to `check_at`), so the numbers
 //! measure the store and the algorithm, not the cost of reading a clock. Budgets are large
@@ -15,6 +17,7 @@
 //! `docs/benchmarks.md`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroUsize;
@@ -23,7 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use tollgate::limit::algorithm::{SlidingWindow, TokenBucket};
+use hashbrown::DefaultHashBuilder;
+use tollgate::limit::algorithm::{Algorithm, SlidingWindow, TokenBucket};
 use tollgate::limit::{ClientKey, MemoryStore, Policy, Rule};
 
 /// Heap allocations (alloc, alloc_zeroed, realloc) made by the whole process so far.
@@ -195,26 +199,19 @@ fn million_keys(c: &mut Criterion) {
 }
 
 /// Runs `iters` decisions on each of `threads` threads at once; returns the longest thread's
-/// time, i.e. the wall time of the whole batch. Thread `t` uses the clients `keys(t, i)`.
-fn run_threads(
-    store: &MemoryStore,
-    rule: &Rule,
-    threads: usize,
-    iters: u64,
-    clock_base: u64,
-    keys: impl Fn(usize, u64) -> ClientKey + Sync,
-) -> Duration {
+/// time, i.e. the wall time of the whole batch. Thread `t` makes its `i`-th decision with
+/// `decide(t, i)`.
+fn run_threads(threads: usize, iters: u64, decide: impl Fn(usize, u64) + Sync) -> Duration {
     let start = Barrier::new(threads);
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let (start, keys) = (&start, &keys);
+                let (start, decide) = (&start, &decide);
                 scope.spawn(move || {
                     start.wait();
                     let began = Instant::now();
                     for i in 0..iters {
-                        // All threads run the same clock, so one client's time barely wobbles.
-                        black_box(store.check_at(rule, keys(t, i), 1, clock_base + i));
+                        decide(t, i);
                     }
                     began.elapsed()
                 })
@@ -228,34 +225,106 @@ fn run_threads(
     })
 }
 
+/// The floor of the `contended` cases: what the issue proposes for a hot key (the token
+/// bucket's state in one atomic word, updated by compare-and-swap, no lock) with nothing
+/// else of a store. Each client's state is a word of its own, found by its number rather
+/// than looked up, and the key is hashed as the store hashes it, so each decision does the
+/// store's unavoidable work and shares nothing but the state's cache line. Two threads on one
+/// client here show what passing that line between the cores costs on this machine, the part
+/// no store design can take away; two on distinct clients show what two cores give when
+/// nothing is shared.
+struct CasFloor {
+    bucket: TokenBucket,
+    hasher: DefaultHashBuilder,
+    /// Theoretical arrival times, by client number.
+    states: Box<[AtomicU64]>,
+}
+
+impl CasFloor {
+    fn new(bucket: TokenBucket, clients: usize) -> CasFloor {
+        CasFloor {
+            bucket,
+            hasher: DefaultHashBuilder::default(),
+            states: (0..clients).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Decide one request of client `n` at `now_us`.
+    fn check(&self, n: u64, now_us: u64) -> bool {
+        black_box(self.hasher.hash_one((0u16, client(n))));
+        let state = &self.states[n as usize];
+        let mut tat = state.load(Ordering::Acquire);
+        loop {
+            let mut next = tat;
+            let decision = self.bucket.check(&mut next, now_us, 1);
+            if next == tat {
+                return decision.allowed;
+            }
+            match state.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return decision.allowed,
+                Err(seen) => tat = seen,
+            }
+        }
+    }
+}
+
 fn contended(c: &mut Criterion) {
     let mut group = c.benchmark_group("contended");
     let rule = token_bucket();
+    let Policy::TokenBucket(bucket) = rule.policy else {
+        unreachable!("token_bucket() is a token bucket")
+    };
     for threads in [1usize, 2] {
         // Time per iteration = wall time for one decision on *each* thread, so 2 threads with
         // no contention at all would show the same time as 1 thread and twice the throughput.
         group.throughput(Throughput::Elements(threads as u64));
+        // Each thread walks its own clients; in the store they meet only in shared shards.
+        let own = |t: usize, i: u64| t as u64 * KEYS_PER_THREAD + (i & (KEYS_PER_THREAD - 1));
 
         let store = new_store(100_000, &rule);
         let mut clock = 0u64;
         group.bench_function(format!("hot_key/{threads}_threads"), |b| {
             b.iter_custom(|iters| {
-                let elapsed = run_threads(&store, &rule, threads, iters, clock, |_, _| client(1));
+                // All threads run the same clock, so one client's time barely wobbles.
+                let elapsed = run_threads(threads, iters, |_, i| {
+                    black_box(store.check_at(&rule, client(1), 1, clock + i));
+                });
                 clock += iters;
                 elapsed
             })
         });
 
-        // Each thread walks its own clients; they meet only when two land in one shard.
         let store = new_store(100_000, &rule);
         for n in 0..threads as u64 * KEYS_PER_THREAD {
             store.check_at(&rule, client(n), 1, 0);
         }
         let mut clock = 1u64;
-        let own_client = |t: usize, i: u64| client(t as u64 * KEYS_PER_THREAD + (i & (KEYS_PER_THREAD - 1)));
         group.bench_function(format!("distinct_keys/{threads}_threads"), |b| {
             b.iter_custom(|iters| {
-                let elapsed = run_threads(&store, &rule, threads, iters, clock, own_client);
+                let elapsed = run_threads(threads, iters, |t, i| {
+                    black_box(store.check_at(&rule, client(own(t, i)), 1, clock + i));
+                });
+                clock += iters;
+                elapsed
+            })
+        });
+
+        let floor = CasFloor::new(bucket, 2 * KEYS_PER_THREAD as usize);
+        let mut clock = 0u64;
+        group.bench_function(format!("floor_cas_hot_key/{threads}_threads"), |b| {
+            b.iter_custom(|iters| {
+                let elapsed = run_threads(threads, iters, |_, i| {
+                    black_box(floor.check(1, clock + i));
+                });
+                clock += iters;
+                elapsed
+            })
+        });
+        group.bench_function(format!("floor_cas_distinct_keys/{threads}_threads"), |b| {
+            b.iter_custom(|iters| {
+                let elapsed = run_threads(threads, iters, |t, i| {
+                    black_box(floor.check(own(t, i), clock + i));
+                });
                 clock += iters;
                 elapsed
             })
