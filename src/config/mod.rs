@@ -93,6 +93,7 @@ pub const VARIABLES: &[&str] = &[
     "SHUTDOWN_TIMEOUT_MS",
     // client connections
     "IDLE_TIMEOUT_MS",
+    "SEND_TIMEOUT_MS",
     "MAX_CONNECTIONS",
     "MAX_UPGRADES_PER_CLIENT",
     "UPGRADE_IDLE_TIMEOUT_MS",
@@ -215,6 +216,9 @@ pub struct Config {
     /// `IDLE_TIMEOUT_MS`: a client connection with nothing in flight for this long is closed
     /// (HTTP/2 with `GOAWAY`), so idle keep-alive connections cannot pile up.
     pub idle_timeout: Duration,
+    /// `SEND_TIMEOUT_MS`: a client connection whose socket takes no byte of a response for
+    /// this long is dropped (slow-read protection: a client that stops reading its response).
+    pub send_timeout: Duration,
     /// `MAX_CONNECTIONS`: most client connections open at once, tunnels included; past it a
     /// new connection is closed at once. `None`: sized from the file-descriptor limit when
     /// serving starts (see [`crate::server::limits`]).
@@ -334,6 +338,7 @@ impl Config {
         let header_read_timeout = env.millis("HEADER_READ_TIMEOUT_MS", "10000")?;
         let shutdown_timeout = env.millis("SHUTDOWN_TIMEOUT_MS", "8000")?;
         let idle_timeout = env.millis("IDLE_TIMEOUT_MS", "60000")?;
+        let send_timeout = env.millis("SEND_TIMEOUT_MS", "60000")?;
         let max_connections = env
             .get("MAX_CONNECTIONS")
             .map(|value| {
@@ -391,6 +396,7 @@ impl Config {
             body_idle_timeout,
             header_read_timeout,
             idle_timeout,
+            send_timeout,
             max_connections,
             max_upgrades_per_client,
             upgrade_idle_timeout,
@@ -432,14 +438,15 @@ impl fmt::Display for Config {
         writeln!(f, "headers:          {}", self.headers.as_str())?;
         writeln!(
             f,
-            "connections:      at most {}, first request within {} ms, closed after {} ms idle; \
-             upgrades per client: {}, tunnel idle timeout: {}",
+            "connections:      at most {}, first request within {} ms, closed after {} ms idle \
+             or {} ms unread; upgrades per client: {}, tunnel idle timeout: {}",
             self.max_connections.map_or_else(
                 || "as the file-descriptor limit allows".to_owned(),
                 |max| max.to_string()
             ),
             self.header_read_timeout.as_millis(),
             self.idle_timeout.as_millis(),
+            self.send_timeout.as_millis(),
             self.max_upgrades_per_client
                 .map_or_else(|| "unlimited".to_owned(), |max| max.to_string()),
             self.upgrade_idle_timeout

@@ -763,6 +763,7 @@ fn a_container_environment_has_no_warnings() {
 fn connection_limits_and_timeouts() {
     let defaults = parse(&[]).unwrap();
     assert_eq!(defaults.idle_timeout, Duration::from_secs(60));
+    assert_eq!(defaults.send_timeout, Duration::from_secs(60));
     assert_eq!(defaults.header_read_timeout, Duration::from_secs(10));
     assert_eq!(
         defaults.max_connections, None,
@@ -772,6 +773,7 @@ fn connection_limits_and_timeouts() {
     assert_eq!(defaults.upgrade_idle_timeout, Some(Duration::from_secs(3600)));
     let set = parse(&[
         ("IDLE_TIMEOUT_MS", "1500"),
+        ("SEND_TIMEOUT_MS", "2500"),
         ("MAX_CONNECTIONS", "5000"),
         ("MAX_UPGRADES_PER_CLIENT", "0"),
         ("UPGRADE_IDLE_TIMEOUT_MS", "0"),
@@ -779,16 +781,19 @@ fn connection_limits_and_timeouts() {
     .unwrap();
     assert_eq!(set.upgrade_idle_timeout, None, "0 is never");
     assert_eq!(set.idle_timeout, Duration::from_millis(1500));
+    assert_eq!(set.send_timeout, Duration::from_millis(2500));
     assert_eq!(set.max_connections.map(NonZeroUsize::get), Some(5000));
     assert_eq!(set.max_upgrades_per_client, Some(0));
     assert!(set.warnings.is_empty(), "{:?}", set.warnings);
     assert!(
         set.to_string()
-            .contains("connections:      at most 5000, first request within 10000 ms, closed after 1500 ms idle; upgrades per client: 0, tunnel idle timeout: never"),
+            .contains("connections:      at most 5000, first request within 10000 ms, closed after 1500 ms idle or 2500 ms unread; upgrades per client: 0, tunnel idle timeout: never"),
         "{set}"
     );
     for (var, value) in [
         ("IDLE_TIMEOUT_MS", "0"),
+        ("SEND_TIMEOUT_MS", "0"),
+        ("SEND_TIMEOUT_MS", "1m"),
         ("MAX_CONNECTIONS", "0"),
         ("MAX_CONNECTIONS", "lots"),
         ("MAX_UPGRADES_PER_CLIENT", "-1"),

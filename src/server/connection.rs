@@ -16,6 +16,12 @@
 //!   ([`Tracked`]), not merely until the service returns: a long download is busy.
 //! - on HTTP/1, once the first byte of the next request arrives, the idle clock stops and the
 //!   request's headers must be complete within `HEADER_READ_TIMEOUT_MS` (slowloris).
+//! - while a request is in flight, the socket must take some of what is written within
+//!   `SEND_TIMEOUT_MS` of it taking none (slow read: a client that asks for a response and
+//!   stops reading it would otherwise hold its connection, its place under `MAX_CONNECTIONS`
+//!   and a backend connection for as long as it likes). A slow reader is not cut, only one
+//!   that takes nothing at all; and as the connection cannot be closed gracefully through a
+//!   socket that takes nothing, it is dropped.
 //! - when a clock runs out, or the server drains, the connection is closed gracefully: HTTP/1
 //!   closes at once when idle (after the response in progress otherwise), HTTP/2 sends
 //!   `GOAWAY` and lets its streams finish. A peer that has not let go [`CLOSE_GRACE`] after
@@ -48,7 +54,7 @@ use super::limits::Slot;
 /// Envoy's `delayed_close_timeout` has the same default.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// The watchdog's two clocks.
+/// The watchdog's clocks.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     /// `HEADER_READ_TIMEOUT_MS`: from accept to the first request, and on HTTP/1 from the
@@ -56,6 +62,9 @@ pub struct Timeouts {
     pub header_read: Duration,
     /// `IDLE_TIMEOUT_MS`: nothing in flight for this long closes the connection.
     pub idle: Duration,
+    /// `SEND_TIMEOUT_MS`: with a request in flight, a socket that takes no byte for this long
+    /// drops the connection.
+    pub send: Duration,
 }
 
 /// What one connection is doing, as the watchdog sees it: shared by the connection's
@@ -71,6 +80,9 @@ pub struct Activity {
     http1: AtomicBool,
     /// HTTP/1: bytes of the next request have arrived while nothing was in flight.
     head_started: AtomicBool,
+    /// The socket's last write took nothing (its send buffer is full: the client is not
+    /// reading), and no write has taken anything since.
+    write_stalled: AtomicBool,
     /// Set when a request starts, when the last one in flight ends, and when the next HTTP/1
     /// request begins to arrive; the watchdog clears it when it looks.
     changed: AtomicBool,
@@ -114,6 +126,25 @@ impl Activity {
         {
             self.notify();
         }
+    }
+
+    /// A write to the socket took nothing: the send clock starts (if a request is in flight).
+    fn write_pending(&self) {
+        if !self.write_stalled.swap(true, Ordering::AcqRel) {
+            self.notify();
+        }
+    }
+
+    /// A write to the socket took some bytes. Read first: this runs on every write, and a
+    /// store each time would bounce the line between cores for nothing.
+    fn wrote(&self) {
+        if self.write_stalled.load(Ordering::Relaxed) && self.write_stalled.swap(false, Ordering::AcqRel) {
+            self.notify();
+        }
+    }
+
+    fn write_stalled(&self) -> bool {
+        self.write_stalled.load(Ordering::Acquire)
     }
 
     fn busy(&self) -> bool {
@@ -197,9 +228,23 @@ impl Heads {
     }
 }
 
+impl ClientStream {
+    /// Tell the watchdog whether a write took anything.
+    fn written(&self, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Pending => self.activity.write_pending(),
+            Poll::Ready(Ok(written)) if written > 0 => self.activity.wrote(),
+            Poll::Ready(_) => {}
+        }
+        polled
+    }
+}
+
 impl AsyncWrite for ClientStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.written(polled)
     }
 
     fn poll_write_vectored(
@@ -207,7 +252,9 @@ impl AsyncWrite for ClientStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.written(polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -350,13 +397,16 @@ pub enum Closed {
     Ended,
     /// Dropped: it had not let go [`CLOSE_GRACE`] after being asked to close.
     Dropped,
+    /// Dropped: its socket took no byte of a response for `SEND_TIMEOUT_MS`.
+    Stalled,
 }
 
 /// Drive `connection` until it ends, closing it (with `close`, hyper's graceful shutdown)
 /// when it sends no request within `timeouts.header_read` of now (call this at accept), when
 /// it has nothing in flight for `timeouts.idle`, when an HTTP/1 request's head takes longer
 /// than `timeouts.header_read` from its first byte, or when `drain` says so; and dropping it
-/// when it has not let go [`CLOSE_GRACE`] after that with nothing in flight.
+/// when it has not let go [`CLOSE_GRACE`] after that with nothing in flight, or when its
+/// socket has taken nothing for `timeouts.send` with a request in flight.
 ///
 /// This runs on every poll of the connection, so it is a hand-written poll that touches
 /// nothing shared unless something changed: the connection first, then the drain's receiver
@@ -421,6 +471,8 @@ where
             if activity.changed.swap(false, Ordering::SeqCst) {
                 let now = Instant::now();
                 deadline = match (activity.busy(), closing) {
+                    // The client takes none of the response: the send clock runs.
+                    (true, _) if activity.write_stalled() => Some(now + timeouts.send),
                     (true, _) => None,
                     (false, true) => Some(now + CLOSE_GRACE),
                     // The next request's head has begun: the idle clock gives way to the
@@ -444,6 +496,15 @@ where
                 if timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
+            }
+            if activity.busy() {
+                if activity.write_stalled() {
+                    tracing::debug!("the client took no byte of its response for SEND_TIMEOUT_MS: dropped");
+                    return Poll::Ready((Closed::Stalled, Ok(())));
+                }
+                // The socket took bytes again as the clock ran out (its change is seen next).
+                deadline = None;
+                continue;
             }
             if closing {
                 tracing::debug!("closing connection did not let go: dropped");
@@ -502,6 +563,7 @@ mod tests {
     const TIMEOUTS: Timeouts = Timeouts {
         header_read: Duration::from_secs(10),
         idle: Duration::from_secs(60),
+        send: Duration::from_secs(30),
     };
 
     fn start(obeys_close: bool) -> Harness {
@@ -578,6 +640,58 @@ mod tests {
         advance(TIMEOUTS.idle - Duration::from_millis(1)).await;
         assert_eq!(harness.closes(), 0);
         advance(Duration::from_millis(2)).await;
+        assert_eq!(harness.closes(), 1);
+        assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_takes_none_of_its_response_is_dropped_after_the_send_timeout() {
+        let harness = start(true);
+        let _in_flight = harness.activity.start(Version::HTTP_11);
+        advance(Duration::from_secs(5)).await;
+        harness.activity.write_pending();
+        advance(TIMEOUTS.send - Duration::from_millis(1)).await;
+        assert!(!harness.task.is_finished());
+        advance(Duration::from_millis(2)).await;
+        assert_eq!(
+            harness.closes(),
+            0,
+            "no graceful close through a socket that takes nothing"
+        );
+        assert_eq!(harness.task.await.unwrap(), (Closed::Stalled, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_is_not_cut_and_the_send_clock_restarts_with_each_byte_taken() {
+        let harness = start(true);
+        let in_flight = harness.activity.start(Version::HTTP_2);
+        for _ in 0..5 {
+            harness.activity.write_pending();
+            advance(TIMEOUTS.send - Duration::from_millis(1)).await;
+            harness.activity.wrote();
+        }
+        // Taking everything written: busy, not stalled, for as long as it lasts.
+        advance(Duration::from_secs(600)).await;
+        assert!(!harness.task.is_finished());
+        assert_eq!(harness.closes(), 0);
+        drop(in_flight);
+        advance(TIMEOUTS.idle + Duration::from_millis(1)).await;
+        assert_eq!(harness.closes(), 1, "then the idle clock runs");
+        assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_socket_with_nothing_in_flight_is_left_to_the_idle_clock() {
+        let harness = start(true);
+        drop(harness.activity.start(Version::HTTP_11));
+        // The last response's bytes, not taken after the response left the service.
+        harness.activity.write_pending();
+        advance(TIMEOUTS.send + Duration::from_secs(1)).await;
+        assert!(
+            !harness.task.is_finished(),
+            "the send clock runs only with a request in flight"
+        );
+        advance(TIMEOUTS.idle - TIMEOUTS.send).await;
         assert_eq!(harness.closes(), 1);
         assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
     }

@@ -148,6 +148,7 @@ async fn run(
         fd_limit = %fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
         header_read_timeout_ms = config.header_read_timeout.as_millis() as u64,
         idle_timeout_ms = config.idle_timeout.as_millis() as u64,
+        send_timeout_ms = config.send_timeout.as_millis() as u64,
         max_upgrades_per_client = %config
             .max_upgrades_per_client
             .map_or_else(|| "unlimited".into(), |max| max.to_string()),
@@ -172,6 +173,7 @@ async fn run(
     let timeouts = Timeouts {
         header_read: config.header_read_timeout,
         idle: config.idle_timeout,
+        send: config.send_timeout,
     };
 
     let slots = ConnectionSlots::new(max_connections);
@@ -311,6 +313,9 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
             }
             (Closed::Dropped, Ok(())) => {
                 tracing::debug!(%peer, "connection dropped: it did not close when asked");
+            }
+            (Closed::Stalled, Ok(())) => {
+                tracing::debug!(%peer, "connection dropped: the client took none of its response for SEND_TIMEOUT_MS");
             }
             (Closed::Ended, Ok(())) => {}
         }

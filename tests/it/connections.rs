@@ -1,5 +1,6 @@
 //! Client connections: silent and idle ones are closed (`HEADER_READ_TIMEOUT_MS` from accept,
-//! `IDLE_TIMEOUT_MS` with nothing in flight), busy ones never are, `MAX_CONNECTIONS` refuses
+//! `IDLE_TIMEOUT_MS` with nothing in flight), busy ones never are unless their socket takes
+//! nothing (`SEND_TIMEOUT_MS`), `MAX_CONNECTIONS` refuses
 //! what is past it at once, and `MAX_UPGRADES_PER_CLIENT` bounds one client's tunnels.
 //!
 //! Every wait is bounded; nothing asserts how fast, only what happens.
@@ -290,6 +291,91 @@ async fn a_streamed_response_longer_than_the_idle_timeout_is_not_cut() {
     assert!(rest.is_empty());
     let expected: String = (0..=20).map(|tick| format!("tick {tick};")).collect();
     assert_eq!(echoed, expected);
+}
+
+/// A connection to the gateway with a small receive buffer (so a response that is not read
+/// fills it soon), that has sent `GET path`.
+async fn asked_for(addr: SocketAddr, path: &str) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 * 1024).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: gateway.test\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Read until the connection ends or [`BOUND`] passes with nothing read: the bytes read, and
+/// whether it ended. `pause` between reads makes a slow reader.
+async fn read_all(stream: &mut TcpStream, pause: Duration) -> (usize, bool) {
+    let mut buffer = vec![0u8; 256 * 1024];
+    let mut total = 0;
+    loop {
+        match tokio::time::timeout(BOUND, stream.read(&mut buffer)).await {
+            Err(_) => return (total, false),
+            Ok(Ok(0) | Err(_)) => return (total, true),
+            Ok(Ok(n)) => total += n,
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Slow read: a client that asks for a large response and reads none of it is dropped after
+/// `SEND_TIMEOUT_MS`, long before the idle timeout would apply (it never does while a request
+/// is in flight), and its place under `MAX_CONNECTIONS` comes back.
+#[tokio::test]
+async fn a_client_that_reads_none_of_its_response_is_dropped_after_the_send_timeout() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[("SEND_TIMEOUT_MS", "300"), ("MAX_CONNECTIONS", "1")],
+    )
+    .await;
+    const SIZE: usize = 256 * 1024 * 1024;
+    let mut stalled = asked_for(gateway.addr, &format!("/bytes/{SIZE}")).await;
+    // Its place is taken while it holds it (a second connection is refused at once)...
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(try_get(gateway.addr).await, None, "MAX_CONNECTIONS=1 is held");
+    // ...and given back once the gateway has dropped it.
+    let status = eventually(|| try_get(gateway.addr), "the stalled connection's place").await;
+    assert_eq!(status, StatusCode::OK);
+    let (read, ended) = read_all(&mut stalled, Duration::ZERO).await;
+    assert!(ended, "the connection was not ended");
+    assert!(read < SIZE, "the whole response arrived: {read} bytes");
+}
+
+/// A client that reads its response steadily but slower than the gateway could send it is
+/// not cut, however long the response takes: only a socket that takes nothing at all for
+/// `SEND_TIMEOUT_MS` is. (The kernel lets a write through again once about half the socket's
+/// send buffer has drained, up to 2 MiB on loopback, so the reader here takes 6 MB/s, a third
+/// of a timeout per 2 MiB; a much slower one on loopback could go a whole timeout without a
+/// write getting in.)
+#[tokio::test]
+async fn a_client_that_reads_its_response_steadily_is_not_cut() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[("SEND_TIMEOUT_MS", "1000")]).await;
+    const SIZE: usize = 16 * 1024 * 1024;
+    let mut reader = asked_for(gateway.addr, &format!("/bytes/{SIZE}")).await;
+    let started = Instant::now();
+    // At most 64 KiB (its receive buffer) every 10 ms: about 2.7 s for the whole.
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut response = Vec::new();
+    loop {
+        let n = tokio::time::timeout(BOUND, reader.read(&mut buffer))
+            .await
+            .expect("the response stalled")
+            .unwrap();
+        assert!(n > 0, "cut after {} bytes", response.len());
+        response.extend_from_slice(&buffer[..n]);
+        let head = response.windows(4).position(|w| w == b"\r\n\r\n");
+        if head.is_some_and(|at| response.len() - at - 4 == SIZE) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        started.elapsed() > Duration::from_millis(1000),
+        "the response took less than one send timeout: nothing was tested"
+    );
 }
 
 #[tokio::test]

@@ -16,10 +16,12 @@ use crate::support::{Backend, Gateway, get};
 /// The client connection preface and an empty SETTINGS frame.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
+const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
 const CONTINUATION: u8 = 0x9;
 
 const END_STREAM: u8 = 0x1;
@@ -241,4 +243,40 @@ async fn streams_past_the_advertised_limit_are_refused_before_the_backend() {
         "only those reached the backend"
     );
     assert!(!seen.closed, "the connection stays open");
+}
+
+/// Slow read over HTTP/2: a client that opens every flow-control window, asks for a large
+/// response and stops reading the socket is dropped after `SEND_TIMEOUT_MS`, as over HTTP/1.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_dropped_after_the_send_timeout() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[("SEND_TIMEOUT_MS", "300")]).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE at its largest, and the connection's window opened as far.
+    opening.extend(frame(SETTINGS, 0, 0, &[0, 4, 0x7f, 0xff, 0xff, 0xff]));
+    opening.extend(frame(
+        WINDOW_UPDATE,
+        0,
+        0,
+        &(0x7fff_ffff - 65_535u32).to_be_bytes(),
+    ));
+    opening.extend(frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &get_block("/bytes/268435456"),
+    ));
+    client.write_all(&opening).await.unwrap();
+    // Read nothing for a while: the gateway's socket fills, then the send clock runs out.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let seen = read_frames(&mut client, Duration::from_secs(5)).await;
+    assert!(seen.closed, "the connection is still open");
+    let body: usize = seen.on_streams(DATA).map(|frame| frame.payload.len()).sum();
+    assert!(body < 268_435_456, "the whole response arrived");
+    assert_eq!(
+        get(gateway.addr, "/").await.status,
+        StatusCode::OK,
+        "others are served"
+    );
 }

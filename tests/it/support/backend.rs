@@ -2,6 +2,7 @@
 //!
 //! - `/status/NNN` answers with that status and no body;
 //! - `/slow/MS` answers 200 after MS milliseconds;
+//! - `/bytes/N` answers 200 with N bytes, made as fast as they are taken;
 //! - every other path echoes the request body back (streaming) with status 200, and sends an
 //!   `X-RateLimit-Limit: 999` of its own, which the gateway must replace.
 
@@ -13,8 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Empty, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -130,6 +131,20 @@ async fn answer(
     if let Some(ms) = path.strip_prefix("/slow/") {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
         return Ok(Response::new(empty()));
+    }
+    if let Some(size) = path.strip_prefix("/bytes/") {
+        // That many bytes, in 64 KiB chunks made as fast as they are taken.
+        let size: usize = size.parse().unwrap();
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        let chunks = (0..size.div_ceil(chunk.len())).map(move |i| {
+            let length = (size - i * chunk.len()).min(chunk.len());
+            Ok::<_, hyper::Error>(Frame::data(chunk.slice(..length)))
+        });
+        let mut response = Response::new(StreamBody::new(futures_util::stream::iter(chunks)).boxed());
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_LENGTH, size.into());
+        return Ok(response);
     }
     if path == "/ws" {
         // An upgrade to a toy protocol: after the 101, echo bytes back.
