@@ -83,6 +83,9 @@ pub struct Activity {
     /// The socket's last write took nothing (its send buffer is full: the client is not
     /// reading), and no write has taken anything since.
     write_stalled: AtomicBool,
+    /// The connection has switched protocols (a `101` went out): the bytes that follow are
+    /// not HTTP/1 and the service is not called again, so [`Framing`] no longer follows them.
+    switched: AtomicBool,
     /// Set when a request starts, when the last one in flight ends, and when the next HTTP/1
     /// request begins to arrive; the watchdog clears it when it looks.
     changed: AtomicBool,
@@ -143,6 +146,10 @@ impl Activity {
         }
     }
 
+    fn switched(&self) -> bool {
+        self.switched.load(Ordering::Relaxed)
+    }
+
     fn write_stalled(&self) -> bool {
         self.write_stalled.load(Ordering::Acquire)
     }
@@ -195,7 +202,8 @@ impl AsyncRead for ClientStream {
         if polled.is_ready() {
             let read = &buf.filled()[before..];
             this.activity.read(read.len());
-            if this.heads.ambiguous.load(Ordering::Relaxed) == 0 {
+            // Nothing marked yet, and still HTTP/1.
+            if this.heads.ambiguous.load(Ordering::Relaxed) == 0 && !this.activity.switched() {
                 this.framing.read(read);
                 if let Some(number) = this.framing.ambiguous() {
                     this.heads.ambiguous.store(number, Ordering::Release);
@@ -273,6 +281,13 @@ impl AsyncWrite for ClientStream {
 /// One request in flight on a connection; it ends when this is dropped.
 #[derive(Debug)]
 pub struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    /// This request's answer switches the connection's protocol (a `101`).
+    pub fn switched(&self) {
+        self.0.switched.store(true, Ordering::Relaxed);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {

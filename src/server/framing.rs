@@ -11,11 +11,18 @@
 //!
 //! To count heads it must skip bodies exactly as hyper frames them: `Content-Length` bytes,
 //! or chunks up to the last one and its trailers. Where it could disagree with hyper it stops
-//! following, and flags nothing more: after an `Upgrade` or `CONNECT` request (the bytes may
-//! stop being HTTP), on the HTTP/2 preface, and on anything hyper itself refuses (which closes
-//! the connection). A head with both fields is the last it reads, as hyper closes the
-//! connection after it. And the service refuses the flagged request only if it does carry a
-//! `Transfer-Encoding`, so a request is refused only when both readings agree on it.
+//! following, and flags nothing more: on the HTTP/2 preface, and on anything hyper itself
+//! refuses (which closes the connection). A head with both fields is the last it reads, as
+//! hyper closes the connection after it. And the service refuses the flagged request only if
+//! it does carry a `Transfer-Encoding`, so a request is refused only when both readings agree
+//! on it.
+//!
+//! An `Upgrade` (or `CONNECT`) request does not stop it. Once the connection has switched
+//! protocols (a `101`), the service is never called on it again, so nothing read after is
+//! ever consulted, and the server stops the follower then (see `InFlight::switched`). Until then,
+//! and for good when the upgrade was not taken (the backend answered `200`, say), the bytes
+//! are the next HTTP/1 requests, which hyper reads and the follower must count: stopping at
+//! the `Upgrade` header let a request with both fields through after a refused upgrade.
 
 /// A line buffer up to this size is kept for the next line split across reads.
 const SMALL_LINE: usize = 1024;
@@ -70,8 +77,6 @@ struct Head {
     transfer_encoding: bool,
     /// The last `Transfer-Encoding` line ends in `chunked`.
     chunked: bool,
-    /// `CONNECT`, or an `Upgrade` header: what follows may not be HTTP/1.
-    switches: bool,
 }
 
 impl Framing {
@@ -161,10 +166,7 @@ impl Framing {
         if line.starts_with(b"PRI * HTTP/2.0") {
             return State::Stopped;
         }
-        self.head = Head {
-            switches: line.starts_with(b"CONNECT "),
-            ..Head::default()
-        };
+        self.head = Head::default();
         State::Headers
     }
 
@@ -173,8 +175,8 @@ impl Framing {
             return State::Stopped;
         };
         let (name, value) = (&line[..colon], &line[colon + 1..]);
-        // Most headers are none of the three: their length says so without comparing.
-        if !matches!(name.len(), 7 | 14 | 17) {
+        // Most headers are neither: their length says so without comparing.
+        if !matches!(name.len(), 14 | 17) {
             return State::Headers;
         }
         let value = value.trim_ascii();
@@ -189,8 +191,6 @@ impl Framing {
             self.head.transfer_encoding = true;
             let last = value.rsplit(|&byte| byte == b',').next().unwrap_or_default();
             self.head.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
-        } else if name.eq_ignore_ascii_case(b"upgrade") {
-            self.head.switches = true;
         }
         State::Headers
     }
@@ -207,8 +207,7 @@ impl Framing {
             return State::Stopped;
         }
         match head {
-            Head { switches: true, .. }
-            | Head {
+            Head {
                 content_length_invalid: true,
                 ..
             } => State::Stopped,
@@ -350,8 +349,6 @@ mod tests {
     fn it_stops_where_it_cannot_follow() {
         let both = "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
         for before in [
-            "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
-            "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n",
             "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             "POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
             "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
@@ -363,6 +360,19 @@ mod tests {
         }
         let long = format!("GET /{} HTTP/1.1\r\n\r\n{both}", "a".repeat(MAX_LINE));
         assert_eq!(follow(long.as_bytes(), 4096).ambiguous(), None);
+    }
+
+    #[test]
+    fn it_follows_past_upgrade_and_connect_requests() {
+        // Not switched (the server stops the follower on a 101): HTTP/1 goes on.
+        let both = "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for before in [
+            "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            "GET / HTTP/1.1\r\nUpgrade: h2c\r\nContent-Length: 2\r\n\r\nok",
+            "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n",
+        ] {
+            assert_eq!(ambiguous(&format!("{before}{both}")), Some(2), "{before:?}");
+        }
     }
 
     /// One well-formed request, its body any bytes at all.

@@ -298,6 +298,9 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
             let proxy = proxy.clone();
             async move {
                 let response = proxy.handle(request, peer).await;
+                if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                    in_flight.switched();
+                }
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, (in_flight, request_slot))))
             }
         })

@@ -663,3 +663,30 @@ async fn the_backend_path_prefix_cannot_be_escaped() {
         assert!(!seen.uri.contains(".."), "{}", seen.uri);
     }
 }
+
+/// An upgrade the backend does not take (it answers `200`, not `101`) leaves an HTTP/1
+/// connection, and a later request on it with both `Content-Length` and `Transfer-Encoding` is
+/// refused like any other: following the client's bytes does not stop at the `Upgrade` header.
+/// An upgrade that is taken still tunnels every byte.
+#[tokio::test]
+async fn content_length_with_transfer_encoding_is_refused_after_an_upgrade_not_taken() {
+    let backend = CollectingBackend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[]).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /plain HTTP/1.1\r\nHost: gateway.test\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let answered = read_response(&mut stream).await;
+    assert_eq!(answered.status_line, "HTTP/1.1 200 OK");
+    assert!(!answered.closed, "the connection goes on as HTTP/1");
+    let both = "POST /upload HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    stream.write_all(both.as_bytes()).await.unwrap();
+    let refused = read_response(&mut stream).await;
+    assert_eq!(refused.status_line, "HTTP/1.1 400 Bad Request");
+    assert!(refused.closed);
+    let seen: Vec<String> = backend.seen().into_iter().map(|seen| seen.uri).collect();
+    assert_eq!(seen, ["/plain"], "the request with both was not forwarded");
+}
