@@ -477,6 +477,64 @@ async fn redis_cluster_over_tls() {
     assert!(holding >= 2, "keys landed on {holding} of 3 masters");
 }
 
+/// A TLS cluster's master killed: its slots get the fail mode at once, every other slot stays
+/// exact, and once it is back (its `nodes.conf` kept) its slots are exact again, over new TLS
+/// sessions, without a restart of tollgate.
+#[tokio::test]
+async fn a_killed_tls_cluster_master_fails_only_its_slots_and_is_used_again_after_restart() {
+    use crate::faults::{clients_by_master, exact_budget, exact_budget_once_decided};
+    let mut cluster = crate::support::RedisCluster::start_tls();
+    cluster.allow_partial_coverage();
+    let backend = Backend::start().await;
+    let cert = cluster.cert_file().display().to_string();
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("REDIS_CLUSTER_NODES", &cluster.seeds()),
+        ("REDIS_TLS", "true"),
+        ("SSL_CERT_FILE", &cert),
+        ("FAIL_MODE", "closed"),
+        ("REDIS_TIMEOUT_MS", "1000"),
+        ("REDIS_PROBE_INTERVAL_MS", "100"),
+        ("REDIS_BREAKER_THRESHOLD", "3"),
+        ("MAX_TOKENS", "3"),
+        ("REFILL_RATE", "0.0001"),
+    ]);
+    let addr = tollgate.addr;
+    // The three masters known, each with its breaker, before the fault.
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !get(admin, "/metrics")
+        .await
+        .text()
+        .contains("tollgate_redis_masters 3")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot map was never read"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (victim, dead, live) = clients_by_master(&cluster);
+    exact_budget(addr, live[0], 3, "before").await;
+
+    cluster.nodes[victim].kill();
+    for _ in 0..5 {
+        let reply = crate::support::get_from(addr, dead[0], "/", &[]).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "on the dead master"
+        );
+    }
+    exact_budget(addr, live[1], 3, "beside a dead master").await;
+
+    cluster.nodes[victim].restart();
+    cluster.wait_until_ok();
+    exact_budget_once_decided(addr, dead[1], 3, StatusCode::SERVICE_UNAVAILABLE).await;
+    exact_budget(addr, live[2], 3, "after the restart").await;
+    tollgate.terminate().await;
+}
+
 /// `tollgate healthcheck` with `ADMIN_PORT=port` (and BIND as the server had it).
 fn healthcheck(port: u16) -> Output {
     run(

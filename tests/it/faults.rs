@@ -432,7 +432,7 @@ const LOAD_PATH: &str = "/load/x";
 /// From `client`, which has sent nothing yet: poll until the limiter decides again (answers
 /// before that must be `undecided`, the fail mode's status), then demand exactly `budget`
 /// allowed, counting down, and a 429. Returns when the first decided answer arrived.
-async fn exact_budget_once_decided(
+pub(crate) async fn exact_budget_once_decided(
     to: SocketAddr,
     client: IpAddr,
     budget: u64,
@@ -810,7 +810,7 @@ async fn one_key_of_the_wrong_type_does_not_open_the_breaker_for_everyone() {
 // --- Redis Cluster -------------------------------------------------------------------------
 
 /// From `client`, which has sent nothing yet: exactly `budget` decided and allowed, then 429.
-async fn exact_budget(to: SocketAddr, client: IpAddr, budget: u64, what: &str) {
+pub(crate) async fn exact_budget(to: SocketAddr, client: IpAddr, budget: u64, what: &str) {
     for remaining in (0..budget).rev() {
         let reply = get_from(to, client, "/", &[]).await;
         assert_eq!(reply.status, StatusCode::OK, "{what} {client}");
@@ -847,7 +847,7 @@ async fn cluster_gateway(cluster: &RedisCluster, backend: &Backend) -> Gateway {
 
 /// The index of the master about to be killed (the owner of 127.0.0.100's key), and clients
 /// 127.0.0.100 onwards split by whether their keys live on it: at least 4 of each.
-fn clients_by_master(cluster: &RedisCluster) -> (usize, Vec<IpAddr>, Vec<IpAddr>) {
+pub(crate) fn clients_by_master(cluster: &RedisCluster) -> (usize, Vec<IpAddr>, Vec<IpAddr>) {
     let owner = |client: &IpAddr| cluster.owner_of(&format!("tollgate:{{general:{client}}}:tb"));
     let victim = owner(&IpAddr::from([127, 0, 0, 100]));
     let (dead, live): (Vec<IpAddr>, Vec<IpAddr>) = (100..=200)
