@@ -225,7 +225,7 @@ fn run_threads(threads: usize, iters: u64, decide: impl Fn(usize, u64) + Sync) -
     })
 }
 
-/// The floor of the `contended` cases: what the issue proposes for a hot key (the token
+/// The floor of the `contended` cases: what issue 8 (performance) proposes for a hot key (the token
 /// bucket's state in one atomic word, updated by compare-and-swap, no lock) with nothing
 /// else of a store. Each client's state is a word of its own, found by its number rather
 /// than looked up, and the key is hashed as the store hashes it, so each decision does the

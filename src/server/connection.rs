@@ -83,11 +83,19 @@ pub struct Activity {
     /// The socket's last write took nothing (its send buffer is full: the client is not
     /// reading), and no write has taken anything since.
     write_stalled: AtomicBool,
+    /// Stalls begun so far: while this has not moved, a stall is the one the watchdog already
+    /// saw begin, and its send clock keeps running from then (a new request meanwhile, or the
+    /// drain, does not restart it).
+    stalls: AtomicU64,
+    /// The connection was dropped for taking nothing: its socket is reset when closed, rather
+    /// than left to the kernel with a full send queue the peer will not take.
+    reset_on_close: AtomicBool,
     /// The connection has switched protocols (a `101` went out): the bytes that follow are
     /// not HTTP/1 and the service is not called again, so [`Framing`] no longer follows them.
     switched: AtomicBool,
-    /// Set when a request starts, when the last one in flight ends, and when the next HTTP/1
-    /// request begins to arrive; the watchdog clears it when it looks.
+    /// Set when a request starts, when the last one in flight ends, when the next HTTP/1
+    /// request begins to arrive, and when the socket stops or starts again taking what is
+    /// written; the watchdog clears it when it looks.
     changed: AtomicBool,
     /// The watchdog's task, woken when `changed` is set.
     waker: AtomicWaker,
@@ -134,6 +142,7 @@ impl Activity {
     /// A write to the socket took nothing: the send clock starts (if a request is in flight).
     fn write_pending(&self) {
         if !self.write_stalled.swap(true, Ordering::AcqRel) {
+            self.stalls.fetch_add(1, Ordering::Relaxed);
             self.notify();
         }
     }
@@ -169,7 +178,8 @@ impl Activity {
 
 /// A client's socket: it holds the connection's place under `MAX_CONNECTIONS` until it is
 /// closed, whoever holds it last (the HTTP connection, or the tunnel it was upgraded to),
-/// and tells the watchdog when bytes arrive on an idle HTTP/1 connection.
+/// and tells the watchdog when bytes arrive on an idle HTTP/1 connection, and when a write
+/// takes nothing (the client is not reading) or takes bytes again.
 #[derive(Debug)]
 pub struct ClientStream {
     stream: TcpStream,
@@ -190,6 +200,19 @@ impl ClientStream {
             framing: Framing::default(),
             heads,
             _slot: slot,
+        }
+    }
+}
+
+impl Drop for ClientStream {
+    fn drop(&mut self) {
+        // Dropped for taking nothing: a reset frees the send queue at once, where a close
+        // would leave it to the kernel for as long as the peer keeps its window shut (nginx's
+        // `reset_timedout_connection`).
+        if self.activity.reset_on_close.load(Ordering::Relaxed)
+            && let Err(error) = self.stream.set_zero_linger()
+        {
+            tracing::debug!(%error, "set_zero_linger failed");
         }
     }
 }
@@ -454,6 +477,8 @@ where
     let mut deadline = Some(first);
     let mut timer = std::pin::pin!(tokio::time::sleep_until(first));
     let mut closing = false;
+    // The stall the send clock runs for: its number in `activity.stalls`, and when it began.
+    let mut stall: Option<(u64, Instant)> = None;
     std::future::poll_fn(|cx| {
         activity.waker.register(cx.waker());
         loop {
@@ -476,7 +501,8 @@ where
                             tracing::trace!("draining: closing the connection");
                             close(connection.as_mut());
                             closing = true;
-                            deadline = (!activity.busy()).then(|| Instant::now() + CLOSE_GRACE);
+                            // The clocks are worked out again below (a running send clock kept).
+                            activity.changed.store(true, Ordering::SeqCst);
                             continue;
                         }
                     }
@@ -485,10 +511,19 @@ where
             }
             if activity.changed.swap(false, Ordering::SeqCst) {
                 let now = Instant::now();
-                deadline = match (activity.busy(), closing) {
+                let busy = activity.busy();
+                stall = (busy && activity.write_stalled()).then(|| {
+                    let number = activity.stalls.load(Ordering::Relaxed);
+                    match stall {
+                        // The same stall (a request started or ended meanwhile): its start
+                        // stands, or a client could hold it off by opening streams.
+                        Some((seen, since)) if seen == number => (seen, since),
+                        _ => (number, now),
+                    }
+                });
+                deadline = match (busy, closing) {
                     // The client takes none of the response: the send clock runs.
-                    (true, _) if activity.write_stalled() => Some(now + timeouts.send),
-                    (true, _) => None,
+                    (true, _) => stall.map(|(_, since)| since + timeouts.send),
                     (false, true) => Some(now + CLOSE_GRACE),
                     // The next request's head has begun: the idle clock gives way to the
                     // header clock.
@@ -515,6 +550,7 @@ where
             if activity.busy() {
                 if activity.write_stalled() {
                     tracing::debug!("the client took no byte of its response for SEND_TIMEOUT_MS: dropped");
+                    activity.reset_on_close.store(true, Ordering::Relaxed);
                     return Poll::Ready((Closed::Stalled, Ok(())));
                 }
                 // The socket took bytes again as the clock ran out (its change is seen next).
@@ -693,6 +729,33 @@ mod tests {
         advance(TIMEOUTS.idle + Duration::from_millis(1)).await;
         assert_eq!(harness.closes(), 1, "then the idle clock runs");
         assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_started_and_ended_during_a_stall_do_not_restart_the_send_clock() {
+        let harness = start(true);
+        let _stalled = harness.activity.start(Version::HTTP_2);
+        harness.activity.write_pending();
+        // An HTTP/2 client that takes nothing but opens a stream now and then.
+        for _ in 0..3 {
+            advance(TIMEOUTS.send / 4).await;
+            drop(harness.activity.start(Version::HTTP_2));
+        }
+        advance(TIMEOUTS.send / 4 + Duration::from_millis(1)).await;
+        assert_eq!(harness.task.await.unwrap(), (Closed::Stalled, Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_keeps_a_running_send_clock() {
+        let harness = start(false);
+        let _stalled = harness.activity.start(Version::HTTP_11);
+        harness.activity.write_pending();
+        advance(TIMEOUTS.send / 2).await;
+        let drain = harness.drain;
+        tokio::spawn(async move { drain.close_all().await });
+        advance(TIMEOUTS.send / 2 + Duration::from_millis(1)).await;
+        assert_eq!(harness.closes.load(Ordering::Acquire), 1, "asked to close");
+        assert_eq!(harness.task.await.unwrap(), (Closed::Stalled, Ok(())));
     }
 
     #[tokio::test(start_paused = true)]

@@ -327,13 +327,13 @@ async fn a_client_that_reads_none_of_its_response_is_dropped_after_the_send_time
     let backend = Backend::start().await;
     let gateway = Gateway::start(
         &backend.url(),
-        &[("SEND_TIMEOUT_MS", "300"), ("MAX_CONNECTIONS", "1")],
+        &[("SEND_TIMEOUT_MS", "1000"), ("MAX_CONNECTIONS", "1")],
     )
     .await;
     const SIZE: usize = 256 * 1024 * 1024;
     let mut stalled = asked_for(gateway.addr, &format!("/bytes/{SIZE}")).await;
     // Its place is taken while it holds it (a second connection is refused at once)...
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(try_get(gateway.addr).await, None, "MAX_CONNECTIONS=1 is held");
     // ...and given back once the gateway has dropped it.
     let status = eventually(|| try_get(gateway.addr), "the stalled connection's place").await;
@@ -345,10 +345,10 @@ async fn a_client_that_reads_none_of_its_response_is_dropped_after_the_send_time
 
 /// A client that reads its response steadily but slower than the gateway could send it is
 /// not cut, however long the response takes: only a socket that takes nothing at all for
-/// `SEND_TIMEOUT_MS` is. (The kernel lets a write through again once about half the socket's
-/// send buffer has drained, up to 2 MiB on loopback, so the reader here takes 6 MB/s, a third
-/// of a timeout per 2 MiB; a much slower one on loopback could go a whole timeout without a
-/// write getting in.)
+/// `SEND_TIMEOUT_MS` is. (The kernel lets a write through again once about a third of the
+/// socket's send buffer has drained, over 1 MiB on loopback, so the reader here takes 6 MB/s,
+/// a fifth of a timeout per MiB; a much slower one on loopback could go a whole timeout
+/// without a write getting in.)
 #[tokio::test]
 async fn a_client_that_reads_its_response_steadily_is_not_cut() {
     let backend = Backend::start().await;

@@ -888,8 +888,8 @@ async fn a_failed_over_master_is_followed_to_its_promoted_replica() {
     exact_budget(gateway.addr, live[1], 3, "beside a dead master").await;
     // Until every node has the replica as the owner: a node that has not heard of the
     // failover yet still names the dead master, and a slot map asked of it then would send
-    // the gateway back there (the fail mode again, after limiting had resumed). Waited for on
-    // the runtime rather than by blocking it: the gateway under test runs on it.
+    // the gateway back there (the fail mode again, after limiting had resumed). Polled between
+    // sleeps on the runtime rather than in a blocking wait: the gateway under test runs on it.
     let promoted_everywhere = Instant::now() + Duration::from_secs(10);
     while cluster
         .agreed_owner_of(&key(&dead[0]))

@@ -667,7 +667,6 @@ async fn the_backend_path_prefix_cannot_be_escaped() {
 /// An upgrade the backend does not take (it answers `200`, not `101`) leaves an HTTP/1
 /// connection, and a later request on it with both `Content-Length` and `Transfer-Encoding` is
 /// refused like any other: following the client's bytes does not stop at the `Upgrade` header.
-/// An upgrade that is taken still tunnels every byte.
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_refused_after_an_upgrade_not_taken() {
     let backend = CollectingBackend::start().await;

@@ -30,13 +30,18 @@ pub fn free_port() -> u16 {
 /// it, and a port in the ephemeral range can be handed to one of those outgoing connections
 /// as its own address (on loopback, even connecting it to itself), so the server could not
 /// bind its port again. Each port is handed out once per process, from a random start, and
-/// is held until all `N` are picked; the port 10,000 above each is below the range too, for a
-/// Redis Cluster node's bus.
+/// is held until all `N` are picked. They are below 20,000, and the port 10,000 above each (a
+/// Redis Cluster node's bus) is below the ephemeral range too and never handed out itself.
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    /// Ports from here up to 10,000 below the ephemeral range are handed out.
+    /// Ports from here up to 20,000 (or 10,000 below the ephemeral range) are handed out.
     const FIRST: u32 = 10_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let end = ephemeral_range_start().saturating_sub(10_000).max(FIRST + 1_000);
+    // Up to 20,000 at most, so the bus ports (20,000 and up) are never handed out themselves.
+    let end = ephemeral_range_start().saturating_sub(10_000).min(20_000);
+    assert!(
+        end >= FIRST + 1_000,
+        "the ephemeral range starts too low for ports below it (ip_local_port_range)"
+    );
     let span = end - FIRST;
     // A random start (std's hasher is seeded randomly in each process), so test processes
     // running at once take ports far apart.
