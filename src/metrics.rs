@@ -78,6 +78,9 @@ pub struct Metrics {
     backend_seconds: Histogram,
     /// `tollgate_backend_connections_total`: connections opened to the backend.
     backend_connections: Counter,
+    /// `tollgate_client_connections_unread_total`: client connections dropped for taking none
+    /// of a response for `SEND_TIMEOUT_MS`.
+    client_connections_unread: Counter,
 }
 
 impl Metrics {
@@ -124,6 +127,12 @@ impl Metrics {
             "Connections opened to the backend (kept alive and reused: far fewer than requests)",
             backend_connections.clone(),
         );
+        let client_connections_unread = Counter::default();
+        registry.register(
+            "client_connections_unread",
+            "Client connections dropped for taking none of a response for SEND_TIMEOUT_MS (slow read)",
+            client_connections_unread.clone(),
+        );
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
         let rule = |id: usize| table.rules()[id].name.to_string();
@@ -168,6 +177,7 @@ impl Metrics {
             decision_seconds,
             backend_seconds,
             backend_connections,
+            client_connections_unread,
         }
     }
 
@@ -194,6 +204,11 @@ impl Metrics {
     /// The counter of connections opened to the backend, for the pool to count into.
     pub fn backend_connections(&self) -> Counter {
         self.backend_connections.clone()
+    }
+
+    /// The counter of client connections dropped by `SEND_TIMEOUT_MS`, for the server.
+    pub fn client_connections_unread(&self) -> Counter {
+        self.client_connections_unread.clone()
     }
 
     /// The backend did not answer a request under rule `rule_id`.

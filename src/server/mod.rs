@@ -34,6 +34,7 @@ use crate::proxy::{Overloaded, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ConnectionSlots, IntervalLog, Slot};
+use prometheus_client::metrics::counter::Counter;
 
 /// How often the memory store drops clients whose budget is entirely back.
 const PURGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -154,6 +155,7 @@ async fn run(
             .map_or_else(|| "unlimited".into(), |max| max.to_string()),
         "tollgate ready"
     );
+    let unread = metrics.client_connections_unread();
     let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -182,6 +184,7 @@ async fn run(
         proxy,
         requests: ConnectionSlots::new(max_connections),
         timeouts,
+        unread,
     };
     let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
@@ -262,6 +265,8 @@ struct Serving {
     /// streams could otherwise outnumber them. A request past it is answered `503`.
     requests: ConnectionSlots,
     timeouts: Timeouts,
+    /// `tollgate_client_connections_unread_total`.
+    unread: Counter,
 }
 
 /// Serve one accepted connection in a task of its own, under its watchdog (see [`connection`]):
@@ -272,6 +277,7 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
         proxy,
         requests,
         timeouts,
+        unread,
     } = serving;
     let timeouts = *timeouts;
     if let Err(error) = stream.set_nodelay(true) {
@@ -307,6 +313,7 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
     };
     let io = TokioIo::new(ClientStream::new(stream, slot, activity.clone(), heads));
     let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
+    let unread = unread.clone();
     tokio::spawn(async move {
         let connection = std::pin::pin!(connection);
         let close = |connection: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(connection);
@@ -318,6 +325,7 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
                 tracing::debug!(%peer, "connection dropped: it did not close when asked");
             }
             (Closed::Stalled, Ok(())) => {
+                unread.inc();
                 tracing::debug!(%peer, "connection dropped: the client took none of its response for SEND_TIMEOUT_MS");
             }
             (Closed::Ended, Ok(())) => {}

@@ -325,7 +325,7 @@ async fn read_all(stream: &mut TcpStream, pause: Duration) -> (usize, bool) {
 #[tokio::test]
 async fn a_client_that_reads_none_of_its_response_is_dropped_after_the_send_timeout() {
     let backend = Backend::start().await;
-    let gateway = Gateway::start(
+    let gateway = Gateway::start_with_admin(
         &backend.url(),
         &[("SEND_TIMEOUT_MS", "1000"), ("MAX_CONNECTIONS", "1")],
     )
@@ -341,6 +341,12 @@ async fn a_client_that_reads_none_of_its_response_is_dropped_after_the_send_time
     let (read, ended) = read_all(&mut stalled, Duration::ZERO).await;
     assert!(ended, "the connection was not ended");
     assert!(read < SIZE, "the whole response arrived: {read} bytes");
+    let metrics = gateway.admin_get("/metrics").await;
+    let metrics = metrics.text();
+    assert!(
+        metrics.contains("tollgate_client_connections_unread_total 1\n"),
+        "{metrics}"
+    );
 }
 
 /// A client that reads its response steadily but slower than the gateway could send it is
