@@ -336,3 +336,60 @@ async fn a_client_that_stops_reading_is_dropped_after_the_send_timeout() {
 async fn a_client_that_stops_reading_cannot_hold_off_the_send_timeout_with_new_streams() {
     stalled_client_is_dropped(true).await;
 }
+
+/// A request whose header block puts one 4,000-byte header into the HPACK dynamic table and
+/// then refers to it `references` times (one byte each), as one `HEADERS` and its
+/// `CONTINUATION`s on stream 1.
+fn hpack_bomb(references: usize) -> Vec<u8> {
+    let mut block = get_block("/");
+    // A literal with incremental indexing, new name `x-bomb`; 4,000 as HPACK writes it.
+    block.extend_from_slice(&[0x40, 6]);
+    block.extend_from_slice(b"x-bomb");
+    block.extend_from_slice(&[0x7f, 0xa1, 0x1e]);
+    block.extend(std::iter::repeat_n(b'b', 4000));
+    // Index 62: the first entry of the dynamic table, the header above.
+    block.extend(std::iter::repeat_n(0xbe, references));
+    let chunks: Vec<&[u8]> = block.chunks(16_000).collect();
+    let mut frames = Vec::new();
+    for (n, chunk) in chunks.iter().enumerate() {
+        let end = if n + 1 == chunks.len() { END_HEADERS } else { 0 };
+        let (kind, flags) = match n {
+            0 => (HEADERS, END_STREAM | end),
+            _ => (CONTINUATION, end),
+        };
+        frames.extend(frame(kind, flags, 1, chunk));
+    }
+    frames
+}
+
+/// HPACK: a few KB on the wire that decode to many MB (one big header, referred to 2,000
+/// times: 8 MB) end the connection with `ENHANCE_YOUR_CALM`; a header list just past the
+/// advertised 16 KiB (4 references: 20 KB) is answered on its stream (`431`) and the
+/// connection goes on. Neither reaches the backend.
+#[tokio::test]
+async fn header_lists_past_the_limit_never_reach_the_backend_and_an_hpack_bomb_ends_the_connection() {
+    let backend = Backend::start().await;
+    let gateway = gateway(&backend).await;
+
+    let mut bomb = TcpStream::connect(gateway.addr).await.unwrap();
+    bomb.write_all(PREFACE).await.unwrap();
+    bomb.write_all(&hpack_bomb(2_000)).await.unwrap();
+    let seen = read_frames(&mut bomb, Duration::from_secs(5)).await;
+    assert_eq!(seen.goaway(), Some(ENHANCE_YOUR_CALM));
+    assert!(seen.closed, "the connection is ended");
+
+    let mut oversized = TcpStream::connect(gateway.addr).await.unwrap();
+    oversized.write_all(PREFACE).await.unwrap();
+    oversized.write_all(&hpack_bomb(4)).await.unwrap();
+    let seen = read_frames(&mut oversized, Duration::from_secs(1)).await;
+    assert_eq!(seen.on_streams(HEADERS).count(), 1, "the request is answered");
+    assert_eq!(seen.goaway(), None);
+    assert!(!seen.closed, "the connection goes on");
+
+    assert!(backend.seen().is_empty(), "a request reached the backend");
+    assert_eq!(
+        get(gateway.addr, "/").await.status,
+        StatusCode::OK,
+        "others are served"
+    );
+}
