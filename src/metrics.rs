@@ -31,6 +31,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_backend_responses_total",
     "tollgate_backend_errors_total",
     "tollgate_backend_connections_total",
+    "tollgate_client_connections_unread_total",
     "tollgate_decision_duration_seconds",
     "tollgate_backend_duration_seconds",
     "tollgate_redis_errors_total",
