@@ -32,6 +32,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_backend_errors_total",
     "tollgate_backend_connections_total",
     "tollgate_client_connections_unread_total",
+    "tollgate_client_streams_unread_total",
     "tollgate_decision_duration_seconds",
     "tollgate_backend_duration_seconds",
     "tollgate_redis_errors_total",
@@ -82,6 +83,9 @@ pub struct Metrics {
     /// `tollgate_client_connections_unread_total`: client connections dropped for taking none
     /// of a response for `SEND_TIMEOUT_MS`.
     client_connections_unread: Counter,
+    /// `tollgate_client_streams_unread_total`: HTTP/2 streams reset for taking none of their
+    /// response for `SEND_TIMEOUT_MS` while their connection took other frames.
+    client_streams_unread: Counter,
 }
 
 impl Metrics {
@@ -134,6 +138,12 @@ impl Metrics {
             "Client connections dropped for taking none of a response for SEND_TIMEOUT_MS (slow read)",
             client_connections_unread.clone(),
         );
+        let client_streams_unread = Counter::default();
+        registry.register(
+            "client_streams_unread",
+            "HTTP/2 streams reset for taking none of their response for SEND_TIMEOUT_MS (a window kept shut)",
+            client_streams_unread.clone(),
+        );
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
         let rule = |id: usize| table.rules()[id].name.to_string();
@@ -179,6 +189,7 @@ impl Metrics {
             backend_seconds,
             backend_connections,
             client_connections_unread,
+            client_streams_unread,
         }
     }
 
@@ -210,6 +221,11 @@ impl Metrics {
     /// The counter of client connections dropped by `SEND_TIMEOUT_MS`, for the server.
     pub fn client_connections_unread(&self) -> Counter {
         self.client_connections_unread.clone()
+    }
+
+    /// The counter of HTTP/2 streams given up by `SEND_TIMEOUT_MS`, for the server.
+    pub fn client_streams_unread(&self) -> Counter {
+        self.client_streams_unread.clone()
     }
 
     /// The backend did not answer a request under rule `rule_id`.

@@ -16,12 +16,13 @@
 //!   ([`Tracked`]), not merely until the service returns: a long download is busy.
 //! - on HTTP/1, once the first byte of the next request arrives, the idle clock stops and the
 //!   request's headers must be complete within `HEADER_READ_TIMEOUT_MS` (slowloris).
-//! - while a request is in flight, the socket must take some of what is written within
-//!   `SEND_TIMEOUT_MS` of it taking none (slow read: a client that asks for a response and
-//!   stops reading it would otherwise hold its connection, its place under `MAX_CONNECTIONS`
-//!   and a backend connection for as long as it likes). A slow reader is not cut, only one
-//!   that takes nothing at all; and as the connection cannot be closed gracefully through a
-//!   socket that takes nothing, it is dropped.
+//! - the socket must take some of what is written within `SEND_TIMEOUT_MS` of it taking none
+//!   (slow read: a client that asks for a response and stops reading it would otherwise hold
+//!   its connection, its place under `MAX_CONNECTIONS` and a backend connection for as long
+//!   as it likes; nothing else runs while a request is in flight). A slow reader is not cut,
+//!   only one that takes nothing at all; and as the connection cannot be closed gracefully
+//!   through a socket that takes nothing, it is dropped. (An HTTP/2 stream whose window the
+//!   client keeps shut while it reads the rest is [`super::streams`]'.)
 //! - when a clock runs out, or the server drains, the connection is closed gracefully: HTTP/1
 //!   closes at once when idle (after the response in progress otherwise), HTTP/2 sends
 //!   `GOAWAY` and lets its streams finish. A peer that has not let go [`CLOSE_GRACE`] after
@@ -62,8 +63,8 @@ pub struct Timeouts {
     pub header_read: Duration,
     /// `IDLE_TIMEOUT_MS`: nothing in flight for this long closes the connection.
     pub idle: Duration,
-    /// `SEND_TIMEOUT_MS`: with a request in flight, a socket that takes no byte for this long
-    /// drops the connection.
+    /// `SEND_TIMEOUT_MS`: a socket that takes no byte of what is written for this long drops
+    /// the connection.
     pub send: Duration,
 }
 
@@ -139,7 +140,7 @@ impl Activity {
         }
     }
 
-    /// A write to the socket took nothing: the send clock starts (if a request is in flight).
+    /// A write to the socket took nothing: the send clock starts.
     fn write_pending(&self) {
         if !self.write_stalled.swap(true, Ordering::AcqRel) {
             self.stalls.fetch_add(1, Ordering::Relaxed);
@@ -350,6 +351,12 @@ impl<B: Body + Unpin, H: Unpin> Body for Tracked<B, H> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.body).poll_frame(cx);
+        // Whether hyper now waits for the client: an HTTP/2 stream's send clock.
+        if matches!(polled, Poll::Ready(Some(Ok(_)))) {
+            super::streams::handed_frame();
+        } else {
+            super::streams::no_frame();
+        }
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
             this.in_flight = None;
         }
@@ -444,7 +451,7 @@ pub enum Closed {
 /// it has nothing in flight for `timeouts.idle`, when an HTTP/1 request's head takes longer
 /// than `timeouts.header_read` from its first byte, or when `drain` says so; and dropping it
 /// when it has not let go [`CLOSE_GRACE`] after that with nothing in flight, or when its
-/// socket has taken nothing for `timeouts.send` with a request in flight.
+/// socket has taken nothing of what was written for `timeouts.send`.
 ///
 /// This runs on every poll of the connection, so it is a hand-written poll that touches
 /// nothing shared unless something changed: the connection first, then the drain's receiver
@@ -511,8 +518,7 @@ where
             }
             if activity.changed.swap(false, Ordering::SeqCst) {
                 let now = Instant::now();
-                let busy = activity.busy();
-                stall = (busy && activity.write_stalled()).then(|| {
+                stall = activity.write_stalled().then(|| {
                     let number = activity.stalls.load(Ordering::Relaxed);
                     match stall {
                         // The same stall (a request started or ended meanwhile): its start
@@ -521,14 +527,20 @@ where
                         _ => (number, now),
                     }
                 });
-                deadline = match (busy, closing) {
-                    // The client takes none of the response: the send clock runs.
-                    (true, _) => stall.map(|(_, since)| since + timeouts.send),
+                let clock = match (activity.busy(), closing) {
+                    (true, _) => None,
                     (false, true) => Some(now + CLOSE_GRACE),
                     // The next request's head has begun: the idle clock gives way to the
                     // header clock.
                     (false, false) if activity.head_started() => Some(now + timeouts.header_read),
                     (false, false) => Some(now + timeouts.idle),
+                };
+                // The socket takes nothing: the send clock runs too, whatever else does (a
+                // close would not get through it either).
+                let send = stall.map(|(_, since)| since + timeouts.send);
+                deadline = match (clock, send) {
+                    (Some(clock), Some(send)) => Some(clock.min(send)),
+                    (clock, send) => clock.or(send),
                 };
             }
             let Some(due) = deadline else {
@@ -547,13 +559,16 @@ where
                     return Poll::Pending;
                 }
             }
+            if activity.write_stalled()
+                && stall.is_some_and(|(_, since)| since + timeouts.send <= Instant::now())
+            {
+                tracing::debug!("the client took no byte of what was sent for SEND_TIMEOUT_MS: dropped");
+                activity.reset_on_close.store(true, Ordering::Relaxed);
+                return Poll::Ready((Closed::Stalled, Ok(())));
+            }
             if activity.busy() {
-                if activity.write_stalled() {
-                    tracing::debug!("the client took no byte of its response for SEND_TIMEOUT_MS: dropped");
-                    activity.reset_on_close.store(true, Ordering::Relaxed);
-                    return Poll::Ready((Closed::Stalled, Ok(())));
-                }
-                // The socket took bytes again as the clock ran out (its change is seen next).
+                // The send clock's time came, but the socket took bytes again meanwhile (its
+                // change is seen next): nothing else runs while a request is in flight.
                 deadline = None;
                 continue;
             }
@@ -759,19 +774,17 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_full_socket_with_nothing_in_flight_is_left_to_the_idle_clock() {
+    async fn a_full_socket_with_nothing_in_flight_is_dropped_after_the_send_timeout_too() {
         let harness = start(true);
-        drop(harness.activity.start(Version::HTTP_11));
-        // The last response's bytes, not taken after the response left the service.
+        drop(harness.activity.start(Version::HTTP_2));
+        // Bytes not taken after the last response left the service (its tail, a stream
+        // reset): the idle clock runs, and the send clock beside it.
         harness.activity.write_pending();
-        advance(TIMEOUTS.send + Duration::from_secs(1)).await;
-        assert!(
-            !harness.task.is_finished(),
-            "the send clock runs only with a request in flight"
-        );
-        advance(TIMEOUTS.idle - TIMEOUTS.send).await;
-        assert_eq!(harness.closes(), 1);
-        assert_eq!(harness.task.await.unwrap(), (Closed::Ended, Ok(())));
+        advance(TIMEOUTS.send - Duration::from_millis(1)).await;
+        assert!(!harness.task.is_finished());
+        advance(Duration::from_millis(2)).await;
+        assert_eq!(harness.closes(), 0, "before the idle clock");
+        assert_eq!(harness.task.await.unwrap(), (Closed::Stalled, Ok(())));
     }
 
     #[tokio::test(start_paused = true)]

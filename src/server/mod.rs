@@ -10,6 +10,7 @@
 pub mod connection;
 pub mod framing;
 pub mod limits;
+pub mod streams;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -35,6 +36,7 @@ use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Tim
 pub use limits::raise_fd_limit;
 use limits::{ConnectionSlots, IntervalLog, Slot};
 use prometheus_client::metrics::counter::Counter;
+use streams::StreamExecutor;
 
 /// How often the memory store drops clients whose budget is entirely back.
 const PURGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -156,9 +158,13 @@ async fn run(
         "tollgate ready"
     );
     let unread = metrics.client_connections_unread();
+    let unread_streams = metrics.client_streams_unread();
     let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
 
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(StreamExecutor {
+        send_timeout: config.send_timeout,
+        unread: unread_streams,
+    });
     builder
         .http1()
         // hyper's own header read timeout (30 s unless set, once a timer is) also runs while a
@@ -258,7 +264,7 @@ async fn run(
 /// What every connection is served with.
 struct Serving {
     /// HTTP/1.1 and h2c, detected per connection.
-    builder: auto::Builder<TokioExecutor>,
+    builder: auto::Builder<StreamExecutor>,
     proxy: Arc<Proxy>,
     /// Requests in flight across all connections, capped at `MAX_CONNECTIONS` too: file
     /// descriptors are budgeted for one backend connection per client connection, and HTTP/2

@@ -393,3 +393,91 @@ async fn header_lists_past_the_limit_never_reach_the_backend_and_an_hpack_bomb_e
         "others are served"
     );
 }
+
+/// A client that reads its connection but keeps one stream's flow-control window shut (every
+/// stream's, here: `SETTINGS_INITIAL_WINDOW_SIZE` 0): that stream is given up after
+/// `SEND_TIMEOUT_MS` (reset), and its place among the requests in flight (`MAX_CONNECTIONS=1`)
+/// comes back, while the connection stays open. The socket never stalls, so only the
+/// stream's own clock can see it.
+#[tokio::test]
+async fn a_stream_whose_window_stays_shut_is_reset_after_the_send_timeout() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[("SEND_TIMEOUT_MS", "1000"), ("MAX_CONNECTIONS", "1")],
+    )
+    .await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    opening.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    opening.extend(frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &get_block("/bytes/1048576"),
+    ));
+    client.write_all(&opening).await.unwrap();
+    let before = read_frames(&mut client, Duration::from_millis(300)).await;
+    assert_eq!(
+        before.on_streams(HEADERS).count(),
+        1,
+        "the response's head is sent"
+    );
+    assert_eq!(before.on_streams(DATA).count(), 0, "no window, no body");
+    // Its place is held: a second request on the connection is answered 503, not forwarded.
+    client
+        .write_all(&frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            3,
+            &get_block("/status/204"),
+        ))
+        .await
+        .unwrap();
+    // The client keeps reading; the stream is reset once its clock runs out.
+    let started = std::time::Instant::now();
+    let mut reset = false;
+    while !reset && started.elapsed() < Duration::from_secs(5) {
+        let seen = read_frames(&mut client, Duration::from_millis(200)).await;
+        assert!(!seen.closed, "the connection stays open");
+        reset = seen.on_streams(RST_STREAM).any(|frame| frame.stream == 1);
+    }
+    assert!(reset, "stream 1 was never reset");
+    client
+        .write_all(&frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            5,
+            &get_block("/status/204"),
+        ))
+        .await
+        .unwrap();
+    let after = read_frames(&mut client, Duration::from_millis(500)).await;
+    let answer = after
+        .on_streams(HEADERS)
+        .find(|frame| frame.stream == 5)
+        .expect("stream 5 is answered");
+    assert_eq!(answer.payload[0], 0x89, "`:status 204` from HPACK's static table");
+    let seen: Vec<String> = backend.seen().into_iter().map(|seen| seen.uri).collect();
+    assert_eq!(
+        seen,
+        ["/bytes/1048576", "/status/204"],
+        "stream 3 was not forwarded"
+    );
+    // Counted: stream 1, and stream 3, whose 503 has a body that cannot pass the shut window
+    // either (given up a little later). The connection itself never was.
+    let started = std::time::Instant::now();
+    loop {
+        let metrics = gateway.admin_get("/metrics").await;
+        let metrics = metrics.text();
+        assert!(
+            metrics.contains("tollgate_client_connections_unread_total 0\n"),
+            "{metrics}"
+        );
+        if metrics.contains("tollgate_client_streams_unread_total 2\n") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
