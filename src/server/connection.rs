@@ -40,6 +40,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use atomic_waker::AtomicWaker;
+use bytes::Bytes;
 use http::Version;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -325,11 +326,23 @@ impl Drop for InFlight {
 /// [`InFlight`], and the request's place under the cap of requests in flight) until it is
 /// finished, fails, or is dropped (hyper drops a body once it has sent it, and when the client
 /// goes away).
+///
+/// On an HTTP/2 stream it also hands its data to hyper in pieces of at most
+/// [`STREAM_PIECE`] and says, at each poll, whether it handed one (see [`super::streams`]).
 #[derive(Debug)]
 pub struct Tracked<B, H = InFlight> {
     body: B,
     in_flight: Option<H>,
+    /// What is left of a chunk of `body` handed in pieces.
+    rest: Option<Bytes>,
 }
+
+/// The most an HTTP/2 stream's body hands hyper at once: an HTTP/2 `DATA` frame's default
+/// size. hyper asks for the next piece once it has sent most of this one, so a stream's send
+/// clock restarts every 16 KiB the client takes; handed whole, a chunk of the backend's (up to
+/// about 400 KiB as hyper's reader grows its buffer) would have to be taken within one
+/// `SEND_TIMEOUT_MS`, and a slow but steady reader would be reset.
+pub const STREAM_PIECE: usize = 16 * 1024;
 
 impl<B, H> Tracked<B, H> {
     /// `body`, keeping `held` until it ends.
@@ -337,20 +350,41 @@ impl<B, H> Tracked<B, H> {
         Tracked {
             body,
             in_flight: Some(held),
+            rest: None,
         }
     }
 }
 
-impl<B: Body + Unpin, H: Unpin> Body for Tracked<B, H> {
-    type Data = B::Data;
+impl<B, H> Tracked<B, H> {
+    /// `data` as the next frame; on an HTTP/2 stream, its first [`STREAM_PIECE`] bytes only,
+    /// the rest kept for the next polls (split without a copy).
+    fn piece(&mut self, mut data: Bytes) -> Frame<Bytes> {
+        if data.len() > STREAM_PIECE && super::streams::in_stream() {
+            self.rest = Some(data.split_off(STREAM_PIECE));
+        }
+        Frame::data(data)
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin, H: Unpin> Body for Tracked<B, H> {
+    type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        let polled = match this.rest.take() {
+            Some(rest) => Poll::Ready(Some(Ok(this.piece(rest)))),
+            None => match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
+                    Ok(data) => this.piece(data),
+                    Err(trailers) => trailers,
+                }))),
+                other => other,
+            },
+        };
         // Whether hyper now waits for the client: an HTTP/2 stream's send clock.
         if matches!(polled, Poll::Ready(Some(Ok(_)))) {
             super::streams::handed_frame();
@@ -364,11 +398,17 @@ impl<B: Body + Unpin, H: Unpin> Body for Tracked<B, H> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let mut hint = self.body.size_hint();
+        let rest = self.rest.as_ref().map_or(0, |rest| rest.len() as u64);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint.set_lower(hint.lower() + rest);
+        hint
     }
 }
 

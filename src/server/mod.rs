@@ -332,7 +332,7 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
             }
             (Closed::Stalled, Ok(())) => {
                 unread.inc();
-                tracing::debug!(%peer, "connection dropped: the client took none of its response for SEND_TIMEOUT_MS");
+                tracing::debug!(%peer, "connection dropped: the client took none of what was sent for SEND_TIMEOUT_MS");
             }
             (Closed::Ended, Ok(())) => {}
         }

@@ -13,8 +13,11 @@
 //! client) or has none yet (the backend is slow: not the client's doing). When the task is
 //! left waiting with a frame handed and nothing more asked for `SEND_TIMEOUT_MS`, the stream
 //! is given up: its task ends, which resets the stream and drops its body, and with it the
-//! backend connection and the request's place. A stream that takes data, however slowly,
-//! restarts the clock with every frame; one waiting for its backend is never cut.
+//! backend connection and the request's place. The body hands its data in pieces of at most
+//! [`super::connection::STREAM_PIECE`] (16 KiB), and hyper asks for the next once it has sent
+//! most of the last, so a stream restarts the clock every 16 KiB the client takes: one read
+//! slowly but steadily is not cut (a client must take about 16 KiB, and its window step, per
+//! `SEND_TIMEOUT_MS`), and one waiting for its backend never is.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -50,6 +53,11 @@ pub fn handed_frame() {
     });
 }
 
+/// Whether this runs in an HTTP/2 stream's task.
+pub fn in_stream() -> bool {
+    PROGRESS.try_with(|_| ()).is_ok()
+}
+
 /// A response body had no frame for hyper (its backend is slow) or has ended.
 pub fn no_frame() {
     let _ = PROGRESS.try_with(|progress| {
@@ -59,7 +67,9 @@ pub fn no_frame() {
     });
 }
 
-/// hyper's executor for HTTP/2 streams: Tokio's, each stream under `SEND_TIMEOUT_MS`.
+/// hyper's executor for HTTP/2 streams: Tokio's, each stream under `SEND_TIMEOUT_MS`. (hyper
+/// also runs an HTTP/2 `CONNECT` tunnel's task with it; tollgate answers `CONNECT` with `405`,
+/// and a tunnel's task has no response body to report, so it would never be given up.)
 #[derive(Debug, Clone)]
 pub struct StreamExecutor {
     /// `SEND_TIMEOUT_MS`.
@@ -135,7 +145,7 @@ async fn guard<F: Future + ?Sized>(mut stream: Pin<Box<F>>, timeout: Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use std::sync::{Arc, Mutex};
     use std::task::Waker;
 
@@ -148,7 +158,7 @@ mod tests {
     /// waking the task.
     #[derive(Clone)]
     struct FakeStream {
-        hands: bool,
+        hands: Arc<AtomicBool>,
         frames: Arc<AtomicU32>,
         waker: Arc<Mutex<Option<Waker>>>,
     }
@@ -166,7 +176,7 @@ mod tests {
         type Output = ();
 
         fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
-            if !self.hands {
+            if !self.hands.load(Ordering::Acquire) {
                 no_frame();
             } else if self.frames.load(Ordering::Acquire) > 0 {
                 self.frames.fetch_sub(1, Ordering::AcqRel);
@@ -179,7 +189,7 @@ mod tests {
 
     fn start(hands: bool) -> (FakeStream, tokio::task::JoinHandle<Ended>) {
         let stream = FakeStream {
-            hands,
+            hands: Arc::new(AtomicBool::new(hands)),
             frames: Arc::new(AtomicU32::new(1)),
             waker: Arc::default(),
         };
@@ -220,5 +230,20 @@ mod tests {
             Ended::GivenUp,
             "then stalls, and is given up"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_ends_when_the_body_waits_for_its_backend_again() {
+        let (stream, task) = start(true);
+        tokio::time::sleep(TIMEOUT / 2).await;
+        // The client took the frame, and the body has nothing more yet: its backend is slow.
+        stream.hands.store(false, std::sync::atomic::Ordering::Release);
+        stream.take();
+        tokio::time::sleep(TIMEOUT * 4).await;
+        assert!(
+            !task.is_finished(),
+            "waiting for the backend is not the client's doing"
+        );
+        task.abort();
     }
 }

@@ -20,12 +20,14 @@ const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 const WINDOW_UPDATE: u8 = 0x8;
 const CONTINUATION: u8 = 0x9;
 
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
+const ACK: u8 = 0x1;
 
 /// `SETTINGS_MAX_CONCURRENT_STREAMS` and `SETTINGS_MAX_HEADER_LIST_SIZE`.
 const MAX_CONCURRENT_STREAMS: u16 = 0x3;
@@ -436,13 +438,19 @@ async fn a_stream_whose_window_stays_shut_is_reset_after_the_send_timeout() {
         .unwrap();
     // The client keeps reading; the stream is reset once its clock runs out.
     let started = std::time::Instant::now();
-    let mut reset = false;
+    let (mut reset, mut refused) = (false, false);
     while !reset && started.elapsed() < Duration::from_secs(5) {
         let seen = read_frames(&mut client, Duration::from_millis(200)).await;
         assert!(!seen.closed, "the connection stays open");
         reset = seen.on_streams(RST_STREAM).any(|frame| frame.stream == 1);
+        // Stream 3's answer: its head (a 503, never `:status 200` or `204` of the static
+        // table) gets through the shut window; its body cannot.
+        refused |= seen
+            .on_streams(HEADERS)
+            .any(|frame| frame.stream == 3 && !matches!(frame.payload[0], 0x88 | 0x89));
     }
     assert!(reset, "stream 1 was never reset");
+    assert!(refused, "stream 3 was not answered while stream 1 held the place");
     client
         .write_all(&frame(
             HEADERS,
@@ -480,4 +488,90 @@ async fn a_stream_whose_window_stays_shut_is_reset_after_the_send_timeout() {
         assert!(started.elapsed() < Duration::from_secs(5), "{metrics}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A client that reads a large HTTP/2 response slowly but steadily (128 KiB/s, with the
+/// default 64 KiB windows, opening them again every 16 KiB it reads) gets all of it, though
+/// it takes eight send timeouts: the stream's clock restarts every 16 KiB taken. (Handed whole,
+/// the backend's chunks of up to about 400 KiB would each have had to be taken within one
+/// timeout, and the stream was reset.)
+#[tokio::test]
+async fn a_stream_read_slowly_but_steadily_is_not_reset() {
+    const SIZE: usize = 512 * 1024;
+    const RATE: f64 = 128.0 * 1024.0;
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[("SEND_TIMEOUT_MS", "500")]).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut opening = PREFACE.to_vec();
+    opening.extend(frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &get_block(&format!("/bytes/{SIZE}")),
+    ));
+    client.write_all(&opening).await.unwrap();
+    let started = std::time::Instant::now();
+    let (mut buffer, mut chunk) = (Vec::new(), [0u8; 4096]);
+    let (mut body, mut taken, mut unacknowledged) = (0, 0, 0);
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{body} of {SIZE} bytes in 30 s"
+        );
+        // Never ahead of the rate.
+        if taken as f64 > started.elapsed().as_secs_f64() * RATE + 4096.0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        let n = match tokio::time::timeout(Duration::from_millis(50), client.read(&mut chunk)).await {
+            Err(_) => continue,
+            Ok(Ok(0) | Err(_)) => panic!("the connection ended after {body} body bytes"),
+            Ok(Ok(n)) => n,
+        };
+        taken += n;
+        buffer.extend_from_slice(&chunk[..n]);
+        let mut ended = false;
+        while buffer.len() >= 9 {
+            let length = usize::from(buffer[0]) << 16 | usize::from(buffer[1]) << 8 | usize::from(buffer[2]);
+            if buffer.len() < 9 + length {
+                break;
+            }
+            let (kind, flags) = (buffer[3], buffer[4]);
+            let stream = u32::from_be_bytes(buffer[5..9].try_into().unwrap()) & 0x7fff_ffff;
+            assert!(
+                kind != RST_STREAM && kind != GOAWAY,
+                "reset after {body} body bytes"
+            );
+            if kind == DATA && stream == 1 {
+                body += length;
+                unacknowledged += length;
+                ended = flags & END_STREAM != 0;
+            }
+            // SETTINGS and PING are acknowledged, as a client does.
+            if (kind == SETTINGS || kind == PING) && flags & ACK == 0 {
+                let ack = if kind == PING {
+                    buffer[9..9 + length].to_vec()
+                } else {
+                    Vec::new()
+                };
+                client.write_all(&frame(kind, ACK, 0, &ack)).await.unwrap();
+            }
+            buffer.drain(..9 + length);
+        }
+        if ended {
+            break;
+        }
+        if unacknowledged >= 16 * 1024 {
+            let increment = u32::try_from(unacknowledged).unwrap().to_be_bytes();
+            let mut updates = frame(WINDOW_UPDATE, 0, 1, &increment);
+            updates.extend(frame(WINDOW_UPDATE, 0, 0, &increment));
+            client.write_all(&updates).await.unwrap();
+            unacknowledged = 0;
+        }
+    }
+    assert_eq!(body, SIZE);
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "taken faster than meant"
+    );
 }
