@@ -129,6 +129,12 @@ async fn read_frames(stream: &mut TcpStream, quiet: Duration) -> Seen {
     Seen { frames, closed }
 }
 
+/// Another client, on a connection of its own, is answered `200`.
+async fn assert_others_are_served(gateway: &Gateway) {
+    let reply = get(gateway.addr, "/").await;
+    assert_eq!(reply.status, StatusCode::OK, "others are served");
+}
+
 /// A gateway with a budget no test here spends, so every refusal seen is HTTP/2's.
 async fn gateway(backend: &Backend) -> Gateway {
     Gateway::start(&backend.url(), &[("MAX_TOKENS", "100000")]).await
@@ -158,11 +164,7 @@ async fn a_rapid_reset_flood_ends_the_connection_before_the_backend_sees_it() {
         "{} of 2,000 cancelled requests reached the backend",
         backend.seen().len()
     );
-    assert_eq!(
-        get(gateway.addr, "/").await.status,
-        StatusCode::OK,
-        "others are served"
-    );
+    assert_others_are_served(&gateway).await;
 }
 
 /// A header block that never ends (`CONTINUATION` frames without `END_HEADERS`,
@@ -196,11 +198,7 @@ async fn a_header_block_that_never_ends_is_cut_off() {
     assert_eq!(seen.goaway(), Some(ENHANCE_YOUR_CALM), "{written} bytes written");
     assert!(seen.closed, "the connection is ended");
     assert!(backend.seen().is_empty(), "a request reached the backend");
-    assert_eq!(
-        get(gateway.addr, "/").await.status,
-        StatusCode::OK,
-        "others are served"
-    );
+    assert_others_are_served(&gateway).await;
 }
 
 /// More streams at once than the gateway advertises: the excess is refused
@@ -389,11 +387,7 @@ async fn header_lists_past_the_limit_never_reach_the_backend_and_an_hpack_bomb_e
     assert!(!seen.closed, "the connection goes on");
 
     assert!(backend.seen().is_empty(), "a request reached the backend");
-    assert_eq!(
-        get(gateway.addr, "/").await.status,
-        StatusCode::OK,
-        "others are served"
-    );
+    assert_others_are_served(&gateway).await;
 }
 
 /// A client that reads its connection but keeps one stream's flow-control window shut (every
