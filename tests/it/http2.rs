@@ -569,3 +569,40 @@ async fn a_stream_read_slowly_but_steadily_is_not_reset() {
         "taken faster than meant"
     );
 }
+
+/// A window opened a byte at a time (`SETTINGS_INITIAL_WINDOW_SIZE` 1, then a one-byte
+/// `WINDOW_UPDATE` every 100 ms) counts as shut: the body's 16 KiB piece is never taken within
+/// `SEND_TIMEOUT_MS`, and the stream is reset.
+#[tokio::test]
+async fn a_window_opened_a_byte_at_a_time_counts_as_shut() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(&backend.url(), &[("SEND_TIMEOUT_MS", "1000")]).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut opening = PREFACE.to_vec();
+    opening.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 1]));
+    opening.extend(frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &get_block("/bytes/1048576"),
+    ));
+    client.write_all(&opening).await.unwrap();
+    let started = std::time::Instant::now();
+    let (mut body, mut reset) = (0, false);
+    while !reset {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never reset ({body} bytes sent)"
+        );
+        let trickle = frame(WINDOW_UPDATE, 0, 1, &1u32.to_be_bytes());
+        client.write_all(&trickle).await.unwrap();
+        let seen = read_frames(&mut client, Duration::from_millis(100)).await;
+        assert!(!seen.closed, "the connection stays open");
+        body += seen
+            .on_streams(DATA)
+            .map(|frame| frame.payload.len())
+            .sum::<usize>();
+        reset = seen.on_streams(RST_STREAM).any(|frame| frame.stream == 1);
+    }
+    assert!(body < 1024, "{body} bytes sent a byte at a time");
+}
