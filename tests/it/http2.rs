@@ -61,6 +61,17 @@ fn get_block(path: &str) -> Vec<u8> {
     block
 }
 
+/// The client connection preface, its `SETTINGS` with `SETTINGS_INITIAL_WINDOW_SIZE` at
+/// `window`, and `GET path` on stream 1.
+fn opening(window: u32, path: &str) -> Vec<u8> {
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let mut settings = vec![0, 4];
+    settings.extend_from_slice(&window.to_be_bytes());
+    opening.extend(frame(SETTINGS, 0, 0, &settings));
+    opening.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block(path)));
+    opening
+}
+
 /// One frame from the gateway.
 struct Frame {
     kind: u8,
@@ -277,22 +288,11 @@ async fn stalled_client_is_dropped(new_streams: bool) {
     )
     .await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
-    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    // SETTINGS_INITIAL_WINDOW_SIZE at its largest, and the connection's window opened as far.
-    opening.extend(frame(SETTINGS, 0, 0, &[0, 4, 0x7f, 0xff, 0xff, 0xff]));
-    opening.extend(frame(
-        WINDOW_UPDATE,
-        0,
-        0,
-        &(0x7fff_ffff - 65_535u32).to_be_bytes(),
-    ));
-    opening.extend(frame(
-        HEADERS,
-        END_STREAM | END_HEADERS,
-        1,
-        &get_block("/bytes/268435456"),
-    ));
-    client.write_all(&opening).await.unwrap();
+    // Every stream's window at its largest, and the connection's opened as far.
+    let mut frames = opening(0x7fff_ffff, "/bytes/268435456");
+    let increment = 0x7fff_ffff - 65_535u32;
+    frames.extend(frame(WINDOW_UPDATE, 0, 0, &increment.to_be_bytes()));
+    client.write_all(&frames).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         !served(gateway.addr).await,
@@ -404,15 +404,7 @@ async fn a_stream_whose_window_stays_shut_is_reset_after_the_send_timeout() {
     )
     .await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
-    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    opening.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 0]));
-    opening.extend(frame(
-        HEADERS,
-        END_STREAM | END_HEADERS,
-        1,
-        &get_block("/bytes/1048576"),
-    ));
-    client.write_all(&opening).await.unwrap();
+    client.write_all(&opening(0, "/bytes/1048576")).await.unwrap();
     let before = read_frames(&mut client, Duration::from_millis(300)).await;
     assert_eq!(
         before.on_streams(HEADERS).count(),
@@ -578,15 +570,7 @@ async fn a_window_opened_a_byte_at_a_time_counts_as_shut() {
     let backend = Backend::start().await;
     let gateway = Gateway::start(&backend.url(), &[("SEND_TIMEOUT_MS", "1000")]).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
-    let mut opening = PREFACE.to_vec();
-    opening.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 1]));
-    opening.extend(frame(
-        HEADERS,
-        END_STREAM | END_HEADERS,
-        1,
-        &get_block("/bytes/1048576"),
-    ));
-    client.write_all(&opening).await.unwrap();
+    client.write_all(&opening(1, "/bytes/1048576")).await.unwrap();
     let started = std::time::Instant::now();
     let (mut body, mut reset) = (0, false);
     while !reset {
