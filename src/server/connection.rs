@@ -578,10 +578,7 @@ where
                 // The socket takes nothing: the send clock runs too, whatever else does (a
                 // close would not get through it either).
                 let send = stall.map(|(_, since)| since + timeouts.send);
-                deadline = match (clock, send) {
-                    (Some(clock), Some(send)) => Some(clock.min(send)),
-                    (clock, send) => clock.or(send),
-                };
+                deadline = clock.into_iter().chain(send).min();
             }
             let Some(due) = deadline else {
                 return Poll::Pending;

@@ -288,6 +288,25 @@ fn over_tls(redis: &crate::support::RedisServer, backend: &Backend, vars: &[(&st
     Running::start(&all)
 }
 
+/// The binary in front of `backend`, with `cluster` over TLS, trusting its private CA, and
+/// `vars` besides.
+fn over_tls_cluster(
+    cluster: &crate::support::RedisCluster,
+    backend: &Backend,
+    vars: &[(&str, &str)],
+) -> Running {
+    let (url, seeds) = (backend.url(), cluster.seeds());
+    let cert = cluster.cert_file().display().to_string();
+    let mut all = vec![
+        ("BACKEND_URL", url.as_str()),
+        ("REDIS_CLUSTER_NODES", seeds.as_str()),
+        ("REDIS_TLS", "true"),
+        ("SSL_CERT_FILE", cert.as_str()),
+    ];
+    all.extend_from_slice(vars);
+    Running::start(&all)
+}
+
 #[tokio::test]
 async fn redis_over_tls_with_a_private_ca() {
     let redis = crate::support::RedisServer::start_tls();
@@ -446,16 +465,15 @@ async fn a_second_signal_cuts_the_drain_short() {
 async fn redis_cluster_over_tls() {
     let cluster = crate::support::RedisCluster::start_tls();
     let backend = Backend::start().await;
-    let cert = cluster.cert_file().display().to_string();
-    let tollgate = Running::start(&[
-        ("BACKEND_URL", &backend.url()),
-        ("REDIS_CLUSTER_NODES", &cluster.seeds()),
-        ("REDIS_TLS", "true"),
-        ("SSL_CERT_FILE", &cert),
-        ("REDIS_TIMEOUT_MS", "5000"),
-        ("MAX_TOKENS", "25"),
-        ("REFILL_RATE", "0.0001"),
-    ]);
+    let tollgate = over_tls_cluster(
+        &cluster,
+        &backend,
+        &[
+            ("REDIS_TIMEOUT_MS", "5000"),
+            ("MAX_TOKENS", "25"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    );
     let addr = tollgate.addr;
     let mut allowed = Vec::new();
     for n in 2..=4 {
@@ -486,19 +504,18 @@ async fn a_killed_tls_cluster_master_fails_only_its_slots_and_is_used_again_afte
     let mut cluster = crate::support::RedisCluster::start_tls();
     cluster.allow_partial_coverage();
     let backend = Backend::start().await;
-    let cert = cluster.cert_file().display().to_string();
-    let tollgate = Running::start(&[
-        ("BACKEND_URL", &backend.url()),
-        ("REDIS_CLUSTER_NODES", &cluster.seeds()),
-        ("REDIS_TLS", "true"),
-        ("SSL_CERT_FILE", &cert),
-        ("FAIL_MODE", "closed"),
-        ("REDIS_TIMEOUT_MS", "1000"),
-        ("REDIS_PROBE_INTERVAL_MS", "100"),
-        ("REDIS_BREAKER_THRESHOLD", "3"),
-        ("MAX_TOKENS", "3"),
-        ("REFILL_RATE", "0.0001"),
-    ]);
+    let tollgate = over_tls_cluster(
+        &cluster,
+        &backend,
+        &[
+            ("FAIL_MODE", "closed"),
+            ("REDIS_TIMEOUT_MS", "1000"),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("REDIS_BREAKER_THRESHOLD", "3"),
+            ("MAX_TOKENS", "3"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    );
     let addr = tollgate.addr;
     // The three masters known, each with its breaker, before the fault.
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
