@@ -27,12 +27,20 @@
 #     instructions differ from the floor's. Builds a second, unstripped copy for the symbols.
 #     Also Redis mode: tollgate and redis-server both under callgrind for the same requests,
 #     and redis-server under redis-benchmark sending the same EVALSHA (Redis's own floor).
+#  4. with --perf: where the CPU of a request goes on the real CPU, kernel included (callgrind
+#     sees user space only), for the bare floor, tollgate (memory store) and nginx, every
+#     request allowed: system calls per request by kind (`perf stat` on the syscall
+#     tracepoints), then the proxy's CPU per request split into kernel, the proxy's own code,
+#     libc and the vDSO (`perf record -e cpu-clock`, samples by shared object), each over
+#     exactly N requests (h2load --h1 -n N) after a warm-up. Needs perf (linux-perf) and
+#     permission to read tracepoints (root, or kernel.perf_event_paranoid <= -1).
 # Quote the ratios, not the absolute req/s: the machine matters more than the code.
 #
-# usage: scripts/bench.sh [--quick] [--no-criterion] [--no-load] [--callgrind] [--rounds N]
-#                         [--duration D] [--scenarios LIST] [--log FILE]
+# usage: scripts/bench.sh [--quick] [--no-criterion] [--no-load] [--callgrind] [--perf]
+#                         [--rounds N] [--duration D] [--scenarios LIST] [--log FILE]
 #   --quick           short criterion runs, one round of 3 s per target (a smoke test)
 #   --no-criterion    skip part 1;  --no-load  skip part 2;  --callgrind  add part 3
+#   --perf            add part 4
 #   --rounds N        interleaved rounds per scenario (default 5)
 #   --duration D      measured seconds per target and round, wrk -d syntax (default 10s)
 #   --scenarios LIST  comma-separated subset of allow,deny,many,h2 (default all)
@@ -40,13 +48,13 @@
 #                     (default bench-<date>.log in $TMPDIR); scripts/bench_plot.py draws FILE.tsv
 # Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_H2_CLIENTS and BENCH_H2_STREAMS
 #   (h2load -c and -m, default 8 and 4), BENCH_PROXY_CPU, BENCH_LOAD_CPU, CARGO_TARGET_DIR,
-#   BENCH_CALLGRIND_REQUESTS (default 20000).
+#   BENCH_CALLGRIND_REQUESTS (default 20000), BENCH_PERF_REQUESTS (default 100000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 arguments=$*
-quick=0 criterion=1 load=1 callgrind=0 rounds=5 duration=10s scenarios=allow,deny,many,h2
+quick=0 criterion=1 load=1 callgrind=0 perf=0 rounds=5 duration=10s scenarios=allow,deny,many,h2
 log=${TMPDIR:-/tmp}/bench-$(date +%Y%m%d-%H%M%S).log
 rounds_set=0 duration_set=0
 while [ $# -gt 0 ]; do
@@ -55,11 +63,12 @@ while [ $# -gt 0 ]; do
     --no-criterion) criterion=0 ;;
     --no-load) load=0 ;;
     --callgrind) callgrind=1 ;;
+    --perf) perf=1 ;;
     --rounds) rounds=${2:?--rounds needs a number}; rounds_set=1; shift ;;
     --duration) duration=${2:?--duration needs a time such as 10s}; duration_set=1; shift ;;
     --scenarios) scenarios=${2:?--scenarios needs a list}; shift ;;
     --log) log=${2:?--log needs a file}; shift ;;
-    -h | --help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -99,6 +108,12 @@ fi
 if [ "$callgrind" = 1 ]; then
   command -v h2load >/dev/null || missing+=(nghttp2-client)
   command -v callgrind_control >/dev/null || missing+=(valgrind)
+fi
+if [ "$perf" = 1 ]; then
+  command -v h2load >/dev/null || missing+=(nghttp2-client)
+  command -v nginx >/dev/null || missing+=(nginx-light)
+  command -v curl >/dev/null || missing+=(curl)
+  command -v perf >/dev/null || missing+=(linux-perf)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
@@ -140,7 +155,7 @@ if [ "$criterion" = 1 ]; then
   done
   rm -f "$marker"
 fi
-[ "$load" = 1 ] || [ "$callgrind" = 1 ] || exit 0
+[ "$load" = 1 ] || [ "$callgrind" = 1 ] || [ "$perf" = 1 ] || exit 0
 
 # --- 2. the whole gateway under load ---------------------------------------------------------
 echo "== building tollgate, the echo backend and the bare floor (release)"
@@ -504,6 +519,82 @@ if [ "$load" = 1 ]; then
     }' "$results"
   echo "load average at the end: $(loadavg)"
   echo "raw output: $log  results: $results  (plot: python3 scripts/bench_plot.py $results docs/bench.png)"
+fi
+
+# --- 4. kernel and user CPU, system calls (perf) ---------------------------------------------
+# Runs before part 3, whose end is the script's.
+if [ "$perf" = 1 ]; then
+  perf_requests=${BENCH_PERF_REQUESTS:-100000}
+  [ "$load" = 1 ] || [ "$rounds_set" = 1 ] || rounds=3
+  perf_dir=$log.perf
+  mkdir -p "$perf_dir"
+  echo
+  echo "== perf: $perf_requests requests each, h2load --h1 -c$connections, after 4000 warm-up requests; every request allowed"
+  if ! perf stat -e raw_syscalls:sys_enter -o /dev/null true 2>/dev/null; then
+    echo "bench.sh: perf cannot read the syscall tracepoints here (run as root, or sysctl kernel.perf_event_paranoid=-1)" >&2
+    exit 1
+  fi
+  # Every system call, and each kind on its own (kinds under 0.01 per request not printed).
+  perf_events='raw_syscalls:sys_enter,syscalls:sys_enter_*'
+  bare bare-perf "${allow[@]}"
+  tollgate tollgate-memory-perf memory "${allow[@]}"
+  nginx_target nginx-perf "" 1000000r/s "burst=1000000 nodelay"
+  perf_target() { # name: the pid serving its requests, and its URL
+    local pid=${pid_of[$1]}
+    # nginx's requests are served by its one worker, not its master.
+    [ "$1" = nginx-perf ] && pid=$(pgrep -P "$pid" | head -n 1)
+    echo "$pid http://127.0.0.1:${port_of[$1]}/"
+  }
+  perf_during_requests() { # url perf-arguments...: perf runs while exactly $perf_requests are served
+    local url=$1 perf_pid
+    shift
+    perf "$@" &
+    perf_pid=$!
+    sleep 0.5 # perf attaches
+    "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n "$perf_requests" "$url" >>"$log"
+    kill -INT "$perf_pid"
+    wait "$perf_pid" || true
+  }
+  echo "-- system calls per request (perf stat; kinds under 0.01 per request not listed)"
+  for name in bare-perf tollgate-memory-perf nginx-perf; do
+    check "$name" 200
+    read -r pid url < <(perf_target "$name")
+    "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n 4000 "$url" >/dev/null
+    perf_during_requests "$url" stat -x, -e "$perf_events" -p "$pid" -o "$perf_dir/$name.stat"
+    awk -F, -v n="$perf_requests" -v name="$name" '
+      $1 ~ /^[0-9]+$/ {
+        kind = $3; sub(/.*sys_enter_?/, "", kind)
+        if (kind == "") all = $1; else if ($1 / n >= 0.01) kinds = kinds sprintf(", %s %.2f", kind, $1 / n)
+      }
+      END { printf "  %-22s %5.2f%s\n", name, all / n, kinds }' "$perf_dir/$name.stat"
+  done
+  echo "-- CPU per request by where it runs (perf record -e cpu-clock -F 10000: a sample is 100 us), $rounds interleaved round(s)"
+  printf '| %-20s | %5s | %10s | %14s | %14s | %14s | %14s |\n' target round "CPU us/req" kernel "own code" libc vDSO
+  printf '|%s|\n' "---|--:|--:|--:|--:|--:|--:"
+  for round in $(seq 1 "$rounds"); do
+    for name in bare-perf tollgate-memory-perf nginx-perf; do
+      read -r pid url < <(perf_target "$name")
+      "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n 4000 "$url" >/dev/null
+      perf_during_requests "$url" record -q -e cpu-clock -F 10000 -p "$pid" -o "$perf_dir/$name.$round.data"
+      # Samples by shared object: the kernel, the proxy's binary, libc, the vDSO (clock reads).
+      perf report -i "$perf_dir/$name.$round.data" --stdio --sort dso -F sample,dso 2>/dev/null |
+        awk -v n="$perf_requests" -v name="$name" -v round="$round" '
+          /^#/ || !/[0-9]/ { next }
+          { total += $1 }
+          $2 ~ /kernel/ { kernel += $1 }
+          $2 ~ /^libc/ { libc += $1 }
+          $2 ~ /vdso/ { vdso += $1 }
+          $2 ~ /^(tollgate|bare_proxy|nginx)$/ { own += $1 }
+          END {
+            us = 1e6 / 10000 / n
+            printf "| %-20s | %5d | %10.2f | %5.2f (%4.1f%%) | %5.2f (%4.1f%%) | %5.2f (%4.1f%%) | %5.2f (%4.1f%%) |\n", name, round,
+              total * us, kernel * us, 100 * kernel / total, own * us, 100 * own / total, libc * us, 100 * libc / total,
+              vdso * us, 100 * vdso / total
+          }'
+    done
+  done
+  stop bare-perf tollgate-memory-perf nginx-perf
+  echo "perf data: $perf_dir (perf report -i NAME.data)"
 fi
 
 # --- 3. instructions per request under callgrind ---------------------------------------------
