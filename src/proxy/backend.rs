@@ -151,12 +151,13 @@ impl BackendPool {
 
     /// Send `request` (origin-form target, HTTP/1.1, with a `Host`) and wait for the response
     /// head. The response body gives the connection back to the pool when it has been read to
-    /// its end.
+    /// its end. `now` is the caller's reading of the clock, which judges idle connections.
     pub async fn send(
         &self,
         mut request: Request<ClientBody>,
+        now: Instant,
     ) -> Result<Response<BackendBody>, BackendError> {
-        if let Some(mut connection) = self.inner.checkout() {
+        if let Some(mut connection) = self.inner.checkout(now) {
             match connection.sender.try_send_request(request).await {
                 Ok(response) => return Ok(self.inner.body_of(response, connection)),
                 Err(mut error) => match error.take_message() {
@@ -173,11 +174,11 @@ impl BackendPool {
 }
 
 impl Pool {
-    /// The most recently used connection that is still fresh and ready, if any.
-    fn checkout(&self) -> Option<Connection> {
+    /// The most recently used connection that is still fresh at `now` and ready, if any.
+    fn checkout(&self, now: Instant) -> Option<Connection> {
         let mut idle = self.idle.lock();
         while let Some(top) = idle.pop_back() {
-            if top.since.elapsed() >= self.idle_timeout {
+            if now.saturating_duration_since(top.since) >= self.idle_timeout {
                 // Everything below went idle earlier still.
                 idle.clear();
                 return None;

@@ -461,13 +461,15 @@ impl Proxy {
             return refusal;
         }
 
-        let verdict = match matched.mode {
-            Mode::Exempt => None,
+        let (verdict, decided) = match matched.mode {
+            Mode::Exempt => (None, None),
             Mode::Enforce | Mode::Shadow => {
                 let asked = Instant::now();
                 let verdict = self.limiter.check(matched.rule, matched.key, matched.cost).await;
-                self.metrics.decision(asked.elapsed());
-                Some(verdict)
+                // One reading of the clock ends the decision and starts the backend's.
+                let decided = Instant::now();
+                self.metrics.decision(decided - asked);
+                (Some(verdict), Some(decided))
             }
         };
         let outcome = Outcome::of(matched.mode, verdict.as_ref());
@@ -481,8 +483,16 @@ impl Proxy {
         let mut response = if outcome.forwards() {
             // The backend gets the request id too, so its logs and ours can be joined.
             request.headers_mut().insert(&X_REQUEST_ID, id.clone());
-            self.forward(request, peer.ip(), client_ip, rewritten.as_deref(), &context)
-                .await
+            let sent = decided.unwrap_or_else(Instant::now);
+            self.forward(
+                request,
+                peer.ip(),
+                client_ip,
+                rewritten.as_deref(),
+                &context,
+                sent,
+            )
+            .await
         } else {
             match verdict.as_ref().and_then(Verdict::decision) {
                 Some(decision) => response::too_many_requests(decision),
@@ -595,7 +605,8 @@ impl Proxy {
     }
 
     /// Send an allowed request to the backend and stream its answer back. `rewritten`
-    /// replaces the request's path when its dot segments had to be resolved.
+    /// replaces the request's path when its dot segments had to be resolved; `sent` is now,
+    /// read once by the caller: what the backend's latency and timeout count from.
     async fn forward(
         &self,
         request: Request<Incoming>,
@@ -603,12 +614,12 @@ impl Proxy {
         client: IpAddr,
         rewritten: Option<&str>,
         context: &RequestContext<'_>,
+        sent: Instant,
     ) -> Response<ResponseBody> {
         // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
-        let sent = Instant::now();
-        match self.try_forward(request, peer, client, rewritten).await {
+        match self.try_forward(request, peer, client, rewritten, sent).await {
             Ok(mut response) => {
                 let rule = context.rule.unwrap_or_default();
                 self.metrics
@@ -667,6 +678,7 @@ impl Proxy {
         peer: IpAddr,
         client: IpAddr,
         rewritten: Option<&str>,
+        sent: Instant,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let upgrade = request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
@@ -695,8 +707,8 @@ impl Proxy {
 
         let body = ClientBody::new(body, self.body_idle_timeout);
         let progress = body.progress();
-        let sent = self.pool.send(Request::from_parts(parts, body));
-        let mut response = self.response_to(sent, progress.as_deref()).await?;
+        let exchange = self.pool.send(Request::from_parts(parts, body), sent);
+        let mut response = self.response_to(exchange, progress.as_deref(), sent).await?;
 
         let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
         match client_upgrade {
@@ -726,13 +738,16 @@ impl Proxy {
     /// pauses longer than `BODY_IDLE_TIMEOUT_MS` is cut off (408; the body times itself out
     /// too, for the time after the response has come) and a backend that reads none of it for
     /// `BACKEND_TIMEOUT_MS` is given up on (504); once the body has ended, the backend has
-    /// `BACKEND_TIMEOUT_MS` to answer. A failure of the client's body is the client's (400).
+    /// `BACKEND_TIMEOUT_MS` to answer, counted from when it ended, or from `sent` for a request
+    /// with no body. A failure of the client's body is the client's (400).
     async fn response_to(
         &self,
-        sent: impl Future<Output = Result<Response<BackendBody>, BackendError>>,
+        exchange: impl Future<Output = Result<Response<BackendBody>, BackendError>>,
         progress: Option<&Progress>,
+        sent: Instant,
     ) -> Result<Response<BackendBody>, ProxyError> {
-        let mut sent = std::pin::pin!(sent);
+        let mut exchange = std::pin::pin!(exchange);
+        let mut waiting_since = sent;
         if let Some(progress) = progress {
             loop {
                 let (since, waiting_for_client) = progress.activity();
@@ -742,10 +757,13 @@ impl Proxy {
                 };
                 tokio::select! {
                     // An early answer (the backend need not read the whole body first).
-                    result = &mut sent => return self.answered(result, Some(progress)),
+                    result = &mut exchange => return self.answered(result, Some(progress)),
                     state = progress.finished() => match self.body_failure(state) {
                         Some(error) => return Err(error),
-                        None => break,
+                        None => {
+                            waiting_since = Instant::now();
+                            break;
+                        }
                     },
                     () = tokio::time::sleep_until(since + stall) => {
                         if progress.activity() == (since, waiting_for_client) {
@@ -758,7 +776,7 @@ impl Proxy {
                 }
             }
         }
-        match tokio::time::timeout(self.backend_timeout, sent).await {
+        match tokio::time::timeout_at(waiting_since + self.backend_timeout, exchange).await {
             Ok(result) => self.answered(result, progress),
             Err(_) => Err(ProxyError::UpstreamTimeout(self.backend_timeout)),
         }

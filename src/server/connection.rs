@@ -557,23 +557,26 @@ where
                 }
             }
             if activity.changed.swap(false, Ordering::SeqCst) {
-                let now = Instant::now();
+                // Read only when a clock starts: not when a request begins on a socket that
+                // takes what it is sent, which is every request's first change.
+                let mut now = None;
+                let mut now = || *now.get_or_insert_with(Instant::now);
                 stall = activity.write_stalled().then(|| {
                     let number = activity.stalls.load(Ordering::Relaxed);
                     match stall {
                         // The same stall (a request started or ended meanwhile): its start
                         // stands, or a client could hold it off by opening streams.
                         Some((seen, since)) if seen == number => (seen, since),
-                        _ => (number, now),
+                        _ => (number, now()),
                     }
                 });
                 let clock = match (activity.busy(), closing) {
                     (true, _) => None,
-                    (false, true) => Some(now + CLOSE_GRACE),
+                    (false, true) => Some(now() + CLOSE_GRACE),
                     // The next request's head has begun: the idle clock gives way to the
                     // header clock.
-                    (false, false) if activity.head_started() => Some(now + timeouts.header_read),
-                    (false, false) => Some(now + timeouts.idle),
+                    (false, false) if activity.head_started() => Some(now() + timeouts.header_read),
+                    (false, false) => Some(now() + timeouts.idle),
                 };
                 // The socket takes nothing: the send clock runs too, whatever else does (a
                 // close would not get through it either).
