@@ -1,12 +1,13 @@
 //! HTTP/2 floods, written frame by frame as an attacker would, each with a bounded answer:
-//! the connection is ended (`GOAWAY` with `ENHANCE_YOUR_CALM`) or the excess is refused, the
+//! the connection is ended (`GOAWAY` with `ENHANCE_YOUR_CALM`, or dropped once its socket has
+//! taken nothing for `SEND_TIMEOUT_MS`) or the excess is refused, the
 //! backend sees nothing it should not, and other clients are served meanwhile. These hold
 //! hyper's and h2's defences (on by default, never turned off by tollgate) to what a
 //! deployment relies on, so a change of settings or versions that drops one fails here.
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use http::StatusCode;
@@ -75,6 +76,7 @@ fn opening(window: u32, path: &str) -> Vec<u8> {
 /// One frame from the gateway.
 struct Frame {
     kind: u8,
+    flags: u8,
     stream: u32,
     payload: Vec<u8>,
 }
@@ -114,7 +116,7 @@ impl Seen {
 
 /// Read the gateway's frames until it closes the connection, or until `quiet` passes with
 /// nothing more.
-async fn read_frames(stream: &mut TcpStream, quiet: Duration) -> Seen {
+async fn read_frames(stream: &mut (impl AsyncRead + Unpin), quiet: Duration) -> Seen {
     let mut buffer = Vec::new();
     let mut frames = Vec::new();
     let mut chunk = [0u8; 16384];
@@ -131,6 +133,7 @@ async fn read_frames(stream: &mut TcpStream, quiet: Duration) -> Seen {
             }
             frames.push(Frame {
                 kind: buffer[3],
+                flags: buffer[4],
                 stream: u32::from_be_bytes(buffer[5..9].try_into().unwrap()) & 0x7fff_ffff,
                 payload: buffer[9..9 + length].to_vec(),
             });
@@ -589,4 +592,100 @@ async fn a_window_opened_a_byte_at_a_time_counts_as_shut() {
         reset = seen.on_streams(RST_STREAM).any(|frame| frame.stream == 1);
     }
     assert!(body < 1024, "{body} bytes sent a byte at a time");
+}
+
+/// A flood of `flood` frames (each one the gateway must answer) from a client that reads
+/// nothing: h2 holds one answer at a time and reads no further frame until it is written, so
+/// once the client's socket takes nothing more the gateway stops reading too, and after
+/// `SEND_TIMEOUT_MS` the connection is dropped; its place under `MAX_CONNECTIONS=1` comes back.
+async fn control_flood_from_a_client_that_does_not_read(flood: Vec<u8>) {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[("SEND_TIMEOUT_MS", "1000"), ("MAX_CONNECTIONS", "1")],
+    )
+    .await;
+    // A small receive buffer, so the gateway's answers fill it after a few thousand frames.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let client = socket.connect(gateway.addr).await.unwrap();
+    let (_unread, mut writer) = client.into_split();
+    let burst = flood.repeat(1024);
+    let flooding = tokio::spawn(async move {
+        writer.write_all(PREFACE).await?;
+        // 256 MiB: far more than the buffers on both sides hold.
+        for _ in 0..(256 << 20) / burst.len() {
+            writer.write_all(&burst).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !served(gateway.addr).await,
+        "the flooding client holds MAX_CONNECTIONS=1"
+    );
+    let started = std::time::Instant::now();
+    while !served(gateway.addr).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the flooding client was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let flooded = tokio::time::timeout(Duration::from_secs(5), flooding)
+        .await
+        .expect("the flood's writes are still blocked after the drop")
+        .unwrap();
+    assert!(flooded.is_err(), "the gateway read the whole flood");
+}
+
+/// PING flood (CVE-2019-9512): every `PING` asks for a `PING` back.
+#[tokio::test]
+async fn a_ping_flood_from_a_client_that_does_not_read_is_dropped() {
+    control_flood_from_a_client_that_does_not_read(frame(PING, 0, 0, &[0; 8])).await;
+}
+
+/// SETTINGS flood (CVE-2019-9515): every `SETTINGS` asks for an acknowledgement.
+#[tokio::test]
+async fn a_settings_flood_from_a_client_that_does_not_read_is_dropped() {
+    control_flood_from_a_client_that_does_not_read(frame(SETTINGS, 0, 0, &[])).await;
+}
+
+/// A client that reads its answers gets one per `PING`, and the connection goes on serving
+/// requests; the flood is the client's own cost, not multiplied by the gateway.
+#[tokio::test]
+async fn every_ping_is_answered_once_and_the_connection_serves_on() {
+    let backend = Backend::start().await;
+    let gateway = gateway(&backend).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut flood = PREFACE.to_vec();
+    for n in 0..10_000u64 {
+        flood.extend(frame(PING, 0, 0, &n.to_be_bytes()));
+    }
+    flood.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block("/")));
+    let (mut reader, mut writer) = client.split();
+    let (written, seen) = tokio::join!(
+        writer.write_all(&flood),
+        read_frames(&mut reader, Duration::from_secs(2))
+    );
+    written.unwrap();
+    let pongs: Vec<u64> = seen
+        .frames
+        .iter()
+        .filter(|frame| frame.kind == PING && frame.flags & ACK != 0)
+        .map(|frame| u64::from_be_bytes(frame.payload[..8].try_into().unwrap()))
+        .collect();
+    assert_eq!(
+        pongs,
+        (0..10_000).collect::<Vec<_>>(),
+        "one answer per PING, in order"
+    );
+    assert!(
+        seen.frames
+            .iter()
+            .any(|frame| frame.kind == HEADERS && frame.stream == 1),
+        "the request after the flood is answered"
+    );
+    assert!(!seen.closed && seen.goaway().is_none(), "the connection goes on");
+    assert_others_are_served(&gateway).await;
 }
