@@ -300,7 +300,7 @@ impl Guard {
             return self.fall_back(&breaker, rule, client, cost);
         }
         let sent = Instant::now();
-        match inner.store.check_key(rule, &key, cost).await {
+        match inner.store.check_key(rule, key, cost).await {
             Ok(decision) => {
                 // Read first: a store on every request would bounce the cache line.
                 if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {

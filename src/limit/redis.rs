@@ -161,7 +161,7 @@ struct Coalescing {
 enum Turn {
     /// At once, alone: in a place among the calls out (`None` on a cluster, which does not
     /// coalesce: its clients' keys are in different slots).
-    Now(Option<CallSlot>),
+    Now(Option<CallSlot>, String),
     /// With the next batch, which answers here by the deadline.
     Later(tokio::sync::oneshot::Receiver<BatchReply>, tokio::time::Instant),
 }
@@ -301,12 +301,13 @@ impl RedisStore {
 
     /// Decide a request of `cost` for `client` under `rule`, on the Redis clock.
     pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Result<Decision, StoreError> {
-        self.decide(rule, &self.key(rule, client), cost, None).await
+        self.decide(rule, self.key(rule, client), cost, None).await
     }
 
     /// [`check`](Self::check) on the client's [`key`](Self::key), made by the caller (which
-    /// needs it first to find the key's Redis Cluster master).
-    pub async fn check_key(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, StoreError> {
+    /// needs it first to find the key's Redis Cluster master). The key is moved, not copied,
+    /// into the batch it may wait for.
+    pub async fn check_key(&self, rule: &Rule, key: String, cost: u64) -> Result<Decision, StoreError> {
         self.decide(rule, key, cost, None).await
     }
 
@@ -320,7 +321,7 @@ impl RedisStore {
         cost: u64,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
-        self.decide(rule, &self.key(rule, client), cost, Some(now_us))
+        self.decide(rule, self.key(rule, client), cost, Some(now_us))
             .await
     }
 
@@ -433,13 +434,15 @@ impl RedisStore {
     async fn decide(
         &self,
         rule: &Rule,
-        key: &str,
+        key: String,
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, StoreError> {
         let reply = match self.turn(rule, key, cost, now_us) {
-            Turn::Now(slot) => {
-                let reply = self.bounded(self.run_script(rule, key, cost, now_us, None)).await;
+            Turn::Now(slot, key) => {
+                let reply = self
+                    .bounded(self.run_script(rule, &key, cost, now_us, None))
+                    .await;
                 // The place passes to the decisions that waited meanwhile.
                 drop(slot);
                 reply?
@@ -459,14 +462,14 @@ impl RedisStore {
 
     /// When this decision goes to Redis: now, in a place among the calls out (or on a
     /// cluster, which does not coalesce), or later, with the next batch.
-    fn turn(&self, rule: &Rule, key: &str, cost: u64, now_us: Option<u64>) -> Turn {
+    fn turn(&self, rule: &Rule, key: String, cost: u64, now_us: Option<u64>) -> Turn {
         let Some(coalescer) = &self.coalescer else {
-            return Turn::Now(None);
+            return Turn::Now(None, key);
         };
         let mut state = coalescer.state.lock();
         if state.in_flight < coalescer.calls_in_flight {
             state.in_flight += 1;
-            return Turn::Now(Some(CallSlot { store: self.clone() }));
+            return Turn::Now(Some(CallSlot { store: self.clone() }), key);
         }
         let (reply, waiting) = tokio::sync::oneshot::channel();
         let (_, [first, second]) = rule.policy.script();
@@ -474,7 +477,7 @@ impl RedisStore {
         state.waiting.push(Waiting {
             algorithm: rule.policy.script_index(),
             arguments: [first, second, cost],
-            key: key.to_owned(),
+            key,
             now_us,
             reply,
             deadline,
