@@ -3,7 +3,9 @@
 
 callgrind_annotate lists a function once per source file inlined into it; this merges those
 entries, so each function appears once with its self cost (instructions in its own body,
-inlined code included) and its inclusive cost (self plus the functions it calls).
+inlined code included) and its inclusive cost (self plus the functions it calls). Also counts
+heap allocations (calls into Rust's global allocator: alloc, alloc_zeroed, realloc) and clock
+reads (calls to clock_gettime) per request.
 
 usage: callgrind_top.py DUMP REQUESTS [--match TEXT] [--top N] [--baseline DUMP REQUESTS]
   --match TEXT  list only functions whose name contains TEXT (e.g. tollgate::)
@@ -16,8 +18,13 @@ import re
 from collections import defaultdict
 
 
+# Rust's global allocator (the System allocator's entry points) and glibc's clock read.
+ALLOCATIONS = re.compile(r"^__rustc::__rdl_(alloc|alloc_zeroed|realloc)$")
+CLOCK_READS = re.compile(r"^clock_gettime")
+
+
 def load(path):
-    """Self cost per function and call costs (caller, callee) -> inclusive Ir of the calls."""
+    """Self cost per function, inclusive cost per function, and calls made per callee."""
     names = {}
 
     def name(text):
@@ -28,7 +35,7 @@ def load(path):
             names[m.group(1)] = m.group(2)
         return names[m.group(1)]
 
-    self_cost, calls = defaultdict(int), defaultdict(int)
+    self_cost, calls, call_counts = defaultdict(int), defaultdict(int), defaultdict(int)
     fn = callee = None
     in_call = False
     with open(path) as f:
@@ -39,6 +46,7 @@ def load(path):
                 callee = name(line[4:].rstrip("\n"))
             elif line.startswith("calls="):
                 in_call = True
+                call_counts[callee] += int(line[6:].split()[0])
             elif line[:1].isdigit() or line[:1] in ("+", "-", "*"):
                 fields = line.split()
                 cost = int(fields[1]) if len(fields) > 1 else 0
@@ -51,7 +59,12 @@ def load(path):
     inclusive = defaultdict(int, self_cost)
     for (caller, _), cost in calls.items():
         inclusive[caller] += cost
-    return self_cost, inclusive
+    return self_cost, inclusive, call_counts
+
+
+def counted(call_counts, pattern):
+    """Calls made to functions whose name matches `pattern`."""
+    return sum(count for callee, count in call_counts.items() if pattern.search(callee))
 
 
 def crate(function):
@@ -85,16 +98,22 @@ def main():
     p.add_argument("--baseline", nargs=2, metavar=("DUMP", "REQUESTS"))
     a = p.parse_args()
     n = a.requests
-    self_cost, inclusive = load(a.dump)
+    self_cost, inclusive, call_counts = load(a.dump)
     total = sum(self_cost.values())
-    print(f"{a.dump}: {total:,} instructions, {total / n:,.0f} per request ({n} requests)")
+
+    def per_request(calls, requests):
+        return (f"{counted(calls, ALLOCATIONS) / requests:.2f} heap allocations, "
+                f"{counted(calls, CLOCK_READS) / requests:.1f} clock reads per request")
+
+    print(f"{a.dump}: {total:,} instructions, {total / n:,.0f} per request ({n} requests); "
+          + per_request(call_counts, n))
     base_self, base_n = ({}, 1)
     if a.baseline:
-        base_self, _ = load(a.baseline[0])
+        base_self, _, base_calls = load(a.baseline[0])
         base_n = int(a.baseline[1])
         base_total = sum(base_self.values())
         print(f"{a.baseline[0]}: {base_total:,} instructions, {base_total / base_n:,.0f} per request; "
-              f"ratio {total / n / (base_total / base_n):.2f}")
+              f"ratio {total / n / (base_total / base_n):.2f}; " + per_request(base_calls, base_n))
 
     by_crate, base_by_crate = defaultdict(int), defaultdict(int)
     for f, c in self_cost.items():
