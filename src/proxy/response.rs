@@ -10,6 +10,7 @@
 //! Ours replace any the backend sent. `Retry-After` is whole seconds, rounded up, at least 1
 //! (RFC 9110 section 10.2.3).
 
+use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -99,7 +100,7 @@ pub fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
     let mut response = json(StatusCode::TOO_MANY_REQUESTS, body);
     response
         .headers_mut()
-        .insert(header::RETRY_AFTER, digits_value(digits, retry_after));
+        .insert(header::RETRY_AFTER, integer_value(retry_after));
     response
 }
 
@@ -168,16 +169,42 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
     headers.insert(&X_RATELIMIT_RESET, integer_value(ceil_secs(reset_at)));
 }
 
-/// `n` as a header value in one allocation: `HeaderValue::from(u64)` makes two (a 20-byte
-/// buffer, then, as its length is not its capacity, a shared header for it).
-pub fn integer_value(n: u64) -> HeaderValue {
-    digits_value(itoa::Buffer::new().format(n), n)
-}
+/// How many integers, from 0, [`integer_value`] keeps made.
+const SMALL_INTEGERS: usize = 1024;
 
-/// `digits`, the decimal form of `n`, as a header value.
-fn digits_value(digits: &str, n: u64) -> HeaderValue {
+/// The header values of 0 to [`SMALL_INTEGERS`] - 1, made once over one leaked string of
+/// their digits (2,986 bytes): a clone of a static value allocates nothing and shares no
+/// counter between threads. Limits, remaining budgets and `Retry-After` seconds are mostly
+/// small; a refusal's are nearly always (its remaining budget is 0).
+static SMALL_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
+    let mut digits = String::new();
+    let ends: Vec<usize> = (0..SMALL_INTEGERS)
+        .map(|n| {
+            digits.push_str(itoa::Buffer::new().format(n));
+            digits.len()
+        })
+        .collect();
+    let digits: &'static str = Box::leak(digits.into_boxed_str());
+    let mut start = 0;
+    ends.into_iter()
+        .map(|end| {
+            let value = HeaderValue::from_static(&digits[start..end]);
+            start = end;
+            value
+        })
+        .collect()
+});
+
+/// `n` as a header value: for a small `n` a copy of one made at startup, else in one
+/// allocation (`HeaderValue::from(u64)` makes two: a 20-byte buffer, then, as its length is
+/// not its capacity, a shared header for it).
+pub fn integer_value(n: u64) -> HeaderValue {
+    if let Some(value) = usize::try_from(n).ok().and_then(|n| SMALL_VALUES.get(n)) {
+        return value.clone();
+    }
+    let mut digits = itoa::Buffer::new();
     // Digits are always a valid header value; `n` is the (never taken) way round.
-    HeaderValue::from_str(digits).unwrap_or_else(|_| HeaderValue::from(n))
+    HeaderValue::from_str(digits.format(n)).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// Whole seconds, rounded up, at least 1.
@@ -217,7 +244,8 @@ mod tests {
 
     #[test]
     fn integers_are_written_as_display_writes_them() {
-        for n in [0, 1, 9, 10, 99, 1_000_000, u64::MAX] {
+        let small = SMALL_INTEGERS as u64;
+        for n in (0..small + 10).chain([99_999, 1_000_000, u64::MAX]) {
             assert_eq!(integer_value(n), n.to_string().as_str());
         }
     }
