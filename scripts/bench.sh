@@ -530,7 +530,8 @@ if [ "$perf" = 1 ]; then
   mkdir -p "$perf_dir"
   echo
   echo "== perf: $perf_requests requests each, h2load --h1 -c$connections, after 4000 warm-up requests; every request allowed"
-  if ! perf stat -e raw_syscalls:sys_enter -o /dev/null true 2>/dev/null; then
+  # Attached to a running process, as below (this shell, for a tenth of a second).
+  if ! perf stat -e raw_syscalls:sys_enter -p $$ -o /dev/null -- sleep 0.1 2>/dev/null; then
     echo "bench.sh: perf cannot read the syscall tracepoints here (run as root, or sysctl kernel.perf_event_paranoid=-1)" >&2
     exit 1
   fi
@@ -561,6 +562,7 @@ if [ "$perf" = 1 ]; then
     read -r pid url < <(perf_target "$name")
     "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n 4000 "$url" >/dev/null
     perf_during_requests "$url" stat -x, -e "$perf_events" -p "$pid" -o "$perf_dir/$name.stat"
+    [ -s "$perf_dir/$name.stat" ] || { echo "bench.sh: perf stat wrote nothing for $name (see $log)" >&2; exit 1; }
     awk -F, -v n="$perf_requests" -v name="$name" '
       $1 ~ /^[0-9]+$/ {
         kind = $3; sub(/.*sys_enter_?/, "", kind)
@@ -576,6 +578,7 @@ if [ "$perf" = 1 ]; then
       read -r pid url < <(perf_target "$name")
       "${on_load_cpu[@]}" h2load --h1 -c "$connections" -n 4000 "$url" >/dev/null
       perf_during_requests "$url" record -q -e cpu-clock -F 10000 -p "$pid" -o "$perf_dir/$name.$round.data"
+      [ -s "$perf_dir/$name.$round.data" ] || { echo "bench.sh: perf record wrote nothing for $name (see $log)" >&2; exit 1; }
       # Samples by shared object: the kernel, the proxy's binary, libc, the vDSO (clock reads).
       perf report -i "$perf_dir/$name.$round.data" --stdio --sort dso -F sample,dso 2>/dev/null |
         awk -v n="$perf_requests" -v name="$name" -v round="$round" '

@@ -160,7 +160,7 @@ struct Coalescing {
 /// When a decision goes to Redis.
 enum Turn {
     /// At once, alone: in a place among the calls out (`None` on a cluster, which does not
-    /// coalesce: its clients' keys are in different slots).
+    /// coalesce: its clients' keys are in different slots). The key comes back with it.
     Now(Option<CallSlot>, String),
     /// With the next batch, which answers here by the deadline.
     Later(tokio::sync::oneshot::Receiver<BatchReply>, tokio::time::Instant),

@@ -172,10 +172,10 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
 /// How many integers, from 0, [`integer_value`] keeps made.
 const SMALL_INTEGERS: usize = 1024;
 
-/// The header values of 0 to [`SMALL_INTEGERS`] - 1, made once over one leaked string of
-/// their digits (2,986 bytes): a clone of a static value allocates nothing and shares no
-/// counter between threads. Limits, remaining budgets and `Retry-After` seconds are mostly
-/// small; a refusal's are nearly always (its remaining budget is 0).
+/// The header values of 0 to [`SMALL_INTEGERS`] - 1, made once, at their first use, over one
+/// leaked string of their digits (2,986 bytes): a clone of a static value allocates nothing
+/// and shares no counter between threads. Limits, remaining budgets and `Retry-After`
+/// seconds are mostly small, and a refusal's remaining budget is always 0.
 static SMALL_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
     let mut digits = String::new();
     let ends: Vec<usize> = (0..SMALL_INTEGERS)

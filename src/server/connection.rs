@@ -559,8 +559,8 @@ where
             if activity.changed.swap(false, Ordering::SeqCst) {
                 // Read only when a clock starts: not when a request begins on a socket that
                 // takes what it is sent, which is every request's first change.
-                let mut now = None;
-                let mut now = || *now.get_or_insert_with(Instant::now);
+                let mut read = None;
+                let mut now = || *read.get_or_insert_with(Instant::now);
                 stall = activity.write_stalled().then(|| {
                     let number = activity.stalls.load(Ordering::Relaxed);
                     match stall {

@@ -595,8 +595,9 @@ async fn a_window_opened_a_byte_at_a_time_counts_as_shut() {
 }
 
 /// A flood of `flood` frames (each one the gateway must answer) from a client that reads
-/// nothing: h2 holds one answer at a time and reads no further frame until it is written, so
-/// once the client's socket takes nothing more the gateway stops reading too, and after
+/// nothing: h2 keeps one answer waiting at most and reads no further frame until its bounded
+/// write buffer has taken it, so once the client's socket takes nothing more (and the buffer
+/// is full) the gateway stops reading too, and after
 /// `SEND_TIMEOUT_MS` the connection is dropped; its place under `MAX_CONNECTIONS=1` comes back.
 async fn control_flood_from_a_client_that_does_not_read(flood: Vec<u8>) {
     let backend = Backend::start().await;
