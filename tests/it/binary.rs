@@ -552,6 +552,74 @@ async fn a_killed_tls_cluster_master_fails_only_its_slots_and_is_used_again_afte
     tollgate.terminate().await;
 }
 
+/// A TLS cluster's master killed and its replica promoted: the failed-over slots get the fail
+/// mode until the gateway follows the new slot map, then exact budgets on the promoted
+/// replica, over a TLS session to a node it had not used for them, with no restart.
+#[tokio::test]
+async fn a_failed_over_tls_cluster_master_is_followed_to_its_promoted_replica() {
+    use crate::faults::{clients_by_master, exact_budget, exact_budget_once_decided};
+    let mut cluster = crate::support::RedisCluster::start_tls_with_replicas();
+    cluster.allow_partial_coverage();
+    let backend = Backend::start().await;
+    let tollgate = over_tls_cluster(
+        &cluster,
+        &backend,
+        &[
+            ("FAIL_MODE", "closed"),
+            ("REDIS_TIMEOUT_MS", "1000"),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("REDIS_BREAKER_THRESHOLD", "3"),
+            ("MAX_TOKENS", "3"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    );
+    let addr = tollgate.addr;
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
+    let metrics_say = |text: &'static str| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while !get(admin, "/metrics").await.text().contains(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the metrics never said {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    metrics_say("tollgate_redis_masters 3").await;
+    let (victim, dead, live) = clients_by_master(&cluster);
+    let key = |client: &std::net::IpAddr| format!("tollgate:{{general:{client}}}:tb");
+    exact_budget(addr, live[0], 3, "before").await;
+
+    cluster.nodes[victim].kill();
+    let reply = crate::support::get_from(addr, dead[0], "/", &[]).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "on the dead master"
+    );
+    exact_budget(addr, live[1], 3, "beside a dead master").await;
+    // Until every node names the replica as the owner (see the plain-TCP test in faults.rs).
+    let promoted = std::time::Instant::now() + Duration::from_secs(15);
+    while cluster
+        .agreed_owner_of(&key(&dead[0]))
+        .is_none_or(|owner| owner == victim)
+    {
+        assert!(
+            std::time::Instant::now() < promoted,
+            "the replica was not promoted in every node's view"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    exact_budget_once_decided(addr, dead[1], 3, StatusCode::SERVICE_UNAVAILABLE).await;
+    for client in &dead[2..4] {
+        exact_budget(addr, *client, 3, "on the promoted replica").await;
+    }
+    exact_budget(addr, live[2], 3, "after the failover").await;
+    metrics_say("tollgate_breaker_open 0").await;
+    metrics_say("tollgate_redis_masters 3").await;
+    tollgate.terminate().await;
+}
+
 /// `tollgate healthcheck` with `ADMIN_PORT=port` (and BIND as the server had it).
 fn healthcheck(port: u16) -> Output {
     run(

@@ -214,11 +214,17 @@ impl RedisCluster {
         Self::form(Some(Certificate::generate()), 0)
     }
 
+    /// TLS only, replication too, each master with one replica (six nodes).
+    pub fn start_tls_with_replicas() -> RedisCluster {
+        Self::form(Some(Certificate::generate()), 1)
+    }
+
     fn form(tls: Option<Arc<Certificate>>, replicas: usize) -> RedisCluster {
         let mut extra = vec!["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"];
         extra.extend(["--cluster-node-timeout", "2000"]);
         if tls.is_some() {
-            extra.extend(["--tls-cluster", "yes"]);
+            // A node has no plain port: its bus and its replicas' links are TLS too.
+            extra.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
         }
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
