@@ -307,6 +307,46 @@ fn over_tls_cluster(
     Running::start(&all)
 }
 
+/// The real binary on `cluster` (partial coverage allowed, so a master down fails only its
+/// own slots) over TLS, failing closed, its breakers opening after 3 failures and probing
+/// every 100 ms, 3 requests per client; returned once it knows the three masters, each with
+/// its breaker.
+async fn closed_over_tls_cluster(cluster: &crate::support::RedisCluster, backend: &Backend) -> Running {
+    cluster.allow_partial_coverage();
+    let tollgate = over_tls_cluster(
+        cluster,
+        backend,
+        &[
+            ("FAIL_MODE", "closed"),
+            ("REDIS_TIMEOUT_MS", "1000"),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("REDIS_BREAKER_THRESHOLD", "3"),
+            ("MAX_TOKENS", "3"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    );
+    until_metrics_say(&tollgate, "tollgate_redis_masters 3").await;
+    tollgate
+}
+
+/// Until `tollgate`'s `/metrics` has the line `text` (15 s at most).
+async fn until_metrics_say(tollgate: &Running, text: &str) {
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !get(admin, "/metrics")
+        .await
+        .text()
+        .lines()
+        .any(|line| line == text)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the metrics never said {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn redis_over_tls_with_a_private_ca() {
     let redis = crate::support::RedisServer::start_tls();
@@ -502,35 +542,9 @@ async fn redis_cluster_over_tls() {
 async fn a_killed_tls_cluster_master_fails_only_its_slots_and_is_used_again_after_restart() {
     use crate::faults::{clients_by_master, exact_budget, exact_budget_once_decided};
     let mut cluster = crate::support::RedisCluster::start_tls();
-    cluster.allow_partial_coverage();
     let backend = Backend::start().await;
-    let tollgate = over_tls_cluster(
-        &cluster,
-        &backend,
-        &[
-            ("FAIL_MODE", "closed"),
-            ("REDIS_TIMEOUT_MS", "1000"),
-            ("REDIS_PROBE_INTERVAL_MS", "100"),
-            ("REDIS_BREAKER_THRESHOLD", "3"),
-            ("MAX_TOKENS", "3"),
-            ("REFILL_RATE", "0.0001"),
-        ],
-    );
+    let tollgate = closed_over_tls_cluster(&cluster, &backend).await;
     let addr = tollgate.addr;
-    // The three masters known, each with its breaker, before the fault.
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !get(admin, "/metrics")
-        .await
-        .text()
-        .contains("tollgate_redis_masters 3")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the slot map was never read"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let (victim, dead, live) = clients_by_master(&cluster);
     exact_budget(addr, live[0], 3, "before").await;
 
@@ -559,33 +573,9 @@ async fn a_killed_tls_cluster_master_fails_only_its_slots_and_is_used_again_afte
 async fn a_failed_over_tls_cluster_master_is_followed_to_its_promoted_replica() {
     use crate::faults::{clients_by_master, exact_budget, exact_budget_once_decided};
     let mut cluster = crate::support::RedisCluster::start_tls_with_replicas();
-    cluster.allow_partial_coverage();
     let backend = Backend::start().await;
-    let tollgate = over_tls_cluster(
-        &cluster,
-        &backend,
-        &[
-            ("FAIL_MODE", "closed"),
-            ("REDIS_TIMEOUT_MS", "1000"),
-            ("REDIS_PROBE_INTERVAL_MS", "100"),
-            ("REDIS_BREAKER_THRESHOLD", "3"),
-            ("MAX_TOKENS", "3"),
-            ("REFILL_RATE", "0.0001"),
-        ],
-    );
+    let tollgate = closed_over_tls_cluster(&cluster, &backend).await;
     let addr = tollgate.addr;
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
-    let metrics_say = |text: &'static str| async move {
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        while !get(admin, "/metrics").await.text().contains(text) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the metrics never said {text}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    metrics_say("tollgate_redis_masters 3").await;
     let (victim, dead, live) = clients_by_master(&cluster);
     let key = |client: &std::net::IpAddr| format!("tollgate:{{general:{client}}}:tb");
     exact_budget(addr, live[0], 3, "before").await;
@@ -615,8 +605,8 @@ async fn a_failed_over_tls_cluster_master_is_followed_to_its_promoted_replica() 
         exact_budget(addr, *client, 3, "on the promoted replica").await;
     }
     exact_budget(addr, live[2], 3, "after the failover").await;
-    metrics_say("tollgate_breaker_open 0").await;
-    metrics_say("tollgate_redis_masters 3").await;
+    until_metrics_say(&tollgate, "tollgate_breaker_open 0").await;
+    until_metrics_say(&tollgate, "tollgate_redis_masters 3").await;
     tollgate.terminate().await;
 }
 
