@@ -2,7 +2,7 @@
 # The whole test suite: formatting, lints, unit, property and integration tests.
 # Integration tests start their own redis-server processes on free ports (never one left
 # running by hand), so redis-server and redis-cli must be installed; on Debian this script
-# installs them when they are missing.
+# installs them when they are missing, and python3 (a backend that reads targets as Python does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,17 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
   fi
 fi
 redis-server --version
+# tests/it/bypass.rs reads request targets with the URL parsers backends use (Python's).
+if ! command -v python3 >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
+    echo "test.sh: installing python3" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null
+  else
+    echo "test.sh: python3 is required: apt-get install python3" >&2
+    exit 1
+  fi
+fi
 
 started=$SECONDS
 cargo fmt --check

@@ -32,7 +32,9 @@ use http::uri::{Scheme, Uri};
 use ipnet::IpNet;
 
 use crate::limit::RuleTable;
+use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::response::HeaderStyle;
+use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend};
 use crate::telemetry::LogFormat;
 use env::{Env, entries};
@@ -96,6 +98,8 @@ pub const VARIABLES: &[&str] = &[
     "SEND_TIMEOUT_MS",
     "MAX_CONNECTIONS",
     "MAX_UPGRADES_PER_CLIENT",
+    "UPGRADE_PROTOCOLS",
+    "UNDERSCORE_HEADERS",
     "UPGRADE_IDLE_TIMEOUT_MS",
     // redis
     "REDIS_ADDR",
@@ -231,6 +235,13 @@ pub struct Config {
     /// address may hold open; `None` is unlimited. Requests inside a tunnel are not seen, so
     /// not limited: this bounds what one client can hold that way.
     pub max_upgrades_per_client: Option<u32>,
+    /// `UPGRADE_PROTOCOLS`: the `Upgrade` protocols forwarded (default `websocket`); any
+    /// other token is removed, so an upgrade the gateway cannot meter (`h2c`) never reaches
+    /// the backend.
+    pub upgrade_protocols: UpgradeProtocols,
+    /// `UNDERSCORE_HEADERS`: what becomes of request headers with `_` in their names, which
+    /// CGI-style backends read as the `-` spelling (`X_API_Key` is `X-API-Key` to them).
+    pub underscore_headers: UnderscoreHeaders,
     /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests (default 8 s, below
     /// the 10 s `docker stop` waits before SIGKILL).
     pub shutdown_timeout: Duration,
@@ -321,6 +332,19 @@ impl Config {
                 .filter(|&keys| keys <= MAX_MAX_KEYS)
                 .and_then(NonZeroUsize::new)
         })?;
+        // Every rule has room for MAX_KEYS clients, and its index is written at startup.
+        let rule_count = rules.rules().len();
+        if max_keys.get().saturating_mul(rule_count) > MAX_MAX_KEYS {
+            return Err(ConfigError::invalid(
+                "MAX_KEYS",
+                &max_keys.to_string(),
+                &format!(
+                    "a whole number of client states per rule, at most {} for the {rule_count} \
+                     rules configured ({MAX_MAX_KEYS} in all)",
+                    MAX_MAX_KEYS / rule_count
+                ),
+            ));
+        }
         let headers = env.parse(
             "RATE_LIMIT_HEADERS",
             "legacy",
@@ -367,6 +391,17 @@ impl Config {
                 })
             })
             .transpose()?;
+        let upgrade_protocols = {
+            let value = env.get("UPGRADE_PROTOCOLS").unwrap_or("websocket");
+            UpgradeProtocols::parse(value)
+                .map_err(|error| ConfigError::invalid("UPGRADE_PROTOCOLS", value, &error.to_string()))?
+        };
+        let underscore_headers = env.parse(
+            "UNDERSCORE_HEADERS",
+            "drop",
+            "drop (not forwarded, as nginx does) or forward",
+            UnderscoreHeaders::parse,
+        )?;
         let upgrade_idle_timeout = env.parse(
             "UPGRADE_IDLE_TIMEOUT_MS",
             "3600000",
@@ -399,6 +434,8 @@ impl Config {
             send_timeout,
             max_connections,
             max_upgrades_per_client,
+            upgrade_protocols,
+            underscore_headers,
             upgrade_idle_timeout,
             shutdown_timeout,
             store,
@@ -451,6 +488,12 @@ impl fmt::Display for Config {
                 .map_or_else(|| "unlimited".to_owned(), |max| max.to_string()),
             self.upgrade_idle_timeout
                 .map_or_else(|| "never".to_owned(), |idle| format!("{} ms", idle.as_millis()))
+        )?;
+        writeln!(
+            f,
+            "upgrades to:      {}; headers with '_': {}",
+            self.upgrade_protocols.describe(),
+            self.underscore_headers.as_str()
         )?;
         match &self.store {
             StoreConfig::Memory => write!(

@@ -151,6 +151,17 @@ fn every_error_names_its_variable_and_value() {
         ),
         (&[("MAX_KEYS", "0")], "MAX_KEYS=\"0\""),
         (&[("MAX_KEYS", "1000000001")], "MAX_KEYS=\"1000000001\""),
+        // Room for MAX_KEYS clients in each of the two rules.
+        (&[("MAX_KEYS", "600000000")], "MAX_KEYS=\"600000000\""),
+        (
+            &[("UPGRADE_PROTOCOLS", "websocket,h2c")],
+            "UPGRADE_PROTOCOLS=\"websocket,h2c\"",
+        ),
+        (
+            &[("UPGRADE_PROTOCOLS", "web socket")],
+            "UPGRADE_PROTOCOLS=\"web socket\"",
+        ),
+        (&[("UNDERSCORE_HEADERS", "yes")], "UNDERSCORE_HEADERS=\"yes\""),
         (&[("LOG_FORMAT", "xml")], "LOG_FORMAT=\"xml\""),
         (&[("BACKEND_TIMEOUT_MS", "1s")], "BACKEND_TIMEOUT_MS=\"1s\""),
         (&[("REDIS_ADDR", "nohost")], "REDIS_ADDR=\"nohost\""),

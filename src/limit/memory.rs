@@ -12,13 +12,23 @@
 //! allocated. (A `hashbrown` table of positions reads three: its control bytes, the slot,
 //! and the entry; at a million clients each is a cache and TLB miss.)
 //!
+//! Every rule has shards of its own, each rule room for `MAX_KEYS` clients: a flood of
+//! invented identities on one rule (fresh API keys on the general rule, say) can only ever
+//! evict clients of that rule, never buy a fresh budget on another (the auth rule's refused
+//! addresses). A shard holds at least [`MIN_SHARD_CAPACITY`] clients (fewer shards when
+//! `MAX_KEYS` is small), so the eviction sample below is drawn from many clients, not from
+//! the one or two a tiny shard would hold.
+//!
 //! When a shard is full, a new client evicts one of [`EVICTION_SAMPLE`] clients picked at
-//! random: the one whose budget is closest to entirely back, which loses the least information
-//! (ties go to the least recently seen). So the `MAX_KEYS` bound is exact and costs nothing on
-//! the hot path, a flood of invented identities cannot grow memory, and it cannot hand a
-//! limited client (whose budget is far from back) a fresh budget either: the flood's own
-//! entries, each having spent a little, go first. Entries whose budget has fully come back are
-//! dropped by [`MemoryStore::purge_idle`], which the server runs periodically.
+//! random, the one that loses the least information: a client whose budget is entirely back
+//! first, then one whose last request was allowed before one whose last request was refused,
+//! then the one whose budget is closest to back (ties go to the least recently seen). So the
+//! `MAX_KEYS` bound is exact and costs nothing on the hot path, a flood of invented
+//! identities cannot grow memory, and it cannot hand a limited client a fresh budget either:
+//! a refused client goes only when every client sampled beside it is refused too, and the
+//! flood's own entries, each allowed and having spent a little, go first. Entries whose
+//! budget has fully come back are dropped by [`MemoryStore::purge_idle`], which the server
+//! runs periodically.
 
 use std::cmp::Reverse;
 use std::hash::BuildHasher;
@@ -39,6 +49,11 @@ const MAX_SHARDS: usize = 64;
 /// How many clients, picked at random in a full shard, are candidates for eviction.
 pub const EVICTION_SAMPLE: usize = 8;
 
+/// Fewest clients a shard is made to hold (unless `MAX_KEYS` is smaller): with fewer, the
+/// eviction sample would be the whole shard, and a refused client alone in a shard of one
+/// would be evicted by the next stranger to hash there.
+pub const MIN_SHARD_CAPACITY: usize = 64;
+
 /// The in-memory store. Cheap to clone: clones share the same table.
 #[derive(Clone)]
 pub struct MemoryStore {
@@ -46,8 +61,12 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    /// Client states; a key lives in exactly one shard, chosen by `hasher`.
+    /// Client states, `shards_per_rule` shards for each rule in rule order (rule `r` owns
+    /// `shards[r * shards_per_rule..][..shards_per_rule]`); a key lives in exactly one shard
+    /// of its rule's, chosen by `hasher`.
     shards: Box<[Shard]>,
+    /// How many shards each rule has: a power of two.
+    shards_per_rule: usize,
     /// Hashes (rule, client) once per decision, for the shard and the shard's index alike:
     /// foldhash, a few times cheaper than SipHash and randomly seeded per process, so clients
     /// cannot aim at one shard or one chain of the index.
@@ -75,6 +94,9 @@ struct Entry {
     client: ClientKey,
     /// What the rule's algorithm remembers.
     state: State,
+    /// Whether this client's last request was refused: such a client is the last to be
+    /// evicted, since forgetting it would hand it a fresh budget.
+    refused: bool,
     /// The shard's [`Table::tick`] when this client was last decided: breaks ties between
     /// eviction candidates in favour of forgetting the least recently seen. A counter rather
     /// than a clock, so it orders even decisions made at the same microsecond; wrapping only
@@ -108,17 +130,20 @@ struct Table {
 }
 
 impl MemoryStore {
-    /// A store holding at most `max_keys` client states (per rule and client) in total, for
-    /// the rules of one table (`rules[i].id == i`).
+    /// A store holding at most `max_keys` client states for each of the rules of one table
+    /// (`rules[i].id == i`).
     pub fn new(max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
         let max_keys = max_keys.get();
         let hasher = DefaultHashBuilder::default();
-        // A power of two no larger than max_keys, so every shard holds at least one entry.
-        let shard_count = MAX_SHARDS.min(1 << max_keys.ilog2());
-        let shards = (0..shard_count)
-            .map(|i| {
+        // A power of two, each shard holding MIN_SHARD_CAPACITY clients or more (one shard
+        // for a small MAX_KEYS).
+        let shards_per_rule = MAX_SHARDS.min(1 << (max_keys / MIN_SHARD_CAPACITY).max(1).ilog2());
+        let rule_count = rules.len().max(1);
+        let shards = (0..rule_count * shards_per_rule)
+            .map(|n| {
+                let i = n % shards_per_rule;
                 // Spread the remainder over the first shards, so capacities add up exactly.
-                let capacity = max_keys / shard_count + usize::from(i < max_keys % shard_count);
+                let capacity = max_keys / shards_per_rule + usize::from(i < max_keys % shards_per_rule);
                 // Positions are u32: a shard of more than 4 billion clients would need
                 // hundreds of gigabytes, and holding fewer keeps the bound.
                 let capacity = capacity.clamp(1, u32::MAX as usize);
@@ -127,13 +152,14 @@ impl MemoryStore {
                     index: Index::with_capacity(capacity),
                     capacity,
                     tick: 0,
-                    random: hasher.hash_one(i) | 1,
+                    random: hasher.hash_one(n) | 1,
                 }))
             })
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
+                shards_per_rule,
                 hasher,
                 started: Instant::now(),
                 started_unix_us: SystemTime::now()
@@ -166,25 +192,28 @@ impl MemoryStore {
     fn decide(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: impl FnOnce() -> u64) -> Decision {
         let inner = &*self.inner;
         let hash = inner.hasher.hash_one((rule.id, client));
-        let mut table = self.shard(hash);
+        let mut table = self.shard(rule.id, hash);
         let now_us = now_us();
         table.tick = table.tick.wrapping_add(1);
         if let Some(position) = table.find(hash, rule.id, &client) {
             let tick = table.tick;
             let entry = &mut table.entries[position];
             entry.seen = tick;
-            return rule.policy.check(&mut entry.state, now_us, cost);
+            let decision = rule.policy.check(&mut entry.state, now_us, cost);
+            entry.refused = !decision.allowed;
+            return decision;
         }
         let mut state = rule.policy.fresh_state();
         let decision = rule.policy.check(&mut state, now_us, cost);
         if decision.allowed {
-            if table.entries.len() >= table.capacity && table.evict(inner) {
+            if table.entries.len() >= table.capacity && table.evict(inner, now_us) {
                 inner.evictions.fetch_add(1, Ordering::Relaxed);
             }
             let seen = table.tick;
             let entry = Entry {
                 client,
                 state,
+                refused: false,
                 seen,
                 rule: rule.id,
             };
@@ -197,7 +226,7 @@ impl MemoryStore {
     /// [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)).
     pub fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
         let hash = self.inner.hasher.hash_one((rule.id, client));
-        let mut table = self.shard(hash);
+        let mut table = self.shard(rule.id, hash);
         // A refund is not a sighting, so it leaves the stamp alone.
         if let Some(position) = table.find(hash, rule.id, &client) {
             rule.policy
@@ -247,8 +276,13 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, hash: u64) -> MutexGuard<'_, Table> {
-        lock(&self.inner.shards[shard_index(hash, self.inner.shards.len())])
+    /// The shard of `rule`'s that holds `hash`. A rule the store was not built for (none is,
+    /// but nothing here may panic) shares the last rule's shards.
+    fn shard(&self, rule: u16, hash: u64) -> MutexGuard<'_, Table> {
+        let inner = &*self.inner;
+        let rules = inner.shards.len() / inner.shards_per_rule;
+        let first = usize::from(rule).min(rules - 1) * inner.shards_per_rule;
+        lock(&inner.shards[first + shard_index(hash, inner.shards_per_rule)])
     }
 }
 
@@ -303,9 +337,11 @@ impl Table {
         }
     }
 
-    /// Make room: of [`EVICTION_SAMPLE`] entries picked at random, forget the one whose budget
-    /// is back soonest, and of those the least recently seen. Returns whether one was dropped.
-    fn evict(&mut self, store: &Inner) -> bool {
+    /// Make room: of [`EVICTION_SAMPLE`] entries picked at random, forget the one that loses
+    /// least (see the module docs): a refused client only if all the others are refused too,
+    /// then the one whose budget is back soonest, and of those the least recently seen.
+    /// Returns whether one was dropped.
+    fn evict(&mut self, store: &Inner, now_us: u64) -> bool {
         let len = self.entries.len();
         if len == 0 {
             return false;
@@ -317,7 +353,10 @@ impl Table {
             .map(|offset| (start + offset) % len)
             .min_by_key(|&position| {
                 let entry = &self.entries[position];
-                (store.idle_at(entry), Reverse(tick.wrapping_sub(entry.seen)))
+                let idle_at = store.idle_at(entry);
+                // A refused client whose budget has come back since loses nothing either.
+                let limited = entry.refused && idle_at > now_us;
+                (limited, idle_at, Reverse(tick.wrapping_sub(entry.seen)))
             });
         match victim {
             Some(position) => {
@@ -722,6 +761,44 @@ mod tests {
             assert!(counts.iter().all(|&count| count > 0), "{counts:?}");
         }
         assert_eq!(shard_index(u64::MAX, 1), 0);
+    }
+
+    #[test]
+    fn an_entry_stays_80_bytes() {
+        // The refused flag sits in what was padding: the memory per client is unchanged.
+        assert_eq!(std::mem::size_of::<Entry>(), 80);
+    }
+
+    #[test]
+    fn a_flood_on_one_rule_never_evicts_another_rules_clients() {
+        for max_keys in [1, 16, 1_000] {
+            let store = store(max_keys);
+            let (general, auth) = (rule(GENERAL, 100), rule(AUTH, 1));
+            assert!(store.check_at(&auth, ip(0), 1, 0).allowed);
+            assert!(!store.check_at(&auth, ip(0), 1, 0).allowed);
+            for n in 1..=(100 * max_keys as u32) {
+                store.check_at(&general, ip(n), 1, 0);
+            }
+            assert!(!store.check_at(&auth, ip(0), 1, 1).allowed, "max_keys={max_keys}");
+        }
+    }
+
+    #[test]
+    fn a_refused_client_outlives_a_flood_of_allowed_ones_on_its_own_rule() {
+        // A shard of 16 (one shard: fewer than 128 keys), sampled 8 at a time.
+        let store = store(16);
+        let r = rule(GENERAL, 2);
+        for _ in 0..2 {
+            assert!(store.check_at(&r, ip(0), 1, 0).allowed);
+        }
+        assert!(!store.check_at(&r, ip(0), 1, 0).allowed);
+        // 100x MAX_KEYS strangers, each spending its whole budget (as far back as the
+        // victim's), but allowed.
+        for n in 1..=1_600u32 {
+            store.check_at(&r, ip(n), 2, 0);
+        }
+        assert!(store.evictions() >= 1_500);
+        assert!(!store.check_at(&r, ip(0), 1, 1).allowed, "still refused");
     }
 
     #[test]

@@ -147,6 +147,11 @@ pub enum ClassifyError {
     /// believe is unknowable, so the request is refused rather than counted under either.
     #[error("the {0} header appears more than once")]
     RepeatedKeyHeader(http::HeaderName),
+    /// The header budgets are keyed by holds a comma list (`a, b`): a proxy may have merged
+    /// two lines into it, and a backend may read only the first element. Refused as two
+    /// lines are.
+    #[error("the {0} header holds a comma-separated list")]
+    ListKeyHeader(http::HeaderName),
 }
 
 /// The compiled rule table.
@@ -223,6 +228,17 @@ impl RuleTable {
             }
         }
         Ok(table)
+    }
+
+    /// The headers some rule keys its budgets by, each once.
+    pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.rules.iter().enumerate().filter_map(|(i, rule)| {
+            let name = rule.key_by.header()?;
+            let first = self.rules[..i]
+                .iter()
+                .all(|earlier| earlier.key_by.header() != Some(name));
+            first.then_some(name)
+        })
     }
 
     /// Every rule; the general rule is last.
@@ -309,6 +325,9 @@ impl RuleTable {
                 let mut values = head.headers.get_all(name).iter();
                 match (values.next(), values.next()) {
                     (Some(_), Some(_)) => return Err(ClassifyError::RepeatedKeyHeader(name.clone())),
+                    (Some(value), None) if value.as_bytes().contains(&b',') => {
+                        return Err(ClassifyError::ListKeyHeader(name.clone()));
+                    }
                     (value, _) => value
                         .map(|value| value.as_bytes())
                         .filter(|value| !value.is_empty()),

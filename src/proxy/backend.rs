@@ -59,6 +59,11 @@ pub enum BackendError {
     /// The connection was made but the exchange failed: refused by hyper, reset, closed early.
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
+    /// It answered `101 Switching Protocols` to a request that asked for no upgrade (or whose
+    /// upgrade the gateway removed), or to a protocol not in `UPGRADE_PROTOCOLS`: no tunnel
+    /// is opened.
+    #[error("the backend switched to a protocol it was not asked for")]
+    UnaskedSwitch,
 }
 
 /// Where the backend listens: an address, or a name resolved on every new connection (so a

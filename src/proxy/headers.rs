@@ -13,7 +13,16 @@
 //! identify the client are always the gateway's own decision, whatever the client sent:
 //! `X-Real-IP` is the address the rules used, and `Forwarded` (RFC 7239) from an untrusted peer
 //! is replaced by the gateway's element; lists (`X-Forwarded-For`, `Forwarded`) keep what a
-//! trusted proxy wrote before it and end with the gateway's entry.
+//! trusted proxy wrote before it and end with the gateway's entry. The other headers that
+//! claim something about the client or the original request (`X-Forwarded-Port`,
+//! `X-Forwarded-Prefix`, `True-Client-IP`, `CF-Connecting-IP`, ... see [`is_client_claim`])
+//! are kept from a trusted proxy, which wrote them, and removed from anyone else, who chose
+//! them.
+//!
+//! Header names with `_` are the `-` spelling to CGI-style backends (PHP, WSGI, Rack:
+//! `X_API_Key` and `X-API-Key` are both `HTTP_X_API_KEY`), so a client could send a second,
+//! unchecked copy of a header the gateway keys by or writes itself. As nginx does by default
+//! (`underscores_in_headers off`), they are not forwarded ([`UnderscoreHeaders`]).
 
 use std::net::IpAddr;
 
@@ -30,8 +39,10 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Hop-by-hop headers that are always dropped, whether or not `Connection` names them.
-static HOP_BY_HOP: [HeaderName; 7] = [
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
+    // RFC 9113 section 3.1 (RFC 7540 section 3.2.1): connection-specific, the h2c upgrade's.
+    HeaderName::from_static("http2-settings"),
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::TE,
@@ -39,6 +50,124 @@ static HOP_BY_HOP: [HeaderName; 7] = [
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
 ];
+
+/// `UNDERSCORE_HEADERS`: what becomes of request headers with `_` in their names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnderscoreHeaders {
+    /// Not forwarded (the default; nginx's `underscores_in_headers off`).
+    Drop,
+    /// Forwarded, except an underscore spelling of a header the gateway writes itself (always
+    /// dropped) or keys budgets by (the request is refused: the backend could read either).
+    Forward,
+}
+
+impl UnderscoreHeaders {
+    /// Parse `drop` or `forward`.
+    pub fn parse(value: &str) -> Option<UnderscoreHeaders> {
+        match value {
+            "drop" => Some(UnderscoreHeaders::Drop),
+            "forward" => Some(UnderscoreHeaders::Forward),
+            _ => None,
+        }
+    }
+
+    /// The value as written in `UNDERSCORE_HEADERS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnderscoreHeaders::Drop => "drop",
+            UnderscoreHeaders::Forward => "forward",
+        }
+    }
+}
+
+/// The first of `names` (the headers budgets are keyed by) that `headers` also carries spelled
+/// with `_` for `-`: `X_API_Key` beside a `KEY_BY=header:X-API-Key`.
+pub fn underscore_alias<'a>(
+    headers: &HeaderMap,
+    mut names: impl Iterator<Item = &'a HeaderName>,
+) -> Option<&'a HeaderName> {
+    if !headers.keys().any(|name| name.as_str().contains('_')) {
+        return None;
+    }
+    names.find(|name| {
+        headers
+            .keys()
+            .any(|alias| alias != *name && same_with_underscores(name.as_str(), alias.as_str()))
+    })
+}
+
+/// Whether `alias` is `name` with some of its `-` written `_` (both lower case).
+fn same_with_underscores(name: &str, alias: &str) -> bool {
+    name.len() == alias.len()
+        && name
+            .bytes()
+            .zip(alias.bytes())
+            .all(|(n, a)| n == a || (n == b'-' && a == b'_'))
+}
+
+/// Headers that claim something about the client or the request as it reached the first
+/// proxy. Believed from a trusted proxy; from anyone else, a forgery that could move the
+/// backend's idea of the client (`True-Client-IP`, `CF-Connecting-IP`, ...) or of the URL it
+/// answers for (`X-Forwarded-Port`, `X-Forwarded-Prefix`, ...).
+pub fn is_client_claim(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "x-forwarded-port"
+            | "x-forwarded-prefix"
+            | "x-forwarded-server"
+            | "x-forwarded-ssl"
+            | "x-forwarded-scheme"
+            | "x-forwarded-protocol"
+            | "x-forwarded-uri"
+            | "x-forwarded-method"
+            | "x-original-forwarded-for"
+            | "x-original-uri"
+            | "x-original-url"
+            | "x-rewrite-url"
+            | "front-end-https"
+            | "true-client-ip"
+            | "cf-connecting-ip"
+            | "cf-connecting-ipv6"
+            | "fastly-client-ip"
+            | "x-client-ip"
+            | "x-cluster-client-ip"
+            | "x-envoy-external-address"
+    )
+}
+
+/// Whether a header with `_` in its name is the underscore spelling of one the gateway writes
+/// (or removes) itself, which is never forwarded whatever `UNDERSCORE_HEADERS` says.
+fn is_managed_alias(name: &str) -> bool {
+    const MANAGED: [&str; 6] = [
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-real-ip",
+        "x-request-id",
+        "forwarded",
+    ];
+    MANAGED.iter().any(|managed| same_with_underscores(managed, name))
+        || HeaderName::from_bytes(name.replace('_', "-").as_bytes()).is_ok_and(|name| is_client_claim(&name))
+}
+
+/// Remove what a request's headers must not carry to the backend: from an untrusted peer the
+/// client claims ([`is_client_claim`]); under `UNDERSCORE_HEADERS=drop` every name with `_`,
+/// under `forward` those that spell a header the gateway writes. One pass over the names
+/// finds nothing to do in the common case.
+pub fn remove_unbelieved(headers: &mut HeaderMap, peer_is_trusted: bool, underscore: UnderscoreHeaders) {
+    let doomed = |name: &HeaderName| {
+        (!peer_is_trusted && is_client_claim(name))
+            || (name.as_str().contains('_')
+                && (underscore == UnderscoreHeaders::Drop || is_managed_alias(name.as_str())))
+    };
+    if !headers.keys().any(doomed) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|name| doomed(name)).cloned().collect();
+    for name in names {
+        headers.remove(&name);
+    }
+}
 
 /// Does this message ask for (or, on a 101, accept) a protocol upgrade?
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
@@ -84,6 +213,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
             | "transfer-encoding"
             | "proxy-authenticate"
             | "proxy-authorization"
+            | "http2-settings"
     )
 }
 
@@ -246,7 +376,7 @@ impl IpText {
 }
 
 /// A `token` character (RFC 9110 section 5.6.2).
-fn is_tchar(byte: u8) -> bool {
+pub fn is_tchar(byte: u8) -> bool {
     matches!(byte, b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' | b'!' | b'#' | b'$' | b'%' | b'&'
         | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~')
 }

@@ -234,6 +234,7 @@ impl BackendFailure {
     fn of(error: &BackendError) -> BackendFailure {
         match error {
             BackendError::Resolve(_) => BackendFailure::Dns,
+            BackendError::UnaskedSwitch => BackendFailure::Other,
             BackendError::Connect(io) => BackendFailure::of_io(io).unwrap_or(BackendFailure::Other),
             BackendError::Exchange(hyper) => {
                 let mut source: Option<&(dyn std::error::Error + 'static)> = Some(hyper);
@@ -341,6 +342,10 @@ pub struct Proxy {
     failure_log: LogThrottle,
     /// `MAX_UPGRADES_PER_CLIENT`: open tunnels per client.
     tunnels: upgrades::Tunnels,
+    /// `UPGRADE_PROTOCOLS`: the protocols an `Upgrade` may name on its way to the backend.
+    upgrade_protocols: upgrades::UpgradeProtocols,
+    /// `UNDERSCORE_HEADERS`.
+    underscore_headers: headers::UnderscoreHeaders,
 }
 
 /// What the log lines and metrics of one request need to know, wherever they are written.
@@ -383,6 +388,8 @@ impl Proxy {
             overload_log: LogThrottle::new(),
             failure_log: LogThrottle::new(),
             tunnels: upgrades::Tunnels::new(config.max_upgrades_per_client, config.rules.ipv6_prefix()),
+            upgrade_protocols: config.upgrade_protocols.clone(),
+            underscore_headers: config.underscore_headers,
         }
     }
 
@@ -424,6 +431,17 @@ impl Proxy {
             request.extensions(),
         ) {
             return refuse_violation(violation, &request, peer, &context);
+        }
+        // An upgrade to a protocol the gateway cannot meter (h2c) would make this one counted
+        // request a tunnel of uncounted ones: such tokens never reach the backend.
+        self.upgrade_protocols.filter(request.headers_mut());
+        // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
+        // the other.
+        if self.underscore_headers == headers::UnderscoreHeaders::Forward
+            && let Some(name) = headers::underscore_alias(request.headers(), self.rules.key_headers())
+        {
+            let reason = format!("the {name} header is also sent spelled with '_'");
+            return refuse(&reason, request.uri().path(), peer, &context);
         }
         // The path is read once: its canonical form is what rules match, and a rewritten form
         // (dot segments resolved) is what the backend gets.
@@ -690,9 +708,11 @@ impl Proxy {
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
         let peer = peer.to_canonical();
+        let peer_is_trusted = self.identity.is_trusted(peer);
+        headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
         let hop = headers::Hop {
             peer,
-            peer_is_trusted: self.identity.is_trusted(peer),
+            peer_is_trusted,
             client,
             host: host.as_ref(),
         };
@@ -711,6 +731,11 @@ impl Proxy {
         let mut response = self.response_to(exchange, progress.as_deref(), sent).await?;
 
         let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+        // RFC 9110 section 7.8: a server switches only to a protocol the client asked for.
+        // One not in UPGRADE_PROTOCOLS (or no upgrade asked for at all) opens no tunnel.
+        if switching && !(client_upgrade.is_some() && self.upgrade_protocols.accepts(response.headers())) {
+            return Err(ProxyError::Upstream(BackendError::UnaskedSwitch));
+        }
         match client_upgrade {
             Some(client_upgrade) if switching => {
                 let backend_upgrade = hyper::upgrade::on(&mut response);
@@ -815,19 +840,23 @@ impl Proxy {
     /// The target the backend gets, in origin form (RFC 9112 section 3.2.1): `BACKEND_URL`'s
     /// path prefix, then the request's path (or its `rewritten` form) and query.
     fn backend_uri(&self, uri: &Uri, rewritten: Option<&str>) -> Result<Uri, ProxyError> {
-        let path_and_query = match (uri.path_and_query(), rewritten) {
-            // The common case: a cheap clone of the parsed original.
-            (Some(original), None) if self.backend.base_path.is_empty() => original.clone(),
+        if let (Some(original), None) = (uri.path_and_query(), rewritten) {
             // `OPTIONS *` asks about the server, not a resource: no prefix in front.
-            (Some(original), None) if original.as_str() == "*" => original.clone(),
-            (original, rewritten) => {
-                let path = rewritten.unwrap_or_else(|| original.map_or("/", PathAndQuery::path));
-                let query = uri.query().map_or_else(String::new, |query| format!("?{query}"));
-                format!("{}{path}{query}", self.backend.base_path)
-                    .parse()
-                    .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?
+            if self.backend.base_path.is_empty() || original.as_str() == "*" {
+                // The common case: a cheap clone of the parsed original. Unless it is empty:
+                // an absolute-form target without a path (`http://x#frag`) parses to an empty
+                // path, which `http` writes as an empty request target (`GET  HTTP/1.1`).
+                let forwarded = Uri::from(original.clone());
+                if !forwarded.path().is_empty() {
+                    return Ok(forwarded);
+                }
             }
-        };
+        }
+        let path = rewritten.unwrap_or_else(|| uri.path());
+        let query = uri.query().map_or_else(String::new, |query| format!("?{query}"));
+        let path_and_query: PathAndQuery = format!("{}{path}{query}", self.backend.base_path)
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?;
         Ok(Uri::from(path_and_query))
     }
 }

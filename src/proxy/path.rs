@@ -23,9 +23,13 @@
 //!
 //! A path with a dot segment is forwarded with the dots resolved, rebuilt from the raw text of
 //! the segments that survive (escapes and parameters reach the backend as sent), since backends
-//! resolve dots differently (`..;` is `..` to Tomcat and a name to others). Any other path is
-//! forwarded byte for byte: where a backend's reading still differs from ours (`//login` may be
-//! another resource to it), ours is the one that matches more rules.
+//! resolve dots differently (`..;` is `..` to Tomcat and a name to others). A path that starts
+//! with an empty segment (`//evil/login`) is forwarded with its leading slashes merged into one
+//! (`/evil/login`): a backend that reads its target as a URL reference (Node's
+//! `new URL(req.url, base)`, Python's `urlsplit`, RFC 3986 section 4.2) takes `//evil` for an
+//! authority and serves `/login`, past the budget that counted `/evil/login`. Any other path is
+//! forwarded byte for byte: where a backend's reading still differs from ours (`/a//login` may
+//! be another resource to it), ours is the one that matches more rules.
 //!
 //! # What is refused
 //!
@@ -38,6 +42,10 @@
 //! - Escapes that are not UTF-8: servers replace, drop or refuse them, so one spelling is several paths.
 //! - `%2F` with a dot segment or `;`: decoding it before or after resolving those gives two paths.
 //! - A dot segment with a non-final empty one: RFC 3986 reads `/a//../b` as `/a/b`, slash-mergers as `/b`.
+//! - `%3F` (`?`) or `%23` (`#`): a backend that decodes before splitting reads `/login%3Fx` as the
+//!   path `/login` with a query, while the rules saw one segment `login?x`.
+//! - A first segment that starts with `%2F`: a backend that decodes before reading the target as a
+//!   URL reference reads `/%2Fevil/login` as `//evil/login`, authority `evil`, path `/login`.
 
 use std::borrow::Cow;
 
@@ -82,6 +90,12 @@ pub enum PathError {
     /// A dot segment with a non-trailing empty segment: slash-merging servers read another path.
     #[error("the path is ambiguous: a dot segment with an empty segment")]
     AmbiguousEmptySegment,
+    /// `%3F` or `%23`: a backend that decodes before splitting reads a query or a fragment.
+    #[error("the path is ambiguous: an encoded '?' or '#'")]
+    EncodedDelimiter,
+    /// An encoded `/` at the start: a backend that decodes first reads `//`, an authority.
+    #[error("the path is ambiguous: it starts with an encoded '/'")]
+    EncodedLeadingSlash,
 }
 
 /// Read `raw` (`http::Uri::path()`, without the query) into its canonical form and what is
@@ -112,6 +126,13 @@ fn is_canonical(raw: &str) -> bool {
 /// The slow path: everything the module docs describe.
 fn read(raw: &str) -> Result<RequestPath<'static>, PathError> {
     let rest = raw.strip_prefix('/').ok_or(PathError::NotAbsolute)?;
+    // Empty leading segments are merged away in what is forwarded (see the module docs), so
+    // the first segment a backend reads is the first non-empty one.
+    let leading_empty = rest.starts_with('/');
+    let first = rest.trim_start_matches('/');
+    if first.len() >= 3 && first.as_bytes()[0] == b'%' && first.as_bytes()[1..3].eq_ignore_ascii_case(b"2f") {
+        return Err(PathError::EncodedLeadingSlash);
+    }
     let mut canonical = String::with_capacity(raw.len());
     // The surviving segments: raw text (to rebuild the forwarded path) and where each starts in
     // `canonical` (so `..` can take it back).
@@ -160,7 +181,7 @@ fn read(raw: &str) -> Result<RequestPath<'static>, PathError> {
     }
     // RFC 3986 remove_dot_segments keeps the slash of a final empty or dot segment: `/a/b/..` is
     // `/a/`.
-    let rewritten = dots.then(|| {
+    let rewritten = if dots {
         let mut path: String = kept
             .iter()
             .flat_map(|&(raw_segment, _)| ["/", raw_segment])
@@ -168,8 +189,12 @@ fn read(raw: &str) -> Result<RequestPath<'static>, PathError> {
         if path.is_empty() || directory {
             path.push('/');
         }
-        path
-    });
+        Some(path)
+    } else if leading_empty {
+        Some(format!("/{first}"))
+    } else {
+        None
+    };
     if canonical.is_empty() {
         canonical.push('/');
     }
@@ -197,6 +222,9 @@ fn decode(raw_segment: &str, out: &mut Vec<u8>) -> Result<(), PathError> {
         match octet {
             0 => return Err(PathError::Nul),
             b'\\' => return Err(PathError::Backslash),
+            // A raw `?` or `#` cannot be in a path (the target's parser split it off): this
+            // one was encoded.
+            b'?' | b'#' => return Err(PathError::EncodedDelimiter),
             b' ' => return Err(PathError::Control),
             octet if octet.is_ascii_control() => return Err(PathError::Control),
             octet => out.push(octet),
@@ -264,6 +292,13 @@ mod tests {
             );
         }
         let forwarded = path.rewritten.as_deref().unwrap_or(raw);
+        // A URL-reference reader (RFC 3986 section 4.2) would take `//x` for an authority,
+        // and a decoding one `/%2Fx`.
+        assert!(!forwarded.starts_with("//"), "{raw:?} -> {forwarded:?}");
+        assert!(
+            !forwarded.to_ascii_lowercase().starts_with("/%2f"),
+            "{raw:?} -> {forwarded:?}"
+        );
         let again = parse(forwarded).expect("what is forwarded parses");
         assert_eq!(
             (again.canonical.as_ref(), again.rewritten),
@@ -295,7 +330,12 @@ mod tests {
             ("/Login", "/login", None),
             ("/LOG%49N", "/login", None),
             ("/log%69n", "/login", None),
-            ("//login", "/login", None),
+            ("//login", "/login", Some("/login")),
+            ("//evil/login", "/evil/login", Some("/evil/login")),
+            ("///evil//login", "/evil/login", Some("/evil//login")),
+            ("//", "/", Some("/")),
+            ("//a;x/B", "/a/b", Some("/a;x/B")),
+            ("/a%2F%2Fb", "/a/b", None),
             ("/login/", "/login", None),
             ("/login;jsessionid=x", "/login", None),
             ("/;x=1/login", "/login", None),
@@ -382,6 +422,14 @@ mod tests {
             ("/x/..//login", AmbiguousEmptySegment),
             ("/a/;x/../b", AmbiguousEmptySegment),
             ("/a/../b//", AmbiguousEmptySegment),
+            ("/login%3f", EncodedDelimiter),
+            ("/login%3Fx=1", EncodedDelimiter),
+            ("/login%23", EncodedDelimiter),
+            ("/a/%23/b", EncodedDelimiter),
+            ("/%2Fevil/login", EncodedLeadingSlash),
+            ("/%2fevil", EncodedLeadingSlash),
+            ("//%2Fevil/login", EncodedLeadingSlash),
+            ("/%2F", EncodedLeadingSlash),
         ] {
             assert_eq!(parse(raw), Err(error), "{raw:?}");
         }
@@ -441,7 +489,7 @@ mod tests {
     /// Segments put before a segment of the target, none of which changes the path it reads as.
     const NOISE: &[&str] = &["./", "x/../", "/", ";p=1/"];
     /// Octets that must get any path refused.
-    const HOSTILE: &[&str] = &["%00", "%5c", "%5C", "%2525"];
+    const HOSTILE: &[&str] = &["%00", "%5c", "%5C", "%2525", "%3f", "%3F", "%23"];
 
     prop_compose! {
         /// A random spelling of the path with these segments: noise segments, `;` parameters, an

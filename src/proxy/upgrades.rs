@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, Version};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
@@ -209,6 +210,122 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Stamped<T> {
     }
 }
 
+/// The protocols a client may upgrade to through the gateway (`UPGRADE_PROTOCOLS`, default
+/// `websocket`).
+///
+/// After a `101` the gateway copies bytes and sees no more requests, so an upgrade is an
+/// unmetered tunnel bought with one counted request. WebSocket is meant to be one (a
+/// long-lived stream of messages, capped by `MAX_UPGRADES_PER_CLIENT`); `h2c` is not: inside
+/// it a client sends as many HTTP requests as it likes, none of them decided. So `Upgrade`
+/// tokens not listed here are removed before the request is forwarded (RFC 9110 section 7.8
+/// lets a server ignore an upgrade: the client carries on in HTTP/1.1, under the limits), and
+/// `h2c` can never be listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeProtocols {
+    /// Protocol names, lower case, without a version: `websocket` admits `websocket/13` too.
+    names: Vec<String>,
+}
+
+/// Why an `UPGRADE_PROTOCOLS` value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpgradeProtocolsError {
+    /// Not a token (RFC 9110 section 5.6.2), or a name with a version.
+    #[error("{0:?} is not a protocol name (a token such as websocket)")]
+    NotAName(String),
+    /// A protocol that carries requests the gateway would not see.
+    #[error(
+        "{0:?} cannot be allowed: inside an {0} tunnel every request would bypass the limits          (clients reach HTTP/2 over the listener itself, where each stream is decided)"
+    )]
+    Unmetered(String),
+}
+
+impl UpgradeProtocols {
+    /// Parse a comma-separated list of protocol names (empty: no upgrade is forwarded).
+    pub fn parse(value: &str) -> Result<UpgradeProtocols, UpgradeProtocolsError> {
+        let mut names: Vec<String> = Vec::new();
+        for name in value.split(',').map(str::trim).filter(|name| !name.is_empty()) {
+            if !name.bytes().all(headers::is_tchar) {
+                return Err(UpgradeProtocolsError::NotAName(name.to_owned()));
+            }
+            let name = name.to_ascii_lowercase();
+            if matches!(name.as_str(), "h2c" | "h2") {
+                return Err(UpgradeProtocolsError::Unmetered(name));
+            }
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        Ok(UpgradeProtocols { names })
+    }
+
+    /// Whether `token` (`name` or `name/version`, any case) may be upgraded to.
+    pub fn allows(&self, token: &str) -> bool {
+        let name = token.split_once('/').map_or(token, |(name, _)| name).trim();
+        self.names
+            .iter()
+            .any(|allowed| allowed.eq_ignore_ascii_case(name))
+    }
+
+    /// Keep only the allowed protocols in a request's `Upgrade` lines, removing the header
+    /// when none is left (`HTTP2-Settings`, hop-by-hop, goes with the other hop-by-hop
+    /// headers). Returns how many tokens were removed.
+    pub fn filter(&self, headers: &mut HeaderMap) -> usize {
+        if !headers.contains_key(header::UPGRADE) {
+            return 0;
+        }
+        let mut kept = String::new();
+        let mut removed = 0;
+        for token in headers
+            .get_all(header::UPGRADE)
+            .iter()
+            .flat_map(|line| line.to_str().map_or(Vec::new(), |line| line.split(',').collect()))
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+        {
+            if self.allows(token) {
+                if !kept.is_empty() {
+                    kept.push_str(", ");
+                }
+                kept.push_str(token);
+            } else {
+                removed += 1;
+            }
+        }
+        // A line that is not visible ASCII names nothing we allow: it goes too.
+        match HeaderValue::try_from(kept) {
+            Ok(value) if !value.is_empty() => {
+                if removed > 0 || headers.get_all(header::UPGRADE).iter().count() > 1 {
+                    headers.insert(header::UPGRADE, value);
+                }
+            }
+            _ => {
+                removed = removed.max(1);
+                headers.remove(header::UPGRADE);
+            }
+        }
+        removed
+    }
+
+    /// Whether a `101` response switches to allowed protocols only (and names at least one).
+    pub fn accepts(&self, response: &HeaderMap) -> bool {
+        let mut tokens = response
+            .get_all(header::UPGRADE)
+            .iter()
+            .flat_map(|line| line.to_str().map_or(vec![""], |line| line.split(',').collect()))
+            .map(str::trim)
+            .peekable();
+        tokens.peek().is_some() && tokens.all(|token| self.allows(token))
+    }
+
+    /// The list as written in `UPGRADE_PROTOCOLS` (`none` when empty).
+    pub fn describe(&self) -> String {
+        match self.names.is_empty() {
+            true => "none".to_owned(),
+            false => self.names.join(","),
+        }
+    }
+}
+
 /// What the proxy tunnels: an HTTP/1.1 request with `Connection: upgrade` and `Upgrade`.
 pub fn is_upgrade<B>(request: &Request<B>) -> bool {
     request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers())
@@ -316,6 +433,57 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
         assert!(!tunnel.is_finished());
         tunnel.abort();
+    }
+
+    fn upgrade_headers(lines: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for line in lines {
+            headers.append(header::UPGRADE, HeaderValue::from_str(line).unwrap());
+        }
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Upgrade, HTTP2-Settings"),
+        );
+        headers
+    }
+
+    #[test]
+    fn only_listed_protocols_are_upgraded_to() {
+        let websocket = UpgradeProtocols::parse("websocket").unwrap();
+        // h2c alone: the upgrade is gone, the request goes on as HTTP/1.1.
+        let mut headers = upgrade_headers(&["h2c"]);
+        assert_eq!(websocket.filter(&mut headers), 1);
+        assert!(!headers.contains_key(header::UPGRADE));
+        // A mixed offer keeps the allowed protocol, with its version.
+        let mut headers = upgrade_headers(&["h2c, WebSocket/13", "foo"]);
+        assert_eq!(websocket.filter(&mut headers), 2);
+        assert_eq!(
+            headers.get_all(header::UPGRADE).iter().collect::<Vec<_>>(),
+            ["WebSocket/13"]
+        );
+        // Allowed as sent: untouched.
+        let mut headers = upgrade_headers(&["websocket"]);
+        assert_eq!(websocket.filter(&mut headers), 0);
+        assert_eq!(headers[header::UPGRADE], "websocket");
+        // None allowed: every upgrade goes.
+        let none = UpgradeProtocols::parse("").unwrap();
+        let mut headers = upgrade_headers(&["websocket"]);
+        assert_eq!(none.filter(&mut headers), 1);
+        assert!(!headers.contains_key(header::UPGRADE));
+        assert_eq!(none.describe(), "none");
+    }
+
+    #[test]
+    fn unmetered_protocols_cannot_be_listed() {
+        assert_eq!(
+            UpgradeProtocols::parse("websocket,H2C"),
+            Err(UpgradeProtocolsError::Unmetered("h2c".into()))
+        );
+        assert!(UpgradeProtocols::parse("h2").is_err());
+        assert!(UpgradeProtocols::parse("web socket").is_err());
+        assert!(UpgradeProtocols::parse("websocket/13").is_err());
+        let parsed = UpgradeProtocols::parse(" websocket , x-custom ,websocket").unwrap();
+        assert_eq!(parsed.describe(), "websocket,x-custom");
     }
 
     #[test]

@@ -201,9 +201,9 @@ fn a_dot_env_file_is_read_and_the_environment_wins() {
 }
 
 /// The binary serving on a free loopback port with `vars` (and nothing else) in its environment.
-struct Running {
+pub(crate) struct Running {
     child: std::process::Child,
-    addr: std::net::SocketAddr,
+    pub(crate) addr: std::net::SocketAddr,
     /// Its admin listener's port.
     admin_port: u16,
     /// Where its stdout (the log) goes.
@@ -211,10 +211,12 @@ struct Running {
 }
 
 impl Running {
-    fn start(vars: &[(&str, &str)]) -> Running {
+    pub(crate) fn start(vars: &[(&str, &str)]) -> Running {
         let [port, admin_port] = free_ports();
         let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(BINARY)
+        // Another build may be put under the same tests (see tests/it/bypass.rs).
+        let binary = std::env::var("TOLLGATE_UNDER_TEST").unwrap_or_else(|_| BINARY.to_owned());
+        let child = Command::new(binary)
             .env_clear()
             .env("BIND", "127.0.0.1")
             .env("PORT", port.to_string())
@@ -238,20 +240,31 @@ impl Running {
     }
 
     /// What it has logged so far.
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap()
     }
 
     /// SIGTERM, then wait for the exit without blocking the runtime.
-    async fn terminate(mut self) -> std::process::ExitStatus {
+    pub(crate) async fn terminate(self) -> std::process::ExitStatus {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
-        tokio::task::spawn_blocking(move || self.child.wait().unwrap())
-            .await
-            .unwrap()
+        tokio::task::spawn_blocking(move || {
+            let mut this = self;
+            this.child.wait().unwrap()
+        })
+        .await
+        .unwrap()
+    }
+}
+
+/// A test that fails does not leave its gateway running.
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

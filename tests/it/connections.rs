@@ -423,7 +423,9 @@ async fn open_tunnel(addr: SocketAddr, from: IpAddr) -> Result<TcpStream, (Strin
     socket.bind(SocketAddr::new(from, 0)).unwrap();
     let mut stream = socket.connect(addr).await.unwrap();
     stream
-        .write_all(b"GET /ws HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        )
         .await
         .unwrap();
     let head = crate::support::read_head(&mut stream).await;

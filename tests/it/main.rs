@@ -5,6 +5,7 @@ mod support;
 mod admin;
 mod backend;
 mod binary;
+mod bypass;
 mod cluster;
 mod connections;
 mod faults;

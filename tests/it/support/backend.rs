@@ -146,8 +146,14 @@ async fn answer(
             .insert(http::header::CONTENT_LENGTH, size.into());
         return Ok(response);
     }
-    if path == "/ws" {
-        // An upgrade to a toy protocol: after the 101, echo bytes back.
+    if path == "/ws" && request.headers().contains_key("upgrade") {
+        // An upgrade to the protocol asked for, played as a toy one: after the 101, echo
+        // bytes back.
+        let protocol = request
+            .headers()
+            .get("upgrade")
+            .cloned()
+            .unwrap_or_else(|| "echo".parse().unwrap());
         let upgrade = hyper::upgrade::on(&mut request);
         tokio::spawn(async move {
             if let Ok(upgraded) = upgrade.await {
@@ -160,7 +166,7 @@ async fn answer(
         response
             .headers_mut()
             .insert("connection", "upgrade".parse().unwrap());
-        response.headers_mut().insert("upgrade", "echo".parse().unwrap());
+        response.headers_mut().insert("upgrade", protocol);
         return Ok(response);
     }
     let mut response = Response::new(request.into_body().boxed());
