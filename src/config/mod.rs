@@ -32,6 +32,7 @@ use http::uri::{Scheme, Uri};
 use ipnet::IpNet;
 
 use crate::limit::RuleTable;
+use crate::proxy::cors::Cors;
 use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::response::HeaderStyle;
 use crate::proxy::upgrades::UpgradeProtocols;
@@ -100,6 +101,7 @@ pub const VARIABLES: &[&str] = &[
     "MAX_UPGRADES_PER_CLIENT",
     "UPGRADE_PROTOCOLS",
     "UNDERSCORE_HEADERS",
+    "CORS_ALLOW_ORIGINS",
     "UPGRADE_IDLE_TIMEOUT_MS",
     // redis
     "REDIS_ADDR",
@@ -242,6 +244,9 @@ pub struct Config {
     /// `UNDERSCORE_HEADERS`: what becomes of request headers with `_` in their names, which
     /// CGI-style backends read as the `-` spelling (`X_API_Key` is `X-API-Key` to them).
     pub underscore_headers: UnderscoreHeaders,
+    /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers (`429`, `503`, ...), so
+    /// a browser application can read a refusal; `None` (unset or empty): none.
+    pub cors: Option<Cors>,
     /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests (default 8 s, below
     /// the 10 s `docker stop` waits before SIGKILL).
     pub shutdown_timeout: Duration,
@@ -402,6 +407,11 @@ impl Config {
             "drop (not forwarded, as nginx does) or forward",
             UnderscoreHeaders::parse,
         )?;
+        let cors = {
+            let value = env.get("CORS_ALLOW_ORIGINS").unwrap_or("");
+            Cors::parse(value)
+                .map_err(|problem| ConfigError::invalid("CORS_ALLOW_ORIGINS", value, &problem))?
+        };
         let upgrade_idle_timeout = env.parse(
             "UPGRADE_IDLE_TIMEOUT_MS",
             "3600000",
@@ -436,6 +446,7 @@ impl Config {
             max_upgrades_per_client,
             upgrade_protocols,
             underscore_headers,
+            cors,
             upgrade_idle_timeout,
             shutdown_timeout,
             store,
@@ -491,9 +502,12 @@ impl fmt::Display for Config {
         )?;
         writeln!(
             f,
-            "upgrades to:      {}; headers with '_': {}",
+            "upgrades to:      {}; headers with '_': {}; CORS on own answers: {}",
             self.upgrade_protocols.describe(),
-            self.underscore_headers.as_str()
+            self.underscore_headers.as_str(),
+            self.cors
+                .as_ref()
+                .map_or_else(|| "off".to_owned(), Cors::describe)
         )?;
         match &self.store {
             StoreConfig::Memory => write!(

@@ -25,6 +25,7 @@
 
 pub mod backend;
 pub mod body;
+pub mod cors;
 pub mod draft_headers;
 pub mod headers;
 pub mod identity;
@@ -346,6 +347,78 @@ pub struct Proxy {
     upgrade_protocols: upgrades::UpgradeProtocols,
     /// `UNDERSCORE_HEADERS`.
     underscore_headers: headers::UnderscoreHeaders,
+    /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers; `None`: off.
+    cors: Option<cors::Cors>,
+}
+
+/// Who wrote a response: the gateway's own answers get the CORS headers, the backend's pass
+/// as they came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnsweredBy {
+    /// A refusal, an error, anything the gateway made itself.
+    Gateway,
+    /// The backend's response, streamed through.
+    Backend,
+}
+
+/// What a log line about a request shows of it, copied before the request moves on to the
+/// backend (and only when a line will be written).
+struct RequestSummary {
+    method: http::Method,
+    /// The path as sent (without the query, which may hold secrets).
+    path: String,
+    /// The TCP peer: with a header key, the `client` field is a digest, and this says where
+    /// the requests come from.
+    peer: SocketAddr,
+    /// The host asked for, at most [`LOGGED_HEADER_MAX`] characters.
+    host: String,
+    /// `User-Agent`, at most [`LOGGED_HEADER_MAX`] characters.
+    user_agent: String,
+}
+
+/// The most characters of a client-chosen header a log line shows.
+const LOGGED_HEADER_MAX: usize = 128;
+
+impl RequestSummary {
+    fn of<B>(request: &Request<B>, peer: SocketAddr) -> RequestSummary {
+        let host = request
+            .uri()
+            .authority()
+            .map(|authority| authority.as_str().as_bytes())
+            .or_else(|| request.headers().get(header::HOST).map(HeaderValue::as_bytes));
+        RequestSummary {
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            peer,
+            host: loggable(host),
+            user_agent: loggable(
+                request
+                    .headers()
+                    .get(header::USER_AGENT)
+                    .map(HeaderValue::as_bytes),
+            ),
+        }
+    }
+}
+
+/// A client-chosen value as a log field: visible ASCII (anything else as `?`), cut to
+/// [`LOGGED_HEADER_MAX`] characters with a `...` mark, `-` when absent.
+fn loggable(value: Option<&[u8]>) -> String {
+    let Some(value) = value else {
+        return "-".to_owned();
+    };
+    let mut text: String = value
+        .iter()
+        .take(LOGGED_HEADER_MAX)
+        .map(|&byte| match byte {
+            b' '..=b'~' => char::from(byte),
+            _ => '?',
+        })
+        .collect();
+    if value.len() > LOGGED_HEADER_MAX {
+        text.push_str("...");
+    }
+    text
 }
 
 /// What the log lines and metrics of one request need to know, wherever they are written.
@@ -390,6 +463,7 @@ impl Proxy {
             tunnels: upgrades::Tunnels::new(config.max_upgrades_per_client, config.rules.ipv6_prefix()),
             upgrade_protocols: config.upgrade_protocols.clone(),
             underscore_headers: config.underscore_headers,
+            cors: config.cors.clone(),
         }
     }
 
@@ -397,7 +471,14 @@ impl Proxy {
     pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
         let started = Instant::now();
         let id = self.request_ids.for_request(request.headers());
-        let mut response = self.respond(request, peer, &id, started).await;
+        let origin = self
+            .cors
+            .as_ref()
+            .and_then(|cors| cors.origin_of(request.headers()));
+        let (mut response, by) = self.respond(request, peer, &id, started).await;
+        if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
+            cors.apply(response.headers_mut(), origin);
+        }
         response.headers_mut().insert(&X_REQUEST_ID, id);
         response
     }
@@ -408,7 +489,7 @@ impl Proxy {
         peer: SocketAddr,
         id: &HeaderValue,
         started: Instant,
-    ) -> Response<ResponseBody> {
+    ) -> (Response<ResponseBody>, AnsweredBy) {
         let mut context = RequestContext { id, rule: None };
         if request.extensions().get::<Overloaded>().is_some() {
             if let Some(suppressed) = self.overload_log.admit() {
@@ -421,7 +502,7 @@ impl Proxy {
                     "MAX_CONNECTIONS requests already in flight: answered 503"
                 );
             }
-            return response::overloaded();
+            return (response::overloaded(), AnsweredBy::Gateway);
         }
         if let Err(violation) = strict::check(
             request.method(),
@@ -430,7 +511,8 @@ impl Proxy {
             request.headers(),
             request.extensions(),
         ) {
-            return refuse_violation(violation, &request, peer, &context);
+            let refusal = refuse_violation(violation, &request, peer, &context);
+            return (refusal, AnsweredBy::Gateway);
         }
         // An upgrade to a protocol the gateway cannot meter (h2c) would make this one counted
         // request a tunnel of uncounted ones: such tokens never reach the backend.
@@ -441,7 +523,8 @@ impl Proxy {
             && let Some(name) = headers::underscore_alias(request.headers(), self.rules.key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
-            return refuse(&reason, request.uri().path(), peer, &context);
+            let refusal = refuse(&reason, request.uri().path(), peer, &context);
+            return (refusal, AnsweredBy::Gateway);
         }
         // The path is read once: its canonical form is what rules match, and a rewritten form
         // (dot segments resolved) is what the backend gets.
@@ -458,7 +541,10 @@ impl Proxy {
         };
         let path = match parsed {
             Ok(path) => path,
-            Err(error) => return refuse(&error.to_string(), raw_path, peer, &context),
+            Err(error) => {
+                let refusal = refuse(&error.to_string(), raw_path, peer, &context);
+                return (refusal, AnsweredBy::Gateway);
+            }
         };
         let client_ip = self.identity.client(peer.ip(), request.headers());
         let head = RequestHead {
@@ -469,14 +555,17 @@ impl Proxy {
         };
         let matched = match self.rules.classify(&head) {
             Ok(matched) => matched,
-            Err(error) => return refuse(&error.to_string(), raw_path, peer, &context),
+            Err(error) => {
+                let refusal = refuse(&error.to_string(), raw_path, peer, &context);
+                return (refusal, AnsweredBy::Gateway);
+            }
         };
         context.rule = Some(matched.rule.id);
         let rewritten = path.rewritten;
         // An upgrade past MAX_UPGRADES_PER_CLIENT is refused before any budget is spent; an
         // admitted one carries its slot to the tunnel (see `try_forward`).
         if let Err(refusal) = self.tunnels.admit(&mut request, client_ip) {
-            return refusal;
+            return (refusal, AnsweredBy::Gateway);
         }
 
         let (verdict, decided) = match matched.mode {
@@ -497,8 +586,8 @@ impl Proxy {
         // for the refusals it would log at info when the log level is above info.
         let logged = ((self.access_log.logs(outcome) && tracing::enabled!(tracing::Level::INFO))
             || tracing::enabled!(tracing::Level::DEBUG))
-        .then(|| (request.method().clone(), request.uri().path().to_owned()));
-        let mut response = if outcome.forwards() {
+        .then(|| RequestSummary::of(&request, peer));
+        let (mut response, by) = if outcome.forwards() {
             // The backend gets the request id too, so its logs and ours can be joined.
             request.headers_mut().insert(&X_REQUEST_ID, id.clone());
             let sent = decided.unwrap_or_else(Instant::now);
@@ -512,26 +601,27 @@ impl Proxy {
             )
             .await
         } else {
-            match verdict.as_ref().and_then(Verdict::decision) {
+            let refusal = match verdict.as_ref().and_then(Verdict::decision) {
                 Some(decision) => response::too_many_requests(decision),
                 None => response::store_unavailable(),
-            }
+            };
+            (refusal, AnsweredBy::Gateway)
         };
         if let Some(verdict) = &verdict {
             self.settle(&matched, verdict, outcome, &mut response).await;
         }
-        if let Some((method, path)) = logged {
+        if let Some(summary) = logged {
             self.log(
                 &context,
                 &matched,
                 outcome,
                 verdict.as_ref(),
                 &response,
-                (&method, &path),
+                &summary,
                 started,
             );
         }
-        response
+        (response, by)
     }
 
     /// The lines about one request: shadow denials always, refusals under `ACCESS_LOG=denied`
@@ -544,9 +634,16 @@ impl Proxy {
         outcome: Outcome,
         verdict: Option<&Verdict>,
         response: &Response<ResponseBody>,
-        (method, path): (&http::Method, &str),
+        summary: &RequestSummary,
         started: Instant,
     ) {
+        let RequestSummary {
+            method,
+            path,
+            peer,
+            host,
+            user_agent,
+        } = summary;
         let status = response.status().as_u16();
         let latency_us = started.elapsed().as_micros() as u64;
         let retry_after_s = verdict
@@ -573,6 +670,9 @@ impl Proxy {
                     %method,
                     path,
                     client = %matched.key,
+                    %peer,
+                    host,
+                    user_agent,
                     rule = %matched.rule.name,
                     decision = outcome.as_str(),
                     status,
@@ -586,6 +686,9 @@ impl Proxy {
                 %method,
                 path,
                 client = %matched.key,
+                %peer,
+                host,
+                user_agent,
                 rule = %matched.rule.name,
                 decision = outcome.as_str(),
                 status,
@@ -633,7 +736,7 @@ impl Proxy {
         rewritten: Option<&str>,
         context: &RequestContext<'_>,
         sent: Instant,
-    ) -> Response<ResponseBody> {
+    ) -> (Response<ResponseBody>, AnsweredBy) {
         // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
@@ -643,7 +746,7 @@ impl Proxy {
                 self.metrics
                     .backend_response(rule, response.status().as_u16(), sent.elapsed());
                 *response.version_mut() = version;
-                response
+                (response, AnsweredBy::Backend)
             }
             Err(error) => {
                 self.backend_failed(&error, context);
@@ -652,7 +755,7 @@ impl Proxy {
                     // The request's framing is broken or unread: this connection is done.
                     close_connection(&mut response);
                 }
-                response
+                (response, AnsweredBy::Gateway)
             }
         }
     }

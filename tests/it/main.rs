@@ -10,6 +10,7 @@ mod cluster;
 mod connections;
 mod faults;
 mod http2;
+mod operator;
 mod proxy;
 mod redis;
 mod rules;
