@@ -10,9 +10,12 @@
 #     and nginx runs `worker_processes 1`. Reported per target: req/s, p50/p99 latency, and the
 #     CPU time the proxy's process(es) used per request (utime+stime from /proc/PID/stat; for
 #     tollgate with Redis, redis-server's CPU is added, as it shares the proxy's core).
-#     Targets: the backend alone (examples/echo_backend), the bare floor (examples/bare_proxy:
-#     hyper + a keyed token bucket, nothing else), tollgate (memory store), tollgate (Redis
-#     store) and nginx with limit_req. Scenarios:
+#     Targets: the backend alone (examples/echo_backend), the lean floor (examples/lean_floor:
+#     hyper's plain http1 server and client and a keyed token bucket, no header work at all),
+#     the bare floor (examples/bare_proxy: hyper + hyper-util's pooled client + a keyed token
+#     bucket, as most would write it), tollgate (memory store), tollgate (Redis store) and nginx
+#     with limit_req; with BENCH_BASELINE=path/to/tollgate, that build too (tollgate-base, memory
+#     store), so a change is measured before and after in one run. Scenarios:
 #       allow  every request allowed: the cost of deciding and forwarding (the headline);
 #       deny   a budget of one request per 1000 s, so nearly every request is refused (429);
 #              for tollgate with Redis, Redis calls per refused request (the denial cache);
@@ -46,7 +49,9 @@
 #   --scenarios LIST  comma-separated subset of allow,deny,many,h2 (default all)
 #   --log FILE        raw output (every wrk/h2load report) goes here, results to FILE.tsv
 #                     (default bench-<date>.log in $TMPDIR); scripts/bench_plot.py draws FILE.tsv
-# Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_H2_CLIENTS and BENCH_H2_STREAMS
+# Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_BACKEND (echo: examples/echo_backend,
+#   the default; nginx: nginx answering 200 with a 2-byte body, the leanest backend to measure
+#   against), BENCH_BASELINE (another tollgate binary, see above), BENCH_H2_CLIENTS and BENCH_H2_STREAMS
 #   (h2load -c and -m, default 8 and 4), BENCH_PROXY_CPU, BENCH_LOAD_CPU, CARGO_TARGET_DIR,
 #   BENCH_CALLGRIND_REQUESTS (default 20000), BENCH_PERF_REQUESTS (default 100000).
 set -euo pipefail
@@ -159,10 +164,16 @@ fi
 
 # --- 2. the whole gateway under load ---------------------------------------------------------
 echo "== building tollgate, the echo backend and the bare floor (release)"
-cargo build --release --quiet --bin tollgate --example echo_backend --example bare_proxy
+cargo build --release --quiet --bin tollgate --example echo_backend --example bare_proxy --example lean_floor
 TOLLGATE=$target_dir/release/tollgate
 ECHO_BACKEND=$target_dir/release/examples/echo_backend
 BARE=$target_dir/release/examples/bare_proxy
+LEAN=$target_dir/release/examples/lean_floor
+BASELINE=${BENCH_BASELINE:-}
+if [ -n "$BASELINE" ] && [ ! -x "$BASELINE" ]; then
+  echo "bench.sh: BENCH_BASELINE=$BASELINE is not an executable" >&2
+  exit 2
+fi
 
 if [ "$(nproc)" -ge 2 ]; then
   proxy_cpu=${BENCH_PROXY_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
@@ -231,7 +242,30 @@ all_alive() {
 }
 
 backend_port=$(free_port)
-start backend "$backend_port" "${on_load_cpu[@]}" -- env PORT="$backend_port" "$ECHO_BACKEND"
+case ${BENCH_BACKEND:-echo} in
+  echo) start backend "$backend_port" "${on_load_cpu[@]}" -- env PORT="$backend_port" "$ECHO_BACKEND" ;;
+  nginx)
+    mkdir -p "$work/backend-nginx"
+    cat >"$work/backend-nginx.conf" <<EOF
+# The backend: nginx answering every request itself, one worker, on the load generator's core.
+worker_processes 1;
+pid $work/backend-nginx.pid;
+error_log $work/backend-nginx-error.log warn;
+daemon off;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path $work/backend-nginx/body;
+  server {
+    listen 127.0.0.1:$backend_port;
+    location / { return 200 "ok"; }
+  }
+}
+EOF
+    start backend "$backend_port" "${on_load_cpu[@]}" -- nginx -p "$work/backend-nginx" -c "$work/backend-nginx.conf" ;;
+  *) echo "bench.sh: BENCH_BACKEND=${BENCH_BACKEND} is not echo or nginx" >&2; exit 2 ;;
+esac
 backend=http://127.0.0.1:$backend_port
 redis_port=$(free_port)
 start redis "$redis_port" "${on_proxy_cpu[@]}" -- \
@@ -247,7 +281,20 @@ tollgate() { # name store(memory|redis) VAR=value...
   [ "$store" = redis ] && extra=(REDIS_URL="redis://127.0.0.1:$redis_port" KEY_PREFIX="bench-$name:")
   start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PATH="$PATH" BACKEND_URL="$backend" \
     BIND=127.0.0.1 PORT="$port" ADMIN_BIND=127.0.0.1 ADMIN_PORT="$admin_port" RUST_LOG=warn \
-    "${extra[@]}" "$@" "$TOLLGATE"
+    "${extra[@]}" "$@" "${binary:-$TOLLGATE}"
+}
+
+baseline() { # name VAR=value...: BENCH_BASELINE's tollgate, memory store
+  local name=$1
+  shift
+  binary=$BASELINE tollgate "$name" memory "$@"
+}
+
+lean() { # name VAR=value...
+  local name=$1 port
+  shift
+  port=$(free_port)
+  start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PORT="$port" BACKEND_URL="$backend" "$@" "$LEAN"
 }
 
 bare() { # name VAR=value...
@@ -423,32 +470,38 @@ if [ "$load" = 1 ]; then
     case $scenario in
       allow)
         echo "== allow: every request allowed"
+        lean lean "${allow[@]}"
         bare bare "${allow[@]}"
         tollgate tollgate-memory memory "${allow[@]}"
+        [ -z "$BASELINE" ] || baseline tollgate-base "${allow[@]}"
         tollgate tollgate-redis redis "${allow[@]}"
         nginx_target nginx "" 1000000r/s "burst=1000000 nodelay"
-        for name in bare tollgate-memory tollgate-redis nginx; do check "$name" 200; done
+        allow_targets="lean bare tollgate-memory${BASELINE:+ tollgate-base} tollgate-redis nginx"
+        for name in $allow_targets; do check "$name" 200; done
         curl -s -D - -o /dev/null "http://127.0.0.1:${port_of[tollgate-memory]}/" | grep -qi '^x-ratelimit-remaining:' ||
           { echo "bench.sh: tollgate answered without X-RateLimit-Remaining" >&2; exit 1; }
         # The direct target's "proxy CPU" is the backend's own (on the load generator's core).
         pid_of[direct]=${pid_of[backend]} port_of[direct]=$backend_port
-        run_rounds allow wrk "direct bare tollgate-memory tollgate-redis nginx"
+        run_rounds allow wrk "direct $allow_targets"
         failed=$(grep -c 'store call failed' "$work/tollgate-redis.log" || true)
         echo "  tollgate-redis failed store calls (a request waved through by the fail mode): $failed"
-        stop bare tollgate-memory tollgate-redis nginx
+        stop $allow_targets
         ;;
       deny)
         echo "== deny: one request per 1000 s per client, so nearly every request is refused"
+        lean lean-deny "${deny[@]}"
         bare bare-deny "${deny[@]}"
         tollgate tollgate-memory-deny memory "${deny[@]}"
+        [ -z "$BASELINE" ] || baseline tollgate-base-deny "${deny[@]}"
         tollgate tollgate-redis-deny redis "${deny[@]}"
         nginx_target nginx-deny "" 1r/m ""
-        for name in bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny; do
+        deny_targets="lean-deny bare-deny tollgate-memory-deny${BASELINE:+ tollgate-base-deny} tollgate-redis-deny nginx-deny"
+        for name in $deny_targets; do
           curl -s -o /dev/null "http://127.0.0.1:${port_of[$name]}/"
           check "$name" 429
         done
-        run_rounds deny wrk "bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny"
-        stop bare-deny tollgate-memory-deny tollgate-redis-deny nginx-deny
+        run_rounds deny wrk "$deny_targets"
+        stop $deny_targets
         ;;
       many)
         echo "== many: every request allowed, 100,000 distinct clients by X-Forwarded-For"
@@ -501,20 +554,21 @@ if [ "$load" = 1 ]; then
     }
     END {
       for (s = 1; s <= ns; s++) {
-        S = order[s]; ref_nginx = ref_bare = ""
+        S = order[s]; ref_nginx = ref_bare = ref_lean = ""
         for (t = 1; t <= nt[S]; t++) { T = target[S, t]
-          if (T ~ /^nginx/) ref_nginx = T; if (T ~ /^bare/) ref_bare = T }
+          if (T ~ /^nginx/) ref_nginx = T; if (T ~ /^bare/) ref_bare = T; if (T ~ /^lean/) ref_lean = T }
         printf "\nscenario %s\n", S
-        printf "| %-20s | %-24s | %-7s | %-8s | %-20s | %-8s | %-8s | %-8s | %-8s | %-11s | %s |\n", "target", "req/s median [min-max]",
-          "p50 us", "p99 us", "CPU us/req [min-max]", "req/s vs nginx", "req/s vs floor", "CPU vs nginx", "CPU vs floor", "non-2xx", "errors" (S == "deny" ? " | redis script calls per refusal" : " | redis script calls per request")
-        printf "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+        printf "| %-20s | %-24s | %-7s | %-8s | %-20s | %-8s | %-8s | %-8s | %-8s | %-8s | %-11s | %s |\n", "target", "req/s median [min-max]",
+          "p50 us", "p99 us", "CPU us/req [min-max]", "req/s vs nginx", "req/s vs floor", "CPU vs nginx", "CPU vs floor", "CPU vs lean", "non-2xx", "errors" (S == "deny" ? " | redis script calls per refusal" : " | redis script calls per request")
+        printf "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
         for (t = 1; t <= nt[S]; t++) { T = target[S, t]; k = S SUBSEP T
           r = med(rps[k]); c = med(cpu[k])
           rn = med(rps[S SUBSEP ref_nginx]); rb = med(rps[S SUBSEP ref_bare]); cn = med(cpu[S SUBSEP ref_nginx]); cb = med(cpu[S SUBSEP ref_bare])
+          cl = ref_lean == "" ? 0 : med(cpu[S SUBSEP ref_lean])
           per = T ~ /redis/ ? sprintf("%.4f", calls[k] / (S == "deny" ? (refused[k] ? refused[k] : 1) : (reqs[k] ? reqs[k] : 1))) : "-"
-          printf "| %-20s | %7.0f [%6.0f-%6.0f] | %7.0f | %8.0f | %6.2f [%5.2f-%5.2f] | %8s | %8s | %8s | %8s | %11d | %d | %s |\n", T,
+          printf "| %-20s | %7.0f [%6.0f-%6.0f] | %7.0f | %8.0f | %6.2f [%5.2f-%5.2f] | %8s | %8s | %8s | %8s | %8s | %11d | %d | %s |\n", T,
             r, lo(rps[k]), hi(rps[k]), med(p50[k]), med(p99[k]), c, lo(cpu[k]), hi(cpu[k]),
-            ratio(r, rn), ratio(r, rb), ratio(c, cn), ratio(c, cb), refused[k], bad[k], per }
+            ratio(r, rn), ratio(r, rb), ratio(c, cn), ratio(c, cb), ratio(c, cl), refused[k], bad[k], per }
       }
     }' "$results"
   echo "load average at the end: $(loadavg)"
