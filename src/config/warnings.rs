@@ -175,7 +175,7 @@ fn algorithm_reads_others(env: &Env, name: &str) -> Option<String> {
 
 /// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
 /// neighbours cost one each (`MAX_TOKEN`, `MAX_TOKNES` and `MAX_TOKENS` are one apart).
-fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     // d[i][j]: the distance between the first i characters of a and the first j of b.
     let mut d: Vec<Vec<usize>> = (0..=a.len()).map(|i| vec![i; b.len() + 1]).collect();

@@ -749,21 +749,25 @@ fn run_expecting_exit(vars: &[(&str, &str)], args: &[&str]) -> Output {
 
 #[test]
 fn an_invalid_rust_log_exits_2_naming_it() {
-    for args in [&[][..], &["--check-config"]] {
-        let output = run_expecting_exit(
-            &[
-                ("BACKEND_URL", "http://127.0.0.1:9"),
-                ("RUST_LOG", "info,foo=loud"),
-            ],
-            args,
-        );
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(r#"RUST_LOG="info,foo=loud" is invalid"#),
-            "{args:?}: {stderr}"
-        );
-        assert!(output.stdout.is_empty(), "nothing served or logged");
+    // `warning` parses as a filter for a target called `warning`: it would silence everything.
+    for (value, says) in [
+        ("info,foo=loud", r#"RUST_LOG="info,foo=loud" is invalid"#),
+        ("warning", "did you mean warn?"),
+    ] {
+        for args in [&[][..], &["--check-config"]] {
+            let output = run_expecting_exit(
+                &[("BACKEND_URL", "http://127.0.0.1:9"), ("RUST_LOG", value)],
+                args,
+            );
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+            assert!(
+                stderr.contains("RUST_LOG") && stderr.contains(says),
+                "{args:?}: {stderr}"
+            );
+            assert!(output.stdout.is_empty(), "nothing served or logged");
+        }
     }
 }
 
