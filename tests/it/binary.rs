@@ -271,6 +271,48 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     assert_eq!(exit.await.unwrap().code(), Some(0));
 }
 
+#[tokio::test]
+async fn sighup_is_logged_and_ignored_and_sigterm_still_drains() {
+    let backend = Backend::start().await;
+    let mut tollgate = Running::start(&[("BACKEND_URL", &backend.url())]);
+    let addr = tollgate.addr;
+    let in_flight = tokio::spawn(async move { get(addr, "/slow/700").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = tollgate.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let said = "SIGHUP received: reloading the configuration is not supported yet; nothing changed";
+    for _ in 0..250 {
+        if tollgate.log().contains(said) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = tollgate.log();
+    assert_eq!(log.matches(said).count(), 1, "one line: {log}");
+    assert!(
+        tollgate.child.try_wait().unwrap().is_none(),
+        "still running: {log}"
+    );
+    assert_eq!(get(addr, "/").await.status, StatusCode::OK, "still serving");
+    assert_eq!(
+        in_flight.await.unwrap().status,
+        StatusCode::OK,
+        "nothing was dropped"
+    );
+    // SIGTERM still drains: a request in flight completes and the exit is clean.
+    let in_flight = tokio::spawn(async move { get(addr, "/slow/500").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let exit = tokio::spawn(tollgate.terminate());
+    assert_eq!(in_flight.await.unwrap().status, StatusCode::OK);
+    assert_eq!(exit.await.unwrap().code(), Some(0));
+}
+
 /// The binary in front of `backend`, with a budget of 2 in `redis` over TLS, trusting its
 /// private CA, and `vars` besides.
 fn over_tls(redis: &crate::support::RedisServer, backend: &Backend, vars: &[(&str, &str)]) -> Running {
