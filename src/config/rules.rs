@@ -35,22 +35,12 @@ const DEFAULT_AUTH_PATHS: [&str; 3] = ["/login", "/signup", "/reset-password"];
 const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
-/// replicas and need `KEY_HASH_SECRET`.
-pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
-    let key_by = env.parse(
-        "KEY_BY",
-        "ip",
-        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
-        |s| KeyBy::parse(s).ok(),
-    )?;
+/// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.
+pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Result<RuleTable, ConfigError> {
+    let key_by = key_by_variable(env, "KEY_BY", warnings)?;
     // Logins come before any API key, and a key the client chooses is a fresh budget per
     // request: the auth rule stays keyed by address unless told otherwise.
-    let auth_key_by = env.parse(
-        "AUTH_KEY_BY",
-        "ip",
-        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
-        |s| KeyBy::parse(s).ok(),
-    )?;
+    let auth_key_by = key_by_variable(env, "AUTH_KEY_BY", warnings)?;
     let ipv6_prefix = env.parse("IPV6_PREFIX", "64", "a prefix length from 1 to 128", |s| {
         s.parse::<u8>().ok().filter(|p| (1..=128).contains(p))
     })?;
@@ -75,8 +65,8 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
         count: Count::All,
     };
 
-    let mut rules = Vec::new();
-    let mut routes = Vec::new();
+    let mut rules: Vec<Rule> = Vec::new();
+    let mut routes: Vec<Route> = Vec::new();
     for entry in list(env, "ROUTES", &[';'])? {
         if rules.len() == MAX_ROUTES {
             return Err(ConfigError::entry(
@@ -85,7 +75,20 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
                 format!("at most {MAX_ROUTES} routes"),
             ));
         }
-        let (route, mut rule) = parse_route(entry, &defaults)?;
+        let (route, mut rule) = parse_route(entry, &defaults, warnings)?;
+        if let Some(earlier) = routes
+            .iter()
+            .find(|earlier: &&Route| takes_all_of(earlier, &route))
+        {
+            return Err(ConfigError::entry(
+                "ROUTES",
+                entry,
+                format!(
+                    "it can never match: the earlier entry for {} (rule {:?}) takes every request it would",
+                    earlier.pattern, rules[earlier.rule].name
+                ),
+            ));
+        }
         if rules.iter().any(|other: &Rule| other.name == rule.name)
             || ["general", "auth"].contains(&&*rule.name)
         {
@@ -106,18 +109,46 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
         rules.push(rule);
     }
     let auth_index = rules.len();
-    let auth_paths = match env.is_set("AUTH_PATHS") {
+    let auth_paths_set = env.is_set("AUTH_PATHS");
+    let auth_paths = match auth_paths_set {
         true => list(env, "AUTH_PATHS", &[','])?,
         false => DEFAULT_AUTH_PATHS.to_vec(),
     };
     for entry in auth_paths {
         let pattern =
             PathPattern::parse(entry).map_err(|why| ConfigError::invalid("AUTH_PATHS", entry, &why))?;
-        routes.push(Route {
+        let route = Route {
             pattern,
             methods: None,
             rule: auth_index,
-        });
+        };
+        if route.pattern.covers(&PathPattern::Subtree("/".into())) {
+            return Err(ConfigError::entry(
+                "AUTH_PATHS",
+                entry,
+                "it matches every path, so every request would spend the login budget and the \
+                 general rule would never apply; list the login, signup and reset paths",
+            ));
+        }
+        if route.pattern == PathPattern::Exact("/".into()) {
+            warnings.push(
+                "AUTH_PATHS has \"/\": that is the root path alone (the home page), not every path".into(),
+            );
+        }
+        if let Some(earlier) = routes.iter().find(|earlier| takes_all_of(earlier, &route)) {
+            let why = format!(
+                "the ROUTES entry for {} (rule {:?}) takes every request to {entry}, so the auth rule never sees them",
+                earlier.pattern, rules[earlier.rule].name
+            );
+            if auth_paths_set {
+                return Err(ConfigError::entry("AUTH_PATHS", entry, why));
+            }
+            // The default auth paths were not asked for: a route over them may be meant.
+            warnings.push(format!(
+                "AUTH_PATHS is unset and its default {entry} is shadowed: {why}"
+            ));
+        }
+        routes.push(route);
     }
     rules.push(Rule {
         id: auth_index as u16,
@@ -226,8 +257,108 @@ fn policy_from_variables(
     }
 }
 
+/// True when every request `later` matches is matched by `earlier`, which comes first.
+fn takes_all_of(earlier: &Route, later: &Route) -> bool {
+    let methods = match (&earlier.methods, &later.methods) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(earlier), Some(later)) => later.iter().all(|method| earlier.contains(method)),
+    };
+    methods && earlier.pattern.covers(&later.pattern)
+}
+
+/// `KEY_BY` or `AUTH_KEY_BY`, checked by [`key_header_problem`].
+fn key_by_variable(env: &Env, var: &'static str, warnings: &mut Vec<String>) -> Result<KeyBy, ConfigError> {
+    let key_by = env.parse(
+        var,
+        "ip",
+        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
+        |s| KeyBy::parse(s).ok(),
+    )?;
+    match key_header_problem(&key_by) {
+        None => {}
+        Some(KeyHeaderProblem::Certain(why)) => {
+            return Err(ConfigError::invalid(
+                var,
+                env.get(var).unwrap_or_default(),
+                &format!("a header that identifies a client ({why})"),
+            ));
+        }
+        Some(KeyHeaderProblem::Suspicious(why)) => warnings.push(format!("{var}={key_by}: {why}")),
+    }
+    Ok(key_by)
+}
+
+/// What is wrong with keying budgets by a header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyHeaderProblem {
+    /// It is never a client's identity: the gateway rewrites or drops it, or every request
+    /// carries a new one.
+    Certain(&'static str),
+    /// Nothing checks it: a client that changes it gets a fresh budget, unless the backend
+    /// refuses values it does not know.
+    Suspicious(&'static str),
+}
+
+/// A header key is only as good as the backend's check of its value: a forged API key gets a
+/// fresh budget and a 401. These headers carry no credential, so a forged one gets a fresh
+/// budget and a 200.
+fn key_header_problem(key_by: &KeyBy) -> Option<KeyHeaderProblem> {
+    let name = key_by.header()?.as_str();
+    let certain = match name {
+        "x-forwarded-for" | "x-forwarded-host" | "x-forwarded-proto" | "x-real-ip" | "forwarded" => Some(
+            "the gateway rewrites this one for the backend, and any client sends what it likes in it; \
+             for one budget per client address use ip, with TRUSTED_PROXIES for the proxies in front",
+        ),
+        "connection"
+        | "keep-alive"
+        | "proxy-connection"
+        | "te"
+        | "trailer"
+        | "transfer-encoding"
+        | "upgrade"
+        | "proxy-authorization"
+        | "proxy-authenticate" => Some(
+            "this hop-by-hop header is dropped before the backend, which never checks it; \
+             any client sends a new value for a fresh budget",
+        ),
+        "host" => Some(
+            "any client sends the Host (HTTP/2 :authority) it likes and most backends answer \
+             whatever it says, so each new value is a fresh budget",
+        ),
+        "x-request-id" | "content-length" | "content-type" | "date" | "range" => {
+            Some("it describes the request, not the client: every request may carry a new one")
+        }
+        _ => None,
+    };
+    if let Some(why) = certain {
+        return Some(KeyHeaderProblem::Certain(why));
+    }
+    let credential_free = [
+        "user-agent",
+        "referer",
+        "origin",
+        "accept",
+        "accept-language",
+        "accept-encoding",
+        "cache-control",
+        "pragma",
+        "dnt",
+    ];
+    credential_free
+        .contains(&name)
+        .then_some(KeyHeaderProblem::Suspicious(
+            "it carries no credential, so a client that changes it gets a fresh budget; key by one \
+         the backend checks (an API key, Authorization)",
+        ))
+}
+
 /// One `ROUTES` entry: its route (rule index filled in by the caller) and its rule.
-fn parse_route(entry: &str, defaults: &Rule) -> Result<(Route, Rule), ConfigError> {
+fn parse_route(
+    entry: &str,
+    defaults: &Rule,
+    warnings: &mut Vec<String>,
+) -> Result<(Route, Rule), ConfigError> {
     let bad = |problem: String| ConfigError::entry("ROUTES", entry, problem);
     let (pattern, rest) = entry
         .split_once('=')
@@ -271,7 +402,14 @@ fn parse_route(entry: &str, defaults: &Rule) -> Result<(Route, Rule), ConfigErro
                 )));
             }
             Some(("key", key)) => {
-                rule.key_by = KeyBy::parse(key).map_err(|why| bad(format!("key: expected {why}")))?
+                rule.key_by = KeyBy::parse(key).map_err(|why| bad(format!("key: expected {why}")))?;
+                match key_header_problem(&rule.key_by) {
+                    None => {}
+                    Some(KeyHeaderProblem::Certain(why)) => return Err(bad(format!("key {key:?}: {why}"))),
+                    Some(KeyHeaderProblem::Suspicious(why)) => {
+                        warnings.push(format!("ROUTES entry for {pattern}: key={key}: {why}"))
+                    }
+                }
             }
             Some(("cost", cost)) => {
                 rule.cost =
@@ -360,6 +498,14 @@ fn parse_exemptions(env: &Env, hasher: &KeyHasher, header_keys: bool) -> Result<
             let network: IpNet = parse_network(entry).ok_or_else(|| {
                 ConfigError::entry("EXEMPT", entry, "expected a CIDR, an address, or key:VALUE")
             })?;
+            if network.prefix_len() == 0 {
+                return Err(ConfigError::entry(
+                    "EXEMPT",
+                    entry,
+                    "it exempts every client of that address family, so none would be limited; \
+                     SHADOW_MODE=true counts without refusing, if that is what is wanted",
+                ));
+            }
             exempt.networks.push(network);
         }
     }

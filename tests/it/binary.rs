@@ -42,6 +42,18 @@ fn each_bad_setting_exits_non_zero_naming_the_variable() {
         ),
         (&[backend, ("TRUSTED_PROXIES", "10.0.0.0/99")], "TRUSTED_PROXIES"),
         (&[backend, ("PORT", "http")], "PORT"),
+        // Malformed though this configuration does not read it.
+        (&[backend, ("AUTH_LIMIT", "five")], "AUTH_LIMIT"),
+        // Silently accepted once: each defeats the limit or can never take effect.
+        (&[backend, ("TRUSTED_PROXIES", "0.0.0.0/0")], "TRUSTED_PROXIES"),
+        (&[backend, ("EXEMPT", "::/0")], "EXEMPT"),
+        (&[backend, ("KEY_BY", "header:X-Forwarded-For")], "KEY_BY"),
+        (&[backend, ("AUTH_PATHS", "/*")], "AUTH_PATHS"),
+        (
+            &[backend, ("ROUTES", "/api/*=gcra:5:1;/api/x=gcra:1:1")],
+            "ROUTES",
+        ),
+        (&[("BACKEND_URL", "http://127.0.0.1:70000")], "BACKEND_URL"),
         (
             &[
                 backend,
