@@ -109,6 +109,7 @@ pub const VARIABLES: &[&str] = &[
     "REDIS_TIMEOUT_MS",
     "REDIS_CALLS_IN_FLIGHT",
     "FAIL_MODE",
+    "AUTH_FAIL_MODE",
     "REDIS_BREAKER_THRESHOLD",
     "REDIS_PROBE_INTERVAL_MS",
 ];
@@ -482,7 +483,19 @@ impl fmt::Display for Config {
                 "store:            memory (at most {} client states)",
                 self.max_keys
             ),
-            StoreConfig::Redis(redis) => write!(f, "store:            {redis}"),
+            StoreConfig::Redis(redis) => {
+                writeln!(f, "store:            {redis}")?;
+                // Each rule's own (FAIL_MODE, AUTH_FAIL_MODE, a route's fail=), in table order.
+                let modes: Vec<String> = rules
+                    .iter()
+                    .map(|rule| format!("{} {}", rule.name, rule.fail_mode.as_str()))
+                    .collect();
+                write!(
+                    f,
+                    "fail modes:       {} (when Redis cannot decide)",
+                    modes.join(", ")
+                )
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The rule table parser: `ALGORITHM`, `AUTH_ALGORITHM` and their numbers, `ROUTES`,
 //! `AUTH_PATHS`, `KEY_BY`, `AUTH_KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
-//! `SHADOW_MODE` and `AUTH_COUNT`, compiled into one [`RuleTable`].
+//! `SHADOW_MODE`, `AUTH_COUNT`, and with Redis `FAIL_MODE` and `AUTH_FAIL_MODE`, compiled into
+//! one [`RuleTable`].
 //!
 //! `ROUTES` is `;`-separated entries, each `PATTERN=ALGORITHM:A:B[,OPTION...]`:
 //!
@@ -11,13 +12,15 @@
 //! `A:B` are capacity and refill rate for `token_bucket`/`gcra`, and limit and window seconds
 //! for `sliding_window`, `fixed_window` and `sliding_log`. Options: `name=NAME` (default: the
 //! pattern), `key=ip|header:NAME|ip+header:NAME` (default `KEY_BY`), `cost=N` (default 1),
-//! `method=GET|POST` (default every method), `shadow`, and `count=failures`. No entry may
+//! `method=GET|POST` (default every method), `shadow`, `count=failures`, and
+//! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide). No entry may
 //! contain whitespace: `AUTH_PATHS="/login /signup"` is an error, not one odd path.
 
 use ipnet::IpNet;
 
 use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
+use crate::limit::FailMode;
 use crate::limit::algorithm::{ParameterError, Policy};
 use crate::limit::key::{KeyBy, KeyHasher};
 use crate::limit::pattern::PathPattern;
@@ -55,6 +58,20 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
     let general_policy = policy_from_variables(env, "ALGORITHM", algorithm, false)?;
     let auth_algorithm = env.get("AUTH_ALGORITHM").unwrap_or(algorithm);
     let auth_policy = policy_from_variables(env, "AUTH_ALGORITHM", auth_algorithm, true)?;
+    // Read with Redis only: the memory store never fails, and an unread FAIL_MODE is warned
+    // about (and still checked).
+    let (fail_mode, auth_fail_mode) = if shared_store {
+        let general = env.parse("FAIL_MODE", "open", FailMode::NAMES, FailMode::parse)?;
+        let auth = env.parse(
+            "AUTH_FAIL_MODE",
+            general.as_str(),
+            FailMode::NAMES,
+            FailMode::parse,
+        )?;
+        (general, auth)
+    } else {
+        (FailMode::Open, FailMode::Open)
+    };
     let defaults = Rule {
         id: 0,
         name: "".into(),
@@ -63,6 +80,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
         cost: 1,
         shadow,
         count: Count::All,
+        fail_mode,
     };
 
     let mut rules: Vec<Rule> = Vec::new();
@@ -75,7 +93,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
                 format!("at most {MAX_ROUTES} routes"),
             ));
         }
-        let (route, mut rule) = parse_route(entry, &defaults, warnings)?;
+        let (route, mut rule) = parse_route(entry, &defaults, shared_store, warnings)?;
         if let Some(earlier) = routes
             .iter()
             .find(|earlier: &&Route| takes_all_of(earlier, &route))
@@ -156,6 +174,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
         policy: auth_policy,
         count: auth_count,
         key_by: auth_key_by,
+        fail_mode: auth_fail_mode,
         ..defaults.clone()
     });
     rules.push(Rule {
@@ -357,6 +376,7 @@ fn key_header_problem(key_by: &KeyBy) -> Option<KeyHeaderProblem> {
 fn parse_route(
     entry: &str,
     defaults: &Rule,
+    shared_store: bool,
     warnings: &mut Vec<String>,
 ) -> Result<(Route, Rule), ConfigError> {
     let bad = |problem: String| ConfigError::entry("ROUTES", entry, problem);
@@ -425,12 +445,22 @@ fn parse_route(
                 methods =
                     Some(parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?);
             }
+            Some(("fail", mode)) => {
+                rule.fail_mode = FailMode::parse(mode)
+                    .ok_or_else(|| bad(format!("fail {mode:?}: expected {}", FailMode::NAMES)))?;
+                if !shared_store {
+                    warnings.push(format!(
+                        "ROUTES entry for {pattern}: fail={mode} changes nothing: the store is in memory, \
+                         and fail modes apply when Redis cannot decide"
+                    ));
+                }
+            }
             Some(("count", "failures")) => rule.count = Count::Failures,
             Some(("count", "all")) => rule.count = Count::All,
             None if option == "shadow" => rule.shadow = true,
             _ => {
                 return Err(bad(format!(
-                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures or shadow"
+                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures, fail= or shadow"
                 )));
             }
         }

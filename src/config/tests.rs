@@ -224,7 +224,7 @@ fn redis_settings() {
         ("KEY_PREFIX", "rl:"),
     ])
     .unwrap();
-    let StoreConfig::Redis(redis) = config.store else {
+    let StoreConfig::Redis(redis) = &config.store else {
         panic!("redis store expected")
     };
     assert_eq!(
@@ -237,7 +237,7 @@ fn redis_settings() {
     );
     assert_eq!(redis.key_prefix, "rl:");
     assert_eq!(redis.timeout, Duration::from_millis(50));
-    assert_eq!(redis.guard.fail_mode, FailMode::Closed);
+    assert_eq!(general(&config).fail_mode, FailMode::Closed);
     assert!(error(&[("REDIS_ADDR", "a:1"), ("REDIS_URL", "redis://b")]).contains("only one of"));
     let config = parse(&[("REDIS_URL", "rediss://:pw@cache.internal:6380/1")]).unwrap();
     let StoreConfig::Redis(redis) = config.store else {
@@ -308,11 +308,83 @@ fn check_config_output_shows_the_rules() {
 #[test]
 fn fail_mode_local_is_accepted() {
     let config = parse(&[("REDIS_ADDR", "db:6379"), ("FAIL_MODE", "local")]).unwrap();
-    let StoreConfig::Redis(redis) = &config.store else {
-        panic!("redis store expected")
-    };
-    assert_eq!(redis.guard.fail_mode, FailMode::Local);
-    assert!(config.to_string().contains("fail local"));
+    assert!(
+        config
+            .rules
+            .rules()
+            .iter()
+            .all(|rule| rule.fail_mode == FailMode::Local)
+    );
+    assert!(
+        config
+            .to_string()
+            .contains("fail modes:       auth local, general local (when Redis cannot decide)"),
+        "{config}"
+    );
+}
+
+#[test]
+fn each_rule_has_its_fail_mode_from_fail_mode_auth_fail_mode_or_its_route() {
+    let config = parse(&[
+        ("REDIS_ADDR", "db:6379"),
+        ("FAIL_MODE", "open"),
+        ("AUTH_FAIL_MODE", "local"),
+        (
+            "ROUTES",
+            "/api/export/*=gcra:5:1,fail=closed,name=export;/search=gcra:5:1",
+        ),
+    ])
+    .unwrap();
+    let modes: Vec<(&str, FailMode)> = config
+        .rules
+        .rules()
+        .iter()
+        .map(|rule| (&*rule.name, rule.fail_mode))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("export", FailMode::Closed),
+            ("/search", FailMode::Open),
+            ("auth", FailMode::Local),
+            ("general", FailMode::Open),
+        ]
+    );
+    assert!(
+        config.to_string().contains(
+            "fail modes:       export closed, /search open, auth local, general open (when Redis cannot decide)"
+        ),
+        "{config}"
+    );
+    // AUTH_FAIL_MODE follows FAIL_MODE unless set.
+    let config = parse(&[("REDIS_ADDR", "db:6379"), ("FAIL_MODE", "closed")]).unwrap();
+    assert_eq!(auth(&config).fail_mode, FailMode::Closed);
+    let message = error(&[("REDIS_ADDR", "db:6379"), ("AUTH_FAIL_MODE", "shut")]);
+    assert!(
+        message.starts_with(r#"AUTH_FAIL_MODE="shut" is invalid: expected open, closed or local"#),
+        "{message}"
+    );
+    let message = error(&[("ROUTES", "/a=gcra:5:1,fail=shut")]);
+    assert!(
+        message.starts_with("ROUTES entry") && message.contains(r#"fail "shut": expected open"#),
+        "{message}"
+    );
+    // Without Redis nothing fails: a fail mode is checked, and warned about.
+    let warned = warnings(&[("ROUTES", "/a=gcra:5:1,fail=closed"), ("AUTH_FAIL_MODE", "local")]);
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(
+        warned[0].starts_with("AUTH_FAIL_MODE is set but not used: the store is in memory"),
+        "{warned:?}"
+    );
+    assert!(
+        warned[1].starts_with("ROUTES entry for /a: fail=closed changes nothing"),
+        "{warned:?}"
+    );
+    let message = error(&[("AUTH_FAIL_MODE", "shut")]);
+    assert!(
+        message.starts_with(r#"AUTH_FAIL_MODE="shut" is invalid"#),
+        "{message}"
+    );
 }
 
 #[test]

@@ -36,6 +36,7 @@ const REDIS_ONLY: &[&str] = &[
     "KEY_PREFIX",
     "REDIS_TIMEOUT_MS",
     "FAIL_MODE",
+    "AUTH_FAIL_MODE",
     "REDIS_BREAKER_THRESHOLD",
     "REDIS_PROBE_INTERVAL_MS",
 ];
