@@ -153,7 +153,13 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
                 "AUTH_PATHS has \"/\": that is the root path alone (the home page), not every path".into(),
             );
         }
-        if let Some(earlier) = routes.iter().find(|earlier| takes_all_of(earlier, &route)) {
+        // Against the ROUTES entries only: an auth path under an earlier one (`/auth/*` then
+        // `/auth/login`) is the same rule, said twice.
+        let routes_entries = routes.iter().filter(|earlier| earlier.rule < auth_index);
+        if let Some(earlier) = routes_entries
+            .into_iter()
+            .find(|earlier| takes_all_of(earlier, &route))
+        {
             let why = format!(
                 "the ROUTES entry for {} (rule {:?}) takes every request to {entry}, so the auth rule never sees them",
                 earlier.pattern, rules[earlier.rule].name

@@ -1055,6 +1055,13 @@ fn a_route_an_earlier_one_covers_is_an_error_naming_both() {
             .starts_with("AUTH_PATHS entry \"/account/login\" is invalid: the ROUTES entry for /account/*"),
         "{message}"
     );
+    // An auth path under another is the same rule twice: harmless.
+    let config = parse(&[
+        ("ROUTES", "/api/*=gcra:5:1"),
+        ("AUTH_PATHS", "/auth/*,/auth/login"),
+    ])
+    .unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     let warned = warnings(&[("ROUTES", "/*=gcra:100:10,name=all")]);
     assert_eq!(warned.len(), 3, "{warned:?}");
     assert!(
