@@ -127,7 +127,10 @@ fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
         None => ("memory", "none", false),
         Some(guard) => {
             let open = guard.is_open();
-            let refusing = open && guard.settings().fail_mode == FailMode::Closed;
+            // Not ready only when nothing can be served: with any rule failing open or local,
+            // its requests still get through (and a pod taken out for the others would take
+            // them down too).
+            let refusing = open && guard.common_fail_mode() == Some(FailMode::Closed);
             let breaker = match guard.breakers_open() {
                 _ if open => "open",
                 (0, _) => "closed",
@@ -137,10 +140,22 @@ fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
             ("redis", breaker, refusing)
         }
     };
-    let fail_mode = state
-        .limiter
-        .guard()
-        .map_or("none", |guard| guard.settings().fail_mode.as_str());
+    let (fail_mode, fail_modes) = match state.limiter.guard() {
+        None => ("none", String::new()),
+        Some(guard) => {
+            // Rule names are [a-z0-9_-] or a route's pattern, printable ASCII without `\`,
+            // which may hold a `"`.
+            let each: Vec<String> = guard
+                .fail_modes()
+                .iter()
+                .map(|(rule, mode)| format!(r#""{}":"{}""#, rule.replace('"', r#"\""#), mode.as_str()))
+                .collect();
+            (
+                guard.common_fail_mode().map_or("mixed", FailMode::as_str),
+                format!(r#","fail_modes":{{{}}}"#, each.join(",")),
+            )
+        }
+    };
     let ready = !draining && !refusing;
     let status = if ready {
         StatusCode::OK
@@ -148,7 +163,7 @@ fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
         StatusCode::SERVICE_UNAVAILABLE
     };
     let body = format!(
-        r#"{{"ready":{ready},"draining":{draining},"store":"{store}","breaker":"{breaker}","fail_mode":"{fail_mode}"}}"#
+        r#"{{"ready":{ready},"draining":{draining},"store":"{store}","breaker":"{breaker}","fail_mode":"{fail_mode}"{fail_modes}}}"#
     );
     let mut response = text(status, &body);
     response.headers_mut().insert(

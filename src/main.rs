@@ -1,5 +1,5 @@
 //! The `tollgate` binary: configuration from the environment (and `.env`), logging, bind the
-//! proxy and admin listeners, serve until SIGTERM or SIGINT. `--check-config` validates and
+//! proxy and admin listeners, serve until SIGTERM or SIGINT (SIGHUP is logged and ignored). `--check-config` validates and
 //! prints the configuration with its warnings; `tollgate healthcheck` asks a running
 //! tollgate's admin listener whether it serves (for a container's `HEALTHCHECK`).
 
@@ -9,13 +9,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tokio::net::TcpListener;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tollgate::Config;
 
 const USAGE: &str = "\
 tollgate: a rate-limiting reverse proxy
 
-usage: tollgate                  serve until SIGTERM or SIGINT
+usage: tollgate                  serve until SIGTERM or SIGINT (SIGHUP is logged and ignored:
+                                 the configuration is not reloaded)
        tollgate --check-config   validate the configuration, print warnings and the effective
                                  rules, and exit (0 if valid, 2 if not)
        tollgate healthcheck      GET /healthz on the admin listener (ADMIN_BIND, ADMIN_PORT);
@@ -83,6 +84,10 @@ async fn main() -> ExitCode {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    // Before binding: a signal that comes once clients can connect must find its handler, not
+    // the default action (which for SIGTERM and SIGHUP is to die at once, without draining).
+    let shutdown = shutdown_signal(signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    ignore_sighup();
     // Every connection is a file descriptor, and MAX_CONNECTIONS is sized from this limit
     // (the ready line shows both).
     if let Err(error) = tollgate::server::raise_fd_limit() {
@@ -106,17 +111,17 @@ async fn main() -> ExitCode {
             ));
         }
     };
-    match tollgate::serve_with_admin(listener, admin, config, shutdown_signal()).await {
+    match tollgate::serve_with_admin(listener, admin, config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&error.to_string()),
     }
 }
 
 /// Completes on the first SIGTERM or SIGINT, which starts the drain. A second signal during
-/// the drain exits at once (status 130), for an operator who does not want to wait.
-async fn shutdown_signal() {
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
+/// the drain exits at once (status 130), for an operator who does not want to wait. The
+/// handlers are installed by the caller, when it calls `signal`, not when this is first polled.
+async fn shutdown_signal(term: io::Result<Signal>, int: io::Result<Signal>) {
+    let (Ok(mut term), Ok(mut int)) = (term, int) else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };
@@ -132,6 +137,25 @@ async fn shutdown_signal() {
         tracing::warn!("second signal during the drain: exiting now");
         std::process::exit(130);
     });
+}
+
+/// SIGHUP asks many daemons to reload their configuration, and by default it kills the
+/// process on the spot, dropping every request in flight. Until tollgate reloads, it says so
+/// and carries on serving with the configuration it has.
+fn ignore_sighup() {
+    match signal(SignalKind::hangup()) {
+        Ok(mut hangup) => {
+            tokio::spawn(async move {
+                while hangup.recv().await.is_some() {
+                    tracing::warn!(
+                        "SIGHUP received: reloading the configuration is not supported yet; nothing changed \
+                         (restart to apply a new configuration)"
+                    );
+                }
+            });
+        }
+        Err(error) => tracing::warn!(%error, "cannot install a SIGHUP handler: SIGHUP would stop tollgate"),
+    }
 }
 
 /// `healthcheck` reads `.env` like the server, so both see the same admin address; a broken

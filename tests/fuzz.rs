@@ -150,15 +150,9 @@ const BAD_ROUTE_OPTIONS: &[&str] = &[
 const KEY_SPECS: &[&str] = &["ip", "header:X-API-Key", "ip+header:x-key"];
 const BAD_KEY_SPECS: &[&str] = &["header:", "header:bad name", "cookie:x", "IP"];
 
-const NETWORKS: &[&str] = &[
-    "10.0.0.0/8",
-    "192.0.2.1",
-    "192.0.2.0/24",
-    "::1",
-    "fd00::/8",
-    "0.0.0.0/0",
-];
-const BAD_NETWORKS: &[&str] = &["10.0.0.0/33", "bogus", "10.0.0.0 /8"];
+const NETWORKS: &[&str] = &["10.0.0.0/8", "192.0.2.1", "192.0.2.0/24", "::1", "fd00::/8"];
+// Every address is a network no configuration may trust or exempt.
+const BAD_NETWORKS: &[&str] = &["10.0.0.0/33", "bogus", "10.0.0.0 /8", "0.0.0.0/0"];
 
 /// What surrounds the marker in a secret: characters URLs and lists care about.
 const AROUND_SECRETS: &[&str] = &[

@@ -115,6 +115,7 @@ pub const VARIABLES: &[&str] = &[
     "REDIS_TIMEOUT_MS",
     "REDIS_CALLS_IN_FLIGHT",
     "FAIL_MODE",
+    "AUTH_FAIL_MODE",
     "REDIS_BREAKER_THRESHOLD",
     "REDIS_PROBE_INTERVAL_MS",
 ];
@@ -254,8 +255,10 @@ pub struct Config {
     pub store: StoreConfig,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
     pub read: BTreeSet<&'static str>,
-    /// Variables that are set but change nothing (see [`warnings`]), one line each, naming
-    /// variables but never showing values: `--check-config` prints them, startup logs them.
+    /// Variables that are set but change nothing (see [`warnings`]), and settings that are
+    /// suspicious but may be meant (a key header nothing checks, a default auth path a route
+    /// shadows), one line each, never showing a value that may be a secret: `--check-config`
+    /// prints them, startup logs them.
     pub warnings: Vec<String>,
 }
 
@@ -294,7 +297,16 @@ impl Config {
         Self::from_env_reader(&Env::new(vars))
     }
 
+    /// Parse, then check the variables this configuration does not read: a malformed one is
+    /// an error even so, as it would be once it is read (a well-formed one is only warned
+    /// about, see [`warnings`]).
     fn from_env_reader(env: &Env) -> Result<Self, ConfigError> {
+        let config = Self::parse_env(env)?;
+        warnings::check_unused(env, |vars| Self::parse_env(&Env::new(vars)).map(drop))?;
+        Ok(config)
+    }
+
+    fn parse_env(env: &Env) -> Result<Self, ConfigError> {
         let backend = parse_backend(env.get("BACKEND_URL"))?;
         let port: u16 = env.parse("PORT", "8080", "a port number from 1 to 65535", |s| {
             s.parse().ok().filter(|p| *p != 0)
@@ -319,16 +331,28 @@ impl Config {
         }
         let access_log = env.parse("ACCESS_LOG", "denied", "off, denied or all", AccessLog::parse)?;
         let store = store::parse(env)?;
-        let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)))?;
+        let mut rule_warnings = Vec::new();
+        let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)), &mut rule_warnings)?;
         let trusted_proxies = entries(env.get("TRUSTED_PROXIES").unwrap_or(""), &[','])
             .map(|entry| {
-                parse_network(entry).ok_or_else(|| {
+                let network = parse_network(entry).ok_or_else(|| {
                     ConfigError::invalid(
                         "TRUSTED_PROXIES",
                         entry,
                         "comma-separated CIDRs or addresses, e.g. 10.0.0.0/8,192.168.1.7",
                     )
-                })
+                })?;
+                // Trusting every peer believes every X-Forwarded-For: each client would name
+                // its own address, and so its own budget.
+                if network.prefix_len() == 0 {
+                    return Err(ConfigError::entry(
+                        "TRUSTED_PROXIES",
+                        entry,
+                        "it trusts every address, so any client could choose its own address (and a \
+                         fresh budget) with X-Forwarded-For; list only the proxies in front of tollgate",
+                    ));
+                }
+                Ok(network)
             })
             .collect::<Result<_, _>>()?;
         let max_keys = env.parse("MAX_KEYS", "100000", "a whole number from 1 to 1000000000", |s| {
@@ -425,7 +449,8 @@ impl Config {
         )?;
         // Last, when every variable this configuration reads has been read.
         let read = env.read_names();
-        let warnings = warnings::warnings(env);
+        let mut warnings = warnings::warnings(env);
+        warnings.extend(rule_warnings);
         Ok(Config {
             backend,
             listen: SocketAddr::new(bind, port),
@@ -515,7 +540,19 @@ impl fmt::Display for Config {
                 "store:            memory (at most {} client states)",
                 self.max_keys
             ),
-            StoreConfig::Redis(redis) => write!(f, "store:            {redis}"),
+            StoreConfig::Redis(redis) => {
+                writeln!(f, "store:            {redis}")?;
+                // Each rule's own (FAIL_MODE, AUTH_FAIL_MODE, a route's fail=), in table order.
+                let modes: Vec<String> = rules
+                    .iter()
+                    .map(|rule| format!("{} {}", rule.name, rule.fail_mode.as_str()))
+                    .collect();
+                write!(
+                    f,
+                    "fail modes:       {} (when Redis cannot decide)",
+                    modes.join(", ")
+                )
+            }
         }
     }
 }
@@ -552,6 +589,18 @@ fn parse_backend(value: Option<&str>) -> Result<Backend, ConfigError> {
     }
     if uri.query().is_some() {
         return Err(invalid("a URL without a query string"));
+    }
+    // `Uri` takes any digits after the colon, and reads a port above 65535 as none at all (so
+    // port 80); the port written must be the port used.
+    let written_port = authority
+        .as_str()
+        .rsplit_once(':')
+        .filter(|(_, port)| !port.contains(']'))
+        .map(|(_, port)| port);
+    if let Some(port) = written_port
+        && !port.parse::<u16>().is_ok_and(|port| port > 0)
+    {
+        return Err(invalid("a port from 1 to 65535 after the host"));
     }
     Ok(Backend {
         scheme: Scheme::HTTP,

@@ -1,6 +1,7 @@
 //! The rule table parser: `ALGORITHM`, `AUTH_ALGORITHM` and their numbers, `ROUTES`,
 //! `AUTH_PATHS`, `KEY_BY`, `AUTH_KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
-//! `SHADOW_MODE` and `AUTH_COUNT`, compiled into one [`RuleTable`].
+//! `SHADOW_MODE`, `AUTH_COUNT`, and with Redis `FAIL_MODE` and `AUTH_FAIL_MODE`, compiled into
+//! one [`RuleTable`].
 //!
 //! `ROUTES` is `;`-separated entries, each `PATTERN=ALGORITHM:A:B[,OPTION...]`:
 //!
@@ -11,13 +12,15 @@
 //! `A:B` are capacity and refill rate for `token_bucket`/`gcra`, and limit and window seconds
 //! for `sliding_window`, `fixed_window` and `sliding_log`. Options: `name=NAME` (default: the
 //! pattern), `key=ip|header:NAME|ip+header:NAME` (default `KEY_BY`), `cost=N` (default 1),
-//! `method=GET|POST` (default every method), `shadow`, and `count=failures`. No entry may
+//! `method=GET|POST` (default every method), `shadow`, `count=failures`, and
+//! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide). No entry may
 //! contain whitespace: `AUTH_PATHS="/login /signup"` is an error, not one odd path.
 
 use ipnet::IpNet;
 
 use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
+use crate::limit::FailMode;
 use crate::limit::algorithm::{ParameterError, Policy};
 use crate::limit::key::{KeyBy, KeyHasher};
 use crate::limit::pattern::PathPattern;
@@ -35,22 +38,12 @@ const DEFAULT_AUTH_PATHS: [&str; 3] = ["/login", "/signup", "/reset-password"];
 const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
-/// replicas and need `KEY_HASH_SECRET`.
-pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
-    let key_by = env.parse(
-        "KEY_BY",
-        "ip",
-        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
-        |s| KeyBy::parse(s).ok(),
-    )?;
+/// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.
+pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Result<RuleTable, ConfigError> {
+    let key_by = key_by_variable(env, "KEY_BY", warnings)?;
     // Logins come before any API key, and a key the client chooses is a fresh budget per
     // request: the auth rule stays keyed by address unless told otherwise.
-    let auth_key_by = env.parse(
-        "AUTH_KEY_BY",
-        "ip",
-        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
-        |s| KeyBy::parse(s).ok(),
-    )?;
+    let auth_key_by = key_by_variable(env, "AUTH_KEY_BY", warnings)?;
     let ipv6_prefix = env.parse("IPV6_PREFIX", "64", "a prefix length from 1 to 128", |s| {
         s.parse::<u8>().ok().filter(|p| (1..=128).contains(p))
     })?;
@@ -65,6 +58,20 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
     let general_policy = policy_from_variables(env, "ALGORITHM", algorithm, false)?;
     let auth_algorithm = env.get("AUTH_ALGORITHM").unwrap_or(algorithm);
     let auth_policy = policy_from_variables(env, "AUTH_ALGORITHM", auth_algorithm, true)?;
+    // Read with Redis only: the memory store never fails, and an unread FAIL_MODE is warned
+    // about (and still checked).
+    let (fail_mode, auth_fail_mode) = if shared_store {
+        let general = env.parse("FAIL_MODE", "open", FailMode::NAMES, FailMode::parse)?;
+        let auth = env.parse(
+            "AUTH_FAIL_MODE",
+            general.as_str(),
+            FailMode::NAMES,
+            FailMode::parse,
+        )?;
+        (general, auth)
+    } else {
+        (FailMode::Open, FailMode::Open)
+    };
     let defaults = Rule {
         id: 0,
         name: "".into(),
@@ -73,10 +80,11 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
         cost: 1,
         shadow,
         count: Count::All,
+        fail_mode,
     };
 
-    let mut rules = Vec::new();
-    let mut routes = Vec::new();
+    let mut rules: Vec<Rule> = Vec::new();
+    let mut routes: Vec<Route> = Vec::new();
     for entry in list(env, "ROUTES", &[';'])? {
         if rules.len() == MAX_ROUTES {
             return Err(ConfigError::entry(
@@ -85,7 +93,20 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
                 format!("at most {MAX_ROUTES} routes"),
             ));
         }
-        let (route, mut rule) = parse_route(entry, &defaults)?;
+        let (route, mut rule) = parse_route(entry, &defaults, shared_store, warnings)?;
+        if let Some(earlier) = routes
+            .iter()
+            .find(|earlier: &&Route| takes_all_of(earlier, &route))
+        {
+            return Err(ConfigError::entry(
+                "ROUTES",
+                entry,
+                format!(
+                    "it can never match: the earlier entry for {} (rule {:?}) takes every request it would",
+                    earlier.pattern, rules[earlier.rule].name
+                ),
+            ));
+        }
         if rules.iter().any(|other: &Rule| other.name == rule.name)
             || ["general", "auth"].contains(&&*rule.name)
         {
@@ -106,18 +127,52 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
         rules.push(rule);
     }
     let auth_index = rules.len();
-    let auth_paths = match env.is_set("AUTH_PATHS") {
+    let auth_paths_set = env.is_set("AUTH_PATHS");
+    let auth_paths = match auth_paths_set {
         true => list(env, "AUTH_PATHS", &[','])?,
         false => DEFAULT_AUTH_PATHS.to_vec(),
     };
     for entry in auth_paths {
         let pattern =
             PathPattern::parse(entry).map_err(|why| ConfigError::invalid("AUTH_PATHS", entry, &why))?;
-        routes.push(Route {
+        let route = Route {
             pattern,
             methods: None,
             rule: auth_index,
-        });
+        };
+        if route.pattern.covers(&PathPattern::Subtree("/".into())) {
+            return Err(ConfigError::entry(
+                "AUTH_PATHS",
+                entry,
+                "it matches every path, so every request would spend the login budget and the \
+                 general rule would never apply; list the login, signup and reset paths",
+            ));
+        }
+        if route.pattern == PathPattern::Exact("/".into()) {
+            warnings.push(
+                "AUTH_PATHS has \"/\": that is the root path alone (the home page), not every path".into(),
+            );
+        }
+        // Against the ROUTES entries only: an auth path under an earlier one (`/auth/*` then
+        // `/auth/login`) is the same rule, said twice.
+        let routes_entries = routes.iter().filter(|earlier| earlier.rule < auth_index);
+        if let Some(earlier) = routes_entries
+            .into_iter()
+            .find(|earlier| takes_all_of(earlier, &route))
+        {
+            let why = format!(
+                "the ROUTES entry for {} (rule {:?}) takes every request to {entry}, so the auth rule never sees them",
+                earlier.pattern, rules[earlier.rule].name
+            );
+            if auth_paths_set {
+                return Err(ConfigError::entry("AUTH_PATHS", entry, why));
+            }
+            // The default auth paths were not asked for: a route over them may be meant.
+            warnings.push(format!(
+                "AUTH_PATHS is unset and its default {entry} is shadowed: {why}"
+            ));
+        }
+        routes.push(route);
     }
     rules.push(Rule {
         id: auth_index as u16,
@@ -125,6 +180,7 @@ pub fn parse(env: &Env, shared_store: bool) -> Result<RuleTable, ConfigError> {
         policy: auth_policy,
         count: auth_count,
         key_by: auth_key_by,
+        fail_mode: auth_fail_mode,
         ..defaults.clone()
     });
     rules.push(Rule {
@@ -226,8 +282,109 @@ fn policy_from_variables(
     }
 }
 
+/// True when every request `later` matches is matched by `earlier`, which comes first.
+fn takes_all_of(earlier: &Route, later: &Route) -> bool {
+    let methods = match (&earlier.methods, &later.methods) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(earlier), Some(later)) => later.iter().all(|method| earlier.contains(method)),
+    };
+    methods && earlier.pattern.covers(&later.pattern)
+}
+
+/// `KEY_BY` or `AUTH_KEY_BY`, checked by [`key_header_problem`].
+fn key_by_variable(env: &Env, var: &'static str, warnings: &mut Vec<String>) -> Result<KeyBy, ConfigError> {
+    let key_by = env.parse(
+        var,
+        "ip",
+        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
+        |s| KeyBy::parse(s).ok(),
+    )?;
+    match key_header_problem(&key_by) {
+        None => {}
+        Some(KeyHeaderProblem::Certain(why)) => {
+            return Err(ConfigError::invalid(
+                var,
+                env.get(var).unwrap_or_default(),
+                &format!("a header that identifies a client ({why})"),
+            ));
+        }
+        Some(KeyHeaderProblem::Suspicious(why)) => warnings.push(format!("{var}={key_by}: {why}")),
+    }
+    Ok(key_by)
+}
+
+/// What is wrong with keying budgets by a header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyHeaderProblem {
+    /// It is never a client's identity: the gateway rewrites or drops it, or every request
+    /// carries a new one.
+    Certain(&'static str),
+    /// Nothing checks it: a client that changes it gets a fresh budget, unless the backend
+    /// refuses values it does not know.
+    Suspicious(&'static str),
+}
+
+/// A header key is only as good as the backend's check of its value: a forged API key gets a
+/// fresh budget and a 401. These headers carry no credential, so a forged one gets a fresh
+/// budget and a 200.
+fn key_header_problem(key_by: &KeyBy) -> Option<KeyHeaderProblem> {
+    let name = key_by.header()?.as_str();
+    let certain = match name {
+        "x-forwarded-for" | "x-forwarded-host" | "x-forwarded-proto" | "x-real-ip" | "forwarded" => Some(
+            "the gateway rewrites this one for the backend, and any client sends what it likes in it; \
+             for one budget per client address use ip, with TRUSTED_PROXIES for the proxies in front",
+        ),
+        "connection"
+        | "keep-alive"
+        | "proxy-connection"
+        | "te"
+        | "trailer"
+        | "transfer-encoding"
+        | "upgrade"
+        | "proxy-authorization"
+        | "proxy-authenticate" => Some(
+            "this hop-by-hop header is dropped before the backend, which never checks it; \
+             any client sends a new value for a fresh budget",
+        ),
+        "host" => Some(
+            "any client sends the Host (HTTP/2 :authority) it likes and most backends answer \
+             whatever it says, so each new value is a fresh budget",
+        ),
+        "x-request-id" | "content-length" | "content-type" | "date" | "range" => {
+            Some("it describes the request, not the client: every request may carry a new one")
+        }
+        _ => None,
+    };
+    if let Some(why) = certain {
+        return Some(KeyHeaderProblem::Certain(why));
+    }
+    let credential_free = [
+        "user-agent",
+        "referer",
+        "origin",
+        "accept",
+        "accept-language",
+        "accept-encoding",
+        "cache-control",
+        "pragma",
+        "dnt",
+    ];
+    credential_free
+        .contains(&name)
+        .then_some(KeyHeaderProblem::Suspicious(
+            "it carries no credential, so a client that changes it gets a fresh budget; key by one \
+         the backend checks (an API key, Authorization)",
+        ))
+}
+
 /// One `ROUTES` entry: its route (rule index filled in by the caller) and its rule.
-fn parse_route(entry: &str, defaults: &Rule) -> Result<(Route, Rule), ConfigError> {
+fn parse_route(
+    entry: &str,
+    defaults: &Rule,
+    shared_store: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(Route, Rule), ConfigError> {
     let bad = |problem: String| ConfigError::entry("ROUTES", entry, problem);
     let (pattern, rest) = entry
         .split_once('=')
@@ -271,7 +428,14 @@ fn parse_route(entry: &str, defaults: &Rule) -> Result<(Route, Rule), ConfigErro
                 )));
             }
             Some(("key", key)) => {
-                rule.key_by = KeyBy::parse(key).map_err(|why| bad(format!("key: expected {why}")))?
+                rule.key_by = KeyBy::parse(key).map_err(|why| bad(format!("key: expected {why}")))?;
+                match key_header_problem(&rule.key_by) {
+                    None => {}
+                    Some(KeyHeaderProblem::Certain(why)) => return Err(bad(format!("key {key:?}: {why}"))),
+                    Some(KeyHeaderProblem::Suspicious(why)) => {
+                        warnings.push(format!("ROUTES entry for {pattern}: key={key}: {why}"))
+                    }
+                }
             }
             Some(("cost", cost)) => {
                 rule.cost =
@@ -287,12 +451,22 @@ fn parse_route(entry: &str, defaults: &Rule) -> Result<(Route, Rule), ConfigErro
                 methods =
                     Some(parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?);
             }
+            Some(("fail", mode)) => {
+                rule.fail_mode = FailMode::parse(mode)
+                    .ok_or_else(|| bad(format!("fail {mode:?}: expected {}", FailMode::NAMES)))?;
+                if !shared_store {
+                    warnings.push(format!(
+                        "ROUTES entry for {pattern}: fail={mode} changes nothing: the store is in memory, \
+                         and fail modes apply when Redis cannot decide"
+                    ));
+                }
+            }
             Some(("count", "failures")) => rule.count = Count::Failures,
             Some(("count", "all")) => rule.count = Count::All,
             None if option == "shadow" => rule.shadow = true,
             _ => {
                 return Err(bad(format!(
-                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures or shadow"
+                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures, fail= or shadow"
                 )));
             }
         }
@@ -360,6 +534,14 @@ fn parse_exemptions(env: &Env, hasher: &KeyHasher, header_keys: bool) -> Result<
             let network: IpNet = parse_network(entry).ok_or_else(|| {
                 ConfigError::entry("EXEMPT", entry, "expected a CIDR, an address, or key:VALUE")
             })?;
+            if network.prefix_len() == 0 {
+                return Err(ConfigError::entry(
+                    "EXEMPT",
+                    entry,
+                    "it exempts every client of that address family, so none would be limited; \
+                     SHADOW_MODE=true counts without refusing, if that is what is wanted",
+                ));
+            }
             exempt.networks.push(network);
         }
     }

@@ -1,5 +1,6 @@
 //! The store settings: memory, or Redis (one server, a URL, or a cluster) with its key prefix,
-//! timeout, fail mode and circuit breaker. Redis URLs and passwords are never printed.
+//! timeout and circuit breaker. Redis URLs and passwords are never printed. The fail modes
+//! (`FAIL_MODE`, `AUTH_FAIL_MODE`) are the rules' own, parsed with them in [`super::rules`].
 
 use std::fmt;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use super::ConfigError;
 use super::env::{Env, entries};
 use crate::limit::redis::redact_url;
-use crate::limit::{FailMode, GuardSettings, RedisTarget};
+use crate::limit::{GuardSettings, RedisTarget};
 
 /// Which store holds client budgets.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,7 +31,7 @@ pub struct RedisConfig {
     /// `REDIS_CALLS_IN_FLIGHT`: decision calls out at once before the decisions arriving
     /// wait and go together in one call (single Redis); 0 never coalesces.
     pub calls_in_flight: usize,
-    /// Fail mode and circuit breaker.
+    /// The circuit breaker.
     pub guard: GuardSettings,
 }
 
@@ -39,12 +40,11 @@ impl fmt::Display for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "redis {} (prefix {:?}, timeout {} ms, {} calls in flight, fail {}, breaker after {} failures, probe every {} ms)",
+            "redis {} (prefix {:?}, timeout {} ms, {} calls in flight, breaker after {} failures, probe every {} ms)",
             self.target.redacted(),
             self.key_prefix,
             self.timeout.as_millis(),
             self.calls_in_flight,
-            self.guard.fail_mode.as_str(),
             self.guard.failure_threshold,
             self.guard.probe_interval.as_millis(),
         )
@@ -136,12 +136,6 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             "a prefix without '{' or '}' (they would break Redis Cluster hash tags)",
         ));
     }
-    let fail_mode = env.parse("FAIL_MODE", "open", "open, closed or local", |s| match s {
-        "open" => Some(FailMode::Open),
-        "closed" => Some(FailMode::Closed),
-        "local" => Some(FailMode::Local),
-        _ => None,
-    })?;
     let failure_threshold = env.parse(
         "REDIS_BREAKER_THRESHOLD",
         "3",
@@ -160,7 +154,6 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
         timeout: env.millis("REDIS_TIMEOUT_MS", "50")?,
         calls_in_flight,
         guard: GuardSettings {
-            fail_mode,
             failure_threshold,
             probe_interval: env.millis("REDIS_PROBE_INTERVAL_MS", "500")?,
         },

@@ -67,9 +67,10 @@ fn sliding_window_reads_only_its_own_variables() {
         ("LIMIT", "100"),
         ("WINDOW_SIZE", "0.5"),
         ("AUTH_LIMIT", "3"),
-        ("MAX_TOKENS", "not read"),
+        ("MAX_TOKENS", "50"),
     ])
     .unwrap();
+    assert!(!config.read.contains("MAX_TOKENS"));
     assert_eq!(
         general(&config).policy,
         Policy::SlidingWindow(SlidingWindow {
@@ -234,7 +235,7 @@ fn redis_settings() {
         ("KEY_PREFIX", "rl:"),
     ])
     .unwrap();
-    let StoreConfig::Redis(redis) = config.store else {
+    let StoreConfig::Redis(redis) = &config.store else {
         panic!("redis store expected")
     };
     assert_eq!(
@@ -247,7 +248,7 @@ fn redis_settings() {
     );
     assert_eq!(redis.key_prefix, "rl:");
     assert_eq!(redis.timeout, Duration::from_millis(50));
-    assert_eq!(redis.guard.fail_mode, FailMode::Closed);
+    assert_eq!(general(&config).fail_mode, FailMode::Closed);
     assert!(error(&[("REDIS_ADDR", "a:1"), ("REDIS_URL", "redis://b")]).contains("only one of"));
     let config = parse(&[("REDIS_URL", "rediss://:pw@cache.internal:6380/1")]).unwrap();
     let StoreConfig::Redis(redis) = config.store else {
@@ -318,11 +319,83 @@ fn check_config_output_shows_the_rules() {
 #[test]
 fn fail_mode_local_is_accepted() {
     let config = parse(&[("REDIS_ADDR", "db:6379"), ("FAIL_MODE", "local")]).unwrap();
-    let StoreConfig::Redis(redis) = &config.store else {
-        panic!("redis store expected")
-    };
-    assert_eq!(redis.guard.fail_mode, FailMode::Local);
-    assert!(config.to_string().contains("fail local"));
+    assert!(
+        config
+            .rules
+            .rules()
+            .iter()
+            .all(|rule| rule.fail_mode == FailMode::Local)
+    );
+    assert!(
+        config
+            .to_string()
+            .contains("fail modes:       auth local, general local (when Redis cannot decide)"),
+        "{config}"
+    );
+}
+
+#[test]
+fn each_rule_has_its_fail_mode_from_fail_mode_auth_fail_mode_or_its_route() {
+    let config = parse(&[
+        ("REDIS_ADDR", "db:6379"),
+        ("FAIL_MODE", "open"),
+        ("AUTH_FAIL_MODE", "local"),
+        (
+            "ROUTES",
+            "/api/export/*=gcra:5:1,fail=closed,name=export;/search=gcra:5:1",
+        ),
+    ])
+    .unwrap();
+    let modes: Vec<(&str, FailMode)> = config
+        .rules
+        .rules()
+        .iter()
+        .map(|rule| (&*rule.name, rule.fail_mode))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("export", FailMode::Closed),
+            ("/search", FailMode::Open),
+            ("auth", FailMode::Local),
+            ("general", FailMode::Open),
+        ]
+    );
+    assert!(
+        config.to_string().contains(
+            "fail modes:       export closed, /search open, auth local, general open (when Redis cannot decide)"
+        ),
+        "{config}"
+    );
+    // AUTH_FAIL_MODE follows FAIL_MODE unless set.
+    let config = parse(&[("REDIS_ADDR", "db:6379"), ("FAIL_MODE", "closed")]).unwrap();
+    assert_eq!(auth(&config).fail_mode, FailMode::Closed);
+    let message = error(&[("REDIS_ADDR", "db:6379"), ("AUTH_FAIL_MODE", "shut")]);
+    assert!(
+        message.starts_with(r#"AUTH_FAIL_MODE="shut" is invalid: expected open, closed or local"#),
+        "{message}"
+    );
+    let message = error(&[("ROUTES", "/a=gcra:5:1,fail=shut")]);
+    assert!(
+        message.starts_with("ROUTES entry") && message.contains(r#"fail "shut": expected open"#),
+        "{message}"
+    );
+    // Without Redis nothing fails: a fail mode is checked, and warned about.
+    let warned = warnings(&[("ROUTES", "/a=gcra:5:1,fail=closed"), ("AUTH_FAIL_MODE", "local")]);
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(
+        warned[0].starts_with("AUTH_FAIL_MODE is set but not used: the store is in memory"),
+        "{warned:?}"
+    );
+    assert!(
+        warned[1].starts_with("ROUTES entry for /a: fail=closed changes nothing"),
+        "{warned:?}"
+    );
+    let message = error(&[("AUTH_FAIL_MODE", "shut")]);
+    assert!(
+        message.starts_with(r#"AUTH_FAIL_MODE="shut" is invalid"#),
+        "{message}"
+    );
 }
 
 #[test]
@@ -440,7 +513,12 @@ fn bad_route_entries_stop_startup_naming_the_entry() {
         ("ROUTES", "/a=token_bucket:5:1,colour=red", "unknown option"),
         ("ROUTES", "/a=token_bucket:5:1,name=Bad Name", "whitespace"),
         ("ROUTES", "/a=token_bucket:5:1,name=auth", "is taken"),
-        ("ROUTES", "/a=token_bucket:5:1;/a=gcra:1:1", "is taken"),
+        (
+            "ROUTES",
+            "/a=token_bucket:5:1,name=x;/b=gcra:1:1,name=x",
+            "is taken",
+        ),
+        ("ROUTES", "/a=token_bucket:5:1;/a=gcra:1:1", "can never match"),
         ("ROUTES", "/a=token_bucket:5:1,key=cookie:x", "key"),
         ("COSTS", "/heavy", "expected PATTERN=N"),
         ("COSTS", "/heavy=0", "expected PATTERN=N"),
@@ -818,5 +896,218 @@ fn connection_limits_and_timeouts() {
             message.starts_with(&format!("{var}=\"{value}\" is invalid: expected")),
             "{message}"
         );
+    }
+}
+
+#[test]
+fn an_unused_variable_is_still_validated_and_only_warned_about_when_well_formed() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        // Read by the window algorithms, not by the token bucket the auth rule uses.
+        (&[("AUTH_LIMIT", "five")], r#"AUTH_LIMIT="five" is invalid"#),
+        (&[("WINDOW_SIZE", "-1")], r#"WINDOW_SIZE="-1" is invalid"#),
+        (
+            &[("ALGORITHM", "sliding_window"), ("REFILL_RATE", "fast")],
+            r#"REFILL_RATE="fast" is invalid"#,
+        ),
+        // Read only with Redis.
+        (
+            &[("REDIS_TIMEOUT_MS", "soon")],
+            r#"REDIS_TIMEOUT_MS="soon" is invalid"#,
+        ),
+        (&[("FAIL_MODE", "sideways")], r#"FAIL_MODE="sideways" is invalid"#),
+        (&[("REDIS_TLS", "yes")], r#"REDIS_TLS="yes" is invalid"#),
+        (&[("KEY_PREFIX", "{app}")], r#"KEY_PREFIX="{app}" is invalid"#),
+        (
+            &[("REDIS_BREAKER_THRESHOLD", "0")],
+            r#"REDIS_BREAKER_THRESHOLD="0" is invalid"#,
+        ),
+        (
+            &[("REDIS_CALLS_IN_FLIGHT", "lots")],
+            r#"REDIS_CALLS_IN_FLIGHT="lots" is invalid"#,
+        ),
+    ];
+    for (vars, says) in cases {
+        let message = error(vars);
+        assert!(message.starts_with(says), "{vars:?}: {message}");
+    }
+    for vars in [
+        &[("AUTH_LIMIT", "5")][..],
+        &[("WINDOW_SIZE", "0.5")],
+        &[("REDIS_TIMEOUT_MS", "100")],
+        &[("FAIL_MODE", "closed")],
+        &[("REDIS_PASSWORD", "anything at all")],
+    ] {
+        let warnings = warnings(vars);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with(&format!("{} is set but not used", vars[0].0))),
+            "{vars:?}: {warnings:?}"
+        );
+    }
+}
+
+#[test]
+fn trusting_or_exempting_every_address_is_an_error_saying_why() {
+    for network in ["0.0.0.0/0", "::/0"] {
+        let message = error(&[("TRUSTED_PROXIES", &format!("10.0.0.0/8,{network}"))]);
+        assert!(
+            message.starts_with(&format!("TRUSTED_PROXIES entry {network:?} is invalid"))
+                && message.contains("X-Forwarded-For"),
+            "{message}"
+        );
+        let message = error(&[("EXEMPT", network)]);
+        assert!(
+            message.starts_with(&format!("EXEMPT entry {network:?} is invalid"))
+                && message.contains("none would be limited"),
+            "{message}"
+        );
+    }
+    // Wide, but not everyone: a private network is a normal place for proxies.
+    let config = parse(&[
+        ("TRUSTED_PROXIES", "10.0.0.0/8,::1"),
+        ("EXEMPT", "192.168.0.0/16"),
+    ])
+    .unwrap();
+    assert_eq!(config.trusted_proxies.len(), 2);
+}
+
+#[test]
+fn a_key_header_any_client_rewrites_at_will_is_an_error_or_a_warning() {
+    for (var, value) in [
+        ("KEY_BY", "header:Host"),
+        ("KEY_BY", "header:X-Forwarded-For"),
+        ("KEY_BY", "ip+header:x-real-ip"),
+        ("AUTH_KEY_BY", "header:Forwarded"),
+        ("KEY_BY", "header:Connection"),
+        ("KEY_BY", "header:X-Request-Id"),
+    ] {
+        let message = error(&[(var, value)]);
+        assert!(
+            message.starts_with(&format!(
+                "{var}={value:?} is invalid: expected a header that identifies a client"
+            )),
+            "{message}"
+        );
+    }
+    let message = error(&[("ROUTES", "/api/*=token_bucket:5:1,key=header:X-Forwarded-For")]);
+    assert!(
+        message.starts_with("ROUTES entry") && message.contains("TRUSTED_PROXIES"),
+        "{message}"
+    );
+    let warned = warnings(&[("KEY_BY", "header:User-Agent")]);
+    assert!(
+        warned
+            == [
+                "KEY_BY=header:user-agent: it carries no credential, so a client that changes it gets a fresh budget; key by one the backend checks (an API key, Authorization)"
+            ],
+        "{warned:?}"
+    );
+    let warned = warnings(&[("ROUTES", "/a=gcra:5:1,key=ip+header:Referer")]);
+    assert!(
+        warned[0].starts_with("ROUTES entry for /a: key=ip+header:Referer"),
+        "{warned:?}"
+    );
+    assert!(warnings(&[("KEY_BY", "header:X-API-Key")]).is_empty());
+}
+
+#[test]
+fn an_auth_path_of_everything_is_an_error_and_of_the_root_a_warning() {
+    for everything in ["/*", "/login,/*"] {
+        let message = error(&[("AUTH_PATHS", everything)]);
+        assert!(
+            message.starts_with("AUTH_PATHS entry \"/*\" is invalid: it matches every path"),
+            "{message}"
+        );
+    }
+    let config = parse(&[("AUTH_PATHS", "/")]).unwrap();
+    assert_eq!(classify(&config, "GET", "/other").0, "general");
+    assert_eq!(
+        config.warnings,
+        ["AUTH_PATHS has \"/\": that is the root path alone (the home page), not every path"]
+    );
+}
+
+#[test]
+fn a_route_an_earlier_one_covers_is_an_error_naming_both() {
+    for (routes, earlier) in [
+        ("/api/*=gcra:5:1;/api/export=gcra:1:1", "/api/*"),
+        ("/api*=gcra:5:1;/api/v1/*=gcra:1:1", "/api*"),
+        ("/*=gcra:5:1;/x=gcra:1:1", "/*"),
+        // Every method of the later one is taken by the earlier one.
+        (
+            "/a=gcra:5:1,method=GET|POST;/a=gcra:1:1,method=GET,name=get",
+            "/a",
+        ),
+    ] {
+        let message = error(&[("ROUTES", routes)]);
+        assert!(
+            message.starts_with("ROUTES entry")
+                && message.contains(&format!("it can never match: the earlier entry for {earlier}")),
+            "{routes}: {message}"
+        );
+    }
+    // Narrower first, or other methods left over: both can match.
+    for routes in [
+        "/api/export=gcra:1:1;/api/*=gcra:5:1",
+        "/a=gcra:5:1,method=GET;/a=gcra:1:1,name=rest",
+        "/a=gcra:5:1,method=GET;/a=gcra:1:1,method=GET|POST,name=rest",
+    ] {
+        parse(&[("ROUTES", routes)]).unwrap();
+    }
+    // AUTH_PATHS come after ROUTES: one a route covers is dead if it was asked for, and a
+    // warning if it is a default.
+    let message = error(&[
+        ("ROUTES", "/account/*=gcra:5:1"),
+        ("AUTH_PATHS", "/account/login"),
+    ]);
+    assert!(
+        message
+            .starts_with("AUTH_PATHS entry \"/account/login\" is invalid: the ROUTES entry for /account/*"),
+        "{message}"
+    );
+    // An auth path under another is the same rule twice: harmless.
+    let config = parse(&[
+        ("ROUTES", "/api/*=gcra:5:1"),
+        ("AUTH_PATHS", "/auth/*,/auth/login"),
+    ])
+    .unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    let warned = warnings(&[("ROUTES", "/*=gcra:100:10,name=all")]);
+    assert_eq!(warned.len(), 3, "{warned:?}");
+    assert!(
+        warned[0].starts_with(
+            "AUTH_PATHS is unset and its default /login is shadowed: the ROUTES entry for /* (rule \"all\")"
+        ),
+        "{warned:?}"
+    );
+}
+
+#[test]
+fn a_backend_port_out_of_range_is_an_error() {
+    for url in [
+        "http://127.0.0.1:70000",
+        "http://backend:0/",
+        "http://backend:/",
+        "http://[::1]:65536",
+    ] {
+        let message = parse(&[])
+            .and(Config::from_vars([("BACKEND_URL", url)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with(&format!(
+                "BACKEND_URL={url:?} is invalid: expected a port from 1 to 65535"
+            )),
+            "{message}"
+        );
+    }
+    for url in [
+        "http://127.0.0.1:65535",
+        "http://[::1]:8000/api",
+        "http://[::1]/",
+        "http://backend",
+    ] {
+        Config::from_vars([("BACKEND_URL", url)]).unwrap();
     }
 }

@@ -4,6 +4,10 @@
 //! `--check-config` prints them and the server logs each once.
 //!
 //! A warning names variables, never their values: a value may be a secret.
+//!
+//! A variable that is not read is still checked ([`check_unused`]): `AUTH_LIMIT=five` under a
+//! token bucket is an error, as it would be under a window algorithm, so a malformed value is
+//! not found only on the day the configuration starts reading it.
 
 use super::VARIABLES;
 use super::env::Env;
@@ -32,6 +36,7 @@ const REDIS_ONLY: &[&str] = &[
     "KEY_PREFIX",
     "REDIS_TIMEOUT_MS",
     "FAIL_MODE",
+    "AUTH_FAIL_MODE",
     "REDIS_BREAKER_THRESHOLD",
     "REDIS_PROBE_INTERVAL_MS",
 ];
@@ -55,6 +60,67 @@ pub fn warnings(env: &Env) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// Check each of our variables that is set but was not read by parsing it as a configuration
+/// that reads it would: `parse` is handed the variable, a `BACKEND_URL`, and what makes it
+/// read (`REDIS_ADDR` for a Redis setting, an `ALGORITHM` for a rule's number). A rule number
+/// several algorithms read is well-formed if one of them takes it. Call after a successful
+/// parse of `env`.
+pub fn check_unused(
+    env: &Env,
+    parse: impl Fn(Vec<(&str, &str)>) -> Result<(), super::ConfigError>,
+) -> Result<(), super::ConfigError> {
+    let read = env.read_names();
+    let unused = env
+        .set_names()
+        .into_iter()
+        .filter(|name| VARIABLES.contains(name) && !read.contains(name) && !READ_BY_LIBRARIES.contains(name));
+    for name in unused {
+        let value = env.peek(name).unwrap_or_default();
+        // A valid backend: only `name` can be wrong.
+        let base = [("BACKEND_URL", "http://127.0.0.1:1"), (name, value)];
+        let readers: Vec<Vec<(&str, &str)>> = if let Some(readers) = algorithms_reading(name) {
+            readers
+        } else if REDIS_ONLY.contains(&name) || name == "REDIS_CALLS_IN_FLIGHT" {
+            vec![vec![("REDIS_ADDR", "127.0.0.1:6379")]]
+        } else {
+            // Nothing else goes unread; if something does, it has no check of its own here.
+            continue;
+        };
+        let mut first_error = None;
+        for selectors in readers {
+            match parse(base.iter().copied().chain(selectors).collect()) {
+                Ok(()) => {
+                    first_error = None;
+                    break;
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// For a rule number (`LIMIT`, `AUTH_MAX_TOKENS`, ...): the `ALGORITHM` (or `AUTH_ALGORITHM`)
+/// settings under which it is read, one per algorithm that reads it.
+fn algorithms_reading(name: &str) -> Option<Vec<Vec<(&'static str, &'static str)>>> {
+    let mut readers = Vec::new();
+    for algorithm in Policy::NAMES {
+        for parameter in Policy::parameters(algorithm).into_iter().flatten() {
+            if parameter.general == name {
+                readers.push(vec![("ALGORITHM", *algorithm)]);
+            } else if parameter.auth == name {
+                readers.push(vec![("AUTH_ALGORITHM", *algorithm)]);
+            }
+        }
+    }
+    (!readers.is_empty()).then_some(readers)
 }
 
 /// A name that is not ours: a warning if it looks like ours, with the nearest known name.
@@ -175,7 +241,7 @@ fn algorithm_reads_others(env: &Env, name: &str) -> Option<String> {
 
 /// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
 /// neighbours cost one each (`MAX_TOKEN`, `MAX_TOKNES` and `MAX_TOKENS` are one apart).
-fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     // d[i][j]: the distance between the first i characters of a and the first j of b.
     let mut d: Vec<Vec<usize>> = (0..=a.len()).map(|i| vec![i; b.len() + 1]).collect();

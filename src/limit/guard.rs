@@ -12,9 +12,13 @@
 //! finds each key's master from its hash slot, and a dead master hands the fail mode to its
 //! own slots only, while every other slot keeps its exact limits. Its probe pings that master.
 //!
-//! `FAIL_MODE=local` keeps limiting during the outage with a memory store of this replica's
-//! own: each replica then enforces the full budget by itself (so N replicas allow up to N
-//! times the budget), which protects the backend without refusing anyone.
+//! `local` keeps limiting during the outage with a memory store of this replica's own: each
+//! replica then enforces the full budget by itself (so N replicas allow up to N times the
+//! budget), which protects the backend without refusing anyone.
+//!
+//! The fail mode is the rule's own ([`Rule::fail_mode`]: `FAIL_MODE`, `AUTH_FAIL_MODE`, a
+//! route's `fail=`), so logins can be limited `local` while the API fails `open`; the breakers
+//! are the store's, shared by every rule.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -42,6 +46,28 @@ pub enum FailMode {
 }
 
 impl FailMode {
+    /// Every mode, as written.
+    pub const NAMES: &'static str = "open, closed or local";
+
+    /// `open`, `closed` or `local`.
+    pub fn parse(value: &str) -> Option<FailMode> {
+        match value {
+            "open" => Some(FailMode::Open),
+            "closed" => Some(FailMode::Closed),
+            "local" => Some(FailMode::Local),
+            _ => None,
+        }
+    }
+
+    /// What happens to a request the store cannot decide, for log lines.
+    fn effect(self) -> &'static str {
+        match self {
+            FailMode::Open => "forwarded without limiting",
+            FailMode::Closed => "refused with 503",
+            FailMode::Local => "limited by this replica alone",
+        }
+    }
+
     /// The value as written in `FAIL_MODE`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -98,11 +124,9 @@ impl RedisErrorKind {
     }
 }
 
-/// The breaker's numbers.
+/// The breaker's numbers (the fail modes are the rules' own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuardSettings {
-    /// `FAIL_MODE`.
-    pub fail_mode: FailMode,
     /// `REDIS_BREAKER_THRESHOLD`: consecutive failures that open the breaker.
     pub failure_threshold: u32,
     /// `REDIS_PROBE_INTERVAL_MS`: how often an open breaker checks whether Redis is back.
@@ -120,8 +144,12 @@ pub struct Guard {
 struct Inner {
     store: RedisStore,
     settings: GuardSettings,
-    /// Decides while Redis cannot: the fail mode, with its memory store for `local`.
-    fallback: Fallback,
+    /// Decides for the rules that fail `local` while Redis cannot; `None` when none does.
+    local: Option<MemoryStore>,
+    /// Each rule's name and fail mode, in table order.
+    fail_modes: Vec<(Arc<str>, FailMode)>,
+    /// [`Inner::fail_modes`] for log lines: `general=open` or `auth=local,general=open`.
+    fail_modes_text: String,
     /// Which breaker guards which key.
     breakers: Breakers,
     /// Failed calls since startup, by [`RedisErrorKind`].
@@ -131,12 +159,6 @@ struct Inner {
     /// Paces the warning for errors about one key, which recur on every request of that
     /// client (the errors that open a breaker stop with it).
     one_key_log: LogThrottle,
-}
-
-enum Fallback {
-    Open,
-    Closed,
-    Local(MemoryStore),
 }
 
 /// One circuit breaker: for the whole store, or for one cluster master.
@@ -252,14 +274,29 @@ const OUTAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 const SLOT_MAP_REFRESH: Duration = Duration::from_secs(5);
 
 impl Guard {
-    /// Guard `store` with `settings`; `max_keys` bounds the memory store of `FAIL_MODE=local`,
-    /// which serves `rules`. Call it inside a Tokio runtime: on a cluster it starts the task
-    /// that keeps the slot map.
+    /// Guard `store` with `settings` for `rules`, each with its fail mode; `max_keys` bounds
+    /// the memory store of the rules that fail `local` (made only if one does). Call it inside
+    /// a Tokio runtime: on a cluster it starts the task that keeps the slot map.
     pub fn new(store: RedisStore, settings: GuardSettings, max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
-        let fallback = match settings.fail_mode {
-            FailMode::Open => Fallback::Open,
-            FailMode::Closed => Fallback::Closed,
-            FailMode::Local => Fallback::Local(MemoryStore::new(max_keys, rules)),
+        let local = rules
+            .iter()
+            .any(|rule| rule.fail_mode == FailMode::Local)
+            .then(|| MemoryStore::new(max_keys, rules));
+        let fail_modes: Vec<(Arc<str>, FailMode)> = rules
+            .iter()
+            .map(|rule| (rule.name.clone(), rule.fail_mode))
+            .collect();
+        let fail_modes_text = match fail_modes.split_first() {
+            Some(((_, first), rest)) if rest.iter().all(|(_, mode)| mode == first) => {
+                first.as_str().to_owned()
+            }
+            _ => {
+                let each: Vec<String> = fail_modes
+                    .iter()
+                    .map(|(name, mode)| format!("{name}={}", mode.as_str()))
+                    .collect();
+                each.join(",")
+            }
         };
         let breakers = if store.is_cluster() {
             Breakers::PerMaster(RwLock::new(Arc::new(MasterBreakers {
@@ -274,7 +311,9 @@ impl Guard {
             inner: Arc::new(Inner {
                 store,
                 settings,
-                fallback,
+                local,
+                fail_modes,
+                fail_modes_text,
                 breakers,
                 errors: Default::default(),
                 denials: DenialCache::new(max_keys),
@@ -369,9 +408,21 @@ impl Guard {
         }
     }
 
-    /// The fail mode and breaker settings.
+    /// The breaker settings.
     pub fn settings(&self) -> &GuardSettings {
         &self.inner.settings
+    }
+
+    /// Each rule's name and fail mode, in table order.
+    pub fn fail_modes(&self) -> &[(Arc<str>, FailMode)] {
+        &self.inner.fail_modes
+    }
+
+    /// The fail mode every rule shares, or `None` when they differ.
+    pub fn common_fail_mode(&self) -> Option<FailMode> {
+        let mut modes = self.inner.fail_modes.iter().map(|(_, mode)| *mode);
+        let first = modes.next()?;
+        modes.all(|mode| mode == first).then_some(first)
     }
 
     /// Requests refused from the denial cache, without asking Redis, since startup.
@@ -384,20 +435,21 @@ impl Guard {
         self.inner.errors[kind as usize].load(Ordering::Relaxed)
     }
 
-    /// The memory store of `FAIL_MODE=local`, if that is the mode (the server purges it).
+    /// The memory store of the rules that fail `local`, if one does (the server purges it).
     pub fn local_store(&self) -> Option<&MemoryStore> {
-        match &self.inner.fallback {
-            Fallback::Local(store) => Some(store),
-            Fallback::Open | Fallback::Closed => None,
-        }
+        self.inner.local.as_ref()
     }
 
+    /// The rule's fail mode decides.
     fn fall_back(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
         breaker.degraded.fetch_add(1, Ordering::Relaxed);
-        match &self.inner.fallback {
-            Fallback::Open => Verdict::FailOpen,
-            Fallback::Closed => Verdict::FailClosed,
-            Fallback::Local(store) => Verdict::DecidedLocally(store.check(rule, client, cost)),
+        match (rule.fail_mode, &self.inner.local) {
+            (FailMode::Open, _) => Verdict::FailOpen,
+            (FailMode::Closed, _) => Verdict::FailClosed,
+            (FailMode::Local, Some(store)) => Verdict::DecidedLocally(store.check(rule, client, cost)),
+            // Not a rule of the table the guard was made for (every `local` rule of that one
+            // has the store): forward, as the default mode does.
+            (FailMode::Local, None) => Verdict::FailOpen,
         }
     }
 
@@ -421,15 +473,11 @@ impl Guard {
         if failures >= inner.settings.failure_threshold && !breaker.open.swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 node,
-                fail_mode = inner.settings.fail_mode.as_str(),
+                fail_mode = %inner.fail_modes_text,
                 probe_interval_ms = inner.settings.probe_interval.as_millis() as u64,
                 "circuit breaker open: redis{} is not asked until a probe succeeds; its requests are {}",
                 if breaker.master.is_some() { " master" } else { "" },
-                match inner.settings.fail_mode {
-                    FailMode::Open => "forwarded without limiting",
-                    FailMode::Closed => "refused with 503",
-                    FailMode::Local => "limited by this replica alone",
-                }
+                inner.effects()
             );
             tokio::spawn(probe(Arc::downgrade(inner), breaker.clone()));
         }
@@ -437,6 +485,23 @@ impl Guard {
 }
 
 impl Inner {
+    /// What the fail modes do, for the breaker's log line: `forwarded without limiting`, or
+    /// per rule when they differ (`auth: limited by this replica alone; general: ...`).
+    fn effects(&self) -> String {
+        let mut modes = self.fail_modes.iter().map(|(_, mode)| *mode);
+        match modes.next() {
+            Some(first) if modes.all(|mode| mode == first) => first.effect().to_owned(),
+            _ => {
+                let each: Vec<String> = self
+                    .fail_modes
+                    .iter()
+                    .map(|(name, mode)| format!("{name}: {}", mode.effect()))
+                    .collect();
+                each.join("; ")
+            }
+        }
+    }
+
     /// The breaker that guards `key` (borrowed for a single Redis: no reference count to
     /// bump on every request).
     fn breaker(&self, key: &str) -> Cow<'_, Arc<Breaker>> {
@@ -512,7 +577,7 @@ async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
                     tracing::warn!(
                         %error,
                         node,
-                        fail_mode = inner.settings.fail_mode.as_str(),
+                        fail_mode = %inner.fail_modes_text,
                         degraded_requests = breaker.degraded.load(Ordering::Relaxed),
                         "redis still unavailable; requests are answered by the fail mode"
                     );

@@ -15,6 +15,7 @@ use http::{HeaderMap, Method};
 use ipnet::IpNet;
 
 use super::algorithm::Policy;
+use super::guard::FailMode;
 use super::key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher};
 use super::pattern::PathPattern;
 
@@ -36,10 +37,13 @@ pub struct Rule {
     pub shadow: bool,
     /// Which requests keep their cost (`AUTH_COUNT`, or a route's `count=`).
     pub count: Count,
+    /// What the Redis guard does with a request of this rule when Redis cannot decide
+    /// (`FAIL_MODE`, `AUTH_FAIL_MODE`, or a route's `fail=`); the memory store never fails.
+    pub fail_mode: FailMode,
 }
 
 impl Rule {
-    /// A rule keyed by IP, costing 1, enforced, counting every request.
+    /// A rule keyed by IP, costing 1, enforced, counting every request, failing open.
     pub fn new(id: u16, name: &str, policy: Policy) -> Rule {
         Rule {
             id,
@@ -49,6 +53,7 @@ impl Rule {
             cost: 1,
             shadow: false,
             count: Count::All,
+            fail_mode: FailMode::Open,
         }
     }
 }

@@ -1,6 +1,10 @@
 //! Logging: `tracing` events to stdout as text or JSON lines, level from `RUST_LOG`
 //! (default `info`; `debug` adds one line per request). An invalid `RUST_LOG` is an error, not
 //! a silent fallback: a filter that quietly logs less than asked for hides the 3 a.m. clue.
+//! EnvFilter takes a bare word that is not a level as a target (`RUST_LOG=warning` logs only
+//! a target called `warning`, which is nothing), so a bare word must be a level or one of our
+//! targets (`tollgate`, `tollgate::proxy`); another crate's target is written with its level
+//! (`hyper=trace`).
 //! Lines that a flood could repeat go through a [`throttle::LogThrottle`].
 
 pub mod throttle;
@@ -32,6 +36,19 @@ pub enum TelemetryError {
         /// What the filter parser objected to.
         reason: String,
     },
+    /// A bare word that is neither a level nor one of our targets: EnvFilter would take it
+    /// for a target and silence every line.
+    #[error(
+        "RUST_LOG={value:?} is invalid: {directive:?} is neither a level nor a tollgate target, so every log line would be silenced; {hint}"
+    )]
+    NotALevel {
+        /// The value as given.
+        value: String,
+        /// The bare word.
+        directive: String,
+        /// The likely level, or how to write a target.
+        hint: String,
+    },
     /// Not UTF-8, so not directives either.
     #[error("RUST_LOG is invalid: it is not UTF-8")]
     NotUnicode,
@@ -53,12 +70,63 @@ pub fn filter(value: Option<&OsStr>) -> Result<EnvFilter, TelemetryError> {
     if value.is_empty() {
         return Ok(EnvFilter::new("info"));
     }
+    if let Some(directive) = value
+        .split(',')
+        .map(str::trim)
+        .find(|d| !names_a_level_or_ours(d))
+    {
+        return Err(TelemetryError::NotALevel {
+            value: value.to_owned(),
+            directive: directive.to_owned(),
+            hint: match likely_level(directive) {
+                Some(level) => format!("did you mean {level}?"),
+                None => format!(
+                    "expected a level (off, error, warn, info, debug, trace), or {directive}=LEVEL to log that target"
+                ),
+            },
+        });
+    }
     EnvFilter::builder()
         .parse(value)
         .map_err(|error| TelemetryError::InvalidFilter {
             value: value.to_owned(),
             reason: error.to_string(),
         })
+}
+
+/// The levels EnvFilter knows, most severe first.
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// A directive with a level (`hyper=warn`), a span or field filter (`[request]`), a level alone
+/// (`info`, any case, or its number `0` to `5`), or a bare target of ours (`tollgate`,
+/// `tollgate::proxy`, which log everything of ours). Empty entries are skipped by the parser.
+fn names_a_level_or_ours(directive: &str) -> bool {
+    directive.is_empty()
+        || directive.contains(['=', '['])
+        || directive
+            .parse::<tracing_subscriber::filter::LevelFilter>()
+            .is_ok()
+        || directive == "tollgate"
+        || directive.starts_with("tollgate::")
+}
+
+/// The level a mistyped bare word most likely meant: one it starts with or that starts with it
+/// (`warning`, `err`), or one a typo away (`debugg`, `inof`; one typo in the short ones, where
+/// two would take `foo` for `off`).
+fn likely_level(word: &str) -> Option<&'static str> {
+    let word = word.to_ascii_lowercase();
+    if word.len() < 3 {
+        return None;
+    }
+    let near = |level: &&str| {
+        let allowed = if level.len() < 5 { 1 } else { 2 };
+        crate::config::warnings::edit_distance(&word, level) <= allowed
+    };
+    LEVELS
+        .iter()
+        .copied()
+        .find(|level| word.starts_with(level) || level.starts_with(&*word))
+        .or_else(|| LEVELS.iter().copied().find(near))
 }
 
 /// Install the global subscriber. Call once, before serving; fails (installing nothing) when
@@ -96,5 +164,38 @@ mod tests {
             error.starts_with(r#"RUST_LOG="info,foo=loud" is invalid: "#),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_bare_word_that_is_no_level_and_no_target_of_ours_is_an_error_with_the_likely_level() {
+        for (value, level) in [
+            ("warning", "warn"),
+            ("debugg", "debug"),
+            ("tollgate=debug,inof", "info"),
+            ("Err", "error"),
+            ("tarce", "trace"),
+        ] {
+            let error = filter(Some(OsStr::new(value))).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!("RUST_LOG={value:?} is invalid: ")),
+                "{error}"
+            );
+            assert!(error.ends_with(&format!("did you mean {level}?")), "{error}");
+        }
+        let error = filter(Some(OsStr::new("hyper"))).unwrap_err().to_string();
+        assert!(error.contains("or hyper=LEVEL to log that target"), "{error}");
+        for valid in [
+            "info",
+            "WARN",
+            "3",
+            "tollgate=debug,hyper=warn",
+            "warn,tollgate::proxy=trace",
+            "tollgate",
+            "tollgate::limit,warn",
+            "info,[request]=debug",
+            "info,",
+        ] {
+            assert!(filter(Some(OsStr::new(valid))).is_ok(), "{valid}");
+        }
     }
 }

@@ -42,6 +42,18 @@ fn each_bad_setting_exits_non_zero_naming_the_variable() {
         ),
         (&[backend, ("TRUSTED_PROXIES", "10.0.0.0/99")], "TRUSTED_PROXIES"),
         (&[backend, ("PORT", "http")], "PORT"),
+        // Malformed though this configuration does not read it.
+        (&[backend, ("AUTH_LIMIT", "five")], "AUTH_LIMIT"),
+        // Silently accepted once: each defeats the limit or can never take effect.
+        (&[backend, ("TRUSTED_PROXIES", "0.0.0.0/0")], "TRUSTED_PROXIES"),
+        (&[backend, ("EXEMPT", "::/0")], "EXEMPT"),
+        (&[backend, ("KEY_BY", "header:X-Forwarded-For")], "KEY_BY"),
+        (&[backend, ("AUTH_PATHS", "/*")], "AUTH_PATHS"),
+        (
+            &[backend, ("ROUTES", "/api/*=gcra:5:1;/api/x=gcra:1:1")],
+            "ROUTES",
+        ),
+        (&[("BACKEND_URL", "http://127.0.0.1:70000")], "BACKEND_URL"),
         (
             &[
                 backend,
@@ -281,6 +293,48 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
         StatusCode::OK,
         "the in-flight request completes"
     );
+    assert_eq!(exit.await.unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn sighup_is_logged_and_ignored_and_sigterm_still_drains() {
+    let backend = Backend::start().await;
+    let mut tollgate = Running::start(&[("BACKEND_URL", &backend.url())]);
+    let addr = tollgate.addr;
+    let in_flight = tokio::spawn(async move { get(addr, "/slow/700").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = tollgate.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let said = "SIGHUP received: reloading the configuration is not supported yet; nothing changed";
+    for _ in 0..250 {
+        if tollgate.log().contains(said) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = tollgate.log();
+    assert_eq!(log.matches(said).count(), 1, "one line: {log}");
+    assert!(
+        tollgate.child.try_wait().unwrap().is_none(),
+        "still running: {log}"
+    );
+    assert_eq!(get(addr, "/").await.status, StatusCode::OK, "still serving");
+    assert_eq!(
+        in_flight.await.unwrap().status,
+        StatusCode::OK,
+        "nothing was dropped"
+    );
+    // SIGTERM still drains: a request in flight completes and the exit is clean.
+    let in_flight = tokio::spawn(async move { get(addr, "/slow/500").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let exit = tokio::spawn(tollgate.terminate());
+    assert_eq!(in_flight.await.unwrap().status, StatusCode::OK);
     assert_eq!(exit.await.unwrap().code(), Some(0));
 }
 
@@ -762,21 +816,25 @@ fn run_expecting_exit(vars: &[(&str, &str)], args: &[&str]) -> Output {
 
 #[test]
 fn an_invalid_rust_log_exits_2_naming_it() {
-    for args in [&[][..], &["--check-config"]] {
-        let output = run_expecting_exit(
-            &[
-                ("BACKEND_URL", "http://127.0.0.1:9"),
-                ("RUST_LOG", "info,foo=loud"),
-            ],
-            args,
-        );
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(r#"RUST_LOG="info,foo=loud" is invalid"#),
-            "{args:?}: {stderr}"
-        );
-        assert!(output.stdout.is_empty(), "nothing served or logged");
+    // `warning` parses as a filter for a target called `warning`: it would silence everything.
+    for (value, says) in [
+        ("info,foo=loud", r#"RUST_LOG="info,foo=loud" is invalid"#),
+        ("warning", "did you mean warn?"),
+    ] {
+        for args in [&[][..], &["--check-config"]] {
+            let output = run_expecting_exit(
+                &[("BACKEND_URL", "http://127.0.0.1:9"), ("RUST_LOG", value)],
+                args,
+            );
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+            assert!(
+                stderr.contains("RUST_LOG") && stderr.contains(says),
+                "{args:?}: {stderr}"
+            );
+            assert!(output.stdout.is_empty(), "nothing served or logged");
+        }
     }
 }
 

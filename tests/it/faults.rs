@@ -279,6 +279,94 @@ async fn redis_killed_with_fail_local_limits_per_replica_then_resumes() {
     );
 }
 
+#[tokio::test]
+async fn redis_killed_fails_each_rule_its_own_way_logins_local_and_the_api_open() {
+    let backend = Backend::start().await;
+    let mut redis = RedisServer::start();
+    let addr = redis.addr();
+    let vars = |fail_mode| {
+        [
+            ("REDIS_ADDR", addr.as_str()),
+            ("REDIS_PROBE_INTERVAL_MS", "100"),
+            ("REDIS_TIMEOUT_MS", "1000"),
+            ("FAIL_MODE", fail_mode),
+            ("AUTH_FAIL_MODE", "local"),
+            ("MAX_TOKENS", "2"),
+            ("REFILL_RATE", "0.01"),
+            ("AUTH_MAX_TOKENS", "3"),
+            ("AUTH_REFILL_RATE", "0.01"),
+        ]
+    };
+    let gateway = Gateway::start_with_admin(&backend.url(), &vars("open")).await;
+    // The API fails closed, logins local: some requests can still be served, so it stays ready.
+    let closed = Gateway::start_with_admin(&backend.url(), &vars("closed")).await;
+    // Both share the client's budgets in Redis.
+    for (gateway, left) in [(&gateway, 1), (&closed, 0)] {
+        assert_eq!(
+            get(gateway.addr, "/login").await.number("x-ratelimit-remaining"),
+            left + 1
+        );
+        assert_eq!(get(gateway.addr, "/").await.number("x-ratelimit-remaining"), left);
+    }
+    redis.kill();
+    // Logins: this replica's own budget takes over, fresh: 3 decided locally, then 429.
+    let mut logins = Vec::new();
+    for _ in 0..4 {
+        let reply = get(gateway.addr, "/login").await;
+        logins.push((reply.status, reply.headers.contains_key("x-ratelimit-remaining")));
+    }
+    assert_eq!(
+        logins,
+        [
+            (StatusCode::OK, true),
+            (StatusCode::OK, true),
+            (StatusCode::OK, true),
+            (StatusCode::TOO_MANY_REQUESTS, true),
+        ]
+    );
+    // The API: forwarded undecided, past its budget of 2.
+    let seen = backend.seen().len();
+    for _ in 0..5 {
+        let reply = get(gateway.addr, "/").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(!reply.headers.contains_key("x-ratelimit-remaining"), "undecided");
+    }
+    assert_eq!(backend.seen().len(), seen + 5);
+    until_metric(&gateway, BREAKER_OPEN, 1.0).await;
+    let ready = gateway.admin_get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+    assert!(
+        ready.text().contains(
+            r#""breaker":"open","fail_mode":"mixed","fail_modes":{"auth":"local","general":"open"}"#
+        ),
+        "{}",
+        ready.text()
+    );
+    // The other gateway refuses the API with 503 and still limits logins locally.
+    for _ in 0..3 {
+        assert_eq!(
+            get(closed.addr, "/").await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    assert_eq!(
+        get(closed.addr, "/login").await.number("x-ratelimit-remaining"),
+        2
+    );
+    until_metric(&closed, BREAKER_OPEN, 1.0).await;
+    let ready = closed.admin_get("/readyz").await;
+    assert_eq!(
+        ready.status,
+        StatusCode::OK,
+        "logins are still served: {}",
+        ready.text()
+    );
+    redis.restart();
+    // The API is limited by Redis again, which came back empty: a fresh budget of 2.
+    let reply = until_limiting_resumes(&gateway).await;
+    assert_eq!(reply.number("x-ratelimit-remaining"), 1);
+}
+
 // --- under load ----------------------------------------------------------------------------
 //
 // The tests below keep a steady stream of requests flowing while the fault happens, and hold
