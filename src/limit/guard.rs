@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use std::num::NonZeroUsize;
 
 use crate::limit::denials::DenialCache;
+use crate::limit::redis_clock::RedisClock;
 use crate::limit::slots::{Master, SlotMap, key_slot};
 use crate::limit::{ClientKey, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 use crate::telemetry::throttle::LogThrottle;
@@ -86,7 +87,7 @@ impl RedisErrorKind {
 
     fn of(error: &StoreError) -> RedisErrorKind {
         match error {
-            StoreError::Timeout(_) => RedisErrorKind::Timeout,
+            StoreError::Timeout(_) | StoreError::Expired => RedisErrorKind::Timeout,
             // Before the I/O check: the client's response timeout is an I/O error too.
             StoreError::Redis(error) if error.is_timeout() => RedisErrorKind::Timeout,
             StoreError::Redis(error) if error.is_io_error() || error.is_connection_dropped() => {
@@ -153,16 +154,20 @@ struct Breaker {
     open: AtomicBool,
     /// Requests answered by the fail mode since the outage began, for its log lines.
     degraded: AtomicU64,
+    /// The estimate of its node's clock, which each decision's deadline is put on: one per
+    /// master, as each machine's clock is its own.
+    clock: Arc<RedisClock>,
 }
 
 impl Breaker {
-    fn new(master: Option<&Master>) -> Arc<Breaker> {
+    fn new(master: Option<&Master>, clock: Arc<RedisClock>) -> Arc<Breaker> {
         Arc::new(Breaker {
             master: master.map(|master| master.address.clone()),
             probe_slot: AtomicU32::new(master.map_or(NO_SLOT, |master| u32::from(master.first_slot))),
             consecutive_failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
             degraded: AtomicU64::new(0),
+            clock,
         })
     }
 
@@ -230,7 +235,7 @@ impl MasterBreakers {
                             .store(u32::from(master.first_slot), Ordering::Relaxed);
                         known.clone()
                     }
-                    None => Breaker::new(Some(master)),
+                    None => Breaker::new(Some(master), Arc::new(RedisClock::new())),
                 }
             })
             .collect();
@@ -261,14 +266,17 @@ impl Guard {
             FailMode::Closed => Fallback::Closed,
             FailMode::Local => Fallback::Local(MemoryStore::new(max_keys, rules)),
         };
+        // Until the slot map is known, the whole store's breaker serves every master, and
+        // its clock estimate is the lowest of theirs: a deadline found passed in time is
+        // sent again (see RedisClock).
         let breakers = if store.is_cluster() {
             Breakers::PerMaster(RwLock::new(Arc::new(MasterBreakers {
-                whole: Breaker::new(None),
+                whole: Breaker::new(None, Arc::new(RedisClock::new())),
                 masters: Vec::new(),
                 slots: None,
             })))
         } else {
-            Breakers::One(Breaker::new(None))
+            Breakers::One(Breaker::new(None, store.clock().clone()))
         };
         let guard = Guard {
             inner: Arc::new(Inner {
@@ -300,7 +308,7 @@ impl Guard {
             return self.fall_back(&breaker, rule, client, cost);
         }
         let sent = Instant::now();
-        match inner.store.check_key(rule, key, cost).await {
+        match inner.store.check_key(rule, key, cost, &breaker.clock).await {
             Ok(decision) => {
                 // Read first: a store on every request would bounce the cache line.
                 if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
@@ -486,16 +494,21 @@ async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
         }
         // The connection manager remembers a failed reconnect and starts a new one only when
         // a call fails on it: after a connection error, ask again at once, so a Redis that
-        // came back since the last probe is seen now rather than one interval later.
+        // came back since the last probe is seen now rather than one interval later. `TIME`
+        // rather than `PING`: the node may have restarted elsewhere or had its clock stepped
+        // during the outage, so its answer starts the clock estimate afresh.
         let slot = breaker.probe_slot();
-        let answer = match inner.store.ping(slot).await {
+        let mut sent = Instant::now();
+        let answer = match inner.store.time(slot).await {
             Err(error) if RedisErrorKind::of(&error) == RedisErrorKind::Connection => {
-                inner.store.ping(slot).await
+                sent = Instant::now();
+                inner.store.time(slot).await
             }
             answer => answer,
         };
         match answer {
-            Ok(()) => {
+            Ok(redis_us) => {
+                breaker.clock.reset(sent, redis_us);
                 breaker.consecutive_failures.store(0, Ordering::Relaxed);
                 breaker.open.store(false, Ordering::Release);
                 tracing::info!(
