@@ -490,10 +490,11 @@ impl RedisStore {
         now_us: Option<u64>,
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        // One clock read: when the call is sent, and from it when the caller stops waiting.
+        let mut sent = tokio::time::Instant::now();
+        let deadline = sent + self.timeout;
         let mut retried = false;
         loop {
-            let sent = tokio::time::Instant::now();
             let redis_deadline = now_us.is_none().then(|| clock.redis_time(deadline));
             let (returned, reply) = self
                 .call(rule, key, cost, now_us, deadline, redis_deadline)
@@ -513,6 +514,7 @@ impl RedisStore {
                     }
                     retried = true;
                     key = returned;
+                    sent = tokio::time::Instant::now();
                 }
             }
         }

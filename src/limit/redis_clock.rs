@@ -63,9 +63,7 @@ impl RedisClock {
     /// A clock with no reply seen yet: the gateway's wall clock stands in.
     pub fn new() -> RedisClock {
         let anchor = Instant::now();
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| micros(since));
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, micros);
         RedisClock {
             anchor,
             guess: wall,
@@ -88,7 +86,8 @@ impl RedisClock {
 
     /// A reply to a call sent at `sent` says Redis's clock read `redis_us` (or later).
     pub fn observe(&self, sent: Instant, redis_us: u64) {
-        let now = self.since_anchor(Instant::now());
+        // Periods are turned by the send time, a moment ago: no clock read on every reply.
+        let now = self.since_anchor(sent);
         let bound = self.bound(sent, redis_us);
         let start = self.period_start.load(Ordering::Relaxed);
         if now.saturating_sub(start) >= micros(PERIOD)
@@ -179,11 +178,19 @@ mod tests {
         let sent = Instant::now();
         let ahead = 500 * SECOND + micros(PERIOD) as u64 + 2 * SECOND;
         clock.observe(sent, ahead);
-        assert_eq!(clock.redis_time(sent), 500 * SECOND + micros(PERIOD) as u64, "one period on");
+        assert_eq!(
+            clock.redis_time(sent),
+            500 * SECOND + micros(PERIOD) as u64,
+            "one period on"
+        );
         tokio::time::advance(PERIOD).await;
         let later = Instant::now();
         clock.observe(later, ahead + micros(PERIOD) as u64);
-        assert_eq!(clock.redis_time(later), ahead + micros(PERIOD) as u64, "two periods on");
+        assert_eq!(
+            clock.redis_time(later),
+            ahead + micros(PERIOD) as u64,
+            "two periods on"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -204,6 +211,9 @@ mod tests {
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
         let estimate = Duration::from_micros(clock.redis_time(Instant::now()));
         // Read a moment apart: the same clock, within a second.
-        assert!(estimate.abs_diff(wall) < Duration::from_secs(1), "{estimate:?} vs {wall:?}");
+        assert!(
+            estimate.abs_diff(wall) < Duration::from_secs(1),
+            "{estimate:?} vs {wall:?}"
+        );
     }
 }

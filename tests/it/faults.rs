@@ -674,7 +674,12 @@ async fn backend_killed_under_load_gets_502_only_while_down_then_200_again() {
 /// A gateway failing `fail_mode` with a budget of 5 that does not refill during a test, a
 /// breaker that never opens (so every request below reaches the frozen Redis's socket and
 /// times out there), and 3 of the budget spent by `client`.
-async fn five_with_three_spent(redis: &RedisServer, backend: &Backend, fail_mode: &str, client: IpAddr) -> Gateway {
+async fn five_with_three_spent(
+    redis: &RedisServer,
+    backend: &Backend,
+    fail_mode: &str,
+    client: IpAddr,
+) -> Gateway {
     let gateway = Gateway::start(
         &backend.url(),
         &[

@@ -451,7 +451,11 @@ async fn a_script_run_past_its_deadline_changes_nothing() {
         let reply = eval_with_deadline(&mut connection, policy, &key, now + 1_000, now + 999).await;
         assert_eq!(reply, expired(now + 1_000), "{policy:?}");
         assert_eq!(redis.cli(&["DUMP", &key]), state, "{policy:?}: state untouched");
-        assert_eq!(redis.cli(&["PEXPIRETIME", &key]), expiry, "{policy:?}: expiry untouched");
+        assert_eq!(
+            redis.cli(&["PEXPIRETIME", &key]),
+            expiry,
+            "{policy:?}: expiry untouched"
+        );
     }
 
     // In a batch each decision has its deadline: the late one alone is not counted.
@@ -459,15 +463,30 @@ async fn a_script_run_past_its_deadline_changes_nothing() {
     let (_, [first, second]) = policy.script();
     let index = policy.script_index();
     let mut batch = redis::cmd("EVAL");
-    batch.arg(batch_script().source()).arg(2).arg("late:{a}:tb").arg("on-time:{b}:tb");
+    batch
+        .arg(batch_script().source())
+        .arg(2)
+        .arg("late:{a}:tb")
+        .arg("on-time:{b}:tb");
     for deadline in [now - 1, now] {
-        batch.arg(index).arg(first).arg(second).arg(1).arg(now).arg("").arg(deadline);
+        batch
+            .arg(index)
+            .arg(first)
+            .arg(second)
+            .arg(1)
+            .arg(now)
+            .arg("")
+            .arg(deadline);
     }
     let Array(replies) = batch.query_async::<redis::Value>(&mut connection).await.unwrap() else {
         panic!("not a batch reply");
     };
     assert_eq!(replies[0], expired(now));
-    assert!(matches!(&replies[1], Array(fields) if fields[0] == Int(1)), "{:?}", replies[1]);
+    assert!(
+        matches!(&replies[1], Array(fields) if fields[0] == Int(1)),
+        "{:?}",
+        replies[1]
+    );
     assert_eq!(redis.cli(&["EXISTS", "late:{a}:tb"]).trim(), "0");
     assert_eq!(redis.cli(&["EXISTS", "on-time:{b}:tb"]).trim(), "1");
 }
@@ -494,10 +513,18 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     let calls = redis_calls(&redis, "evalsha");
     let decision = store.check_key(&rule, key(), 1, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 4));
-    assert_eq!(redis_calls(&redis, "evalsha") - calls, 2, "expired once, then decided");
+    assert_eq!(
+        redis_calls(&redis, "evalsha") - calls,
+        2,
+        "expired once, then decided"
+    );
     let decision = store.check_key(&rule, key(), 1, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 3));
-    assert_eq!(redis_calls(&redis, "evalsha") - calls, 3, "the estimate was renewed");
+    assert_eq!(
+        redis_calls(&redis, "evalsha") - calls,
+        3,
+        "the estimate was renewed"
+    );
 
     // Redis believed to be a year ahead: decided at once, as without a deadline.
     let ahead = RedisClock::new();
@@ -519,7 +546,12 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
 #[tokio::test]
 async fn calls_that_timed_out_in_a_frozen_redis_cost_nothing_when_it_thaws() {
     let redis = RedisServer::start();
-    let store = RedisStore::new(&RedisTarget::Single(redis.url()), "frozen:", Duration::from_millis(300)).unwrap();
+    let store = RedisStore::new(
+        &RedisTarget::Single(redis.url()),
+        "frozen:",
+        Duration::from_millis(300),
+    )
+    .unwrap();
     let rule = Rule::new(
         0,
         "general",
@@ -539,9 +571,7 @@ async fn calls_that_timed_out_in_a_frozen_redis_cost_nothing_when_it_thaws() {
     // More at once than REDIS_CALLS_IN_FLIGHT: some go alone, the rest wait and go together.
     let frozen = join_all((0..10).map(|_| store.check(&rule, client.into(), 1))).await;
     assert!(frozen.iter().all(Result::is_err), "{frozen:?}");
-    let refund = store
-        .refund(&rule, refunded.into(), 1, to_refund.at_us)
-        .await;
+    let refund = store.refund(&rule, refunded.into(), 1, to_refund.at_us).await;
     assert!(refund.is_err(), "the refund timed out");
     redis.thaw();
 
