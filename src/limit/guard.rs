@@ -2,15 +2,17 @@
 //!
 //! A failed or slow call costs at most `REDIS_TIMEOUT_MS`. After `REDIS_BREAKER_THRESHOLD`
 //! consecutive failures a breaker opens: from then on every decision it guards is immediate
-//! (the fail mode, without asking Redis) and one background task pings Redis every
-//! `REDIS_PROBE_INTERVAL_MS`. The first successful ping closes the breaker and limiting
+//! (the fail mode, without asking Redis) and one background task asks Redis `TIME` every
+//! `REDIS_PROBE_INTERVAL_MS`. The first answered probe closes the breaker and limiting
 //! resumes by itself. So an outage never makes every request wait for a timeout, and never
 //! turns into an outage of the backend (with `FAIL_MODE=open` or `local`).
 //!
 //! A single Redis has one breaker. A Redis Cluster has one per master: the guard keeps the
 //! cluster's slot map (`CLUSTER SLOTS`, asked again every few seconds to follow failovers),
 //! finds each key's master from its hash slot, and a dead master hands the fail mode to its
-//! own slots only, while every other slot keeps its exact limits. Its probe pings that master.
+//! own slots only, while every other slot keeps its exact limits. Its probe asks that master.
+//! Each breaker also keeps the estimate of its node's clock that decisions' deadlines are put
+//! on ([`RedisClock`]): each machine's clock is its own.
 //!
 //! `FAIL_MODE=local` keeps limiting during the outage with a memory store of this replica's
 //! own: each replica then enforces the full budget by itself (so N replicas allow up to N
@@ -145,7 +147,7 @@ struct Breaker {
     /// The address of the master it guards, `None` for the whole store (a single Redis; on a
     /// cluster, the slots no known master serves, and every slot until the slot map is known).
     master: Option<String>,
-    /// A slot the master owns, where its probe's `PING` is routed; [`NO_SLOT`] for the whole
+    /// A slot the master owns, where its probe's `TIME` is routed; [`NO_SLOT`] for the whole
     /// store. Updated when a new slot map moves the master's slots.
     probe_slot: AtomicU32,
     /// Failures since the last success; reset by any success.
@@ -180,7 +182,7 @@ impl Breaker {
         self.master.as_deref().unwrap_or_default()
     }
 
-    /// Where its probe's `PING` goes: the master's first slot, or any node.
+    /// Where its probe's `TIME` goes: the master's first slot, or any node.
     fn probe_slot(&self) -> Option<u16> {
         u16::try_from(self.probe_slot.load(Ordering::Relaxed)).ok()
     }
@@ -470,7 +472,8 @@ fn read(map: &RwLock<Arc<MasterBreakers>>) -> Arc<MasterBreakers> {
     map.read().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
-/// Ping until Redis (or the breaker's master) answers, then close the breaker. Ends early if
+/// Ask `TIME` until Redis (or the breaker's master) answers, then renew the clock estimate
+/// and close the breaker. Ends early if
 /// the gateway is gone, or if the master no longer owns slots. Every
 /// [`OUTAGE_REPORT_INTERVAL`] it logs how many requests the fail mode has answered.
 async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
