@@ -32,6 +32,10 @@ const CLIENTS: u64 = 100_000;
 const CAPACITY: u64 = 100_000;
 const INTERVAL_US: u64 = 1_000;
 
+/// A deadline on the Redis clock (µs, below 2^53) that no run reaches: the script checks it as
+/// it checks the store's.
+const FAR_DEADLINE_US: &str = "9000000000000000";
+
 /// Decisions per side and round in the side-by-side comparison.
 const COMPARE_DECISIONS: u64 = 100_000;
 const COMPARE_ROUNDS: usize = 3;
@@ -163,10 +167,17 @@ fn redis_benchmark(port: u16, sha: &str, connections: u64, pipeline: u64) -> f64
         .args(["-c", &connections.to_string(), "-P", &pipeline.to_string()])
         .args(["-r", &CLIENTS.to_string()])
         // Key shaped like the store's ("bench:{general:10.0.0.1}:tb"), same arguments: "" so
-        // the script reads the Redis clock, as in production, and "" for a decision (not a
-        // refund).
+        // the script reads the Redis clock, as in production, "" for a decision (not a
+        // refund), and a deadline (one never reached, in 2255) for the script to check.
         .args(["EVALSHA", sha, "1", "bench:{k:__rand_int__}:tb"])
-        .args([&CAPACITY.to_string(), &INTERVAL_US.to_string(), "1", "", ""])
+        .args([
+            &CAPACITY.to_string(),
+            &INTERVAL_US.to_string(),
+            "1",
+            "",
+            "",
+            FAR_DEADLINE_US,
+        ])
         .output()
         .expect("redis-benchmark is required for this bench (apt-get install redis-tools)");
     let text = String::from_utf8_lossy(&output.stdout);

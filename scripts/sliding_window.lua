@@ -8,6 +8,9 @@
 -- ARGV[3]  cost of this request
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
 -- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- ARGV[6]  "" for no deadline; else the time (microseconds, on the Redis clock) after which
+--          the gateway has given up on this call: later, the script changes nothing and
+--          returns {-1, now_us} ("expired")
 -- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}, where
 -- now_us is the time the request was counted at (never before the stored window).
 --
@@ -20,6 +23,12 @@ local now = tonumber(ARGV[4])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- A call that waited past its deadline (a Redis frozen or busy) was answered by the fail
+-- mode already: counting it now would charge the client for a request it was refused.
+local deadline = tonumber(ARGV[6])
+if deadline and now > deadline then
+  return {-1, now}
 end
 
 local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')

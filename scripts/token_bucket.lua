@@ -8,6 +8,9 @@
 -- ARGV[3]  cost of this request, in tokens
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
 -- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- ARGV[6]  "" for no deadline; else the time (microseconds, on the Redis clock) after which
+--          the gateway has given up on this call: later, the script changes nothing and
+--          returns {-1, now_us} ("expired")
 -- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}.
 --
 -- Every number stays an integer below 2^53 (the gateway's configuration guarantees it), so
@@ -19,6 +22,12 @@ local now = tonumber(ARGV[4])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- A call that waited past its deadline (a Redis frozen or busy) was answered by the fail
+-- mode already: counting it now would charge the client for a request it was refused.
+local deadline = tonumber(ARGV[6])
+if deadline and now > deadline then
+  return {-1, now}
 end
 local stored = tonumber(redis.call('GET', KEYS[1]))
 

@@ -2,15 +2,17 @@
 //!
 //! A failed or slow call costs at most `REDIS_TIMEOUT_MS`. After `REDIS_BREAKER_THRESHOLD`
 //! consecutive failures a breaker opens: from then on every decision it guards is immediate
-//! (the fail mode, without asking Redis) and one background task pings Redis every
-//! `REDIS_PROBE_INTERVAL_MS`. The first successful ping closes the breaker and limiting
+//! (the fail mode, without asking Redis) and one background task asks Redis `TIME` every
+//! `REDIS_PROBE_INTERVAL_MS`. The first answered probe closes the breaker and limiting
 //! resumes by itself. So an outage never makes every request wait for a timeout, and never
 //! turns into an outage of the backend (with `FAIL_MODE=open` or `local`).
 //!
 //! A single Redis has one breaker. A Redis Cluster has one per master: the guard keeps the
 //! cluster's slot map (`CLUSTER SLOTS`, asked again every few seconds to follow failovers),
 //! finds each key's master from its hash slot, and a dead master hands the fail mode to its
-//! own slots only, while every other slot keeps its exact limits. Its probe pings that master.
+//! own slots only, while every other slot keeps its exact limits. Its probe asks that master.
+//! Each breaker also keeps the estimate of its node's clock that decisions' deadlines are put
+//! on ([`RedisClock`]): each machine's clock is its own.
 //!
 //! `local` keeps limiting during the outage with a memory store of this replica's own: each
 //! replica then enforces the full budget by itself (so N replicas allow up to N times the
@@ -30,6 +32,7 @@ use tokio::time::Instant;
 use std::num::NonZeroUsize;
 
 use crate::limit::denials::DenialCache;
+use crate::limit::redis_clock::RedisClock;
 use crate::limit::slots::{Master, SlotMap, key_slot};
 use crate::limit::{ClientKey, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 use crate::telemetry::throttle::LogThrottle;
@@ -112,7 +115,7 @@ impl RedisErrorKind {
 
     fn of(error: &StoreError) -> RedisErrorKind {
         match error {
-            StoreError::Timeout(_) => RedisErrorKind::Timeout,
+            StoreError::Timeout(_) | StoreError::Expired => RedisErrorKind::Timeout,
             // Before the I/O check: the client's response timeout is an I/O error too.
             StoreError::Redis(error) if error.is_timeout() => RedisErrorKind::Timeout,
             StoreError::Redis(error) if error.is_io_error() || error.is_connection_dropped() => {
@@ -166,7 +169,7 @@ struct Breaker {
     /// The address of the master it guards, `None` for the whole store (a single Redis; on a
     /// cluster, the slots no known master serves, and every slot until the slot map is known).
     master: Option<String>,
-    /// A slot the master owns, where its probe's `PING` is routed; [`NO_SLOT`] for the whole
+    /// A slot the master owns, where its probe's `TIME` is routed; [`NO_SLOT`] for the whole
     /// store. Updated when a new slot map moves the master's slots.
     probe_slot: AtomicU32,
     /// Failures since the last success; reset by any success.
@@ -175,16 +178,20 @@ struct Breaker {
     open: AtomicBool,
     /// Requests answered by the fail mode since the outage began, for its log lines.
     degraded: AtomicU64,
+    /// The estimate of its node's clock, which each decision's deadline is put on: one per
+    /// master, as each machine's clock is its own.
+    clock: Arc<RedisClock>,
 }
 
 impl Breaker {
-    fn new(master: Option<&Master>) -> Arc<Breaker> {
+    fn new(master: Option<&Master>, clock: Arc<RedisClock>) -> Arc<Breaker> {
         Arc::new(Breaker {
             master: master.map(|master| master.address.clone()),
             probe_slot: AtomicU32::new(master.map_or(NO_SLOT, |master| u32::from(master.first_slot))),
             consecutive_failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
             degraded: AtomicU64::new(0),
+            clock,
         })
     }
 
@@ -197,7 +204,7 @@ impl Breaker {
         self.master.as_deref().unwrap_or_default()
     }
 
-    /// Where its probe's `PING` goes: the master's first slot, or any node.
+    /// Where its probe's `TIME` goes: the master's first slot, or any node.
     fn probe_slot(&self) -> Option<u16> {
         u16::try_from(self.probe_slot.load(Ordering::Relaxed)).ok()
     }
@@ -252,7 +259,7 @@ impl MasterBreakers {
                             .store(u32::from(master.first_slot), Ordering::Relaxed);
                         known.clone()
                     }
-                    None => Breaker::new(Some(master)),
+                    None => Breaker::new(Some(master), Arc::new(RedisClock::new())),
                 }
             })
             .collect();
@@ -298,14 +305,17 @@ impl Guard {
                 each.join(",")
             }
         };
+        // Until the slot map is known, the whole store's breaker serves every master, and
+        // its clock estimate is the lowest of theirs: a deadline found passed in time is
+        // sent again (see RedisClock).
         let breakers = if store.is_cluster() {
             Breakers::PerMaster(RwLock::new(Arc::new(MasterBreakers {
-                whole: Breaker::new(None),
+                whole: Breaker::new(None, Arc::new(RedisClock::new())),
                 masters: Vec::new(),
                 slots: None,
             })))
         } else {
-            Breakers::One(Breaker::new(None))
+            Breakers::One(Breaker::new(None, store.clock().clone()))
         };
         let guard = Guard {
             inner: Arc::new(Inner {
@@ -339,7 +349,7 @@ impl Guard {
             return self.fall_back(&breaker, rule, client, cost);
         }
         let sent = Instant::now();
-        match inner.store.check_key(rule, key, cost).await {
+        match inner.store.check_key(rule, key, cost, &breaker.clock).await {
             Ok(decision) => {
                 // Read first: a store on every request would bounce the cache line.
                 if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
@@ -527,7 +537,8 @@ fn read(map: &RwLock<Arc<MasterBreakers>>) -> Arc<MasterBreakers> {
     map.read().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
-/// Ping until Redis (or the breaker's master) answers, then close the breaker. Ends early if
+/// Ask `TIME` until Redis (or the breaker's master) answers, then renew the clock estimate
+/// and close the breaker. Ends early if
 /// the gateway is gone, or if the master no longer owns slots. Every
 /// [`OUTAGE_REPORT_INTERVAL`] it logs how many requests the fail mode has answered.
 async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
@@ -551,16 +562,21 @@ async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
         }
         // The connection manager remembers a failed reconnect and starts a new one only when
         // a call fails on it: after a connection error, ask again at once, so a Redis that
-        // came back since the last probe is seen now rather than one interval later.
+        // came back since the last probe is seen now rather than one interval later. `TIME`
+        // rather than `PING`: the node may have restarted elsewhere or had its clock stepped
+        // during the outage, so its answer starts the clock estimate afresh.
         let slot = breaker.probe_slot();
-        let answer = match inner.store.ping(slot).await {
+        let mut sent = Instant::now();
+        let answer = match inner.store.time(slot).await {
             Err(error) if RedisErrorKind::of(&error) == RedisErrorKind::Connection => {
-                inner.store.ping(slot).await
+                sent = Instant::now();
+                inner.store.time(slot).await
             }
             answer => answer,
         };
         match answer {
-            Ok(()) => {
+            Ok(redis_us) => {
+                breaker.clock.reset(sent, redis_us);
                 breaker.consecutive_failures.store(0, Ordering::Relaxed);
                 breaker.open.store(false, Ordering::Release);
                 tracing::info!(

@@ -10,6 +10,7 @@ pub mod key;
 pub mod memory;
 pub mod pattern;
 pub mod redis;
+pub mod redis_clock;
 pub mod rules;
 pub mod slots;
 

@@ -17,6 +17,9 @@
 //!
 //! Connections are made lazily: a Redis that is down at boot does not stop the gateway. Every
 //! call is bounded by `REDIS_TIMEOUT_MS`; what to do when it fails is [`super::guard`]'s job.
+//! A decision also tells its script when the gateway stops waiting, on Redis's clock as
+//! [`RedisClock`] estimates it: a call that reaches the script later (a Redis frozen, then
+//! thawed) changes nothing, so a request answered by the fail mode is never charged.
 
 use std::fmt;
 use std::sync::Arc;
@@ -29,6 +32,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use tokio::sync::OnceCell;
 
 use crate::limit::algorithm::{LuaScript, batch_script};
+use crate::limit::redis_clock::RedisClock;
 use crate::limit::slots::SlotMap;
 use crate::limit::{ClientKey, Decision, Rule};
 
@@ -44,6 +48,11 @@ pub enum StoreError {
     /// A script answered with something other than five non-negative integers.
     #[error("redis script returned an unexpected reply: {0}")]
     Reply(String),
+    /// Redis ran the call after its deadline on the Redis clock, and so decided nothing,
+    /// though the gateway still waited (a Redis clock that jumps ahead, or a call answered
+    /// just as `REDIS_TIMEOUT_MS` ran out).
+    #[error("redis found the call's deadline passed and decided nothing")]
+    Expired,
 }
 
 impl StoreError {
@@ -123,6 +132,9 @@ pub struct RedisStore {
     /// Single Redis only: decisions that wait while `REDIS_CALLS_IN_FLIGHT` calls are out,
     /// sent together as one call when one comes back.
     coalescer: Option<Arc<Coalescer>>,
+    /// Redis's clock as estimated, for the deadline of calls whose caller names no clock
+    /// of its own (on a cluster the guard keeps one per master).
+    clock: Arc<RedisClock>,
 }
 
 /// `REDIS_CALLS_IN_FLIGHT`'s default: decision calls out at once before further decisions
@@ -162,12 +174,20 @@ enum Turn {
     /// At once, alone: in a place among the calls out (`None` on a cluster, which does not
     /// coalesce: its clients' keys are in different slots). The key comes back with it.
     Now(Option<CallSlot>, String),
-    /// With the next batch, which answers here by the deadline.
-    Later(tokio::sync::oneshot::Receiver<BatchReply>, tokio::time::Instant),
+    /// With the next batch, which answers here (and gives the key back) by the deadline.
+    Later(tokio::sync::oneshot::Receiver<(String, BatchReply)>),
 }
 
 /// One decision's part of a batch's reply: its script's reply, or why it has none.
 type BatchReply = Result<redis::Value, StoreError>;
+
+/// What a script answered.
+enum Answer {
+    /// It decided.
+    Decided(Decision),
+    /// It found the call's deadline passed at this Redis time (µs), and changed nothing.
+    Expired(u64),
+}
 
 /// One decision waiting to be sent.
 struct Waiting {
@@ -179,11 +199,14 @@ struct Waiting {
     key: String,
     /// The pinned clock, for tests; `None` reads Redis `TIME`.
     now_us: Option<u64>,
-    /// Where the reply goes.
-    reply: tokio::sync::oneshot::Sender<BatchReply>,
+    /// Where the reply goes, with the key.
+    reply: tokio::sync::oneshot::Sender<(String, BatchReply)>,
     /// `REDIS_TIMEOUT_MS` from when it was queued: the batch that carries it must answer by
     /// then, waiting included, as a decision sent alone would.
     deadline: tokio::time::Instant,
+    /// `deadline` on the Redis clock, as estimated when it was queued; `None` with a pinned
+    /// clock.
+    redis_deadline: Option<u64>,
 }
 
 /// A decision call's place among the `REDIS_CALLS_IN_FLIGHT`. When it ends (the call came
@@ -287,6 +310,7 @@ impl RedisStore {
             prefix: prefix.into(),
             timeout,
             coalescer,
+            clock: Arc::new(RedisClock::new()),
         })
     }
 
@@ -301,14 +325,27 @@ impl RedisStore {
 
     /// Decide a request of `cost` for `client` under `rule`, on the Redis clock.
     pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Result<Decision, StoreError> {
-        self.decide(rule, self.key(rule, client), cost, None).await
+        self.decide(rule, self.key(rule, client), cost, None, &self.clock)
+            .await
     }
 
     /// [`check`](Self::check) on the client's [`key`](Self::key), made by the caller (which
-    /// needs it first to find the key's Redis Cluster master). The key is moved, not copied,
-    /// into the batch it may wait for.
-    pub async fn check_key(&self, rule: &Rule, key: String, cost: u64) -> Result<Decision, StoreError> {
-        self.decide(rule, key, cost, None).await
+    /// needs it first to find the key's Redis Cluster master), with the deadline put on
+    /// `clock`: the estimate of that master's clock. The key is moved, not copied, into the
+    /// batch it may wait for.
+    pub async fn check_key(
+        &self,
+        rule: &Rule,
+        key: String,
+        cost: u64,
+        clock: &RedisClock,
+    ) -> Result<Decision, StoreError> {
+        self.decide(rule, key, cost, None, clock).await
+    }
+
+    /// The estimate of Redis's clock that [`check`](Self::check) uses: a single Redis's.
+    pub fn clock(&self) -> &Arc<RedisClock> {
+        &self.clock
     }
 
     /// Decide with the script's clock pinned to `now_us` (microseconds since the Unix epoch).
@@ -321,7 +358,7 @@ impl RedisStore {
         cost: u64,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
-        self.decide(rule, self.key(rule, client), cost, Some(now_us))
+        self.decide(rule, self.key(rule, client), cost, Some(now_us), &self.clock)
             .await
     }
 
@@ -378,27 +415,34 @@ impl RedisStore {
         matches!(self.connection, Connection::Cluster(_))
     }
 
-    /// `PING`, bounded by the timeout: a circuit breaker's health probe. On a cluster, `slot`
-    /// routes it to the master that owns that slot; without one, any node answers.
-    pub async fn ping(&self, slot: Option<u16>) -> Result<(), StoreError> {
-        let cmd = redis::cmd("PING");
-        self.bounded(async {
-            match (&self.connection, slot) {
-                (Connection::Single(manager), _) => cmd.query_async::<()>(&mut manager.clone()).await,
-                (Connection::Cluster(cluster), None) => {
-                    // Routed by redis-rs's default, a PING would go to every master and need
-                    // them all: one answer is what "Redis answers" means here.
-                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-                    cluster.get().await?.route_command(cmd, routing).await.map(drop)
+    /// Redis `TIME` in microseconds since the Unix epoch, bounded by the timeout: a circuit
+    /// breaker's health probe, whose answer also renews the clock estimate. On a cluster,
+    /// `slot` routes it to the master that owns that slot; without one, any node answers.
+    pub async fn time(&self, slot: Option<u16>) -> Result<u64, StoreError> {
+        let cmd = redis::cmd("TIME");
+        let reply: redis::Value = self
+            .bounded(async {
+                match (&self.connection, slot) {
+                    (Connection::Single(manager), _) => cmd.query_async(&mut manager.clone()).await,
+                    (Connection::Cluster(cluster), slot) => {
+                        // Routed by redis-rs's default, a command without a key would go to
+                        // every master and need them all: one answer is what "Redis answers"
+                        // means here.
+                        let node = match slot {
+                            Some(slot) => {
+                                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+                            }
+                            None => SingleNodeRoutingInfo::Random,
+                        };
+                        let routing = RoutingInfo::SingleNode(node);
+                        cluster.get().await?.route_command(cmd, routing).await
+                    }
                 }
-                (Connection::Cluster(cluster), Some(slot)) => {
-                    let route = Route::new(slot, SlotAddr::Master);
-                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                    cluster.get().await?.route_command(cmd, routing).await.map(drop)
-                }
-            }
-        })
-        .await
+            })
+            .await?;
+        let (seconds, micros): (u64, u64) =
+            redis::from_redis_value(reply).map_err(|error| StoreError::Reply(error.to_string()))?;
+        Ok(seconds.saturating_mul(1_000_000).saturating_add(micros))
     }
 
     /// Which master owns which slot (`CLUSTER SLOTS`, asked of any node), bounded by the
@@ -426,43 +470,105 @@ impl RedisStore {
         at_us: u64,
         now_us: Option<u64>,
     ) -> Result<(), StoreError> {
-        self.bounded(self.run_script(rule, key, cost, now_us, Some(at_us)))
+        // No deadline: a refund Redis runs late gives back what it would have on time (the
+        // cost of a request that was counted, from the state that still remembers it), and
+        // the client is owed it (docs/reliability.md).
+        self.bounded(self.run_script(rule, key, cost, now_us, Some(at_us), None))
             .await
             .map(drop)
     }
 
+    /// Decide, telling the script when the caller stops waiting on `clock`'s estimate of the
+    /// Redis clock (a pinned clock, in tests, has no deadline). A script that found the
+    /// deadline passed while the gateway still waits shows the estimate too low: it is renewed
+    /// from that answer and the call sent once more, by the same deadline.
     async fn decide(
+        &self,
+        rule: &Rule,
+        mut key: String,
+        cost: u64,
+        now_us: Option<u64>,
+        clock: &RedisClock,
+    ) -> Result<Decision, StoreError> {
+        // One clock read: when the call is sent, and from it when the caller stops waiting.
+        let mut sent = tokio::time::Instant::now();
+        let deadline = sent + self.timeout;
+        let mut retried = false;
+        loop {
+            let redis_deadline = now_us.is_none().then(|| clock.redis_time(deadline));
+            let (returned, reply) = self
+                .call(rule, key, cost, now_us, deadline, redis_deadline)
+                .await?;
+            match answer_of(rule, &reply)? {
+                Answer::Decided(decision) => {
+                    if now_us.is_none() {
+                        clock.observe(sent, decision.at_us);
+                    }
+                    return Ok(decision);
+                }
+                Answer::Expired(redis_us) => {
+                    // Only a call with a deadline expires: its clock is Redis's own.
+                    clock.reset(sent, redis_us);
+                    if retried || tokio::time::Instant::now() >= deadline {
+                        return Err(StoreError::Expired);
+                    }
+                    retried = true;
+                    key = returned;
+                    sent = tokio::time::Instant::now();
+                }
+            }
+        }
+    }
+
+    /// One call of a decision's script, alone or in a batch, answered by `deadline`; the key
+    /// comes back with the reply.
+    async fn call(
         &self,
         rule: &Rule,
         key: String,
         cost: u64,
         now_us: Option<u64>,
-    ) -> Result<Decision, StoreError> {
-        let reply = match self.turn(rule, key, cost, now_us) {
+        deadline: tokio::time::Instant,
+        redis_deadline: Option<u64>,
+    ) -> Result<(String, redis::Value), StoreError> {
+        match self.turn(rule, key, cost, now_us, deadline, redis_deadline) {
             Turn::Now(slot, key) => {
-                let reply = self
-                    .bounded(self.run_script(rule, &key, cost, now_us, None))
-                    .await;
+                let reply = match tokio::time::timeout_at(
+                    deadline,
+                    self.run_script(rule, &key, cost, now_us, None, redis_deadline),
+                )
+                .await
+                {
+                    Ok(reply) => reply.map_err(StoreError::from),
+                    Err(_) => Err(StoreError::Timeout(self.timeout)),
+                };
                 // The place passes to the decisions that waited meanwhile.
                 drop(slot);
-                reply?
+                Ok((key, reply?))
             }
             // The batch answers by this decision's deadline; a millisecond more is only the
             // backstop for a batch task that never ran.
-            Turn::Later(waiting, deadline) => {
+            Turn::Later(waiting) => {
                 match tokio::time::timeout_at(deadline + Duration::from_millis(1), waiting).await {
-                    Ok(Ok(reply)) => reply?,
-                    Ok(Err(_)) => return Err(StoreError::Reply("the batch call was dropped".into())),
-                    Err(_) => return Err(StoreError::Timeout(self.timeout)),
+                    Ok(Ok((key, reply))) => Ok((key, reply?)),
+                    Ok(Err(_)) => Err(StoreError::Reply("the batch call was dropped".into())),
+                    Err(_) => Err(StoreError::Timeout(self.timeout)),
                 }
             }
-        };
-        decision_of(rule, &reply)
+        }
     }
 
     /// When this decision goes to Redis: now, in a place among the calls out (or on a
     /// cluster, which does not coalesce), or later, with the next batch.
-    fn turn(&self, rule: &Rule, key: String, cost: u64, now_us: Option<u64>) -> Turn {
+    fn turn(
+        &self,
+        rule: &Rule,
+        key: String,
+        cost: u64,
+        now_us: Option<u64>,
+        deadline: tokio::time::Instant,
+        redis_deadline: Option<u64>,
+    ) -> Turn {
         let Some(coalescer) = &self.coalescer else {
             return Turn::Now(None, key);
         };
@@ -473,7 +579,6 @@ impl RedisStore {
         }
         let (reply, waiting) = tokio::sync::oneshot::channel();
         let (_, [first, second]) = rule.policy.script();
-        let deadline = tokio::time::Instant::now() + self.timeout;
         state.waiting.push(Waiting {
             algorithm: rule.policy.script_index(),
             arguments: [first, second, cost],
@@ -481,8 +586,9 @@ impl RedisStore {
             now_us,
             reply,
             deadline,
+            redis_deadline,
         });
-        Turn::Later(waiting, deadline)
+        Turn::Later(waiting)
     }
 
     /// Send `batch` as one call (it holds a place among the calls out) and hand each decision
@@ -503,22 +609,25 @@ impl RedisStore {
         match replies {
             Ok(replies) => {
                 for (waiting, reply) in batch.into_iter().zip(replies) {
-                    let _ = waiting.reply.send(reply_of_one(reply));
+                    let _ = waiting.reply.send((waiting.key, reply_of_one(reply)));
                 }
             }
             Err(error) => {
                 for waiting in batch {
-                    let _ = waiting.reply.send(Err(error.clone()));
+                    let _ = waiting.reply.send((waiting.key, Err(error.clone())));
                 }
             }
         }
     }
 
     /// `EVALSHA` of [`batch_script`] for `batch` (after `NOSCRIPT`, `EVAL` with its text).
+    /// The batch is given up at its first decision's deadline, so every decision in it is
+    /// given that deadline on the Redis clock too.
     async fn run_batch(&self, batch: &[Waiting]) -> redis::RedisResult<redis::Value> {
         let script = batch_script();
+        let redis_deadline = batch.iter().filter_map(|waiting| waiting.redis_deadline).min();
         let command = |name: &str, script: &str| {
-            let mut cmd = redis::Cmd::with_capacity(3 + batch.len() * 7, script.len() + batch.len() * 160);
+            let mut cmd = redis::Cmd::with_capacity(3 + batch.len() * 8, script.len() + batch.len() * 180);
             cmd.arg(name).arg(script).arg(batch.len());
             for waiting in batch {
                 cmd.arg(&waiting.key);
@@ -531,6 +640,10 @@ impl RedisStore {
                     None => cmd.arg(""),
                 };
                 cmd.arg("");
+                match (waiting.redis_deadline, redis_deadline) {
+                    (Some(_), Some(first)) => cmd.arg(first),
+                    _ => cmd.arg(""),
+                };
             }
             cmd
         };
@@ -553,8 +666,9 @@ impl RedisStore {
         }
     }
 
-    /// Run the script of `rule` on `key`: `EVALSHA` with its five arguments (the rule's two
-    /// numbers, the cost, the pinned clock or `""`, the refund's time or `""`), and after
+    /// Run the script of `rule` on `key`: `EVALSHA` with its six arguments (the rule's two
+    /// numbers, the cost, the pinned clock or `""`, the refund's time or `""`, the deadline on
+    /// the Redis clock or `""`), and after
     /// `NOSCRIPT` (a Redis restarted, flushed or failed over) the same as `EVAL` with the
     /// script's text, which caches it on that node for the next `EVALSHA`. Both are routed by
     /// the key, so on a cluster only the key's master is asked: a node down elsewhere cannot
@@ -567,10 +681,11 @@ impl RedisStore {
         cost: u64,
         now_us: Option<u64>,
         refund_at_us: Option<u64>,
+        deadline_us: Option<u64>,
     ) -> redis::RedisResult<redis::Value> {
         let (script, [first, second]) = rule.policy.script();
         let command = |name: &str, script: &str| {
-            let mut cmd = redis::Cmd::with_capacity(9, script.len() + key.len() + 5 * 20);
+            let mut cmd = redis::Cmd::with_capacity(10, script.len() + key.len() + 6 * 20);
             cmd.arg(name)
                 .arg(script)
                 .arg(1)
@@ -584,6 +699,10 @@ impl RedisStore {
             };
             match refund_at_us {
                 Some(at_us) => cmd.arg(at_us),
+                None => cmd.arg(""),
+            };
+            match deadline_us {
+                Some(deadline_us) => cmd.arg(deadline_us),
                 None => cmd.arg(""),
             };
             cmd
@@ -621,27 +740,31 @@ fn reply_of_one(reply: redis::Value) -> BatchReply {
     )))
 }
 
-/// The decision a script's reply says: five non-negative integers.
-fn decision_of(rule: &Rule, reply: &redis::Value) -> Result<Decision, StoreError> {
+/// What a script's reply says: a decision (five non-negative integers), or that the call had
+/// expired (`-1` and the Redis time).
+fn answer_of(rule: &Rule, reply: &redis::Value) -> Result<Answer, StoreError> {
     let unexpected = || StoreError::Reply(format!("{reply:?}"));
     let redis::Value::Array(fields) = reply else {
-        return Err(unexpected());
-    };
-    let [allowed, remaining, retry_after_us, reset_after_us, at_us] = fields.as_slice() else {
         return Err(unexpected());
     };
     let number = |field: &redis::Value| match field {
         redis::Value::Int(n) => u64::try_from(*n).map_err(|_| unexpected()),
         _ => Err(unexpected()),
     };
-    Ok(Decision {
+    let [allowed, remaining, retry_after_us, reset_after_us, at_us] = fields.as_slice() else {
+        return match fields.as_slice() {
+            [redis::Value::Int(-1), redis_us] => Ok(Answer::Expired(number(redis_us)?)),
+            _ => Err(unexpected()),
+        };
+    };
+    Ok(Answer::Decided(Decision {
         allowed: number(allowed)? == 1,
         limit: rule.policy.limit(),
         remaining: number(remaining)?,
         retry_after: Duration::from_micros(number(retry_after_us)?),
         reset_after: Duration::from_micros(number(reset_after_us)?),
         at_us: number(at_us)?,
-    })
+    }))
 }
 
 /// TLS is rustls with the ring provider; trusted roots are the system's (or `SSL_CERT_FILE`).

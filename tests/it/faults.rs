@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::future::join_all;
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
@@ -754,6 +755,105 @@ async fn backend_killed_under_load_gets_502_only_while_down_then_200_again() {
         !backend.seen().is_empty(),
         "the same gateway reached the new backend"
     );
+}
+
+// --- Calls the gateway gave up on --------------------------------------------------------
+
+/// A gateway failing `fail_mode` with a budget of 5 that does not refill during a test, a
+/// breaker that never opens (so every request below reaches the frozen Redis's socket and
+/// times out there), and 3 of the budget spent by `client`.
+async fn five_with_three_spent(
+    redis: &RedisServer,
+    backend: &Backend,
+    fail_mode: &str,
+    client: IpAddr,
+) -> Gateway {
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[
+            ("REDIS_ADDR", &redis.addr()),
+            ("FAIL_MODE", fail_mode),
+            ("REDIS_TIMEOUT_MS", "300"),
+            ("REDIS_BREAKER_THRESHOLD", "1000"),
+            ("MAX_TOKENS", "5"),
+            ("REFILL_RATE", "0.0001"),
+        ],
+    )
+    .await;
+    for remaining in [4, 3, 2] {
+        let reply = get_from(gateway.addr, client, "/", &[]).await;
+        assert_eq!(reply.number("x-ratelimit-remaining"), remaining, "{fail_mode}");
+    }
+    gateway
+}
+
+/// After the thaw, `client` has exactly the 2 it had left before the freeze: Redis ran the
+/// calls that timed out meanwhile, and every one found its deadline passed.
+async fn exactly_two_left(gateway: &Gateway, client: IpAddr, fail_mode: &str) {
+    for remaining in [1, 0] {
+        let reply = get_from(gateway.addr, client, "/", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{fail_mode}");
+        assert_eq!(reply.number("x-ratelimit-remaining"), remaining, "{fail_mode}");
+    }
+    let denied = get_from(gateway.addr, client, "/", &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{fail_mode}");
+    assert_eq!(denied.number("x-ratelimit-remaining"), 0, "{fail_mode}");
+}
+
+/// `FAIL_MODE=closed`: 10 requests refused with 503 while Redis is frozen, each after its
+/// call timed out on the frozen server's socket. Thawed, Redis runs those calls, and the
+/// client is charged for none of them.
+#[tokio::test]
+async fn requests_refused_while_redis_was_frozen_cost_nothing_when_it_thaws() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let client: IpAddr = [127, 0, 0, 80].into();
+    let gateway = five_with_three_spent(&redis, &backend, "closed", client).await;
+    redis.freeze();
+    let seen = backend.seen().len();
+    for _ in 0..10 {
+        let reply = get_from(gateway.addr, client, "/", &[]).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(backend.seen().len(), seen, "refused, not forwarded");
+    redis.thaw();
+    exactly_two_left(&gateway, client, "closed").await;
+}
+
+/// `FAIL_MODE=open` and `local`: the requests whose calls timed out were forwarded unlimited
+/// or decided by the replica alone; the outage is not charged to Redis's budget afterwards
+/// either. Sent 10 at once, so some calls wait for a batch and go out with it just before
+/// their time is up.
+#[tokio::test]
+async fn requests_answered_by_the_fail_mode_while_redis_was_frozen_cost_nothing_when_it_thaws() {
+    for fail_mode in ["open", "local"] {
+        let redis = RedisServer::start();
+        let backend = Backend::start().await;
+        let client: IpAddr = [127, 0, 0, 81].into();
+        let gateway = five_with_three_spent(&redis, &backend, fail_mode, client).await;
+        redis.freeze();
+        let replies = join_all((0..10).map(|_| get_from(gateway.addr, client, "/", &[]))).await;
+        for reply in &replies {
+            match fail_mode {
+                "open" => {
+                    assert_eq!(reply.status, StatusCode::OK);
+                    assert!(!reply.headers.contains_key("x-ratelimit-remaining"), "undecided");
+                }
+                // The replica's own budget of 5, fresh.
+                _ => assert!(
+                    [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(&reply.status),
+                    "{}",
+                    reply.status
+                ),
+            }
+        }
+        if fail_mode == "local" {
+            let allowed = replies.iter().filter(|r| r.status == StatusCode::OK).count();
+            assert_eq!(allowed, 5, "the local store's budget");
+        }
+        redis.thaw();
+        exactly_two_left(&gateway, client, fail_mode).await;
+    }
 }
 
 // --- Redis answering the unexpected ----------------------------------------------------------

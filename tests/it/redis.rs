@@ -399,3 +399,185 @@ async fn a_flood_of_denials_does_not_reach_redis() {
     tokio::time::sleep(Duration::from_millis(2_050)).await;
     assert_eq!(get(gateway.addr, "/").await.status, StatusCode::OK);
 }
+
+/// A decision's script with its clock pinned at `now` and the given deadline, sent alone.
+async fn eval_with_deadline(
+    connection: &mut redis::aio::MultiplexedConnection,
+    policy: Policy,
+    key: &str,
+    now: u64,
+    deadline: u64,
+) -> redis::Value {
+    let (script, [first, second]) = policy.script();
+    redis::cmd("EVAL")
+        .arg(script.source())
+        .arg(1)
+        .arg(key)
+        .arg(first)
+        .arg(second)
+        .arg(1)
+        .arg(now)
+        .arg("")
+        .arg(deadline)
+        .query_async(connection)
+        .await
+        .unwrap()
+}
+
+/// Every algorithm's script, alone and in a batch, run after its deadline: it changes nothing
+/// (not the state, not the expiry) and answers `{-1, now}`. At the deadline itself it decides.
+#[tokio::test]
+async fn a_script_run_past_its_deadline_changes_nothing() {
+    use redis::Value::{Array, Int};
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let now: u64 = 1_764_000_000_000_000;
+    let expired = |at: u64| Array(vec![Int(-1), Int(at as i64)]);
+    for (n, policy) in differential_policies().into_iter().enumerate() {
+        let key = format!("deadline:{{{n}}}:{}", policy.key_suffix());
+        // A client never seen, late: no key is made.
+        let reply = eval_with_deadline(&mut connection, policy, &key, now, now - 1).await;
+        assert_eq!(reply, expired(now), "{policy:?}");
+        assert_eq!(redis.cli(&["EXISTS", &key]).trim(), "0", "{policy:?}");
+        // On time (the deadline is the last moment that counts): decided and counted.
+        let Array(decided) = eval_with_deadline(&mut connection, policy, &key, now, now).await else {
+            panic!("{policy:?}: not a decision");
+        };
+        assert_eq!(decided[0], Int(1), "{policy:?}: allowed");
+        let state = redis.cli(&["DUMP", &key]);
+        let expiry = redis.cli(&["PEXPIRETIME", &key]);
+        // Late again, on a client with a budget spent: nothing changes.
+        let reply = eval_with_deadline(&mut connection, policy, &key, now + 1_000, now + 999).await;
+        assert_eq!(reply, expired(now + 1_000), "{policy:?}");
+        assert_eq!(redis.cli(&["DUMP", &key]), state, "{policy:?}: state untouched");
+        assert_eq!(
+            redis.cli(&["PEXPIRETIME", &key]),
+            expiry,
+            "{policy:?}: expiry untouched"
+        );
+    }
+
+    // In a batch each decision has its deadline: the late one alone is not counted.
+    let policy = differential_policies()[0];
+    let (_, [first, second]) = policy.script();
+    let index = policy.script_index();
+    let mut batch = redis::cmd("EVAL");
+    batch
+        .arg(batch_script().source())
+        .arg(2)
+        .arg("late:{a}:tb")
+        .arg("on-time:{b}:tb");
+    for deadline in [now - 1, now] {
+        batch
+            .arg(index)
+            .arg(first)
+            .arg(second)
+            .arg(1)
+            .arg(now)
+            .arg("")
+            .arg(deadline);
+    }
+    let Array(replies) = batch.query_async::<redis::Value>(&mut connection).await.unwrap() else {
+        panic!("not a batch reply");
+    };
+    assert_eq!(replies[0], expired(now));
+    assert!(
+        matches!(&replies[1], Array(fields) if fields[0] == Int(1)),
+        "{:?}",
+        replies[1]
+    );
+    assert_eq!(redis.cli(&["EXISTS", "late:{a}:tb"]).trim(), "0");
+    assert_eq!(redis.cli(&["EXISTS", "on-time:{b}:tb"]).trim(), "1");
+}
+
+/// A clock estimate far off cannot refuse a call: a deadline found passed while the gateway
+/// still waits renews the estimate, and the call is sent once more and decided, counted
+/// once. An estimate too far ahead only widens the deadline.
+#[tokio::test]
+async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
+    use tokio::time::Instant;
+    use tollgate::limit::redis_clock::RedisClock;
+    let redis = RedisServer::start();
+    let (store, rule) = token_bucket_on(&redis, "skew:", 5, 1_000_000_000);
+    let store = store.with_calls_in_flight(0);
+    // Loads the script, so the calls counted below are the decisions' own.
+    let warm: IpAddr = "192.0.2.1".parse().unwrap();
+    assert!(store.check(&rule, warm.into(), 1).await.unwrap().allowed);
+    let client: IpAddr = "192.0.2.2".parse().unwrap();
+    let key = || store.key(&rule, client.into());
+
+    // Redis believed to be in 1970: every deadline looks long past to it.
+    let behind = RedisClock::new();
+    behind.reset(Instant::now(), 1_000_000);
+    let calls = redis_calls(&redis, "evalsha");
+    let decision = store.check_key(&rule, key(), 1, &behind).await.unwrap();
+    assert_eq!((decision.allowed, decision.remaining), (true, 4));
+    assert_eq!(
+        redis_calls(&redis, "evalsha") - calls,
+        2,
+        "expired once, then decided"
+    );
+    let decision = store.check_key(&rule, key(), 1, &behind).await.unwrap();
+    assert_eq!((decision.allowed, decision.remaining), (true, 3));
+    assert_eq!(
+        redis_calls(&redis, "evalsha") - calls,
+        3,
+        "the estimate was renewed"
+    );
+
+    // Redis believed to be a year ahead: decided at once, as without a deadline.
+    let ahead = RedisClock::new();
+    let year_ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+        + 365 * 86_400 * 1_000_000;
+    ahead.reset(Instant::now(), year_ahead);
+    let decision = store.check_key(&rule, key(), 1, &ahead).await.unwrap();
+    assert_eq!((decision.allowed, decision.remaining), (true, 2));
+    assert_eq!(redis_calls(&redis, "evalsha") - calls, 4);
+}
+
+/// Calls written to a frozen Redis's socket time out; when it thaws it runs them, and each
+/// finds its deadline passed: a budget of 5 with 3 spent still has exactly 2 after 10 calls
+/// that timed out, sent alone or waiting in batches. A refund that timed out is applied
+/// late, which gives back what it would have on time.
+#[tokio::test]
+async fn calls_that_timed_out_in_a_frozen_redis_cost_nothing_when_it_thaws() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(
+        &RedisTarget::Single(redis.url()),
+        "frozen:",
+        Duration::from_millis(300),
+    )
+    .unwrap();
+    let rule = Rule::new(
+        0,
+        "general",
+        Policy::TokenBucket(TokenBucket {
+            capacity: 5,
+            interval_us: 1_000_000_000,
+        }),
+    );
+    let client: IpAddr = "192.0.2.9".parse().unwrap();
+    let spent: Vec<_> = join_all((0..3).map(|_| store.check(&rule, client.into(), 1))).await;
+    assert!(spent.iter().all(|d| d.as_ref().unwrap().allowed));
+    let refunded: IpAddr = "192.0.2.10".parse().unwrap();
+    let to_refund = store.check(&rule, refunded.into(), 1).await.unwrap();
+    assert_eq!(to_refund.remaining, 4);
+
+    redis.freeze();
+    // More at once than REDIS_CALLS_IN_FLIGHT: some go alone, the rest wait and go together.
+    let frozen = join_all((0..10).map(|_| store.check(&rule, client.into(), 1))).await;
+    assert!(frozen.iter().all(Result::is_err), "{frozen:?}");
+    let refund = store.refund(&rule, refunded.into(), 1, to_refund.at_us).await;
+    assert!(refund.is_err(), "the refund timed out");
+    redis.thaw();
+
+    let after = join_all((0..3).map(|_| store.check(&rule, client.into(), 1))).await;
+    let allowed = after.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+    assert_eq!(allowed, 2, "{after:?}");
+    let decision = store.check(&rule, refunded.into(), 1).await.unwrap();
+    assert_eq!(decision.remaining, 4, "the late refund gave its token back");
+}

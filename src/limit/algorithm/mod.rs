@@ -55,8 +55,8 @@ impl LuaScript {
 
 /// One script that decides several requests in one call, each with its own algorithm: every
 /// algorithm's script (`scripts/*.lua`, unchanged) wrapped as a Lua function of its `KEYS` and
-/// `ARGV`, run in turn for each key. For the i-th key `ARGV` holds six values from
-/// `(i - 1) * 6 + 1`: the algorithm's [`Policy::script_index`] and its script's five
+/// `ARGV`, run in turn for each key. For the i-th key `ARGV` holds seven values from
+/// `(i - 1) * 7 + 1`: the algorithm's [`Policy::script_index`] and its script's six
 /// arguments. One `TIME` serves every decision that does not pin its clock. A decision that
 /// fails (a key of the wrong type, say) is its own entry, the error's text, and not the
 /// call's: the others in the call are decided all the same.
@@ -81,7 +81,7 @@ const BATCH_LOOP: &str = r#"
 local clock
 local replies = {}
 for i = 1, #KEYS do
-  local at = (i - 1) * 6
+  local at = (i - 1) * 7
   local now = ARGV[at + 5]
   if now == '' then
     if not clock then
@@ -91,7 +91,7 @@ for i = 1, #KEYS do
     now = clock
   end
   local ok, reply = pcall(algorithms[tonumber(ARGV[at + 1])], {KEYS[i]},
-    {ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], now, ARGV[at + 6]})
+    {ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], now, ARGV[at + 6], ARGV[at + 7]})
   if ok then
     replies[i] = reply
   elseif type(reply) == 'table' and reply.err then
@@ -123,9 +123,10 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     const KEY_SUFFIX: &'static str;
 
     /// The Lua script: `KEYS[1]` the client's key; `ARGV` the two [`script_arguments`], the
-    /// cost, now in µs (or `""` to read Redis `TIME`), and `""` to decide or the decision's
-    /// time in µs to refund. A decision returns `{allowed 1|0, remaining, retry_after_us,
-    /// reset_after_us, now_us}`.
+    /// cost, now in µs (or `""` to read Redis `TIME`), `""` to decide or the decision's time
+    /// in µs to refund, and the call's deadline in µs on the Redis clock (or `""` for none).
+    /// A decision returns `{allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}`;
+    /// a call whose deadline had passed changes nothing and returns `{-1, now_us}`.
     ///
     /// [`script_arguments`]: Algorithm::script_arguments
     fn script() -> &'static LuaScript;
