@@ -29,6 +29,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::config::DEFAULT_ADMIN_BIND;
 use crate::config::env::Env;
 use crate::limit::{FailMode, Limiter};
 use crate::metrics::{Format, Metrics};
@@ -211,12 +212,12 @@ where
         .map_err(|_| format!("no answer from {address} within {HEALTHCHECK_TIMEOUT:?}"))?
 }
 
-/// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default `BIND`,
-/// default `0.0.0.0`) and `ADMIN_PORT` (default 9091), with an unspecified address replaced
-/// by loopback of the same family.
+/// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default
+/// `127.0.0.1`) and `ADMIN_PORT` (default 9091), with an unspecified address (`0.0.0.0`, `::`)
+/// replaced by loopback of the same family, which the listener answers on too.
 fn admin_address(env: &Env) -> Result<SocketAddr, String> {
     let invalid = |var: &str, value: &str| format!("{var}={value:?} is invalid");
-    let bind = env.get("ADMIN_BIND").or(env.get("BIND")).unwrap_or("0.0.0.0");
+    let bind = env.get("ADMIN_BIND").unwrap_or(DEFAULT_ADMIN_BIND);
     let ip: IpAddr = bind.parse().map_err(|_| invalid("ADMIN_BIND", bind))?;
     let port = env.get("ADMIN_PORT").unwrap_or("9091");
     let port: u16 = port.parse().map_err(|_| invalid("ADMIN_PORT", port))?;
@@ -240,12 +241,35 @@ mod tests {
                 .to_string()
         };
         assert_eq!(at(&[]), "127.0.0.1:9091");
-        assert_eq!(at(&[("BIND", "::"), ("ADMIN_PORT", "9100")]), "[::1]:9100");
-        assert_eq!(at(&[("BIND", "10.0.0.5")]), "10.0.0.5:9091");
+        // BIND is the proxy's: the admin listener stays on loopback unless ADMIN_BIND moves it.
         assert_eq!(
-            at(&[("BIND", "10.0.0.5"), ("ADMIN_BIND", "127.0.0.1")]),
-            "127.0.0.1:9091"
+            at(&[("BIND", "10.0.0.5"), ("ADMIN_PORT", "9100")]),
+            "127.0.0.1:9100"
         );
+        assert_eq!(at(&[("ADMIN_BIND", "0.0.0.0")]), "127.0.0.1:9091");
+        assert_eq!(at(&[("ADMIN_BIND", "::")]), "[::1]:9091");
+        assert_eq!(at(&[("ADMIN_BIND", "10.0.0.5")]), "10.0.0.5:9091");
+        for vars in [
+            &[][..],
+            &[("ADMIN_BIND", "0.0.0.0")],
+            &[("ADMIN_BIND", "10.0.0.5")],
+        ] {
+            let config = crate::Config::from_vars(
+                vars.iter()
+                    .copied()
+                    .chain([("BACKEND_URL", "http://127.0.0.1:9")]),
+            )
+            .unwrap();
+            let probed = admin_address(&Env::new(vars.iter().copied())).unwrap();
+            let bound = config.admin;
+            assert!(
+                probed == bound
+                    || (bound.ip().is_unspecified()
+                        && probed.ip().is_loopback()
+                        && probed.port() == bound.port()),
+                "the probe goes where the server binds: {probed} for {bound}"
+            );
+        }
         assert!(admin_address(&Env::new([("ADMIN_PORT", "x")])).is_err());
     }
 }

@@ -485,3 +485,62 @@ async fn a_flood_of_admin_connections_is_capped_and_probes_answer_again_after_it
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(gateway.admin_get("/healthz").await.status, StatusCode::OK);
 }
+
+/// Whether something listens on `ip:port`, asked until `expected` or for about 5 s.
+async fn listening(ip: &str, port: u16, expected: bool) -> bool {
+    for _ in 0..500 {
+        if tokio::net::TcpStream::connect((ip, port)).await.is_ok() == expected {
+            return expected;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    !expected
+}
+
+#[tokio::test]
+async fn the_admin_listener_is_on_loopback_unless_admin_bind_says_otherwise() {
+    use std::process::{Command, Stdio};
+    const BINARY: &str = env!("CARGO_BIN_EXE_tollgate");
+    let backend = Backend::start().await;
+    // 127.0.0.2 is this host too, but a socket bound to 127.0.0.1 does not answer there: it
+    // stands for "any other address" without depending on the machine's network.
+    for admin_bind in [None, Some("0.0.0.0")] {
+        let [port, admin_port] = crate::support::free_ports();
+        let admin_vars: Vec<(&str, &str)> = admin_bind.iter().map(|bind| ("ADMIN_BIND", *bind)).collect();
+        let mut tollgate = Command::new(BINARY)
+            .env_clear()
+            .env("BACKEND_URL", backend.url())
+            .env("BIND", "0.0.0.0")
+            .env("PORT", port.to_string())
+            .env("ADMIN_PORT", admin_port.to_string())
+            .envs(admin_vars.iter().copied())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(
+            listening("127.0.0.1", admin_port, true).await,
+            "ADMIN_BIND={admin_bind:?}"
+        );
+        // Both listeners are bound before either serves: the proxy takes every address.
+        assert!(listening("127.0.0.2", port, true).await);
+        let elsewhere = tokio::net::TcpStream::connect(("127.0.0.2", admin_port))
+            .await
+            .is_ok();
+        assert_eq!(elsewhere, admin_bind.is_some(), "ADMIN_BIND={admin_bind:?}");
+        // The container's HEALTHCHECK, with the same environment, finds it either way.
+        let probe = Command::new(BINARY)
+            .env_clear()
+            .env("ADMIN_PORT", admin_port.to_string())
+            .envs(admin_vars.iter().copied())
+            .arg("healthcheck")
+            .output()
+            .unwrap();
+        assert!(
+            probe.status.success(),
+            "ADMIN_BIND={admin_bind:?}: {}",
+            String::from_utf8_lossy(&probe.stderr)
+        );
+        tollgate.kill().unwrap();
+        tollgate.wait().unwrap();
+    }
+}
