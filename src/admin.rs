@@ -15,6 +15,7 @@
 //! Also here: [`healthcheck`], what `tollgate healthcheck` runs for a container's
 //! `HEALTHCHECK` (the distroless image has no curl).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -27,23 +28,26 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 
 use crate::config::DEFAULT_ADMIN_BIND;
 use crate::config::env::Env;
 use crate::limit::{FailMode, Limiter};
 use crate::metrics::{Format, Metrics};
-use crate::server::limits::ConnectionSlots;
 
 /// How long an admin client may take to send its request head (and stay idle between
 /// requests).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Most admin connections open at once; past it a new one is closed at once. Probes and
-/// scrapers need a few; the cap keeps a flood of admin connections inside the file
-/// descriptors set apart for the admin listener and the like
+/// Most admin connections open at once; past it a new one takes the place of the oldest, which
+/// is closed. Probes and scrapers need a few; the cap keeps a flood of admin connections inside
+/// the file descriptors set apart for the admin listener and the like
 /// ([`RESERVED_FDS`](crate::server::limits::RESERVED_FDS)), so it cannot starve proxied
-/// traffic of them.
+/// traffic of them, and closing the oldest rather than refusing the newest means a flood of
+/// connections that send nothing cannot keep a probe out either: a probe asks at once, and is
+/// answered before 32 more connections push it out.
 pub const MAX_ADMIN_CONNECTIONS: usize = 32;
 
 /// How long `tollgate healthcheck` waits for an answer: below the image's `HEALTHCHECK
@@ -65,7 +69,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    let slots = ConnectionSlots::new(MAX_ADMIN_CONNECTIONS);
+    let open = Arc::new(OpenConnections::default());
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -75,23 +79,74 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
                 continue;
             }
         };
-        let Some(slot) = slots.try_acquire() else {
-            tracing::debug!(%peer, max = MAX_ADMIN_CONNECTIONS, "admin connection refused: too many open");
-            continue;
-        };
+        let (id, close) = open.admit();
+        tracing::trace!(%peer, "admin connection accepted");
         let state = state.clone();
         let service = service_fn(move |request| {
             let state = state.clone();
             async move { Ok::<_, Infallible>(answer(&state, &request)) }
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
+        let open = open.clone();
         tokio::spawn(async move {
-            // The connection's place under MAX_ADMIN_CONNECTIONS, until it ends.
-            let _slot = slot;
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "admin connection ended with an error");
+            tokio::select! {
+                served = connection => if let Err(error) = served {
+                    tracing::debug!(%error, "admin connection ended with an error");
+                },
+                // Dropping the connection closes its socket.
+                () = close.notified() => tracing::debug!(
+                    max = MAX_ADMIN_CONNECTIONS,
+                    "admin connection closed for a newer one: too many open"
+                ),
             }
+            open.remove(id);
         });
+    }
+}
+
+/// The admin connections open, oldest first, each with the means to close it.
+#[derive(Default)]
+struct OpenConnections {
+    inner: Mutex<OpenInner>,
+}
+
+#[derive(Default)]
+struct OpenInner {
+    /// The id the next connection gets.
+    next: u64,
+    /// `(id, close)` of each connection open, in the order they were accepted.
+    held: VecDeque<(u64, Arc<Notify>)>,
+}
+
+impl OpenConnections {
+    /// A place for a new connection: its id and what tells it to close. At
+    /// [`MAX_ADMIN_CONNECTIONS`] the oldest is told to close and given up.
+    fn admit(&self) -> (u64, Arc<Notify>) {
+        let mut inner = self.inner.lock();
+        if inner.held.len() >= MAX_ADMIN_CONNECTIONS
+            && let Some((_, oldest)) = inner.held.pop_front()
+        {
+            // A stored permit if its task is not waiting yet: it still closes.
+            oldest.notify_one();
+        }
+        let id = inner.next;
+        inner.next += 1;
+        let close = Arc::new(Notify::new());
+        inner.held.push_back((id, close.clone()));
+        (id, close)
+    }
+
+    /// Connection `id` has ended (or was given up already: then nothing happens).
+    fn remove(&self, id: u64) {
+        let mut inner = self.inner.lock();
+        if let Some(at) = inner.held.iter().position(|(held, _)| *held == id) {
+            inner.held.remove(at);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().held.len()
     }
 }
 
@@ -232,6 +287,25 @@ fn admin_address(env: &Env) -> Result<SocketAddr, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn past_the_cap_the_oldest_connection_is_told_to_close() {
+        let open = OpenConnections::default();
+        let first = open.admit();
+        let rest: Vec<_> = (1..MAX_ADMIN_CONNECTIONS).map(|_| open.admit()).collect();
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS);
+        let newest = open.admit();
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS);
+        // The oldest has its permit (it closes even if it was not waiting yet); no one else.
+        tokio::time::timeout(Duration::from_secs(5), first.1.notified())
+            .await
+            .expect("the oldest is told to close");
+        open.remove(first.0);
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS, "it was given up already");
+        open.remove(rest[0].0);
+        open.remove(newest.0);
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS - 2);
+    }
 
     #[test]
     fn the_probe_finds_the_admin_listener_like_the_server_binds_it() {
