@@ -35,14 +35,16 @@ COPY --from=builder /src/target/release/tollgate /usr/local/bin/tollgate
 # Numeric, so Kubernetes' runAsNonRoot can verify it (this is distroless' "nonroot" user).
 USER 65532:65532
 # 8080: proxied traffic (PORT). 9091: the admin listener (ADMIN_PORT): /metrics, /healthz,
-# /readyz. Publish 9091 only where Prometheus and probes can reach it, not to the internet.
+# /readyz. It listens on the container's loopback unless ADMIN_BIND=0.0.0.0 (needed for a
+# published 9091, Kubernetes probes, Prometheus); publish it only where those can reach it.
 EXPOSE 8080 9091
 # tollgate drains in-flight requests on SIGTERM for up to SHUTDOWN_TIMEOUT_MS (default 8 s),
 # inside `docker stop`'s default 10 s grace. Raising SHUTDOWN_TIMEOUT_MS means raising the
 # grace too: `docker run --stop-timeout`, `docker stop -t`, compose's `stop_grace_period`.
 STOPSIGNAL SIGTERM
 # No shell in the image, so the check is the binary itself: `tollgate healthcheck` GETs
-# /healthz on the admin port it reads from the same environment, and exits 0 or 1.
+# /healthz on the admin listener it reads from the same environment (ADMIN_BIND, ADMIN_PORT;
+# 0.0.0.0 is reached on loopback), and exits 0 or 1.
 # (Docker and compose run this; Kubernetes ignores it and uses its own probes.)
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 CMD ["/usr/local/bin/tollgate", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/tollgate"]

@@ -2,7 +2,8 @@
 # The whole test suite: formatting, lints, unit, property and integration tests.
 # Integration tests start their own redis-server processes on free ports (never one left
 # running by hand), so redis-server and redis-cli must be installed; on Debian this script
-# installs them when they are missing, and python3 (a backend that reads targets as Python does).
+# installs them when they are missing, and so python3 (a backend that reads targets as Python
+# does), promtool and Python's prometheus_client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,33 @@ if ! command -v python3 >/dev/null; then
     exit 1
   fi
 fi
+
+# The /metrics tests check both exposition formats with the real readers: promtool (Debian's
+# `prometheus` package) lints the Prometheus text format and parses OpenMetrics, and Python's
+# prometheus_client parses each with its own parser.
+if ! command -v promtool >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
+    echo "test.sh: installing promtool (the prometheus package)" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "test.sh: promtool is required: apt-get install prometheus" >&2
+    exit 1
+  fi
+fi
+if ! python3 -c 'import prometheus_client' 2>/dev/null; then
+  echo "test.sh: installing Python's prometheus_client" >&2
+  # pip where python3 is one of its own (pyenv, a venv); Debian's package for the system's.
+  python3 -m pip install --quiet prometheus-client 2>/dev/null ||
+    { command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ] &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-prometheus-client >/dev/null; } ||
+    true
+  if ! python3 -c 'import prometheus_client' 2>/dev/null; then
+    echo "test.sh: Python's prometheus_client is required: python3 -m pip install prometheus-client" >&2
+    exit 1
+  fi
+fi
+promtool --version | head -1
 
 started=$SECONDS
 cargo fmt --check

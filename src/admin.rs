@@ -9,11 +9,13 @@
 //!   would turn it into an outage of the backend. The body says which store, and the
 //!   breakers' state (`closed`, `open`, or `partial` when some cluster masters' are open), as
 //!   JSON.
-//! - `/metrics`: the Prometheus text format (see [`crate::metrics`]).
+//! - `/metrics`: the Prometheus text format 0.0.4, or OpenMetrics 1.0.0 to a scraper whose
+//!   `Accept` prefers `application/openmetrics-text` (Prometheus does); see [`crate::metrics`].
 //!
 //! Also here: [`healthcheck`], what `tollgate healthcheck` runs for a container's
 //! `HEALTHCHECK` (the distroless image has no curl).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -26,22 +28,26 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 
+use crate::config::DEFAULT_ADMIN_BIND;
 use crate::config::env::Env;
 use crate::limit::{FailMode, Limiter};
-use crate::metrics::Metrics;
-use crate::server::limits::ConnectionSlots;
+use crate::metrics::{Format, Metrics};
 
 /// How long an admin client may take to send its request head (and stay idle between
 /// requests).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Most admin connections open at once; past it a new one is closed at once. Probes and
-/// scrapers need a few; the cap keeps a flood of admin connections inside the file
-/// descriptors set apart for the admin listener and the like
+/// Most admin connections open at once; past it a new one takes the place of the oldest, which
+/// is closed. Probes and scrapers need a few; the cap keeps a flood of admin connections inside
+/// the file descriptors set apart for the admin listener and the like
 /// ([`RESERVED_FDS`](crate::server::limits::RESERVED_FDS)), so it cannot starve proxied
-/// traffic of them.
+/// traffic of them, and closing the oldest rather than refusing the newest means a flood of
+/// connections that send nothing cannot keep a probe out either: a probe asks at once, and is
+/// answered before 32 more connections push it out.
 pub const MAX_ADMIN_CONNECTIONS: usize = 32;
 
 /// How long `tollgate healthcheck` waits for an answer: below the image's `HEALTHCHECK
@@ -63,7 +69,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    let slots = ConnectionSlots::new(MAX_ADMIN_CONNECTIONS);
+    let open = Arc::new(OpenConnections::default());
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -73,23 +79,74 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
                 continue;
             }
         };
-        let Some(slot) = slots.try_acquire() else {
-            tracing::debug!(%peer, max = MAX_ADMIN_CONNECTIONS, "admin connection refused: too many open");
-            continue;
-        };
+        let (id, close) = open.admit();
+        tracing::trace!(%peer, "admin connection accepted");
         let state = state.clone();
         let service = service_fn(move |request| {
             let state = state.clone();
             async move { Ok::<_, Infallible>(answer(&state, &request)) }
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
+        let open = open.clone();
         tokio::spawn(async move {
-            // The connection's place under MAX_ADMIN_CONNECTIONS, until it ends.
-            let _slot = slot;
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "admin connection ended with an error");
+            tokio::select! {
+                served = connection => if let Err(error) = served {
+                    tracing::debug!(%error, "admin connection ended with an error");
+                },
+                // Dropping the connection closes its socket.
+                () = close.notified() => tracing::debug!(
+                    max = MAX_ADMIN_CONNECTIONS,
+                    "admin connection closed for a newer one: too many open"
+                ),
             }
+            open.remove(id);
         });
+    }
+}
+
+/// The admin connections open, oldest first, each with the means to close it.
+#[derive(Default)]
+struct OpenConnections {
+    inner: Mutex<OpenInner>,
+}
+
+#[derive(Default)]
+struct OpenInner {
+    /// The id the next connection gets.
+    next: u64,
+    /// `(id, close)` of each connection open, in the order they were accepted.
+    held: VecDeque<(u64, Arc<Notify>)>,
+}
+
+impl OpenConnections {
+    /// A place for a new connection: its id and what tells it to close. At
+    /// [`MAX_ADMIN_CONNECTIONS`] the oldest is told to close and given up.
+    fn admit(&self) -> (u64, Arc<Notify>) {
+        let mut inner = self.inner.lock();
+        if inner.held.len() >= MAX_ADMIN_CONNECTIONS
+            && let Some((_, oldest)) = inner.held.pop_front()
+        {
+            // A stored permit if its task is not waiting yet: it still closes.
+            oldest.notify_one();
+        }
+        let id = inner.next;
+        inner.next += 1;
+        let close = Arc::new(Notify::new());
+        inner.held.push_back((id, close.clone()));
+        (id, close)
+    }
+
+    /// Connection `id` has ended (or was given up already: then nothing happens).
+    fn remove(&self, id: u64) {
+        let mut inner = self.inner.lock();
+        if let Some(at) = inner.held.iter().position(|(held, _)| *held == id) {
+            inner.held.remove(at);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().held.len()
     }
 }
 
@@ -100,20 +157,26 @@ fn answer(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Byte
     match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => readiness(state),
-        "/metrics" => match state.metrics.encode() {
-            Ok(body) => {
-                let mut response = Response::new(Full::new(Bytes::from(body)));
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                );
-                response
+        "/metrics" => {
+            let format = Format::negotiate(request.headers().get(header::ACCEPT));
+            match state.metrics.encode(format) {
+                Ok(body) => {
+                    let mut response = Response::new(Full::new(Bytes::from(body)));
+                    let headers = response.headers_mut();
+                    headers.insert(
+                        header::CONTENT_TYPE,
+                        header::HeaderValue::from_static(format.content_type()),
+                    );
+                    // The body depends on Accept: a cache in between must not mix them up.
+                    headers.insert(header::VARY, header::HeaderValue::from_static("accept"));
+                    response
+                }
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "metrics could not be encoded\n",
+                ),
             }
-            Err(_) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "metrics could not be encoded\n",
-            ),
-        },
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz or /readyz\n",
@@ -219,12 +282,12 @@ where
         .map_err(|_| format!("no answer from {address} within {HEALTHCHECK_TIMEOUT:?}"))?
 }
 
-/// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default `BIND`,
-/// default `0.0.0.0`) and `ADMIN_PORT` (default 9091), with an unspecified address replaced
-/// by loopback of the same family.
+/// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default
+/// `127.0.0.1`) and `ADMIN_PORT` (default 9091), with an unspecified address (`0.0.0.0`, `::`)
+/// replaced by loopback of the same family, which the listener answers on too.
 fn admin_address(env: &Env) -> Result<SocketAddr, String> {
     let invalid = |var: &str, value: &str| format!("{var}={value:?} is invalid");
-    let bind = env.get("ADMIN_BIND").or(env.get("BIND")).unwrap_or("0.0.0.0");
+    let bind = env.get("ADMIN_BIND").unwrap_or(DEFAULT_ADMIN_BIND);
     let ip: IpAddr = bind.parse().map_err(|_| invalid("ADMIN_BIND", bind))?;
     let port = env.get("ADMIN_PORT").unwrap_or("9091");
     let port: u16 = port.parse().map_err(|_| invalid("ADMIN_PORT", port))?;
@@ -239,29 +302,24 @@ fn admin_address(env: &Env) -> Result<SocketAddr, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Config;
-    use crate::metrics::{METRIC_NAMES, Metrics};
 
-    #[test]
-    fn metric_names_are_exactly_what_is_exported() {
-        let config = Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9")]).unwrap();
-        let limiter = crate::server::limiter(&config).unwrap();
-        let text = Metrics::new(&config.rules, limiter).encode().unwrap();
-        let mut exported: Vec<&str> = text
-            .lines()
-            .filter(|line| !line.starts_with('#') && !line.is_empty())
-            .map(|line| line.split(['{', ' ']).next().unwrap_or(line))
-            .map(|name| {
-                ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .fold(name, |n, s| n.strip_suffix(s).unwrap_or(n))
-            })
-            .collect();
-        exported.sort_unstable();
-        exported.dedup();
-        let mut expected = METRIC_NAMES.to_vec();
-        expected.sort_unstable();
-        assert_eq!(exported, expected);
+    #[tokio::test]
+    async fn past_the_cap_the_oldest_connection_is_told_to_close() {
+        let open = OpenConnections::default();
+        let first = open.admit();
+        let rest: Vec<_> = (1..MAX_ADMIN_CONNECTIONS).map(|_| open.admit()).collect();
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS);
+        let newest = open.admit();
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS);
+        // The oldest has its permit (it closes even if it was not waiting yet); no one else.
+        tokio::time::timeout(Duration::from_secs(5), first.1.notified())
+            .await
+            .expect("the oldest is told to close");
+        open.remove(first.0);
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS, "it was given up already");
+        open.remove(rest[0].0);
+        open.remove(newest.0);
+        assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS - 2);
     }
 
     #[test]
@@ -272,12 +330,35 @@ mod tests {
                 .to_string()
         };
         assert_eq!(at(&[]), "127.0.0.1:9091");
-        assert_eq!(at(&[("BIND", "::"), ("ADMIN_PORT", "9100")]), "[::1]:9100");
-        assert_eq!(at(&[("BIND", "10.0.0.5")]), "10.0.0.5:9091");
+        // BIND is the proxy's: the admin listener stays on loopback unless ADMIN_BIND moves it.
         assert_eq!(
-            at(&[("BIND", "10.0.0.5"), ("ADMIN_BIND", "127.0.0.1")]),
-            "127.0.0.1:9091"
+            at(&[("BIND", "10.0.0.5"), ("ADMIN_PORT", "9100")]),
+            "127.0.0.1:9100"
         );
+        assert_eq!(at(&[("ADMIN_BIND", "0.0.0.0")]), "127.0.0.1:9091");
+        assert_eq!(at(&[("ADMIN_BIND", "::")]), "[::1]:9091");
+        assert_eq!(at(&[("ADMIN_BIND", "10.0.0.5")]), "10.0.0.5:9091");
+        for vars in [
+            &[][..],
+            &[("ADMIN_BIND", "0.0.0.0")],
+            &[("ADMIN_BIND", "10.0.0.5")],
+        ] {
+            let config = crate::Config::from_vars(
+                vars.iter()
+                    .copied()
+                    .chain([("BACKEND_URL", "http://127.0.0.1:9")]),
+            )
+            .unwrap();
+            let probed = admin_address(&Env::new(vars.iter().copied())).unwrap();
+            let bound = config.admin;
+            assert!(
+                probed == bound
+                    || (bound.ip().is_unspecified()
+                        && probed.ip().is_loopback()
+                        && probed.port() == bound.port()),
+                "the probe goes where the server binds: {probed} for {bound}"
+            );
+        }
         assert!(admin_address(&Env::new([("ADMIN_PORT", "x")])).is_err());
     }
 }

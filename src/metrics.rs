@@ -1,19 +1,29 @@
-//! The Prometheus registry and the handful of typed metrics the gateway exports on the admin
-//! listener's `/metrics`.
+//! The Prometheus registry and the typed metrics the gateway exports on the admin listener's
+//! `/metrics`, in either exposition format ([`Format`]).
 //!
 //! Labels never carry a client key or address: they are a rule name (bounded by the rule
-//! table), a decision, a status class, or an error kind, so cardinality is fixed by the
-//! configuration. Per-request counters are created up front for every (rule, label) pair and
+//! table), a decision, a status class or code, or an error kind, so cardinality is fixed by
+//! the configuration. Per-request counters are created up front for every (rule, label) pair and
 //! kept in arrays indexed by rule id, so counting a request is one atomic add, and every series
-//! is visible (at zero) from the first scrape. What the stores know (clients held, evictions,
-//! Redis errors, the breaker) is read from them at scrape time by a collector, so nothing on
-//! the request path updates a gauge.
+//! is visible (at zero) from the first scrape. Status codes are the exception: a rule's row of
+//! 500 counters (100-599, and one for the rest) is made on its first response, and only the
+//! codes seen are exported. What the stores know (clients held, evictions, Redis errors, the
+//! breaker) and what the server holds open (connections, requests in flight) is read from them
+//! at scrape time by collectors, so nothing on the request path updates a gauge.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Buf;
+use http::HeaderValue;
+use hyper::body::{Body, Frame, SizeHint};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -23,14 +33,21 @@ use prometheus_client::registry::Registry;
 use crate::limit::guard::RedisErrorKind;
 use crate::limit::{Limiter, RuleTable};
 use crate::proxy::{BackendFailure, Outcome};
+use crate::server::limits::ConnectionSlots;
 
-/// Every metric name exported (as scraped, with `_total` on counters), for the dashboard and
-/// alerting examples to be checked against.
+/// Every metric name exported (as scraped in the Prometheus text format, with `_total` on
+/// counters), for the dashboard and alerting examples to be checked against.
 pub const METRIC_NAMES: &[&str] = &[
     "tollgate_requests_total",
+    "tollgate_responses_total",
     "tollgate_backend_responses_total",
     "tollgate_backend_errors_total",
     "tollgate_backend_connections_total",
+    "tollgate_request_body_bytes_total",
+    "tollgate_response_body_bytes_total",
+    "tollgate_client_connections_open",
+    "tollgate_client_connections_max",
+    "tollgate_requests_in_flight",
     "tollgate_client_connections_unread_total",
     "tollgate_client_streams_unread_total",
     "tollgate_decision_duration_seconds",
@@ -44,8 +61,91 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_build_info",
 ];
 
+/// The `rule` label of responses to requests refused before any rule was found for them
+/// (malformed, or past the cap of requests in flight): no rule name can be this, as a name is
+/// a path (starting with `/`) or made of `a-z`, `0-9`, `_` and `-`.
+pub const NO_RULE: &str = "(none)";
+
 /// Status classes of backend responses, as labelled.
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Counters in a rule's row of status codes: 100 to 599, then one for the codes above 599
+/// that hyper lets a backend send (up to 999), labelled `other`.
+const STATUS_CODES: usize = 501;
+
+/// The exposition formats `/metrics` serves, chosen by the scraper's `Accept`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format 0.0.4: what Prometheus reads when it asks for nothing else,
+    /// and what `promtool check metrics` and most scrapers other than Prometheus read.
+    Prometheus,
+    /// OpenMetrics 1.0.0 text, ending in `# EOF`: what Prometheus asks for first.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format a scraper sending `accept` prefers: OpenMetrics when it names
+    /// `application/openmetrics-text` with a weight of at least that of any range the
+    /// Prometheus format matches (`text/plain`, `text/*`, `*/*`), else the Prometheus format.
+    /// Prometheus itself sends `application/openmetrics-text;version=1.0.0,...;q=0.75,
+    /// text/plain;version=0.0.4;q=0.5,*/*;q=0.1`.
+    pub fn negotiate(accept: Option<&HeaderValue>) -> Format {
+        let Some(accept) = accept.and_then(|value| value.to_str().ok()) else {
+            return Format::Prometheus;
+        };
+        let (mut open_metrics, mut text) = (0.0f32, 0.0f32);
+        for range in accept.split(',') {
+            let mut parts = range.split(';');
+            let media_type = parts.next().unwrap_or("").trim();
+            // RFC 9110 section 12.4.2: a weight is 0 to 1 with up to three decimals; a range
+            // with a weight that is not one is ignored rather than guessed at.
+            let weight = parts
+                .filter_map(|parameter| parameter.split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
+                .map_or(Some(1.0), |(_, q)| {
+                    q.trim().parse::<f32>().ok().filter(|q| (0.0..=1.0).contains(q))
+                });
+            let Some(weight) = weight else { continue };
+            if media_type.eq_ignore_ascii_case("application/openmetrics-text") {
+                open_metrics = open_metrics.max(weight);
+            } else if ["text/plain", "text/*", "*/*"]
+                .iter()
+                .any(|matched| media_type.eq_ignore_ascii_case(matched))
+            {
+                text = text.max(weight);
+            }
+        }
+        if open_metrics > 0.0 && open_metrics >= text {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    /// The `Content-Type` of a response in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// What the server holds open, read at scrape time: the gauges of open client connections
+/// and of requests in flight cost the request path nothing, as the server counts both anyway
+/// for its caps.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Client connections open (tunnels included), under `MAX_CONNECTIONS`.
+    pub connections: ConnectionSlots,
+    /// Requests in flight across all connections, under the same cap.
+    pub requests: ConnectionSlots,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    rule: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
@@ -65,19 +165,34 @@ struct CauseLabels {
     cause: &'static str,
 }
 
+/// The body-byte counters of one rule, for the proxy to count frames into.
+#[derive(Debug)]
+pub struct BodyBytes {
+    /// `tollgate_request_body_bytes_total`: request body bytes forwarded to the backend.
+    pub request: Counter,
+    /// `tollgate_response_body_bytes_total`: backend response body bytes passed to clients.
+    pub response: Counter,
+}
+
 /// The metrics the request path updates, and the registry that exports them.
 pub struct Metrics {
     registry: Registry,
     /// `tollgate_requests_total`, by rule id then [`Outcome`] index.
     requests: Vec<[Counter; Outcome::ALL.len()]>,
+    /// `tollgate_responses_total`, by rule id then status code.
+    responses: Arc<StatusCodes>,
     /// `tollgate_backend_responses_total`, by rule id then status class.
     backend_responses: Vec<[Counter; STATUS_CLASSES.len()]>,
     /// `tollgate_backend_errors_total`, by rule id then [`BackendFailure`] index.
     backend_errors: Vec<[Counter; BackendFailure::ALL.len()]>,
-    /// `tollgate_decision_duration_seconds`: asking the store (Redis round trip included).
-    decision_seconds: Histogram,
-    /// `tollgate_backend_duration_seconds`: from sending to the backend's response headers.
-    backend_seconds: Histogram,
+    /// The body-byte counters, by rule id.
+    body_bytes: Vec<BodyBytes>,
+    /// `tollgate_decision_duration_seconds`, by rule id: asking the store (Redis round trip
+    /// included).
+    decision_seconds: Vec<Histogram>,
+    /// `tollgate_backend_duration_seconds`, by rule id: from sending to the backend's response
+    /// headers.
+    backend_seconds: Vec<Histogram>,
     /// `tollgate_backend_connections_total`: connections opened to the backend.
     backend_connections: Counter,
     /// `tollgate_client_connections_unread_total`: client connections dropped for taking none
@@ -88,10 +203,21 @@ pub struct Metrics {
     client_streams_unread: Counter,
 }
 
+/// 5 µs to about 164 ms: a memory decision takes a few microseconds, a Redis one 100-500 µs,
+/// and a timeout is at `REDIS_TIMEOUT_MS` (50 ms unless set).
+fn decision_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(5e-6, 2.0, 16))
+}
+
+/// 1 ms to about 65 s.
+fn backend_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-3, 2.0, 17))
+}
+
 impl Metrics {
-    /// Register every metric for the rules of `table`, reading store state from `limiter` at
-    /// scrape time.
-    pub fn new(table: &RuleTable, limiter: Limiter) -> Metrics {
+    /// Register every metric for the rules of `table`, reading store state from `limiter` and
+    /// what the server holds open from `load` at scrape time.
+    pub fn new(table: &RuleTable, limiter: Limiter, load: Load) -> Metrics {
         let mut registry = Registry::with_prefix("tollgate");
         let requests = Family::<DecisionLabels, Counter>::default();
         registry.register(
@@ -99,11 +225,14 @@ impl Metrics {
             "Requests by rule and what became of them",
             requests.clone(),
         );
-        let responses = Family::<ClassLabels, Counter>::default();
+        let rules: Vec<String> = table.rules().iter().map(|rule| label_value(&rule.name)).collect();
+        let responses = Arc::new(StatusCodes::new(&rules));
+        registry.register_collector(Box::new(ResponseCollector(responses.clone())));
+        let backend_responses = Family::<ClassLabels, Counter>::default();
         registry.register(
             "backend_responses",
             "Backend responses by rule and status class",
-            responses.clone(),
+            backend_responses.clone(),
         );
         let errors = Family::<CauseLabels, Counter>::default();
         registry.register(
@@ -111,19 +240,30 @@ impl Metrics {
             "Requests the backend did not answer (the gateway answered 502 or 504), by cause",
             errors.clone(),
         );
-        // 50 µs to about 1.6 s: a memory decision sits in the first bucket, a Redis one
-        // around 100-500 µs, a timeout at REDIS_TIMEOUT_MS.
-        let decision_seconds = Histogram::new(exponential_buckets(50e-6, 2.0, 16));
+        let request_bytes = Family::<RuleLabels, Counter>::default();
+        registry.register(
+            "request_body_bytes",
+            "Request body bytes forwarded to the backend, by rule",
+            request_bytes.clone(),
+        );
+        let response_bytes = Family::<RuleLabels, Counter>::default();
+        registry.register(
+            "response_body_bytes",
+            "Backend response body bytes passed to clients, by rule (upgraded tunnels not included)",
+            response_bytes.clone(),
+        );
+        let decision_seconds =
+            Family::<RuleLabels, Histogram, fn() -> Histogram>::new_with_constructor(decision_histogram);
         registry.register(
             "decision_duration_seconds",
-            "Time to decide a request (a Redis round trip in Redis mode)",
+            "Time to decide a request (a Redis round trip in Redis mode), by rule",
             decision_seconds.clone(),
         );
-        // 1 ms to about 65 s.
-        let backend_seconds = Histogram::new(exponential_buckets(1e-3, 2.0, 17));
+        let backend_seconds =
+            Family::<RuleLabels, Histogram, fn() -> Histogram>::new_with_constructor(backend_histogram);
         registry.register(
             "backend_duration_seconds",
-            "Time from forwarding a request to the backend's response headers",
+            "Time from forwarding a request to the backend's response headers, by rule",
             backend_seconds.clone(),
         );
         let backend_connections = Counter::default();
@@ -144,49 +284,66 @@ impl Metrics {
             "HTTP/2 streams reset for taking none of their response for SEND_TIMEOUT_MS (a window kept shut)",
             client_streams_unread.clone(),
         );
+        registry.register_collector(Box::new(LoadCollector(load)));
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
-        let rule = |id: usize| table.rules()[id].name.to_string();
-        let ids = 0..table.rules().len();
+        let labelled = |id: usize| RuleLabels {
+            rule: rules[id].clone(),
+        };
+        let ids = 0..rules.len();
         Metrics {
             requests: ids
                 .clone()
                 .map(|id| {
                     Outcome::ALL.map(|outcome| {
                         let labels = DecisionLabels {
-                            rule: rule(id),
+                            rule: rules[id].clone(),
                             decision: outcome.as_str(),
                         };
                         requests.get_or_create(&labels).clone()
                     })
                 })
                 .collect(),
+            responses,
             backend_responses: ids
                 .clone()
                 .map(|id| {
                     STATUS_CLASSES.map(|class| {
                         let labels = ClassLabels {
-                            rule: rule(id),
+                            rule: rules[id].clone(),
                             class,
                         };
-                        responses.get_or_create(&labels).clone()
+                        backend_responses.get_or_create(&labels).clone()
                     })
                 })
                 .collect(),
             backend_errors: ids
+                .clone()
                 .map(|id| {
                     BackendFailure::ALL.map(|failure| {
                         let labels = CauseLabels {
-                            rule: rule(id),
+                            rule: rules[id].clone(),
                             cause: failure.as_str(),
                         };
                         errors.get_or_create(&labels).clone()
                     })
                 })
                 .collect(),
+            body_bytes: ids
+                .clone()
+                .map(|id| BodyBytes {
+                    request: request_bytes.get_or_create(&labelled(id)).clone(),
+                    response: response_bytes.get_or_create(&labelled(id)).clone(),
+                })
+                .collect(),
+            decision_seconds: ids
+                .clone()
+                .map(|id| decision_seconds.get_or_create(&labelled(id)).clone())
+                .collect(),
+            backend_seconds: ids
+                .map(|id| backend_seconds.get_or_create(&labelled(id)).clone())
+                .collect(),
             registry,
-            decision_seconds,
-            backend_seconds,
             backend_connections,
             client_connections_unread,
             client_streams_unread,
@@ -200,17 +357,32 @@ impl Metrics {
         }
     }
 
+    /// The gateway answered a request under rule `rule` (`None`: refused before one was found)
+    /// with `status`, its own or the backend's.
+    pub fn response(&self, rule: Option<u16>, status: u16) {
+        self.responses.count(rule, status);
+    }
+
     /// The backend answered a request under rule `rule_id` with `status` after `elapsed`.
     pub fn backend_response(&self, rule_id: u16, status: u16, elapsed: Duration) {
-        self.backend_seconds.observe(elapsed.as_secs_f64());
+        let rule = usize::from(rule_id);
+        if let Some(histogram) = self.backend_seconds.get(rule) {
+            histogram.observe(elapsed.as_secs_f64());
+        }
         let class = usize::from(status / 100).saturating_sub(1);
         if let Some(counter) = self
             .backend_responses
-            .get(usize::from(rule_id))
+            .get(rule)
             .and_then(|counters| counters.get(class))
         {
             counter.inc();
         }
+    }
+
+    /// The body-byte counters of rule `rule_id`, for the request and response bodies of a
+    /// forwarded request to count their frames into.
+    pub fn body_bytes(&self, rule_id: u16) -> Option<&BodyBytes> {
+        self.body_bytes.get(usize::from(rule_id))
     }
 
     /// The counter of connections opened to the backend, for the pool to count into.
@@ -235,16 +407,167 @@ impl Metrics {
         }
     }
 
-    /// A decision took `elapsed`.
-    pub fn decision(&self, elapsed: Duration) {
-        self.decision_seconds.observe(elapsed.as_secs_f64());
+    /// A decision under rule `rule_id` took `elapsed`.
+    pub fn decision(&self, rule_id: u16, elapsed: Duration) {
+        if let Some(histogram) = self.decision_seconds.get(usize::from(rule_id)) {
+            histogram.observe(elapsed.as_secs_f64());
+        }
     }
 
-    /// The text exposition format, for `/metrics`.
-    pub fn encode(&self) -> Result<String, fmt::Error> {
+    /// The exposition in `format`, for `/metrics`.
+    pub fn encode(&self, format: Format) -> Result<String, fmt::Error> {
         let mut text = String::with_capacity(16 * 1024);
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
-        Ok(text)
+        Ok(match format {
+            Format::OpenMetrics => text,
+            Format::Prometheus => to_prometheus_text(&text),
+        })
+    }
+}
+
+/// The Prometheus text format 0.0.4 of an OpenMetrics exposition written by
+/// `prometheus_client` for this registry. The two differ, for what is registered here
+/// (counters, gauges and histograms without units or exemplars; a test holds the registry to
+/// that), in two places only: a counter family is named with its `_total` in `# HELP` and `#
+/// TYPE` (OpenMetrics names the family without it, so a 0.0.4 reader finds the samples
+/// untyped and without help), and there is no `# EOF`.
+fn to_prometheus_text(open_metrics: &str) -> String {
+    let mut text = String::with_capacity(open_metrics.len() + 512);
+    // `prometheus_client` writes HELP before TYPE; the name it is written under depends on
+    // the type, so it waits for it.
+    let mut help = None;
+    for line in open_metrics.lines() {
+        if let Some(named) = line.strip_prefix("# HELP ") {
+            help = Some(named.split_once(' ').map_or("", |(_, help)| help));
+        } else if let Some(typed) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = typed.rsplit_once(' ').unwrap_or((typed, "untyped"));
+            let suffix = if kind == "counter" { "_total" } else { "" };
+            if let Some(help) = help.take() {
+                let _ = writeln!(text, "# HELP {name}{suffix} {help}");
+            }
+            let _ = writeln!(text, "# TYPE {name}{suffix} {kind}");
+        } else if line != "# EOF" {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    text
+}
+
+/// A label value as the exposition formats write it: `prometheus_client` writes values as
+/// given, and a rule named after a path may hold a `"`.
+fn label_value(value: &str) -> String {
+    value
+        .replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
+}
+
+/// `tollgate_responses_total`: responses by rule and status code. A row per rule and one for
+/// [`NO_RULE`], each made on its first response (a rule that is never matched costs nothing),
+/// each counter an atomic add.
+struct StatusCodes {
+    /// Row `id` for rule `id`; the last for [`NO_RULE`].
+    rows: Box<[OnceLock<Box<[AtomicU64; STATUS_CODES]>>]>,
+    /// The `rule` label of each row.
+    labels: Box<[String]>,
+}
+
+impl StatusCodes {
+    fn new(rules: &[String]) -> StatusCodes {
+        let labels: Box<[String]> = rules.iter().cloned().chain([NO_RULE.to_owned()]).collect();
+        StatusCodes {
+            rows: labels.iter().map(|_| OnceLock::new()).collect(),
+            labels,
+        }
+    }
+
+    fn count(&self, rule: Option<u16>, status: u16) {
+        let row = rule.map_or(self.rows.len() - 1, usize::from);
+        let Some(row) = self.rows.get(row) else {
+            return;
+        };
+        let counters = row.get_or_init(|| Box::new(std::array::from_fn(|_| AtomicU64::new(0))));
+        let code = match status {
+            100..=599 => usize::from(status - 100),
+            _ => STATUS_CODES - 1,
+        };
+        counters[code].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct ResponseCollector(Arc<StatusCodes>);
+
+impl fmt::Debug for ResponseCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseCollector")
+    }
+}
+
+impl Collector for ResponseCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "responses",
+            "Responses sent to clients by rule and status code, the gateway's own (429, 502, ...) \
+             and the backend's; only codes sent appear; rule (none) for requests refused \
+             before a rule was found",
+            None,
+            MetricType::Counter,
+        )?;
+        for (label, row) in self.0.labels.iter().zip(&self.0.rows) {
+            let Some(counters) = row.get() else { continue };
+            for (index, counter) in counters.iter().enumerate() {
+                let count = counter.load(Ordering::Relaxed);
+                if count == 0 {
+                    continue;
+                }
+                let code = match index {
+                    _ if index == STATUS_CODES - 1 => "other".to_owned(),
+                    _ => (index + 100).to_string(),
+                };
+                let labels = [("rule", label.as_str()), ("code", code.as_str())];
+                ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads what the server holds open at scrape time.
+struct LoadCollector(Load);
+
+impl fmt::Debug for LoadCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LoadCollector")
+    }
+}
+
+impl Collector for LoadCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let Load {
+            connections,
+            requests,
+        } = &self.0;
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        gauge(
+            &mut encoder,
+            "client_connections_open",
+            "Client connections open (upgraded tunnels included)",
+            count(connections.open()),
+        )?;
+        gauge(
+            &mut encoder,
+            "client_connections_max",
+            "MAX_CONNECTIONS: client connections past it are refused, and requests in flight past \
+             it answered 503",
+            count(connections.max()),
+        )?;
+        gauge(
+            &mut encoder,
+            "requests_in_flight",
+            "Requests being answered, from their head to the end of their response body",
+            count(requests.open()),
+        )
     }
 }
 
@@ -302,7 +625,7 @@ impl Collector for StoreCollector {
             "redis_errors",
             "Failed Redis calls by kind",
             None,
-            prometheus_client::metrics::MetricType::Counter,
+            MetricType::Counter,
         )?;
         for kind in RedisErrorKind::ALL {
             let count = guard.map_or(0, |guard| guard.errors(kind));
@@ -313,7 +636,7 @@ impl Collector for StoreCollector {
             "build_info",
             "Always 1; the version is the label",
             None,
-            prometheus_client::metrics::MetricType::Gauge,
+            MetricType::Gauge,
         )?;
         ConstGauge::new(1i64).encode(build.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)
     }
@@ -328,3 +651,56 @@ fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) 
     let counter = ConstCounter::new(value);
     counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)
 }
+
+/// A response body on its way to the client, counting the bytes of its data frames into
+/// `bytes`: one atomic add a frame, whatever its size. `bytes` is `None` when there is
+/// nothing to count into.
+#[derive(Debug)]
+pub struct CountedBody<B> {
+    inner: B,
+    bytes: Option<Counter>,
+}
+
+impl<B> CountedBody<B> {
+    /// Count the data of `inner` into `bytes`.
+    pub fn new(inner: B, bytes: Option<&Counter>) -> Self {
+        CountedBody {
+            inner,
+            bytes: bytes.cloned(),
+        }
+    }
+}
+
+impl<B> Body for CountedBody<B>
+where
+    B: Body + Unpin,
+    B::Data: Buf,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(frame))), Some(bytes)) = (&polled, &this.bytes)
+            && let Some(data) = frame.data_ref()
+        {
+            bytes.inc_by(data.remaining() as u64);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -44,6 +44,9 @@ use env::{Env, entries};
 /// (about 7 bytes per key) is allocated and written at startup, so a mistyped value is refused
 /// here rather than failing the allocation.
 pub const MAX_MAX_KEYS: usize = 1_000_000_000;
+
+/// `ADMIN_BIND` unless set: loopback, whatever `BIND` is. `tollgate healthcheck` reads it too.
+pub const DEFAULT_ADMIN_BIND: &str = "127.0.0.1";
 pub use store::{RedisConfig, StoreConfig};
 
 /// Every environment variable tollgate reads, grouped as in `.env.example`: the parsers'
@@ -191,7 +194,7 @@ pub struct Config {
     pub backend: Backend,
     /// `BIND` and `PORT`.
     pub listen: SocketAddr,
-    /// `ADMIN_BIND` (default `BIND`) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`, apart
+    /// `ADMIN_BIND` (default `127.0.0.1`) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`, apart
     /// from proxied traffic so no backend path is shadowed and probes spend no budget.
     pub admin: SocketAddr,
     /// `ACCESS_LOG`: which requests get an `info` line.
@@ -314,9 +317,11 @@ impl Config {
         let bind: IpAddr = env.parse("BIND", "0.0.0.0", "an IP address such as 0.0.0.0 or ::", |s| {
             s.parse().ok()
         })?;
+        // Loopback unless asked: metrics and probes are for this host's (or pod's) eyes, and an
+        // admin port left open to clients lets them hold its few connections.
         let admin_bind: IpAddr = env.parse(
             "ADMIN_BIND",
-            &bind.to_string(),
+            DEFAULT_ADMIN_BIND,
             "an IP address such as 127.0.0.1 or ::",
             |s| s.parse().ok(),
         )?;
@@ -324,7 +329,10 @@ impl Config {
             s.parse().ok().filter(|p| *p != 0)
         })?;
         let admin = SocketAddr::new(admin_bind, admin_port);
-        if admin == SocketAddr::new(bind, port) {
+        // One port on two addresses collides when either is unspecified (0.0.0.0 holds the
+        // port on 127.0.0.1 too).
+        let overlapping = admin_bind == bind || admin_bind.is_unspecified() || bind.is_unspecified();
+        if admin_port == port && overlapping {
             return Err(ConfigError::Conflict(format!(
                 "ADMIN_PORT={admin_port} is PORT too: the admin listener needs a port of its own"
             )));

@@ -34,6 +34,32 @@ fn classify(config: &Config, method: &str, path: &str) -> (String, Mode, u64) {
 }
 
 #[test]
+fn the_admin_listener_is_on_loopback_unless_admin_bind_says_otherwise() {
+    let admin = |vars: &[(&str, &str)]| parse(vars).map(|config| config.admin.to_string());
+    assert_eq!(admin(&[]).unwrap(), "127.0.0.1:9091");
+    assert_eq!(admin(&[("BIND", "0.0.0.0")]).unwrap(), "127.0.0.1:9091");
+    assert_eq!(
+        admin(&[("ADMIN_BIND", "0.0.0.0"), ("ADMIN_PORT", "9100")]).unwrap(),
+        "0.0.0.0:9100"
+    );
+    assert_eq!(admin(&[("ADMIN_BIND", "::")]).unwrap(), "[::]:9091");
+    // One port on two addresses that overlap: the second bind would fail, so it is refused here.
+    for vars in [
+        &[("PORT", "9091")][..],
+        &[("PORT", "9091"), ("BIND", "127.0.0.1")],
+        &[("PORT", "9091"), ("ADMIN_BIND", "0.0.0.0"), ("BIND", "10.0.0.5")],
+    ] {
+        let error = admin(vars).unwrap_err().to_string();
+        assert!(error.contains("ADMIN_PORT=9091 is PORT too"), "{vars:?}: {error}");
+    }
+    assert_eq!(
+        admin(&[("PORT", "9091"), ("BIND", "10.0.0.5")]).unwrap(),
+        "127.0.0.1:9091",
+        "two addresses of their own may share a port number"
+    );
+}
+
+#[test]
 fn defaults_match_the_go_service() {
     let config = parse(&[]).unwrap();
     assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());

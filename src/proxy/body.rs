@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
@@ -148,16 +149,20 @@ struct Watch {
     idle: Option<Pin<Box<Sleep>>>,
     /// Whether `idle` is running for the current wait.
     waiting: bool,
+    /// `tollgate_request_body_bytes_total` of the request's rule: one add a data frame.
+    bytes: Option<Counter>,
 }
 
 impl ClientBody {
-    /// Wrap `inner`, cut off after `idle_timeout` without data from the client.
-    pub fn new(inner: Incoming, idle_timeout: Duration) -> Self {
+    /// Wrap `inner`, cut off after `idle_timeout` without data from the client, counting its
+    /// bytes into `bytes`.
+    pub fn new(inner: Incoming, idle_timeout: Duration, bytes: Option<&Counter>) -> Self {
         let watch = (!inner.is_end_stream()).then(|| Watch {
             progress: Arc::new(Progress::new()),
             idle_timeout,
             idle: None,
             waiting: false,
+            bytes: bytes.cloned(),
         });
         ClientBody { inner, watch }
     }
@@ -184,6 +189,9 @@ impl Body for ClientBody {
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 watch.waiting = false;
+                if let (Some(bytes), Some(data)) = (&watch.bytes, frame.data_ref()) {
+                    bytes.inc_by(data.len() as u64);
+                }
                 if this.inner.is_end_stream() {
                     watch.progress.finish(BodyState::Ended);
                 } else {

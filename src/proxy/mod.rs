@@ -52,7 +52,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict};
-use crate::metrics::Metrics;
+use crate::metrics::{BodyBytes, CountedBody, Metrics};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, Progress};
@@ -475,10 +475,13 @@ impl Proxy {
             .cors
             .as_ref()
             .and_then(|cors| cors.origin_of(request.headers()));
-        let (mut response, by) = self.respond(request, peer, &id, started).await;
+        // The rule it was classified under, if it got that far: its responses are counted by it.
+        let mut rule = None;
+        let (mut response, by) = self.respond(request, peer, &id, started, &mut rule).await;
         if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
             cors.apply(response.headers_mut(), origin);
         }
+        self.metrics.response(rule, response.status().as_u16());
         response.headers_mut().insert(&X_REQUEST_ID, id);
         response
     }
@@ -489,6 +492,7 @@ impl Proxy {
         peer: SocketAddr,
         id: &HeaderValue,
         started: Instant,
+        classified: &mut Option<u16>,
     ) -> (Response<ResponseBody>, AnsweredBy) {
         let mut context = RequestContext { id, rule: None };
         if request.extensions().get::<Overloaded>().is_some() {
@@ -561,6 +565,7 @@ impl Proxy {
             }
         };
         context.rule = Some(matched.rule.id);
+        *classified = context.rule;
         let rewritten = path.rewritten;
         // An upgrade past MAX_UPGRADES_PER_CLIENT is refused before any budget is spent; an
         // admitted one carries its slot to the tunnel (see `try_forward`).
@@ -575,7 +580,7 @@ impl Proxy {
                 let verdict = self.limiter.check(matched.rule, matched.key, matched.cost).await;
                 // One reading of the clock ends the decision and starts the backend's.
                 let decided = Instant::now();
-                self.metrics.decision(decided - asked);
+                self.metrics.decision(matched.rule.id, decided - asked);
                 (Some(verdict), Some(decided))
             }
         };
@@ -740,9 +745,13 @@ impl Proxy {
         // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
-        match self.try_forward(request, peer, client, rewritten, sent).await {
+        let rule = context.rule.unwrap_or_default();
+        let bytes = self.metrics.body_bytes(rule);
+        match self
+            .try_forward(request, peer, client, rewritten, sent, bytes)
+            .await
+        {
             Ok(mut response) => {
-                let rule = context.rule.unwrap_or_default();
                 self.metrics
                     .backend_response(rule, response.status().as_u16(), sent.elapsed());
                 *response.version_mut() = version;
@@ -800,6 +809,7 @@ impl Proxy {
         client: IpAddr,
         rewritten: Option<&str>,
         sent: Instant,
+        bytes: Option<&BodyBytes>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let upgrade = request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
@@ -828,7 +838,7 @@ impl Proxy {
         // The backend speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
 
-        let body = ClientBody::new(body, self.body_idle_timeout);
+        let body = ClientBody::new(body, self.body_idle_timeout, bytes.map(|bytes| &bytes.request));
         let progress = body.progress();
         let exchange = self.pool.send(Request::from_parts(parts, body), sent);
         let mut response = self.response_to(exchange, progress.as_deref(), sent).await?;
@@ -859,7 +869,8 @@ impl Proxy {
             }
             _ => headers::strip_hop_by_hop(response.headers_mut(), false),
         }
-        Ok(response.map(BodyExt::boxed))
+        let counted = bytes.map(|bytes| &bytes.response);
+        Ok(response.map(|body| CountedBody::new(body, counted).boxed()))
     }
 
     /// Wait for the backend's response headers. While the request body streams, a client that

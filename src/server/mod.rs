@@ -29,7 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::proxy::strict::ContentLengthDropped;
 use crate::proxy::{Overloaded, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
@@ -109,7 +109,18 @@ async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let limiter = limiter(&config)?;
-    let metrics = Arc::new(Metrics::new(&config.rules, limiter.clone()));
+    let fd_limit = limits::fd_limit();
+    let (max_connections, warning) = limits::effective_max_connections(config.max_connections, fd_limit);
+    if let Some(warning) = warning {
+        tracing::warn!("{warning}");
+    }
+    let slots = ConnectionSlots::new(max_connections);
+    let requests = ConnectionSlots::new(max_connections);
+    let load = metrics::Load {
+        connections: slots.clone(),
+        requests: requests.clone(),
+    };
+    let metrics = Arc::new(Metrics::new(&config.rules, limiter.clone(), load));
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
         limiter: limiter.clone(),
@@ -128,11 +139,6 @@ async fn run(
             }
         })
     });
-    let fd_limit = limits::fd_limit();
-    let (max_connections, warning) = limits::effective_max_connections(config.max_connections, fd_limit);
-    if let Some(warning) = warning {
-        tracing::warn!("{warning}");
-    }
     // One line; in JSON every setting is a field of its own.
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -184,11 +190,10 @@ async fn run(
         send: config.send_timeout,
     };
 
-    let slots = ConnectionSlots::new(max_connections);
     let serving = Serving {
         builder,
         proxy,
-        requests: ConnectionSlots::new(max_connections),
+        requests,
         timeouts,
         unread,
     };

@@ -1,0 +1,311 @@
+//! The exposition formats, the negotiation between them, and the counters the request path
+//! feeds, read back from the text a scraper gets.
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+
+use super::*;
+use crate::Config;
+
+fn metrics(vars: &[(&str, &str)]) -> (Metrics, Load) {
+    let mut all = vec![("BACKEND_URL", "http://127.0.0.1:9")];
+    all.extend_from_slice(vars);
+    let config = Config::from_vars(all).unwrap();
+    let limiter = crate::server::limiter(&config).unwrap();
+    let load = Load {
+        connections: ConnectionSlots::new(7),
+        requests: ConnectionSlots::new(7),
+    };
+    (Metrics::new(&config.rules, limiter, load.clone()), load)
+}
+
+/// The value of the sample `series` (`name{labels}`) in `text`, if it is there.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `(name, type)` of every `# TYPE` line.
+fn families(text: &str) -> Vec<(&str, &str)> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE ")?.split_once(' '))
+        .collect()
+}
+
+#[test]
+fn metric_names_are_exactly_what_is_exported() {
+    let (metrics, _) = metrics(&[]);
+    metrics.response(Some(0), 200);
+    let text = metrics.encode(Format::Prometheus).unwrap();
+    let mut exported: Vec<&str> = families(&text).into_iter().map(|(name, _)| name).collect();
+    exported.sort_unstable();
+    let mut expected = METRIC_NAMES.to_vec();
+    expected.sort_unstable();
+    assert_eq!(exported, expected);
+    // And every sample belongs to one of them.
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap_or(line);
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+        assert!(METRIC_NAMES.contains(&family), "{line}");
+    }
+}
+
+#[test]
+fn the_registry_holds_only_what_the_prometheus_format_is_translated_for() {
+    let (metrics, _) = metrics(&[]);
+    let text = metrics.encode(Format::OpenMetrics).unwrap();
+    for (name, kind) in families(&text) {
+        assert!(
+            ["counter", "gauge", "histogram"].contains(&kind),
+            "{name} is a {kind}"
+        );
+    }
+    for line in text.lines().filter(|line| line.starts_with('#')) {
+        assert!(
+            !line.starts_with("# UNIT") && !line.contains('\\') && !line.contains(" # {"),
+            "no units, escapes or exemplars: {line}"
+        );
+        if line.starts_with("# HELP") {
+            assert!(!line.contains('"'), "a help text is written unescaped: {line}");
+        }
+    }
+}
+
+#[test]
+fn the_prometheus_format_names_counters_with_their_total_and_has_no_eof() {
+    let (metrics, _) = metrics(&[]);
+    let text = metrics.encode(Format::Prometheus).unwrap();
+    assert!(!text.contains("# EOF"));
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, (name, kind)) in families(&text).into_iter().enumerate() {
+        if kind == "counter" {
+            assert!(name.ends_with("_total"), "{name}");
+        }
+        assert!(
+            lines.contains(&&*format!("# HELP {name} {}", help_of(&text, name))),
+            "family {i}, {name}, has its help under the same name"
+        );
+    }
+    assert!(text.contains("# HELP tollgate_requests_total Requests by rule and what became of them.\n# TYPE tollgate_requests_total counter\n"));
+    assert_eq!(
+        sample(
+            &text,
+            r#"tollgate_requests_total{rule="general",decision="allowed"}"#
+        ),
+        Some(0.0)
+    );
+
+    let open_metrics = metrics.encode(Format::OpenMetrics).unwrap();
+    assert!(open_metrics.ends_with("\n# EOF\n"));
+    assert!(open_metrics.contains("# TYPE tollgate_requests counter\n"));
+    // The samples are the same, line for line.
+    let samples = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|line| !line.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(samples(&text).len(), samples(&open_metrics).len());
+}
+
+fn help_of<'a>(text: &'a str, name: &str) -> &'a str {
+    let prefix = format!("# HELP {name} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("{name} has no help"))
+}
+
+#[test]
+fn accept_chooses_the_format() {
+    let negotiate = |accept: Option<&str>| {
+        Format::negotiate(accept.map(HeaderValue::from_str).transpose().unwrap().as_ref())
+    };
+    assert_eq!(negotiate(None), Format::Prometheus);
+    // What Prometheus 2.x sends.
+    assert_eq!(
+        negotiate(Some(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        )),
+        Format::OpenMetrics
+    );
+    // With `scrape_protocols` naming the text format first.
+    assert_eq!(
+        negotiate(Some(
+            "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;version=1.0.0;q=0.8"
+        )),
+        Format::Prometheus
+    );
+    assert_eq!(
+        negotiate(Some("application/openmetrics-text")),
+        Format::OpenMetrics
+    );
+    assert_eq!(
+        negotiate(Some("Application/OpenMetrics-Text; Version=1.0.0; charset=utf-8")),
+        Format::OpenMetrics
+    );
+    assert_eq!(negotiate(Some("text/plain")), Format::Prometheus);
+    assert_eq!(negotiate(Some("*/*")), Format::Prometheus);
+    assert_eq!(negotiate(Some("application/json")), Format::Prometheus);
+    assert_eq!(
+        negotiate(Some("application/openmetrics-text;q=0, text/plain")),
+        Format::Prometheus
+    );
+    assert_eq!(
+        negotiate(Some("application/openmetrics-text;q=x")),
+        Format::Prometheus
+    );
+    assert_eq!(
+        negotiate(Some("application/openmetrics-text;q=2")),
+        Format::Prometheus
+    );
+    assert_eq!(
+        negotiate(Some("*/*;q=0.5, application/openmetrics-text;q=0.5")),
+        Format::OpenMetrics,
+        "a tie goes to the format named"
+    );
+    assert_eq!(
+        Format::Prometheus.content_type(),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    assert_eq!(
+        Format::OpenMetrics.content_type(),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+}
+
+#[test]
+fn status_codes_are_exported_as_sent_and_only_those() {
+    let (metrics, _) = metrics(&[("ROUTES", "/api/*=token_bucket:5:1,name=api")]);
+    let rules: Vec<String> = Config::from_vars([
+        ("BACKEND_URL", "http://127.0.0.1:9"),
+        ("ROUTES", "/api/*=token_bucket:5:1,name=api"),
+    ])
+    .unwrap()
+    .rules
+    .rules()
+    .iter()
+    .map(|rule| rule.name.to_string())
+    .collect();
+    let api = rules.iter().position(|name| name == "api").unwrap() as u16;
+    metrics.response(Some(api), 200);
+    metrics.response(Some(api), 200);
+    metrics.response(Some(api), 429);
+    metrics.response(Some(api), 599);
+    metrics.response(Some(api), 600);
+    metrics.response(Some(api), 100);
+    metrics.response(None, 400);
+    // An id past the table (none is made) is not counted anywhere.
+    metrics.response(Some(u16::MAX), 200);
+    let text = metrics.encode(Format::Prometheus).unwrap();
+    let code = |rule: &str, code: &str| {
+        sample(
+            &text,
+            &format!(r#"tollgate_responses_total{{rule="{rule}",code="{code}"}}"#),
+        )
+    };
+    assert_eq!(code("api", "200"), Some(2.0));
+    assert_eq!(code("api", "429"), Some(1.0));
+    assert_eq!(code("api", "100"), Some(1.0));
+    assert_eq!(code("api", "599"), Some(1.0));
+    assert_eq!(code("api", "other"), Some(1.0));
+    assert_eq!(code(NO_RULE, "400"), Some(1.0));
+    let series = text
+        .lines()
+        .filter(|line| line.starts_with("tollgate_responses_total"))
+        .count();
+    assert_eq!(series, 6, "no series for a code never sent:\n{text}");
+    assert_eq!(code("general", "200"), None);
+}
+
+#[test]
+fn latency_histograms_are_by_rule_and_decisions_start_at_5_microseconds() {
+    let (metrics, _) = metrics(&[]);
+    metrics.decision(0, Duration::from_micros(3));
+    metrics.decision(0, Duration::from_micros(30));
+    metrics.backend_response(0, 204, Duration::from_millis(2));
+    let text = metrics.encode(Format::Prometheus).unwrap();
+    let rule = label_value(
+        &Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9")])
+            .unwrap()
+            .rules
+            .rules()[0]
+            .name,
+    );
+    let bucket = |name: &str, le: &str| {
+        sample(&text, &format!(r#"{name}_bucket{{le="{le}",rule="{rule}"}}"#))
+            .or_else(|| sample(&text, &format!(r#"{name}_bucket{{rule="{rule}",le="{le}"}}"#)))
+    };
+    let first = text
+        .lines()
+        .find(|line| line.starts_with("tollgate_decision_duration_seconds_bucket"))
+        .unwrap();
+    assert!(
+        first.contains("le=\"0.000005\"") || first.contains("le=\"5e-6\""),
+        "{first}"
+    );
+    let first_le = first.split("le=\"").nth(1).unwrap().split('"').next().unwrap();
+    assert_eq!(
+        bucket("tollgate_decision_duration_seconds", first_le),
+        Some(1.0),
+        "3 µs is in the first bucket"
+    );
+    assert_eq!(bucket("tollgate_decision_duration_seconds", "+Inf"), Some(2.0));
+    assert_eq!(
+        sample(
+            &text,
+            &format!(r#"tollgate_backend_duration_seconds_count{{rule="{rule}"}}"#)
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!(r#"tollgate_backend_responses_total{{rule="{rule}",class="2xx"}}"#)
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn open_connections_and_requests_in_flight_are_read_at_scrape_time() {
+    let (metrics, load) = metrics(&[]);
+    let _connection = load.connections.try_acquire().unwrap();
+    let _tunnel = load.connections.try_acquire().unwrap();
+    let request = load.requests.try_acquire().unwrap();
+    let text = metrics.encode(Format::Prometheus).unwrap();
+    assert_eq!(sample(&text, "tollgate_client_connections_open"), Some(2.0));
+    assert_eq!(sample(&text, "tollgate_client_connections_max"), Some(7.0));
+    assert_eq!(sample(&text, "tollgate_requests_in_flight"), Some(1.0));
+    drop(request);
+    let text = metrics.encode(Format::Prometheus).unwrap();
+    assert_eq!(sample(&text, "tollgate_requests_in_flight"), Some(0.0));
+}
+
+#[tokio::test]
+async fn a_counted_body_adds_each_data_frame_once() {
+    let bytes = Counter::default();
+    let frames = [
+        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"hello "))),
+        Ok(Frame::data(Bytes::from_static(b"world"))),
+        Ok(Frame::trailers(http::HeaderMap::new())),
+    ];
+    let body = CountedBody::new(StreamBody::new(futures_util::stream::iter(frames)), Some(&bytes));
+    let collected = body.collect().await.unwrap().to_bytes();
+    assert_eq!(collected, "hello world");
+    assert_eq!(bytes.get(), 11);
+    // Nothing to count into: the body passes through.
+    let body = CountedBody::new(http_body_util::Full::new(Bytes::from_static(b"x")), None);
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "x");
+}
+
+#[test]
+fn label_values_are_escaped_once_at_start() {
+    assert_eq!(label_value(r#"/a"b"#), r#"/a\"b"#);
+    assert_eq!(label_value(r"a\b"), r"a\\b");
+    assert_eq!(label_value("general"), "general");
+}
