@@ -32,6 +32,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_backend_errors_total",
     "tollgate_backend_connections_total",
     "tollgate_client_connections_unread_total",
+    "tollgate_client_connections_refused_total",
     "tollgate_client_streams_unread_total",
     "tollgate_decision_duration_seconds",
     "tollgate_backend_duration_seconds",
@@ -57,6 +58,11 @@ struct DecisionLabels {
 struct ClassLabels {
     rule: String,
     class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,6 +92,18 @@ pub struct Metrics {
     /// `tollgate_client_streams_unread_total`: HTTP/2 streams reset for taking none of their
     /// response for `SEND_TIMEOUT_MS` while their connection took other frames.
     client_streams_unread: Counter,
+    /// `tollgate_client_connections_refused_total`, by the cap that refused them.
+    client_connections_refused: ConnectionsRefused,
+}
+
+/// `tollgate_client_connections_refused_total`: connections closed at accept, by the cap
+/// that refused them (`limit="max_connections"` or `limit="max_connections_per_client"`).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionsRefused {
+    /// Past `MAX_CONNECTIONS`.
+    pub max_connections: Counter,
+    /// Past `MAX_CONNECTIONS_PER_CLIENT`.
+    pub per_client: Counter,
 }
 
 impl Metrics {
@@ -144,6 +162,27 @@ impl Metrics {
             "HTTP/2 streams reset for taking none of their response for SEND_TIMEOUT_MS (a window kept shut)",
             client_streams_unread.clone(),
         );
+        let refused = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "client_connections_refused",
+            "Client connections closed at accept, by the cap they were past (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_CLIENT)",
+            refused.clone(),
+        );
+        // One statement each: the family's lock guard lives to the end of its statement.
+        let max_connections = refused
+            .get_or_create(&LimitLabels {
+                limit: "max_connections",
+            })
+            .clone();
+        let per_client = refused
+            .get_or_create(&LimitLabels {
+                limit: "max_connections_per_client",
+            })
+            .clone();
+        let client_connections_refused = ConnectionsRefused {
+            max_connections,
+            per_client,
+        };
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
         let rule = |id: usize| table.rules()[id].name.to_string();
@@ -190,6 +229,7 @@ impl Metrics {
             backend_connections,
             client_connections_unread,
             client_streams_unread,
+            client_connections_refused,
         }
     }
 
@@ -221,6 +261,11 @@ impl Metrics {
     /// The counter of client connections dropped by `SEND_TIMEOUT_MS`, for the server.
     pub fn client_connections_unread(&self) -> Counter {
         self.client_connections_unread.clone()
+    }
+
+    /// The counters of connections refused at accept, for the accept loop.
+    pub fn client_connections_refused(&self) -> ConnectionsRefused {
+        self.client_connections_refused.clone()
     }
 
     /// The counter of HTTP/2 streams given up by `SEND_TIMEOUT_MS`, for the server.
