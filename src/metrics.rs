@@ -49,6 +49,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_client_connections_max",
     "tollgate_requests_in_flight",
     "tollgate_client_connections_unread_total",
+    "tollgate_client_connections_refused_total",
     "tollgate_client_streams_unread_total",
     "tollgate_decision_duration_seconds",
     "tollgate_backend_duration_seconds",
@@ -160,6 +161,11 @@ struct ClassLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabels {
     rule: String,
     cause: &'static str,
@@ -201,6 +207,18 @@ pub struct Metrics {
     /// `tollgate_client_streams_unread_total`: HTTP/2 streams reset for taking none of their
     /// response for `SEND_TIMEOUT_MS` while their connection took other frames.
     client_streams_unread: Counter,
+    /// `tollgate_client_connections_refused_total`, by the cap that refused them.
+    client_connections_refused: ConnectionsRefused,
+}
+
+/// `tollgate_client_connections_refused_total`: connections closed at accept, by the cap
+/// that refused them (`limit="max_connections"` or `limit="max_connections_per_client"`).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionsRefused {
+    /// Past `MAX_CONNECTIONS`.
+    pub max_connections: Counter,
+    /// Past `MAX_CONNECTIONS_PER_CLIENT`.
+    pub per_client: Counter,
 }
 
 /// 5 µs to about 164 ms: a memory decision takes a few microseconds, a Redis one 100-500 µs,
@@ -285,6 +303,27 @@ impl Metrics {
             client_streams_unread.clone(),
         );
         registry.register_collector(Box::new(LoadCollector(load)));
+        let refused = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "client_connections_refused",
+            "Client connections closed at accept, by the cap they were past (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_CLIENT)",
+            refused.clone(),
+        );
+        // One statement each: the family's lock guard lives to the end of its statement.
+        let max_connections = refused
+            .get_or_create(&LimitLabels {
+                limit: "max_connections",
+            })
+            .clone();
+        let per_client = refused
+            .get_or_create(&LimitLabels {
+                limit: "max_connections_per_client",
+            })
+            .clone();
+        let client_connections_refused = ConnectionsRefused {
+            max_connections,
+            per_client,
+        };
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
         let labelled = |id: usize| RuleLabels {
@@ -347,6 +386,7 @@ impl Metrics {
             backend_connections,
             client_connections_unread,
             client_streams_unread,
+            client_connections_refused,
         }
     }
 
@@ -393,6 +433,11 @@ impl Metrics {
     /// The counter of client connections dropped by `SEND_TIMEOUT_MS`, for the server.
     pub fn client_connections_unread(&self) -> Counter {
         self.client_connections_unread.clone()
+    }
+
+    /// The counters of connections refused at accept, for the accept loop.
+    pub fn client_connections_refused(&self) -> ConnectionsRefused {
+        self.client_connections_refused.clone()
     }
 
     /// The counter of HTTP/2 streams given up by `SEND_TIMEOUT_MS`, for the server.

@@ -34,9 +34,11 @@ use ipnet::IpNet;
 use crate::limit::RuleTable;
 use crate::proxy::cors::Cors;
 use crate::proxy::headers::UnderscoreHeaders;
+use crate::proxy::body::MinRate;
 use crate::proxy::response::HeaderStyle;
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend};
+use crate::server::limits::PerClientCap;
 use crate::telemetry::LogFormat;
 use env::{Env, entries};
 
@@ -48,6 +50,11 @@ pub const MAX_MAX_KEYS: usize = 1_000_000_000;
 /// `ADMIN_BIND` unless set: loopback, whatever `BIND` is. `tollgate healthcheck` reads it too.
 pub const DEFAULT_ADMIN_BIND: &str = "127.0.0.1";
 pub use store::{RedisConfig, StoreConfig};
+
+/// `BODY_MIN_RATE_WINDOW_MS` unless `BODY_IDLE_TIMEOUT_MS` is longer: Apache's
+/// `mod_reqtimeout` gives a body 20 s before `MinRate` applies; this is the default
+/// `BODY_IDLE_TIMEOUT_MS`, so a body may pause as long as that allows and still pass.
+pub const DEFAULT_BODY_MIN_RATE_WINDOW: Duration = Duration::from_secs(30);
 
 /// Every environment variable tollgate reads, grouped as in `.env.example`: the parsers'
 /// names (whichever the configuration makes them read), and `RUST_LOG`, `SSL_CERT_FILE` and
@@ -95,12 +102,15 @@ pub const VARIABLES: &[&str] = &[
     "BACKEND_TIMEOUT_MS",
     "BACKEND_IDLE_TIMEOUT_MS",
     "BODY_IDLE_TIMEOUT_MS",
+    "BODY_MIN_RATE",
+    "BODY_MIN_RATE_WINDOW_MS",
     "HEADER_READ_TIMEOUT_MS",
     "SHUTDOWN_TIMEOUT_MS",
     // client connections
     "IDLE_TIMEOUT_MS",
     "SEND_TIMEOUT_MS",
     "MAX_CONNECTIONS",
+    "MAX_CONNECTIONS_PER_CLIENT",
     "MAX_UPGRADES_PER_CLIENT",
     "UPGRADE_PROTOCOLS",
     "UNDERSCORE_HEADERS",
@@ -219,6 +229,11 @@ pub struct Config {
     /// `BODY_IDLE_TIMEOUT_MS`: a client that sends no request body data for this long in the
     /// middle of its body is answered 408 and cut off (slow-upload protection).
     pub body_idle_timeout: Duration,
+    /// `BODY_MIN_RATE` and `BODY_MIN_RATE_WINDOW_MS`: a request body must bring at least this
+    /// many bytes per second, counted over windows of time spent waiting for the client, or
+    /// it is answered 408 and cut off (a trickle that dodges `BODY_IDLE_TIMEOUT_MS`); `None`
+    /// (`BODY_MIN_RATE=0`) checks no rate.
+    pub body_min_rate: Option<MinRate>,
     /// `HEADER_READ_TIMEOUT_MS`: a client must send its request headers within this
     /// (slowloris protection); a new connection must send its first request within this of
     /// being accepted (HTTP/2: preface, settings and the first request's headers).
@@ -233,6 +248,10 @@ pub struct Config {
     /// new connection is closed at once. `None`: sized from the file-descriptor limit when
     /// serving starts (see [`crate::server::limits`]).
     pub max_connections: Option<NonZeroUsize>,
+    /// `MAX_CONNECTIONS_PER_CLIENT`: most client connections one peer address (IPv6 grouped by
+    /// `IPV6_PREFIX`) may hold at once, peers in `TRUSTED_PROXIES` not counted; past it a new
+    /// connection is closed at once. Unset: three quarters of `MAX_CONNECTIONS`.
+    pub max_connections_per_client: PerClientCap,
     /// `UPGRADE_IDLE_TIMEOUT_MS`: an upgraded connection (a WebSocket tunnel) in which no byte
     /// has moved either way for this long is closed, so abandoned tunnels cannot hold
     /// connections forever; `None` (`0`) never closes one.
@@ -396,6 +415,23 @@ impl Config {
         let backend_timeout = env.millis("BACKEND_TIMEOUT_MS", "30000")?;
         let backend_idle_timeout = env.millis("BACKEND_IDLE_TIMEOUT_MS", "4000")?;
         let body_idle_timeout = env.millis("BODY_IDLE_TIMEOUT_MS", "30000")?;
+        let body_min_rate = env.parse(
+            "BODY_MIN_RATE",
+            "500",
+            "a whole number of bytes per second, 0 for no minimum",
+            |s| s.parse::<u64>().ok(),
+        )?;
+        // Read only with a rate to check: set with `BODY_MIN_RATE=0`, it is warned about.
+        let body_min_rate = match body_min_rate {
+            0 => None,
+            rate => {
+                // A window shorter than the pause BODY_IDLE_TIMEOUT_MS allows would cut that
+                // pause (a window of waiting with nothing in it): the default never is.
+                let window = body_idle_timeout.max(DEFAULT_BODY_MIN_RATE_WINDOW);
+                let window = env.millis("BODY_MIN_RATE_WINDOW_MS", &window.as_millis().to_string())?;
+                Some(MinRate::new(rate, window))
+            }
+        };
         let header_read_timeout = env.millis("HEADER_READ_TIMEOUT_MS", "10000")?;
         let shutdown_timeout = env.millis("SHUTDOWN_TIMEOUT_MS", "8000")?;
         let idle_timeout = env.millis("IDLE_TIMEOUT_MS", "60000")?;
@@ -416,6 +452,19 @@ impl Config {
                     })
             })
             .transpose()?;
+        let max_connections_per_client = env
+            .get("MAX_CONNECTIONS_PER_CLIENT")
+            .map(|value| {
+                PerClientCap::parse(value).ok_or_else(|| {
+                    ConfigError::invalid(
+                        "MAX_CONNECTIONS_PER_CLIENT",
+                        value,
+                        "a whole number, 0 for no cap per client (unset: three quarters of MAX_CONNECTIONS)",
+                    )
+                })
+            })
+            .transpose()?
+            .unwrap_or_default();
         let max_upgrades_per_client = env
             .get("MAX_UPGRADES_PER_CLIENT")
             .map(|value| {
@@ -472,10 +521,12 @@ impl Config {
             backend_timeout,
             backend_idle_timeout,
             body_idle_timeout,
+            body_min_rate,
             header_read_timeout,
             idle_timeout,
             send_timeout,
             max_connections,
+            max_connections_per_client,
             max_upgrades_per_client,
             upgrade_protocols,
             underscore_headers,
@@ -519,8 +570,24 @@ impl fmt::Display for Config {
         writeln!(f, "headers:          {}", self.headers.as_str())?;
         writeln!(
             f,
-            "connections:      at most {}, first request within {} ms, closed after {} ms idle \
-             or {} ms unread; upgrades per client: {}, tunnel idle timeout: {}",
+            "request bodies:   cut after {} ms without data, {}",
+            self.body_idle_timeout.as_millis(),
+            self.body_min_rate
+                .map_or_else(|| "no minimum rate".to_owned(), |rate| format!("or below {rate}"))
+        )?;
+        let per_client = match (self.max_connections_per_client, self.max_connections) {
+            (PerClientCap::Off, _) => "no cap".to_owned(),
+            (cap, Some(max)) => cap
+                .effective(max.get())
+                .map_or_else(|| "no cap".to_owned(), |cap| cap.to_string()),
+            (PerClientCap::At(cap), None) => cap.to_string(),
+            (PerClientCap::Default, None) => "three quarters of that".to_owned(),
+        };
+        writeln!(
+            f,
+            "connections:      at most {} ({per_client} per client), first request within {} ms, \
+             closed after {} ms idle or {} ms unread; upgrades per client: {}, tunnel idle \
+             timeout: {}",
             self.max_connections.map_or_else(
                 || "as the file-descriptor limit allows".to_owned(),
                 |max| max.to_string()

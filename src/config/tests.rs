@@ -885,11 +885,13 @@ fn connection_limits_and_timeouts() {
         "sized from the fd limit at startup"
     );
     assert_eq!(defaults.max_upgrades_per_client, None, "unlimited");
+    assert_eq!(defaults.max_connections_per_client, PerClientCap::Default);
     assert_eq!(defaults.upgrade_idle_timeout, Some(Duration::from_secs(3600)));
     let set = parse(&[
         ("IDLE_TIMEOUT_MS", "1500"),
         ("SEND_TIMEOUT_MS", "2500"),
         ("MAX_CONNECTIONS", "5000"),
+        ("MAX_CONNECTIONS_PER_CLIENT", "40"),
         ("MAX_UPGRADES_PER_CLIENT", "0"),
         ("UPGRADE_IDLE_TIMEOUT_MS", "0"),
     ])
@@ -902,7 +904,7 @@ fn connection_limits_and_timeouts() {
     assert!(set.warnings.is_empty(), "{:?}", set.warnings);
     assert!(
         set.to_string()
-            .contains("connections:      at most 5000, first request within 10000 ms, closed after 1500 ms idle or 2500 ms unread; upgrades per client: 0, tunnel idle timeout: never"),
+            .contains("connections:      at most 5000 (40 per client), first request within 10000 ms, closed after 1500 ms idle or 2500 ms unread; upgrades per client: 0, tunnel idle timeout: never"),
         "{set}"
     );
     for (var, value) in [
@@ -912,6 +914,11 @@ fn connection_limits_and_timeouts() {
         ("MAX_CONNECTIONS", "0"),
         ("MAX_CONNECTIONS", "lots"),
         ("MAX_UPGRADES_PER_CLIENT", "-1"),
+        ("MAX_CONNECTIONS_PER_CLIENT", "-1"),
+        ("MAX_CONNECTIONS_PER_CLIENT", "75%"),
+        ("BODY_MIN_RATE", "-1"),
+        ("BODY_MIN_RATE", "1k"),
+        ("BODY_MIN_RATE_WINDOW_MS", "0"),
         ("UPGRADE_IDLE_TIMEOUT_MS", "1h"),
         // A deadline that far away would overflow the clock: more than a year is refused.
         ("UPGRADE_IDLE_TIMEOUT_MS", "18446744073709551615"),
@@ -1055,6 +1062,37 @@ fn an_auth_path_of_everything_is_an_error_and_of_the_root_a_warning() {
 }
 
 #[test]
+fn the_per_client_connection_cap_follows_max_connections_unless_set() {
+    let line = |vars: &[(&str, &str)]| {
+        let config = parse(vars).unwrap();
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        let text = config.to_string();
+        text.lines()
+            .find(|line| line.starts_with("connections:"))
+            .unwrap()
+            .to_owned()
+    };
+    assert!(line(&[]).starts_with(
+        "connections:      at most as the file-descriptor limit allows (three quarters of that per client),"
+    ));
+    assert!(
+        line(&[("MAX_CONNECTIONS", "1000")]).starts_with("connections:      at most 1000 (750 per client),")
+    );
+    assert!(line(&[("MAX_CONNECTIONS_PER_CLIENT", "0")]).contains("(no cap per client)"));
+    // Not below MAX_CONNECTIONS: no cap of its own.
+    assert!(
+        line(&[("MAX_CONNECTIONS", "10"), ("MAX_CONNECTIONS_PER_CLIENT", "10")])
+            .contains("at most 10 (no cap per client)")
+    );
+    assert_eq!(
+        parse(&[("MAX_CONNECTIONS_PER_CLIENT", "0")])
+            .unwrap()
+            .max_connections_per_client,
+        PerClientCap::Off
+    );
+}
+
+#[test]
 fn a_route_an_earlier_one_covers_is_an_error_naming_both() {
     for (routes, earlier) in [
         ("/api/*=gcra:5:1;/api/export=gcra:1:1", "/api/*"),
@@ -1136,4 +1174,42 @@ fn a_backend_port_out_of_range_is_an_error() {
     ] {
         Config::from_vars([("BACKEND_URL", url)]).unwrap();
     }
+}
+
+#[test]
+fn a_body_minimum_rate_is_on_by_default_over_at_least_the_idle_timeout() {
+    let defaults = parse(&[]).unwrap();
+    let rate = defaults.body_min_rate.expect("on by default");
+    assert_eq!(rate.bytes_per_second(), 500);
+    assert_eq!(rate.window(), Duration::from_secs(30));
+    assert_eq!(rate.quota(), 15_000);
+    assert!(
+        defaults
+            .to_string()
+            .contains("request bodies:   cut after 30000 ms without data, or below 500 B/s over 30000 ms"),
+        "{defaults}"
+    );
+    // A longer idle timeout lengthens the default window with it, a shorter one does not.
+    let long = parse(&[("BODY_IDLE_TIMEOUT_MS", "120000")]).unwrap();
+    assert_eq!(long.body_min_rate.unwrap().window(), Duration::from_secs(120));
+    let short = parse(&[("BODY_IDLE_TIMEOUT_MS", "300")]).unwrap();
+    assert_eq!(short.body_min_rate.unwrap().window(), Duration::from_secs(30));
+    let set = parse(&[("BODY_MIN_RATE", "2000"), ("BODY_MIN_RATE_WINDOW_MS", "500")]).unwrap();
+    let rate = set.body_min_rate.unwrap();
+    assert_eq!(
+        (rate.bytes_per_second(), rate.window(), rate.quota()),
+        (2000, Duration::from_millis(500), 1000)
+    );
+    assert!(set.warnings.is_empty(), "{:?}", set.warnings);
+    let off = parse(&[("BODY_MIN_RATE", "0"), ("BODY_MIN_RATE_WINDOW_MS", "500")]).unwrap();
+    assert_eq!(off.body_min_rate, None);
+    assert!(
+        off.to_string()
+            .contains("cut after 30000 ms without data, no minimum rate"),
+        "{off}"
+    );
+    assert_eq!(
+        off.warnings,
+        ["BODY_MIN_RATE_WINDOW_MS is set but not used with this configuration (see .env.example)"]
+    );
 }

@@ -13,6 +13,18 @@
 //! than `BODY_IDLE_TIMEOUT_MS` between chunks is cut off, while a backend that stops reading
 //! the upload is bounded by `BACKEND_TIMEOUT_MS`.
 //!
+//! A pause bound alone lets a body trickle (a byte every `BODY_IDLE_TIMEOUT_MS`, less a
+//! moment) and hold its connection, its place under `MAX_CONNECTIONS` and a backend connection
+//! for as long as it likes. So a body must also bring `BODY_MIN_RATE` bytes a second
+//! ([`MinRate`]), as Apache's `mod_reqtimeout` `MinRate` asks (nginx has only the pause bound,
+//! `client_body_timeout`). Two things differ from Apache's, which extends one deadline by a
+//! second per `MinRate` bytes since the start: the rate is measured over windows
+//! (`BODY_MIN_RATE_WINDOW_MS`), each of which must bring its share, so a body that starts fast
+//! earns no credit to trickle on later; and only time spent waiting for the client counts, so a
+//! backend that reads slowly (and so holds the body back) never makes the client too slow. The
+//! first window is the grace: nothing is cut before the body has waited for the client that
+//! long.
+//!
 //! A request without a body (the common case) gets no record and costs nothing.
 
 use std::pin::Pin;
@@ -37,6 +49,57 @@ pub enum ClientBodyError {
     /// The client sent nothing for `BODY_IDLE_TIMEOUT_MS` in the middle of its body.
     #[error("the client sent no request body data for {0:?}")]
     Idle(Duration),
+    /// The client's body came slower than `BODY_MIN_RATE`.
+    #[error("the request body came slower than {0}")]
+    TooSlow(MinRate),
+}
+
+/// `BODY_MIN_RATE` bytes a second, over windows of `BODY_MIN_RATE_WINDOW_MS` spent waiting for
+/// the client: each window must bring its share ([`MinRate::quota`]), or the body is cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinRate {
+    /// `BODY_MIN_RATE`.
+    bytes_per_second: u64,
+    /// `BODY_MIN_RATE_WINDOW_MS`.
+    window: Duration,
+}
+
+impl MinRate {
+    /// At least `bytes_per_second` (more than 0), measured over `window` (at least 1 ms).
+    pub fn new(bytes_per_second: u64, window: Duration) -> MinRate {
+        MinRate {
+            bytes_per_second,
+            window,
+        }
+    }
+
+    /// `BODY_MIN_RATE`.
+    pub fn bytes_per_second(&self) -> u64 {
+        self.bytes_per_second
+    }
+
+    /// `BODY_MIN_RATE_WINDOW_MS`.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// What one window must bring: the rate times the window, at least a byte.
+    pub fn quota(&self) -> u64 {
+        let bytes = u128::from(self.bytes_per_second) * self.window.as_millis() / 1000;
+        u64::try_from(bytes).unwrap_or(u64::MAX).max(1)
+    }
+}
+
+/// `500 B/s over 30000 ms`.
+impl std::fmt::Display for MinRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} B/s over {} ms",
+            self.bytes_per_second,
+            self.window.as_millis()
+        )
+    }
 }
 
 /// How the body ended, as [`Progress`] records it.
@@ -48,8 +111,10 @@ pub enum BodyState {
     Ended,
     /// Unreadable: see [`ClientBodyError::Unreadable`].
     Unreadable,
-    /// Too slow: see [`ClientBodyError::Idle`].
+    /// Paused too long: see [`ClientBodyError::Idle`].
     Idle,
+    /// Too slow: see [`ClientBodyError::TooSlow`].
+    TooSlow,
 }
 
 impl BodyState {
@@ -58,7 +123,8 @@ impl BodyState {
             0 => BodyState::Streaming,
             1 => BodyState::Ended,
             2 => BodyState::Unreadable,
-            _ => BodyState::Idle,
+            3 => BodyState::Idle,
+            _ => BodyState::TooSlow,
         }
     }
 }
@@ -145,24 +211,76 @@ struct Watch {
     progress: Arc<Progress>,
     /// `BODY_IDLE_TIMEOUT_MS`.
     idle_timeout: Duration,
-    /// Runs while the body waits for the client; made on the first wait.
+    /// Runs while the body waits for the client, until `BODY_IDLE_TIMEOUT_MS` or the end of
+    /// the rate's window, whichever comes first; made on the first wait.
     idle: Option<Pin<Box<Sleep>>>,
     /// Whether `idle` is running for the current wait.
     waiting: bool,
+    /// When the current wait began.
+    wait_started: Instant,
+    /// `BODY_MIN_RATE`, and how its current window stands.
+    rate: Option<RateWindow>,
     /// `tollgate_request_body_bytes_total` of the request's rule: one add a data frame.
     bytes: Option<Counter>,
 }
 
+/// The current window of a [`MinRate`]: it ends, and the next begins, when it has brought
+/// its quota; a window that has waited for the client for the whole `BODY_MIN_RATE_WINDOW_MS`
+/// without it ends the body. Bytes past a window's quota are not carried over.
+#[derive(Debug)]
+struct RateWindow {
+    min: MinRate,
+    /// [`MinRate::quota`].
+    quota: u64,
+    /// Bytes brought in this window.
+    bytes: u64,
+    /// Time spent waiting for the client in this window, the current wait not included.
+    waited: Duration,
+}
+
+impl RateWindow {
+    /// `bytes` arrived after a wait of `waited` (zero when they were there already): whether
+    /// the window still stands.
+    fn arrived(&mut self, bytes: usize, waited: Duration) -> bool {
+        self.bytes = self.bytes.saturating_add(bytes as u64);
+        self.waited += waited;
+        if self.bytes >= self.quota {
+            // The window is passed: the next one begins now.
+            self.bytes = 0;
+            self.waited = Duration::ZERO;
+            return true;
+        }
+        self.waited < self.min.window
+    }
+
+    /// How long the current wait may last before the window has waited its whole length.
+    fn left(&self) -> Duration {
+        self.min.window.saturating_sub(self.waited)
+    }
+}
+
 impl ClientBody {
-    /// Wrap `inner`, cut off after `idle_timeout` without data from the client, counting its
-    /// bytes into `bytes`.
-    pub fn new(inner: Incoming, idle_timeout: Duration, bytes: Option<&Counter>) -> Self {
+    /// Wrap `inner`, cut off after `idle_timeout` without data from the client, or when it
+    /// comes slower than `min_rate`, counting its bytes into `bytes`.
+    pub fn new(
+        inner: Incoming,
+        idle_timeout: Duration,
+        min_rate: Option<MinRate>,
+        bytes: Option<&Counter>,
+    ) -> Self {
         let watch = (!inner.is_end_stream()).then(|| Watch {
             progress: Arc::new(Progress::new()),
             idle_timeout,
             idle: None,
             waiting: false,
             bytes: bytes.cloned(),
+            wait_started: Instant::now(),
+            rate: min_rate.map(|min| RateWindow {
+                min,
+                quota: min.quota(),
+                bytes: 0,
+                waited: Duration::ZERO,
+            }),
         });
         ClientBody { inner, watch }
     }
@@ -188,15 +306,26 @@ impl Body for ClientBody {
         };
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
-                watch.waiting = false;
+                let waited = match std::mem::take(&mut watch.waiting) {
+                    true if watch.rate.is_some() => watch.wait_started.elapsed(),
+                    _ => Duration::ZERO,
+                };
                 if let (Some(bytes), Some(data)) = (&watch.bytes, frame.data_ref()) {
                     bytes.inc_by(data.len() as u64);
                 }
                 if this.inner.is_end_stream() {
                     watch.progress.finish(BodyState::Ended);
-                } else {
-                    watch.progress.touch(false);
+                    return Poll::Ready(Some(Ok(frame)));
                 }
+                let bytes = frame.data_ref().map_or(0, Bytes::len);
+                if let Some(rate) = &mut watch.rate
+                    && !rate.arrived(bytes, waited)
+                {
+                    // A whole window of waiting, and not its quota.
+                    watch.progress.finish(BodyState::TooSlow);
+                    return Poll::Ready(Some(Err(ClientBodyError::TooSlow(rate.min))));
+                }
+                watch.progress.touch(false);
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => {
@@ -212,7 +341,13 @@ impl Body for ClientBody {
                 if !watch.waiting {
                     watch.waiting = true;
                     watch.progress.touch(true);
-                    let deadline = Instant::now() + watch.idle_timeout;
+                    let now = Instant::now();
+                    watch.wait_started = now;
+                    let wait = match &watch.rate {
+                        Some(rate) => watch.idle_timeout.min(rate.left()),
+                        None => watch.idle_timeout,
+                    };
+                    let deadline = now + wait;
                     match &mut watch.idle {
                         Some(idle) => idle.as_mut().reset(deadline),
                         None => watch.idle = Some(Box::pin(tokio::time::sleep_until(deadline))),
@@ -223,8 +358,17 @@ impl Body for ClientBody {
                     .as_mut()
                     .is_some_and(|idle| idle.as_mut().poll(cx).is_ready());
                 if timed_out {
-                    watch.progress.finish(BodyState::Idle);
-                    return Poll::Ready(Some(Err(ClientBodyError::Idle(watch.idle_timeout))));
+                    // Either clock ends the body: the one that ran out names the error.
+                    return Poll::Ready(Some(Err(match &watch.rate {
+                        Some(rate) if watch.wait_started.elapsed() < watch.idle_timeout => {
+                            watch.progress.finish(BodyState::TooSlow);
+                            ClientBodyError::TooSlow(rate.min)
+                        }
+                        _ => {
+                            watch.progress.finish(BodyState::Idle);
+                            ClientBodyError::Idle(watch.idle_timeout)
+                        }
+                    })));
                 }
                 Poll::Pending
             }
@@ -237,5 +381,73 @@ impl Body for ClientBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(bytes_per_second: u64, window_ms: u64) -> RateWindow {
+        let min = MinRate::new(bytes_per_second, Duration::from_millis(window_ms));
+        RateWindow {
+            min,
+            quota: min.quota(),
+            bytes: 0,
+            waited: Duration::ZERO,
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_quota_is_the_rate_over_the_window_and_at_least_a_byte() {
+        assert_eq!(MinRate::new(500, Duration::from_secs(30)).quota(), 15_000);
+        assert_eq!(MinRate::new(1, Duration::from_millis(1)).quota(), 1);
+        assert_eq!(
+            MinRate::new(u64::MAX, Duration::from_secs(1 << 40)).quota(),
+            u64::MAX
+        );
+    }
+
+    #[test]
+    fn a_trickle_fails_once_it_has_waited_a_whole_window() {
+        // 1000 B/s over 1 s: 1000 bytes per second spent waiting.
+        let mut rate = window(1000, 1000);
+        for _ in 0..9 {
+            assert!(rate.arrived(1, 100 * MS));
+        }
+        assert_eq!(
+            rate.left(),
+            100 * MS,
+            "the next wait may last what the window has left"
+        );
+        assert!(!rate.arrived(1, 100 * MS), "a whole window, 10 bytes");
+    }
+
+    #[test]
+    fn each_window_brought_starts_the_next_and_earns_no_credit() {
+        let mut rate = window(1000, 1000);
+        // Fast to begin with: far more than the quota, at once.
+        assert!(rate.arrived(1_000_000, Duration::ZERO));
+        assert_eq!((rate.bytes, rate.waited), (0, Duration::ZERO));
+        // Then a trickle: the megabyte does not carry it.
+        for _ in 0..9 {
+            assert!(rate.arrived(1, 100 * MS));
+        }
+        assert!(!rate.arrived(1, 100 * MS));
+    }
+
+    #[test]
+    fn a_steady_body_above_the_rate_passes_window_after_window() {
+        let mut rate = window(1000, 1000);
+        // 200 bytes every 100 ms of waiting: twice the rate, for a hundred windows.
+        for _ in 0..500 {
+            assert!(rate.arrived(200, 100 * MS));
+        }
+        // Time the backend held the body back is no waiting for the client.
+        for _ in 0..1000 {
+            assert!(rate.arrived(1, Duration::ZERO));
+        }
     }
 }

@@ -55,7 +55,7 @@ use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict}
 use crate::metrics::{BodyBytes, CountedBody, Metrics};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
-use body::{BodyState, ClientBody, Progress};
+use body::{BodyState, ClientBody, MinRate, Progress};
 use identity::ClientIdentity;
 use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
@@ -291,6 +291,9 @@ pub enum ProxyError {
     /// The client paused mid-body for longer than `BODY_IDLE_TIMEOUT_MS` (408).
     #[error("the client sent no request body data for {0:?}")]
     BodyIdle(Duration),
+    /// The client's request body came slower than `BODY_MIN_RATE` (408).
+    #[error("the request body came slower than {0}")]
+    BodyTooSlow(MinRate),
 }
 
 impl ProxyError {
@@ -298,7 +301,10 @@ impl ProxyError {
     fn is_downstream(&self) -> bool {
         matches!(
             self,
-            ProxyError::Downstream(_) | ProxyError::BodyUnreadable | ProxyError::BodyIdle(_)
+            ProxyError::Downstream(_)
+                | ProxyError::BodyUnreadable
+                | ProxyError::BodyIdle(_)
+                | ProxyError::BodyTooSlow(_)
         )
     }
 }
@@ -327,6 +333,8 @@ pub struct Proxy {
     backend_timeout: Duration,
     /// `BODY_IDLE_TIMEOUT_MS`.
     body_idle_timeout: Duration,
+    /// `BODY_MIN_RATE` over `BODY_MIN_RATE_WINDOW_MS`.
+    body_min_rate: Option<MinRate>,
     /// `UPGRADE_IDLE_TIMEOUT_MS`.
     upgrade_idle_timeout: Option<Duration>,
     /// Counts what became of requests.
@@ -453,6 +461,7 @@ impl Proxy {
             identity: ClientIdentity::new(config.trusted_proxies.clone()),
             backend_timeout: config.backend_timeout,
             body_idle_timeout: config.body_idle_timeout,
+            body_min_rate: config.body_min_rate,
             upgrade_idle_timeout: config.upgrade_idle_timeout,
             metrics,
             access_log: config.access_log,
@@ -780,7 +789,7 @@ impl Proxy {
                 return;
             }
             // The client's doing: no warning, no backend error counted.
-            ProxyError::BodyUnreadable | ProxyError::BodyIdle(_) => {
+            ProxyError::BodyUnreadable | ProxyError::BodyIdle(_) | ProxyError::BodyTooSlow(_) => {
                 tracing::debug!(request_id = context.id(), %error, "the client's request body broke off");
                 return;
             }
@@ -838,7 +847,12 @@ impl Proxy {
         // The backend speaks HTTP/1.1 whatever the client spoke.
         parts.version = Version::HTTP_11;
 
-        let body = ClientBody::new(body, self.body_idle_timeout, bytes.map(|bytes| &bytes.request));
+        let body = ClientBody::new(
+            body,
+            self.body_idle_timeout,
+            self.body_min_rate,
+            bytes.map(|bytes| &bytes.request),
+        );
         let progress = body.progress();
         let exchange = self.pool.send(Request::from_parts(parts, body), sent);
         let mut response = self.response_to(exchange, progress.as_deref(), sent).await?;
@@ -948,6 +962,7 @@ impl Proxy {
             BodyState::Streaming | BodyState::Ended => None,
             BodyState::Unreadable => Some(ProxyError::BodyUnreadable),
             BodyState::Idle => Some(ProxyError::BodyIdle(self.body_idle_timeout)),
+            BodyState::TooSlow => self.body_min_rate.map(ProxyError::BodyTooSlow),
         }
     }
 

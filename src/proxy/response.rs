@@ -154,6 +154,9 @@ pub fn from_error(error: &ProxyError) -> Response<ResponseBody> {
         ProxyError::BodyIdle(_) => {
             return refused(StatusCode::REQUEST_TIMEOUT, "the request body stalled");
         }
+        ProxyError::BodyTooSlow(_) => {
+            return refused(StatusCode::REQUEST_TIMEOUT, "the request body is too slow");
+        }
     };
     json(status, format!(r#"{{"error":"{message}"}}"#))
 }

@@ -49,7 +49,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::framing::Framing;
-use super::limits::Slot;
+use super::limits::{ClientSlot, Slot};
 
 /// How long a connection being closed may stay open with nothing in flight before it is
 /// dropped: enough for an HTTP/2 client to acknowledge the `GOAWAY` `PING` (one round trip).
@@ -178,8 +178,8 @@ impl Activity {
     }
 }
 
-/// A client's socket: it holds the connection's place under `MAX_CONNECTIONS` until it is
-/// closed, whoever holds it last (the HTTP connection, or the tunnel it was upgraded to),
+/// A client's socket: it holds the connection's places under `MAX_CONNECTIONS` and
+/// `MAX_CONNECTIONS_PER_CLIENT` until it is closed, whoever holds it last (the HTTP connection, or the tunnel it was upgraded to),
 /// and tells the watchdog when bytes arrive on an idle HTTP/1 connection, and when a write
 /// takes nothing (the client is not reading) or takes bytes again.
 #[derive(Debug)]
@@ -189,19 +189,24 @@ pub struct ClientStream {
     /// Follows the request heads in the bytes read (see [`Framing`]).
     framing: Framing,
     heads: Arc<Heads>,
-    _slot: Slot,
+    _slots: (Slot, ClientSlot),
 }
 
 impl ClientStream {
-    /// `stream`, counted under `slot`, reporting to `activity`, and to `heads` which request
+    /// `stream`, counted under `slots`, reporting to `activity`, and to `heads` which request
     /// carried both `Content-Length` and `Transfer-Encoding`.
-    pub fn new(stream: TcpStream, slot: Slot, activity: Arc<Activity>, heads: Arc<Heads>) -> ClientStream {
+    pub fn new(
+        stream: TcpStream,
+        slots: (Slot, ClientSlot),
+        activity: Arc<Activity>,
+        heads: Arc<Heads>,
+    ) -> ClientStream {
         ClientStream {
             stream,
             activity,
             framing: Framing::default(),
             heads,
-            _slot: slot,
+            _slots: slots,
         }
     }
 }

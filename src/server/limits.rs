@@ -12,14 +12,28 @@
 //! A slot is held by the socket itself ([`super::connection::ClientStream`]), not by the task
 //! serving it: an upgraded connection hands its socket to a tunnel and keeps its slot until the
 //! tunnel closes.
+//!
+//! One peer may hold at most `MAX_CONNECTIONS_PER_CLIENT` of them ([`ClientConnections`]), so
+//! a single address cannot take every slot. A peer is its TCP address, IPv6 grouped by
+//! `IPV6_PREFIX` as the rate limiter groups it (one subscriber is handed a whole /64); peers in
+//! `TRUSTED_PROXIES` are not capped, as a load balancer in front carries every client. Unset,
+//! the cap is [`default_per_client`]: three quarters of `MAX_CONNECTIONS`, so whatever one
+//! address does, a quarter of the slots stays for everyone else, while a crowd behind one NAT
+//! address, or a load balancer not listed in `TRUSTED_PROXIES`, is only cut once it holds most
+//! of the gateway.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::num::NonZeroUsize;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use ipnet::IpNet;
 use tokio::time::Instant;
+
+use crate::limit::ClientIp;
 
 /// File descriptors kept apart from client connections and their backend connections: the
 /// standard streams, the listeners, the runtime's own, Redis connections (one per cluster
@@ -123,6 +137,133 @@ impl Drop for Slot {
     }
 }
 
+/// `MAX_CONNECTIONS_PER_CLIENT` as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PerClientCap {
+    /// Unset: [`default_per_client`] of `MAX_CONNECTIONS`.
+    #[default]
+    Default,
+    /// `0`: no cap per client; `MAX_CONNECTIONS` alone applies.
+    Off,
+    /// At most this many per client.
+    At(NonZeroUsize),
+}
+
+impl PerClientCap {
+    /// `0` (off) or a whole number.
+    pub fn parse(value: &str) -> Option<PerClientCap> {
+        let n: usize = value.parse().ok()?;
+        Some(NonZeroUsize::new(n).map_or(PerClientCap::Off, PerClientCap::At))
+    }
+
+    /// The cap in force under `max_connections`, or `None` when it would never bite (off, or
+    /// not below `max_connections`): then nothing is counted per client.
+    pub fn effective(self, max_connections: usize) -> Option<usize> {
+        let cap = match self {
+            PerClientCap::Default => default_per_client(max_connections),
+            PerClientCap::Off => return None,
+            PerClientCap::At(cap) => cap.get(),
+        };
+        (cap < max_connections).then_some(cap)
+    }
+}
+
+/// `MAX_CONNECTIONS_PER_CLIENT` when unset: `MAX_CONNECTIONS` less a quarter of it (rounded
+/// down), the quarter kept for other clients. Below 4 nothing is kept apart: a cap that small
+/// is a test's or a tiny deployment's, where one client is all there is.
+pub fn default_per_client(max_connections: usize) -> usize {
+    max_connections - max_connections / 4
+}
+
+/// Open client connections per peer, capped at `MAX_CONNECTIONS_PER_CLIENT`. Entries are
+/// removed when their count returns to zero, so the table holds only peers with a connection
+/// open: never more entries than `MAX_CONNECTIONS`.
+#[derive(Debug, Clone)]
+pub struct ClientConnections {
+    /// The cap in force; `None`: nothing is counted.
+    max: Option<usize>,
+    /// `IPV6_PREFIX`: peers are grouped as the limiter groups clients.
+    ipv6_prefix: u8,
+    /// `TRUSTED_PROXIES`: peers not capped.
+    trusted: Arc<[IpNet]>,
+    /// Connections per peer; no zero entries.
+    open: Arc<Mutex<HashMap<ClientIp, usize>>>,
+}
+
+impl ClientConnections {
+    /// At most `max` per peer (`None`: no cap), IPv6 grouped by `ipv6_prefix`, peers in
+    /// `trusted` not capped.
+    pub fn new(max: Option<usize>, ipv6_prefix: u8, trusted: &[IpNet]) -> ClientConnections {
+        ClientConnections {
+            max,
+            ipv6_prefix,
+            trusted: trusted.into(),
+            open: Arc::default(),
+        }
+    }
+
+    /// A place for one more connection from `peer`, or the peer as counted when it holds `max`
+    /// already.
+    pub fn try_acquire(&self, peer: IpAddr) -> Result<ClientSlot, ClientIp> {
+        let Some(max) = self.max else {
+            return Ok(ClientSlot { _held: None });
+        };
+        let peer = peer.to_canonical();
+        if self.trusted.iter().any(|net| net.contains(&peer)) {
+            return Ok(ClientSlot { _held: None });
+        }
+        let client = ClientIp::new(peer, self.ipv6_prefix);
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(client).or_insert(0);
+        if *count >= max {
+            return Err(client);
+        }
+        *count += 1;
+        Ok(ClientSlot {
+            _held: Some(Counted {
+                open: self.open.clone(),
+                client,
+            }),
+        })
+    }
+
+    /// The cap in force (`None`: none).
+    pub fn max(&self) -> Option<usize> {
+        self.max
+    }
+
+    /// Peers holding at least one counted connection.
+    pub fn clients(&self) -> usize {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// One connection's place under `MAX_CONNECTIONS_PER_CLIENT` (none for a peer not counted),
+/// given back when dropped.
+#[derive(Debug)]
+pub struct ClientSlot {
+    /// Given back when dropped; `None` for a peer not counted.
+    _held: Option<Counted>,
+}
+
+#[derive(Debug)]
+struct Counted {
+    open: Arc<Mutex<HashMap<ClientIp, usize>>>,
+    client: ClientIp,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
+}
+
 /// Whether a failed `accept` concerns only the connection being accepted (the client gave
 /// up before we took it), so the loop carries on at once; anything else (`EMFILE`, `ENFILE`,
 /// `ENOBUFS`, `ENOMEM`) is about the process or the system, and the loop backs off.
@@ -215,6 +356,65 @@ mod tests {
         let third = slots.try_acquire().expect("a slot was given back");
         drop((second, third));
         assert_eq!(slots.open(), 0);
+    }
+
+    #[test]
+    fn the_default_per_client_cap_keeps_a_quarter_for_the_others() {
+        let n = |n| PerClientCap::At(NonZeroUsize::new(n).unwrap());
+        assert_eq!(PerClientCap::Default.effective(448), Some(336));
+        assert_eq!(PerClientCap::Default.effective(4), Some(3));
+        // Below 4, a quarter is nothing: no cap of its own.
+        assert_eq!(PerClientCap::Default.effective(3), None);
+        assert_eq!(PerClientCap::Default.effective(1), None);
+        assert_eq!(PerClientCap::Off.effective(448), None);
+        assert_eq!(n(10).effective(448), Some(10));
+        assert_eq!(
+            n(448).effective(448),
+            None,
+            "not below MAX_CONNECTIONS: never bites"
+        );
+        assert_eq!(PerClientCap::parse("0"), Some(PerClientCap::Off));
+        assert_eq!(PerClientCap::parse("12"), Some(n(12)));
+        assert_eq!(PerClientCap::parse("-1"), None);
+        assert_eq!(PerClientCap::parse("half"), None);
+    }
+
+    #[test]
+    fn a_peer_is_capped_as_the_limiter_keys_it_and_forgotten_at_zero() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let clients = ClientConnections::new(Some(2), 64, &trusted);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let first = clients.try_acquire(ip("203.0.113.7")).expect("first");
+        // The same address, mapped into IPv6: the same peer.
+        let second = clients.try_acquire(ip("::ffff:203.0.113.7")).expect("second");
+        let refused = clients.try_acquire(ip("203.0.113.7")).expect_err("a third");
+        assert_eq!(refused.to_string(), "203.0.113.7");
+        // Another address is counted apart; two addresses of one /64 are one peer.
+        let other = clients.try_acquire(ip("2001:db8:1:2::1")).expect("other");
+        let same_net = clients.try_acquire(ip("2001:db8:1:2::ffff")).expect("same /64");
+        let refused = clients
+            .try_acquire(ip("2001:db8:1:2:aaaa::1"))
+            .expect_err("/64 full");
+        assert_eq!(refused.to_string(), "2001:db8:1:2::/64");
+        // A trusted proxy carries every client: never capped, never counted.
+        let proxied: Vec<_> = (0..10)
+            .map(|_| clients.try_acquire(ip("10.1.2.3")).expect("a trusted peer"))
+            .collect();
+        assert_eq!(clients.clients(), 2);
+        drop(first);
+        let again = clients.try_acquire(ip("203.0.113.7")).expect("a place came back");
+        drop((second, again, other, same_net, proxied));
+        assert_eq!(clients.clients(), 0, "no entry is kept at zero");
+    }
+
+    #[test]
+    fn with_no_cap_nothing_is_counted() {
+        let clients = ClientConnections::new(None, 64, &[]);
+        let held: Vec<_> = (0..100)
+            .map(|_| clients.try_acquire([127, 0, 0, 1].into()).expect("no cap"))
+            .collect();
+        assert_eq!(clients.clients(), 0);
+        drop(held);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Wiring: build the limiter and proxy from the configuration, accept connections, serve
 //! HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, and drain on shutdown.
 //!
-//! - [`limits`]: `MAX_CONNECTIONS`, sized from the file-descriptor limit, and what the accept
-//!   loop does past it or when `accept` fails;
+//! - [`limits`]: `MAX_CONNECTIONS`, sized from the file-descriptor limit, and
+//!   `MAX_CONNECTIONS_PER_CLIENT`; what the accept loop does past them or when `accept` fails;
 //! - [`connection`]: the watchdog that closes silent and idle connections
 //!   (`HEADER_READ_TIMEOUT_MS` from accept, `IDLE_TIMEOUT_MS` with nothing in flight), and the
 //!   drain.
@@ -34,7 +34,7 @@ use crate::proxy::strict::ContentLengthDropped;
 use crate::proxy::{Overloaded, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
-use limits::{ConnectionSlots, IntervalLog, Slot};
+use limits::{ClientConnections, ClientSlot, ConnectionSlots, IntervalLog, Slot};
 use prometheus_client::metrics::counter::Counter;
 use streams::StreamExecutor;
 
@@ -139,6 +139,7 @@ async fn run(
             }
         })
     });
+    let max_per_client = config.max_connections_per_client.effective(max_connections);
     // One line; in JSON every setting is a field of its own.
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -154,6 +155,7 @@ async fn run(
         access_log = config.access_log.as_str(),
         trusted_proxies = config.trusted_proxies.len(),
         max_connections,
+        max_connections_per_client = %max_per_client.map_or_else(|| "off".into(), |max| max.to_string()),
         fd_limit = %fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
         header_read_timeout_ms = config.header_read_timeout.as_millis() as u64,
         idle_timeout_ms = config.idle_timeout.as_millis() as u64,
@@ -164,6 +166,7 @@ async fn run(
         "tollgate ready"
     );
     let unread = metrics.client_connections_unread();
+    let refused = metrics.client_connections_refused();
     let unread_streams = metrics.client_streams_unread();
     let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
 
@@ -190,6 +193,11 @@ async fn run(
         send: config.send_timeout,
     };
 
+    let clients = ClientConnections::new(
+        max_per_client,
+        config.rules.ipv6_prefix(),
+        &config.trusted_proxies,
+    );
     let serving = Serving {
         builder,
         proxy,
@@ -199,6 +207,7 @@ async fn run(
     };
     let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
+    let mut client_refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let drain = Drain::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -228,10 +237,8 @@ async fn run(
             () = &mut shutdown => break,
         };
         let Some(slot) = slots.try_acquire() else {
-            // Closed at once with a reset: the client learns now, nothing lingers in
-            // TIME_WAIT, and the queue keeps moving for when a slot frees.
-            let _ = stream.set_zero_linger();
-            drop(stream);
+            refuse(stream);
+            refused.max_connections.inc();
             if let Some(refused) = refusals.event() {
                 tracing::warn!(
                     refused,
@@ -241,7 +248,26 @@ async fn run(
             }
             continue;
         };
-        serve_connection(&serving, stream, peer, slot, drain.watcher());
+        let client_slot = match clients.try_acquire(peer.ip()) {
+            Ok(client_slot) => client_slot,
+            Err(client) => {
+                refuse(stream);
+                drop(slot);
+                refused.per_client.inc();
+                // One line per interval, naming the client of the moment: a flood from many
+                // addresses must not become a flood of lines (the metric counts them all).
+                if let Some(refused) = client_refusals.event() {
+                    tracing::warn!(
+                        refused,
+                        %client,
+                        max_connections_per_client = max_per_client.unwrap_or_default(),
+                        "MAX_CONNECTIONS_PER_CLIENT reached: refusing a client's new connections"
+                    );
+                }
+                continue;
+            }
+        };
+        serve_connection(&serving, stream, peer, (slot, client_slot), drain.watcher());
     }
 
     drop(listener);
@@ -266,6 +292,13 @@ async fn run(
     Ok(())
 }
 
+/// Close a connection refused at accept at once, with a reset: the client learns now,
+/// nothing lingers in TIME_WAIT, and the queue keeps moving for when a slot frees.
+fn refuse(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
 /// What every connection is served with.
 struct Serving {
     /// HTTP/1.1 and h2c, detected per connection.
@@ -281,8 +314,15 @@ struct Serving {
 }
 
 /// Serve one accepted connection in a task of its own, under its watchdog (see [`connection`]):
-/// `slot` is its place under `MAX_CONNECTIONS`, `drain` tells it when to close.
-fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot: Slot, drain: DrainWatcher) {
+/// `slots` are its places under `MAX_CONNECTIONS` and `MAX_CONNECTIONS_PER_CLIENT`, held by its
+/// socket; `drain` tells it when to close.
+fn serve_connection(
+    serving: &Serving,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slots: (Slot, ClientSlot),
+    drain: DrainWatcher,
+) {
     let Serving {
         builder,
         proxy,
@@ -322,7 +362,7 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
             }
         })
     };
-    let io = TokioIo::new(ClientStream::new(stream, slot, activity.clone(), heads));
+    let io = TokioIo::new(ClientStream::new(stream, slots, activity.clone(), heads));
     let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
     let unread = unread.clone();
     tokio::spawn(async move {

@@ -749,6 +749,74 @@ async fn a_denial_is_one_json_line_with_its_request_id() {
     tollgate.terminate().await;
 }
 
+/// A keep-alive connection from `from` that has been served once, or `None` when tollgate
+/// closed it instead.
+async fn served_from(
+    addr: std::net::SocketAddr,
+    from: std::net::IpAddr,
+) -> Option<hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::new(from, 0)).unwrap();
+    let stream = socket.connect(addr).await.ok()?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .ok()?;
+    tokio::spawn(connection);
+    let request = http::Request::get("/")
+        .header("host", "gateway.test")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
+        .await
+        .expect("neither served nor closed")
+        .ok()?;
+    assert_eq!(response.status(), StatusCode::OK);
+    Some(sender)
+}
+
+#[tokio::test]
+async fn one_address_is_capped_per_client_and_named_in_the_log() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("MAX_CONNECTIONS_PER_CLIENT", "2"),
+    ]);
+    // Not 127.0.0.1, which the start-up probe connected from.
+    let greedy = "127.0.0.5".parse().unwrap();
+    let first = served_from(tollgate.addr, greedy).await.expect("first");
+    let second = served_from(tollgate.addr, greedy).await.expect("second");
+    assert!(
+        served_from(tollgate.addr, greedy).await.is_none(),
+        "a third from the same address"
+    );
+    let other = served_from(tollgate.addr, "127.0.0.6".parse().unwrap())
+        .await
+        .expect("another address is served");
+    until_metrics_say(
+        &tollgate,
+        r#"tollgate_client_connections_refused_total{limit="max_connections_per_client"} 1"#,
+    )
+    .await;
+    let log = tollgate.log();
+    assert!(
+        log.lines().next().is_some_and(
+            |ready| ready.contains("tollgate ready") && ready.contains("max_connections_per_client=2")
+        ),
+        "{log}"
+    );
+    let refusal = log
+        .lines()
+        .find(|line| line.contains("MAX_CONNECTIONS_PER_CLIENT reached"))
+        .unwrap_or_else(|| panic!("no refusal line in\n{log}"));
+    assert!(
+        refusal.contains("WARN") && refusal.contains("client=127.0.0.5") && refusal.contains("refused=1"),
+        "{refusal}"
+    );
+    drop((first, second, other));
+    tollgate.terminate().await;
+}
+
 #[test]
 fn check_config_warns_about_a_misspelt_variable() {
     let output = run(

@@ -1,7 +1,8 @@
 //! Client connections: silent and idle ones are closed (`HEADER_READ_TIMEOUT_MS` from accept,
 //! `IDLE_TIMEOUT_MS` with nothing in flight), busy ones never are unless their socket takes
 //! nothing (`SEND_TIMEOUT_MS`), `MAX_CONNECTIONS` refuses
-//! what is past it at once, and `MAX_UPGRADES_PER_CLIENT` bounds one client's tunnels.
+//! what is past it at once, `MAX_CONNECTIONS_PER_CLIENT` keeps one address from taking every
+//! place, and `MAX_UPGRADES_PER_CLIENT` bounds one client's tunnels.
 //!
 //! Every wait is bounded; nothing asserts how fast, only what happens.
 
@@ -414,6 +415,128 @@ async fn past_max_connections_a_new_connection_is_closed_at_once() {
     let status = eventually(|| try_get(gateway.addr), "a slot to free up").await;
     assert_eq!(status, StatusCode::OK);
     drop(open);
+}
+
+/// An HTTP/1.1 connection from `from` that has been served once (so it was accepted and
+/// counted), or `None` when the gateway closed it instead.
+async fn served_from(
+    addr: SocketAddr,
+    from: IpAddr,
+) -> Option<(http1::SendRequest<Empty<Bytes>>, JoinHandle<()>)> {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let stream = socket.connect(addr).await.ok()?;
+    let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+    let connection = tokio::spawn(async move { drop(connection.await) });
+    let response = tokio::time::timeout(BOUND, sender.send_request(get_request("/")))
+        .await
+        .expect("neither served nor closed")
+        .ok()?;
+    assert_eq!(response.status(), StatusCode::OK);
+    response.into_body().collect().await.ok()?;
+    Some((sender, connection))
+}
+
+/// The value of the metric line starting with `series`.
+async fn metric(gateway: &Gateway, series: &str) -> String {
+    let metrics = gateway.admin_get("/metrics").await;
+    let text = metrics.text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series))
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+        .trim()
+        .to_owned()
+}
+
+const REFUSED_PER_CLIENT: &str =
+    "tollgate_client_connections_refused_total{limit=\"max_connections_per_client\"}";
+
+/// With `MAX_CONNECTIONS_PER_CLIENT` unset, one address may take three quarters of the places
+/// and no more: the rest stay for other clients.
+#[tokio::test]
+async fn one_address_cannot_take_every_place_while_another_is_served() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(&backend.url(), &[("MAX_CONNECTIONS", "4")]).await;
+    let greedy: IpAddr = [127, 0, 0, 1].into();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(served_from(gateway.addr, greedy).await.expect("three of four"));
+    }
+    assert!(
+        served_from(gateway.addr, greedy).await.is_none(),
+        "one address took the last place"
+    );
+    assert_eq!(metric(&gateway, REFUSED_PER_CLIENT).await, "1");
+    // Another address gets the place kept for others...
+    let other = served_from(gateway.addr, [127, 0, 0, 2].into())
+        .await
+        .expect("another client is served");
+    // ...and the connections held go on being served.
+    for (sender, _) in &mut held {
+        assert_eq!(get_on(sender, "/").await, StatusCode::OK);
+    }
+    // One closed: its place comes back to its address.
+    let (sender, connection) = held.pop().unwrap();
+    drop(sender);
+    connection.abort();
+    let again = eventually(|| served_from(gateway.addr, greedy), "a place to come back").await;
+    drop((held, other, again));
+}
+
+/// A load balancer in `TRUSTED_PROXIES` carries every client: it is not capped per client.
+#[tokio::test]
+async fn a_trusted_proxy_is_not_capped_per_client() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("MAX_CONNECTIONS", "8"),
+            ("MAX_CONNECTIONS_PER_CLIENT", "2"),
+            ("TRUSTED_PROXIES", "127.0.0.3"),
+        ],
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(
+            served_from(gateway.addr, [127, 0, 0, 3].into())
+                .await
+                .expect("a trusted proxy's connection"),
+        );
+    }
+    assert_eq!(metric(&gateway, REFUSED_PER_CLIENT).await, "0");
+    // MAX_CONNECTIONS still applies to it.
+    assert!(served_from(gateway.addr, [127, 0, 0, 3].into()).await.is_none());
+    assert_eq!(
+        metric(
+            &gateway,
+            "tollgate_client_connections_refused_total{limit=\"max_connections\"}"
+        )
+        .await,
+        "1"
+    );
+    drop(held);
+}
+
+/// An upgraded connection keeps its place under `MAX_CONNECTIONS_PER_CLIENT` until the tunnel
+/// closes, as under `MAX_CONNECTIONS`.
+#[tokio::test]
+async fn a_tunnel_keeps_its_place_under_the_per_client_cap() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[("MAX_CONNECTIONS", "8"), ("MAX_CONNECTIONS_PER_CLIENT", "1")],
+    )
+    .await;
+    let client: IpAddr = [127, 0, 0, 4].into();
+    let tunnel = open_tunnel(gateway.addr, client).await.expect("a tunnel");
+    assert!(
+        served_from(gateway.addr, client).await.is_none(),
+        "a tunnel's place was given away"
+    );
+    drop(tunnel);
+    let again = eventually(|| served_from(gateway.addr, client), "the tunnel's place").await;
+    drop(again);
 }
 
 /// Open a tunnel to the backend's `/ws` echo from `from`: the stream after a `101` that echoes,

@@ -467,6 +467,93 @@ async fn an_upload_that_stalls_longer_than_the_body_idle_timeout_is_cut() {
     assert!(backend.seen().iter().all(|seen| seen.body.is_none()));
 }
 
+/// `BODY_MIN_RATE` at 1000 B/s over 1 s windows, with a pause bound that never runs out here:
+/// only the rate can cut a body.
+const MIN_RATE: &[(&str, &str)] = &[
+    ("BODY_MIN_RATE", "1000"),
+    ("BODY_MIN_RATE_WINDOW_MS", "1000"),
+    ("BODY_IDLE_TIMEOUT_MS", "60000"),
+];
+
+/// Slow body: a byte every 50 ms (20 B/s, each pause far inside `BODY_IDLE_TIMEOUT_MS`) would
+/// hold its connection and a backend connection for as long as it likes; under the minimum
+/// rate it is answered 408 and the backend's request is abandoned (the backend never gets a
+/// whole body).
+#[tokio::test]
+async fn an_upload_that_trickles_below_the_minimum_rate_is_cut() {
+    let backend = CollectingBackend::start().await;
+    let gateway = Gateway::start_with_admin(&backend.url(), MIN_RATE).await;
+    let stream = TcpStream::connect(gateway.addr).await.unwrap();
+    let (reader, mut writer) = stream.into_split();
+    writer
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 1000000\r\n\r\n")
+        .await
+        .unwrap();
+    let trickle = async {
+        while writer.write_all(b"x").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::select! {
+            () = trickle => {}
+            readable = reader.readable() => readable.unwrap(),
+        }
+    })
+    .await
+    .expect("an answer within 5 s");
+    let mut stream = reader.reunite(writer).unwrap();
+    let reply = read_response(&mut stream).await;
+    assert_eq!(reply.status_line, "HTTP/1.1 408 Request Timeout");
+    assert_eq!(
+        reply.body,
+        r#"{"error":"request timeout","reason":"the request body is too slow"}"#
+    );
+    assert_eq!(reply.headers["connection"], "close");
+    assert!(reply.closed);
+    assert_eq!(backend_errors(&gateway).await, 0.0, "the client's doing");
+    // The backend's request was given up: its body broke off.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.seen().is_empty() {
+        assert!(Instant::now() < deadline, "the backend never saw the request end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = backend.seen();
+    assert_eq!(seen.len(), 1);
+    assert!(
+        seen[0].body.is_none(),
+        "the backend took a cut body for a whole one"
+    );
+}
+
+/// A body that comes slowly but steadily, above the minimum rate, passes however many windows
+/// it takes: 500 bytes every 100 ms (five times the rate) for 2 s, two windows.
+#[tokio::test]
+async fn a_slow_but_steady_upload_above_the_minimum_rate_passes() {
+    let backend = CollectingBackend::start().await;
+    let gateway = Gateway::start(&backend.url(), MIN_RATE).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let chunk = format!("1f4\r\n{}\r\n", "x".repeat(500));
+    for _ in 0..20 {
+        stream.write_all(chunk.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stream.write_all(b"0\r\n\r\n").await.unwrap();
+    let reply = read_response(&mut stream).await;
+    assert_eq!(reply.status_line, "HTTP/1.1 200 OK");
+    assert_eq!(reply.body, "10000", "the backend got it whole");
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "shorter than two windows: nothing was tested"
+    );
+}
+
 #[tokio::test]
 async fn a_stall_after_the_backend_has_answered_closes_the_connection() {
     // The echo backend answers at once and streams the body back as it comes: the response
