@@ -52,7 +52,7 @@ wait_for_port "$backend_port" backend
 
 # wrk script: each request a fresh identity (the key mode's headers), each identity twice.
 cat >"$work/flood.lua" <<'EOF'
-local mode, path, total, first = os.getenv("FLOOD_MODE"), os.getenv("FLOOD_PATH"), tonumber(os.getenv("FLOOD_REQUESTS")), tonumber(os.getenv("FLOOD_FIRST"))
+local mode, path, first = os.getenv("FLOOD_MODE"), os.getenv("FLOOD_PATH"), tonumber(os.getenv("FLOOD_FIRST"))
 local n = 0
 function request()
   local id = first + math.floor(n / 2)
@@ -64,7 +64,6 @@ function request()
   else headers["X-Forwarded-For"] = "10.0.0.1"; headers["X-API-Key"] = "flood-" .. id end
   return wrk.format("GET", path, headers)
 end
-function response(status, headers, body) if n >= total then wrk.thread:stop() end end
 EOF
 
 victim_headers() { # mode
@@ -109,16 +108,18 @@ for binary in "$@"; do
         requests=$((2 * factor * max_keys))
         started=$(date +%s.%N)
         before=$(metric "$admin" tollgate_requests_total)
-        # wrk 4.1 stops sending at FLOOD_REQUESTS but waits out -d: stopped once all are counted.
-        FLOOD_MODE=$flood_mode FLOOD_PATH=$path FLOOD_REQUESTS=$requests FLOOD_FIRST=$first \
+        # One connection, so requests go one at a time: wrk is stopped once tollgate has counted
+        # them all (at most one more may be sent).
+        FLOOD_MODE=$flood_mode FLOOD_PATH=$path FLOOD_FIRST=$first \
           wrk -t1 -c1 -d600s -s "$work/flood.lua" "http://127.0.0.1:$port" >/dev/null &
         wrk_pid=$!
         while [ $(($(metric "$admin" tollgate_requests_total) - before)) -lt "$requests" ]; do
           kill -0 "$wrk_pid" 2>/dev/null || { echo "flood.sh: wrk ended early" >&2; exit 1; }
-          sleep 0.2
+          sleep 0.05
         done
         kill "$wrk_pid"
         wait "$wrk_pid" 2>/dev/null || true
+        requests=$(($(metric "$admin" tollgate_requests_total) - before))
         seconds=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
         first=$((first + factor * max_keys))
         printf '| %s | %s | %sx MAX_KEYS | %s | %s | %s | %s | %s | %s | %s |\n' "$(basename "$binary")" "$mode" \
