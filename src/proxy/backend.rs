@@ -1,4 +1,5 @@
-//! The connections to the backend: HTTP/1.1 over TCP, kept alive and reused.
+//! The connections to the backend: HTTP/1.1 over TCP, or over TLS for an `https` backend
+//! (see [`super::tls`]), kept alive and reused.
 //!
 //! There is one backend and so one address: the pool is a stack of idle connections behind a
 //! mutex, with no pool keys to hash and nothing to race. A request takes the connection used
@@ -17,8 +18,9 @@
 //! - Idle connections are used for at most `BACKEND_IDLE_TIMEOUT_MS` (keep it below the
 //!   backend's keep-alive timeout, so the backend never closes one just as it is used) and
 //!   closed within twice that.
-//! - Failures say what failed: resolving the backend's name, connecting to it, or the
-//!   exchange (hyper's error, with its I/O cause).
+//! - Failures say what failed: resolving the backend's name, connecting to it, the TLS
+//!   handshake (and why: expired, unknown issuer, wrong name), or the exchange (hyper's error,
+//!   with its I/O cause).
 //!
 //! And what it adds: an exchange that has not finished `BACKEND_TIMEOUT_MS` after its response
 //! ended (a backend that answered an upload early and stopped reading it) has its connection
@@ -46,6 +48,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::body::ClientBody;
+use super::tls::{TlsConnector, TlsError};
 
 /// Why the backend gave no response.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +59,9 @@ pub enum BackendError {
     /// No connection could be made to any of its addresses.
     #[error("connect error: {0}")]
     Connect(#[source] io::Error),
+    /// Connected, but the TLS handshake failed (an https backend): never retried in plain text.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// The connection was made but the exchange failed: refused by hyper, reset, closed early.
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
@@ -88,6 +94,8 @@ struct Pool {
     idle: Mutex<VecDeque<Idle>>,
     /// Where to connect.
     destination: Destination,
+    /// For an https backend: the TLS client, with its session cache.
+    tls: Option<TlsConnector>,
     /// The backend's authority as a `Host` value.
     host: HeaderValue,
     /// `BACKEND_TIMEOUT_MS`: shared among the addresses a name resolves to when connecting,
@@ -120,10 +128,18 @@ struct Idle {
 }
 
 impl BackendPool {
-    /// A pool for the backend at `authority` (`http`, so port 80 when none is given).
-    /// Each connection it opens is counted in `opened`.
-    pub fn new(authority: &Authority, timeout: Duration, idle_timeout: Duration, opened: Counter) -> Self {
-        let port = authority.port_u16().unwrap_or(80);
+    /// A pool for the backend at `authority`, over TLS with `tls` (port 443 when none is
+    /// given) or plain TCP (port 80). Each connection it opens is counted in `opened`.
+    pub fn new(
+        authority: &Authority,
+        tls: Option<TlsConnector>,
+        timeout: Duration,
+        idle_timeout: Duration,
+        opened: Counter,
+    ) -> Self {
+        let port = authority
+            .port_u16()
+            .unwrap_or(if tls.is_some() { 443 } else { 80 });
         // `[::1]` in a URL is `::1` to a socket.
         let host = authority.host();
         let bare = host
@@ -140,6 +156,7 @@ impl BackendPool {
             inner: Arc::new(Pool {
                 idle: Mutex::new(VecDeque::new()),
                 destination,
+                tls,
                 host,
                 timeout,
                 idle_timeout,
@@ -152,6 +169,11 @@ impl BackendPool {
     /// The backend's authority as a `Host` value, for requests that name no host.
     pub fn host(&self) -> &HeaderValue {
         &self.inner.host
+    }
+
+    /// Whether the backend is reached over TLS.
+    pub fn is_tls(&self) -> bool {
+        self.inner.tls.is_some()
     }
 
     /// Send `request` (origin-form target, HTTP/1.1, with a `Host`) and wait for the response
@@ -202,8 +224,10 @@ impl Pool {
         self.idle.lock().push_back(Idle { connection, since });
     }
 
-    /// Open a connection and start hyper's dispatcher for it.
+    /// Open a connection (with its TLS handshake, for an https backend) and start hyper's
+    /// dispatcher for it.
     async fn connect(self: &Arc<Self>) -> Result<Connection, BackendError> {
+        let deadline = Instant::now() + self.timeout;
         let stream = match &self.destination {
             Destination::Address(address) => connect_to(&[*address], self.timeout).await,
             Destination::Name(name, port) => {
@@ -222,18 +246,26 @@ impl Pool {
         }
         .map_err(BackendError::Connect)?;
         self.opened.inc();
-        let (sender, connection) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
-        let task = tokio::spawn(async move {
-            // Ends when the backend or the pool closes it; its error was the request's.
-            if let Err(error) = connection.with_upgrades().await {
-                tracing::debug!(%error, "backend connection ended");
+        let connection = match &self.tls {
+            None => start_http1(stream).await?,
+            Some(tls) => {
+                // Within what is left of BACKEND_TIMEOUT_MS: a backend that accepts and then
+                // says nothing is a timeout (504), as one that does not accept.
+                let stream = tokio::time::timeout_at(deadline, tls.connect(stream, false))
+                    .await
+                    .map_err(|_| {
+                        BackendError::Connect(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("the TLS handshake with {} timed out", tls.server_name().to_str()),
+                        ))
+                    })??;
+                start_http1(stream).await?
             }
-        })
-        .abort_handle();
+        };
         self.reaper.get_or_init(|| {
             tokio::spawn(reap(Arc::downgrade(self), self.idle_timeout));
         });
-        Ok(Connection { sender, task })
+        Ok(connection)
     }
 
     fn body_of(
@@ -248,6 +280,22 @@ impl Pool {
         });
         response.map(|inner| BackendBody { inner, checkin })
     }
+}
+
+/// Start hyper's HTTP/1.1 dispatcher on `stream` (TCP, or TLS over it), in a task of its own.
+async fn start_http1<S>(stream: S) -> Result<Connection, BackendError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
+    let task = tokio::spawn(async move {
+        // Ends when the backend or the pool closes it; its error was the request's.
+        if let Err(error) = connection.with_upgrades().await {
+            tracing::debug!(%error, "backend connection ended");
+        }
+    })
+    .abort_handle();
+    Ok(Connection { sender, task })
 }
 
 /// Try `addresses` in order, each for its share of `timeout`.
