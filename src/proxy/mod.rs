@@ -846,8 +846,12 @@ impl Proxy {
         };
         parts.headers.insert(header::HOST, host);
         parts.uri = self.backend_uri(&parts.uri, rewritten)?;
-        // The backend speaks HTTP/1.1 whatever the client spoke.
-        parts.version = Version::HTTP_11;
+        // The backend speaks HTTP/1.1 whatever the client spoke, but for an HTTP/2 client's
+        // request to an https backend that chooses h2 (the pool decides).
+        parts.version = match parts.version {
+            Version::HTTP_2 => Version::HTTP_2,
+            _ => Version::HTTP_11,
+        };
 
         let body = ClientBody::new(body, self.body_idle_timeout);
         let progress = body.progress();

@@ -7,7 +7,8 @@
 //! (expired, unknown issuer, wrong name), which the proxy answers with a 502: there is no
 //! fallback to plain text.
 //!
-//! One [`rustls::ClientConfig`] per ALPN offer, sharing one session cache, lives as long as
+//! One [`rustls::ClientConfig`] per ALPN offer (`http/1.1` for HTTP/1 clients' requests,
+//! `h2` and `http/1.1` for HTTP/2 clients'), sharing one session cache, lives as long as
 //! the proxy: a connection opened after another one resumes its TLS session (a ticket or
 //! session id, no full handshake), and the pool keeps the connections themselves alive.
 

@@ -81,13 +81,23 @@ struct TlsBackend {
     resumed: Arc<AtomicUsize>,
     /// The SNI of each completed handshake (`None`: none sent).
     names: Arc<Mutex<Vec<Option<String>>>>,
+    /// The protocol each completed handshake settled on (ALPN).
+    protocols: Arc<Mutex<Vec<String>>>,
+    /// Of each `ClientHello`: whether it offered `h2`.
+    h2_offers: Arc<Mutex<Vec<bool>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl TlsBackend {
-    /// Serve `certificate`; `keep_alive: false` closes each connection after one response.
+    /// Serve `certificate`, offering `h2` and `http/1.1`; `keep_alive: false` closes each
+    /// HTTP/1.1 connection after one response.
     async fn start(certificate: ServerCertificate, keep_alive: bool) -> TlsBackend {
+        Self::start_with(certificate, keep_alive, &[b"h2", b"http/1.1"]).await
+    }
+
+    /// [`start`](Self::start), choosing among the protocols in `alpn` only.
+    async fn start_with(certificate: ServerCertificate, keep_alive: bool, alpn: &[&[u8]]) -> TlsBackend {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -95,17 +105,25 @@ impl TlsBackend {
             .with_no_client_auth()
             .with_single_cert(certificate.chain, certificate.key)
             .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
+        let config = Arc::new(config);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
         let resumed = Arc::new(AtomicUsize::new(0));
         let names = Arc::new(Mutex::new(Vec::new()));
+        let protocols = Arc::new(Mutex::new(Vec::new()));
+        let h2_offers = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn({
-            let (accepted, resumed, names, seen) =
-                (accepted.clone(), resumed.clone(), names.clone(), seen.clone());
+            let (accepted, resumed, names, protocols, h2_offers, seen) = (
+                accepted.clone(),
+                resumed.clone(),
+                names.clone(),
+                protocols.clone(),
+                h2_offers.clone(),
+                seen.clone(),
+            );
             async move {
                 let mut connections = JoinSet::new();
                 loop {
@@ -114,11 +132,26 @@ impl TlsBackend {
                         continue;
                     };
                     accepted.fetch_add(1, Ordering::SeqCst);
-                    let (acceptor, resumed, names, seen) =
-                        (acceptor.clone(), resumed.clone(), names.clone(), seen.clone());
+                    let (config, resumed, names, protocols, h2_offers, seen) = (
+                        config.clone(),
+                        resumed.clone(),
+                        names.clone(),
+                        protocols.clone(),
+                        h2_offers.clone(),
+                        seen.clone(),
+                    );
                     connections.spawn(async move {
+                        let acceptor = rustls::server::Acceptor::default();
+                        let Ok(start) = tokio_rustls::LazyConfigAcceptor::new(acceptor, stream).await else {
+                            return;
+                        };
+                        let offers_h2 = start
+                            .client_hello()
+                            .alpn()
+                            .is_some_and(|mut offered| offered.any(|protocol| protocol == b"h2"));
+                        h2_offers.lock().unwrap().push(offers_h2);
                         // A refused handshake is the gateway's doing, and what some tests want.
-                        let Ok(stream) = acceptor.accept(stream).await else {
+                        let Ok(stream) = start.into_stream(config).await else {
                             return;
                         };
                         let connection = stream.get_ref().1;
@@ -129,6 +162,11 @@ impl TlsBackend {
                             .lock()
                             .unwrap()
                             .push(connection.server_name().map(str::to_owned));
+                        let protocol = connection.alpn_protocol().unwrap_or(b"none");
+                        protocols
+                            .lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(protocol).into_owned());
                         let service = service_fn(move |request| answer(request, seen.clone()));
                         let mut builder = auto::Builder::new(TokioExecutor::new());
                         builder.http1().keep_alive(keep_alive);
@@ -144,9 +182,15 @@ impl TlsBackend {
             accepted,
             resumed,
             names,
+            protocols,
+            h2_offers,
             seen,
             task,
         }
+    }
+
+    fn protocols(&self) -> Vec<String> {
+        self.protocols.lock().unwrap().clone()
     }
 
     /// `https://HOST:PORT` for this backend.
@@ -370,4 +414,122 @@ fn an_unusable_backend_ca_file_stops_startup_naming_it() {
         assert_eq!(output.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains("BACKEND_CA_FILE"), "{stderr}");
     }
+}
+
+/// An HTTP/2 (prior knowledge) client connection to `addr`.
+async fn h2_client(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+/// `POST path` with `body` on an HTTP/2 client connection: the status and the body back.
+async fn h2_post(
+    sender: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    path: &str,
+    body: &'static str,
+) -> (StatusCode, String) {
+    use http_body_util::BodyExt;
+
+    let request = http::Request::post(format!("http://gateway.test{path}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            body.as_bytes(),
+        )))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn http2_clients_get_http2_to_a_backend_that_chooses_it() {
+    let ca = TestCa::new("tollgate test CA");
+    let backend = TlsBackend::start(ca.issue(&["localhost"], false), true).await;
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url("localhost")),
+        ("BACKEND_CA_FILE", ca.path()),
+        ("MAX_TOKENS", "1000"),
+    ]);
+    let mut client = h2_client(tollgate.addr).await;
+    // Ten at once, the first requests: one connection is opened for all of them.
+    let together: Vec<_> = (0..10)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move { h2_post(&mut client, "/echo", "together").await })
+        })
+        .collect();
+    for request in together {
+        let (status, body) = request.await.unwrap();
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, "together"),
+            "{}",
+            tollgate.log()
+        );
+    }
+    for _ in 0..10 {
+        let (status, body) = h2_post(&mut client, "/echo", "over h2").await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "over h2"));
+    }
+    assert_eq!(backend.protocols(), ["h2"]);
+    assert_eq!(backend.accepted.load(Ordering::SeqCst), 1);
+    // :authority is the backend's, as Host is over HTTP/1.1.
+    let authority = format!("https://localhost:{}/echo", backend.addr.port());
+    assert_eq!(backend.last().uri, authority);
+
+    // An HTTP/1.1 client's requests stay HTTP/1.1, on a connection of their own.
+    assert_eq!(get(tollgate.addr, "/").await.status, StatusCode::OK);
+    assert_eq!(backend.protocols(), ["h2", "http/1.1"]);
+    // And h2 is not offered for them.
+    assert_eq!(*backend.h2_offers.lock().unwrap(), [true, false]);
+    tollgate.terminate().await;
+}
+
+#[tokio::test]
+async fn http2_clients_get_http1_from_a_backend_that_declines_h2() {
+    let ca = TestCa::new("tollgate test CA");
+    let backend = TlsBackend::start_with(ca.issue(&["localhost"], false), true, &[b"http/1.1"]).await;
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url("localhost")),
+        ("BACKEND_CA_FILE", ca.path()),
+        ("MAX_TOKENS", "1000"),
+    ]);
+    let mut client = h2_client(tollgate.addr).await;
+    // Three at once first: h2 is offered on one connection only, the others wait for its
+    // answer (and then take HTTP/1.1 connections of their own, one request each at a time).
+    let together: Vec<_> = (0..3)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move { h2_post(&mut client, "/slow", "").await })
+        })
+        .collect();
+    for request in together {
+        assert_eq!(request.await.unwrap().0, StatusCode::OK, "{}", tollgate.log());
+    }
+    let opened = backend.accepted.load(Ordering::SeqCst);
+    let offers = backend.h2_offers.lock().unwrap().clone();
+    assert_eq!(offers.iter().filter(|offered| **offered).count(), 1, "{offers:?}");
+    for _ in 0..10 {
+        let (status, body) = h2_post(&mut client, "/echo", "over h1").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, "over h1"),
+            "{}",
+            tollgate.log()
+        );
+    }
+    // Pooled HTTP/1.1 connections, reused: none opened for the ten.
+    assert_eq!(backend.accepted.load(Ordering::SeqCst), opened);
+    assert!(backend.protocols().iter().all(|protocol| protocol == "http/1.1"));
+    let host = format!("localhost:{}", backend.addr.port());
+    assert_eq!(backend.last().headers["host"], host.as_str());
+    assert_eq!(backend.last().uri, "/echo");
+    tollgate.terminate().await;
 }
