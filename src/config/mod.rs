@@ -26,9 +26,10 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use http::uri::{Scheme, Uri};
+use http::uri::{Authority, Scheme, Uri};
 use ipnet::IpNet;
 
 use crate::limit::RuleTable;
@@ -36,6 +37,7 @@ use crate::proxy::cors::Cors;
 use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::body::MinRate;
 use crate::proxy::response::HeaderStyle;
+use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend};
 use crate::server::limits::PerClientCap;
@@ -101,6 +103,8 @@ pub const VARIABLES: &[&str] = &[
     // backend and timeouts
     "BACKEND_TIMEOUT_MS",
     "BACKEND_IDLE_TIMEOUT_MS",
+    "BACKEND_CA_FILE",
+    "BACKEND_TLS_SERVER_NAME",
     "BODY_IDLE_TIMEOUT_MS",
     "BODY_MIN_RATE",
     "BODY_MIN_RATE_WINDOW_MS",
@@ -329,7 +333,7 @@ impl Config {
     }
 
     fn parse_env(env: &Env) -> Result<Self, ConfigError> {
-        let backend = parse_backend(env.get("BACKEND_URL"))?;
+        let backend = parse_backend(env)?;
         let port: u16 = env.parse("PORT", "8080", "a port number from 1 to 65535", |s| {
             s.parse().ok().filter(|p| *p != 0)
         })?;
@@ -550,6 +554,9 @@ impl fmt::Display for Config {
             self.backend,
             self.backend_timeout.as_millis()
         )?;
+        if let Some(tls) = &self.backend.tls {
+            writeln!(f, "backend TLS:      {tls}")?;
+        }
         let rules = self.rules.rules();
         if let [.., auth, general] = rules {
             writeln!(f, "general rule:     {}", general.policy)?;
@@ -641,23 +648,18 @@ pub(crate) fn parse_network(entry: &str) -> Option<IpNet> {
         .map(|net| net.trunc())
 }
 
-fn parse_backend(value: Option<&str>) -> Result<Backend, ConfigError> {
-    let expected = "an http URL such as http://127.0.0.1:8000";
-    let value = value.ok_or(ConfigError::Missing {
+fn parse_backend(env: &Env) -> Result<Backend, ConfigError> {
+    let expected = "an http or https URL such as http://127.0.0.1:8000";
+    let value = env.get("BACKEND_URL").ok_or(ConfigError::Missing {
         var: "BACKEND_URL",
         expected: "where allowed requests go, e.g. http://127.0.0.1:8000",
     })?;
     let invalid = |expected: &str| ConfigError::invalid("BACKEND_URL", value, expected);
     let uri: Uri = value.parse().map_err(|_| invalid(expected))?;
-    match uri.scheme() {
-        Some(scheme) if *scheme == Scheme::HTTP => {}
-        Some(scheme) if *scheme == Scheme::HTTPS => {
-            return Err(invalid(
-                "http:// (TLS to the backend is not supported; terminate it in front of the backend)",
-            ));
-        }
+    let scheme = match uri.scheme() {
+        Some(scheme) if *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS => scheme.clone(),
         _ => return Err(invalid(expected)),
-    }
+    };
     let authority = uri.authority().cloned().ok_or_else(|| invalid(expected))?;
     if authority.as_str().contains('@') {
         return Err(invalid("a URL without user:password@"));
@@ -677,10 +679,41 @@ fn parse_backend(value: Option<&str>) -> Result<Backend, ConfigError> {
     {
         return Err(invalid("a port from 1 to 65535 after the host"));
     }
+    let tls = match scheme == Scheme::HTTPS {
+        true => Some(parse_backend_tls(env, &authority)?),
+        false => None,
+    };
     Ok(Backend {
-        scheme: Scheme::HTTP,
+        scheme,
         authority,
         base_path: uri.path().trim_end_matches('/').to_owned(),
+        tls,
+    })
+}
+
+/// `BACKEND_CA_FILE` and `BACKEND_TLS_SERVER_NAME`, read for an https `BACKEND_URL` only (set
+/// for an http one, they are warned about as unread). The file is read when the proxy starts.
+fn parse_backend_tls(env: &Env, authority: &Authority) -> Result<BackendTls, ConfigError> {
+    let server_name = match env.get("BACKEND_TLS_SERVER_NAME") {
+        Some(name) => tls::server_name(name).ok_or_else(|| {
+            ConfigError::invalid(
+                "BACKEND_TLS_SERVER_NAME",
+                name,
+                "a DNS name or IP address the backend's certificate is valid for",
+            )
+        })?,
+        None => tls::server_name(authority.host()).ok_or_else(|| {
+            ConfigError::invalid(
+                "BACKEND_URL",
+                authority.as_str(),
+                "a host that is a DNS name or IP address (the TLS server name), or set \
+                 BACKEND_TLS_SERVER_NAME",
+            )
+        })?,
+    };
+    Ok(BackendTls {
+        ca_file: env.get("BACKEND_CA_FILE").map(PathBuf::from),
+        server_name,
     })
 }
 

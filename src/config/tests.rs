@@ -154,7 +154,13 @@ fn every_error_names_its_variable_and_value() {
         ),
         (&[("BACKEND_URL", "not a url")], "BACKEND_URL=\"not a url\""),
         (&[("BACKEND_URL", "ftp://x")], "BACKEND_URL=\"ftp://x\""),
-        (&[("BACKEND_URL", "https://x")], "BACKEND_URL=\"https://x\""),
+        (
+            &[
+                ("BACKEND_URL", "https://x"),
+                ("BACKEND_TLS_SERVER_NAME", "not a name"),
+            ],
+            "BACKEND_TLS_SERVER_NAME=\"not a name\"",
+        ),
         (
             &[("BACKEND_URL", "127.0.0.1:8000")],
             "BACKEND_URL=\"127.0.0.1:8000\"",
@@ -306,6 +312,52 @@ fn backend_path_prefix_is_kept() {
     let config = parse(&[("BACKEND_URL", "http://api.internal:9000/v1/")]).unwrap();
     assert_eq!(config.backend.authority.as_str(), "api.internal:9000");
     assert_eq!(config.backend.base_path, "/v1");
+}
+
+#[test]
+fn an_https_backend_names_its_server_and_its_cas() {
+    let config = parse(&[("BACKEND_URL", "https://api.internal/v1")]).unwrap();
+    assert_eq!(config.backend.scheme, Scheme::HTTPS);
+    let tls = config.backend.tls.as_ref().expect("TLS settings for https");
+    assert_eq!(tls.server_name.to_str(), "api.internal");
+    assert_eq!(tls.ca_file, None);
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+
+    let config = parse(&[
+        ("BACKEND_URL", "https://[::1]:8443"),
+        ("BACKEND_CA_FILE", "/etc/tollgate/ca.pem"),
+        ("BACKEND_TLS_SERVER_NAME", "api.example.com"),
+    ])
+    .unwrap();
+    let tls = config.backend.tls.as_ref().unwrap();
+    assert_eq!(tls.server_name.to_str(), "api.example.com");
+    assert_eq!(
+        tls.ca_file.as_deref(),
+        Some(std::path::Path::new("/etc/tollgate/ca.pem"))
+    );
+    assert!(
+        config
+            .to_string()
+            .contains("backend TLS:      server name api.example.com, CAs from /etc/tollgate/ca.pem")
+    );
+
+    // An IP address is a server name too (checked against the certificate's IP SANs).
+    let config = parse(&[("BACKEND_URL", "https://[::1]:8443")]).unwrap();
+    assert_eq!(config.backend.tls.unwrap().server_name.to_str(), "::1");
+}
+
+#[test]
+fn tls_settings_for_an_http_backend_are_warned_about() {
+    let config = parse(&[("BACKEND_CA_FILE", "/etc/tollgate/ca.pem")]).unwrap();
+    assert_eq!(config.backend.tls, None);
+    assert!(
+        config
+            .warnings
+            .iter()
+            .any(|warning| warning.to_string().contains("BACKEND_CA_FILE")),
+        "{:?}",
+        config.warnings
+    );
 }
 
 #[test]
@@ -639,7 +691,7 @@ fn env_example_documents_exactly_the_variables_tollgate_reads() {
 fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
     // Between them, these make the parsers read every name they can: both parameter pairs of
     // both rules, and every Redis setting.
-    let maximal: [&[(&str, &str)]; 2] = [
+    let maximal: [&[(&str, &str)]; 3] = [
         &[
             ("ALGORITHM", "token_bucket"),
             ("AUTH_ALGORITHM", "sliding_window"),
@@ -653,6 +705,11 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
             ("ALGORITHM", "sliding_window"),
             ("AUTH_ALGORITHM", "token_bucket"),
             ("REDIS_CLUSTER_NODES", "a:6379,b:6379"),
+        ],
+        &[
+            ("BACKEND_URL", "https://api.internal"),
+            ("BACKEND_CA_FILE", "/etc/tollgate/ca.pem"),
+            ("BACKEND_TLS_SERVER_NAME", "api.example.com"),
         ],
     ];
     let mut read = BTreeSet::new();

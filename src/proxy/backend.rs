@@ -1,4 +1,5 @@
-//! The connections to the backend: HTTP/1.1 over TCP, kept alive and reused.
+//! The connections to the backend: HTTP/1.1 over TCP, or over TLS for an `https` backend
+//! (see [`super::tls`]), kept alive and reused.
 //!
 //! There is one backend and so one address: the pool is a stack of idle connections behind a
 //! mutex, with no pool keys to hash and nothing to race. A request takes the connection used
@@ -17,8 +18,15 @@
 //! - Idle connections are used for at most `BACKEND_IDLE_TIMEOUT_MS` (keep it below the
 //!   backend's keep-alive timeout, so the backend never closes one just as it is used) and
 //!   closed within twice that.
-//! - Failures say what failed: resolving the backend's name, connecting to it, or the
-//!   exchange (hyper's error, with its I/O cause).
+//! - Failures say what failed: resolving the backend's name, connecting to it, the TLS
+//!   handshake (and why: expired, unknown issuer, wrong name), or the exchange (hyper's error,
+//!   with its I/O cause).
+//!
+//! An https backend that chooses `h2` when offered it (ALPN) gets the requests of HTTP/2
+//! clients over one shared HTTP/2 connection, opened when the first such request comes and
+//! replaced when it closes or has been idle for `BACKEND_IDLE_TIMEOUT_MS`. Requests of HTTP/1
+//! clients, and all requests to a backend that answered the offer with `http/1.1` (it is not
+//! made again), use the HTTP/1.1 connections above.
 //!
 //! And what it adds: an exchange that has not finished `BACKEND_TIMEOUT_MS` after its response
 //! ended (a backend that answered an upload early and stopped reading it) has its connection
@@ -28,6 +36,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -35,10 +44,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::uri::Authority;
-use http::{Request, Response};
+use http::{Request, Response, Uri, Version};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
@@ -46,6 +56,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::body::ClientBody;
+use super::tls::{TlsConnector, TlsError};
 
 /// Why the backend gave no response.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +67,9 @@ pub enum BackendError {
     /// No connection could be made to any of its addresses.
     #[error("connect error: {0}")]
     Connect(#[source] io::Error),
+    /// Connected, but the TLS handshake failed (an https backend): never retried in plain text.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// The connection was made but the exchange failed: refused by hyper, reset, closed early.
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
@@ -88,8 +102,19 @@ struct Pool {
     idle: Mutex<VecDeque<Idle>>,
     /// Where to connect.
     destination: Destination,
+    /// For an https backend: the TLS client, with its session cache.
+    tls: Option<TlsConnector>,
     /// The backend's authority as a `Host` value.
     host: HeaderValue,
+    /// The backend's authority, for HTTP/2's `:authority`.
+    authority: Authority,
+    /// The HTTP/2 connection HTTP/2 clients' requests share, once an https backend chose h2.
+    multiplexed: Mutex<Option<Multiplexed>>,
+    /// Held while an HTTP/2 connection is opened: requests that come meanwhile wait for it
+    /// rather than each opening one.
+    opening_h2: tokio::sync::Mutex<()>,
+    /// Set once the backend answered an offer of `h2` with `http/1.1`: it is not offered again.
+    h2_declined: AtomicBool,
     /// `BACKEND_TIMEOUT_MS`: shared among the addresses a name resolves to when connecting,
     /// and the most a connection may take to finish an exchange after its response (see
     /// [`Checkin::release`]).
@@ -111,6 +136,22 @@ struct Connection {
     task: AbortHandle,
 }
 
+/// The shared HTTP/2 connection.
+struct Multiplexed {
+    /// Cheap to clone; each request takes a clone.
+    sender: http2::SendRequest<ClientBody>,
+    /// When a request last took it.
+    last_used: Instant,
+}
+
+/// A new connection, in the protocol the backend chose.
+enum Opened {
+    /// HTTP/1.1: one request at a time, pooled.
+    Http1(Connection),
+    /// HTTP/2 (an https backend that chose `h2`): shared.
+    Http2(http2::SendRequest<ClientBody>),
+}
+
 /// A connection waiting for its next request.
 struct Idle {
     /// The connection, ready for a request when it went idle.
@@ -120,10 +161,18 @@ struct Idle {
 }
 
 impl BackendPool {
-    /// A pool for the backend at `authority` (`http`, so port 80 when none is given).
-    /// Each connection it opens is counted in `opened`.
-    pub fn new(authority: &Authority, timeout: Duration, idle_timeout: Duration, opened: Counter) -> Self {
-        let port = authority.port_u16().unwrap_or(80);
+    /// A pool for the backend at `authority`, over TLS with `tls` (port 443 when none is
+    /// given) or plain TCP (port 80). Each connection it opens is counted in `opened`.
+    pub fn new(
+        authority: &Authority,
+        tls: Option<TlsConnector>,
+        timeout: Duration,
+        idle_timeout: Duration,
+        opened: Counter,
+    ) -> Self {
+        let port = authority
+            .port_u16()
+            .unwrap_or(if tls.is_some() { 443 } else { 80 });
         // `[::1]` in a URL is `::1` to a socket.
         let host = authority.host();
         let bare = host
@@ -140,7 +189,12 @@ impl BackendPool {
             inner: Arc::new(Pool {
                 idle: Mutex::new(VecDeque::new()),
                 destination,
+                tls,
                 host,
+                authority: authority.clone(),
+                multiplexed: Mutex::new(None),
+                opening_h2: tokio::sync::Mutex::new(()),
+                h2_declined: AtomicBool::new(false),
                 timeout,
                 idle_timeout,
                 opened,
@@ -154,17 +208,42 @@ impl BackendPool {
         &self.inner.host
     }
 
-    /// Send `request` (origin-form target, HTTP/1.1, with a `Host`) and wait for the response
-    /// head. The response body gives the connection back to the pool when it has been read to
+    /// Whether the backend is reached over TLS.
+    pub fn is_tls(&self) -> bool {
+        self.inner.tls.is_some()
+    }
+
+    /// Send `request` (origin-form target, with a `Host`) and wait for the response head.
+    /// `HTTP/2` as its version asks for HTTP/2 to the backend (an HTTP/2 client's request),
+    /// used if the backend is https and chooses it; anything else is sent as HTTP/1.1. The
+    /// response body gives an HTTP/1.1 connection back to the pool when it has been read to
     /// its end. `now` is the caller's reading of the clock, which judges idle connections.
     pub async fn send(
         &self,
         mut request: Request<ClientBody>,
         now: Instant,
     ) -> Result<Response<BackendBody>, BackendError> {
-        if let Some(mut connection) = self.inner.checkout(now) {
+        if request.version() == Version::HTTP_2
+            && self.inner.tls.is_some()
+            && !self.inner.h2_declined.load(Ordering::Relaxed)
+        {
+            return self.inner.send_h2(request, now).await;
+        }
+        *request.version_mut() = Version::HTTP_11;
+        self.inner.send_http1(request, now).await
+    }
+}
+
+impl Pool {
+    /// Send `request` over a pooled HTTP/1.1 connection, or a new one.
+    async fn send_http1(
+        self: &Arc<Self>,
+        mut request: Request<ClientBody>,
+        now: Instant,
+    ) -> Result<Response<BackendBody>, BackendError> {
+        if let Some(mut connection) = self.checkout(now) {
             match connection.sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.inner.body_of(response, connection)),
+                Ok(response) => return Ok(self.body_of(response, connection)),
                 Err(mut error) => match error.take_message() {
                     // Never written: the backend closed this connection as it was taken.
                     Some(unsent) => request = unsent,
@@ -172,13 +251,20 @@ impl BackendPool {
                 },
             }
         }
-        let mut connection = self.inner.connect().await?;
+        let mut connection = match self.connect(false).await? {
+            Opened::Http1(connection) => connection,
+            // Offered http/1.1 only (rustls refuses a server that picks another itself).
+            Opened::Http2(_) => {
+                return Err(BackendError::Connect(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the backend chose h2, which was not offered",
+                )));
+            }
+        };
         let response = connection.sender.send_request(request).await?;
-        Ok(self.inner.body_of(response, connection))
+        Ok(self.body_of(response, connection))
     }
-}
 
-impl Pool {
     /// The most recently used connection that is still fresh at `now` and ready, if any.
     fn checkout(&self, now: Instant) -> Option<Connection> {
         let mut idle = self.idle.lock();
@@ -202,8 +288,106 @@ impl Pool {
         self.idle.lock().push_back(Idle { connection, since });
     }
 
-    /// Open a connection and start hyper's dispatcher for it.
-    async fn connect(self: &Arc<Self>) -> Result<Connection, BackendError> {
+    /// Send an HTTP/2 client's request over the shared HTTP/2 connection, opening it if there
+    /// is none; over HTTP/1.1 if the backend declines h2.
+    async fn send_h2(
+        self: &Arc<Self>,
+        request: Request<ClientBody>,
+        now: Instant,
+    ) -> Result<Response<BackendBody>, BackendError> {
+        let mut request = self.h2_form(request);
+        if let Some(mut sender) = self.shared_h2(now) {
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok(unpooled(response)),
+                Err(mut error) => match error.take_message() {
+                    // Never sent: the connection was closing (GOAWAY). Once more on a new one.
+                    Some(unsent) => request = unsent,
+                    None => return Err(BackendError::Exchange(error.into_error())),
+                },
+            }
+        }
+        let opening = self.opening_h2.lock().await;
+        // Opened (or declined) while this one waited?
+        if let Some(mut sender) = self.shared_h2(Instant::now()) {
+            drop(opening);
+            return Ok(unpooled(sender.send_request(request).await?));
+        }
+        if self.h2_declined.load(Ordering::Relaxed) {
+            drop(opening);
+            return self.send_http1(self.http1_form(request), now).await;
+        }
+        match self.connect(true).await? {
+            Opened::Http2(mut sender) => {
+                *self.multiplexed.lock() = Some(Multiplexed {
+                    sender: sender.clone(),
+                    last_used: Instant::now(),
+                });
+                drop(opening);
+                Ok(unpooled(sender.send_request(request).await?))
+            }
+            Opened::Http1(mut connection) => {
+                self.h2_declined.store(true, Ordering::Relaxed);
+                drop(opening);
+                tracing::debug!(
+                    "the backend chose http/1.1 over h2: HTTP/2 clients' requests go over HTTP/1.1"
+                );
+                let response = connection.sender.send_request(self.http1_form(request)).await?;
+                Ok(self.body_of(response, connection))
+            }
+        }
+    }
+
+    /// The shared HTTP/2 connection, if it is open and was used within the idle timeout
+    /// (else it is let go: it closes once its streams have ended).
+    fn shared_h2(&self, now: Instant) -> Option<http2::SendRequest<ClientBody>> {
+        let mut slot = self.multiplexed.lock();
+        match slot.as_mut() {
+            Some(shared)
+                if !shared.sender.is_closed()
+                    && now.saturating_duration_since(shared.last_used) < self.idle_timeout =>
+            {
+                shared.last_used = shared.last_used.max(now);
+                Some(shared.sender.clone())
+            }
+            _ => {
+                *slot = None;
+                None
+            }
+        }
+    }
+
+    /// `request` as HTTP/2 wants it: an absolute target (`:scheme`, `:authority`, `:path`),
+    /// no `Host` (`:authority` says it, RFC 9113 section 8.3.1).
+    fn h2_form(&self, request: Request<ClientBody>) -> Request<ClientBody> {
+        let (mut parts, body) = request.into_parts();
+        let mut uri = parts.uri.into_parts();
+        uri.scheme = Some(http::uri::Scheme::HTTPS);
+        uri.authority = Some(self.authority.clone());
+        // Origin-form targets always have a path; `Uri::from_parts` needs one.
+        if uri.path_and_query.is_none() {
+            uri.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        }
+        parts.uri = Uri::from_parts(uri).unwrap_or_else(|_| Uri::from_static("/"));
+        parts.headers.remove(http::header::HOST);
+        parts.version = Version::HTTP_2;
+        Request::from_parts(parts, body)
+    }
+
+    /// The reverse of [`Pool::h2_form`], for a backend that declined h2.
+    fn http1_form(&self, request: Request<ClientBody>) -> Request<ClientBody> {
+        let (mut parts, body) = request.into_parts();
+        if let Some(path_and_query) = parts.uri.path_and_query() {
+            parts.uri = Uri::from(path_and_query.clone());
+        }
+        parts.headers.insert(http::header::HOST, self.host.clone());
+        parts.version = Version::HTTP_11;
+        Request::from_parts(parts, body)
+    }
+
+    /// Open a connection (with its TLS handshake, for an https backend, offering h2 when
+    /// `offer_h2`) and start hyper's dispatcher for it.
+    async fn connect(self: &Arc<Self>, offer_h2: bool) -> Result<Opened, BackendError> {
+        let deadline = Instant::now() + self.timeout;
         let stream = match &self.destination {
             Destination::Address(address) => connect_to(&[*address], self.timeout).await,
             Destination::Name(name, port) => {
@@ -222,18 +406,29 @@ impl Pool {
         }
         .map_err(BackendError::Connect)?;
         self.opened.inc();
-        let (sender, connection) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
-        let task = tokio::spawn(async move {
-            // Ends when the backend or the pool closes it; its error was the request's.
-            if let Err(error) = connection.with_upgrades().await {
-                tracing::debug!(%error, "backend connection ended");
+        let connection = match &self.tls {
+            None => Opened::Http1(start_http1(stream).await?),
+            Some(tls) => {
+                // Within what is left of BACKEND_TIMEOUT_MS: a backend that accepts and then
+                // says nothing is a timeout (504), as one that does not accept.
+                let stream = tokio::time::timeout_at(deadline, tls.connect(stream, offer_h2))
+                    .await
+                    .map_err(|_| {
+                        BackendError::Connect(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("the TLS handshake with {} timed out", tls.server_name().to_str()),
+                        ))
+                    })??;
+                match super::tls::negotiated_h2(&stream) {
+                    true => Opened::Http2(start_http2(stream).await?),
+                    false => Opened::Http1(start_http1(stream).await?),
+                }
             }
-        })
-        .abort_handle();
+        };
         self.reaper.get_or_init(|| {
             tokio::spawn(reap(Arc::downgrade(self), self.idle_timeout));
         });
-        Ok(Connection { sender, task })
+        Ok(connection)
     }
 
     fn body_of(
@@ -248,6 +443,46 @@ impl Pool {
         });
         response.map(|inner| BackendBody { inner, checkin })
     }
+}
+
+/// Start hyper's HTTP/1.1 dispatcher on `stream` (TCP, or TLS over it), in a task of its own.
+async fn start_http1<S>(stream: S) -> Result<Connection, BackendError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::Builder::new().handshake(TokioIo::new(stream)).await?;
+    let task = tokio::spawn(async move {
+        // Ends when the backend or the pool closes it; its error was the request's.
+        if let Err(error) = connection.with_upgrades().await {
+            tracing::debug!(%error, "backend connection ended");
+        }
+    })
+    .abort_handle();
+    Ok(Connection { sender, task })
+}
+
+/// Start hyper's HTTP/2 connection on `stream`, in a task of its own.
+async fn start_http2<S>(stream: S) -> Result<http2::SendRequest<ClientBody>, BackendError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .handshake(TokioIo::new(stream))
+        .await?;
+    tokio::spawn(async move {
+        // Ends on GOAWAY, a broken connection, or once the pool has let it go and its
+        // streams have ended.
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "backend HTTP/2 connection ended");
+        }
+    });
+    Ok(sender)
+}
+
+/// A response on the shared HTTP/2 connection: nothing to give back at its end.
+fn unpooled(response: Response<Incoming>) -> Response<BackendBody> {
+    response.map(|inner| BackendBody { inner, checkin: None })
 }
 
 /// Try `addresses` in order, each for its share of `timeout`.
@@ -273,7 +508,8 @@ async fn connect_to(addresses: &[SocketAddr], timeout: Duration) -> io::Result<T
     Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address to connect to")))
 }
 
-/// Close connections idle past the timeout, every `idle_timeout`, while the pool lives.
+/// Close connections idle past the timeout (HTTP/1.1 ones, and the shared HTTP/2 one), every
+/// `idle_timeout`, while the pool lives.
 async fn reap(pool: Weak<Pool>, idle_timeout: Duration) {
     // `interval` panics on zero; the configuration never gives less than a millisecond.
     let mut interval = tokio::time::interval(idle_timeout.max(Duration::from_millis(1)));
@@ -285,6 +521,14 @@ async fn reap(pool: Weak<Pool>, idle_timeout: Duration) {
         pool.idle.lock().retain(|idle| {
             now.duration_since(idle.since) < idle_timeout && !idle.connection.sender.is_closed()
         });
+        // The shared HTTP/2 connection too: let go, it closes once its streams have ended.
+        let mut multiplexed = pool.multiplexed.lock();
+        if multiplexed
+            .as_ref()
+            .is_some_and(|shared| now.saturating_duration_since(shared.last_used) >= idle_timeout)
+        {
+            *multiplexed = None;
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! - [`identity`]: the client address (peer IP, or `X-Forwarded-For` from trusted proxies).
 //! - [`headers`]: hop-by-hop stripping, `X-Forwarded-*`, `X-Real-IP` and `Forwarded`.
 //! - [`backend`]: the backend's connections, kept alive and reused.
+//! - [`tls`]: TLS to an `https` backend (`BACKEND_CA_FILE`, `BACKEND_TLS_SERVER_NAME`).
 //! - [`body`]: the client's request body, watched so a body that breaks off is the client's
 //!   fault (400, 408), not the backend's.
 //! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504) and rate-limit headers;
@@ -33,6 +34,7 @@ pub mod path;
 pub mod request_id;
 pub mod response;
 pub mod strict;
+pub mod tls;
 pub mod upgrades;
 
 use std::fmt;
@@ -63,13 +65,15 @@ use response::HeaderStyle;
 /// Where allowed requests go (`BACKEND_URL`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backend {
-    /// `http` (TLS to the backend is not supported).
+    /// `http`, or `https` (then `tls` is set).
     pub scheme: http::uri::Scheme,
     /// Host and port of the backend.
     pub authority: http::uri::Authority,
     /// Path prefix of `BACKEND_URL` without its trailing slash (often empty); request paths
     /// are appended to it.
     pub base_path: String,
+    /// For `https`: how the backend's certificate is checked.
+    pub tls: Option<tls::BackendTls>,
 }
 
 impl fmt::Display for Backend {
@@ -205,17 +209,21 @@ pub enum BackendFailure {
     Reset,
     /// It did not connect or answer within `BACKEND_TIMEOUT_MS`.
     Timeout,
+    /// The TLS handshake failed: its certificate (expired, unknown issuer, wrong name) or
+    /// the handshake itself.
+    Tls,
     /// Anything else.
     Other,
 }
 
 impl BackendFailure {
     /// Every failure, in declaration order (`failure as usize` indexes it).
-    pub const ALL: [BackendFailure; 5] = [
+    pub const ALL: [BackendFailure; 6] = [
         BackendFailure::Dns,
         BackendFailure::Refused,
         BackendFailure::Reset,
         BackendFailure::Timeout,
+        BackendFailure::Tls,
         BackendFailure::Other,
     ];
 
@@ -226,6 +234,7 @@ impl BackendFailure {
             BackendFailure::Refused => "refused",
             BackendFailure::Reset => "reset",
             BackendFailure::Timeout => "timeout",
+            BackendFailure::Tls => "tls",
             BackendFailure::Other => "other",
         }
     }
@@ -236,6 +245,7 @@ impl BackendFailure {
         match error {
             BackendError::Resolve(_) => BackendFailure::Dns,
             BackendError::UnaskedSwitch => BackendFailure::Other,
+            BackendError::Tls(_) => BackendFailure::Tls,
             BackendError::Connect(io) => BackendFailure::of_io(io).unwrap_or(BackendFailure::Other),
             BackendError::Exchange(hyper) => {
                 let mut source: Option<&(dyn std::error::Error + 'static)> = Some(hyper);
@@ -445,11 +455,18 @@ impl RequestContext<'_> {
 }
 
 impl Proxy {
-    /// Build the proxy for `config`, deciding with `limiter` and counting into `metrics`.
-    pub fn new(config: &Config, limiter: Limiter, metrics: Arc<Metrics>) -> Self {
+    /// Build the proxy for `config`, deciding with `limiter` and counting into `metrics`;
+    /// `tls` is the TLS client of an `https` backend (see [`tls::TlsConnector::new`]).
+    pub fn new(
+        config: &Config,
+        limiter: Limiter,
+        metrics: Arc<Metrics>,
+        tls: Option<tls::TlsConnector>,
+    ) -> Self {
         Proxy {
             pool: BackendPool::new(
                 &config.backend.authority,
+                tls,
                 config.backend_timeout,
                 config.backend_idle_timeout,
                 metrics.backend_connections(),
@@ -840,12 +857,20 @@ impl Proxy {
         };
         headers::set_forwarded(&mut parts.headers, &hop);
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
-        // backend's own clients would send.
-        let host = host.unwrap_or_else(|| self.pool.host().clone());
+        // backend's own clients would send. An https backend always gets its own: the name
+        // its certificate and SNI are for (the client's is in X-Forwarded-Host).
+        let host = match (host, self.pool.is_tls()) {
+            (Some(host), false) => host,
+            _ => self.pool.host().clone(),
+        };
         parts.headers.insert(header::HOST, host);
         parts.uri = self.backend_uri(&parts.uri, rewritten)?;
-        // The backend speaks HTTP/1.1 whatever the client spoke.
-        parts.version = Version::HTTP_11;
+        // The backend speaks HTTP/1.1 whatever the client spoke, but for an HTTP/2 client's
+        // request to an https backend that chooses h2 (the pool decides).
+        parts.version = match parts.version {
+            Version::HTTP_2 => Version::HTTP_2,
+            _ => Version::HTTP_11,
+        };
 
         let body = ClientBody::new(
             body,

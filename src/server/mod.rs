@@ -31,6 +31,7 @@ use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::strict::ContentLengthDropped;
+use crate::proxy::tls::{TlsConnector, TlsSetupError};
 use crate::proxy::{Overloaded, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
@@ -62,6 +63,10 @@ pub enum ServeError {
     /// The Redis client could not be built from the configuration.
     #[error("redis store: {0}")]
     Store(#[from] StoreError),
+    /// The TLS client of an https backend could not be built (`BACKEND_CA_FILE`, the
+    /// platform's CA store).
+    #[error("backend TLS: {0}")]
+    BackendTls(#[from] TlsSetupError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -109,6 +114,8 @@ async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let limiter = limiter(&config)?;
+    // Before anything listens: a CA file that cannot be read stops startup.
+    let tls = config.backend.tls.as_ref().map(TlsConnector::new).transpose()?;
     let fd_limit = limits::fd_limit();
     let (max_connections, warning) = limits::effective_max_connections(config.max_connections, fd_limit);
     if let Some(warning) = warning {
@@ -168,7 +175,7 @@ async fn run(
     let unread = metrics.client_connections_unread();
     let refused = metrics.client_connections_refused();
     let unread_streams = metrics.client_streams_unread();
-    let proxy = Arc::new(Proxy::new(&config, limiter, metrics));
+    let proxy = Arc::new(Proxy::new(&config, limiter, metrics, tls));
 
     let mut builder = auto::Builder::new(StreamExecutor {
         send_timeout: config.send_timeout,

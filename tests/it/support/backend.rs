@@ -109,7 +109,9 @@ impl Drop for Backend {
     }
 }
 
-async fn answer(
+/// The answer to one request, as described at the top (recorded in `seen`); other backends of
+/// the tests (a TLS one) serve it too.
+pub async fn answer(
     mut request: Request<Incoming>,
     seen: Arc<Mutex<Vec<Seen>>>,
 ) -> Result<Response<BoxBody<Bytes, hyper::Error>>, Infallible> {
