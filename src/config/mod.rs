@@ -619,7 +619,7 @@ impl fmt::Display for Config {
         match &self.store {
             StoreConfig::Memory => write!(
                 f,
-                "store:            memory (at most {} client states)",
+                "store:            memory (at most {} client states per rule)",
                 self.max_keys
             ),
             StoreConfig::Redis(redis) => {
