@@ -42,6 +42,7 @@ pub mod limit;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+mod suggest;
 pub mod telemetry;
 
 pub use config::{Config, ConfigError};

@@ -33,7 +33,6 @@ use prometheus_client::registry::Registry;
 use crate::limit::guard::RedisErrorKind;
 use crate::limit::{Limiter, RuleTable};
 use crate::proxy::{BackendFailure, Outcome};
-use crate::server::limits::ConnectionSlots;
 
 /// Every metric name exported (as scraped in the Prometheus text format, with `_total` on
 /// counters), for the dashboard and alerting examples to be checked against.
@@ -138,9 +137,18 @@ impl Format {
 #[derive(Debug, Clone)]
 pub struct Load {
     /// Client connections open (tunnels included), under `MAX_CONNECTIONS`.
-    pub connections: ConnectionSlots,
+    pub connections: Arc<dyn Occupancy>,
     /// Requests in flight across all connections, under the same cap.
-    pub requests: ConnectionSlots,
+    pub requests: Arc<dyn Occupancy>,
+}
+
+/// Places held under a cap, read at scrape time: what the server's connection and request
+/// slots are to the metrics (the trait keeps the metrics from depending on the server).
+pub trait Occupancy: fmt::Debug + Send + Sync {
+    /// Places held now.
+    fn open(&self) -> usize;
+    /// The cap.
+    fn max(&self) -> usize;
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -33,9 +33,9 @@ use http::uri::{Authority, Scheme, Uri};
 use ipnet::IpNet;
 
 use crate::limit::RuleTable;
+use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
 use crate::proxy::headers::UnderscoreHeaders;
-use crate::proxy::body::MinRate;
 use crate::proxy::response::HeaderStyle;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;

@@ -12,6 +12,7 @@
 use super::VARIABLES;
 use super::env::Env;
 use crate::limit::algorithm::{Parameter, Policy};
+use crate::suggest::edit_distance;
 
 /// Prefixes of our variables: a name starting with one is a misspelling or a guess even when
 /// no known name is close to it (`REDIS_HOST`).
@@ -237,40 +238,4 @@ fn algorithm_reads_others(env: &Env, name: &str) -> Option<String> {
     Some(format!(
         "{chosen} reads {first} and {second} ({name} is for {readers})"
     ))
-}
-
-/// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
-/// neighbours cost one each (`MAX_TOKEN`, `MAX_TOKNES` and `MAX_TOKENS` are one apart).
-pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-    // d[i][j]: the distance between the first i characters of a and the first j of b.
-    let mut d: Vec<Vec<usize>> = (0..=a.len()).map(|i| vec![i; b.len() + 1]).collect();
-    d[0] = (0..=b.len()).collect();
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let substitution = d[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
-            d[i][j] = substitution.min(d[i - 1][j] + 1).min(d[i][j - 1] + 1);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
-            }
-        }
-    }
-    d[a.len()][b.len()]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::edit_distance;
-
-    #[test]
-    fn edit_distance_counts_swaps_as_one() {
-        assert_eq!(edit_distance("MAX_TOKENS", "MAX_TOKENS"), 0);
-        assert_eq!(edit_distance("MAX_TOKEN", "MAX_TOKENS"), 1);
-        assert_eq!(edit_distance("MAX_TOKNES", "MAX_TOKENS"), 1);
-        assert_eq!(edit_distance("MAX_TOKES", "MAX_TOKENS"), 1);
-        assert_eq!(edit_distance("MAXTOKEN", "MAX_TOKENS"), 2);
-        assert_eq!(edit_distance("HOST", "PORT"), 2);
-        assert_eq!(edit_distance("", "PORT"), 4);
-        assert_eq!(edit_distance("PATH", ""), 4);
-    }
 }

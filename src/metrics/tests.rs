@@ -9,16 +9,26 @@ use hyper::body::Frame;
 use super::*;
 use crate::Config;
 
-fn metrics(vars: &[(&str, &str)]) -> (Metrics, Load) {
+/// The server's slots, as the metrics read them.
+struct Slots {
+    connections: crate::server::limits::ConnectionSlots,
+    requests: crate::server::limits::ConnectionSlots,
+}
+
+fn metrics(vars: &[(&str, &str)]) -> (Metrics, Slots) {
     let mut all = vec![("BACKEND_URL", "http://127.0.0.1:9")];
     all.extend_from_slice(vars);
     let config = Config::from_vars(all).unwrap();
     let limiter = crate::server::limiter(&config).unwrap();
-    let load = Load {
-        connections: ConnectionSlots::new(7),
-        requests: ConnectionSlots::new(7),
+    let slots = Slots {
+        connections: crate::server::limits::ConnectionSlots::new(7),
+        requests: crate::server::limits::ConnectionSlots::new(7),
     };
-    (Metrics::new(&config.rules, limiter, load.clone()), load)
+    let load = Load {
+        connections: Arc::new(slots.connections.clone()),
+        requests: Arc::new(slots.requests.clone()),
+    };
+    (Metrics::new(&config.rules, limiter, load), slots)
 }
 
 /// The value of the sample `series` (`name{labels}`) in `text`, if it is there.

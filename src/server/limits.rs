@@ -127,6 +127,17 @@ impl ConnectionSlots {
     }
 }
 
+/// What the metrics read of the slots at scrape time.
+impl crate::metrics::Occupancy for ConnectionSlots {
+    fn open(&self) -> usize {
+        ConnectionSlots::open(self)
+    }
+
+    fn max(&self) -> usize {
+        ConnectionSlots::max(self)
+    }
+}
+
 /// One connection's place under `MAX_CONNECTIONS`, given back when dropped.
 #[derive(Debug)]
 pub struct Slot(Arc<AtomicUsize>);

@@ -124,8 +124,8 @@ async fn run(
     let slots = ConnectionSlots::new(max_connections);
     let requests = ConnectionSlots::new(max_connections);
     let load = metrics::Load {
-        connections: slots.clone(),
-        requests: requests.clone(),
+        connections: Arc::new(slots.clone()),
+        requests: Arc::new(requests.clone()),
     };
     let metrics = Arc::new(Metrics::new(&config.rules, limiter.clone(), load));
     let admin_state = Arc::new(AdminState {

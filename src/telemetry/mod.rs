@@ -120,7 +120,7 @@ fn likely_level(word: &str) -> Option<&'static str> {
     }
     let near = |level: &&str| {
         let allowed = if level.len() < 5 { 1 } else { 2 };
-        crate::config::warnings::edit_distance(&word, level) <= allowed
+        crate::suggest::edit_distance(&word, level) <= allowed
     };
     LEVELS
         .iter()
