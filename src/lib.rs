@@ -38,8 +38,10 @@
 
 pub mod admin;
 pub mod config;
+pub mod gate;
 pub mod limit;
 pub mod metrics;
+pub mod outcome;
 pub mod proxy;
 pub mod server;
 mod suggest;

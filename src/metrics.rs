@@ -32,7 +32,7 @@ use prometheus_client::registry::Registry;
 
 use crate::limit::guard::RedisErrorKind;
 use crate::limit::{Limiter, RuleTable};
-use crate::proxy::{BackendFailure, Outcome};
+use crate::outcome::{BackendFailure, Outcome};
 
 /// Every metric name exported (as scraped in the Prometheus text format, with `_total` on
 /// counters), for the dashboard and alerting examples to be checked against.

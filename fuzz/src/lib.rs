@@ -16,11 +16,11 @@ use http::Method;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 use tollgate::config::VARIABLES;
+use tollgate::gate::identity::{ClientIdentity, X_FORWARDED_FOR};
+use tollgate::gate::path;
 use tollgate::limit::pattern::PathPattern;
 use tollgate::limit::{KeyBy, RequestHead};
 use tollgate::proxy::headers::{self as forwarding, Hop, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP};
-use tollgate::proxy::identity::{ClientIdentity, X_FORWARDED_FOR};
-use tollgate::proxy::path;
 use tollgate::{Config, ConfigError};
 
 // ---------------------------------------------------------------------------------------------

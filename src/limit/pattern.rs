@@ -1,5 +1,5 @@
 //! Rule path patterns (the entries of `AUTH_PATHS`, `ROUTES`, `COSTS` and `SKIP_PATHS`),
-//! matched against the canonical paths that [`crate::proxy::path`] reads.
+//! matched against the canonical paths that [`crate::gate::path`] reads.
 //!
 //! A pattern is written the way a canonical path reads: lower case, no escapes, no `;`
 //! parameters, no dot segments. `/login` is that path, `/auth/*` is `/auth` and everything below
@@ -65,7 +65,7 @@ impl PathPattern {
         })
     }
 
-    /// Does this canonical path (as produced by `proxy::path::parse`) match?
+    /// Does this canonical path (as produced by `gate::path::parse`) match?
     pub fn matches(&self, canonical: &str) -> bool {
         match self {
             PathPattern::Exact(path) => canonical

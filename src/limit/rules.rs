@@ -4,7 +4,7 @@
 //! [`RuleTable::classify`]. Rules are tried in order and the first match wins: `ROUTES` entries
 //! as written, then `AUTH_PATHS`, then the general rule, which matches everything. Then
 //! `SKIP_PATHS` and `EXEMPT` may exempt the request, and `COSTS` may price it. Paths are
-//! matched in the canonical form the proxy parsed them into (see `proxy::path`), never as
+//! matched in the canonical form the proxy parsed them into (see `gate::path`), never as
 //! spelled, so every spelling a backend would read as `/login` counts against `/login`.
 
 use std::fmt;
@@ -124,7 +124,7 @@ impl Mode {
 pub struct RequestHead<'a> {
     /// The request method.
     pub method: &'a Method,
-    /// The path in canonical form (`proxy::path`).
+    /// The path in canonical form (`gate::path`).
     pub path: &'a str,
     /// The request headers (for header keys).
     pub headers: &'a HeaderMap,

@@ -28,7 +28,7 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::identity::X_FORWARDED_FOR;
+use crate::gate::identity::X_FORWARDED_FOR;
 use crate::limit::key::ipv4_text;
 
 /// `X-Forwarded-Proto`: the scheme the client used.

@@ -1,10 +1,10 @@
-//! The HTTP face of the gateway: read the path and the client once, classify the request with
-//! the rule table, ask the limiter, then forward the request or answer it ourselves.
+//! The reverse proxy, a caller of the gate: strict checks, then [`Gate::decide`], then forward
+//! the request or answer it ourselves, then [`Gate::settle`]. Each phase of a request's way is
+//! one function of [`Proxy`]: `respond` (the phases in order), `forward` and `try_forward`
+//! (the backend), `rate_limit_headers` and `log` (after the answer).
 //!
 //! - [`strict`]: request heads HTTP/1.1 does not allow (`CONNECT`, two `Host`s, ...), refused
 //!   first; the host a request is for.
-//! - [`path`]: the request path parsed once into the canonical form rules match, or refused.
-//! - [`identity`]: the client address (peer IP, or `X-Forwarded-For` from trusted proxies).
 //! - [`headers`]: hop-by-hop stripping, `X-Forwarded-*`, `X-Real-IP` and `Forwarded`.
 //! - [`backend`]: the backend's connections, kept alive and reused.
 //! - [`tls`]: TLS to an `https` backend (`BACKEND_CA_FILE`, `BACKEND_TLS_SERVER_NAME`).
@@ -12,7 +12,8 @@
 //!   fault (400, 408), not the backend's.
 //! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504) and rate-limit headers;
 //!   [`draft_headers`]: the IETF `RateLimit` fields.
-//! - [`upgrades`]: `MAX_UPGRADES_PER_CLIENT`, the tunnels (WebSocket) one client may hold open.
+//! - [`upgrades`]: the protocols that may be upgraded to (`UPGRADE_PROTOCOLS`), and the tunnel
+//!   after a `101`.
 //!
 //! What is counted is what is forwarded: the path the rules matched is the path the backend
 //! gets (byte for byte, or with its dot segments resolved), and a request that could be read
@@ -29,8 +30,6 @@ pub mod body;
 pub mod cors;
 pub mod draft_headers;
 pub mod headers;
-pub mod identity;
-pub mod path;
 pub mod request_id;
 pub mod response;
 pub mod strict;
@@ -53,12 +52,14 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use crate::config::Config;
-use crate::limit::{Count, Limiter, Match, Mode, RequestHead, RuleTable, Verdict};
+use crate::gate::tunnels::TunnelSlot;
+use crate::gate::{self, Gate, Refused};
+use crate::limit::Mode;
 use crate::metrics::{BodyBytes, CountedBody, Metrics};
+use crate::outcome::{BackendFailure, Outcome};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
-use identity::ClientIdentity;
 use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
 
@@ -124,159 +125,43 @@ impl AccessLog {
     }
 }
 
-/// What became of one request, as logs and metrics name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Within budget: forwarded.
-    Allowed,
-    /// Over budget: refused with 429.
-    Limited,
-    /// Over budget under a shadow rule: forwarded anyway.
-    Shadow,
-    /// `SKIP_PATHS` or `EXEMPT`: forwarded without a decision.
-    Exempt,
-    /// Redis could not decide and `FAIL_MODE=open`: forwarded.
-    FailOpen,
-    /// Redis could not decide and `FAIL_MODE=closed`: refused with 503.
-    FailClosed,
-    /// Redis could not decide; this replica's own store allowed it (`FAIL_MODE=local`).
-    LocalAllowed,
-    /// Redis could not decide; this replica's own store refused it (`FAIL_MODE=local`).
-    LocalLimited,
-}
-
-impl Outcome {
-    /// Every outcome, in declaration order (`outcome as usize` indexes it).
-    pub const ALL: [Outcome; 8] = [
-        Outcome::Allowed,
-        Outcome::Limited,
-        Outcome::Shadow,
-        Outcome::Exempt,
-        Outcome::FailOpen,
-        Outcome::FailClosed,
-        Outcome::LocalAllowed,
-        Outcome::LocalLimited,
-    ];
-
-    /// What the gateway does with a request matched in `mode` given the limiter's verdict
-    /// (`None` for exempt requests, which are not decided).
-    pub fn of(mode: Mode, verdict: Option<&Verdict>) -> Outcome {
-        match (mode, verdict) {
-            (Mode::Exempt, _) | (_, None) => Outcome::Exempt,
-            (_, Some(Verdict::Decided(decision))) if decision.allowed => Outcome::Allowed,
-            (Mode::Shadow, Some(Verdict::Decided(_))) => Outcome::Shadow,
-            (_, Some(Verdict::Decided(_))) => Outcome::Limited,
-            (_, Some(Verdict::DecidedLocally(decision))) if decision.allowed => Outcome::LocalAllowed,
-            (Mode::Shadow, Some(Verdict::DecidedLocally(_))) => Outcome::Shadow,
-            (_, Some(Verdict::DecidedLocally(_))) => Outcome::LocalLimited,
-            (_, Some(Verdict::FailOpen)) => Outcome::FailOpen,
-            (Mode::Shadow, Some(Verdict::FailClosed)) => Outcome::FailOpen,
-            (_, Some(Verdict::FailClosed)) => Outcome::FailClosed,
-        }
-    }
-
-    /// Whether the request goes to the backend.
-    pub fn forwards(self) -> bool {
-        !matches!(
-            self,
-            Outcome::Limited | Outcome::LocalLimited | Outcome::FailClosed
-        )
-    }
-
-    /// The name in logs and the `decision` label of the metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Limited => "limited",
-            Outcome::Shadow => "shadow",
-            Outcome::Exempt => "exempt",
-            Outcome::FailOpen => "fail_open",
-            Outcome::FailClosed => "fail_closed",
-            Outcome::LocalAllowed => "local_fallback",
-            Outcome::LocalLimited => "local_fallback_limited",
-        }
-    }
-}
-
-/// Why the backend gave no answer, as logs and metrics name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendFailure {
-    /// Its name did not resolve.
-    Dns,
-    /// Nothing listens there.
-    Refused,
-    /// It closed or reset the connection before answering.
-    Reset,
-    /// It did not connect or answer within `BACKEND_TIMEOUT_MS`.
-    Timeout,
-    /// The TLS handshake failed: its certificate (expired, unknown issuer, wrong name) or
-    /// the handshake itself.
-    Tls,
-    /// Anything else.
-    Other,
-}
-
-impl BackendFailure {
-    /// Every failure, in declaration order (`failure as usize` indexes it).
-    pub const ALL: [BackendFailure; 6] = [
-        BackendFailure::Dns,
-        BackendFailure::Refused,
-        BackendFailure::Reset,
-        BackendFailure::Timeout,
-        BackendFailure::Tls,
-        BackendFailure::Other,
-    ];
-
-    /// The name in logs and the `cause` label of the metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendFailure::Dns => "dns",
-            BackendFailure::Refused => "refused",
-            BackendFailure::Reset => "reset",
-            BackendFailure::Timeout => "timeout",
-            BackendFailure::Tls => "tls",
-            BackendFailure::Other => "other",
-        }
-    }
-
-    /// What became of the exchange: the stage that failed says most, and an exchange's I/O
-    /// cause or hyper's own reading of it says the rest.
-    fn of(error: &BackendError) -> BackendFailure {
-        match error {
-            BackendError::Resolve(_) => BackendFailure::Dns,
-            BackendError::UnaskedSwitch => BackendFailure::Other,
-            BackendError::Tls(_) => BackendFailure::Tls,
-            BackendError::Connect(io) => BackendFailure::of_io(io).unwrap_or(BackendFailure::Other),
-            BackendError::Exchange(hyper) => {
-                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(hyper);
-                while let Some(current) = source {
-                    if let Some(io) = current.downcast_ref::<std::io::Error>()
-                        && let Some(failure) = BackendFailure::of_io(io)
-                    {
-                        return failure;
-                    }
-                    source = current.source();
+/// What became of the exchange, as the metrics name it: the stage that failed says most, and
+/// an exchange's I/O cause or hyper's own reading of it says the rest.
+fn failure_of(error: &BackendError) -> BackendFailure {
+    match error {
+        BackendError::Resolve(_) => BackendFailure::Dns,
+        BackendError::UnaskedSwitch => BackendFailure::Other,
+        BackendError::Tls(_) => BackendFailure::Tls,
+        BackendError::Connect(io) => failure_of_io(io).unwrap_or(BackendFailure::Other),
+        BackendError::Exchange(hyper) => {
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(hyper);
+            while let Some(current) = source {
+                if let Some(io) = current.downcast_ref::<std::io::Error>()
+                    && let Some(failure) = failure_of_io(io)
+                {
+                    return failure;
                 }
-                match hyper.is_incomplete_message() || hyper.is_closed() || hyper.is_canceled() {
-                    true => BackendFailure::Reset,
-                    false => BackendFailure::Other,
-                }
+                source = current.source();
+            }
+            match hyper.is_incomplete_message() || hyper.is_closed() || hyper.is_canceled() {
+                true => BackendFailure::Reset,
+                false => BackendFailure::Other,
             }
         }
     }
+}
 
-    /// The failure an I/O error's kind names, if it names one.
-    fn of_io(io: &std::io::Error) -> Option<BackendFailure> {
-        use std::io::ErrorKind;
-        match io.kind() {
-            ErrorKind::ConnectionRefused => Some(BackendFailure::Refused),
-            ErrorKind::ConnectionReset
-            | ErrorKind::ConnectionAborted
-            | ErrorKind::BrokenPipe
-            | ErrorKind::UnexpectedEof => Some(BackendFailure::Reset),
-            ErrorKind::TimedOut => Some(BackendFailure::Timeout),
-            _ => None,
-        }
+/// The failure an I/O error's kind names, if it names one.
+fn failure_of_io(io: &std::io::Error) -> Option<BackendFailure> {
+    use std::io::ErrorKind;
+    match io.kind() {
+        ErrorKind::ConnectionRefused => Some(BackendFailure::Refused),
+        ErrorKind::ConnectionReset
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::BrokenPipe
+        | ErrorKind::UnexpectedEof => Some(BackendFailure::Reset),
+        ErrorKind::TimedOut => Some(BackendFailure::Timeout),
+        _ => None,
     }
 }
 
@@ -319,11 +204,18 @@ impl ProxyError {
     }
 }
 
-/// Marks a request that arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2
-/// streams can outnumber connections): it is answered `503` at once. Set by the server, which
-/// keeps the count.
+/// What the server knows of a request's arrival that the request itself does not say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Overloaded;
+pub struct Arrival {
+    /// The TCP peer.
+    pub peer: SocketAddr,
+    /// It arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2 streams can
+    /// outnumber connections): it is answered `503` at once. The server keeps the count.
+    pub overloaded: bool,
+    /// Its HTTP/1 head had `Content-Length` beside `Transfer-Encoding`, which hyper drops
+    /// before the request is seen (see [`strict::check`]).
+    pub content_length_dropped: bool,
+}
 
 /// Everything a request needs, shared by all connections.
 pub struct Proxy {
@@ -331,14 +223,10 @@ pub struct Proxy {
     pool: BackendPool,
     /// `BACKEND_URL`.
     backend: Backend,
-    /// Memory or Redis.
-    limiter: Limiter,
-    /// Which rule, key, cost and mode apply to a request.
-    rules: RuleTable,
+    /// Classification and decision, shared with every other door.
+    gate: Arc<Gate>,
     /// `RATE_LIMIT_HEADERS`.
     header_style: HeaderStyle,
-    /// `TRUSTED_PROXIES`.
-    identity: ClientIdentity,
     /// `BACKEND_TIMEOUT_MS`.
     backend_timeout: Duration,
     /// `BODY_IDLE_TIMEOUT_MS`.
@@ -359,8 +247,6 @@ pub struct Proxy {
     overload_log: LogThrottle,
     /// Bounds the warnings about backend failures.
     failure_log: LogThrottle,
-    /// `MAX_UPGRADES_PER_CLIENT`: open tunnels per client.
-    tunnels: upgrades::Tunnels,
     /// `UPGRADE_PROTOCOLS`: the protocols an `Upgrade` may name on its way to the backend.
     upgrade_protocols: upgrades::UpgradeProtocols,
     /// `UNDERSCORE_HEADERS`.
@@ -439,6 +325,21 @@ fn loggable(value: Option<&[u8]>) -> String {
     text
 }
 
+/// How an allowed request goes to the backend, from the gate's verdict.
+struct Forwarding<'a> {
+    /// The TCP peer.
+    peer: IpAddr,
+    /// The client address the rules used.
+    client: IpAddr,
+    /// The path to send instead of the request's (see [`gate::Verdict::rewritten`]).
+    rewritten: Option<&'a str>,
+    /// When the decision ended: what the backend's latency and timeout count from.
+    sent: Instant,
+    /// The client's place under `MAX_UPGRADES_PER_CLIENT`, for the tunnel if the backend
+    /// switches.
+    tunnel: Option<TunnelSlot>,
+}
+
 /// What the log lines and metrics of one request need to know, wherever they are written.
 struct RequestContext<'a> {
     /// `X-Request-Id`.
@@ -455,11 +356,11 @@ impl RequestContext<'_> {
 }
 
 impl Proxy {
-    /// Build the proxy for `config`, deciding with `limiter` and counting into `metrics`;
+    /// Build the proxy for `config`, deciding through `gate` and counting into `metrics`;
     /// `tls` is the TLS client of an `https` backend (see [`tls::TlsConnector::new`]).
     pub fn new(
         config: &Config,
-        limiter: Limiter,
+        gate: Arc<Gate>,
         metrics: Arc<Metrics>,
         tls: Option<tls::TlsConnector>,
     ) -> Self {
@@ -472,10 +373,8 @@ impl Proxy {
                 metrics.backend_connections(),
             ),
             backend: config.backend.clone(),
-            limiter,
-            rules: config.rules.clone(),
+            gate,
             header_style: config.headers,
-            identity: ClientIdentity::new(config.trusted_proxies.clone()),
             backend_timeout: config.backend_timeout,
             body_idle_timeout: config.body_idle_timeout,
             body_min_rate: config.body_min_rate,
@@ -486,15 +385,14 @@ impl Proxy {
             denial_log: LogThrottle::new(),
             overload_log: LogThrottle::new(),
             failure_log: LogThrottle::new(),
-            tunnels: upgrades::Tunnels::new(config.max_upgrades_per_client, config.rules.ipv6_prefix()),
             upgrade_protocols: config.upgrade_protocols.clone(),
             underscore_headers: config.underscore_headers,
             cors: config.cors.clone(),
         }
     }
 
-    /// Answer one request from `peer`.
-    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
+    /// Answer one request, arrived as `arrival` says.
+    pub async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Response<ResponseBody> {
         let started = Instant::now();
         let id = self.request_ids.for_request(request.headers());
         let origin = self
@@ -503,7 +401,7 @@ impl Proxy {
             .and_then(|cors| cors.origin_of(request.headers()));
         // The rule it was classified under, if it got that far: its responses are counted by it.
         let mut rule = None;
-        let (mut response, by) = self.respond(request, peer, &id, started, &mut rule).await;
+        let (mut response, by) = self.respond(request, arrival, &id, started, &mut rule).await;
         if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
             cors.apply(response.headers_mut(), origin);
         }
@@ -512,16 +410,19 @@ impl Proxy {
         response
     }
 
+    /// A request's way, phase by phase: the strict checks, the gate's decision, the backend
+    /// or the gateway's own answer, the settling, the rate-limit headers, the log line.
     async fn respond(
         &self,
         mut request: Request<Incoming>,
-        peer: SocketAddr,
+        arrival: Arrival,
         id: &HeaderValue,
         started: Instant,
         classified: &mut Option<u16>,
     ) -> (Response<ResponseBody>, AnsweredBy) {
+        let peer = arrival.peer;
         let mut context = RequestContext { id, rule: None };
-        if request.extensions().get::<Overloaded>().is_some() {
+        if arrival.overloaded {
             if let Some(suppressed) = self.overload_log.admit() {
                 if suppressed > 0 {
                     tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
@@ -539,7 +440,7 @@ impl Proxy {
             request.uri(),
             request.version(),
             request.headers(),
-            request.extensions(),
+            arrival.content_length_dropped,
         ) {
             let refusal = refuse_violation(violation, &request, peer, &context);
             return (refusal, AnsweredBy::Gateway);
@@ -550,68 +451,30 @@ impl Proxy {
         // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
         // the other.
         if self.underscore_headers == headers::UnderscoreHeaders::Forward
-            && let Some(name) = headers::underscore_alias(request.headers(), self.rules.key_headers())
+            && let Some(name) = headers::underscore_alias(request.headers(), self.gate.key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
             let refusal = refuse(&reason, request.uri().path(), peer, &context);
             return (refusal, AnsweredBy::Gateway);
         }
-        // The path is read once: its canonical form is what rules match, and a rewritten form
-        // (dot segments resolved) is what the backend gets.
-        let raw_path = request.uri().path();
-        let parsed = if raw_path == "*" {
-            // `OPTIONS *` names the server, not a resource: no path pattern matches it but a
-            // catch-all `/*`.
-            Ok(path::RequestPath {
-                canonical: "*".into(),
-                rewritten: None,
-            })
-        } else {
-            path::parse(raw_path)
-        };
-        let path = match parsed {
-            Ok(path) => path,
-            Err(error) => {
-                let refusal = refuse(&error.to_string(), raw_path, peer, &context);
-                return (refusal, AnsweredBy::Gateway);
-            }
-        };
-        let client_ip = self.identity.client(peer.ip(), request.headers());
-        let head = RequestHead {
+        let head = gate::Head {
             method: request.method(),
-            path: &path.canonical,
+            path: request.uri().path(),
             headers: request.headers(),
-            client_ip,
+            peer: peer.ip(),
+            upgrade: upgrades::is_upgrade(&request),
         };
-        let matched = match self.rules.classify(&head) {
-            Ok(matched) => matched,
-            Err(error) => {
-                let refusal = refuse(&error.to_string(), raw_path, peer, &context);
+        let mut verdict = match self.gate.decide(&head).await {
+            Ok(verdict) => verdict,
+            Err(Refused::Ambiguous(reason)) => {
+                let refusal = refuse(&reason, request.uri().path(), peer, &context);
                 return (refusal, AnsweredBy::Gateway);
             }
+            Err(Refused::Tunnels(limit)) => return (response::too_many_upgrades(limit), AnsweredBy::Gateway),
         };
-        context.rule = Some(matched.rule.id);
+        context.rule = Some(verdict.rule.id);
         *classified = context.rule;
-        let rewritten = path.rewritten;
-        // An upgrade past MAX_UPGRADES_PER_CLIENT is refused before any budget is spent; an
-        // admitted one carries its slot to the tunnel (see `try_forward`).
-        if let Err(refusal) = self.tunnels.admit(&mut request, client_ip) {
-            return (refusal, AnsweredBy::Gateway);
-        }
-
-        let (verdict, decided) = match matched.mode {
-            Mode::Exempt => (None, None),
-            Mode::Enforce | Mode::Shadow => {
-                let asked = Instant::now();
-                let verdict = self.limiter.check(matched.rule, matched.key, matched.cost).await;
-                // One reading of the clock ends the decision and starts the backend's.
-                let decided = Instant::now();
-                self.metrics.decision(matched.rule.id, decided - asked);
-                (Some(verdict), Some(decided))
-            }
-        };
-        let outcome = Outcome::of(matched.mode, verdict.as_ref());
-        self.metrics.request(matched.rule.id, outcome);
+        let outcome = verdict.outcome;
         // Captured only when a line about this request will be written (the request moves on
         // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
         // for the refusals it would log at info when the log level is above info.
@@ -621,53 +484,44 @@ impl Proxy {
         let (mut response, by) = if outcome.forwards() {
             // The backend gets the request id too, so its logs and ours can be joined.
             request.headers_mut().insert(&X_REQUEST_ID, id.clone());
-            let sent = decided.unwrap_or_else(Instant::now);
-            self.forward(
-                request,
-                peer.ip(),
-                client_ip,
-                rewritten.as_deref(),
-                &context,
-                sent,
-            )
-            .await
+            let to = Forwarding {
+                peer: peer.ip(),
+                client: verdict.client,
+                rewritten: verdict.rewritten.as_deref(),
+                sent: verdict.decided,
+                tunnel: verdict.tunnel.take(),
+            };
+            self.forward(request, to, &context).await
         } else {
-            let refusal = match verdict.as_ref().and_then(Verdict::decision) {
+            let refusal = match verdict
+                .decision
+                .as_ref()
+                .and_then(crate::limit::Verdict::decision)
+            {
                 Some(decision) => response::too_many_requests(decision),
                 None => response::store_unavailable(),
             };
             (refusal, AnsweredBy::Gateway)
         };
-        if let Some(verdict) = &verdict {
-            self.settle(&matched, verdict, outcome, &mut response).await;
-        }
+        self.gate.settle(&verdict, response.status().as_u16()).await;
+        self.rate_limit_headers(&verdict, &mut response);
         if let Some(summary) = logged {
-            self.log(
-                &context,
-                &matched,
-                outcome,
-                verdict.as_ref(),
-                &response,
-                &summary,
-                started,
-            );
+            self.log(&context, &verdict, &response, &summary, started);
         }
         (response, by)
     }
 
     /// The lines about one request: shadow denials always, refusals under `ACCESS_LOG=denied`
     /// (rate-limited), everything under `ACCESS_LOG=all`, and a debug line per request.
-    #[allow(clippy::too_many_arguments)]
     fn log(
         &self,
         context: &RequestContext<'_>,
-        matched: &Match<'_>,
-        outcome: Outcome,
-        verdict: Option<&Verdict>,
+        verdict: &gate::Verdict<'_>,
         response: &Response<ResponseBody>,
         summary: &RequestSummary,
         started: Instant,
     ) {
+        let outcome = verdict.outcome;
         let RequestSummary {
             method,
             path,
@@ -678,7 +532,9 @@ impl Proxy {
         let status = response.status().as_u16();
         let latency_us = started.elapsed().as_micros() as u64;
         let retry_after_s = verdict
-            .and_then(Verdict::decision)
+            .decision
+            .as_ref()
+            .and_then(crate::limit::Verdict::decision)
             .filter(|decision| !decision.allowed)
             .map(|decision| response::retry_after_secs(decision.retry_after));
         let suppressed = match self.access_log {
@@ -700,11 +556,11 @@ impl Proxy {
                     request_id = context.id(),
                     %method,
                     path,
-                    client = %matched.key,
+                    client = %verdict.key,
                     %peer,
                     host,
                     user_agent,
-                    rule = %matched.rule.name,
+                    rule = %verdict.rule.name,
                     decision = outcome.as_str(),
                     status,
                     retry_after_s,
@@ -716,11 +572,11 @@ impl Proxy {
                 request_id = context.id(),
                 %method,
                 path,
-                client = %matched.key,
+                client = %verdict.key,
                 %peer,
                 host,
                 user_agent,
-                rule = %matched.rule.name,
+                rule = %verdict.rule.name,
                 decision = outcome.as_str(),
                 status,
                 latency_us,
@@ -729,30 +585,18 @@ impl Proxy {
         }
     }
 
-    /// After the response is known: refund a success under `count=failures`, and write the
-    /// rate-limit headers of an enforced decision (a shadow rule is invisible to clients).
-    async fn settle(
-        &self,
-        matched: &Match<'_>,
-        verdict: &Verdict,
-        outcome: Outcome,
-        response: &mut Response<ResponseBody>,
-    ) {
-        let Some(decision) = verdict.decision() else {
-            return;
-        };
-        if matched.rule.count == Count::Failures
-            && matches!(outcome, Outcome::Allowed | Outcome::LocalAllowed)
-            && response.status().as_u16() < 400
+    /// After the answer: the rate-limit headers of an enforced decision (a shadow rule is
+    /// invisible to clients). They tell the decision as it was made: a refund shows on the
+    /// next response.
+    fn rate_limit_headers(&self, verdict: &gate::Verdict<'_>, response: &mut Response<ResponseBody>) {
+        if verdict.mode == Mode::Enforce
+            && let Some(decision) = verdict
+                .decision
+                .as_ref()
+                .and_then(crate::limit::Verdict::decision)
         {
-            self.limiter
-                .refund(matched.rule, matched.key, matched.cost, verdict)
-                .await;
-        }
-        // The headers tell the decision as it was made: a refund shows on the next response.
-        if matched.mode == Mode::Enforce {
             self.header_style
-                .set(response.headers_mut(), matched.rule, decision);
+                .set(response.headers_mut(), verdict.rule, decision);
         }
     }
 
@@ -762,21 +606,16 @@ impl Proxy {
     async fn forward(
         &self,
         request: Request<Incoming>,
-        peer: IpAddr,
-        client: IpAddr,
-        rewritten: Option<&str>,
+        to: Forwarding<'_>,
         context: &RequestContext<'_>,
-        sent: Instant,
     ) -> (Response<ResponseBody>, AnsweredBy) {
+        let sent = to.sent;
         // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
         let rule = context.rule.unwrap_or_default();
         let bytes = self.metrics.body_bytes(rule);
-        match self
-            .try_forward(request, peer, client, rewritten, sent, bytes)
-            .await
-        {
+        match self.try_forward(request, to, bytes).await {
             Ok(mut response) => {
                 self.metrics
                     .backend_response(rule, response.status().as_u16(), sent.elapsed());
@@ -799,7 +638,7 @@ impl Proxy {
     /// and the cause.
     fn backend_failed(&self, error: &ProxyError, context: &RequestContext<'_>) {
         let failure = match error {
-            ProxyError::Upstream(error) => BackendFailure::of(error),
+            ProxyError::Upstream(error) => failure_of(error),
             ProxyError::UpstreamTimeout(_) => BackendFailure::Timeout,
             ProxyError::Downstream(_) => {
                 tracing::debug!(request_id = context.id(), %error, "request cannot be forwarded");
@@ -831,15 +670,18 @@ impl Proxy {
     async fn try_forward(
         &self,
         mut request: Request<Incoming>,
-        peer: IpAddr,
-        client: IpAddr,
-        rewritten: Option<&str>,
-        sent: Instant,
+        to: Forwarding<'_>,
         bytes: Option<&BodyBytes>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
-        let upgrade = request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers());
+        let Forwarding {
+            peer,
+            client,
+            rewritten,
+            sent,
+            tunnel: tunnel_slot,
+        } = to;
+        let upgrade = upgrades::is_upgrade(&request);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-        let tunnel_slot = request.extensions_mut().remove::<upgrades::TunnelSlot>();
 
         let (mut parts, body) = request.into_parts();
         // An absolute-form target or HTTP/2's :authority names the host; else Host does.
@@ -847,7 +689,7 @@ impl Proxy {
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
         let peer = peer.to_canonical();
-        let peer_is_trusted = self.identity.is_trusted(peer);
+        let peer_is_trusted = self.gate.trusts(peer);
         headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
         let hop = headers::Hop {
             peer,

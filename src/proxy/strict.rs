@@ -8,7 +8,7 @@
 //! - Both `Content-Length` and `Transfer-Encoding`: `400`, as Envoy and nginx answer (RFC 9112
 //!   section 6.1 allows it, and calls it a likely smuggling attempt). hyper drops the
 //!   `Content-Length` before the request gets here, so the server follows the client's bytes
-//!   to find such heads and marks the request with [`ContentLengthDropped`] (see
+//!   to find such heads and marks the request with the `content_length_dropped` argument of [`check`] (see
 //!   `server::framing`).
 //! - `CONNECT` asks the gateway to open a tunnel to any host: `405` (RFC 9110 section 9.3.6).
 //! - The request-target `*` is only for `OPTIONS` (RFC 9112 section 3.2.4): `400` with any
@@ -29,7 +29,7 @@
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Scheme, Uri};
-use http::{Extensions, Method, StatusCode, Version};
+use http::{Method, StatusCode, Version};
 
 /// What is wrong with a request head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -63,11 +63,6 @@ pub enum Violation {
     ContentLengthWithTransferEncoding,
 }
 
-/// Marks a request whose head carried a `Content-Length` that hyper dropped because a
-/// `Transfer-Encoding` came with it; set by the server, which sees the client's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ContentLengthDropped;
-
 impl Violation {
     /// The status the refusal is sent with.
     pub fn status(self) -> StatusCode {
@@ -84,14 +79,16 @@ pub static ALLOW: HeaderValue =
     HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH");
 
 /// Check a request head; see the module docs for what is refused and why.
+/// `content_length_dropped`: the server saw a `Content-Length` in the client's bytes that
+/// hyper dropped because a `Transfer-Encoding` came with it.
 pub fn check(
     method: &Method,
     uri: &Uri,
     version: Version,
     headers: &HeaderMap,
-    extensions: &Extensions,
+    content_length_dropped: bool,
 ) -> Result<(), Violation> {
-    if extensions.get::<ContentLengthDropped>().is_some() && headers.contains_key(header::TRANSFER_ENCODING) {
+    if content_length_dropped && headers.contains_key(header::TRANSFER_ENCODING) {
         return Err(Violation::ContentLengthWithTransferEncoding);
     }
     if method == Method::CONNECT {
@@ -177,7 +174,7 @@ mod tests {
                 HeaderValue::from_str(value).unwrap(),
             );
         }
-        check(&method, &uri, version, &map, &Extensions::new())
+        check(&method, &uri, version, &map, false)
     }
 
     const HOST: (&str, &str) = ("host", "example.com");
@@ -211,16 +208,14 @@ mod tests {
         let uri: Uri = "/".parse().unwrap();
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, HeaderValue::from_static("a"));
-        let mut marked = Extensions::new();
-        marked.insert(ContentLengthDropped);
-        let checked = |headers: &HeaderMap, extensions: &Extensions| {
-            check(&Method::POST, &uri, Version::HTTP_11, headers, extensions)
+        let checked = |headers: &HeaderMap, dropped: bool| {
+            check(&Method::POST, &uri, Version::HTTP_11, headers, dropped)
         };
         // The mark alone is not enough: both readings must agree.
-        assert_eq!(checked(&headers, &marked), Ok(()));
+        assert_eq!(checked(&headers, true), Ok(()));
         headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-        assert_eq!(checked(&headers, &Extensions::new()), Ok(()));
-        let refused = checked(&headers, &marked);
+        assert_eq!(checked(&headers, false), Ok(()));
+        let refused = checked(&headers, true);
         assert_eq!(refused, Err(Violation::ContentLengthWithTransferEncoding));
         assert_eq!(refused.unwrap_err().status(), StatusCode::BAD_REQUEST);
     }

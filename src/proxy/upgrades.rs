@@ -1,132 +1,23 @@
-//! Upgraded connections (WebSocket and any other `Upgrade` protocol) open per client, capped
-//! at `MAX_UPGRADES_PER_CLIENT`.
-//!
-//! After `101 Switching Protocols` the gateway copies bytes both ways ([`tunnel`]) and sees
-//! no more requests: whatever the client sends inside a tunnel is not rate-limited. A tunnel
-//! in which nothing has moved for `UPGRADE_IDLE_TIMEOUT_MS` is closed. The upgrade request
-//! itself is a request like any other (classified, counted, refused when over budget); this
-//! cap bounds how many tunnels one client can hold at once.
-//!
-//! A client is its address as the rules see it (after `TRUSTED_PROXIES`, IPv6 grouped by
-//! `IPV6_PREFIX`), whatever `KEY_BY` says: a header value is the client's to choose. The slot
-//! is taken when the upgrade request arrives (before any budget is spent, so a refused
-//! upgrade costs none) and held by the tunnel until it closes; a request that is not
-//! switched (refused, or the backend did not agree) gives it back when it ends. Entries are
-//! removed at zero, so the table holds only clients with a tunnel open.
+//! Upgraded connections (WebSocket): which protocols may be upgraded to
+//! ([`UpgradeProtocols`], `UPGRADE_PROTOCOLS`), and the tunnel that copies bytes both ways
+//! after `101 Switching Protocols` ([`tunnel`]), closed after `UPGRADE_IDLE_TIMEOUT_MS`
+//! without a byte. Whatever the client sends inside a tunnel is not rate-limited; the upgrade
+//! request itself is decided like any other, and the gate caps the tunnels one client holds
+//! (`MAX_UPGRADES_PER_CLIENT`, see [`crate::gate::tunnels`]).
 
-use std::collections::HashMap;
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Request, Version};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use super::{ResponseBody, headers, response};
-use crate::limit::ClientIp;
-
-/// Open tunnels per client.
-#[derive(Debug)]
-pub struct Tunnels {
-    /// `MAX_UPGRADES_PER_CLIENT`; `None` is unlimited (and nothing is counted).
-    limit: Option<u32>,
-    /// `IPV6_PREFIX`: clients are keyed as the rules key them.
-    ipv6_prefix: u8,
-    /// Tunnels (and upgrade requests in progress) per client; no zero entries.
-    open: Arc<Mutex<HashMap<ClientIp, u32>>>,
-}
-
-/// One client's place under `MAX_UPGRADES_PER_CLIENT`, given back when the last clone is
-/// dropped. The proxy puts it in the upgrade request's extensions (which need `Clone`); the
-/// tunnel takes it from there.
-#[derive(Debug, Clone)]
-pub struct TunnelSlot {
-    /// Dropped with the last clone.
-    _held: Arc<Held>,
-}
-
-/// What a [`TunnelSlot`] holds.
-#[derive(Debug)]
-struct Held {
-    open: Arc<Mutex<HashMap<ClientIp, u32>>>,
-    client: ClientIp,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = open.get_mut(&self.client) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&self.client);
-            }
-        }
-    }
-}
-
-impl Tunnels {
-    /// At most `limit` tunnels per client (`None`: unlimited), IPv6 clients grouped by
-    /// `ipv6_prefix` as the rules group them.
-    pub fn new(limit: Option<u32>, ipv6_prefix: u8) -> Tunnels {
-        Tunnels {
-            limit,
-            ipv6_prefix,
-            open: Arc::default(),
-        }
-    }
-
-    /// For an upgrade request from `client`: take a slot and attach it to the request, or
-    /// answer `429` when the client holds `MAX_UPGRADES_PER_CLIENT` already. Any other request
-    /// passes untouched.
-    #[allow(clippy::result_large_err)]
-    pub fn admit<B>(&self, request: &mut Request<B>, client: IpAddr) -> Result<(), Response<ResponseBody>> {
-        let Some(limit) = self.limit else {
-            return Ok(());
-        };
-        if !is_upgrade(request) {
-            return Ok(());
-        }
-        match self.acquire(ClientIp::new(client, self.ipv6_prefix), limit) {
-            Some(slot) => {
-                request.extensions_mut().insert(slot);
-                Ok(())
-            }
-            None => {
-                tracing::debug!(%client, limit, "upgrade refused: MAX_UPGRADES_PER_CLIENT reached");
-                Err(response::too_many_upgrades(limit))
-            }
-        }
-    }
-
-    fn acquire(&self, client: ClientIp, limit: u32) -> Option<TunnelSlot> {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = open.entry(client).or_insert(0);
-        if *count >= limit {
-            if *count == 0 {
-                open.remove(&client);
-            }
-            return None;
-        }
-        *count += 1;
-        Some(TunnelSlot {
-            _held: Arc::new(Held {
-                open: self.open.clone(),
-                client,
-            }),
-        })
-    }
-
-    /// Clients holding at least one tunnel.
-    pub fn clients(&self) -> usize {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
-    }
-}
+use super::headers;
 
 /// Copy bytes both ways between an upgraded client and backend until either closes, or
 /// until no byte has moved either way for `idle` (`UPGRADE_IDLE_TIMEOUT_MS`; `None`: never),
@@ -334,70 +225,6 @@ pub fn is_upgrade<B>(request: &Request<B>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Config;
-
-    fn tunnels(limit: Option<u32>) -> Tunnels {
-        let config = Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9")]).unwrap();
-        Tunnels::new(limit, config.rules.ipv6_prefix())
-    }
-
-    fn upgrade() -> Request<()> {
-        Request::get("/ws")
-            .header("connection", "Upgrade")
-            .header("upgrade", "websocket")
-            .body(())
-            .unwrap()
-    }
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn a_client_gets_at_most_the_limit_and_a_closed_tunnel_frees_its_slot() {
-        let tunnels = tunnels(Some(2));
-        let mut held = Vec::new();
-        for _ in 0..2 {
-            let mut request = upgrade();
-            tunnels.admit(&mut request, ip("192.0.2.1")).unwrap();
-            held.push(request.extensions_mut().remove::<TunnelSlot>().unwrap());
-        }
-        let refused = tunnels.admit(&mut upgrade(), ip("192.0.2.1")).unwrap_err();
-        assert_eq!(refused.status(), http::StatusCode::TOO_MANY_REQUESTS);
-        // Another client is counted apart.
-        let mut other = upgrade();
-        tunnels.admit(&mut other, ip("192.0.2.2")).unwrap();
-        assert_eq!(tunnels.clients(), 2);
-        held.pop();
-        let mut again = upgrade();
-        tunnels.admit(&mut again, ip("192.0.2.1")).unwrap();
-        // Every slot given back: nothing is left in the table.
-        drop((held, other, again));
-        assert_eq!(tunnels.clients(), 0);
-    }
-
-    #[test]
-    fn ipv6_clients_are_grouped_as_the_rules_group_them() {
-        let tunnels = tunnels(Some(1));
-        let mut first = upgrade();
-        tunnels.admit(&mut first, ip("2001:db8:1:2::1")).unwrap();
-        // The same /64 (IPV6_PREFIX=64 by default) is the same client.
-        assert!(tunnels.admit(&mut upgrade(), ip("2001:db8:1:2::2")).is_err());
-        assert!(tunnels.admit(&mut upgrade(), ip("2001:db8:1:3::1")).is_ok());
-    }
-
-    #[test]
-    fn other_requests_and_an_unlimited_gateway_count_nothing() {
-        let limited = tunnels(Some(1));
-        let mut plain = Request::get("/").body(()).unwrap();
-        limited.admit(&mut plain, ip("192.0.2.1")).unwrap();
-        assert!(plain.extensions().get::<TunnelSlot>().is_none());
-        let unlimited = tunnels(None);
-        let mut request = upgrade();
-        unlimited.admit(&mut request, ip("192.0.2.1")).unwrap();
-        assert!(request.extensions().get::<TunnelSlot>().is_none());
-        assert_eq!(unlimited.clients(), 0);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_tunnel_stays_open_while_bytes_move_and_closes_when_quiet() {
@@ -484,12 +311,5 @@ mod tests {
         assert!(UpgradeProtocols::parse("websocket/13").is_err());
         let parsed = UpgradeProtocols::parse(" websocket , x-custom ,websocket").unwrap();
         assert_eq!(parsed.describe(), "websocket,x-custom");
-    }
-
-    #[test]
-    fn zero_refuses_every_upgrade_and_leaves_no_entry() {
-        let tunnels = tunnels(Some(0));
-        assert!(tunnels.admit(&mut upgrade(), ip("192.0.2.1")).is_err());
-        assert_eq!(tunnels.clients(), 0);
     }
 }

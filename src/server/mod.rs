@@ -28,11 +28,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
+use crate::gate::{Gate, GateSettings};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::{self, Metrics};
-use crate::proxy::strict::ContentLengthDropped;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
-use crate::proxy::{Overloaded, Proxy};
+use crate::proxy::{Arrival, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ClientConnections, ClientSlot, ConnectionSlots, IntervalLog, Slot};
@@ -175,7 +175,16 @@ async fn run(
     let unread = metrics.client_connections_unread();
     let refused = metrics.client_connections_refused();
     let unread_streams = metrics.client_streams_unread();
-    let proxy = Arc::new(Proxy::new(&config, limiter, metrics, tls));
+    let gate = Arc::new(Gate::new(
+        GateSettings {
+            rules: config.rules.clone(),
+            trusted_proxies: config.trusted_proxies.clone(),
+            max_upgrades_per_client: config.max_upgrades_per_client,
+        },
+        limiter,
+        metrics.clone(),
+    ));
+    let proxy = Arc::new(Proxy::new(&config, gate, metrics, tls));
 
     let mut builder = auto::Builder::new(StreamExecutor {
         send_timeout: config.send_timeout,
@@ -346,22 +355,21 @@ fn serve_connection(
     let service = {
         let (proxy, activity, heads, requests) =
             (proxy.clone(), activity.clone(), heads.clone(), requests.clone());
-        service_fn(move |mut request: Request<Incoming>| {
+        service_fn(move |request: Request<Incoming>| {
             // In flight from here until the response body is sent or dropped.
             let in_flight = activity.start(request.version());
             // One place per request in flight, whatever the connection: the file descriptors
             // are budgeted for one backend connection per client connection, and HTTP/2
             // streams could otherwise outnumber them.
             let request_slot = requests.try_acquire();
-            if request_slot.is_none() {
-                request.extensions_mut().insert(Overloaded);
-            }
-            if heads.next_is_ambiguous() {
-                request.extensions_mut().insert(ContentLengthDropped);
-            }
+            let arrival = Arrival {
+                peer,
+                overloaded: request_slot.is_none(),
+                content_length_dropped: heads.next_is_ambiguous(),
+            };
             let proxy = proxy.clone();
             async move {
-                let response = proxy.handle(request, peer).await;
+                let response = proxy.handle(request, arrival).await;
                 if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                     in_flight.switched();
                 }

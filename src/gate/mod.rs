@@ -1,0 +1,219 @@
+//! The one door to policy: from a request head to a [`Verdict`] ([`Gate::decide`]), and after
+//! the answer, what the answer changes ([`Gate::settle`]).
+//!
+//! Every front door (today the reverse proxy) calls the same two functions, so a rule means the
+//! same thing whichever door a request came in by. The gate knows `http`'s types at most, never
+//! hyper's, and answers nothing itself: what a refusal looks like on the wire is the door's.
+//!
+//! - [`path`]: the request path read once, into the canonical form rules match and what the
+//!   backend must get, or refused as one that backends could read two ways.
+//! - [`identity`]: the client address (the peer, or `X-Forwarded-For` from `TRUSTED_PROXIES`).
+//! - [`tunnels`]: `MAX_UPGRADES_PER_CLIENT`, the tunnels one client may hold open.
+//! - the rule table ([`crate::limit::RuleTable`]) and the limiter ([`crate::limit::Limiter`]):
+//!   which rule, key, cost and mode, and what the store says.
+//!
+//! A decision is counted in the metrics here (`tollgate_requests_total`, the decision's
+//! latency), once, whichever door asked.
+
+pub mod identity;
+pub mod path;
+pub mod tunnels;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method};
+use ipnet::IpNet;
+use tokio::time::Instant;
+
+use crate::limit::{ClientKey, Count, Limiter, Mode, RequestHead, Rule, RuleTable, Verdict as StoreVerdict};
+use crate::metrics::Metrics;
+use crate::outcome::Outcome;
+use identity::ClientIdentity;
+use tunnels::{TunnelSlot, Tunnels};
+
+/// What the gate is built from: the settings of its own (`MAX_UPGRADES_PER_CLIENT`,
+/// `TRUSTED_PROXIES`) beside the rule table.
+#[derive(Debug, Clone)]
+pub struct GateSettings {
+    /// The compiled rule table: every rule, route, cost and exemption.
+    pub rules: RuleTable,
+    /// `TRUSTED_PROXIES`: peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// `MAX_UPGRADES_PER_CLIENT`: most tunnels one client address holds; `None`: unlimited.
+    pub max_upgrades_per_client: Option<u32>,
+}
+
+/// Classification and decision, shared by every door.
+pub struct Gate {
+    /// Which rule, key, cost and mode apply to a request.
+    rules: RuleTable,
+    /// `TRUSTED_PROXIES`.
+    identity: ClientIdentity,
+    /// Memory or Redis.
+    limiter: Limiter,
+    /// `MAX_UPGRADES_PER_CLIENT`.
+    tunnels: Tunnels,
+    /// Counts decisions.
+    metrics: Arc<Metrics>,
+}
+
+/// What a door knows of a request before anything is decided.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    /// The request method.
+    pub method: &'a Method,
+    /// The path as sent, without the query (`Uri::path`), or `*` (`OPTIONS *`).
+    pub path: &'a str,
+    /// The request headers (`X-Forwarded-For`, header keys).
+    pub headers: &'a HeaderMap,
+    /// The TCP peer.
+    pub peer: IpAddr,
+    /// Whether the request asks for a tunnel the door will open if the backend agrees (an
+    /// HTTP/1.1 upgrade): it takes a place under `MAX_UPGRADES_PER_CLIENT` first.
+    pub upgrade: bool,
+}
+
+/// Why the gate decided nothing: the request is refused before any budget is touched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// The request could be read two ways (its path, or its key header): the reason, for a
+    /// `400`.
+    Ambiguous(String),
+    /// The client holds `MAX_UPGRADES_PER_CLIENT` tunnels already (the limit), for a `429`.
+    Tunnels(u32),
+}
+
+/// What the gate decided about one request: everything a door needs to act on it, log it and
+/// settle it.
+#[derive(Debug)]
+pub struct Verdict<'g> {
+    /// The rule it was classified under.
+    pub rule: &'g Rule,
+    /// Whose budget.
+    pub key: ClientKey,
+    /// What it costs.
+    pub cost: u64,
+    /// Enforced, shadowed, or exempt (not decided).
+    pub mode: Mode,
+    /// The client address the rules used (the peer, or from a trusted `X-Forwarded-For`).
+    pub client: IpAddr,
+    /// `Some` when the backend must get another path than the one sent (dot segments
+    /// resolved, leading slashes merged); `None`: the path as sent.
+    pub rewritten: Option<String>,
+    /// What the store said; `None` for a request not decided (`SKIP_PATHS`, `EXEMPT`).
+    pub decision: Option<StoreVerdict>,
+    /// What the door is to do with it.
+    pub outcome: Outcome,
+    /// When the decision ended: one reading of the clock ends it and starts the backend's.
+    pub decided: Instant,
+    /// The client's place under `MAX_UPGRADES_PER_CLIENT` for an upgrade: the door hands it
+    /// to the tunnel, which holds it until it closes.
+    pub tunnel: Option<TunnelSlot>,
+}
+
+impl Gate {
+    /// The gate of `settings`, deciding with `limiter` and counting into `metrics`.
+    pub fn new(settings: GateSettings, limiter: Limiter, metrics: Arc<Metrics>) -> Gate {
+        let ipv6_prefix = settings.rules.ipv6_prefix();
+        Gate {
+            rules: settings.rules,
+            identity: ClientIdentity::new(settings.trusted_proxies),
+            limiter,
+            tunnels: Tunnels::new(settings.max_upgrades_per_client, ipv6_prefix),
+            metrics,
+        }
+    }
+
+    /// Read the path, work out the client, classify, take a tunnel's place, and ask the
+    /// limiter: the verdict, or why nothing was decided.
+    pub async fn decide(&self, head: &Head<'_>) -> Result<Verdict<'_>, Refused> {
+        let path = if head.path == "*" {
+            // `OPTIONS *` names the server, not a resource: no path pattern matches it but a
+            // catch-all `/*`.
+            path::RequestPath {
+                canonical: "*".into(),
+                rewritten: None,
+            }
+        } else {
+            path::parse(head.path).map_err(|error| Refused::Ambiguous(error.to_string()))?
+        };
+        let client = self.identity.client(head.peer, head.headers);
+        let matched = self
+            .rules
+            .classify(&RequestHead {
+                method: head.method,
+                path: &path.canonical,
+                headers: head.headers,
+                client_ip: client,
+            })
+            .map_err(|error| Refused::Ambiguous(error.to_string()))?;
+        // Before any budget is spent: a refused upgrade costs none.
+        let tunnel = match head.upgrade {
+            true => self.tunnels.admit(client).map_err(|limit| {
+                tracing::debug!(%client, limit, "upgrade refused: MAX_UPGRADES_PER_CLIENT reached");
+                Refused::Tunnels(limit)
+            })?,
+            false => None,
+        };
+        let (decision, decided) = match matched.mode {
+            Mode::Exempt => (None, Instant::now()),
+            Mode::Enforce | Mode::Shadow => {
+                let asked = Instant::now();
+                let decision = self.limiter.check(matched.rule, matched.key, matched.cost).await;
+                let decided = Instant::now();
+                self.metrics.decision(matched.rule.id, decided - asked);
+                (Some(decision), decided)
+            }
+        };
+        let outcome = Outcome::of(matched.mode, decision.as_ref());
+        self.metrics.request(matched.rule.id, outcome);
+        Ok(Verdict {
+            rule: matched.rule,
+            key: matched.key,
+            cost: matched.cost,
+            mode: matched.mode,
+            client,
+            rewritten: path.rewritten,
+            decision,
+            outcome,
+            decided,
+            tunnel,
+        })
+    }
+
+    /// After the answer (`status`): a success under `count=failures` gets its cost back.
+    pub async fn settle(&self, verdict: &Verdict<'_>, status: u16) {
+        let Some(decision) = &verdict.decision else {
+            return;
+        };
+        if verdict.rule.count == Count::Failures
+            && matches!(verdict.outcome, Outcome::Allowed | Outcome::LocalAllowed)
+            && status < 400
+        {
+            self.limiter
+                .refund(verdict.rule, verdict.key, verdict.cost, decision)
+                .await;
+        }
+    }
+
+    /// Whether `peer` is one of `TRUSTED_PROXIES` (whose forwarding headers are kept).
+    pub fn trusts(&self, peer: IpAddr) -> bool {
+        self.identity.is_trusted(peer)
+    }
+
+    /// The headers some rule keys its budgets by, each once.
+    pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.rules.key_headers()
+    }
+
+    /// The rule table.
+    pub fn rules(&self) -> &RuleTable {
+        &self.rules
+    }
+
+    /// The limiter (the admin listener reads the store's state through it).
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+}
