@@ -23,6 +23,7 @@ use prometheus_client::registry::Registry;
 use crate::limit::guard::RedisErrorKind;
 use crate::limit::{Limiter, RuleTable};
 use crate::proxy::{BackendFailure, Outcome};
+use crate::server::listener::Rejection;
 
 /// Every metric name exported (as scraped, with `_total` on counters), for the dashboard and
 /// alerting examples to be checked against.
@@ -33,6 +34,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_backend_connections_total",
     "tollgate_client_connections_unread_total",
     "tollgate_client_streams_unread_total",
+    "tollgate_client_connections_rejected_total",
     "tollgate_decision_duration_seconds",
     "tollgate_backend_duration_seconds",
     "tollgate_redis_errors_total",
@@ -57,6 +59,11 @@ struct DecisionLabels {
 struct ClassLabels {
     rule: String,
     class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,6 +93,9 @@ pub struct Metrics {
     /// `tollgate_client_streams_unread_total`: HTTP/2 streams reset for taking none of their
     /// response for `SEND_TIMEOUT_MS` while their connection took other frames.
     client_streams_unread: Counter,
+    /// `tollgate_client_connections_rejected_total`: connections closed before HTTP (a bad
+    /// PROXY header, a failed TLS handshake), by [`Rejection`] index.
+    client_connections_rejected: [Counter; Rejection::ALL.len()],
 }
 
 impl Metrics {
@@ -144,6 +154,19 @@ impl Metrics {
             "HTTP/2 streams reset for taking none of their response for SEND_TIMEOUT_MS (a window kept shut)",
             client_streams_unread.clone(),
         );
+        let client_connections_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "client_connections_rejected",
+            "Client connections closed before HTTP: PROXY header missing, malformed or from an untrusted peer, TLS handshake failed or too slow",
+            client_connections_rejected.clone(),
+        );
+        let client_connections_rejected = Rejection::ALL.map(|reason| {
+            client_connections_rejected
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                })
+                .clone()
+        });
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
         let rule = |id: usize| table.rules()[id].name.to_string();
@@ -190,7 +213,13 @@ impl Metrics {
             backend_connections,
             client_connections_unread,
             client_streams_unread,
+            client_connections_rejected,
         }
+    }
+
+    /// `tollgate_client_connections_rejected_total`, by [`Rejection`] index.
+    pub fn client_connections_rejected(&self) -> [Counter; Rejection::ALL.len()] {
+        self.client_connections_rejected.clone()
     }
 
     /// One request under rule `rule_id` ended as `outcome`.

@@ -56,7 +56,7 @@ use crate::metrics::Metrics;
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, Progress};
-use identity::ClientIdentity;
+use identity::{ClientIdentity, Peer};
 use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
 
@@ -467,8 +467,8 @@ impl Proxy {
         }
     }
 
-    /// Answer one request from `peer`.
-    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
+    /// Answer one request that came on a connection from `peer`.
+    pub async fn handle(&self, request: Request<Incoming>, peer: Peer) -> Response<ResponseBody> {
         let started = Instant::now();
         let id = self.request_ids.for_request(request.headers());
         let origin = self
@@ -486,10 +486,11 @@ impl Proxy {
     async fn respond(
         &self,
         mut request: Request<Incoming>,
-        peer: SocketAddr,
+        connection: Peer,
         id: &HeaderValue,
         started: Instant,
     ) -> (Response<ResponseBody>, AnsweredBy) {
+        let peer = connection.address;
         let mut context = RequestContext { id, rule: None };
         if request.extensions().get::<Overloaded>().is_some() {
             if let Some(suppressed) = self.overload_log.admit() {
@@ -593,7 +594,7 @@ impl Proxy {
             let sent = decided.unwrap_or_else(Instant::now);
             self.forward(
                 request,
-                peer.ip(),
+                connection,
                 client_ip,
                 rewritten.as_deref(),
                 &context,
@@ -731,7 +732,7 @@ impl Proxy {
     async fn forward(
         &self,
         request: Request<Incoming>,
-        peer: IpAddr,
+        connection: Peer,
         client: IpAddr,
         rewritten: Option<&str>,
         context: &RequestContext<'_>,
@@ -740,7 +741,10 @@ impl Proxy {
         // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
-        match self.try_forward(request, peer, client, rewritten, sent).await {
+        match self
+            .try_forward(request, connection, client, rewritten, sent)
+            .await
+        {
             Ok(mut response) => {
                 let rule = context.rule.unwrap_or_default();
                 self.metrics
@@ -796,7 +800,7 @@ impl Proxy {
     async fn try_forward(
         &self,
         mut request: Request<Incoming>,
-        peer: IpAddr,
+        connection: Peer,
         client: IpAddr,
         rewritten: Option<&str>,
         sent: Instant,
@@ -810,7 +814,7 @@ impl Proxy {
         let host = strict::target_host(&parts.uri, &parts.headers);
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
-        let peer = peer.to_canonical();
+        let peer = connection.address.ip().to_canonical();
         let peer_is_trusted = self.identity.is_trusted(peer);
         headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
         let hop = headers::Hop {
@@ -818,6 +822,7 @@ impl Proxy {
             peer_is_trusted,
             client,
             host: host.as_ref(),
+            tls: connection.tls,
         };
         headers::set_forwarded(&mut parts.headers, &hop);
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the

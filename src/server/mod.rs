@@ -5,12 +5,19 @@
 //!   loop does past it or when `accept` fails;
 //! - [`connection`]: the watchdog that closes silent and idle connections
 //!   (`HEADER_READ_TIMEOUT_MS` from accept, `IDLE_TIMEOUT_MS` with nothing in flight), and the
-//!   drain.
+//!   drain;
+//! - [`listener`]: what comes before HTTP on a connection, within the same first clock: the
+//!   PROXY header ([`proxy_protocol`]) and the TLS handshake ([`tls`], which also reloads the
+//!   certificate when its files change), over a [`transport`] that is plain or TLS.
 
 pub mod connection;
 pub mod framing;
 pub mod limits;
+pub mod listener;
+pub mod proxy_protocol;
 pub mod streams;
+pub mod tls;
+pub mod transport;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,11 +37,13 @@ use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::Metrics;
+use crate::proxy::identity::{ClientIdentity, Peer};
 use crate::proxy::strict::ContentLengthDropped;
 use crate::proxy::{Overloaded, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ConnectionSlots, IntervalLog, Slot};
+use listener::{Listener, Rejection};
 use prometheus_client::metrics::counter::Counter;
 use streams::StreamExecutor;
 
@@ -62,6 +71,9 @@ pub enum ServeError {
     /// The Redis client could not be built from the configuration.
     #[error("redis store: {0}")]
     Store(#[from] StoreError),
+    /// The TLS certificate or key could not be used.
+    #[error("{0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -128,6 +140,11 @@ async fn run(
             }
         })
     });
+    let (entry, certificate_watcher) = Listener::new(
+        &config.listener,
+        &ClientIdentity::new(config.trusted_proxies.clone()),
+        &metrics,
+    )?;
     let fd_limit = limits::fd_limit();
     let (max_connections, warning) = limits::effective_max_connections(config.max_connections, fd_limit);
     if let Some(warning) = warning {
@@ -138,6 +155,8 @@ async fn run(
         version = env!("CARGO_PKG_VERSION"),
         listen = %listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
         admin = %admin_address.map_or_else(|| "off".into(), |a| a.to_string()),
+        tls = entry.is_tls(),
+        proxy_protocol = config.listener.proxy_protocol,
         backend = %config.backend,
         store = %match &config.store {
             StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.max_keys),
@@ -185,13 +204,14 @@ async fn run(
     };
 
     let slots = ConnectionSlots::new(max_connections);
-    let serving = Serving {
+    let serving = Arc::new(Serving {
         builder,
+        listener: Arc::new(entry),
         proxy,
         requests: ConnectionSlots::new(max_connections),
         timeouts,
         unread,
-    };
+    });
     let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let drain = Drain::new();
@@ -244,6 +264,9 @@ async fn run(
     if let Some(purge) = purge {
         purge.abort();
     }
+    if let Some(watcher) = certificate_watcher {
+        watcher.abort();
+    }
     tracing::info!(
         in_flight_connections = drain.open(),
         "shutting down: draining connections"
@@ -265,6 +288,8 @@ async fn run(
 struct Serving {
     /// HTTP/1.1 and h2c, detected per connection.
     builder: auto::Builder<StreamExecutor>,
+    /// The PROXY header and TLS, before HTTP.
+    listener: Arc<Listener>,
     proxy: Arc<Proxy>,
     /// Requests in flight across all connections, capped at `MAX_CONNECTIONS` too: file
     /// descriptors are budgeted for one backend connection per client connection, and HTTP/2
@@ -276,19 +301,61 @@ struct Serving {
 }
 
 /// Serve one accepted connection in a task of its own, under its watchdog (see [`connection`]):
-/// `slot` is its place under `MAX_CONNECTIONS`, `drain` tells it when to close.
-fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot: Slot, drain: DrainWatcher) {
+/// `slot` is its place under `MAX_CONNECTIONS`, `drain` tells it when to close. The PROXY
+/// header and the TLS handshake, when the listener asks for them, come first, within
+/// `HEADER_READ_TIMEOUT_MS` of now: the clock the first request must beat too.
+fn serve_connection(
+    serving: &Arc<Serving>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    mut drain: DrainWatcher,
+) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "set_nodelay failed");
+    }
+    let first_request_by = tokio::time::Instant::now() + serving.timeouts.header_read;
+    if serving.listener.is_plain() {
+        let connection = (stream.into(), Peer::plain(peer));
+        serve_http(serving, connection, slot, drain, first_request_by);
+        return;
+    }
+    let serving = serving.clone();
+    tokio::spawn(async move {
+        let listener = &serving.listener;
+        let established = tokio::select! {
+            established = tokio::time::timeout_at(first_request_by, listener.establish(stream, peer)) => established,
+            // Shutting down: a connection that has not sent a request yet is simply closed.
+            () = drain.closing() => return,
+        };
+        match established {
+            Ok(Ok(connection)) => serve_http(&serving, connection, slot, drain, first_request_by),
+            Ok(Err(rejection)) => listener.rejected(rejection),
+            Err(_) => {
+                listener.rejected(Rejection::Timeout);
+                tracing::debug!(%peer, "no PROXY header or TLS handshake within HEADER_READ_TIMEOUT_MS of accept: closed");
+            }
+        }
+    });
+}
+
+/// Serve HTTP on a connection whose PROXY header and TLS handshake (if any) are done.
+fn serve_http(
+    serving: &Serving,
+    (transport, peer): (transport::Transport, Peer),
+    slot: Slot,
+    drain: DrainWatcher,
+    first_request_by: tokio::time::Instant,
+) {
     let Serving {
         builder,
         proxy,
         requests,
         timeouts,
         unread,
+        ..
     } = serving;
     let timeouts = *timeouts;
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%error, "set_nodelay failed");
-    }
     let activity = Arc::new(Activity::default());
     let heads = Arc::new(Heads::default());
     let service = {
@@ -317,13 +384,14 @@ fn serve_connection(serving: &Serving, stream: TcpStream, peer: SocketAddr, slot
             }
         })
     };
-    let io = TokioIo::new(ClientStream::new(stream, slot, activity.clone(), heads));
+    let io = TokioIo::new(ClientStream::new(transport, slot, activity.clone(), heads));
     let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
     let unread = unread.clone();
+    let peer = peer.address;
     tokio::spawn(async move {
         let connection = std::pin::pin!(connection);
         let close = |connection: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(connection);
-        match connection::supervise(connection, close, &activity, drain, timeouts).await {
+        match connection::supervise(connection, close, &activity, drain, timeouts, first_request_by).await {
             (_, Err(error)) => {
                 tracing::debug!(%peer, error = %error, "connection ended with an error");
             }
