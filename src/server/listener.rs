@@ -116,12 +116,13 @@ impl Listener {
 
     /// Read the PROXY header and do the TLS handshake that the configuration asks of a
     /// connection accepted from `peer`, and say what the proxy is to know of it. The caller
-    /// bounds this in time.
+    /// bounds this in time. `Err(None)`: the peer closed the connection before sending a
+    /// byte (a load balancer's TCP health check), which is not counted.
     pub async fn establish(
         &self,
         mut stream: TcpStream,
         peer: SocketAddr,
-    ) -> Result<(Transport, Peer), Rejection> {
+    ) -> Result<(Transport, Peer), Option<Rejection>> {
         let mut address = peer;
         let mut rest = bytes::Bytes::new();
         if let Some(proxies) = &self.proxies {
@@ -130,33 +131,40 @@ impl Listener {
                     peer,
                     "PROXY_PROTOCOL=true and the peer is not in TRUSTED_PROXIES: closed",
                 );
-                return Err(Rejection::ProxyUntrusted);
+                return Err(Some(Rejection::ProxyUntrusted));
             }
             match proxy_protocol::read_header(&mut stream).await {
                 Ok((header, after)) => {
                     address = header.source.unwrap_or(peer);
                     rest = after;
                 }
+                Err(HeaderError::Empty) => return Err(None),
                 Err(HeaderError::Closed) => {
                     tracing::debug!(%peer, "connection closed before its PROXY header was complete");
-                    return Err(Rejection::ProxyMalformed);
+                    return Err(Some(Rejection::ProxyMalformed));
                 }
                 Err(error) => {
                     self.warn(peer, &format!("{error}: closed"));
-                    return Err(Rejection::ProxyMalformed);
+                    return Err(Some(Rejection::ProxyMalformed));
                 }
             }
         }
-        let stream = Prefixed::new(rest, stream);
         let transport = match &self.tls {
-            None => Transport::Plain(stream),
-            Some(acceptor) => match acceptor.accept(stream).await {
-                Ok(tls) => Transport::Tls(Box::new(tls)),
-                Err(error) => {
-                    tracing::debug!(%peer, client = %address, %error, "TLS handshake failed");
-                    return Err(Rejection::TlsHandshake);
+            None => Transport::Plain(Prefixed::new(rest, stream)),
+            Some(acceptor) => {
+                // Closed before a byte of a ClientHello (a TCP health check): not a failed
+                // handshake. One peek, beside the handshake's several reads.
+                if rest.is_empty() && matches!(stream.peek(&mut [0u8; 1]).await, Ok(0) | Err(_)) {
+                    return Err(None);
                 }
-            },
+                match acceptor.accept(Prefixed::new(rest, stream)).await {
+                    Ok(tls) => Transport::Tls(Box::new(tls)),
+                    Err(error) => {
+                        tracing::debug!(%peer, client = %address, %error, "TLS handshake failed");
+                        return Err(Some(Rejection::TlsHandshake));
+                    }
+                }
+            }
         };
         Ok((
             transport,

@@ -330,7 +330,8 @@ fn serve_connection(
         };
         match established {
             Ok(Ok(connection)) => serve_http(&serving, connection, slot, drain, first_request_by),
-            Ok(Err(rejection)) => listener.rejected(rejection),
+            Ok(Err(Some(rejection))) => listener.rejected(rejection),
+            Ok(Err(None)) => {}
             Err(_) => {
                 listener.rejected(Rejection::Timeout);
                 tracing::debug!(%peer, "no PROXY header or TLS handshake within HEADER_READ_TIMEOUT_MS of accept: closed");

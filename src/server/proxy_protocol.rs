@@ -68,6 +68,10 @@ pub enum HeaderError {
     /// The peer closed the connection before the header was complete.
     #[error("connection closed before the PROXY header was complete")]
     Closed,
+    /// The peer closed the connection without sending a byte: a load balancer's TCP health
+    /// check, nothing wrong.
+    #[error("connection closed before sending anything")]
+    Empty,
 }
 
 /// Parse the start of a connection: `Ok(None)` while `bytes` may still become a header with
@@ -133,6 +137,8 @@ pub async fn read_header(stream: &mut TcpStream) -> Result<(Header, Bytes), Head
             buffer.reserve(buffer.capacity().min(MAX_HEADER - buffer.len()).max(1));
         }
         match stream.read_buf(&mut buffer).await {
+            Ok(0) | Err(_) if buffer.is_empty() => return Err(HeaderError::Empty),
+            Ok(0) | Err(_) if buffer.is_empty() => return Err(HeaderError::Empty),
             Ok(0) | Err(_) => return Err(HeaderError::Closed),
             Ok(_) => {}
         }

@@ -15,3 +15,4 @@ mod proxy;
 mod redis;
 mod rules;
 mod strict;
+mod tls_listener;
