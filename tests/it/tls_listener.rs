@@ -304,6 +304,39 @@ async fn https_with_alpn_h2_and_http1_tls_1_2_and_1_3_and_the_scheme_forwarded()
     .await;
 }
 
+#[test]
+fn a_pair_that_does_not_load_at_startup_exits_2_naming_the_variable_and_file() {
+    let ca = TestCa::new();
+    ca.issue();
+    let missing = ca.dir.path().join("missing.pem");
+    let mismatched = ca.dir.path().join("other.key");
+    std::fs::write(&mismatched, KeyPair::generate().unwrap().serialize_pem()).unwrap();
+    let not_pem = ca.dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    let cert = ca.cert_file();
+    for (cert, key, named) in [
+        (&missing, &ca.key_file(), "TLS_CERT_FILE"),
+        (&cert, &mismatched, "does not go with"),
+        (&not_pem, &ca.key_file(), "TLS_CERT_FILE"),
+        (&cert, &not_pem, "TLS_KEY_FILE"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .env_clear()
+            .env("BACKEND_URL", "http://127.0.0.1:9")
+            .env("BIND", "127.0.0.1")
+            .env("PORT", free_port().to_string())
+            .env("ADMIN_PORT", free_port().to_string())
+            .env("TLS_CERT_FILE", cert)
+            .env("TLS_KEY_FILE", key)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(named), "{stderr} should say {named}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+}
+
 #[tokio::test]
 async fn a_rotated_certificate_serves_new_connections_and_a_bad_pair_keeps_the_old_one() {
     let backend = Backend::start().await;
