@@ -16,6 +16,25 @@ use ipnet::IpNet;
 /// `X-Forwarded-For` (de facto standard, see RFC 7239 section 4 for its successor).
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
+/// What the listener tells the proxy about the connection a request came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The connection's other end as the gateway believes it: the TCP peer, or the source
+    /// address of the PROXY header a trusted proxy sent (`PROXY_PROTOCOL=true`). This is the
+    /// peer the client address and the forwarding headers start from.
+    pub address: SocketAddr,
+    /// The connection is TLS (the listener is HTTPS): `X-Forwarded-Proto` and the `Forwarded`
+    /// element say `https`.
+    pub tls: bool,
+}
+
+impl Peer {
+    /// A plain-HTTP connection from `address`.
+    pub fn plain(address: SocketAddr) -> Peer {
+        Peer { address, tls: false }
+    }
+}
+
 /// Works out client keys from the peer address and, for trusted peers, `X-Forwarded-For`.
 #[derive(Debug, Clone, Default)]
 pub struct ClientIdentity {

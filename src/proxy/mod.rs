@@ -58,7 +58,7 @@ use crate::metrics::{BodyBytes, CountedBody, Metrics};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
-use identity::ClientIdentity;
+use identity::{ClientIdentity, Peer};
 use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
 
@@ -493,8 +493,8 @@ impl Proxy {
         }
     }
 
-    /// Answer one request from `peer`.
-    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<ResponseBody> {
+    /// Answer one request that came on a connection from `peer`.
+    pub async fn handle(&self, request: Request<Incoming>, peer: Peer) -> Response<ResponseBody> {
         let started = Instant::now();
         let id = self.request_ids.for_request(request.headers());
         let origin = self
@@ -515,11 +515,12 @@ impl Proxy {
     async fn respond(
         &self,
         mut request: Request<Incoming>,
-        peer: SocketAddr,
+        connection: Peer,
         id: &HeaderValue,
         started: Instant,
         classified: &mut Option<u16>,
     ) -> (Response<ResponseBody>, AnsweredBy) {
+        let peer = connection.address;
         let mut context = RequestContext { id, rule: None };
         if request.extensions().get::<Overloaded>().is_some() {
             if let Some(suppressed) = self.overload_log.admit() {
@@ -624,7 +625,7 @@ impl Proxy {
             let sent = decided.unwrap_or_else(Instant::now);
             self.forward(
                 request,
-                peer.ip(),
+                connection,
                 client_ip,
                 rewritten.as_deref(),
                 &context,
@@ -762,7 +763,7 @@ impl Proxy {
     async fn forward(
         &self,
         request: Request<Incoming>,
-        peer: IpAddr,
+        connection: Peer,
         client: IpAddr,
         rewritten: Option<&str>,
         context: &RequestContext<'_>,
@@ -774,7 +775,7 @@ impl Proxy {
         let rule = context.rule.unwrap_or_default();
         let bytes = self.metrics.body_bytes(rule);
         match self
-            .try_forward(request, peer, client, rewritten, sent, bytes)
+            .try_forward(request, connection, client, rewritten, sent, bytes)
             .await
         {
             Ok(mut response) => {
@@ -831,7 +832,7 @@ impl Proxy {
     async fn try_forward(
         &self,
         mut request: Request<Incoming>,
-        peer: IpAddr,
+        connection: Peer,
         client: IpAddr,
         rewritten: Option<&str>,
         sent: Instant,
@@ -846,7 +847,7 @@ impl Proxy {
         let host = strict::target_host(&parts.uri, &parts.headers);
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
-        let peer = peer.to_canonical();
+        let peer = connection.address.ip().to_canonical();
         let peer_is_trusted = self.identity.is_trusted(peer);
         headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
         let hop = headers::Hop {
@@ -854,6 +855,7 @@ impl Proxy {
             peer_is_trusted,
             client,
             host: host.as_ref(),
+            tls: connection.tls,
         };
         headers::set_forwarded(&mut parts.headers, &hop);
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
