@@ -18,6 +18,18 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
   fi
 fi
 redis-server --version
+# tests/it/tls_listener.rs puts a real HAProxy (send-proxy-v2) in front of the binary.
+if ! command -v haproxy >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
+    echo "test.sh: installing haproxy" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null
+  else
+    echo "test.sh: haproxy is required: apt-get install haproxy" >&2
+    exit 1
+  fi
+fi
+haproxy -v | head -1
 # tests/it/bypass.rs reads request targets with the URL parsers backends use (Python's).
 if ! command -v python3 >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then

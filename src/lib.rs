@@ -19,8 +19,8 @@
 //!
 //! - [`config`]: environment variables to a validated [`Config`]: a reader of named variables,
 //!   the rule table parser and the store parser; every error names the variable.
-//! - [`server`]: accept loop, HTTP/1.1 + h2c, connection limits and timeouts, graceful
-//!   shutdown; wires the pieces together.
+//! - [`server`]: accept loop, HTTPS or not, the PROXY protocol, HTTP/1.1 + h2c, connection
+//!   limits and timeouts, graceful shutdown; wires the pieces together.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
 //! - [`metrics`]: the Prometheus registry and the typed metrics, labels bounded by the config.
 //! - [`proxy`]: the HTTP face: strict HTTP/1.1 checks, path canonicalisation, client address,

@@ -32,7 +32,7 @@ use prometheus_client::registry::Registry;
 
 use crate::limit::guard::RedisErrorKind;
 use crate::limit::{Limiter, RuleTable};
-use crate::outcome::{BackendFailure, Outcome};
+use crate::outcome::{BackendFailure, Outcome, Rejection};
 
 /// Every metric name exported (as scraped in the Prometheus text format, with `_total` on
 /// counters), for the dashboard and alerting examples to be checked against.
@@ -50,6 +50,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_client_connections_unread_total",
     "tollgate_client_connections_refused_total",
     "tollgate_client_streams_unread_total",
+    "tollgate_client_connections_rejected_total",
     "tollgate_decision_duration_seconds",
     "tollgate_backend_duration_seconds",
     "tollgate_redis_errors_total",
@@ -174,6 +175,11 @@ struct LimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabels {
     rule: String,
     cause: &'static str,
@@ -215,6 +221,9 @@ pub struct Metrics {
     /// `tollgate_client_streams_unread_total`: HTTP/2 streams reset for taking none of their
     /// response for `SEND_TIMEOUT_MS` while their connection took other frames.
     client_streams_unread: Counter,
+    /// `tollgate_client_connections_rejected_total`: connections closed before HTTP (a bad
+    /// PROXY header, a failed TLS handshake), by [`Rejection`] index.
+    client_connections_rejected: [Counter; Rejection::ALL.len()],
     /// `tollgate_client_connections_refused_total`, by the cap that refused them.
     client_connections_refused: ConnectionsRefused,
 }
@@ -332,6 +341,19 @@ impl Metrics {
             max_connections,
             per_client,
         };
+        let client_connections_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "client_connections_rejected",
+            "Client connections closed before HTTP: PROXY header missing, malformed or from an untrusted peer, TLS handshake failed or too slow",
+            client_connections_rejected.clone(),
+        );
+        let client_connections_rejected = Rejection::ALL.map(|reason| {
+            client_connections_rejected
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                })
+                .clone()
+        });
         registry.register_collector(Box::new(StoreCollector { limiter }));
 
         let labelled = |id: usize| RuleLabels {
@@ -395,7 +417,13 @@ impl Metrics {
             client_connections_unread,
             client_streams_unread,
             client_connections_refused,
+            client_connections_rejected,
         }
+    }
+
+    /// `tollgate_client_connections_rejected_total`, by [`Rejection`] index.
+    pub fn client_connections_rejected(&self) -> [Counter; Rejection::ALL.len()] {
+        self.client_connections_rejected.clone()
     }
 
     /// One request under rule `rule_id` ended as `outcome`.

@@ -119,3 +119,36 @@ impl BackendFailure {
         }
     }
 }
+
+/// Why a connection was closed before HTTP: the `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// `PROXY_PROTOCOL=true` and the peer is not in `TRUSTED_PROXIES`.
+    ProxyUntrusted,
+    /// A trusted peer's connection did not begin with a good PROXY header.
+    ProxyMalformed,
+    /// The TLS handshake failed.
+    TlsHandshake,
+    /// The PROXY header or the handshake was not done within `HEADER_READ_TIMEOUT_MS`.
+    Timeout,
+}
+
+impl Rejection {
+    /// Every reason, in label order.
+    pub const ALL: [Rejection; 4] = [
+        Rejection::ProxyUntrusted,
+        Rejection::ProxyMalformed,
+        Rejection::TlsHandshake,
+        Rejection::Timeout,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::ProxyUntrusted => "proxy_untrusted",
+            Rejection::ProxyMalformed => "proxy_malformed",
+            Rejection::TlsHandshake => "tls_handshake",
+            Rejection::Timeout => "handshake_timeout",
+        }
+    }
+}

@@ -679,8 +679,14 @@ proptest! {
     }
 
     #[test]
-    fn forwarding_headers(peer in peer(), trusted in trusted(), host in host(), sent in vec(sent(), 0..6)) {
-        targets::forwarding(peer, &trusted, host.as_deref(), &sent);
+    fn forwarding_headers(
+        peer in peer(),
+        trusted in trusted(),
+        host in host(),
+        tls in any::<bool>(),
+        sent in vec(sent(), 0..6),
+    ) {
+        targets::forwarding(peer, &trusted, host.as_deref(), tls, &sent);
     }
 
     #[test]
@@ -776,12 +782,14 @@ fn examples_of_each_target() {
         "::1".parse().unwrap(),
         &[],
         Some(b"a\"b"),
+        false,
         &[(Sent::Forwarded, b"for=6.6.6.6".to_vec())],
     );
     targets::forwarding(
         "10.0.0.1".parse().unwrap(),
         &["10.0.0.0/8".parse().unwrap()],
         Some(b"example.com"),
+        true,
         &[(
             Sent::Forwarded,
             b"for=198.51.100.7;proto=https, for=\"[2001:db8::1]\"".to_vec(),
@@ -851,4 +859,66 @@ fn an_exempt_key_holding_whitespace_is_not_echoed() {
         .expect_err("whitespace in an entry")
         .to_string();
     assert!(!message.contains(SECRET_MARK), "{message}");
+}
+
+/// What a client sends after the PROXY header: nothing yet, a request, a TLS record.
+const AFTER_PROXY_HEADER: &[&[u8]] = &[b"", b"GET / HTTP/1.1\r\n", b"\x16\x03\x01\x00\xa5"];
+
+/// Near-valid PROXY headers: a real v1 line or v2 header, cut, with bytes flipped, then
+/// followed by what a client sends next.
+fn proxy_header() -> impl Strategy<Value = Vec<u8>> {
+    let v1 = select(
+        &[
+            "PROXY TCP4 198.51.100.7 192.0.2.1 5555 443\r\n",
+            "PROXY TCP6 2001:db8::7 2001:db8::1 5555 443\r\n",
+            "PROXY UNKNOWN\r\n",
+            "PROXY UNKNOWN ffff::1 ffff::2 1 2\r\n",
+            "PROXY TCP4 1.2.3.4 5.6.7.8 0 65535\r\n",
+        ][..],
+    )
+    .prop_map(|line| line.as_bytes().to_vec());
+    let v2 = (
+        0u8..3,
+        select(&[0x00u8, 0x11, 0x12, 0x21, 0x31, 0x41][..]),
+        vec(any::<u8>(), 0..60),
+    )
+        .prop_map(|(command, family, payload)| {
+            let mut header = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+            header.push(0x20 | command);
+            header.push(family);
+            header.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+            header.extend_from_slice(&payload);
+            header
+        });
+    (
+        prop_oneof![v1, v2],
+        vec((any::<Index>(), any::<u8>()), 0..3),
+        option::of(any::<Index>()),
+        select(AFTER_PROXY_HEADER),
+    )
+        .prop_map(|(mut header, flips, cut, next)| {
+            for (at, byte) in flips {
+                let at = at.index(header.len());
+                header[at] = byte;
+            }
+            if let Some(cut) = cut {
+                header.truncate(cut.index(header.len() + 1));
+            }
+            header.extend_from_slice(next);
+            header
+        })
+}
+
+proptest! {
+    #![proptest_config(cases(4000))]
+
+    #[test]
+    fn proxy_headers_near_valid(bytes in proxy_header()) {
+        targets::proxy_header(&bytes);
+    }
+
+    #[test]
+    fn proxy_headers_from_arbitrary_bytes(bytes in vec(any::<u8>(), 0..200)) {
+        targets::proxy_header(&bytes);
+    }
 }

@@ -1,6 +1,7 @@
 //! Fuzz targets for the parsers that read text tollgate does not control: the configuration
 //! (every variable, and the `ROUTES`/`COSTS` grammar), request paths, `X-Forwarded-For`, the
-//! `Forwarded`/`X-Forwarded-*`/`X-Real-IP` writer, rule path patterns and key specs.
+//! `Forwarded`/`X-Forwarded-*`/`X-Real-IP` writer, rule path patterns, key specs and the
+//! PROXY protocol header.
 //!
 //! Each target is a plain function that panics when an invariant breaks, so two drivers share
 //! it: `tests/fuzz.rs` (proptest on stable, part of `cargo test`; it includes this file as a
@@ -422,8 +423,9 @@ impl Sent {
 /// with the peer; from an untrusted peer `Forwarded` is our element alone and
 /// `X-Forwarded-Proto`/`-Host` are ours; from a trusted one `Forwarded` ends with our element
 /// and, when the proxy's lines are valid RFC 7239, is their elements then ours. Our element is
-/// valid RFC 7239 and says `for=` the peer, `proto=http` and `host=` the host.
-pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, sent: &[(Sent, Vec<u8>)]) {
+/// valid RFC 7239 and says `for=` the peer, `proto=http` (`https` over TLS) and `host=` the
+/// host.
+pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, tls: bool, sent: &[(Sent, Vec<u8>)]) {
     let mut headers = HeaderMap::new();
     for (name, value) in sent {
         if let Ok(value) = HeaderValue::from_bytes(value) {
@@ -439,6 +441,7 @@ pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, sent: &[
         peer_is_trusted: identity.is_trusted(peer),
         client,
         host: host.as_ref(),
+        tls,
     };
     let before = headers.clone();
     forwarding::set_forwarded(&mut headers, &hop);
@@ -465,7 +468,8 @@ pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, sent: &[
         IpAddr::V4(ip) => ip.to_string(),
         IpAddr::V6(ip) => format!("[{ip}]"),
     };
-    let mut ours = vec![("for".to_owned(), node), ("proto".to_owned(), "http".to_owned())];
+    let proto = if tls { "https" } else { "http" };
+    let mut ours = vec![("for".to_owned(), node), ("proto".to_owned(), proto.to_owned())];
     if let Some(host) = hop
         .host
         .and_then(|host| host.to_str().ok())
@@ -490,7 +494,7 @@ pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, sent: &[
         assert_eq!(parse_forwarded(&written), Some(vec![ours]), "{}", context());
         assert_eq!(
             single(&X_FORWARDED_PROTO).as_deref(),
-            Some("http"),
+            Some(proto),
             "{}",
             context()
         );
@@ -502,7 +506,7 @@ pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, sent: &[
 /// Line 1: the peer; line 2: the trusted networks (as for [`forwarded_for_bytes`]); line 3:
 /// the host (`-` alone: none); every further line is a header sent, named by its first byte:
 /// `f` Forwarded, `x` X-Forwarded-For, `p` X-Forwarded-Proto, `h` X-Forwarded-Host, `r`
-/// X-Real-IP (others ignored).
+/// X-Real-IP (others ignored). An input of odd length came over TLS.
 pub fn forwarding_bytes(data: &[u8]) {
     let (peer, trusted, lines) = hop_lines(data);
     let mut lines = lines.into_iter();
@@ -521,7 +525,28 @@ pub fn forwarding_bytes(data: &[u8]) {
             Some((kind, value.to_vec()))
         })
         .collect();
-    forwarding(peer, &trusted, host.as_deref(), &sent);
+    forwarding(peer, &trusted, host.as_deref(), data.len() % 2 == 1, &sent);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The PROXY protocol
+
+/// The start of a connection read as a PROXY header: never a panic; a complete header is
+/// within the bytes, parses the same alone, and every shorter prefix of it waits for more (a
+/// header split across reads is never refused); what waits is shorter than the longest header.
+pub fn proxy_header(bytes: &[u8]) {
+    use tollgate::server::proxy_protocol::{MAX_HEADER, parse};
+    match parse(bytes) {
+        Ok(Some(header)) => {
+            assert!(header.len <= bytes.len() && header.len > 0, "{header:?}");
+            assert_eq!(parse(&bytes[..header.len]), Ok(Some(header)));
+            for end in 0..header.len {
+                assert_eq!(parse(&bytes[..end]), Ok(None), "prefix {:?}", &bytes[..end]);
+            }
+        }
+        Ok(None) => assert!(bytes.len() < MAX_HEADER),
+        Err(_) => {}
+    }
 }
 
 /// An RFC 7239 `Forwarded` value: elements (empty list elements skipped, as RFC 9110 section

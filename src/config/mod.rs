@@ -7,6 +7,7 @@
 //! - [`env`]: the reader of named variables, which records every name it reads;
 //! - [`rules`]: the rule table (`ALGORITHM`, `ROUTES`, `AUTH_PATHS`, `KEY_BY`, `COSTS`, ...);
 //! - [`store`]: memory or Redis, and what to do when Redis fails;
+//! - [`listener`]: HTTPS and the PROXY protocol on `PORT`;
 //! - [`warnings`]: variables that are set but change nothing (misspelt, or not read by the
 //!   chosen algorithm or store), reported without stopping startup;
 //! - this module: the listener, the backend, timeouts, connection limits and logging, and the
@@ -18,6 +19,7 @@
 //! says what is accepted.
 
 pub mod env;
+pub mod listener;
 pub mod rules;
 pub mod store;
 pub mod warnings;
@@ -100,6 +102,11 @@ pub const VARIABLES: &[&str] = &[
     "KEY_HASH_SECRET",
     "TRUSTED_PROXIES",
     "MAX_KEYS",
+    // the listener: TLS and the PROXY protocol
+    "TLS_CERT_FILE",
+    "TLS_KEY_FILE",
+    "TLS_RELOAD_INTERVAL_MS",
+    "PROXY_PROTOCOL",
     // backend and timeouts
     "BACKEND_TIMEOUT_MS",
     "BACKEND_IDLE_TIMEOUT_MS",
@@ -217,6 +224,8 @@ pub struct Config {
     pub rules: RuleTable,
     /// `TRUSTED_PROXIES`: peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// `TLS_CERT_FILE`, `TLS_KEY_FILE`, `PROXY_PROTOCOL`: what `PORT` expects before HTTP.
+    pub listener: crate::server::listener::ListenerConfig,
     /// `MAX_KEYS`: bound on client states held in memory.
     pub max_keys: NonZeroUsize,
     /// `RATE_LIMIT_HEADERS`: which rate-limit headers responses carry.
@@ -385,7 +394,8 @@ impl Config {
                 }
                 Ok(network)
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let listener = listener::parse(env, &trusted_proxies)?;
         let max_keys = env.parse("MAX_KEYS", "100000", "a whole number from 1 to 1000000000", |s| {
             s.parse::<usize>()
                 .ok()
@@ -519,6 +529,7 @@ impl Config {
             access_log,
             rules,
             trusted_proxies,
+            listener,
             max_keys,
             headers,
             log_format,
@@ -572,6 +583,24 @@ impl fmt::Display for Config {
                 "none".into()
             } else {
                 proxies.join(",")
+            }
+        )?;
+        writeln!(
+            f,
+            "listener:         {}{}",
+            self.listener.tls.as_ref().map_or_else(
+                || "http".to_owned(),
+                |tls| format!(
+                    "https ({}, {}, checked every {} ms)",
+                    tls.cert_file.display(),
+                    tls.key_file.display(),
+                    tls.reload_interval.as_millis()
+                )
+            ),
+            if self.listener.proxy_protocol {
+                ", PROXY protocol from trusted proxies only"
+            } else {
+                ""
             }
         )?;
         writeln!(f, "headers:          {}", self.headers.as_str())?;

@@ -700,6 +700,8 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
             ("REDIS_PASSWORD", "hunter2"),
             ("KEY_HASH_SECRET", "0123456789abcdef0123"),
             ("AUTH_PATHS", "/login"),
+            ("TLS_CERT_FILE", "/etc/tollgate/cert.pem"),
+            ("TLS_KEY_FILE", "/etc/tollgate/key.pem"),
         ],
         &[
             ("ALGORITHM", "sliding_window"),

@@ -240,15 +240,27 @@ pub struct Hop<'a> {
     pub client: IpAddr,
     /// The host the request is for (see [`super::strict::target_host`]).
     pub host: Option<&'a HeaderValue>,
+    /// The request came over TLS: the scheme is `https`.
+    pub tls: bool,
+}
+
+impl Hop<'_> {
+    /// The scheme the client used to reach the gateway.
+    fn proto(&self) -> &'static str {
+        match self.tls {
+            true => "https",
+            false => "http",
+        }
+    }
 }
 
 /// Set the forwarding headers for the backend:
 ///
 /// - `X-Forwarded-For`: `peer` appended (all earlier lines folded into one list);
 /// - `X-Forwarded-Proto`, `X-Forwarded-Host`: a trusted proxy's are kept, since it saw the
-///   original request; anyone else's are overwritten (`http`, and the host);
+///   original request; anyone else's are overwritten (`http` or `https`, and the host);
 /// - `X-Real-IP`: `client`, always ours;
-/// - `Forwarded` (RFC 7239): our element `for=peer;proto=http;host=host` appended to a trusted
+/// - `Forwarded` (RFC 7239): our element `for=peer;proto=http;host=host` (`https` over TLS) appended to a trusted
 ///   proxy's list; anyone else's lines are dropped and ours is the only element.
 pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
     // Formatted once: it is written into three headers.
@@ -267,7 +279,7 @@ pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
         headers.insert(&X_FORWARDED_FOR, value);
     }
     if !(hop.peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(hop.proto()));
     }
     if !(hop.peer_is_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         match hop.host {
@@ -322,7 +334,8 @@ fn push_element(element: &mut String, hop: &Hop<'_>, peer: &str) {
             element.push_str("]\"");
         }
     }
-    element.push_str(";proto=http");
+    element.push_str(";proto=");
+    element.push_str(hop.proto());
     if let Some(host) = hop.host.and_then(|host| host.to_str().ok())
         && !host.is_empty()
     {
@@ -483,6 +496,7 @@ mod tests {
             peer_is_trusted: trusted,
             client: client.parse().unwrap(),
             host,
+            tls: false,
         }
     }
 
@@ -542,6 +556,23 @@ mod tests {
         let mut map = HeaderMap::new();
         set_forwarded(&mut map, &hop("192.0.2.1", false, "192.0.2.1", None));
         assert_eq!(map["forwarded"], "for=192.0.2.1;proto=http");
-        assert!(!map.contains_key("x-forwarded-host"));
+    }
+
+    #[test]
+    fn over_tls_the_proto_is_https_unless_a_trusted_proxy_said_otherwise() {
+        let host = HeaderValue::from_static("example.com");
+        let tls = |peer, trusted| Hop {
+            tls: true,
+            ..hop(peer, trusted, peer, Some(&host))
+        };
+        let mut map = headers(&[("x-forwarded-proto", "http"), ("forwarded", "proto=http")]);
+        set_forwarded(&mut map, &tls("203.0.113.1", false));
+        assert_eq!(map["x-forwarded-proto"], "https");
+        assert_eq!(map["forwarded"], "for=203.0.113.1;proto=https;host=example.com");
+        // A trusted proxy saw the original scheme: its word stands, our element says ours.
+        let mut map = headers(&[("x-forwarded-proto", "http")]);
+        set_forwarded(&mut map, &tls("10.0.0.1", true));
+        assert_eq!(map["x-forwarded-proto"], "http");
+        assert_eq!(map["forwarded"], "for=10.0.0.1;proto=https;host=example.com");
     }
 }

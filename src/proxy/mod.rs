@@ -204,11 +204,30 @@ impl ProxyError {
     }
 }
 
+/// What the listener tells the proxy about the connection a request came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The connection's other end as the gateway believes it: the TCP peer, or the source
+    /// address of the PROXY header a trusted proxy sent (`PROXY_PROTOCOL=true`). This is the
+    /// peer the client address and the forwarding headers start from.
+    pub address: SocketAddr,
+    /// The connection is TLS (the listener is HTTPS): `X-Forwarded-Proto` and the `Forwarded`
+    /// element say `https`.
+    pub tls: bool,
+}
+
+impl Peer {
+    /// A plain-HTTP connection from `address`.
+    pub fn plain(address: SocketAddr) -> Peer {
+        Peer { address, tls: false }
+    }
+}
+
 /// What the server knows of a request's arrival that the request itself does not say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arrival {
-    /// The TCP peer.
-    pub peer: SocketAddr,
+    /// The connection it came on.
+    pub connection: Peer,
     /// It arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2 streams can
     /// outnumber connections): it is answered `503` at once. The server keeps the count.
     pub overloaded: bool,
@@ -327,8 +346,8 @@ fn loggable(value: Option<&[u8]>) -> String {
 
 /// How an allowed request goes to the backend, from the gate's verdict.
 struct Forwarding<'a> {
-    /// The TCP peer.
-    peer: IpAddr,
+    /// The connection it came on.
+    connection: Peer,
     /// The client address the rules used.
     client: IpAddr,
     /// The path to send instead of the request's (see [`gate::Verdict::rewritten`]).
@@ -420,7 +439,7 @@ impl Proxy {
         started: Instant,
         classified: &mut Option<u16>,
     ) -> (Response<ResponseBody>, AnsweredBy) {
-        let peer = arrival.peer;
+        let peer = arrival.connection.address;
         let mut context = RequestContext { id, rule: None };
         if arrival.overloaded {
             if let Some(suppressed) = self.overload_log.admit() {
@@ -485,7 +504,7 @@ impl Proxy {
             // The backend gets the request id too, so its logs and ours can be joined.
             request.headers_mut().insert(&X_REQUEST_ID, id.clone());
             let to = Forwarding {
-                peer: peer.ip(),
+                connection: arrival.connection,
                 client: verdict.client,
                 rewritten: verdict.rewritten.as_deref(),
                 sent: verdict.decided,
@@ -674,7 +693,7 @@ impl Proxy {
         bytes: Option<&BodyBytes>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let Forwarding {
-            peer,
+            connection,
             client,
             rewritten,
             sent,
@@ -688,7 +707,7 @@ impl Proxy {
         let host = strict::target_host(&parts.uri, &parts.headers);
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
-        let peer = peer.to_canonical();
+        let peer = connection.address.ip().to_canonical();
         let peer_is_trusted = self.gate.trusts(peer);
         headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
         let hop = headers::Hop {
@@ -696,6 +715,7 @@ impl Proxy {
             peer_is_trusted,
             client,
             host: host.as_ref(),
+            tls: connection.tls,
         };
         headers::set_forwarded(&mut parts.headers, &hop);
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the

@@ -9,7 +9,8 @@
 //! beside each connection:
 //!
 //! - from accept until the first request reaches the service, at most
-//!   `HEADER_READ_TIMEOUT_MS`. HTTP/2 calls the service when a request's `HEADERS` arrive, so
+//!   `HEADER_READ_TIMEOUT_MS`, the PROXY header and TLS handshake included (see
+//!   [`super::listener`]). HTTP/2 calls the service when a request's `HEADERS` arrive, so
 //!   a stalled preface, a missing `SETTINGS` and a connection opened "for later" are covered.
 //! - after that, at most `IDLE_TIMEOUT_MS` with nothing in flight. A request is in flight
 //!   from the moment the service is called until its response body has been sent or dropped
@@ -44,12 +45,12 @@ use bytes::Bytes;
 use http::Version;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::framing::Framing;
 use super::limits::{ClientSlot, Slot};
+use super::transport::Transport;
 
 /// How long a connection being closed may stay open with nothing in flight before it is
 /// dropped: enough for an HTTP/2 client to acknowledge the `GOAWAY` `PING` (one round trip).
@@ -184,7 +185,8 @@ impl Activity {
 /// takes nothing (the client is not reading) or takes bytes again.
 #[derive(Debug)]
 pub struct ClientStream {
-    stream: TcpStream,
+    /// The socket, or TLS over it.
+    stream: Transport,
     activity: Arc<Activity>,
     /// Follows the request heads in the bytes read (see [`Framing`]).
     framing: Framing,
@@ -196,7 +198,7 @@ impl ClientStream {
     /// `stream`, counted under `slots`, reporting to `activity`, and to `heads` which request
     /// carried both `Content-Length` and `Transfer-Encoding`.
     pub fn new(
-        stream: TcpStream,
+        stream: Transport,
         slots: (Slot, ClientSlot),
         activity: Arc<Activity>,
         heads: Arc<Heads>,
@@ -217,7 +219,7 @@ impl Drop for ClientStream {
         // would leave it to the kernel for as long as the peer keeps its window shut (nginx's
         // `reset_timedout_connection`).
         if self.activity.reset_on_close.load(Ordering::Relaxed)
-            && let Err(error) = self.stream.set_zero_linger()
+            && let Err(error) = self.stream.tcp().set_zero_linger()
         {
             tracing::debug!(%error, "set_zero_linger failed");
         }
@@ -434,6 +436,14 @@ pub struct DrainWatcher {
     draining: Arc<AtomicBool>,
 }
 
+impl DrainWatcher {
+    /// Completes when the drain begins (or the server is gone): for a connection that is
+    /// not serving HTTP yet, to give up its handshake.
+    pub async fn closing(&mut self) {
+        let _ = self.receiver.wait_for(|draining| *draining).await;
+    }
+}
+
 impl Drain {
     /// Nothing draining yet.
     pub fn new() -> Drain {
@@ -492,7 +502,7 @@ pub enum Closed {
 }
 
 /// Drive `connection` until it ends, closing it (with `close`, hyper's graceful shutdown)
-/// when it sends no request within `timeouts.header_read` of now (call this at accept), when
+/// when it sends no request by `first_request_by` (accept plus `timeouts.header_read`), when
 /// it has nothing in flight for `timeouts.idle`, when an HTTP/1 request's head takes longer
 /// than `timeouts.header_read` from its first byte, or when `drain` says so; and dropping it
 /// when it has not let go [`CLOSE_GRACE`] after that with nothing in flight, or when its
@@ -511,6 +521,7 @@ pub async fn supervise<C, E>(
     activity: &Activity,
     drain: DrainWatcher,
     timeouts: Timeouts,
+    first_request_by: Instant,
 ) -> (Closed, Result<(), E>)
 where
     C: Future<Output = Result<(), E>>,
@@ -524,7 +535,7 @@ where
     // The waker the drain's receiver was last polled with (it keeps it until woken).
     let mut drain_waker: Option<Waker> = None;
     let mut drain_seen = false;
-    let first = Instant::now() + timeouts.header_read;
+    let first = first_request_by;
     // When the connection is closed, if nothing happens before; `None` while busy.
     let mut deadline = Some(first);
     let mut timer = std::pin::pin!(tokio::time::sleep_until(first));
@@ -692,7 +703,16 @@ mod tests {
             let close = |_: Pin<&mut FakeConnection>| {
                 task_closes.fetch_add(1, Ordering::AcqRel);
             };
-            supervise(connection, close, &task_activity, watcher, TIMEOUTS).await
+            let first_request_by = Instant::now() + TIMEOUTS.header_read;
+            supervise(
+                connection,
+                close,
+                &task_activity,
+                watcher,
+                TIMEOUTS,
+                first_request_by,
+            )
+            .await
         });
         Harness {
             activity,

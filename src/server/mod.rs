@@ -5,12 +5,19 @@
 //!   `MAX_CONNECTIONS_PER_CLIENT`; what the accept loop does past them or when `accept` fails;
 //! - [`connection`]: the watchdog that closes silent and idle connections
 //!   (`HEADER_READ_TIMEOUT_MS` from accept, `IDLE_TIMEOUT_MS` with nothing in flight), and the
-//!   drain.
+//!   drain;
+//! - [`listener`]: what comes before HTTP on a connection, within the same first clock: the
+//!   PROXY header ([`proxy_protocol`]) and the TLS handshake ([`tls`], which also reloads the
+//!   certificate when its files change), over a [`transport`] that is plain or TLS.
 
 pub mod connection;
 pub mod framing;
 pub mod limits;
+pub mod listener;
+pub mod proxy_protocol;
 pub mod streams;
+pub mod tls;
+pub mod transport;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,14 +35,18 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
+use crate::gate::identity::ClientIdentity;
 use crate::gate::{Gate, GateSettings};
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::{self, Metrics};
+use crate::outcome::Rejection;
+use crate::proxy::Peer;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
 use crate::proxy::{Arrival, Proxy};
 use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ClientConnections, ClientSlot, ConnectionSlots, IntervalLog, Slot};
+use listener::Listener;
 use prometheus_client::metrics::counter::Counter;
 use streams::StreamExecutor;
 
@@ -67,6 +78,9 @@ pub enum ServeError {
     /// platform's CA store).
     #[error("backend TLS: {0}")]
     BackendTls(#[from] TlsSetupError),
+    /// The TLS certificate or key could not be used.
+    #[error("{0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -147,11 +161,18 @@ async fn run(
         })
     });
     let max_per_client = config.max_connections_per_client.effective(max_connections);
+    let (entry, certificate_watcher) = Listener::new(
+        &config.listener,
+        &ClientIdentity::new(config.trusted_proxies.clone()),
+        &metrics,
+    )?;
     // One line; in JSON every setting is a field of its own.
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
         admin = %admin_address.map_or_else(|| "off".into(), |a| a.to_string()),
+        tls = entry.is_tls(),
+        proxy_protocol = config.listener.proxy_protocol,
         backend = %config.backend,
         store = %match &config.store {
             StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.max_keys),
@@ -214,13 +235,14 @@ async fn run(
         config.rules.ipv6_prefix(),
         &config.trusted_proxies,
     );
-    let serving = Serving {
+    let serving = Arc::new(Serving {
         builder,
+        listener: Arc::new(entry),
         proxy,
         requests,
         timeouts,
         unread,
-    };
+    });
     let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
     let mut client_refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
@@ -291,6 +313,9 @@ async fn run(
     if let Some(purge) = purge {
         purge.abort();
     }
+    if let Some(watcher) = certificate_watcher {
+        watcher.abort();
+    }
     tracing::info!(
         in_flight_connections = drain.open(),
         "shutting down: draining connections"
@@ -319,6 +344,8 @@ fn refuse(stream: TcpStream) {
 struct Serving {
     /// HTTP/1.1 and h2c, detected per connection.
     builder: auto::Builder<StreamExecutor>,
+    /// The PROXY header and TLS, before HTTP.
+    listener: Arc<Listener>,
     proxy: Arc<Proxy>,
     /// Requests in flight across all connections, capped at `MAX_CONNECTIONS` too: file
     /// descriptors are budgeted for one backend connection per client connection, and HTTP/2
@@ -331,13 +358,52 @@ struct Serving {
 
 /// Serve one accepted connection in a task of its own, under its watchdog (see [`connection`]):
 /// `slots` are its places under `MAX_CONNECTIONS` and `MAX_CONNECTIONS_PER_CLIENT`, held by its
-/// socket; `drain` tells it when to close.
+/// socket; `drain` tells it when to close. The PROXY
+/// header and the TLS handshake, when the listener asks for them, come first, within
+/// `HEADER_READ_TIMEOUT_MS` of now: the clock the first request must beat too.
 fn serve_connection(
-    serving: &Serving,
+    serving: &Arc<Serving>,
     stream: TcpStream,
     peer: SocketAddr,
     slots: (Slot, ClientSlot),
+    mut drain: DrainWatcher,
+) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "set_nodelay failed");
+    }
+    let first_request_by = tokio::time::Instant::now() + serving.timeouts.header_read;
+    if serving.listener.is_plain() {
+        let connection = (stream.into(), Peer::plain(peer));
+        serve_http(serving, connection, slots, drain, first_request_by);
+        return;
+    }
+    let serving = serving.clone();
+    tokio::spawn(async move {
+        let listener = &serving.listener;
+        let established = tokio::select! {
+            established = tokio::time::timeout_at(first_request_by, listener.establish(stream, peer)) => established,
+            // Shutting down: a connection that has not sent a request yet is simply closed.
+            () = drain.closing() => return,
+        };
+        match established {
+            Ok(Ok(connection)) => serve_http(&serving, connection, slots, drain, first_request_by),
+            Ok(Err(Some(rejection))) => listener.rejected(rejection),
+            Ok(Err(None)) => {}
+            Err(_) => {
+                listener.rejected(Rejection::Timeout);
+                tracing::debug!(%peer, "no PROXY header or TLS handshake within HEADER_READ_TIMEOUT_MS of accept: closed");
+            }
+        }
+    });
+}
+
+/// Serve HTTP on a connection whose PROXY header and TLS handshake (if any) are done.
+fn serve_http(
+    serving: &Serving,
+    (transport, peer): (transport::Transport, Peer),
+    slots: (Slot, ClientSlot),
     drain: DrainWatcher,
+    first_request_by: tokio::time::Instant,
 ) {
     let Serving {
         builder,
@@ -345,11 +411,9 @@ fn serve_connection(
         requests,
         timeouts,
         unread,
+        ..
     } = serving;
     let timeouts = *timeouts;
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%error, "set_nodelay failed");
-    }
     let activity = Arc::new(Activity::default());
     let heads = Arc::new(Heads::default());
     let service = {
@@ -363,7 +427,7 @@ fn serve_connection(
             // streams could otherwise outnumber them.
             let request_slot = requests.try_acquire();
             let arrival = Arrival {
-                peer,
+                connection: peer,
                 overloaded: request_slot.is_none(),
                 content_length_dropped: heads.next_is_ambiguous(),
             };
@@ -377,13 +441,14 @@ fn serve_connection(
             }
         })
     };
-    let io = TokioIo::new(ClientStream::new(stream, slots, activity.clone(), heads));
+    let io = TokioIo::new(ClientStream::new(transport, slots, activity.clone(), heads));
     let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
     let unread = unread.clone();
+    let peer = peer.address;
     tokio::spawn(async move {
         let connection = std::pin::pin!(connection);
         let close = |connection: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(connection);
-        match connection::supervise(connection, close, &activity, drain, timeouts).await {
+        match connection::supervise(connection, close, &activity, drain, timeouts, first_request_by).await {
             (_, Err(error)) => {
                 tracing::debug!(%peer, error = %error, "connection ended with an error");
             }

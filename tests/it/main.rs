@@ -16,3 +16,4 @@ mod redis;
 mod rules;
 mod strict;
 mod tls_backend;
+mod tls_listener;
