@@ -37,6 +37,14 @@ use crate::config::env::Env;
 use crate::limit::{FailMode, Limiter};
 use crate::metrics::{Format, Metrics};
 
+/// The admin listener's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminSettings {
+    /// `ADMIN_BIND` (default loopback) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`,
+    /// apart from proxied traffic so no backend path is shadowed and probes spend no budget.
+    pub address: SocketAddr,
+}
+
 /// How long an admin client may take to send its request head (and stay idle between
 /// requests).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -350,7 +358,7 @@ mod tests {
             )
             .unwrap();
             let probed = admin_address(&Env::new(vars.iter().copied())).unwrap();
-            let bound = config.admin;
+            let bound = config.admin.address;
             assert!(
                 probed == bound
                     || (bound.ip().is_unspecified()

@@ -78,7 +78,7 @@ async fn main() -> ExitCode {
         let _ = writeln!(std::io::stdout(), "configuration ok\n{warnings}{config}");
         return ExitCode::SUCCESS;
     }
-    if let Err(error) = tollgate::telemetry::init(config.log_format) {
+    if let Err(error) = tollgate::telemetry::init(config.log.format) {
         return fail(&format!("configuration error: {error}"));
     }
     for warning in &config.warnings {
@@ -93,21 +93,21 @@ async fn main() -> ExitCode {
     if let Err(error) = tollgate::server::raise_fd_limit() {
         tracing::warn!(%error, "cannot raise the file-descriptor limit to its hard limit");
     }
-    let listener = match TcpListener::bind(config.listen).await {
+    let listener = match TcpListener::bind(config.server.listen).await {
         Ok(listener) => listener,
         Err(error) => {
             return fail(&format!(
                 "cannot listen on {} (BIND, PORT): {error}",
-                config.listen
+                config.server.listen
             ));
         }
     };
-    let admin = match TcpListener::bind(config.admin).await {
+    let admin = match TcpListener::bind(config.admin.address).await {
         Ok(listener) => listener,
         Err(error) => {
             return fail(&format!(
                 "cannot listen on {} (ADMIN_BIND, ADMIN_PORT): {error}",
-                config.admin
+                config.admin.address
             ));
         }
     };

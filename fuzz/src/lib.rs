@@ -149,7 +149,7 @@ fn split_secret<'a>(name: &str, value: &'a str, parsed: bool) -> (Vec<&'a str>, 
 
 /// The rule table of an accepted configuration keeps its promises.
 fn rule_table(config: &Config, vars: &[(String, String)]) {
-    let rules = config.rules.rules();
+    let rules = config.gate.rules.rules();
     let routes = effective(vars, "ROUTES").map_or(0, |value| {
         value.split(';').filter(|entry| !entry.trim().is_empty()).count()
     });
@@ -182,6 +182,7 @@ fn rule_table(config: &Config, vars: &[(String, String)]) {
                 client_ip: IpAddr::from([192, 0, 2, 1]),
             };
             let matched = config
+                .gate
                 .rules
                 .classify(&head)
                 .unwrap_or_else(|error| panic!("{method} {path}: {error}"));

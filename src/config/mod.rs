@@ -34,16 +34,18 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme, Uri};
 use ipnet::IpNet;
 
-use crate::limit::RuleTable;
+use crate::admin::AdminSettings;
+use crate::gate::GateSettings;
 use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
 use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::response::HeaderStyle;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
-use crate::proxy::{AccessLog, Backend};
+use crate::proxy::{AccessLog, Backend, ProxySettings};
+use crate::server::ServerSettings;
 use crate::server::limits::PerClientCap;
-use crate::telemetry::LogFormat;
+use crate::telemetry::{LogFormat, LogSettings};
 use env::{Env, entries};
 
 /// The most `MAX_KEYS` may be: a billion clients, about 87 GB held in full. The store's index
@@ -53,7 +55,7 @@ pub const MAX_MAX_KEYS: usize = 1_000_000_000;
 
 /// `ADMIN_BIND` unless set: loopback, whatever `BIND` is. `tollgate healthcheck` reads it too.
 pub const DEFAULT_ADMIN_BIND: &str = "127.0.0.1";
-pub use store::{RedisConfig, StoreConfig};
+pub use crate::limit::settings::{RedisConfig, StoreConfig, StoreSettings};
 
 /// `BODY_MIN_RATE_WINDOW_MS` unless `BODY_IDLE_TIMEOUT_MS` is longer: Apache's
 /// `mod_reqtimeout` gives a body 20 s before `MinRate` applies; this is the default
@@ -208,95 +210,27 @@ impl ConfigError {
     }
 }
 
-/// The validated configuration.
+/// The validated configuration: the settings of each component, each its own type.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `BACKEND_URL`.
-    pub backend: Backend,
-    /// `BIND` and `PORT`.
-    pub listen: SocketAddr,
-    /// `ADMIN_BIND` (default `127.0.0.1`) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`, apart
-    /// from proxied traffic so no backend path is shadowed and probes spend no budget.
-    pub admin: SocketAddr,
-    /// `ACCESS_LOG`: which requests get an `info` line.
-    pub access_log: AccessLog,
-    /// The compiled rule table: every rule, route, cost and exemption.
-    pub rules: RuleTable,
-    /// `TRUSTED_PROXIES`: peers whose `X-Forwarded-For` is believed.
-    pub trusted_proxies: Vec<IpNet>,
-    /// `TLS_CERT_FILE`, `TLS_KEY_FILE`, `PROXY_PROTOCOL`: what `PORT` expects before HTTP.
-    pub listener: crate::server::listener::ListenerConfig,
-    /// `MAX_KEYS`: bound on client states held in memory.
-    pub max_keys: NonZeroUsize,
-    /// `RATE_LIMIT_HEADERS`: which rate-limit headers responses carry.
-    pub headers: HeaderStyle,
-    /// `LOG_FORMAT`.
-    pub log_format: LogFormat,
-    /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers once the
-    /// request body has been sent, and for the backend to connect or to read more of a body
-    /// (504 after). Counted from the end of the body, so a long upload is not a slow backend.
-    pub backend_timeout: Duration,
-    /// `BACKEND_IDLE_TIMEOUT_MS`: idle pooled backend connections are closed after this; keep
-    /// it below the backend's own keep-alive timeout so we never reuse a closing connection.
-    pub backend_idle_timeout: Duration,
-    /// `BODY_IDLE_TIMEOUT_MS`: a client that sends no request body data for this long in the
-    /// middle of its body is answered 408 and cut off (slow-upload protection).
-    pub body_idle_timeout: Duration,
-    /// `BODY_MIN_RATE` and `BODY_MIN_RATE_WINDOW_MS`: a request body must bring at least this
-    /// many bytes per second, counted over windows of time spent waiting for the client, or
-    /// it is answered 408 and cut off (a trickle that dodges `BODY_IDLE_TIMEOUT_MS`); `None`
-    /// (`BODY_MIN_RATE=0`) checks no rate.
-    pub body_min_rate: Option<MinRate>,
-    /// `HEADER_READ_TIMEOUT_MS`: a client must send its request headers within this
-    /// (slowloris protection); a new connection must send its first request within this of
-    /// being accepted (HTTP/2: preface, settings and the first request's headers).
-    pub header_read_timeout: Duration,
-    /// `IDLE_TIMEOUT_MS`: a client connection with nothing in flight for this long is closed
-    /// (HTTP/2 with `GOAWAY`), so idle keep-alive connections cannot pile up.
-    pub idle_timeout: Duration,
-    /// `SEND_TIMEOUT_MS`: a client connection whose socket takes no byte of a response for
-    /// this long is dropped (slow-read protection: a client that stops reading its response).
-    pub send_timeout: Duration,
-    /// `MAX_CONNECTIONS`: most client connections open at once, tunnels included; past it a
-    /// new connection is closed at once. `None`: sized from the file-descriptor limit when
-    /// serving starts (see [`crate::server::limits`]).
-    pub max_connections: Option<NonZeroUsize>,
-    /// `MAX_CONNECTIONS_PER_CLIENT`: most client connections one peer address (IPv6 grouped by
-    /// `IPV6_PREFIX`) may hold at once, peers in `TRUSTED_PROXIES` not counted; past it a new
-    /// connection is closed at once. Unset: three quarters of `MAX_CONNECTIONS`.
-    pub max_connections_per_client: PerClientCap,
-    /// `UPGRADE_IDLE_TIMEOUT_MS`: an upgraded connection (a WebSocket tunnel) in which no byte
-    /// has moved either way for this long is closed, so abandoned tunnels cannot hold
-    /// connections forever; `None` (`0`) never closes one.
-    pub upgrade_idle_timeout: Option<Duration>,
-    /// `MAX_UPGRADES_PER_CLIENT`: most upgraded connections (WebSocket tunnels) one client
-    /// address may hold open; `None` is unlimited. Requests inside a tunnel are not seen, so
-    /// not limited: this bounds what one client can hold that way.
-    pub max_upgrades_per_client: Option<u32>,
-    /// `UPGRADE_PROTOCOLS`: the `Upgrade` protocols forwarded (default `websocket`); any
-    /// other token is removed, so an upgrade the gateway cannot meter (`h2c`) never reaches
-    /// the backend.
-    pub upgrade_protocols: UpgradeProtocols,
-    /// `UNDERSCORE_HEADERS`: what becomes of request headers with `_` in their names, which
-    /// CGI-style backends read as the `-` spelling (`X_API_Key` is `X-API-Key` to them).
-    pub underscore_headers: UnderscoreHeaders,
-    /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers (`429`, `503`, ...), so
-    /// a browser application can read a refusal; `None` (unset or empty): none.
-    pub cors: Option<Cors>,
-    /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests (default 8 s, below
-    /// the 10 s `docker stop` waits before SIGKILL).
-    pub shutdown_timeout: Duration,
-    /// Memory or Redis.
-    pub store: StoreConfig,
+    /// The listener: address, TLS and PROXY protocol, connection limits and clocks.
+    pub server: ServerSettings,
+    /// The reverse proxy: the backend, timeouts, bodies, headers, upgrades, refusals' shape.
+    pub proxy: ProxySettings,
+    /// Classification and decision: the rule table, trusted proxies, tunnels per client.
+    pub gate: GateSettings,
+    /// Where budgets live (memory or Redis), and how many clients memory holds.
+    pub store: StoreSettings,
+    /// The admin listener.
+    pub admin: AdminSettings,
+    /// The log.
+    pub log: LogSettings,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
     pub read: BTreeSet<&'static str>,
-    /// Variables that are set but change nothing (see [`warnings`]), and settings that are
-    /// suspicious but may be meant (a key header nothing checks, a default auth path a route
-    /// shadows), one line each, never showing a value that may be a secret: `--check-config`
-    /// prints them, startup logs them.
+    /// Variables that are set but change nothing (see [`warnings`]), one line each, naming
+    /// variables but never showing values: `--check-config` prints them, startup logs them.
     pub warnings: Vec<String>,
 }
-
 impl Config {
     /// Read the process environment (after the caller has loaded `.env`, if any).
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -523,32 +457,40 @@ impl Config {
         let mut warnings = warnings::warnings(env);
         warnings.extend(rule_warnings);
         Ok(Config {
-            backend,
-            listen: SocketAddr::new(bind, port),
-            admin,
-            access_log,
-            rules,
-            trusted_proxies,
-            listener,
-            max_keys,
-            headers,
-            log_format,
-            backend_timeout,
-            backend_idle_timeout,
-            body_idle_timeout,
-            body_min_rate,
-            header_read_timeout,
-            idle_timeout,
-            send_timeout,
-            max_connections,
-            max_connections_per_client,
-            max_upgrades_per_client,
-            upgrade_protocols,
-            underscore_headers,
-            cors,
-            upgrade_idle_timeout,
-            shutdown_timeout,
-            store,
+            server: ServerSettings {
+                listen: SocketAddr::new(bind, port),
+                listener,
+                header_read_timeout,
+                idle_timeout,
+                send_timeout,
+                max_connections,
+                max_connections_per_client,
+                shutdown_timeout,
+            },
+            proxy: ProxySettings {
+                backend,
+                headers,
+                access_log,
+                backend_timeout,
+                backend_idle_timeout,
+                body_idle_timeout,
+                body_min_rate,
+                upgrade_idle_timeout,
+                upgrade_protocols,
+                underscore_headers,
+                cors,
+            },
+            gate: GateSettings {
+                rules,
+                trusted_proxies,
+                max_upgrades_per_client,
+            },
+            store: StoreSettings {
+                kind: store,
+                max_keys,
+            },
+            admin: AdminSettings { address: admin },
+            log: LogSettings { format: log_format },
             read,
             warnings,
         })
@@ -558,24 +500,33 @@ impl Config {
 /// The effective configuration, as `--check-config` prints it and startup logs it.
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "listen:           {} (admin {})", self.listen, self.admin)?;
+        writeln!(
+            f,
+            "listen:           {} (admin {})",
+            self.server.listen, self.admin.address
+        )?;
         writeln!(
             f,
             "backend:          {} (timeout {} ms)",
-            self.backend,
-            self.backend_timeout.as_millis()
+            self.proxy.backend,
+            self.proxy.backend_timeout.as_millis()
         )?;
-        if let Some(tls) = &self.backend.tls {
+        if let Some(tls) = &self.proxy.backend.tls {
             writeln!(f, "backend TLS:      {tls}")?;
         }
-        let rules = self.rules.rules();
+        let rules = self.gate.rules.rules();
         if let [.., auth, general] = rules {
             writeln!(f, "general rule:     {}", general.policy)?;
             writeln!(f, "auth rule:        {}", auth.policy)?;
         }
-        writeln!(f, "auth paths:       {}", self.rules.paths_of("auth"))?;
-        writeln!(f, "{}", self.rules)?;
-        let proxies: Vec<String> = self.trusted_proxies.iter().map(ToString::to_string).collect();
+        writeln!(f, "auth paths:       {}", self.gate.rules.paths_of("auth"))?;
+        writeln!(f, "{}", self.gate.rules)?;
+        let proxies: Vec<String> = self
+            .gate
+            .trusted_proxies
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         writeln!(
             f,
             "trusted proxies:  {}",
@@ -588,7 +539,7 @@ impl fmt::Display for Config {
         writeln!(
             f,
             "listener:         {}{}",
-            self.listener.tls.as_ref().map_or_else(
+            self.server.listener.tls.as_ref().map_or_else(
                 || "http".to_owned(),
                 |tls| format!(
                     "https ({}, {}, checked every {} ms)",
@@ -597,21 +548,25 @@ impl fmt::Display for Config {
                     tls.reload_interval.as_millis()
                 )
             ),
-            if self.listener.proxy_protocol {
+            if self.server.listener.proxy_protocol {
                 ", PROXY protocol from trusted proxies only"
             } else {
                 ""
             }
         )?;
-        writeln!(f, "headers:          {}", self.headers.as_str())?;
+        writeln!(f, "headers:          {}", self.proxy.headers.as_str())?;
         writeln!(
             f,
             "request bodies:   cut after {} ms without data, {}",
-            self.body_idle_timeout.as_millis(),
-            self.body_min_rate
+            self.proxy.body_idle_timeout.as_millis(),
+            self.proxy
+                .body_min_rate
                 .map_or_else(|| "no minimum rate".to_owned(), |rate| format!("or below {rate}"))
         )?;
-        let per_client = match (self.max_connections_per_client, self.max_connections) {
+        let per_client = match (
+            self.server.max_connections_per_client,
+            self.server.max_connections,
+        ) {
             (PerClientCap::Off, _) => "no cap".to_owned(),
             (cap, Some(max)) => cap
                 .effective(max.get())
@@ -624,32 +579,35 @@ impl fmt::Display for Config {
             "connections:      at most {} ({per_client} per client), first request within {} ms, \
              closed after {} ms idle or {} ms unread; upgrades per client: {}, tunnel idle \
              timeout: {}",
-            self.max_connections.map_or_else(
+            self.server.max_connections.map_or_else(
                 || "as the file-descriptor limit allows".to_owned(),
                 |max| max.to_string()
             ),
-            self.header_read_timeout.as_millis(),
-            self.idle_timeout.as_millis(),
-            self.send_timeout.as_millis(),
-            self.max_upgrades_per_client
+            self.server.header_read_timeout.as_millis(),
+            self.server.idle_timeout.as_millis(),
+            self.server.send_timeout.as_millis(),
+            self.gate
+                .max_upgrades_per_client
                 .map_or_else(|| "unlimited".to_owned(), |max| max.to_string()),
-            self.upgrade_idle_timeout
+            self.proxy
+                .upgrade_idle_timeout
                 .map_or_else(|| "never".to_owned(), |idle| format!("{} ms", idle.as_millis()))
         )?;
         writeln!(
             f,
             "upgrades to:      {}; headers with '_': {}; CORS on own answers: {}",
-            self.upgrade_protocols.describe(),
-            self.underscore_headers.as_str(),
-            self.cors
+            self.proxy.upgrade_protocols.describe(),
+            self.proxy.underscore_headers.as_str(),
+            self.proxy
+                .cors
                 .as_ref()
                 .map_or_else(|| "off".to_owned(), Cors::describe)
         )?;
-        match &self.store {
+        match &self.store.kind {
             StoreConfig::Memory => write!(
                 f,
                 "store:            memory (at most {} client states per rule)",
-                self.max_keys
+                self.store.max_keys
             ),
             StoreConfig::Redis(redis) => {
                 writeln!(f, "store:            {redis}")?;

@@ -14,11 +14,11 @@ fn error(vars: &[(&str, &str)]) -> String {
 }
 
 fn general(config: &Config) -> &crate::limit::Rule {
-    config.rules.rule("general").expect("a general rule")
+    config.gate.rules.rule("general").expect("a general rule")
 }
 
 fn auth(config: &Config) -> &crate::limit::Rule {
-    config.rules.rule("auth").expect("an auth rule")
+    config.gate.rules.rule("auth").expect("an auth rule")
 }
 
 /// The rule name, mode and cost a GET of `path` from 192.0.2.1 is classified under.
@@ -29,13 +29,13 @@ fn classify(config: &Config, method: &str, path: &str) -> (String, Mode, u64) {
         headers: &HeaderMap::new(),
         client_ip: "192.0.2.1".parse().unwrap(),
     };
-    let matched = config.rules.classify(&head).unwrap();
+    let matched = config.gate.rules.classify(&head).unwrap();
     (matched.rule.name.to_string(), matched.mode, matched.cost)
 }
 
 #[test]
 fn the_admin_listener_is_on_loopback_unless_admin_bind_says_otherwise() {
-    let admin = |vars: &[(&str, &str)]| parse(vars).map(|config| config.admin.to_string());
+    let admin = |vars: &[(&str, &str)]| parse(vars).map(|config| config.admin.address.to_string());
     assert_eq!(admin(&[]).unwrap(), "127.0.0.1:9091");
     assert_eq!(admin(&[("BIND", "0.0.0.0")]).unwrap(), "127.0.0.1:9091");
     assert_eq!(
@@ -62,7 +62,7 @@ fn the_admin_listener_is_on_loopback_unless_admin_bind_says_otherwise() {
 #[test]
 fn defaults_match_the_go_service() {
     let config = parse(&[]).unwrap();
-    assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
+    assert_eq!(config.server.listen, "0.0.0.0:8080".parse().unwrap());
     assert_eq!(
         general(&config).policy,
         Policy::TokenBucket(TokenBucket {
@@ -77,13 +77,16 @@ fn defaults_match_the_go_service() {
             interval_us: 100_000_000
         })
     );
-    assert_eq!(config.rules.paths_of("auth"), "/login,/signup,/reset-password");
-    assert!(config.trusted_proxies.is_empty());
-    assert_eq!(config.max_keys.get(), 100_000);
-    assert_eq!(config.log_format, LogFormat::Text);
-    assert_eq!(config.backend_timeout, Duration::from_secs(30));
-    assert_eq!(config.store, StoreConfig::Memory);
-    assert_eq!(config.backend.base_path, "");
+    assert_eq!(
+        config.gate.rules.paths_of("auth"),
+        "/login,/signup,/reset-password"
+    );
+    assert!(config.gate.trusted_proxies.is_empty());
+    assert_eq!(config.store.max_keys.get(), 100_000);
+    assert_eq!(config.log.format, LogFormat::Text);
+    assert_eq!(config.proxy.backend_timeout, Duration::from_secs(30));
+    assert_eq!(config.store.kind, StoreConfig::Memory);
+    assert_eq!(config.proxy.backend.base_path, "");
 }
 
 #[test]
@@ -121,10 +124,15 @@ fn lists_are_trimmed_and_empty_values_are_unset() {
         ("PORT", ""),
     ])
     .unwrap();
-    assert_eq!(config.rules.paths_of("auth"), "/a,/b/*");
-    let proxies: Vec<String> = config.trusted_proxies.iter().map(ToString::to_string).collect();
+    assert_eq!(config.gate.rules.paths_of("auth"), "/a,/b/*");
+    let proxies: Vec<String> = config
+        .gate
+        .trusted_proxies
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert_eq!(proxies, ["10.0.0.0/8", "192.168.1.7/32", "::1/128"]);
-    assert_eq!(config.listen.port(), 8080);
+    assert_eq!(config.server.listen.port(), 8080);
 }
 
 #[test]
@@ -249,7 +257,7 @@ fn redis_secrets_never_appear_in_errors_or_output() {
     assert!(shown.contains("redis://:***@db:6379/2"), "{shown}");
 
     let config = parse(&[("REDIS_ADDR", "db:6379"), ("REDIS_PASSWORD", "p@ss word")]).unwrap();
-    let StoreConfig::Redis(redis) = &config.store else {
+    let StoreConfig::Redis(redis) = &config.store.kind else {
         panic!("redis store expected")
     };
     assert_eq!(
@@ -267,7 +275,7 @@ fn redis_settings() {
         ("KEY_PREFIX", "rl:"),
     ])
     .unwrap();
-    let StoreConfig::Redis(redis) = &config.store else {
+    let StoreConfig::Redis(redis) = &config.store.kind else {
         panic!("redis store expected")
     };
     assert_eq!(
@@ -283,7 +291,7 @@ fn redis_settings() {
     assert_eq!(general(&config).fail_mode, FailMode::Closed);
     assert!(error(&[("REDIS_ADDR", "a:1"), ("REDIS_URL", "redis://b")]).contains("only one of"));
     let config = parse(&[("REDIS_URL", "rediss://:pw@cache.internal:6380/1")]).unwrap();
-    let StoreConfig::Redis(redis) = config.store else {
+    let StoreConfig::Redis(redis) = config.store.kind else {
         panic!("redis store expected")
     };
     assert_eq!(redis.target.redacted(), "rediss://:***@cache.internal:6380/1");
@@ -310,15 +318,15 @@ fn numbers_that_would_lose_precision_in_lua_are_refused() {
 #[test]
 fn backend_path_prefix_is_kept() {
     let config = parse(&[("BACKEND_URL", "http://api.internal:9000/v1/")]).unwrap();
-    assert_eq!(config.backend.authority.as_str(), "api.internal:9000");
-    assert_eq!(config.backend.base_path, "/v1");
+    assert_eq!(config.proxy.backend.authority.as_str(), "api.internal:9000");
+    assert_eq!(config.proxy.backend.base_path, "/v1");
 }
 
 #[test]
 fn an_https_backend_names_its_server_and_its_cas() {
     let config = parse(&[("BACKEND_URL", "https://api.internal/v1")]).unwrap();
-    assert_eq!(config.backend.scheme, Scheme::HTTPS);
-    let tls = config.backend.tls.as_ref().expect("TLS settings for https");
+    assert_eq!(config.proxy.backend.scheme, Scheme::HTTPS);
+    let tls = config.proxy.backend.tls.as_ref().expect("TLS settings for https");
     assert_eq!(tls.server_name.to_str(), "api.internal");
     assert_eq!(tls.ca_file, None);
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
@@ -329,7 +337,7 @@ fn an_https_backend_names_its_server_and_its_cas() {
         ("BACKEND_TLS_SERVER_NAME", "api.example.com"),
     ])
     .unwrap();
-    let tls = config.backend.tls.as_ref().unwrap();
+    let tls = config.proxy.backend.tls.as_ref().unwrap();
     assert_eq!(tls.server_name.to_str(), "api.example.com");
     assert_eq!(
         tls.ca_file.as_deref(),
@@ -343,13 +351,13 @@ fn an_https_backend_names_its_server_and_its_cas() {
 
     // An IP address is a server name too (checked against the certificate's IP SANs).
     let config = parse(&[("BACKEND_URL", "https://[::1]:8443")]).unwrap();
-    assert_eq!(config.backend.tls.unwrap().server_name.to_str(), "::1");
+    assert_eq!(config.proxy.backend.tls.unwrap().server_name.to_str(), "::1");
 }
 
 #[test]
 fn tls_settings_for_an_http_backend_are_warned_about() {
     let config = parse(&[("BACKEND_CA_FILE", "/etc/tollgate/ca.pem")]).unwrap();
-    assert_eq!(config.backend.tls, None);
+    assert_eq!(config.proxy.backend.tls, None);
     assert!(
         config
             .warnings
@@ -399,6 +407,7 @@ fn fail_mode_local_is_accepted() {
     let config = parse(&[("REDIS_ADDR", "db:6379"), ("FAIL_MODE", "local")]).unwrap();
     assert!(
         config
+            .gate
             .rules
             .rules()
             .iter()
@@ -425,6 +434,7 @@ fn each_rule_has_its_fail_mode_from_fail_mode_auth_fail_mode_or_its_route() {
     ])
     .unwrap();
     let modes: Vec<(&str, FailMode)> = config
+        .gate
         .rules
         .rules()
         .iter()
@@ -488,7 +498,7 @@ fn a_password_beside_redis_url_is_refused_not_ignored() {
 #[test]
 fn redis_tls_switches_addr_and_cluster_to_tls() {
     let config = parse(&[("REDIS_ADDR", "cache:6380"), ("REDIS_TLS", "true")]).unwrap();
-    let StoreConfig::Redis(redis) = &config.store else {
+    let StoreConfig::Redis(redis) = &config.store.kind else {
         panic!("redis store expected")
     };
     assert_eq!(redis.target, RedisTarget::Single("rediss://cache:6380".into()));
@@ -569,7 +579,7 @@ fn shadow_mode_and_failure_counting() {
     assert_eq!(auth(&config).count, crate::limit::Count::Failures);
     assert_eq!(general(&config).count, crate::limit::Count::All);
     let config = parse(&[("ROUTES", "/a=gcra:1:1,shadow,count=failures")]).unwrap();
-    let route = config.rules.rule("/a").unwrap();
+    let route = config.gate.rules.rule("/a").unwrap();
     assert!(route.shadow);
     assert!(!general(&config).shadow);
 }
@@ -936,16 +946,19 @@ fn a_container_environment_has_no_warnings() {
 #[test]
 fn connection_limits_and_timeouts() {
     let defaults = parse(&[]).unwrap();
-    assert_eq!(defaults.idle_timeout, Duration::from_secs(60));
-    assert_eq!(defaults.send_timeout, Duration::from_secs(60));
-    assert_eq!(defaults.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(defaults.server.idle_timeout, Duration::from_secs(60));
+    assert_eq!(defaults.server.send_timeout, Duration::from_secs(60));
+    assert_eq!(defaults.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(
-        defaults.max_connections, None,
+        defaults.server.max_connections, None,
         "sized from the fd limit at startup"
     );
-    assert_eq!(defaults.max_upgrades_per_client, None, "unlimited");
-    assert_eq!(defaults.max_connections_per_client, PerClientCap::Default);
-    assert_eq!(defaults.upgrade_idle_timeout, Some(Duration::from_secs(3600)));
+    assert_eq!(defaults.gate.max_upgrades_per_client, None, "unlimited");
+    assert_eq!(defaults.server.max_connections_per_client, PerClientCap::Default);
+    assert_eq!(
+        defaults.proxy.upgrade_idle_timeout,
+        Some(Duration::from_secs(3600))
+    );
     let set = parse(&[
         ("IDLE_TIMEOUT_MS", "1500"),
         ("SEND_TIMEOUT_MS", "2500"),
@@ -955,11 +968,11 @@ fn connection_limits_and_timeouts() {
         ("UPGRADE_IDLE_TIMEOUT_MS", "0"),
     ])
     .unwrap();
-    assert_eq!(set.upgrade_idle_timeout, None, "0 is never");
-    assert_eq!(set.idle_timeout, Duration::from_millis(1500));
-    assert_eq!(set.send_timeout, Duration::from_millis(2500));
-    assert_eq!(set.max_connections.map(NonZeroUsize::get), Some(5000));
-    assert_eq!(set.max_upgrades_per_client, Some(0));
+    assert_eq!(set.proxy.upgrade_idle_timeout, None, "0 is never");
+    assert_eq!(set.server.idle_timeout, Duration::from_millis(1500));
+    assert_eq!(set.server.send_timeout, Duration::from_millis(2500));
+    assert_eq!(set.server.max_connections.map(NonZeroUsize::get), Some(5000));
+    assert_eq!(set.gate.max_upgrades_per_client, Some(0));
     assert!(set.warnings.is_empty(), "{:?}", set.warnings);
     assert!(
         set.to_string()
@@ -1061,7 +1074,7 @@ fn trusting_or_exempting_every_address_is_an_error_saying_why() {
         ("EXEMPT", "192.168.0.0/16"),
     ])
     .unwrap();
-    assert_eq!(config.trusted_proxies.len(), 2);
+    assert_eq!(config.gate.trusted_proxies.len(), 2);
 }
 
 #[test]
@@ -1146,6 +1159,7 @@ fn the_per_client_connection_cap_follows_max_connections_unless_set() {
     assert_eq!(
         parse(&[("MAX_CONNECTIONS_PER_CLIENT", "0")])
             .unwrap()
+            .server
             .max_connections_per_client,
         PerClientCap::Off
     );
@@ -1238,7 +1252,7 @@ fn a_backend_port_out_of_range_is_an_error() {
 #[test]
 fn a_body_minimum_rate_is_on_by_default_over_at_least_the_idle_timeout() {
     let defaults = parse(&[]).unwrap();
-    let rate = defaults.body_min_rate.expect("on by default");
+    let rate = defaults.proxy.body_min_rate.expect("on by default");
     assert_eq!(rate.bytes_per_second(), 500);
     assert_eq!(rate.window(), Duration::from_secs(30));
     assert_eq!(rate.quota(), 15_000);
@@ -1250,18 +1264,24 @@ fn a_body_minimum_rate_is_on_by_default_over_at_least_the_idle_timeout() {
     );
     // A longer idle timeout lengthens the default window with it, a shorter one does not.
     let long = parse(&[("BODY_IDLE_TIMEOUT_MS", "120000")]).unwrap();
-    assert_eq!(long.body_min_rate.unwrap().window(), Duration::from_secs(120));
+    assert_eq!(
+        long.proxy.body_min_rate.unwrap().window(),
+        Duration::from_secs(120)
+    );
     let short = parse(&[("BODY_IDLE_TIMEOUT_MS", "300")]).unwrap();
-    assert_eq!(short.body_min_rate.unwrap().window(), Duration::from_secs(30));
+    assert_eq!(
+        short.proxy.body_min_rate.unwrap().window(),
+        Duration::from_secs(30)
+    );
     let set = parse(&[("BODY_MIN_RATE", "2000"), ("BODY_MIN_RATE_WINDOW_MS", "500")]).unwrap();
-    let rate = set.body_min_rate.unwrap();
+    let rate = set.proxy.body_min_rate.unwrap();
     assert_eq!(
         (rate.bytes_per_second(), rate.window(), rate.quota()),
         (2000, Duration::from_millis(500), 1000)
     );
     assert!(set.warnings.is_empty(), "{:?}", set.warnings);
     let off = parse(&[("BODY_MIN_RATE", "0"), ("BODY_MIN_RATE_WINDOW_MS", "500")]).unwrap();
-    assert_eq!(off.body_min_rate, None);
+    assert_eq!(off.proxy.body_min_rate, None);
     assert!(
         off.to_string()
             .contains("cut after 30000 ms without data, no minimum rate"),

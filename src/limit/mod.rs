@@ -12,6 +12,7 @@ pub mod pattern;
 pub mod redis;
 pub mod redis_clock;
 pub mod rules;
+pub mod settings;
 pub mod slots;
 
 use std::time::Duration;

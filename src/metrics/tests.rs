@@ -28,7 +28,7 @@ fn metrics(vars: &[(&str, &str)]) -> (Metrics, Slots) {
         connections: Arc::new(slots.connections.clone()),
         requests: Arc::new(slots.requests.clone()),
     };
-    (Metrics::new(&config.rules, limiter, load), slots)
+    (Metrics::new(&config.gate.rules, limiter, load), slots)
 }
 
 /// The value of the sample `series` (`name{labels}`) in `text`, if it is there.
@@ -196,6 +196,7 @@ fn status_codes_are_exported_as_sent_and_only_those() {
         ("ROUTES", "/api/*=token_bucket:5:1,name=api"),
     ])
     .unwrap()
+    .gate
     .rules
     .rules()
     .iter()
@@ -242,6 +243,7 @@ fn latency_histograms_are_by_rule_and_decisions_start_at_5_microseconds() {
     let rule = label_value(
         &Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9")])
             .unwrap()
+            .gate
             .rules
             .rules()[0]
             .name,

@@ -51,7 +51,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
-use crate::config::Config;
 use crate::gate::tunnels::TunnelSlot;
 use crate::gate::{self, Gate, Refused};
 use crate::limit::Mode;
@@ -60,8 +59,51 @@ use crate::outcome::{BackendFailure, Outcome};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
+use cors::Cors;
+use headers::UnderscoreHeaders;
 use request_id::{RequestIds, X_REQUEST_ID};
 use response::HeaderStyle;
+use upgrades::UpgradeProtocols;
+
+/// The proxy's settings: where allowed requests go, and how they are forwarded and answered.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// `BACKEND_URL`.
+    pub backend: Backend,
+    /// `RATE_LIMIT_HEADERS`: which rate-limit headers responses carry.
+    pub headers: HeaderStyle,
+    /// `ACCESS_LOG`: which requests get an `info` line.
+    pub access_log: AccessLog,
+    /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers once the
+    /// request body has been sent, and for the backend to connect or to read more of a body
+    /// (504 after). Counted from the end of the body, so a long upload is not a slow backend.
+    pub backend_timeout: Duration,
+    /// `BACKEND_IDLE_TIMEOUT_MS`: idle pooled backend connections are closed after this; keep
+    /// it below the backend's own keep-alive timeout so we never reuse a closing connection.
+    pub backend_idle_timeout: Duration,
+    /// `BODY_IDLE_TIMEOUT_MS`: a client that sends no request body data for this long in the
+    /// middle of its body is answered 408 and cut off (slow-upload protection).
+    pub body_idle_timeout: Duration,
+    /// `BODY_MIN_RATE` and `BODY_MIN_RATE_WINDOW_MS`: a request body must bring at least this
+    /// many bytes per second, counted over windows of time spent waiting for the client, or
+    /// it is answered 408 and cut off (a trickle that dodges `BODY_IDLE_TIMEOUT_MS`); `None`
+    /// (`BODY_MIN_RATE=0`) checks no rate.
+    pub body_min_rate: Option<MinRate>,
+    /// `UPGRADE_IDLE_TIMEOUT_MS`: an upgraded connection (a WebSocket tunnel) in which no byte
+    /// has moved either way for this long is closed, so abandoned tunnels cannot hold
+    /// connections forever; `None` (`0`) never closes one.
+    pub upgrade_idle_timeout: Option<Duration>,
+    /// `UPGRADE_PROTOCOLS`: the `Upgrade` protocols forwarded (default `websocket`); any
+    /// other token is removed, so an upgrade the gateway cannot meter (`h2c`) never reaches
+    /// the backend.
+    pub upgrade_protocols: UpgradeProtocols,
+    /// `UNDERSCORE_HEADERS`: what becomes of request headers with `_` in their names, which
+    /// CGI-style backends read as the `-` spelling (`X_API_Key` is `X-API-Key` to them).
+    pub underscore_headers: UnderscoreHeaders,
+    /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers (`429`, `503`, ...), so
+    /// a browser application can read a refusal; `None` (unset or empty): none.
+    pub cors: Option<Cors>,
+}
 
 /// Where allowed requests go (`BACKEND_URL`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -375,10 +417,10 @@ impl RequestContext<'_> {
 }
 
 impl Proxy {
-    /// Build the proxy for `config`, deciding through `gate` and counting into `metrics`;
+    /// Build the proxy of `config`, deciding through `gate` and counting into `metrics`;
     /// `tls` is the TLS client of an `https` backend (see [`tls::TlsConnector::new`]).
     pub fn new(
-        config: &Config,
+        config: &ProxySettings,
         gate: Arc<Gate>,
         metrics: Arc<Metrics>,
         tls: Option<tls::TlsConnector>,

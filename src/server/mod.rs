@@ -21,6 +21,7 @@ pub mod transport;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,16 +86,18 @@ pub enum ServeError {
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
 pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
-    Ok(match &config.store {
-        StoreConfig::Memory => Limiter::Memory(MemoryStore::new(config.max_keys, config.rules.rules())),
+    Ok(match &config.store.kind {
+        StoreConfig::Memory => {
+            Limiter::Memory(MemoryStore::new(config.store.max_keys, config.gate.rules.rules()))
+        }
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
                 .with_calls_in_flight(redis.calls_in_flight);
             Limiter::Redis(Guard::new(
                 store,
                 redis.guard,
-                config.max_keys,
-                config.rules.rules(),
+                config.store.max_keys,
+                config.gate.rules.rules(),
             ))
         }
     })
@@ -129,9 +132,16 @@ async fn run(
 ) -> Result<(), ServeError> {
     let limiter = limiter(&config)?;
     // Before anything listens: a CA file that cannot be read stops startup.
-    let tls = config.backend.tls.as_ref().map(TlsConnector::new).transpose()?;
+    let tls = config
+        .proxy
+        .backend
+        .tls
+        .as_ref()
+        .map(TlsConnector::new)
+        .transpose()?;
     let fd_limit = limits::fd_limit();
-    let (max_connections, warning) = limits::effective_max_connections(config.max_connections, fd_limit);
+    let (max_connections, warning) =
+        limits::effective_max_connections(config.server.max_connections, fd_limit);
     if let Some(warning) = warning {
         tracing::warn!("{warning}");
     }
@@ -141,7 +151,7 @@ async fn run(
         connections: Arc::new(slots.clone()),
         requests: Arc::new(requests.clone()),
     };
-    let metrics = Arc::new(Metrics::new(&config.rules, limiter.clone(), load));
+    let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
         limiter: limiter.clone(),
@@ -160,10 +170,13 @@ async fn run(
             }
         })
     });
-    let max_per_client = config.max_connections_per_client.effective(max_connections);
+    let max_per_client = config
+        .server
+        .max_connections_per_client
+        .effective(max_connections);
     let (entry, certificate_watcher) = Listener::new(
-        &config.listener,
-        &ClientIdentity::new(config.trusted_proxies.clone()),
+        &config.server.listener,
+        &ClientIdentity::new(config.gate.trusted_proxies.clone()),
         &metrics,
     )?;
     // One line; in JSON every setting is a field of its own.
@@ -172,23 +185,24 @@ async fn run(
         listen = %listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
         admin = %admin_address.map_or_else(|| "off".into(), |a| a.to_string()),
         tls = entry.is_tls(),
-        proxy_protocol = config.listener.proxy_protocol,
-        backend = %config.backend,
-        store = %match &config.store {
-            StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.max_keys),
+        proxy_protocol = config.server.listener.proxy_protocol,
+        backend = %config.proxy.backend,
+        store = %match &config.store.kind {
+            StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.store.max_keys),
             StoreConfig::Redis(redis) => redis.to_string(),
         },
-        rules = %config.rules.summary(),
-        headers = config.headers.as_str(),
-        access_log = config.access_log.as_str(),
-        trusted_proxies = config.trusted_proxies.len(),
+        rules = %config.gate.rules.summary(),
+        headers = config.proxy.headers.as_str(),
+        access_log = config.proxy.access_log.as_str(),
+        trusted_proxies = config.gate.trusted_proxies.len(),
         max_connections,
         max_connections_per_client = %max_per_client.map_or_else(|| "off".into(), |max| max.to_string()),
         fd_limit = %fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
-        header_read_timeout_ms = config.header_read_timeout.as_millis() as u64,
-        idle_timeout_ms = config.idle_timeout.as_millis() as u64,
-        send_timeout_ms = config.send_timeout.as_millis() as u64,
+        header_read_timeout_ms = config.server.header_read_timeout.as_millis() as u64,
+        idle_timeout_ms = config.server.idle_timeout.as_millis() as u64,
+        send_timeout_ms = config.server.send_timeout.as_millis() as u64,
         max_upgrades_per_client = %config
+            .gate
             .max_upgrades_per_client
             .map_or_else(|| "unlimited".into(), |max| max.to_string()),
         "tollgate ready"
@@ -198,17 +212,17 @@ async fn run(
     let unread_streams = metrics.client_streams_unread();
     let gate = Arc::new(Gate::new(
         GateSettings {
-            rules: config.rules.clone(),
-            trusted_proxies: config.trusted_proxies.clone(),
-            max_upgrades_per_client: config.max_upgrades_per_client,
+            rules: config.gate.rules.clone(),
+            trusted_proxies: config.gate.trusted_proxies.clone(),
+            max_upgrades_per_client: config.gate.max_upgrades_per_client,
         },
         limiter,
         metrics.clone(),
     ));
-    let proxy = Arc::new(Proxy::new(&config, gate, metrics, tls));
+    let proxy = Arc::new(Proxy::new(&config.proxy, gate, metrics, tls));
 
     let mut builder = auto::Builder::new(StreamExecutor {
-        send_timeout: config.send_timeout,
+        send_timeout: config.server.send_timeout,
         unread: unread_streams,
     });
     builder
@@ -225,15 +239,15 @@ async fn run(
         .keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT);
     let timeouts = Timeouts {
-        header_read: config.header_read_timeout,
-        idle: config.idle_timeout,
-        send: config.send_timeout,
+        header_read: config.server.header_read_timeout,
+        idle: config.server.idle_timeout,
+        send: config.server.send_timeout,
     };
 
     let clients = ClientConnections::new(
         max_per_client,
-        config.rules.ipv6_prefix(),
-        &config.trusted_proxies,
+        config.gate.rules.ipv6_prefix(),
+        &config.gate.trusted_proxies,
     );
     let serving = Arc::new(Serving {
         builder,
@@ -320,10 +334,10 @@ async fn run(
         in_flight_connections = drain.open(),
         "shutting down: draining connections"
     );
-    match tokio::time::timeout(config.shutdown_timeout, drain.close_all()).await {
+    match tokio::time::timeout(config.server.shutdown_timeout, drain.close_all()).await {
         Ok(()) => tracing::info!("all connections drained"),
         Err(_) => tracing::warn!(
-            timeout_ms = config.shutdown_timeout.as_millis() as u64,
+            timeout_ms = config.server.shutdown_timeout.as_millis() as u64,
             "shutdown timeout: closing connections that are still busy"
         ),
     }
@@ -338,6 +352,37 @@ async fn run(
 fn refuse(stream: TcpStream) {
     let _ = stream.set_zero_linger();
     drop(stream);
+}
+
+/// The listener's settings: where it listens, what it expects before HTTP, and the limits and
+/// clocks of its connections.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// `BIND` and `PORT`.
+    pub listen: SocketAddr,
+    /// `TLS_CERT_FILE`, `TLS_KEY_FILE`, `PROXY_PROTOCOL`: what `PORT` expects before HTTP.
+    pub listener: listener::ListenerConfig,
+    /// `HEADER_READ_TIMEOUT_MS`: a client must send its request headers within this
+    /// (slowloris protection); a new connection must send its first request within this of
+    /// being accepted (HTTP/2: preface, settings and the first request's headers).
+    pub header_read_timeout: Duration,
+    /// `IDLE_TIMEOUT_MS`: a client connection with nothing in flight for this long is closed
+    /// (HTTP/2 with `GOAWAY`), so idle keep-alive connections cannot pile up.
+    pub idle_timeout: Duration,
+    /// `SEND_TIMEOUT_MS`: a client connection whose socket takes no byte of a response for
+    /// this long is dropped (slow-read protection: a client that stops reading its response).
+    pub send_timeout: Duration,
+    /// `MAX_CONNECTIONS`: most client connections open at once, tunnels included; past it a
+    /// new connection is closed at once. `None`: sized from the file-descriptor limit when
+    /// serving starts (see [`crate::server::limits`]).
+    pub max_connections: Option<NonZeroUsize>,
+    /// `MAX_CONNECTIONS_PER_CLIENT`: most client connections one peer address (IPv6 grouped by
+    /// `IPV6_PREFIX`) may hold at once, peers in `TRUSTED_PROXIES` not counted; past it a new
+    /// connection is closed at once. Unset: three quarters of `MAX_CONNECTIONS`.
+    pub max_connections_per_client: limits::PerClientCap,
+    /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests (default 8 s, below
+    /// the 10 s `docker stop` waits before SIGKILL).
+    pub shutdown_timeout: Duration,
 }
 
 /// What every connection is served with.

@@ -14,6 +14,13 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
+/// The log's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogSettings {
+    /// `LOG_FORMAT`.
+    pub format: LogFormat,
+}
+
 /// How log lines are written (`LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {

@@ -1,0 +1,60 @@
+//! The store's settings: which store holds client budgets (memory, or Redis with its key
+//! prefix, timeout and circuit breaker), and how many clients memory holds. Parsed by
+//! `config::store`; Redis URLs and passwords are never printed.
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use super::{GuardSettings, RedisTarget};
+
+/// Where budgets live, and how many clients memory holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreSettings {
+    /// Memory or Redis.
+    pub kind: StoreConfig,
+    /// `MAX_KEYS`: the most client states held in memory per rule (the memory store, or
+    /// `FAIL_MODE=local`'s).
+    pub max_keys: NonZeroUsize,
+}
+
+/// Which store holds client budgets.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreConfig {
+    /// In process memory (no Redis variable set).
+    Memory,
+    /// Redis, shared by all replicas.
+    Redis(RedisConfig),
+}
+
+/// Redis settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConfig {
+    /// `REDIS_URL`, `REDIS_ADDR` or `REDIS_CLUSTER_NODES`.
+    pub target: RedisTarget,
+    /// `KEY_PREFIX`: in front of every key, so several gateways can share one Redis.
+    pub key_prefix: String,
+    /// `REDIS_TIMEOUT_MS`: the most one decision may wait for Redis.
+    pub timeout: Duration,
+    /// `REDIS_CALLS_IN_FLIGHT`: decision calls out at once before the decisions arriving
+    /// wait and go together in one call (single Redis); 0 never coalesces.
+    pub calls_in_flight: usize,
+    /// The circuit breaker.
+    pub guard: GuardSettings,
+}
+
+/// As `--check-config` shows it, password redacted.
+impl fmt::Display for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "redis {} (prefix {:?}, timeout {} ms, {} calls in flight, breaker after {} failures, probe every {} ms)",
+            self.target.redacted(),
+            self.key_prefix,
+            self.timeout.as_millis(),
+            self.calls_in_flight,
+            self.guard.failure_threshold,
+            self.guard.probe_interval.as_millis(),
+        )
+    }
+}
