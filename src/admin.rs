@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,8 +32,6 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-use crate::config::DEFAULT_ADMIN_BIND;
-use crate::config::env::Env;
 use crate::limit::{FailMode, Limiter};
 use crate::metrics::{Format, Metrics};
 
@@ -250,16 +248,9 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     response
 }
 
-/// `tollgate healthcheck`: GET `/healthz` on the admin listener named by `ADMIN_BIND` and
-/// `ADMIN_PORT` in `vars` (an unspecified bind address is reached on loopback). `Ok` on 200.
-pub async fn healthcheck<I, K, V>(vars: I) -> Result<(), String>
-where
-    I: IntoIterator<Item = (K, V)>,
-    K: Into<String>,
-    V: Into<String>,
-{
-    let env = Env::new(vars);
-    let address = admin_address(&env)?;
+/// `tollgate healthcheck`: GET `/healthz` on the admin listener at `address` (see
+/// [`crate::config::admin_probe_address`]). `Ok` on 200.
+pub async fn healthcheck(address: SocketAddr) -> Result<(), String> {
     let probe = async {
         let stream = TcpStream::connect(address)
             .await
@@ -290,23 +281,6 @@ where
         .map_err(|_| format!("no answer from {address} within {HEALTHCHECK_TIMEOUT:?}"))?
 }
 
-/// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default
-/// `127.0.0.1`) and `ADMIN_PORT` (default 9091), with an unspecified address (`0.0.0.0`, `::`)
-/// replaced by loopback of the same family, which the listener answers on too.
-fn admin_address(env: &Env) -> Result<SocketAddr, String> {
-    let invalid = |var: &str, value: &str| format!("{var}={value:?} is invalid");
-    let bind = env.get("ADMIN_BIND").unwrap_or(DEFAULT_ADMIN_BIND);
-    let ip: IpAddr = bind.parse().map_err(|_| invalid("ADMIN_BIND", bind))?;
-    let port = env.get("ADMIN_PORT").unwrap_or("9091");
-    let port: u16 = port.parse().map_err(|_| invalid("ADMIN_PORT", port))?;
-    let ip = match ip {
-        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        ip => ip,
-    };
-    Ok(SocketAddr::new(ip, port))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,45 +302,5 @@ mod tests {
         open.remove(rest[0].0);
         open.remove(newest.0);
         assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS - 2);
-    }
-
-    #[test]
-    fn the_probe_finds_the_admin_listener_like_the_server_binds_it() {
-        let at = |vars: &[(&str, &str)]| {
-            admin_address(&Env::new(vars.iter().copied()))
-                .unwrap()
-                .to_string()
-        };
-        assert_eq!(at(&[]), "127.0.0.1:9091");
-        // BIND is the proxy's: the admin listener stays on loopback unless ADMIN_BIND moves it.
-        assert_eq!(
-            at(&[("BIND", "10.0.0.5"), ("ADMIN_PORT", "9100")]),
-            "127.0.0.1:9100"
-        );
-        assert_eq!(at(&[("ADMIN_BIND", "0.0.0.0")]), "127.0.0.1:9091");
-        assert_eq!(at(&[("ADMIN_BIND", "::")]), "[::1]:9091");
-        assert_eq!(at(&[("ADMIN_BIND", "10.0.0.5")]), "10.0.0.5:9091");
-        for vars in [
-            &[][..],
-            &[("ADMIN_BIND", "0.0.0.0")],
-            &[("ADMIN_BIND", "10.0.0.5")],
-        ] {
-            let config = crate::Config::from_vars(
-                vars.iter()
-                    .copied()
-                    .chain([("BACKEND_URL", "http://127.0.0.1:9")]),
-            )
-            .unwrap();
-            let probed = admin_address(&Env::new(vars.iter().copied())).unwrap();
-            let bound = config.admin.address;
-            assert!(
-                probed == bound
-                    || (bound.ip().is_unspecified()
-                        && probed.ip().is_loopback()
-                        && probed.port() == bound.port()),
-                "the probe goes where the server binds: {probed} for {bound}"
-            );
-        }
-        assert!(admin_address(&Env::new([("ADMIN_PORT", "x")])).is_err());
     }
 }

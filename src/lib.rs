@@ -37,6 +37,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod app;
 pub mod config;
 pub mod gate;
 pub mod limit;
@@ -47,5 +48,5 @@ pub mod server;
 mod suggest;
 pub mod telemetry;
 
+pub use app::{ServeError, serve, serve_with_admin};
 pub use config::{Config, ConfigError};
-pub use server::{ServeError, serve, serve_with_admin};

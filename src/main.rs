@@ -40,7 +40,11 @@ async fn main() -> ExitCode {
         ["--check-config"] => true,
         ["healthcheck"] => {
             load_dot_env_quietly();
-            return match tollgate::admin::healthcheck(std::env::vars()).await {
+            let probed = match tollgate::config::admin_probe_address(std::env::vars()) {
+                Ok(address) => tollgate::admin::healthcheck(address).await,
+                Err(error) => Err(error),
+            };
+            return match probed {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("tollgate healthcheck: {error}");

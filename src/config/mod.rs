@@ -26,7 +26,7 @@ pub mod warnings;
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -624,6 +624,34 @@ impl fmt::Display for Config {
             }
         }
     }
+}
+
+/// Where `tollgate healthcheck` finds the admin listener in `vars` (the process environment,
+/// after `.env`): as the server binds it, an unspecified address reached on loopback.
+pub fn admin_probe_address<I, K, V>(vars: I) -> Result<SocketAddr, String>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<String>,
+    V: Into<String>,
+{
+    admin_address(&Env::new(vars))
+}
+
+/// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default
+/// `127.0.0.1`) and `ADMIN_PORT` (default 9091), with an unspecified address (`0.0.0.0`, `::`)
+/// replaced by loopback of the same family, which the listener answers on too.
+fn admin_address(env: &Env) -> Result<SocketAddr, String> {
+    let invalid = |var: &str, value: &str| format!("{var}={value:?} is invalid");
+    let bind = env.get("ADMIN_BIND").unwrap_or(DEFAULT_ADMIN_BIND);
+    let ip: IpAddr = bind.parse().map_err(|_| invalid("ADMIN_BIND", bind))?;
+    let port = env.get("ADMIN_PORT").unwrap_or("9091");
+    let port: u16 = port.parse().map_err(|_| invalid("ADMIN_PORT", port))?;
+    let ip = match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    Ok(SocketAddr::new(ip, port))
 }
 
 /// A CIDR (`10.0.0.0/8`) or a single address, host bits cleared.

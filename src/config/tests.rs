@@ -1292,3 +1292,43 @@ fn a_body_minimum_rate_is_on_by_default_over_at_least_the_idle_timeout() {
         ["BODY_MIN_RATE_WINDOW_MS is set but not used with this configuration (see .env.example)"]
     );
 }
+
+#[test]
+fn the_probe_finds_the_admin_listener_like_the_server_binds_it() {
+    let at = |vars: &[(&str, &str)]| {
+        admin_address(&Env::new(vars.iter().copied()))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(at(&[]), "127.0.0.1:9091");
+    // BIND is the proxy's: the admin listener stays on loopback unless ADMIN_BIND moves it.
+    assert_eq!(
+        at(&[("BIND", "10.0.0.5"), ("ADMIN_PORT", "9100")]),
+        "127.0.0.1:9100"
+    );
+    assert_eq!(at(&[("ADMIN_BIND", "0.0.0.0")]), "127.0.0.1:9091");
+    assert_eq!(at(&[("ADMIN_BIND", "::")]), "[::1]:9091");
+    assert_eq!(at(&[("ADMIN_BIND", "10.0.0.5")]), "10.0.0.5:9091");
+    for vars in [
+        &[][..],
+        &[("ADMIN_BIND", "0.0.0.0")],
+        &[("ADMIN_BIND", "10.0.0.5")],
+    ] {
+        let config = crate::Config::from_vars(
+            vars.iter()
+                .copied()
+                .chain([("BACKEND_URL", "http://127.0.0.1:9")]),
+        )
+        .unwrap();
+        let probed = admin_address(&Env::new(vars.iter().copied())).unwrap();
+        let bound = config.admin.address;
+        assert!(
+            probed == bound
+                || (bound.ip().is_unspecified()
+                    && probed.ip().is_loopback()
+                    && probed.port() == bound.port()),
+            "the probe goes where the server binds: {probed} for {bound}"
+        );
+    }
+    assert!(admin_address(&Env::new([("ADMIN_PORT", "x")])).is_err());
+}

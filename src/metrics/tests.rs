@@ -19,7 +19,7 @@ fn metrics(vars: &[(&str, &str)]) -> (Metrics, Slots) {
     let mut all = vec![("BACKEND_URL", "http://127.0.0.1:9")];
     all.extend_from_slice(vars);
     let config = Config::from_vars(all).unwrap();
-    let limiter = crate::server::limiter(&config).unwrap();
+    let limiter = crate::app::limiter(&config).unwrap();
     let slots = Slots {
         connections: crate::server::limits::ConnectionSlots::new(7),
         requests: crate::server::limits::ConnectionSlots::new(7),

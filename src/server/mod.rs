@@ -1,5 +1,6 @@
-//! Wiring: build the limiter and proxy from the configuration, accept connections, serve
-//! HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, and drain on shutdown.
+//! The listener: accept connections, serve HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the
+//! same port to the proxy, and drain on shutdown. What it is built from is wired in
+//! [`crate::app`].
 //!
 //! - [`limits`]: `MAX_CONNECTIONS`, sized from the file-descriptor limit, and
 //!   `MAX_CONNECTIONS_PER_CLIENT`; what the accept loop does past them or when `accept` fails;
@@ -24,7 +25,6 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::Request;
@@ -34,25 +34,19 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::admin::{self, AdminState};
-use crate::config::{Config, StoreConfig};
-use crate::gate::identity::ClientIdentity;
-use crate::gate::{Gate, GateSettings};
-use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
-use crate::metrics::{self, Metrics};
+use ipnet::IpNet;
+
+use crate::metrics::{ConnectionsRefused, Metrics};
 use crate::outcome::Rejection;
 use crate::proxy::Peer;
-use crate::proxy::tls::{TlsConnector, TlsSetupError};
 use crate::proxy::{Arrival, Proxy};
-use connection::{Activity, ClientStream, Closed, Drain, DrainWatcher, Heads, Timeouts, Tracked};
+pub use connection::Drain;
+use connection::{Activity, ClientStream, Closed, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ClientConnections, ClientSlot, ConnectionSlots, IntervalLog, Slot};
 use listener::Listener;
 use prometheus_client::metrics::counter::Counter;
 use streams::StreamExecutor;
-
-/// How often the memory store drops clients whose budget is entirely back.
-const PURGE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again, so the
 /// loop does not spin.
@@ -69,282 +63,199 @@ const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// A `PING` not acknowledged within this closes the connection.
 const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The Redis client could not be built from the configuration.
-    #[error("redis store: {0}")]
-    Store(#[from] StoreError),
-    /// The TLS client of an https backend could not be built (`BACKEND_CA_FILE`, the
-    /// platform's CA store).
-    #[error("backend TLS: {0}")]
-    BackendTls(#[from] TlsSetupError),
-    /// The TLS certificate or key could not be used.
-    #[error("{0}")]
-    Tls(#[from] tls::TlsError),
+/// What [`Server::accept_until`] counts a connection against: the places under
+/// `MAX_CONNECTIONS` for connections and for requests in flight, sized once at startup.
+#[derive(Debug, Clone)]
+pub struct Capacity {
+    /// `MAX_CONNECTIONS` in force.
+    pub max_connections: usize,
+    /// The soft file-descriptor limit it was sized from, if it could be read.
+    pub fd_limit: Option<u64>,
+    /// Client connections open (tunnels included).
+    pub connections: ConnectionSlots,
+    /// Requests in flight across all connections, capped at the same number: file
+    /// descriptors are budgeted for one backend connection per client connection, and
+    /// HTTP/2 streams could otherwise outnumber them.
+    pub requests: ConnectionSlots,
 }
 
-/// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
-pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
-    Ok(match &config.store.kind {
-        StoreConfig::Memory => {
-            Limiter::Memory(MemoryStore::new(config.store.max_keys, config.gate.rules.rules()))
+impl Capacity {
+    /// `MAX_CONNECTIONS` as `settings` ask and the file-descriptor limit allows (a warning is
+    /// logged when the two disagree).
+    pub fn of(settings: &ServerSettings) -> Capacity {
+        let fd_limit = limits::fd_limit();
+        let (max_connections, warning) =
+            limits::effective_max_connections(settings.max_connections, fd_limit);
+        if let Some(warning) = warning {
+            tracing::warn!("{warning}");
         }
-        StoreConfig::Redis(redis) => {
-            let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
-                .with_calls_in_flight(redis.calls_in_flight);
-            Limiter::Redis(Guard::new(
-                store,
-                redis.guard,
-                config.store.max_keys,
-                config.gate.rules.rules(),
-            ))
+        Capacity {
+            max_connections,
+            fd_limit,
+            connections: ConnectionSlots::new(max_connections),
+            requests: ConnectionSlots::new(max_connections),
         }
-    })
-}
-
-/// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then
-/// stop accepting, wait up to `SHUTDOWN_TIMEOUT_MS` for in-flight requests, and return.
-pub async fn serve(
-    listener: TcpListener,
-    config: Config,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    run(listener, None, config, shutdown).await
-}
-
-/// [`serve`], with the admin endpoints (`/metrics`, `/healthz`, `/readyz`) on `admin`. The
-/// admin listener stays up during the drain, answering `/readyz` with 503.
-pub async fn serve_with_admin(
-    listener: TcpListener,
-    admin: TcpListener,
-    config: Config,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    run(listener, Some(admin), config, shutdown).await
-}
-
-async fn run(
-    listener: TcpListener,
-    admin: Option<TcpListener>,
-    config: Config,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    let limiter = limiter(&config)?;
-    // Before anything listens: a CA file that cannot be read stops startup.
-    let tls = config
-        .proxy
-        .backend
-        .tls
-        .as_ref()
-        .map(TlsConnector::new)
-        .transpose()?;
-    let fd_limit = limits::fd_limit();
-    let (max_connections, warning) =
-        limits::effective_max_connections(config.server.max_connections, fd_limit);
-    if let Some(warning) = warning {
-        tracing::warn!("{warning}");
     }
-    let slots = ConnectionSlots::new(max_connections);
-    let requests = ConnectionSlots::new(max_connections);
-    let load = metrics::Load {
-        connections: Arc::new(slots.clone()),
-        requests: Arc::new(requests.clone()),
-    };
-    let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
-    let admin_state = Arc::new(AdminState {
-        metrics: metrics.clone(),
-        limiter: limiter.clone(),
-        draining: AtomicBool::new(false),
-    });
-    let admin_address = admin.as_ref().and_then(|admin| admin.local_addr().ok());
-    let admin = admin.map(|admin| tokio::spawn(admin::serve(admin, admin_state.clone())));
-    let purge = limiter.memory_store().map(|store| {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(PURGE_INTERVAL);
-            loop {
-                tick.tick().await;
-                let purged = store.purge_idle();
-                tracing::trace!(purged, held = store.len(), "purged idle clients");
-            }
-        })
-    });
-    let max_per_client = config
-        .server
-        .max_connections_per_client
-        .effective(max_connections);
-    let (entry, certificate_watcher) = Listener::new(
-        &config.server.listener,
-        &ClientIdentity::new(config.gate.trusted_proxies.clone()),
-        &metrics,
-    )?;
-    // One line; in JSON every setting is a field of its own.
-    tracing::info!(
-        version = env!("CARGO_PKG_VERSION"),
-        listen = %listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
-        admin = %admin_address.map_or_else(|| "off".into(), |a| a.to_string()),
-        tls = entry.is_tls(),
-        proxy_protocol = config.server.listener.proxy_protocol,
-        backend = %config.proxy.backend,
-        store = %match &config.store.kind {
-            StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.store.max_keys),
-            StoreConfig::Redis(redis) => redis.to_string(),
-        },
-        rules = %config.gate.rules.summary(),
-        headers = config.proxy.headers.as_str(),
-        access_log = config.proxy.access_log.as_str(),
-        trusted_proxies = config.gate.trusted_proxies.len(),
-        max_connections,
-        max_connections_per_client = %max_per_client.map_or_else(|| "off".into(), |max| max.to_string()),
-        fd_limit = %fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
-        header_read_timeout_ms = config.server.header_read_timeout.as_millis() as u64,
-        idle_timeout_ms = config.server.idle_timeout.as_millis() as u64,
-        send_timeout_ms = config.server.send_timeout.as_millis() as u64,
-        max_upgrades_per_client = %config
-            .gate
-            .max_upgrades_per_client
-            .map_or_else(|| "unlimited".into(), |max| max.to_string()),
-        "tollgate ready"
-    );
-    let unread = metrics.client_connections_unread();
-    let refused = metrics.client_connections_refused();
-    let unread_streams = metrics.client_streams_unread();
-    let gate = Arc::new(Gate::new(
-        GateSettings {
-            rules: config.gate.rules.clone(),
-            trusted_proxies: config.gate.trusted_proxies.clone(),
-            max_upgrades_per_client: config.gate.max_upgrades_per_client,
-        },
-        limiter,
-        metrics.clone(),
-    ));
-    let proxy = Arc::new(Proxy::new(&config.proxy, gate, metrics, tls));
 
-    let mut builder = auto::Builder::new(StreamExecutor {
-        send_timeout: config.server.send_timeout,
-        unread: unread_streams,
-    });
-    builder
-        .http1()
-        // hyper's own header read timeout (30 s unless set, once a timer is) also runs while a
-        // keep-alive connection waits for its next request, cutting IDLE_TIMEOUT_MS short; the
-        // watchdog keeps both clocks (see `connection`). The timer stays, so a timeout set
-        // here later is not silently ignored.
-        .timer(TokioTimer::new())
-        .header_read_timeout(None);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
-        .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT);
-    let timeouts = Timeouts {
-        header_read: config.server.header_read_timeout,
-        idle: config.server.idle_timeout,
-        send: config.server.send_timeout,
-    };
+    /// `MAX_CONNECTIONS_PER_CLIENT` in force, `None` when off.
+    pub fn max_per_client(&self, settings: &ServerSettings) -> Option<usize> {
+        settings
+            .max_connections_per_client
+            .effective(self.max_connections)
+    }
+}
 
-    let clients = ClientConnections::new(
-        max_per_client,
-        config.gate.rules.ipv6_prefix(),
-        &config.gate.trusted_proxies,
-    );
-    let serving = Arc::new(Serving {
-        builder,
-        listener: Arc::new(entry),
-        proxy,
-        requests,
-        timeouts,
-        unread,
-    });
-    let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
-    let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
-    let mut client_refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
-    let drain = Drain::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) if limits::is_connection_error(&error) => {
-                    tracing::debug!(%error, "accept failed for one connection");
-                    continue;
-                }
-                Err(error) => {
-                    // Out of file descriptors (or memory): what is queued waits until
-                    // connections close. One line per interval, however often it recurs.
-                    if let Some(failures) = accept_failures.event() {
-                        tracing::warn!(
-                            %error,
-                            failures,
-                            open_connections = slots.open(),
-                            max_connections,
-                            "accept failed; retrying (out of file descriptors? see MAX_CONNECTIONS)"
-                        );
+/// The accept loop and what it serves connections with.
+pub struct Server {
+    serving: Arc<Serving>,
+    capacity: Capacity,
+    /// `MAX_CONNECTIONS_PER_CLIENT`.
+    clients: ClientConnections,
+    max_per_client: Option<usize>,
+    /// `tollgate_client_connections_refused_total`.
+    refused: ConnectionsRefused,
+    /// `SHUTDOWN_TIMEOUT_MS`.
+    shutdown_timeout: Duration,
+}
+
+impl Server {
+    /// A server of `settings` handing requests to `proxy`, with what comes before HTTP on a
+    /// connection (`listener`: the PROXY header and TLS) and the `capacity` it counts against.
+    /// `trusted_proxies` are not capped per client; clients are grouped by `ipv6_prefix` as
+    /// budgets are.
+    pub fn new(
+        settings: &ServerSettings,
+        proxy: Arc<Proxy>,
+        listener: Listener,
+        capacity: Capacity,
+        (trusted_proxies, ipv6_prefix): (&[IpNet], u8),
+        metrics: &Metrics,
+    ) -> Server {
+        let mut builder = auto::Builder::new(StreamExecutor {
+            send_timeout: settings.send_timeout,
+            unread: metrics.client_streams_unread(),
+        });
+        builder
+            .http1()
+            // hyper's own header read timeout (30 s unless set, once a timer is) also runs while
+            // a keep-alive connection waits for its next request, cutting IDLE_TIMEOUT_MS short;
+            // the watchdog keeps both clocks (see `connection`). The timer stays, so a timeout
+            // set here later is not silently ignored.
+            .timer(TokioTimer::new())
+            .header_read_timeout(None);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT);
+        let timeouts = Timeouts {
+            header_read: settings.header_read_timeout,
+            idle: settings.idle_timeout,
+            send: settings.send_timeout,
+        };
+        let max_per_client = capacity.max_per_client(settings);
+        Server {
+            serving: Arc::new(Serving {
+                builder,
+                listener: Arc::new(listener),
+                proxy,
+                requests: capacity.requests.clone(),
+                timeouts,
+                unread: metrics.client_connections_unread(),
+            }),
+            clients: ClientConnections::new(max_per_client, ipv6_prefix, trusted_proxies),
+            max_per_client,
+            capacity,
+            refused: metrics.client_connections_refused(),
+            shutdown_timeout: settings.shutdown_timeout,
+        }
+    }
+
+    /// Accept and serve connections on `listener` until `shutdown` completes; then stop
+    /// accepting and hand back the connections still open, to be drained.
+    pub async fn accept_until(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Drain {
+        let max_connections = self.capacity.max_connections;
+        let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
+        let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
+        let mut client_refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
+        let drain = Drain::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) if limits::is_connection_error(&error) => {
+                        tracing::debug!(%error, "accept failed for one connection");
+                        continue;
                     }
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let Some(slot) = slots.try_acquire() else {
-            refuse(stream);
-            refused.max_connections.inc();
-            if let Some(refused) = refusals.event() {
-                tracing::warn!(
-                    refused,
-                    max_connections,
-                    "MAX_CONNECTIONS reached: refusing new connections"
-                );
-            }
-            continue;
-        };
-        let client_slot = match clients.try_acquire(peer.ip()) {
-            Ok(client_slot) => client_slot,
-            Err(client) => {
+                    Err(error) => {
+                        // Out of file descriptors (or memory): what is queued waits until
+                        // connections close. One line per interval, however often it recurs.
+                        if let Some(failures) = accept_failures.event() {
+                            tracing::warn!(
+                                %error,
+                                failures,
+                                open_connections = self.capacity.connections.open(),
+                                max_connections,
+                                "accept failed; retrying (out of file descriptors? see MAX_CONNECTIONS)"
+                            );
+                        }
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let Some(slot) = self.capacity.connections.try_acquire() else {
                 refuse(stream);
-                drop(slot);
-                refused.per_client.inc();
-                // One line per interval, naming the client of the moment: a flood from many
-                // addresses must not become a flood of lines (the metric counts them all).
-                if let Some(refused) = client_refusals.event() {
+                self.refused.max_connections.inc();
+                if let Some(refused) = refusals.event() {
                     tracing::warn!(
                         refused,
-                        %client,
-                        max_connections_per_client = max_per_client.unwrap_or_default(),
-                        "MAX_CONNECTIONS_PER_CLIENT reached: refusing a client's new connections"
+                        max_connections,
+                        "MAX_CONNECTIONS reached: refusing new connections"
                     );
                 }
                 continue;
-            }
-        };
-        serve_connection(&serving, stream, peer, (slot, client_slot), drain.watcher());
+            };
+            let client_slot = match self.clients.try_acquire(peer.ip()) {
+                Ok(client_slot) => client_slot,
+                Err(client) => {
+                    refuse(stream);
+                    drop(slot);
+                    self.refused.per_client.inc();
+                    // One line per interval, naming the client of the moment: a flood from many
+                    // addresses must not become a flood of lines (the metric counts them all).
+                    if let Some(refused) = client_refusals.event() {
+                        tracing::warn!(
+                            refused,
+                            %client,
+                            max_connections_per_client = self.max_per_client.unwrap_or_default(),
+                            "MAX_CONNECTIONS_PER_CLIENT reached: refusing a client's new connections"
+                        );
+                    }
+                    continue;
+                }
+            };
+            serve_connection(&self.serving, stream, peer, (slot, client_slot), drain.watcher());
+        }
+        drain
     }
 
-    drop(listener);
-    admin_state.draining.store(true, Ordering::Release);
-    if let Some(purge) = purge {
-        purge.abort();
+    /// Wait up to `SHUTDOWN_TIMEOUT_MS` for the connections of `drain` to finish.
+    pub async fn drain(&self, drain: Drain) {
+        tracing::info!(
+            in_flight_connections = drain.open(),
+            "shutting down: draining connections"
+        );
+        match tokio::time::timeout(self.shutdown_timeout, drain.close_all()).await {
+            Ok(()) => tracing::info!("all connections drained"),
+            Err(_) => tracing::warn!(
+                timeout_ms = self.shutdown_timeout.as_millis() as u64,
+                "shutdown timeout: closing connections that are still busy"
+            ),
+        }
     }
-    if let Some(watcher) = certificate_watcher {
-        watcher.abort();
-    }
-    tracing::info!(
-        in_flight_connections = drain.open(),
-        "shutting down: draining connections"
-    );
-    match tokio::time::timeout(config.server.shutdown_timeout, drain.close_all()).await {
-        Ok(()) => tracing::info!("all connections drained"),
-        Err(_) => tracing::warn!(
-            timeout_ms = config.server.shutdown_timeout.as_millis() as u64,
-            "shutdown timeout: closing connections that are still busy"
-        ),
-    }
-    if let Some(admin) = admin {
-        admin.abort();
-    }
-    Ok(())
 }
 
 /// Close a connection refused at accept at once, with a reset: the client learns now,
