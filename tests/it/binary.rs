@@ -397,7 +397,7 @@ async fn closed_over_tls_cluster(cluster: &crate::support::RedisCluster, backend
 }
 
 /// Until `tollgate`'s `/metrics` has the line `text` (15 s at most).
-async fn until_metrics_say(tollgate: &Running, text: &str) {
+pub(crate) async fn until_metrics_say(tollgate: &Running, text: &str) {
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while !get(admin, "/metrics")

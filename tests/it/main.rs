@@ -14,5 +14,6 @@ mod operator;
 mod proxy;
 mod redis;
 mod rules;
+mod sentinel;
 mod strict;
 mod tls_backend;
