@@ -320,12 +320,21 @@ fn redis_sentinel_settings() {
     );
 
     let message = error(&[("REDIS_SENTINELS", "s1:26379")]);
-    assert!(message.starts_with("REDIS_SENTINEL_MASTER is required"), "{message}");
+    assert!(
+        message.starts_with("REDIS_SENTINEL_MASTER is required"),
+        "{message}"
+    );
     let message = error(&[("REDIS_SENTINELS", "s1"), ("REDIS_SENTINEL_MASTER", "m")]);
-    assert!(message.starts_with("REDIS_SENTINELS=\"s1\" is invalid"), "{message}");
+    assert!(
+        message.starts_with("REDIS_SENTINELS=\"s1\" is invalid"),
+        "{message}"
+    );
     let message = error(&[("REDIS_SENTINELS", " , "), ("REDIS_SENTINEL_MASTER", "m")]);
     assert!(message.starts_with("REDIS_SENTINELS"), "{message}");
-    let message = error(&[("REDIS_SENTINELS", "s1:1"), ("REDIS_SENTINEL_MASTER", "my master")]);
+    let message = error(&[
+        ("REDIS_SENTINELS", "s1:1"),
+        ("REDIS_SENTINEL_MASTER", "my master"),
+    ]);
     assert!(message.starts_with("REDIS_SENTINEL_MASTER"), "{message}");
     let message = error(&[
         ("REDIS_SENTINELS", "s1:26379"),

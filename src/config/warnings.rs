@@ -187,7 +187,12 @@ fn unused(env: &Env, name: &str) -> String {
     if let Some(why) = algorithm_reads_others(env, name) {
         return format!("{name} is set but not used: {why}");
     }
-    let redis = ["REDIS_ADDR", "REDIS_URL", "REDIS_CLUSTER_NODES", "REDIS_SENTINELS"];
+    let redis = [
+        "REDIS_ADDR",
+        "REDIS_URL",
+        "REDIS_CLUSTER_NODES",
+        "REDIS_SENTINELS",
+    ];
     if REDIS_ONLY.contains(&name) && !redis.iter().any(|selector| env.peek(selector).is_some()) {
         return format!(
             "{name} is set but not used: the store is in memory; Redis settings apply once \

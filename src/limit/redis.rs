@@ -106,7 +106,10 @@ impl RedisTarget {
                 format!("cluster {}{}", nodes.join(","), if *tls { " (TLS)" } else { "" })
             }
             RedisTarget::Sentinel {
-                sentinels, master, tls, ..
+                sentinels,
+                master,
+                tls,
+                ..
             } => format!(
                 "sentinel master {master} via {}{}",
                 sentinels.join(","),

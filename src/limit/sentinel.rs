@@ -362,7 +362,13 @@ mod tests {
             ]);
             redis::Msg::from_owned_value(value).unwrap()
         };
-        assert!(switches(&message("mymaster 10.0.0.1 6379 10.0.0.2 6379"), "mymaster"));
-        assert!(!switches(&message("mymaster2 10.0.0.1 6379 10.0.0.2 6379"), "mymaster"));
+        assert!(switches(
+            &message("mymaster 10.0.0.1 6379 10.0.0.2 6379"),
+            "mymaster"
+        ));
+        assert!(!switches(
+            &message("mymaster2 10.0.0.1 6379 10.0.0.2 6379"),
+            "mymaster"
+        ));
     }
 }

@@ -43,16 +43,23 @@ async fn gateway(group: &SentinelGroup, backend: &Backend, fail_mode: &str) -> R
 /// `requests` requests of `client`, sent at once and spread over `gateways`: how many were
 /// allowed. Every one must be decided (a 200 or 429 carrying `X-RateLimit-Remaining`).
 async fn allowed(gateways: &[SocketAddr], client: IpAddr, requests: usize) -> usize {
-    let replies = join_all((0..requests).map(|i| get_from(gateways[i % gateways.len()], client, "/", &[]))).await;
+    let replies =
+        join_all((0..requests).map(|i| get_from(gateways[i % gateways.len()], client, "/", &[]))).await;
     for reply in &replies {
         assert!(
             matches!(reply.status, StatusCode::OK | StatusCode::TOO_MANY_REQUESTS),
             "{client}: {}",
             reply.status
         );
-        assert!(reply.headers.contains_key("x-ratelimit-remaining"), "{client}: decided");
+        assert!(
+            reply.headers.contains_key("x-ratelimit-remaining"),
+            "{client}: decided"
+        );
     }
-    replies.iter().filter(|reply| reply.status == StatusCode::OK).count()
+    replies
+        .iter()
+        .filter(|reply| reply.status == StatusCode::OK)
+        .count()
 }
 
 #[tokio::test]
@@ -101,7 +108,10 @@ async fn a_master_killed_under_load_is_followed_to_the_promoted_replica() {
     let killed = Instant::now();
     let deadline = killed + Duration::from_secs(20);
     while group.master_port() == Some(old_master) {
-        assert!(Instant::now() < deadline, "the sentinels never promoted the replica");
+        assert!(
+            Instant::now() < deadline,
+            "the sentinels never promoted the replica"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let promoted = Instant::now();
@@ -123,7 +133,10 @@ async fn a_master_killed_under_load_is_followed_to_the_promoted_replica() {
         promoted - killed
     );
     // Both gateways on the new master, one budget between them.
-    assert_eq!(allowed(&[open.addr, closed.addr], [127, 0, 0, 52].into(), 40).await, 5);
+    assert_eq!(
+        allowed(&[open.addr, closed.addr], [127, 0, 0, 52].into(), 40).await,
+        5
+    );
 
     let open_samples = open_load.finish().await;
     let closed_samples = closed_load.finish().await;
@@ -132,8 +145,14 @@ async fn a_master_killed_under_load_is_followed_to_the_promoted_replica() {
     for log in [open.log(), closed.log()] {
         assert!(log.contains("redis sentinel: a new master"), "{log}");
     }
-    assert!(open_after < Duration::from_secs(2), "open: {open_after:?} after the promotion");
-    assert!(closed_after < Duration::from_secs(2), "closed: {closed_after:?} after the promotion");
+    assert!(
+        open_after < Duration::from_secs(2),
+        "open: {open_after:?} after the promotion"
+    );
+    assert!(
+        closed_after < Duration::from_secs(2),
+        "closed: {closed_after:?} after the promotion"
+    );
 }
 
 /// Every request got a response: a decision (200 or 429 with `X-RateLimit-Remaining`), or
@@ -151,7 +170,9 @@ fn assert_answered_as_the_fail_mode_says(samples: &[Sample], undecided: StatusCo
         }
     }
     assert!(
-        samples.iter().any(|sample| matches!(sample.outcome, Ok((_, false)))),
+        samples
+            .iter()
+            .any(|sample| matches!(sample.outcome, Ok((_, false)))),
         "some requests came during the outage: {counts:?}"
     );
 }

@@ -394,7 +394,11 @@ impl SentinelGroup {
         let replicaof = ["--replicaof", "127.0.0.1", &master.port.to_string()].map(str::to_owned);
         let replica = RedisServer::start_with(free_port(), &replicaof.each_ref().map(String::as_str));
         wait_for(
-            || replica.cli(&["INFO", "replication"]).contains("master_link_status:up"),
+            || {
+                replica
+                    .cli(&["INFO", "replication"])
+                    .contains("master_link_status:up")
+            },
             "the replica to sync",
         );
         let dir = tempfile::tempdir().unwrap();
@@ -453,7 +457,11 @@ impl SentinelGroup {
 
     /// `host:port,...` of the Sentinels, for `REDIS_SENTINELS`.
     pub fn sentinels(&self) -> String {
-        let each: Vec<String> = self.sentinel_ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
+        let each: Vec<String> = self
+            .sentinel_ports
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
         each.join(",")
     }
 
