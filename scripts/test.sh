@@ -41,6 +41,15 @@ if ! command -v python3 >/dev/null; then
     exit 1
   fi
 fi
+# tests/it/sentinel.rs runs Sentinels as `redis-server --sentinel` (Debian's redis-sentinel
+# package only adds a service around the same binary). A build without Sentinel would fail
+# those tests obscurely: say so here. Without a config file a Sentinel exits at once, naming
+# itself.
+sentinel_check=$(timeout 10 redis-server --sentinel </dev/null 2>&1 || true)
+if [[ "$sentinel_check" != *Sentinel* ]]; then
+  echo "test.sh: this redis-server cannot run as a Sentinel (redis-server --sentinel)" >&2
+  exit 1
+fi
 
 # The /metrics tests check both exposition formats with the real readers: promtool (Debian's
 # `prometheus` package) lints the Prometheus text format and parses OpenMetrics, and Python's

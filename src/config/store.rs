@@ -1,4 +1,5 @@
-//! The store settings: memory, or Redis (one server, a URL, or a cluster) with its key prefix,
+//! The store settings: memory, or Redis (one server, a URL, a cluster, or the master Redis
+//! Sentinels name) with its key prefix,
 //! timeout and circuit breaker. Redis URLs and passwords are never printed. The fail modes
 //! (`FAIL_MODE`, `AUTH_FAIL_MODE`) are the rules' own, parsed with them in [`super::rules`].
 
@@ -8,29 +9,31 @@ use crate::limit::redis::redact_url;
 use crate::limit::settings::{RedisConfig, StoreConfig};
 use crate::limit::{GuardSettings, RedisTarget};
 
-/// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` is set.
+/// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` and
+/// `REDIS_SENTINELS` is set.
 pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
     let target = match (
         env.get("REDIS_URL"),
         env.get("REDIS_ADDR"),
         env.get("REDIS_CLUSTER_NODES"),
+        env.get("REDIS_SENTINELS"),
     ) {
-        (None, None, None) => return Ok(StoreConfig::Memory),
-        (Some(_), None, None) if env.is_set("REDIS_TLS") => {
+        (None, None, None, None) => return Ok(StoreConfig::Memory),
+        (Some(_), None, None, None) if env.is_set("REDIS_TLS") => {
             return Err(ConfigError::Conflict(
-                "REDIS_TLS goes with REDIS_ADDR or REDIS_CLUSTER_NODES; \
+                "REDIS_TLS goes with REDIS_ADDR, REDIS_CLUSTER_NODES or REDIS_SENTINELS; \
                  with REDIS_URL, choose redis:// or rediss:// (TLS) in the URL"
                     .into(),
             ));
         }
-        (Some(_), None, None) if env.is_set("REDIS_PASSWORD") => {
+        (Some(_), None, None, None) if env.is_set("REDIS_PASSWORD") => {
             return Err(ConfigError::Conflict(
-                "REDIS_PASSWORD goes with REDIS_ADDR or REDIS_CLUSTER_NODES; \
+                "REDIS_PASSWORD goes with REDIS_ADDR, REDIS_CLUSTER_NODES or REDIS_SENTINELS; \
                  with REDIS_URL, put the password in the URL (redis://:password@host:port)"
                     .into(),
             ));
         }
-        (Some(url), None, None) => {
+        (Some(url), None, None, None) => {
             let expected = "redis://[:password@]host:port/db or rediss://... for TLS";
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 return Err(ConfigError::InvalidSecret {
@@ -46,7 +49,7 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             }
             RedisTarget::Single(url.to_owned())
         }
-        (None, Some(addr), None) => {
+        (None, Some(addr), None, None) => {
             let addr = host_port("REDIS_ADDR", addr)?;
             let scheme = if env.flag("REDIS_TLS", "false")? {
                 "rediss"
@@ -62,26 +65,42 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             };
             RedisTarget::Single(url)
         }
-        (None, None, Some(value)) => {
-            let nodes: Vec<String> = entries(value, &[','])
-                .map(|node| host_port("REDIS_CLUSTER_NODES", node))
-                .collect::<Result<_, _>>()?;
-            if nodes.is_empty() {
+        (None, None, Some(value), None) => RedisTarget::Cluster {
+            nodes: host_ports("REDIS_CLUSTER_NODES", value, "comma-separated host:port seeds")?,
+            password: env.get("REDIS_PASSWORD").map(str::to_owned),
+            tls: env.flag("REDIS_TLS", "false")?,
+        },
+        (None, None, None, Some(value)) => {
+            let sentinels = host_ports(
+                "REDIS_SENTINELS",
+                value,
+                "comma-separated host:port of the Sentinels, e.g. 10.0.0.5:26379,10.0.0.6:26379",
+            )?;
+            let Some(master) = env.get("REDIS_SENTINEL_MASTER") else {
+                return Err(ConfigError::Missing {
+                    var: "REDIS_SENTINEL_MASTER",
+                    expected: "the master's name as the Sentinels monitor it (`sentinel monitor NAME ...`), \
+                               with REDIS_SENTINELS",
+                });
+            };
+            if master.contains(char::is_whitespace) {
                 return Err(ConfigError::invalid(
-                    "REDIS_CLUSTER_NODES",
-                    value,
-                    "comma-separated host:port seeds",
+                    "REDIS_SENTINEL_MASTER",
+                    master,
+                    "a master name without spaces, as in `sentinel monitor NAME ...`",
                 ));
             }
-            RedisTarget::Cluster {
-                nodes,
+            RedisTarget::Sentinel {
+                sentinels,
+                master: master.to_owned(),
                 password: env.get("REDIS_PASSWORD").map(str::to_owned),
+                sentinel_password: env.get("REDIS_SENTINEL_PASSWORD").map(str::to_owned),
                 tls: env.flag("REDIS_TLS", "false")?,
             }
         }
         _ => {
             return Err(ConfigError::Conflict(
-                "set only one of REDIS_URL, REDIS_ADDR and REDIS_CLUSTER_NODES".into(),
+                "set only one of REDIS_URL, REDIS_ADDR, REDIS_CLUSTER_NODES and REDIS_SENTINELS".into(),
             ));
         }
     };
@@ -115,6 +134,17 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             probe_interval: env.millis("REDIS_PROBE_INTERVAL_MS", "500")?,
         },
     }))
+}
+
+/// A comma-separated list of `host:port`, at least one.
+fn host_ports(var: &'static str, value: &str, expected: &str) -> Result<Vec<String>, ConfigError> {
+    let list: Vec<String> = entries(value, &[','])
+        .map(|entry| host_port(var, entry))
+        .collect::<Result<_, _>>()?;
+    if list.is_empty() {
+        return Err(ConfigError::invalid(var, value, expected));
+    }
+    Ok(list)
 }
 
 fn host_port(var: &'static str, value: &str) -> Result<String, ConfigError> {

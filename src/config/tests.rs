@@ -298,6 +298,82 @@ fn redis_settings() {
 }
 
 #[test]
+fn redis_sentinel_settings() {
+    let config = parse(&[
+        ("REDIS_SENTINELS", "s1:26379, s2:26379,s3:26379"),
+        ("REDIS_SENTINEL_MASTER", "mymaster"),
+        ("REDIS_PASSWORD", "hunter2"),
+        ("REDIS_SENTINEL_PASSWORD", "hunter3"),
+        ("REDIS_TLS", "true"),
+    ])
+    .unwrap();
+    let StoreConfig::Redis(redis) = &config.store else {
+        panic!("redis store expected")
+    };
+    assert_eq!(
+        redis.target,
+        RedisTarget::Sentinel {
+            sentinels: vec!["s1:26379".into(), "s2:26379".into(), "s3:26379".into()],
+            master: "mymaster".into(),
+            password: Some("hunter2".into()),
+            sentinel_password: Some("hunter3".into()),
+            tls: true,
+        }
+    );
+    let shown = format!("{config} {config:?} {}", redis.target.redacted());
+    assert!(!shown.contains("hunter"), "{shown}");
+    assert!(
+        shown.contains("sentinel master mymaster via s1:26379,s2:26379,s3:26379 (TLS)"),
+        "{shown}"
+    );
+
+    let message = error(&[("REDIS_SENTINELS", "s1:26379")]);
+    assert!(
+        message.starts_with("REDIS_SENTINEL_MASTER is required"),
+        "{message}"
+    );
+    let message = error(&[("REDIS_SENTINELS", "s1"), ("REDIS_SENTINEL_MASTER", "m")]);
+    assert!(
+        message.starts_with("REDIS_SENTINELS=\"s1\" is invalid"),
+        "{message}"
+    );
+    let message = error(&[("REDIS_SENTINELS", " , "), ("REDIS_SENTINEL_MASTER", "m")]);
+    assert!(message.starts_with("REDIS_SENTINELS"), "{message}");
+    let message = error(&[
+        ("REDIS_SENTINELS", "s1:1"),
+        ("REDIS_SENTINEL_MASTER", "my master"),
+    ]);
+    assert!(message.starts_with("REDIS_SENTINEL_MASTER"), "{message}");
+    let message = error(&[
+        ("REDIS_SENTINELS", "s1:26379"),
+        ("REDIS_SENTINEL_MASTER", "m"),
+        ("REDIS_ADDR", "db:6379"),
+    ]);
+    assert!(
+        message.contains("only one of") && message.contains("REDIS_SENTINELS"),
+        "{message}"
+    );
+    let message = error(&[
+        ("REDIS_SENTINELS", "s1:26379"),
+        ("REDIS_SENTINEL_MASTER", "m"),
+        ("REDIS_TLS", "maybe"),
+    ]);
+    assert!(message.starts_with("REDIS_TLS"), "{message}");
+}
+
+#[test]
+fn sentinel_settings_without_sentinels_are_warned_about() {
+    assert_eq!(
+        warnings(&[("REDIS_ADDR", "db:6379"), ("REDIS_SENTINEL_MASTER", "mymaster")]),
+        ["REDIS_SENTINEL_MASTER is set but not used: it goes with REDIS_SENTINELS"]
+    );
+    assert_eq!(
+        warnings(&[("REDIS_SENTINEL_PASSWORD", "hunter2")]),
+        ["REDIS_SENTINEL_PASSWORD is set but not used: it goes with REDIS_SENTINELS"]
+    );
+}
+
+#[test]
 fn numbers_that_would_lose_precision_in_lua_are_refused() {
     let message = error(&[("MAX_TOKENS", "1000000000"), ("REFILL_RATE", "0.000001")]);
     assert!(
@@ -701,7 +777,7 @@ fn env_example_documents_exactly_the_variables_tollgate_reads() {
 fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
     // Between them, these make the parsers read every name they can: both parameter pairs of
     // both rules, and every Redis setting.
-    let maximal: [&[(&str, &str)]; 3] = [
+    let maximal: [&[(&str, &str)]; 4] = [
         &[
             ("ALGORITHM", "token_bucket"),
             ("AUTH_ALGORITHM", "sliding_window"),
@@ -717,6 +793,11 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
             ("ALGORITHM", "sliding_window"),
             ("AUTH_ALGORITHM", "token_bucket"),
             ("REDIS_CLUSTER_NODES", "a:6379,b:6379"),
+        ],
+        &[
+            ("REDIS_SENTINELS", "s1:26379"),
+            ("REDIS_SENTINEL_MASTER", "mymaster"),
+            ("REDIS_SENTINEL_PASSWORD", "secret"),
         ],
         &[
             ("BACKEND_URL", "https://api.internal"),
@@ -825,9 +906,9 @@ fn a_redis_setting_without_redis_is_warned_about() {
         warnings(&[("REDIS_TIMEOUT_MS", "100"), ("FAIL_MODE", "closed")]),
         [
             "FAIL_MODE is set but not used: the store is in memory; Redis settings apply once \
-             REDIS_ADDR, REDIS_URL or REDIS_CLUSTER_NODES is set",
+             REDIS_ADDR, REDIS_URL, REDIS_CLUSTER_NODES or REDIS_SENTINELS is set",
             "REDIS_TIMEOUT_MS is set but not used: the store is in memory; Redis settings apply \
-             once REDIS_ADDR, REDIS_URL or REDIS_CLUSTER_NODES is set",
+             once REDIS_ADDR, REDIS_URL, REDIS_CLUSTER_NODES or REDIS_SENTINELS is set",
         ]
     );
     assert!(

@@ -30,7 +30,8 @@ const PREFIXES: &[&str] = &[
 /// Ours, but read by libraries from the process environment, never by the parsers.
 const READ_BY_LIBRARIES: &[&str] = &["RUST_LOG", "SSL_CERT_FILE", "SSL_CERT_DIR"];
 
-/// Read only when one of `REDIS_ADDR`, `REDIS_URL` and `REDIS_CLUSTER_NODES` selects Redis.
+/// Read only when one of `REDIS_ADDR`, `REDIS_URL`, `REDIS_CLUSTER_NODES` and `REDIS_SENTINELS`
+/// selects Redis.
 const REDIS_ONLY: &[&str] = &[
     "REDIS_PASSWORD",
     "REDIS_TLS",
@@ -41,6 +42,9 @@ const REDIS_ONLY: &[&str] = &[
     "REDIS_BREAKER_THRESHOLD",
     "REDIS_PROBE_INTERVAL_MS",
 ];
+
+/// Read only when `REDIS_SENTINELS` selects Redis Sentinel.
+const SENTINEL_ONLY: &[&str] = &["REDIS_SENTINEL_MASTER", "REDIS_SENTINEL_PASSWORD"];
 
 /// The algorithm of a rule whose `ALGORITHM` (or `AUTH_ALGORITHM`) is unset.
 const DEFAULT_ALGORITHM: &str = "token_bucket";
@@ -184,12 +188,20 @@ fn unused(env: &Env, name: &str) -> String {
     if let Some(why) = algorithm_reads_others(env, name) {
         return format!("{name} is set but not used: {why}");
     }
-    let redis = ["REDIS_ADDR", "REDIS_URL", "REDIS_CLUSTER_NODES"];
+    let redis = [
+        "REDIS_ADDR",
+        "REDIS_URL",
+        "REDIS_CLUSTER_NODES",
+        "REDIS_SENTINELS",
+    ];
     if REDIS_ONLY.contains(&name) && !redis.iter().any(|selector| env.peek(selector).is_some()) {
         return format!(
             "{name} is set but not used: the store is in memory; Redis settings apply once \
-             REDIS_ADDR, REDIS_URL or REDIS_CLUSTER_NODES is set"
+             REDIS_ADDR, REDIS_URL, REDIS_CLUSTER_NODES or REDIS_SENTINELS is set"
         );
+    }
+    if SENTINEL_ONLY.contains(&name) {
+        return format!("{name} is set but not used: it goes with REDIS_SENTINELS");
     }
     format!("{name} is set but not used with this configuration (see .env.example)")
 }

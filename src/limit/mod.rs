@@ -12,6 +12,7 @@ pub mod pattern;
 pub mod redis;
 pub mod redis_clock;
 pub mod rules;
+pub mod sentinel;
 pub mod settings;
 pub mod slots;
 

@@ -15,6 +15,9 @@
 //! while fewer than `REDIS_CALLS_IN_FLIGHT` are out. A decision that fails inside a batch (a
 //! key of the wrong type) fails alone.
 //!
+//! Behind Redis Sentinel the store is a single Redis whose address changes: [`super::sentinel`]
+//! asks the Sentinels which server is master and swaps the connection when they fail over.
+//!
 //! Connections are made lazily: a Redis that is down at boot does not stop the gateway. Every
 //! call is bounded by `REDIS_TIMEOUT_MS`; what to do when it fails is [`super::guard`]'s job.
 //! A decision also tells its script when the gateway stops waiting, on Redis's clock as
@@ -33,6 +36,7 @@ use tokio::sync::OnceCell;
 
 use crate::limit::algorithm::{LuaScript, batch_script};
 use crate::limit::redis_clock::RedisClock;
+use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
 use crate::limit::slots::SlotMap;
 use crate::limit::{ClientKey, Decision, Rule};
 
@@ -78,6 +82,19 @@ pub enum RedisTarget {
         /// `REDIS_TLS`: speak TLS to every node.
         tls: bool,
     },
+    /// The master that Redis Sentinels name, followed through failovers.
+    Sentinel {
+        /// `REDIS_SENTINELS`: `host:port` of each Sentinel.
+        sentinels: Vec<String>,
+        /// `REDIS_SENTINEL_MASTER`: the name the Sentinels monitor the master by.
+        master: String,
+        /// `REDIS_PASSWORD`, if the master wants one.
+        password: Option<String>,
+        /// `REDIS_SENTINEL_PASSWORD`, if the Sentinels want one (their own `requirepass`).
+        sentinel_password: Option<String>,
+        /// `REDIS_TLS`: speak TLS to the Sentinels and to the master.
+        tls: bool,
+    },
 }
 
 impl RedisTarget {
@@ -88,6 +105,16 @@ impl RedisTarget {
             RedisTarget::Cluster { nodes, tls, .. } => {
                 format!("cluster {}{}", nodes.join(","), if *tls { " (TLS)" } else { "" })
             }
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                tls,
+                ..
+            } => format!(
+                "sentinel master {master} via {}{}",
+                sentinels.join(","),
+                if *tls { " (TLS)" } else { "" }
+            ),
         }
     }
 }
@@ -257,6 +284,9 @@ enum Connection {
     Single(ConnectionManager),
     /// Connected on first use (the cluster client has no lazy constructor that retries).
     Cluster(Arc<LazyCluster>),
+    /// The master the Sentinels name now: a [`ConnectionManager`] as for `Single`, replaced
+    /// when they fail over.
+    Sentinel(Arc<SentinelMaster>),
 }
 
 struct LazyCluster {
@@ -268,20 +298,40 @@ impl RedisStore {
     /// A store for `target`; connects on first use, so this fails only on a malformed target.
     /// Call it inside a Tokio runtime: the connection manager starts its tasks there.
     pub fn new(target: &RedisTarget, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let clock = Arc::new(RedisClock::new());
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            // Few, quick retries: the circuit breaker, not the client, rides out outages.
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(timeout);
         let connection = match target {
             RedisTarget::Single(url) => {
                 if url.starts_with("rediss://") {
                     install_tls_provider();
                 }
                 let client = redis::Client::open(url.as_str())?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    // Few, quick retries: the circuit breaker, not the client, rides out outages.
-                    .set_number_of_retries(1)
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(timeout);
                 Connection::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+            }
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                password,
+                sentinel_password,
+                tls,
+            } => {
+                if *tls {
+                    install_tls_provider();
+                }
+                let settings = SentinelSettings {
+                    sentinels,
+                    master,
+                    password: password.as_deref(),
+                    sentinel_password: sentinel_password.as_deref(),
+                    tls: *tls,
+                };
+                Connection::Sentinel(SentinelMaster::start(&settings, config, timeout, clock.clone())?)
             }
             RedisTarget::Cluster { nodes, password, tls } => {
                 let scheme = if *tls { "rediss" } else { "redis" };
@@ -303,14 +353,14 @@ impl RedisStore {
                 }))
             }
         };
-        let coalescer = matches!(connection, Connection::Single(_))
+        let coalescer = (!matches!(connection, Connection::Cluster(_)))
             .then(|| Arc::new(Coalescer::new(DEFAULT_CALLS_IN_FLIGHT)));
         Ok(RedisStore {
             connection,
             prefix: prefix.into(),
             timeout,
             coalescer,
-            clock: Arc::new(RedisClock::new()),
+            clock,
         })
     }
 
@@ -343,7 +393,8 @@ impl RedisStore {
         self.decide(rule, key, cost, None, clock).await
     }
 
-    /// The estimate of Redis's clock that [`check`](Self::check) uses: a single Redis's.
+    /// The estimate of Redis's clock that [`check`](Self::check) uses: a single Redis's (behind
+    /// Sentinel, the master's, started afresh when a new master is named).
     pub fn clock(&self) -> &Arc<RedisClock> {
         &self.clock
     }
@@ -424,6 +475,7 @@ impl RedisStore {
             .bounded(async {
                 match (&self.connection, slot) {
                     (Connection::Single(manager), _) => cmd.query_async(&mut manager.clone()).await,
+                    (Connection::Sentinel(master), _) => master.query(&cmd).await,
                     (Connection::Cluster(cluster), slot) => {
                         // Routed by redis-rs's default, a command without a key would go to
                         // every master and need them all: one answer is what "Redis answers"
@@ -540,7 +592,10 @@ impl RedisStore {
                 .await
                 {
                     Ok(reply) => reply.map_err(StoreError::from),
-                    Err(_) => Err(StoreError::Timeout(self.timeout)),
+                    Err(_) => {
+                        self.timed_out();
+                        Err(StoreError::Timeout(self.timeout))
+                    }
                 };
                 // The place passes to the decisions that waited meanwhile.
                 drop(slot);
@@ -604,7 +659,10 @@ impl RedisStore {
                 Ok(Ok(redis::Value::Array(replies))) if replies.len() == batch.len() => Ok(replies),
                 Ok(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
                 Ok(Err(error)) => Err(StoreError::from(error)),
-                Err(_) => Err(StoreError::Timeout(self.timeout)),
+                Err(_) => {
+                    self.timed_out();
+                    Err(StoreError::Timeout(self.timeout))
+                }
             };
         match replies {
             Ok(replies) => {
@@ -714,13 +772,25 @@ impl RedisStore {
         match &self.connection {
             Connection::Single(manager) => cmd.query_async(&mut manager.clone()).await,
             Connection::Cluster(cluster) => cmd.query_async(&mut cluster.get().await?).await,
+            Connection::Sentinel(master) => master.query(cmd).await,
         }
     }
 
     async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => Ok(result?),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Err(_) => {
+                self.timed_out();
+                Err(StoreError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// A call got no answer in time: behind Sentinel, the master may be frozen or cut off,
+    /// and the Sentinels are asked again.
+    fn timed_out(&self) {
+        if let Connection::Sentinel(master) = &self.connection {
+            master.timed_out();
         }
     }
 }

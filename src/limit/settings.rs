@@ -30,7 +30,7 @@ pub enum StoreConfig {
 /// Redis settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
-    /// `REDIS_URL`, `REDIS_ADDR` or `REDIS_CLUSTER_NODES`.
+    /// `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` or `REDIS_SENTINELS`.
     pub target: RedisTarget,
     /// `KEY_PREFIX`: in front of every key, so several gateways can share one Redis.
     pub key_prefix: String,

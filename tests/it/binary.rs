@@ -55,6 +55,19 @@ fn each_bad_setting_exits_non_zero_naming_the_variable() {
         ),
         (&[("BACKEND_URL", "http://127.0.0.1:70000")], "BACKEND_URL"),
         (
+            &[backend, ("REDIS_SENTINELS", "127.0.0.1:26379")],
+            "REDIS_SENTINEL_MASTER",
+        ),
+        (
+            &[
+                backend,
+                ("REDIS_SENTINELS", "127.0.0.1:26379"),
+                ("REDIS_SENTINEL_MASTER", "m"),
+                ("REDIS_ADDR", "127.0.0.1:6379"),
+            ],
+            "REDIS_SENTINELS",
+        ),
+        (
             &[
                 backend,
                 ("FAIL_MODE", "sideways"),
@@ -102,6 +115,23 @@ fn a_redis_password_is_never_printed() {
     assert!(output.status.success());
     assert!(
         stdout.contains("redis://:***@db:6379") && !stdout.contains("hunter2"),
+        "{stdout}"
+    );
+
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("REDIS_SENTINELS", "s1:26379,s2:26379"),
+            ("REDIS_SENTINEL_MASTER", "mymaster"),
+            ("REDIS_PASSWORD", "hunter2"),
+            ("REDIS_SENTINEL_PASSWORD", "hunter3"),
+        ],
+        &["--check-config"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success());
+    assert!(
+        stdout.contains("sentinel master mymaster via s1:26379,s2:26379") && !stdout.contains("hunter"),
         "{stdout}"
     );
 }

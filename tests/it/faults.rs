@@ -376,7 +376,7 @@ async fn redis_killed_fails_each_rule_its_own_way_logins_local_and_the_api_open(
 
 /// What one request got: its status and whether the limiter decided it (only a decision
 /// carries `X-RateLimit-Remaining`), or why no response came.
-type Outcome = Result<(StatusCode, bool), String>;
+pub(crate) type Outcome = Result<(StatusCode, bool), String>;
 
 /// `GET path` from `from`, never panicking: a load generator must see a reset connection as
 /// a result to count, not a crash. Bounded by 10 s.
@@ -412,21 +412,21 @@ async fn try_get(to: SocketAddr, from: IpAddr, path: &str) -> Outcome {
 }
 
 /// One request of a [`Load`].
-struct Sample {
+pub(crate) struct Sample {
     sent: Instant,
     took: Duration,
-    outcome: Outcome,
+    pub(crate) outcome: Outcome,
 }
 
 /// One worker per client address, each sending `GET path` back to back (a 2 ms pause between
 /// requests keeps two shared cores usable) until [`finish`](Load::finish).
-struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<Vec<Sample>>>,
 }
 
 impl Load {
-    fn start(to: SocketAddr, clients: &[IpAddr], path: &'static str) -> Load {
+    pub(crate) fn start(to: SocketAddr, clients: &[IpAddr], path: &'static str) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let workers = clients
             .iter()
@@ -451,7 +451,7 @@ impl Load {
         Load { stop, workers }
     }
 
-    async fn finish(self) -> Vec<Sample> {
+    pub(crate) async fn finish(self) -> Vec<Sample> {
         self.stop.store(true, Ordering::Relaxed);
         let mut samples = Vec::new();
         for worker in self.workers {
@@ -462,12 +462,12 @@ impl Load {
 }
 
 /// `127.0.0.{first}` ..= `127.0.0.{last}`.
-fn clients(first: u8, last: u8) -> Vec<IpAddr> {
+pub(crate) fn clients(first: u8, last: u8) -> Vec<IpAddr> {
     (first..=last).map(|n| IpAddr::from([127, 0, 0, n])).collect()
 }
 
 /// How many samples got each status (or a transport error, counted under `None`).
-fn tally(samples: &[Sample]) -> std::collections::BTreeMap<Option<u16>, usize> {
+pub(crate) fn tally(samples: &[Sample]) -> std::collections::BTreeMap<Option<u16>, usize> {
     let mut counts = std::collections::BTreeMap::new();
     for sample in samples {
         let status = sample.outcome.as_ref().ok().map(|(status, _)| status.as_u16());

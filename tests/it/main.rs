@@ -14,6 +14,7 @@ mod operator;
 mod proxy;
 mod redis;
 mod rules;
+mod sentinel;
 mod strict;
 mod tls_backend;
 mod tls_listener;

@@ -372,3 +372,115 @@ impl RedisCluster {
         self.tls.as_ref().expect("not a TLS cluster").cert_file()
     }
 }
+
+/// A Redis Sentinel group: one master, one replica, and three Sentinels (quorum 2) that call a
+/// master down after 500 ms and fail over to the replica. The Sentinels are `redis-server
+/// --sentinel` (Debian's `redis-sentinel` is the same binary), each with its own config file,
+/// which Sentinel rewrites as it learns.
+pub struct SentinelGroup {
+    /// The servers: `servers[0]` starts as master, `servers[1]` as its replica.
+    pub servers: Vec<RedisServer>,
+    sentinels: Vec<Child>,
+    sentinel_ports: Vec<u16>,
+    dir: TempDir,
+}
+
+/// The name the Sentinels monitor the master by.
+pub const SENTINEL_MASTER: &str = "tollgate-master";
+
+impl SentinelGroup {
+    pub fn start() -> SentinelGroup {
+        let master = RedisServer::start();
+        let replicaof = ["--replicaof", "127.0.0.1", &master.port.to_string()].map(str::to_owned);
+        let replica = RedisServer::start_with(free_port(), &replicaof.each_ref().map(String::as_str));
+        wait_for(
+            || {
+                replica
+                    .cli(&["INFO", "replication"])
+                    .contains("master_link_status:up")
+            },
+            "the replica to sync",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let mut group = SentinelGroup {
+            servers: vec![master, replica],
+            sentinels: Vec::new(),
+            sentinel_ports: Vec::new(),
+            dir,
+        };
+        for _ in 0..3 {
+            let port = free_port();
+            let config = group.dir.path().join(format!("sentinel-{port}.conf"));
+            std::fs::write(
+                &config,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
+                     sentinel failover-timeout {SENTINEL_MASTER} 2000\n\
+                     sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                    dir = group.dir.path().display(),
+                    master = group.servers[0].port,
+                ),
+            )
+            .unwrap();
+            let child = Command::new("redis-server")
+                .arg(&config)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed (scripts/test.sh installs it)");
+            group.sentinels.push(child);
+            group.sentinel_ports.push(port);
+        }
+        // Every Sentinel knows the master, its replica and the other two Sentinels.
+        for &port in &group.sentinel_ports {
+            wait_for(
+                || {
+                    let master = cli(port, None, &["SENTINEL", "MASTER", SENTINEL_MASTER]);
+                    let fields: Vec<&str> = master.lines().collect();
+                    let field = |name: &str| {
+                        fields
+                            .iter()
+                            .position(|line| *line == name)
+                            .and_then(|at| fields.get(at + 1))
+                            .copied()
+                    };
+                    field("num-slaves") == Some("1") && field("num-other-sentinels") == Some("2")
+                },
+                "the sentinels to know each other and the replica",
+            );
+        }
+        group
+    }
+
+    /// `host:port,...` of the Sentinels, for `REDIS_SENTINELS`.
+    pub fn sentinels(&self) -> String {
+        let each: Vec<String> = self
+            .sentinel_ports
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
+        each.join(",")
+    }
+
+    /// The port of the server a Sentinel names master now.
+    pub fn master_port(&self) -> Option<u16> {
+        let reply = cli(
+            self.sentinel_ports[0],
+            None,
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+        );
+        reply.lines().nth(1)?.trim().parse().ok()
+    }
+}
+
+impl Drop for SentinelGroup {
+    fn drop(&mut self) {
+        for sentinel in &mut self.sentinels {
+            let _ = sentinel.kill();
+            let _ = sentinel.wait();
+        }
+    }
+}
