@@ -307,7 +307,7 @@ fn redis_sentinel_settings() {
         ("REDIS_TLS", "true"),
     ])
     .unwrap();
-    let StoreConfig::Redis(redis) = &config.store else {
+    let StoreConfig::Redis(redis) = &config.store.kind else {
         panic!("redis store expected")
     };
     assert_eq!(
