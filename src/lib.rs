@@ -17,20 +17,29 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: environment variables to a validated [`Config`]: a reader of named variables,
-//!   the rule table parser and the store parser; every error names the variable.
-//! - [`server`]: accept loop, HTTPS or not, the PROXY protocol, HTTP/1.1 + h2c, connection
-//!   limits and timeouts, graceful shutdown; wires the pieces together.
-//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
-//! - [`metrics`]: the Prometheus registry and the typed metrics, labels bounded by the config.
-//! - [`proxy`]: the HTTP face: strict HTTP/1.1 checks, path canonicalisation, client address,
-//!   forwarding (request bodies watched, so a broken one is the client's fault), hop-by-hop and
+//! Policy behind the gate, HTTP in the callers, wiring in [`app`]:
+//!
+//! - [`config`]: environment variables to a validated [`Config`], a struct of the components'
+//!   own settings types, each parsed by its part of `config`; every error names the variable.
+//! - [`app`]: the wiring: the store, the metrics, the gate, the proxy, the listener and the
+//!   admin listener put together; [`serve`] until shutdown, then the drain.
+//! - [`server`]: the accept loop, HTTPS or not, the PROXY protocol, HTTP/1.1 + h2c,
+//!   connection limits and timeouts, the drain.
+//! - [`gate`]: the one door to policy: [`gate::Gate::decide`] turns a request head into a
+//!   verdict (the path read once, the client, the rule, the tunnel cap, the limiter), and
+//!   [`gate::Gate::settle`] applies what the answer changes.
+//! - [`proxy`]: the reverse proxy, a caller of the gate: strict HTTP/1.1 checks, forwarding
+//!   (request bodies watched, so a broken one is the client's fault), hop-by-hop and
 //!   forwarding headers, upgrades, and the gateway's own responses and rate-limit headers.
-//! - [`limit`]: the policy, never forwarding or answering anything: the rule table
+//! - [`limit`]: the policy's parts, never forwarding or answering anything: the rule table
 //!   ([`limit::RuleTable`]: classify a request head into rule, key, cost and mode), client keys,
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
 //!   the memory store, the Redis store and the guard that decides what happens when Redis
 //!   fails.
+//! - [`outcome`]: what became of a request, a backend exchange or a connection, as the doors
+//!   and the [`metrics`] both name it.
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
+//! - [`metrics`]: the Prometheus registry and the typed metrics, labels bounded by the config.
 //! - [`telemetry`]: log setup, and the throttle for log lines a flood could repeat.
 
 #![forbid(unsafe_code)]

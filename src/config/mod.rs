@@ -4,18 +4,20 @@
 //! unit-tested without touching the process environment, in the manner of linkerd2-proxy's
 //! `env.rs`. It is split by concern:
 //!
-//! - [`env`]: the reader of named variables, which records every name it reads;
+//! - [`mod@env`]: the reader of named variables, which records every name it reads;
 //! - [`rules`]: the rule table (`ALGORITHM`, `ROUTES`, `AUTH_PATHS`, `KEY_BY`, `COSTS`, ...);
 //! - [`store`]: memory or Redis, and what to do when Redis fails;
 //! - [`listener`]: HTTPS and the PROXY protocol on `PORT`;
 //! - [`warnings`]: variables that are set but change nothing (misspelt, or not read by the
 //!   chosen algorithm or store), reported without stopping startup;
 //! - this module: the listener, the backend, timeouts, connection limits and logging, and the
-//!   whole [`Config`].
+//!   whole [`Config`]: one field per component, of that component's own settings type.
 //!
-//! Setting types belong to the modules that use them ([`Backend`] to the proxy, [`LogFormat`]
-//! to telemetry, [`RuleTable`] to the limiter): configuration depends on the components, never
-//! the reverse. Every error names the variable, shows the bad value (except for secrets) and
+//! Setting types belong to the components that use them ([`ServerSettings`] to the server,
+//! [`ProxySettings`] to the proxy, [`GateSettings`] to the gate, [`StoreSettings`] to the
+//! limiter, [`AdminSettings`] to the admin listener, [`LogSettings`] to telemetry):
+//! configuration depends on the components, never the reverse, and no component sees the
+//! whole `Config` (the wiring in [`crate::app`] hands each its part). Every error names the variable, shows the bad value (except for secrets) and
 //! says what is accepted.
 
 pub mod env;
