@@ -1,4 +1,4 @@
-# docker build -t tollgate . && docker run -e BACKEND_URL=http://host.docker.internal:8000 -p 8080:8080 -p 127.0.0.1:9091:9091 tollgate
+# docker build -t tollgate . && docker run -e BACKEND_URL=http://host.docker.internal:8000 -e ADMIN_BIND=0.0.0.0 -p 8080:8080 -p 127.0.0.1:9091:9091 tollgate
 #
 # Three build stages: cargo-chef turns the manifests into a recipe, the recipe's dependencies
 # are compiled in a layer of their own (rebuilt only when Cargo.toml, Cargo.lock or the set of

@@ -29,7 +29,7 @@ if ! command -v haproxy >/dev/null; then
     exit 1
   fi
 fi
-haproxy -v | head -1
+haproxy -v | sed -n 1p  # sed reads it all: head would end the pipe early (SIGPIPE under pipefail)
 # tests/it/bypass.rs reads request targets with the URL parsers backends use (Python's).
 if ! command -v python3 >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
@@ -76,7 +76,7 @@ if ! python3 -c 'import prometheus_client' 2>/dev/null; then
     exit 1
   fi
 fi
-promtool --version | head -1
+promtool --version 2>&1 | sed -n 1p
 
 started=$SECONDS
 cargo fmt --check
