@@ -227,7 +227,10 @@ impl BackendPool {
             && self.inner.tls.is_some()
             && !self.inner.h2_declined.load(Ordering::Relaxed)
         {
-            return self.inner.send_h2(request, now).await;
+            // Boxed: the HTTP/2 path (and its handshake) is large, and inline it would make
+            // every request's future as large, copied by value on each hand-off (about
+            // 24 KB a request, measured with callgrind: docs/benchmarks.md).
+            return Box::pin(self.inner.send_h2(request, now)).await;
         }
         *request.version_mut() = Version::HTTP_11;
         self.inner.send_http1(request, now).await
@@ -251,7 +254,9 @@ impl Pool {
                 },
             }
         }
-        let mut connection = match self.connect(false).await? {
+        // Boxed for the same reason: a new connection (a TLS handshake, maybe an HTTP/2 one) is
+        // the rare case, and its future is the largest.
+        let mut connection = match Box::pin(self.connect(false)).await? {
             Opened::Http1(connection) => connection,
             // Offered http/1.1 only (rustls refuses a server that picks another itself).
             Opened::Http2(_) => {
@@ -316,7 +321,7 @@ impl Pool {
             drop(opening);
             return self.send_http1(self.http1_form(request), now).await;
         }
-        match self.connect(true).await? {
+        match Box::pin(self.connect(true)).await? {
             Opened::Http2(mut sender) => {
                 *self.multiplexed.lock() = Some(Multiplexed {
                     sender: sender.clone(),
