@@ -783,8 +783,9 @@ impl Proxy {
             bytes.map(|bytes| &bytes.request),
         );
         let progress = body.progress();
-        let exchange = self.pool.send(Request::from_parts(parts, body), sent);
-        let mut response = self.response_to(exchange, progress.as_deref(), sent).await?;
+        let mut response = self
+            .response_to(Request::from_parts(parts, body), progress.as_deref(), sent)
+            .await?;
 
         let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
         // RFC 9110 section 7.8: a server switches only to a protocol the client asked for.
@@ -824,10 +825,13 @@ impl Proxy {
     /// with no body. A failure of the client's body is the client's (400).
     async fn response_to(
         &self,
-        exchange: impl Future<Output = Result<Response<BackendBody>, BackendError>>,
+        request: Request<ClientBody>,
         progress: Option<&Progress>,
         sent: Instant,
     ) -> Result<Response<BackendBody>, ProxyError> {
+        // Made here, not handed in: a future moved into another keeps its place in the one it
+        // left, and each layer would hold a copy's worth of room.
+        let exchange = self.pool.send(request, sent);
         let mut exchange = std::pin::pin!(exchange);
         let mut waiting_since = sent;
         if let Some(progress) = progress {
