@@ -22,6 +22,15 @@
 #       many   every request allowed, from 100,000 distinct clients (X-Forwarded-For rotated by
 #              a wrk Lua script; tollgate with TRUSTED_PROXIES=127.0.0.1, nginx with realip);
 #       h2     HTTP/2 cleartext with prior knowledge, under h2load.
+#       tls    the cost of TLS, every request allowed, tollgate and nginx each three ways: plain
+#              listener to a plain backend (the reference), TLS listener (wrk over https,
+#              kept-alive connections) to a plain backend, and plain listener to an https
+#              backend (kept-alive pooled TLS connections: tollgate's pool, nginx's upstream
+#              keepalive with proxy_ssl_session_reuse). The https backend is one nginx
+#              terminating TLS in front of the echo backend, on the load generator's core, the
+#              same for both proxies. A throwaway CA and certificates (ECDSA P-256) are made
+#              with openssl. With BENCH_TLS_HANDSHAKES=1 also the handshake: one request per
+#              connection (`openssl s_time`), full handshakes and resumed ones, each listener.
 #  3. with --callgrind: instructions per request, exact whatever else the machine is doing, of
 #     the bare floor and tollgate (memory store), every request allowed and every request
 #     refused: each runs under `valgrind --tool=callgrind`, is warmed up, its counters are
@@ -46,14 +55,15 @@
 #   --perf            add part 4
 #   --rounds N        interleaved rounds per scenario (default 5)
 #   --duration D      measured seconds per target and round, wrk -d syntax (default 10s)
-#   --scenarios LIST  comma-separated subset of allow,deny,many,h2 (default all)
+#   --scenarios LIST  comma-separated subset of allow,deny,many,h2,tls (default all but tls)
 #   --log FILE        raw output (every wrk/h2load report) goes here, results to FILE.tsv
 #                     (default bench-<date>.log in $TMPDIR); scripts/bench_plot.py draws FILE.tsv
 # Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_BACKEND (echo: examples/echo_backend,
 #   the default; nginx: nginx answering 200 with a 2-byte body, the leanest backend to measure
 #   against), BENCH_BASELINE (another tollgate binary, see above), BENCH_H2_CLIENTS and BENCH_H2_STREAMS
 #   (h2load -c and -m, default 8 and 4), BENCH_PROXY_CPU, BENCH_LOAD_CPU, CARGO_TARGET_DIR,
-#   BENCH_CALLGRIND_REQUESTS (default 20000), BENCH_PERF_REQUESTS (default 100000).
+#   BENCH_CALLGRIND_REQUESTS (default 20000), BENCH_PERF_REQUESTS (default 100000),
+#   BENCH_TLS_HANDSHAKES (1: the tls scenario measures handshakes too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -73,7 +83,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=${2:?--duration needs a time such as 10s}; duration_set=1; shift ;;
     --scenarios) scenarios=${2:?--scenarios needs a list}; shift ;;
     --log) log=${2:?--log needs a file}; shift ;;
-    -h | --help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,66p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -109,6 +119,7 @@ if [ "$load" = 1 ]; then
   command -v curl >/dev/null || missing+=(curl)
   command -v h2load >/dev/null || missing+=(nghttp2-client)
   command -v taskset >/dev/null || missing+=(util-linux)
+  case ",$scenarios," in *,tls,*) command -v openssl >/dev/null || missing+=(openssl) ;; esac
 fi
 if [ "$callgrind" = 1 ]; then
   command -v h2load >/dev/null || missing+=(nghttp2-client)
@@ -204,7 +215,7 @@ trap 'exit 130' INT TERM
 # free_port, wait_for_port
 . "$ROOT/scripts/lib.sh"
 
-declare -A pid_of port_of admin_of
+declare -A pid_of port_of admin_of scheme_of
 start() { # name port cpu-prefix... -- command... (runs in $work, so no .env of the repo is read)
   local name=$1 port=$2 prefix=()
   shift 2
@@ -330,7 +341,7 @@ http {
   limit_req_log_level info;
   limit_req_status 429;
   upstream backend {
-    server 127.0.0.1:$backend_port;
+    server 127.0.0.1:${NGINX_UPSTREAM_PORT:-$backend_port};
     keepalive 64;
     keepalive_requests 1000000;
   }
@@ -339,7 +350,8 @@ http {
     $extra
     location / {
       limit_req zone=clients $limit;
-      proxy_pass http://backend;
+      proxy_pass ${NGINX_UPSTREAM_SCHEME:-http}://backend;
+      ${NGINX_LOCATION_EXTRA:-}
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       # What tollgate adds too.
@@ -395,7 +407,7 @@ echo -e "scenario\tround\ttarget\treq_s\tp50_us\tp99_us\trequests\tnon2xx\terror
 measure() { # scenario round target tool(wrk|h2load) [wrk args...]
   local scenario=$1 round=$2 name=$3 tool=$4
   shift 4
-  local url=http://127.0.0.1:${port_of[$name]}/ pid=${pid_of[$name]} out c0 c1 r0=0 r1=0
+  local url=${scheme_of[$name]:-http}://127.0.0.1:${port_of[$name]}/ pid=${pid_of[$name]} out c0 c1 r0=0 r1=0
   local rps requests p50 p99 non2xx errors billed=$pid
   all_alive
   if [ "$tool" = wrk ]; then
@@ -440,7 +452,7 @@ measure() { # scenario round target tool(wrk|h2load) [wrk args...]
 check() { # name expected-status [curl args...]: the target answers as the scenario expects
   local name=$1 want=$2 got
   shift 2
-  got=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@" "http://127.0.0.1:${port_of[$name]}/") || true
+  got=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@" "${scheme_of[$name]:-http}://127.0.0.1:${port_of[$name]}/") || true
   if [ "$got" != "$want" ]; then
     echo "bench.sh: $name answered $got, expected $want" >&2
     exit 1
@@ -462,6 +474,80 @@ deny=(MAX_TOKENS=1 REFILL_RATE=0.001)             # one request, then one per 10
 # so slowly (one token per 100 s) that no client's budget is whole again during the run: every
 # client stays held in the store (and in Redis) instead of being purged as idle.
 many=(MAX_TOKENS=1000000 REFILL_RATE=0.01)
+
+# A throwaway CA and a server certificate for localhost and 127.0.0.1 (ECDSA P-256), and the
+# server directives of an nginx TLS listener: the same files and settings tollgate gets.
+tls_certificates() {
+  local d=$work/tls
+  mkdir -p "$d"
+  openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -keyout "$d/ca.key" \
+    -out "$d/ca.pem" -days 2 -subj "/CN=tollgate bench CA" 2>/dev/null
+  openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -keyout "$d/server.key" \
+    -out "$d/server.csr" -subj "/CN=localhost" 2>/dev/null
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$d/ext"
+  openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+    -out "$d/server.pem" -days 2 -extfile "$d/ext" 2>/dev/null
+  chmod 755 "$d" && chmod 644 "$d"/*
+  tls_server_directives="ssl_certificate $d/server.pem;
+    ssl_certificate_key $d/server.key;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_session_cache shared:SSL:10m;
+    ssl_session_tickets on;"
+}
+
+# One request per connection, each a GET through the proxy to the backend: on a TLS listener
+# openssl s_time's sequential connections, full handshakes (-new) and resumed ones (-reuse);
+# on a plain listener wrk with one connection and Connection: close. Each for $duration, in
+# interleaved rounds (at most 3); reported: the proxy's CPU per connection, medians and ratios.
+tls_handshakes() { # name...
+  local name mode pid out c0 c1 conns cpu round hs_rounds=$((rounds < 3 ? rounds : 3)) hs=$log.handshakes.tsv
+  echo "  -- handshakes: one GET per connection, $duration_s s each, $hs_rounds interleaved round(s)"
+  echo -e "round\tmode\ttarget\tconnections\tcpu_ticks\tcpu_us_per_connection" >"$hs"
+  for round in $(seq 1 "$hs_rounds"); do
+    for mode in new reuse; do
+      for name in "$@"; do
+        [ "${scheme_of[$name]:-http}" = http ] && [ "$mode" = reuse ] && continue
+        all_alive
+        pid=${pid_of[$name]}
+        c0=$(cpu_ticks "$pid")
+        if [ "${scheme_of[$name]:-http}" = https ]; then
+          out=$(timeout $((duration_s + 30)) "${on_load_cpu[@]}" openssl s_time -connect "127.0.0.1:${port_of[$name]}" \
+            -"$mode" -time "$duration_s" -www / 2>&1)
+          conns=$(awk '/connections in [0-9.]+ real seconds/ {print $1; exit}' <<<"$out")
+        else
+          out=$(timeout $((duration_s + 30)) "${on_load_cpu[@]}" wrk -t1 -c1 -d"$duration" -H 'Connection: close' \
+            "http://127.0.0.1:${port_of[$name]}/")
+          conns=$(awk '/requests in/ {print $1}' <<<"$out")
+        fi
+        c1=$(cpu_ticks "$pid")
+        printf '%s\n' "--- tls handshakes round $round $mode $name" "$out" >>"$log"
+        cpu=$(awk -v t=$((c1 - c0)) -v hz="$hz" -v n="${conns:-0}" 'BEGIN { printf "%.2f", n ? t * 1e6 / hz / n : 0 }')
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$mode" "$name" "${conns:-0}" $((c1 - c0)) "$cpu" >>"$hs"
+        printf '  r%-2s %-6s %-16s %8s connections  CPU %8s us/connection\n' "$round" "$mode" "$name" "${conns:-0}" "$cpu"
+      done
+    done
+  done
+  echo "  handshakes: CPU us per connection, median [min-max] over rounds; ratios of the medians"
+  awk -F'\t' '
+    function sorted(list, a,   n, i, j, t) {
+      n = split(list, a, " ")
+      for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+      return n }
+    function med(list,   a, n) { n = sorted(list, a); return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+    function lo(list,   a) { sorted(list, a); return a[1] }
+    function hi(list,   a, n) { n = sorted(list, a); return a[n] }
+    NR > 1 { k = $3 " " $2; if (!(k in cpu)) order[++n] = k; cpu[k] = cpu[k] " " $6 }
+    END {
+      for (i = 1; i <= n; i++) printf "  | %-24s | %8.1f [%.1f-%.1f] |\n", order[i], med(cpu[order[i]]), lo(cpu[order[i]]), hi(cpu[order[i]])
+      for (p = 0; p < 2; p++) { P = p ? "nginx" : "tollgate"
+        printf "  %s: full handshake / plain connection %.2f, resumed / plain %.2f, resumed / full %.2f\n", P,
+          med(cpu[P "-tls-in new"]) / med(cpu[P "-plain new"]), med(cpu[P "-tls-in reuse"]) / med(cpu[P "-plain new"]),
+          med(cpu[P "-tls-in reuse"]) / med(cpu[P "-tls-in new"]) }
+      printf "  tollgate / nginx: plain connection %.2f, full handshake %.2f, resumed %.2f\n",
+        med(cpu["tollgate-plain new"]) / med(cpu["nginx-plain new"]), med(cpu["tollgate-tls-in new"]) / med(cpu["nginx-tls-in new"]),
+        med(cpu["tollgate-tls-in reuse"]) / med(cpu["nginx-tls-in reuse"])
+    }' "$hs"
+}
 
 if [ "$load" = 1 ]; then
   echo "== wrk -t1 -c$connections -d$duration --latency / h2load -t1 -c$h2_clients -m$h2_streams -D $duration_s;" \
@@ -529,7 +615,70 @@ if [ "$load" = 1 ]; then
         run_rounds h2 h2load "bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2"
         stop bare-h2 tollgate-memory-h2 tollgate-redis-h2 nginx-h2
         ;;
-      *) echo "bench.sh: unknown scenario $scenario (allow, deny, many, h2)" >&2; exit 2 ;;
+      tls)
+        echo "== tls: every request allowed; plain, TLS listener, https backend; tollgate and nginx"
+        tls_certificates
+        # The https backend: nginx terminating TLS in front of the echo backend, on the load
+        # generator's core, shared by both proxies (session cache and tickets, keep-alive).
+        tls_backend_port=$(free_port)
+        mkdir -p "$work/tls-backend"
+        cat >"$work/tls-backend.conf" <<EOF
+worker_processes 1;
+pid $work/tls-backend.pid;
+error_log $work/tls-backend-error.log warn;
+daemon off;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path $work/tls-backend/body;
+  proxy_temp_path $work/tls-backend/proxy;
+  fastcgi_temp_path $work/tls-backend/fastcgi;
+  uwsgi_temp_path $work/tls-backend/uwsgi;
+  scgi_temp_path $work/tls-backend/scgi;
+  upstream echo { server 127.0.0.1:$backend_port; keepalive 64; keepalive_requests 1000000; }
+  server {
+    listen 127.0.0.1:$tls_backend_port ssl;
+    $tls_server_directives
+    location / {
+      proxy_pass http://echo;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+EOF
+        start tls-backend "$tls_backend_port" "${on_load_cpu[@]}" -- nginx -p "$work/tls-backend" -c "$work/tls-backend.conf"
+        # Both proxies send SNI localhost and check the certificate against the throwaway CA.
+        tollgate tollgate-plain memory "${allow[@]}"
+        tollgate tollgate-tls-in memory "${allow[@]}" TLS_CERT_FILE="$work/tls/server.pem" TLS_KEY_FILE="$work/tls/server.key"
+        tollgate tollgate-tls-out memory "${allow[@]}" BACKEND_URL="https://127.0.0.1:$tls_backend_port" \
+          BACKEND_TLS_SERVER_NAME=localhost BACKEND_CA_FILE="$work/tls/ca.pem"
+        nginx_target nginx-plain "" 1000000r/s "burst=1000000 nodelay"
+        nginx_target nginx-tls-in " ssl http2" 1000000r/s "burst=1000000 nodelay" "$tls_server_directives"
+        NGINX_UPSTREAM_PORT=$tls_backend_port NGINX_UPSTREAM_SCHEME=https NGINX_LOCATION_EXTRA="
+      proxy_ssl_session_reuse on;
+      proxy_ssl_verify on;
+      proxy_ssl_trusted_certificate $work/tls/ca.pem;
+      proxy_ssl_server_name on;
+      proxy_ssl_name localhost;
+      proxy_ssl_protocols TLSv1.2 TLSv1.3;" \
+          nginx_target nginx-tls-out "" 1000000r/s "burst=1000000 nodelay"
+        scheme_of[tollgate-tls-in]=https scheme_of[nginx-tls-in]=https
+        tls_targets="tollgate-plain nginx-plain tollgate-tls-in nginx-tls-in tollgate-tls-out nginx-tls-out"
+        for name in $tls_targets; do check "$name" 200 --cacert "$work/tls/ca.pem"; done
+        # What wrk's OpenSSL negotiates with each TLS listener.
+        for name in tollgate-tls-in nginx-tls-in; do
+          echo "  $name negotiates: $(openssl s_client -connect "127.0.0.1:${port_of[$name]}" -servername localhost \
+            -CAfile "$work/tls/ca.pem" </dev/null 2>/dev/null | awk '/^New,/ {sub(/^New, /, ""); print}')"
+        done
+        run_rounds tls wrk "$tls_targets"
+        echo "  backend connections opened by tollgate-tls-out: $(curl -s "http://127.0.0.1:${admin_of[tollgate-tls-out]}/metrics" |
+          awk '/^tollgate_backend_connections_total/ {print $2}') (for $(awk -F'\t' '$1 == "tls" && $3 == "tollgate-tls-out" {n += $7} END {print n + 0}' "$results") measured requests)"
+        [ "${BENCH_TLS_HANDSHAKES:-0}" != 1 ] || tls_handshakes tollgate-plain nginx-plain tollgate-tls-in nginx-tls-in
+        stop $tls_targets tls-backend
+        ;;
+      *) echo "bench.sh: unknown scenario $scenario (allow, deny, many, h2, tls)" >&2; exit 2 ;;
     esac
   done
 
@@ -556,7 +705,8 @@ if [ "$load" = 1 ]; then
       for (s = 1; s <= ns; s++) {
         S = order[s]; ref_nginx = ref_bare = ref_lean = ""
         for (t = 1; t <= nt[S]; t++) { T = target[S, t]
-          if (T ~ /^nginx/) ref_nginx = T; if (T ~ /^bare/) ref_bare = T; if (T ~ /^lean/) ref_lean = T }
+          if (T ~ /^nginx/ && ref_nginx == "") ref_nginx = T; if (T ~ /^bare/ && ref_bare == "") ref_bare = T
+          if (T ~ /^lean/ && ref_lean == "") ref_lean = T }
         printf "\nscenario %s\n", S
         printf "| %-20s | %-24s | %-7s | %-8s | %-20s | %-8s | %-8s | %-8s | %-8s | %-8s | %-11s | %s |\n", "target", "req/s median [min-max]",
           "p50 us", "p99 us", "CPU us/req [min-max]", "req/s vs nginx", "req/s vs floor", "CPU vs nginx", "CPU vs floor", "CPU vs lean", "non-2xx", "errors" (S == "deny" ? " | redis script calls per refusal" : " | redis script calls per request")
@@ -571,6 +721,27 @@ if [ "$load" = 1 ]; then
             ratio(r, rn), ratio(r, rb), ratio(c, cn), ratio(c, cb), ratio(c, cl), refused[k], bad[k], per }
       }
     }' "$results"
+  if grep -q '^tls	' "$results"; then
+    echo
+    echo "scenario tls: ratios per round (the two targets of one round, measured within a minute), median [min-max]"
+    awk -F'\t' '
+      function sorted(list, a,   n, i, j, t) {
+        n = split(list, a, " ")
+        for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+        return n }
+      function spread(list,   a, n, m) { n = sorted(list, a); m = n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        return sprintf("%.2f [%.2f-%.2f]", m, a[1], a[n]) }
+      $1 == "tls" { rps[$3, $2] = $4; cpu[$3, $2] = $11; if ($2 > rounds) rounds = $2 }
+      END {
+        n = split("tollgate-tls-in tollgate-plain|tollgate-tls-out tollgate-plain|nginx-tls-in nginx-plain|nginx-tls-out nginx-plain|tollgate-plain nginx-plain|tollgate-tls-in nginx-tls-in|tollgate-tls-out nginx-tls-out", pairs, "|")
+        printf "| %-34s | %-20s | %-20s |\n", "ratio", "CPU us/req", "req/s"
+        printf "|---|--:|--:|\n"
+        for (i = 1; i <= n; i++) { split(pairs[i], ab, " "); rc = rr = ""
+          for (r = 1; r <= rounds; r++) if (cpu[ab[2], r] > 0 && rps[ab[2], r] > 0) {
+            rc = rc " " cpu[ab[1], r] / cpu[ab[2], r]; rr = rr " " rps[ab[1], r] / rps[ab[2], r] }
+          printf "| %-34s | %-20s | %-20s |\n", ab[1] " / " ab[2], spread(rc), spread(rr) }
+      }' "$results"
+  fi
   echo "load average at the end: $(loadavg)"
   echo "raw output: $log  results: $results  (plot: python3 scripts/bench_plot.py $results docs/bench.png)"
 fi
