@@ -7,40 +7,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+# ensure PACKAGE COMMAND...: install Debian's PACKAGE when one of the COMMANDs is missing (as root
+# with apt-get), else fail loudly naming it. No test skips for want of a program.
+ensure() {
+  local package=$1 command missing=0
+  shift
+  for command in "$@"; do command -v "$command" >/dev/null || missing=1; done
+  [ "$missing" = 0 ] && return 0
   if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "test.sh: installing redis-server and redis-tools" >&2
+    echo "test.sh: installing $package" >&2
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null
   else
-    echo "test.sh: redis-server and redis-cli are required: apt-get install redis-server redis-tools" >&2
+    echo "test.sh: $* required: apt-get install $package" >&2
     exit 1
   fi
-fi
+}
+
+ensure redis-server redis-server
+ensure redis-tools redis-cli
 redis-server --version
 # tests/it/tls_listener.rs puts a real HAProxy (send-proxy-v2) in front of the binary.
-if ! command -v haproxy >/dev/null; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "test.sh: installing haproxy" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null
-  else
-    echo "test.sh: haproxy is required: apt-get install haproxy" >&2
-    exit 1
-  fi
-fi
-haproxy -v | sed -n 1p  # sed reads it all: head would end the pipe early (SIGPIPE under pipefail)
+ensure haproxy haproxy
+# sed reads it all: head would end the pipe early (SIGPIPE fails the run under pipefail).
+haproxy -v | sed -n 1p
 # tests/it/bypass.rs reads request targets with the URL parsers backends use (Python's).
-if ! command -v python3 >/dev/null; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "test.sh: installing python3" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null
-  else
-    echo "test.sh: python3 is required: apt-get install python3" >&2
-    exit 1
-  fi
-fi
+ensure python3 python3
 # tests/it/sentinel.rs runs Sentinels as `redis-server --sentinel` (Debian's redis-sentinel
 # package only adds a service around the same binary). A build without Sentinel would fail
 # those tests obscurely: say so here. Without a config file a Sentinel exits at once, naming
@@ -54,16 +46,7 @@ fi
 # The /metrics tests check both exposition formats with the real readers: promtool (Debian's
 # `prometheus` package) lints the Prometheus text format and parses OpenMetrics, and Python's
 # prometheus_client parses each with its own parser.
-if ! command -v promtool >/dev/null; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "test.sh: installing promtool (the prometheus package)" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  else
-    echo "test.sh: promtool is required: apt-get install prometheus" >&2
-    exit 1
-  fi
-fi
+ensure prometheus promtool
 if ! python3 -c 'import prometheus_client' 2>/dev/null; then
   echo "test.sh: installing Python's prometheus_client" >&2
   # pip where python3 is one of its own (pyenv, a venv); Debian's package for the system's.
