@@ -206,14 +206,4 @@ impl Gate {
     pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
         self.rules.key_headers()
     }
-
-    /// The rule table.
-    pub fn rules(&self) -> &RuleTable {
-        &self.rules
-    }
-
-    /// The limiter (the admin listener reads the store's state through it).
-    pub fn limiter(&self) -> &Limiter {
-        &self.limiter
-    }
 }

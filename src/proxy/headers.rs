@@ -172,7 +172,7 @@ pub fn remove_unbelieved(headers: &mut HeaderMap, peer_is_trusted: bool, undersc
 /// Does this message ask for (or, on a 101, accept) a protocol upgrade?
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
-        && connection_tokens(headers).any(|token| token.eq_ignore_ascii_case("upgrade"))
+        && list_tokens(headers, &header::CONNECTION).any(|token| token.eq_ignore_ascii_case("upgrade"))
 }
 
 /// Remove every hop-by-hop header. With `keep_upgrade`, `Upgrade` survives and
@@ -185,7 +185,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         return;
     }
     // Names listed in Connection, read before Connection itself goes.
-    let listed: Vec<HeaderName> = connection_tokens(headers)
+    let listed: Vec<HeaderName> = list_tokens(headers, &header::CONNECTION)
         .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
         .collect();
     for name in listed.iter().chain(&HOP_BY_HOP) {
@@ -217,10 +217,11 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// The comma-separated tokens of every `Connection` line.
-fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+/// The comma-separated tokens of every `name` line (`Connection`, `Upgrade`); lines that are
+/// not visible ASCII name nothing.
+pub fn list_tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a str> {
     headers
-        .get_all(header::CONNECTION)
+        .get_all(name)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))

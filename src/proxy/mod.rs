@@ -399,6 +399,8 @@ struct Forwarding<'a> {
     /// The client's place under `MAX_UPGRADES_PER_CLIENT`, for the tunnel if the backend
     /// switches.
     tunnel: Option<TunnelSlot>,
+    /// It asks for an upgrade (read once, before the gate took a tunnel's place for it).
+    upgrade: bool,
 }
 
 /// What the log lines and metrics of one request need to know, wherever they are written.
@@ -460,9 +462,10 @@ impl Proxy {
             .cors
             .as_ref()
             .and_then(|cors| cors.origin_of(request.headers()));
-        // The rule it was classified under, if it got that far: its responses are counted by it.
-        let mut rule = None;
-        let (mut response, by) = self.respond(request, arrival, &id, started, &mut rule).await;
+        // The rule it is classified under, once it is: its response is counted by it.
+        let mut context = RequestContext { id: &id, rule: None };
+        let (mut response, by) = self.respond(request, arrival, &mut context, started).await;
+        let rule = context.rule;
         if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
             cors.apply(response.headers_mut(), origin);
         }
@@ -477,12 +480,11 @@ impl Proxy {
         &self,
         mut request: Request<Incoming>,
         arrival: Arrival,
-        id: &HeaderValue,
+        context: &mut RequestContext<'_>,
         started: Instant,
-        classified: &mut Option<u16>,
     ) -> (Response<ResponseBody>, AnsweredBy) {
         let peer = arrival.connection.address;
-        let mut context = RequestContext { id, rule: None };
+        let id = context.id;
         if arrival.overloaded {
             if let Some(suppressed) = self.overload_log.admit() {
                 if suppressed > 0 {
@@ -503,7 +505,7 @@ impl Proxy {
             request.headers(),
             arrival.content_length_dropped,
         ) {
-            let refusal = refuse_violation(violation, &request, peer, &context);
+            let refusal = refuse_violation(violation, &request, peer, context);
             return (refusal, AnsweredBy::Gateway);
         }
         // An upgrade to a protocol the gateway cannot meter (h2c) would make this one counted
@@ -515,26 +517,26 @@ impl Proxy {
             && let Some(name) = headers::underscore_alias(request.headers(), self.gate.key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
-            let refusal = refuse(&reason, request.uri().path(), peer, &context);
+            let refusal = refuse(&reason, request.uri().path(), peer, context);
             return (refusal, AnsweredBy::Gateway);
         }
+        let upgrade = upgrades::is_upgrade(&request);
         let head = gate::Head {
             method: request.method(),
             path: request.uri().path(),
             headers: request.headers(),
             peer: peer.ip(),
-            upgrade: upgrades::is_upgrade(&request),
+            upgrade,
         };
         let mut verdict = match self.gate.decide(&head).await {
             Ok(verdict) => verdict,
             Err(Refused::Ambiguous(reason)) => {
-                let refusal = refuse(&reason, request.uri().path(), peer, &context);
+                let refusal = refuse(&reason, request.uri().path(), peer, context);
                 return (refusal, AnsweredBy::Gateway);
             }
             Err(Refused::Tunnels(limit)) => return (response::too_many_upgrades(limit), AnsweredBy::Gateway),
         };
         context.rule = Some(verdict.rule.id);
-        *classified = context.rule;
         let outcome = verdict.outcome;
         // Captured only when a line about this request will be written (the request moves on
         // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
@@ -551,8 +553,9 @@ impl Proxy {
                 rewritten: verdict.rewritten.as_deref(),
                 sent: verdict.decided,
                 tunnel: verdict.tunnel.take(),
+                upgrade,
             };
-            self.forward(request, to, &context).await
+            self.forward(request, to, context).await
         } else {
             let refusal = match verdict
                 .decision
@@ -567,7 +570,7 @@ impl Proxy {
         self.gate.settle(&verdict, response.status().as_u16()).await;
         self.rate_limit_headers(&verdict, &mut response);
         if let Some(summary) = logged {
-            self.log(&context, &verdict, &response, &summary, started);
+            self.log(context, &verdict, &response, &summary, started);
         }
         (response, by)
     }
@@ -740,8 +743,8 @@ impl Proxy {
             rewritten,
             sent,
             tunnel: tunnel_slot,
+            upgrade,
         } = to;
-        let upgrade = upgrades::is_upgrade(&request);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
 
         let (mut parts, body) = request.into_parts();

@@ -166,13 +166,7 @@ impl UpgradeProtocols {
         }
         let mut kept = String::new();
         let mut removed = 0;
-        for token in headers
-            .get_all(header::UPGRADE)
-            .iter()
-            .flat_map(|line| line.to_str().map_or(Vec::new(), |line| line.split(',').collect()))
-            .map(str::trim)
-            .filter(|token| !token.is_empty())
-        {
+        for token in headers::list_tokens(headers, &header::UPGRADE) {
             if self.allows(token) {
                 if !kept.is_empty() {
                     kept.push_str(", ");
@@ -199,13 +193,13 @@ impl UpgradeProtocols {
 
     /// Whether a `101` response switches to allowed protocols only (and names at least one).
     pub fn accepts(&self, response: &HeaderMap) -> bool {
-        let mut tokens = response
+        // A line that is not visible ASCII switches to something unknown.
+        let readable = response
             .get_all(header::UPGRADE)
             .iter()
-            .flat_map(|line| line.to_str().map_or(vec![""], |line| line.split(',').collect()))
-            .map(str::trim)
-            .peekable();
-        tokens.peek().is_some() && tokens.all(|token| self.allows(token))
+            .all(|line| line.to_str().is_ok());
+        let mut tokens = headers::list_tokens(response, &header::UPGRADE).peekable();
+        readable && tokens.peek().is_some() && tokens.all(|token| self.allows(token))
     }
 
     /// The list as written in `UPGRADE_PROTOCOLS` (`none` when empty).
