@@ -555,7 +555,10 @@ impl Proxy {
                 tunnel: verdict.tunnel.take(),
                 upgrade,
             };
-            self.forward(request, to, context).await
+            // Boxed: the backend exchange's state is most of a request's future, and hyper
+            // moves the request's future by value several times before polling it; boxed, it
+            // moves a pointer (docs/benchmarks.md part 9).
+            Box::pin(self.forward(request, to, context)).await
         } else {
             let refusal = match verdict
                 .decision
