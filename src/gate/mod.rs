@@ -112,6 +112,15 @@ pub struct Verdict<'g> {
     pub tunnel: Option<TunnelSlot>,
 }
 
+/// What [`Gate::decide_key`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keyed {
+    /// What the store (or the fail mode) said.
+    pub decision: StoreVerdict,
+    /// What the door is to do with it.
+    pub outcome: Outcome,
+}
+
 impl Gate {
     /// The gate of `settings`, deciding with `limiter` and counting into `metrics`.
     pub fn new(settings: GateSettings, limiter: Limiter, metrics: Arc<Metrics>) -> Gate {
@@ -180,6 +189,31 @@ impl Gate {
             decided,
             tunnel,
         })
+    }
+
+    /// Decide `cost` units of `key`'s budget under `rule`, for a door that names the client and
+    /// the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
+    /// limiter, denial cache, breaker and fail mode as [`Gate::decide`], counted in the same
+    /// metrics. `rule` must be one of this gate's ([`Gate::rule`]).
+    pub async fn decide_key(&self, rule: &Rule, key: ClientKey, cost: u64) -> Keyed {
+        let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
+        let asked = Instant::now();
+        let decision = self.limiter.check(rule, key, cost).await;
+        self.metrics.decision(rule.id, asked.elapsed());
+        let outcome = Outcome::of(mode, Some(&decision));
+        self.metrics.request(rule.id, outcome);
+        Keyed { decision, outcome }
+    }
+
+    /// The rule called `name`, for [`Gate::decide_key`].
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.rule(name)
+    }
+
+    /// Digests a client's own name (a JSON API key, a descriptor's entries) into a
+    /// [`ClientKey`], with the key every replica shares (`KEY_HASH_SECRET`).
+    pub fn key_of(&self, value: &[u8]) -> ClientKey {
+        ClientKey::Header(self.rules.hasher().digest(value))
     }
 
     /// After the answer (`status`): a success under `count=failures` gets its cost back.
