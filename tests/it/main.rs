@@ -8,6 +8,7 @@ mod binary;
 mod bypass;
 mod cluster;
 mod connections;
+mod decide;
 mod faults;
 mod http2;
 mod operator;
