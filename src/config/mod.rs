@@ -504,14 +504,16 @@ impl Config {
                             ),
                         });
                     }
-                    Some(token) => Some(
-                        Token::new(token).ok_or_else(|| ConfigError::InvalidSecret {
+                    Some(token) => {
+                        Some(Token::new(token).ok_or_else(|| {
+                            ConfigError::InvalidSecret {
                             var: "DECIDE_TOKEN",
                             expected:
                                 "a secret to keep: the operating system gave no randomness to keep it with"
                                     .into(),
-                        })?,
-                    ),
+                        }
+                        })?)
+                    }
                 };
                 Some(DecideSettings {
                     listen: SocketAddr::new(bind, decide_port),

@@ -247,14 +247,15 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     response
 }
 
-/// The status of a refusal: `429`, or what `?status=` names (`401`, `403` or `429`).
+/// The status of a refusal: `429`, or what `?status=` names (`401`, `403` or `429`). Other
+/// parameters are not ours and are passed over: Caddy's `forward_auth` appends the original
+/// request's query to the URI it calls.
 fn refusal_status(query: Option<&str>) -> Result<StatusCode, String> {
     let mut status = StatusCode::TOO_MANY_REQUESTS;
-    for pair in query.unwrap_or("").split('&').filter(|pair| !pair.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if name != "status" {
-            return Err(format!("unknown query parameter {name:?}: only status= is read"));
-        }
+    for pair in query.unwrap_or("").split('&') {
+        let Some(value) = pair.strip_prefix("status=") else {
+            continue;
+        };
         status = match value {
             "401" => StatusCode::UNAUTHORIZED,
             "403" => StatusCode::FORBIDDEN,
@@ -380,7 +381,11 @@ mod tests {
         assert_eq!(refusal_status(None), Ok(StatusCode::TOO_MANY_REQUESTS));
         assert_eq!(refusal_status(Some("status=403")), Ok(StatusCode::FORBIDDEN));
         assert_eq!(refusal_status(Some("status=401")), Ok(StatusCode::UNAUTHORIZED));
+        assert_eq!(
+            refusal_status(Some("page=2&status=403")),
+            Ok(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(refusal_status(Some("page=2")), Ok(StatusCode::TOO_MANY_REQUESTS));
         assert!(refusal_status(Some("status=200")).is_err());
-        assert!(refusal_status(Some("other=1")).is_err());
     }
 }

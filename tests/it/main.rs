@@ -11,6 +11,7 @@ mod connections;
 mod decide;
 mod faults;
 mod http2;
+mod ingress;
 mod operator;
 mod proxy;
 mod redis;
