@@ -148,8 +148,33 @@ pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr)
     }
 }
 
-/// Parse, check and decide a body.
-async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadBody> {
+/// A question, checked: what the gate is to be asked.
+#[derive(Debug)]
+pub enum Ask<'r> {
+    /// `{"rule", "key", "cost"}`.
+    Named {
+        /// The rule, one of the table's.
+        rule: &'r Rule,
+        /// Whose budget: 1 to [`MAX_KEY`] bytes.
+        key: String,
+        /// 1 to the rule's capacity.
+        cost: u64,
+    },
+    /// `{"method", "path", "client_ip", "headers"}`.
+    Classified {
+        /// The method.
+        method: Method,
+        /// The path, without its query: starts with `/`, or is `*`.
+        path: String,
+        /// The client's address.
+        client: IpAddr,
+        /// Its headers.
+        headers: HeaderMap,
+    },
+}
+
+/// Parse and check a body against `rules` (the gate's, in table order).
+pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
     let question = parse(body)?;
     let named = question.rule.is_some() || question.key.is_some() || question.cost.is_some();
     let classified = question.method.is_some()
@@ -168,9 +193,10 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
             field: None,
         }),
         (true, false) => {
-            let rule = named_rule(door, question.rule.as_deref())?;
-            let key = match question.key.as_deref() {
-                None | Some("") => {
+            let rule = named_rule(rules, question.rule.as_deref())?;
+            let key = match question.key {
+                None => return Err(BadBody::field("key", "a key is required: whose budget to spend")),
+                Some(key) if key.is_empty() => {
                     return Err(BadBody::field("key", "a key is required: whose budget to spend"));
                 }
                 Some(key) if key.len() > MAX_KEY => {
@@ -189,11 +215,7 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
                     ),
                 ));
             }
-            let keyed = door
-                .gate
-                .decide_key(rule, door.gate.key_of(key.as_bytes()), cost)
-                .await;
-            Ok(respond(door, rule, keyed.decision.decision(), keyed.outcome))
+            Ok(Ask::Named { rule, key, cost })
         }
         (false, true) => {
             let method = match question.method.as_deref() {
@@ -218,9 +240,35 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
                     BadBody::field("client_ip", "an IP address such as 203.0.113.7 or 2001:db8::1")
                 })?;
             let headers = header_map(question.headers.unwrap_or_default())?;
+            Ok(Ask::Classified {
+                method,
+                path: path.to_owned(),
+                client,
+                headers,
+            })
+        }
+    }
+}
+
+/// Check a body and ask the gate.
+async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadBody> {
+    match ask(body, door.gate.rules())? {
+        Ask::Named { rule, key, cost } => {
+            let keyed = door
+                .gate
+                .decide_key(rule, door.gate.key_of(key.as_bytes()), cost)
+                .await;
+            Ok(respond(door, rule, keyed.decision.decision(), keyed.outcome))
+        }
+        Ask::Classified {
+            method,
+            path,
+            client,
+            headers,
+        } => {
             let head = Head {
                 method: &method,
-                path,
+                path: &path,
                 headers: &headers,
                 peer: client,
                 upgrade: false,
@@ -236,11 +284,11 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
 }
 
 /// The rule `name`, or an error naming the closest rule.
-fn named_rule<'g>(door: &'g Decide, name: Option<&str>) -> Result<&'g Rule, BadBody> {
+fn named_rule<'r>(rules: &'r [Rule], name: Option<&str>) -> Result<&'r Rule, BadBody> {
     let name =
         name.ok_or_else(|| BadBody::field("rule", "a rule is required (general, auth, or a route's name)"))?;
-    door.gate.rule(name).ok_or_else(|| {
-        let names: Vec<&str> = door.gate.rules().iter().map(|rule| &*rule.name).collect();
+    rules.iter().find(|rule| &*rule.name == name).ok_or_else(|| {
+        let names: Vec<&str> = rules.iter().map(|rule| &*rule.name).collect();
         let closest = names
             .iter()
             .min_by_key(|known| edit_distance(name, known))
