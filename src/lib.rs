@@ -58,6 +58,7 @@ pub mod proxy;
 pub mod server;
 mod suggest;
 pub mod telemetry;
+pub mod variables;
 
 pub use app::{Listeners, ServeError, serve, serve_on, serve_with_admin};
 pub use config::{Config, ConfigError};

@@ -447,7 +447,7 @@ fn secrets_config() -> impl Strategy<Value = Vec<(String, String)>> {
 /// Any name (mostly ours) with any value; secret variables get the marker.
 fn arbitrary_vars() -> impl Strategy<Value = Vec<(String, String)>> {
     let name = prop_oneof![
-        8 => select(VARIABLES).prop_map(str::to_owned),
+        8 => select(&VARIABLES[..]).prop_map(str::to_owned),
         1 => any::<String>(),
         1 => "[A-Z_]{1,24}",
     ];
@@ -504,7 +504,7 @@ proptest! {
 
     #[test]
     fn config_lines_of_the_grammar(
-        lines in vec((select(VARIABLES), vec(select(SEGMENTS), 0..5), select(NUMBERS)), 0..10),
+        lines in vec((select(&VARIABLES[..]), vec(select(SEGMENTS), 0..5), select(NUMBERS)), 0..10),
     ) {
         let text: Vec<String> = lines
             .iter()

@@ -6,6 +6,7 @@
 //! variable means; the parsers in [`super`] turn strings into settings and name the variable
 //! in every error.
 
+use crate::variables::Var;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -42,15 +43,20 @@ impl Env {
         }
     }
 
-    /// The trimmed value of `name`, if set and not empty.
-    pub fn get(&self, name: &'static str) -> Option<&str> {
-        self.read.borrow_mut().insert(name);
-        self.vars.get(name).map(String::as_str)
+    /// The trimmed value of `var`, if set and not empty.
+    pub fn get(&self, var: Var) -> Option<&str> {
+        self.read.borrow_mut().insert(var.name);
+        self.vars.get(var.name).map(String::as_str)
     }
 
-    /// True when `name` is set (recorded as read).
-    pub fn is_set(&self, name: &'static str) -> bool {
-        self.get(name).is_some()
+    /// The value of `var`, or its default (empty for one without).
+    pub fn value(&self, var: Var) -> &str {
+        self.get(var).or(var.default).unwrap_or_default()
+    }
+
+    /// True when `var` is set (recorded as read).
+    pub fn is_set(&self, var: Var) -> bool {
+        self.get(var).is_some()
     }
 
     /// Every name asked for so far.
@@ -69,23 +75,38 @@ impl Env {
         self.vars.get(name).map(String::as_str)
     }
 
-    /// Parse `name` (or `default` when unset) with `parse`; `None` from it is an error naming
+    /// Parse `var` (or its default when unset) with `parse`; `None` from it is an error naming
     /// the variable and the value, saying what is `expected`.
     pub fn parse<T>(
         &self,
-        name: &'static str,
+        var: Var,
+        expected: &str,
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<T, ConfigError> {
+        self.parse_or(var, var.default.unwrap_or_default(), expected, parse)
+    }
+
+    /// [`Env::parse`] of a variable whose default is worked out from others (`default`).
+    pub fn parse_or<T>(
+        &self,
+        var: Var,
         default: &str,
         expected: &str,
         parse: impl FnOnce(&str) -> Option<T>,
     ) -> Result<T, ConfigError> {
-        let value = self.get(name).unwrap_or(default);
-        parse(value).ok_or_else(|| ConfigError::invalid(name, value, expected))
+        let value = self.get(var).unwrap_or(default);
+        parse(value).ok_or_else(|| ConfigError::invalid(var.name, value, expected))
     }
 
     /// A duration in whole milliseconds, at least 1 and at most [`MAX_MILLIS`].
-    pub fn millis(&self, name: &'static str, default: &str) -> Result<Duration, ConfigError> {
-        self.parse(
-            name,
+    pub fn millis(&self, var: Var) -> Result<Duration, ConfigError> {
+        self.millis_or(var, var.default.unwrap_or_default())
+    }
+
+    /// [`Env::millis`] of a variable whose default is worked out from others (`default`).
+    pub fn millis_or(&self, var: Var, default: &str) -> Result<Duration, ConfigError> {
+        self.parse_or(
+            var,
             default,
             "a whole number of milliseconds, at least 1 and at most 31536000000 (a year)",
             |s| {
@@ -98,8 +119,8 @@ impl Env {
     }
 
     /// `true` or `false`.
-    pub fn flag(&self, name: &'static str, default: &str) -> Result<bool, ConfigError> {
-        self.parse(name, default, "true or false", |s| match s {
+    pub fn flag(&self, var: Var) -> Result<bool, ConfigError> {
+        self.parse(var, "true or false", |s| match s {
             "true" => Some(true),
             "false" => Some(false),
             _ => None,
@@ -122,9 +143,9 @@ mod tests {
     #[test]
     fn remembers_every_name_read_and_treats_empty_as_unset() {
         let env = Env::new([("PORT", " 81 "), ("BIND", "  ")]);
-        assert_eq!(env.get("PORT"), Some("81"));
-        assert_eq!(env.get("BIND"), None);
-        assert!(!env.is_set("LIMIT"));
+        assert_eq!(env.get(crate::variables::PORT), Some("81"));
+        assert_eq!(env.get(crate::variables::BIND), None);
+        assert!(!env.is_set(crate::variables::LIMIT));
         assert_eq!(
             env.read_names().into_iter().collect::<Vec<_>>(),
             ["BIND", "LIMIT", "PORT"]
