@@ -46,11 +46,11 @@ pub enum ServeError {
 pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
     let rules = config.gate.rules.rules();
     Ok(match &config.store.kind {
-        StoreConfig::Memory => Limiter::Memory(MemoryStore::new(config.store.max_keys, rules)),
+        StoreConfig::Memory => Limiter::new(MemoryStore::new(config.store.max_keys, rules)),
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
                 .with_calls_in_flight(redis.calls_in_flight);
-            Limiter::Redis(Guard::new(store, redis.guard, config.store.max_keys, rules))
+            Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules))
         }
     })
 }
@@ -160,17 +160,18 @@ pub async fn serve_on(
     });
     let admin_address = admin.as_ref().and_then(|admin| admin.local_addr().ok());
     let admin = admin.map(|admin| tokio::spawn(admin::serve(admin, admin_state.clone())));
-    let purge = limiter.memory_store().map(|store| {
-        let store = store.clone();
+    // Every store is asked (one that keeps no clients in memory has none to purge).
+    let purge = {
+        let limiter = limiter.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PURGE_INTERVAL);
             loop {
                 tick.tick().await;
-                let purged = store.purge_idle();
-                tracing::trace!(purged, held = store.len(), "purged idle clients");
+                let purged = limiter.purge_idle();
+                tracing::trace!(purged, held = limiter.stats().clients, "purged idle clients");
             }
         })
-    });
+    };
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
         &config.server.listener,
@@ -271,9 +272,7 @@ pub async fn serve_on(
         }
     );
     admin_state.draining.store(true, Ordering::Release);
-    if let Some(purge) = purge {
-        purge.abort();
-    }
+    purge.abort();
     if let Some(watcher) = certificate_watcher {
         watcher.abort();
     }

@@ -34,8 +34,9 @@
 //! - [`limit`]: the policy's parts, never forwarding or answering anything: the rule table
 //!   ([`limit::RuleTable`]: classify a request head into rule, key, cost and mode), client keys,
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
-//!   the memory store, the Redis store and the guard that decides what happens when Redis
-//!   fails.
+//!   and the stores behind one trait ([`limit::Store`], which the gate's [`limit::Limiter`]
+//!   holds): the memory store, and the guard ([`limit::Guard`]: breakers and fail modes)
+//!   generic over a store that can fail ([`limit::Remote`]), the Redis store.
 //! - [`outcome`]: what became of a request, a backend exchange or a connection, as the doors
 //!   and the [`metrics`] both name it.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.

@@ -666,41 +666,38 @@ impl fmt::Debug for StoreCollector {
 
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let memory = self.limiter.memory_store();
-        let clients = memory.map_or(0, |store| store.len() as i64);
-        let evictions = memory.map_or(0, |store| store.evictions());
+        let stats = self.limiter.stats();
         gauge(
             &mut encoder,
             "memory_clients",
             "Client budgets held in this replica's memory store (or FAIL_MODE=local's)",
-            clients,
+            stats.clients as i64,
         )?;
         counter(
             &mut encoder,
             "memory_evictions",
             "Client budgets forgotten to stay within MAX_KEYS",
-            evictions,
+            stats.evictions,
         )?;
-        let guard = self.limiter.guard();
         counter(
             &mut encoder,
             "cached_denials",
             "Requests refused from the denial cache in Redis mode, without a Redis call",
-            guard.map_or(0, |guard| guard.cached_denials()),
+            stats.cached_denials,
         )?;
         gauge(
             &mut encoder,
             "breaker_open",
             "Redis circuit breakers open (their requests get the fail mode): 0 or 1 for one \
              Redis, up to one per master on a cluster",
-            guard.map_or(0, |guard| guard.breakers_open().0 as i64),
+            stats.breakers.map_or(0, |breakers| breakers.open as i64),
         )?;
         gauge(
             &mut encoder,
             "redis_masters",
             "Redis Cluster masters in the gateway's slot map, each with its own breaker (0 for \
              one Redis, or before the cluster first answers CLUSTER SLOTS)",
-            guard.map_or(0, |guard| guard.masters() as i64),
+            stats.masters as i64,
         )?;
         let mut family = encoder.encode_descriptor(
             "redis_errors",
@@ -709,7 +706,7 @@ impl Collector for StoreCollector {
             MetricType::Counter,
         )?;
         for kind in RedisErrorKind::ALL {
-            let count = guard.map_or(0, |guard| guard.errors(kind));
+            let count = stats.errors(kind);
             let labels = [("kind", kind.as_str())];
             ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
         }
