@@ -30,7 +30,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme, Uri};
@@ -38,6 +39,7 @@ use ipnet::IpNet;
 
 use crate::admin::AdminSettings;
 use crate::gate::GateSettings;
+use crate::limit::RuleTable;
 use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
 use crate::proxy::headers::UnderscoreHeaders;
@@ -45,6 +47,7 @@ use crate::proxy::response::HeaderStyle;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
+use crate::rls::DescriptorTable;
 use crate::server::ServerSettings;
 use crate::server::limits::PerClientCap;
 use crate::telemetry::{LogFormat, LogSettings};
@@ -149,6 +152,8 @@ pub const VARIABLES: &[&str] = &[
     "AUTH_FAIL_MODE",
     "REDIS_BREAKER_THRESHOLD",
     "REDIS_PROBE_INTERVAL_MS",
+    // Envoy's rate limit service
+    "RLS_CONFIG",
 ];
 
 /// A configuration mistake, naming the variable.
@@ -193,6 +198,16 @@ pub enum ConfigError {
     /// Variables that cannot be used together.
     #[error("{0}")]
     Conflict(String),
+    /// A file a variable names is wrong: where in it, and what.
+    #[error("{var}: {location}: {problem}")]
+    File {
+        /// The variable.
+        var: &'static str,
+        /// The file, and the line and entry where known (`rls.yaml:12: descriptors[0].key`).
+        location: String,
+        /// What is wrong with it, and what is accepted.
+        problem: String,
+    },
 }
 
 impl ConfigError {
@@ -228,6 +243,9 @@ pub struct Config {
     pub store: StoreSettings,
     /// The admin listener.
     pub admin: AdminSettings,
+    /// `RLS_CONFIG`: Envoy's rate limit service's descriptors, whose limits are named rules of
+    /// `gate.rules`; `None` when unset.
+    pub rls: Option<Arc<DescriptorTable>>,
     /// The log.
     pub log: LogSettings,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
@@ -312,6 +330,7 @@ impl Config {
         let store = store::parse(env)?;
         let mut rule_warnings = Vec::new();
         let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)), &mut rule_warnings)?;
+        let (rules, rls) = parse_rls(env, rules)?;
         let trusted_proxies = entries(env.get("TRUSTED_PROXIES").unwrap_or(""), &[','])
             .map(|entry| {
                 let network = parse_network(entry).ok_or_else(|| {
@@ -495,6 +514,7 @@ impl Config {
                 max_keys,
             },
             admin: AdminSettings { address: admin },
+            rls,
             log: LogSettings { format: log_format },
             read,
             warnings,
@@ -519,9 +539,10 @@ impl fmt::Display for Config {
         if let Some(tls) = &self.proxy.backend.tls {
             writeln!(f, "backend TLS:      {tls}")?;
         }
-        let rules = self.gate.rules.rules();
-        if let [.., auth, general] = rules {
-            writeln!(f, "general rule:     {}", general.policy)?;
+        // The classified ones: a named rule (RLS_CONFIG's) has no paths and is listed by its door.
+        let rules = self.gate.rules.classified();
+        writeln!(f, "general rule:     {}", self.gate.rules.general().policy)?;
+        if let Some(auth) = self.gate.rules.rule("auth") {
             writeln!(f, "auth rule:        {}", auth.policy)?;
         }
         writeln!(f, "auth paths:       {}", self.gate.rules.paths_of("auth"))?;
@@ -559,6 +580,9 @@ impl fmt::Display for Config {
                 ""
             }
         )?;
+        if let Some(rls) = &self.rls {
+            writeln!(f, "envoy rls:        {rls}")?;
+        }
         writeln!(f, "headers:          {}", self.proxy.headers.as_str())?;
         writeln!(
             f,
@@ -629,6 +653,26 @@ impl fmt::Display for Config {
             }
         }
     }
+}
+
+/// `RLS_CONFIG` (a file, or a directory of `*.yaml`/`*.yml`, one domain each), read now so a
+/// bad file stops startup: its table, and `rules` with its limits added as named rules, each
+/// failing as `FAIL_MODE` says and shadowed under `SHADOW_MODE` (both the general rule's).
+fn parse_rls(env: &Env, rules: RuleTable) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
+    let Some(path) = env.get("RLS_CONFIG") else {
+        return Ok((rules, None));
+    };
+    let table = DescriptorTable::load(Path::new(path)).map_err(|error| ConfigError::File {
+        var: "RLS_CONFIG",
+        location: error.location,
+        problem: error.problem,
+    })?;
+    let general = rules.general();
+    let named = table.rules(general.fail_mode, general.shadow);
+    let rules = rules
+        .with_named(named)
+        .map_err(|error| ConfigError::invalid("RLS_CONFIG", path, &error.to_string()))?;
+    Ok((rules, Some(Arc::new(table))))
 }
 
 /// Where `tollgate healthcheck` finds the admin listener in `vars` (the process environment,
