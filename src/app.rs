@@ -17,6 +17,7 @@ use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
+use crate::rls::{RateLimitService, RlsError};
 use crate::server::listener::Listener;
 use crate::server::{Capacity, Server, tls};
 
@@ -36,6 +37,9 @@ pub enum ServeError {
     /// The TLS certificate or key could not be used.
     #[error("{0}")]
     Tls(#[from] tls::TlsError),
+    /// Envoy's rate limit service could not be built from the rule table.
+    #[error("envoy rls: {0}")]
+    Rls(#[from] RlsError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -49,6 +53,32 @@ pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
             Limiter::Redis(Guard::new(store, redis.guard, config.store.max_keys, rules))
         }
     })
+}
+
+/// Envoy's rate limit service of `config` (`None` without `RLS_CONFIG`), deciding through
+/// `gate`, which must be built from `config.gate` (whose table holds the descriptors' rules).
+/// The decision listener routes `application/grpc` requests to its
+/// [`RateLimitService::into_server`]; [`crate::rls::serve`] serves it on a port of its own.
+pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitService>, ServeError> {
+    let Some(table) = &config.rls else {
+        return Ok(None);
+    };
+    Ok(Some(RateLimitService::new(gate, table.clone())?))
+}
+
+/// A gate of `config`'s own: its limiter (Redis connected lazily) and metrics, for a door
+/// served apart from the proxy's listener (Envoy's rate limit service on a port of its own,
+/// tests). Call it inside a Tokio runtime.
+pub fn standalone_gate(config: &Config) -> Result<(Arc<Gate>, Arc<Metrics>), ServeError> {
+    let limiter = limiter(config)?;
+    let capacity = Capacity::of(&config.server);
+    let load = metrics::Load {
+        connections: Arc::new(capacity.connections.clone()),
+        requests: Arc::new(capacity.requests.clone()),
+    };
+    let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
+    let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
+    Ok((gate, metrics))
 }
 
 /// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then

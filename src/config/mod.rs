@@ -330,7 +330,7 @@ impl Config {
         let store = store::parse(env)?;
         let mut rule_warnings = Vec::new();
         let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)), &mut rule_warnings)?;
-        let (rules, rls) = parse_rls(env, rules)?;
+        let (rules, rls) = parse_rls(env, rules, matches!(store, StoreConfig::Redis(_)))?;
         let trusted_proxies = entries(env.get("TRUSTED_PROXIES").unwrap_or(""), &[','])
             .map(|entry| {
                 let network = parse_network(entry).ok_or_else(|| {
@@ -658,10 +658,23 @@ impl fmt::Display for Config {
 /// `RLS_CONFIG` (a file, or a directory of `*.yaml`/`*.yml`, one domain each), read now so a
 /// bad file stops startup: its table, and `rules` with its limits added as named rules, each
 /// failing as `FAIL_MODE` says and shadowed under `SHADOW_MODE` (both the general rule's).
-fn parse_rls(env: &Env, rules: RuleTable) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
+fn parse_rls(
+    env: &Env,
+    rules: RuleTable,
+    shared_store: bool,
+) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
     let Some(path) = env.get("RLS_CONFIG") else {
         return Ok((rules, None));
     };
+    // A descriptor's budget is keyed by a digest of its entries: replicas sharing Redis must
+    // digest alike (the rule table's parser has refused a short secret already).
+    if shared_store && !env.is_set("KEY_HASH_SECRET") {
+        return Err(ConfigError::Missing {
+            var: "KEY_HASH_SECRET",
+            expected: "with Redis and RLS_CONFIG, every replica must digest descriptors alike: set the \
+                       same secret of 16+ characters on each, e.g. from `openssl rand -hex 32`",
+        });
+    }
     let table = DescriptorTable::load(Path::new(path)).map_err(|error| ConfigError::File {
         var: "RLS_CONFIG",
         location: error.location,

@@ -13,6 +13,7 @@ mod http2;
 mod operator;
 mod proxy;
 mod redis;
+mod rls;
 mod rules;
 mod sentinel;
 mod strict;
