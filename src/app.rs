@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreConfig};
+use crate::decide::Decide;
 use crate::gate::Gate;
 use crate::gate::identity::ClientIdentity;
 use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
@@ -34,6 +35,9 @@ pub enum ServeError {
     /// platform's CA store).
     #[error("backend TLS: {0}")]
     BackendTls(#[from] TlsSetupError),
+    /// The listeners given are not the ones the configuration asks for.
+    #[error("listeners: {0}")]
+    Listener(&'static str),
     /// The TLS certificate or key could not be used.
     #[error("{0}")]
     Tls(#[from] tls::TlsError),
@@ -81,6 +85,17 @@ pub fn standalone_gate(config: &Config) -> Result<(Arc<Gate>, Arc<Metrics>), Ser
     Ok((gate, metrics))
 }
 
+/// The sockets tollgate serves on, each bound by the caller (so tests bind `127.0.0.1:0`).
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// The proxy's (`BIND`, `PORT`): required when the configuration has a `BACKEND_URL`.
+    pub proxy: Option<TcpListener>,
+    /// The admin endpoints' (`ADMIN_BIND`, `ADMIN_PORT`); `None`: no admin listener.
+    pub admin: Option<TcpListener>,
+    /// The decision endpoints' (`BIND`, `DECIDE_PORT`): required when `DECIDE_PORT` is set.
+    pub decide: Option<TcpListener>,
+}
+
 /// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then
 /// stop accepting, wait up to `SHUTDOWN_TIMEOUT_MS` for in-flight requests, and return.
 pub async fn serve(
@@ -88,7 +103,11 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    run(listener, None, config, shutdown).await
+    let listeners = Listeners {
+        proxy: Some(listener),
+        ..Listeners::default()
+    };
+    serve_on(listeners, config, shutdown).await
 }
 
 /// [`serve`], with the admin endpoints (`/metrics`, `/healthz`, `/readyz`) on `admin`. The
@@ -99,24 +118,65 @@ pub async fn serve_with_admin(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    run(listener, Some(admin), config, shutdown).await
+    let listeners = Listeners {
+        proxy: Some(listener),
+        admin: Some(admin),
+        decide: None,
+    };
+    serve_on(listeners, config, shutdown).await
 }
 
-async fn run(
-    listener: TcpListener,
-    admin: Option<TcpListener>,
+/// Serve every listener of `listeners` the configuration asks for (the proxy, the decision
+/// endpoints, the admin endpoints) until `shutdown` completes; then stop accepting, drain the
+/// proxy's and the decision endpoints' connections (up to `SHUTDOWN_TIMEOUT_MS`), and return.
+pub async fn serve_on(
+    listeners: Listeners,
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let Listeners { proxy, admin, decide } = listeners;
+    let proxy = match (proxy, &config.proxy) {
+        (Some(listener), Some(_)) => Some(listener),
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(ServeError::Listener(
+                "BACKEND_URL is set: a listener for the proxy (PORT)",
+            ));
+        }
+        (Some(_), None) => {
+            return Err(ServeError::Listener(
+                "a proxy listener was given but BACKEND_URL is unset: nothing to proxy to",
+            ));
+        }
+    };
+    let decide = match (decide, &config.decide) {
+        (Some(listener), Some(_)) => Some(listener),
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(ServeError::Listener(
+                "DECIDE_PORT is set: a listener for the decision endpoints",
+            ));
+        }
+        (Some(_), None) => {
+            return Err(ServeError::Listener(
+                "a decision listener was given but DECIDE_PORT is unset",
+            ));
+        }
+    };
+    if proxy.is_none() && decide.is_none() {
+        return Err(ServeError::Listener(
+            "BACKEND_URL or DECIDE_PORT: nothing to serve",
+        ));
+    }
     let limiter = limiter(&config)?;
     // Before anything listens: a CA file that cannot be read stops startup.
     let tls = config
         .proxy
-        .backend
-        .tls
         .as_ref()
+        .and_then(|proxy| proxy.backend.tls.as_ref())
         .map(TlsConnector::new)
         .transpose()?;
+    // One budget of file descriptors for both listeners' connections.
     let capacity = Capacity::of(&config.server);
     let load = metrics::Load {
         connections: Arc::new(capacity.connections.clone()),
@@ -141,27 +201,36 @@ async fn run(
             }
         })
     });
+    // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
         &config.server.listener,
         &ClientIdentity::new(config.gate.trusted_proxies.clone()),
         &metrics,
     )?;
+    let entry = Arc::new(entry);
     let max_per_client = capacity.max_per_client(&config.server);
+    let address = |listener: &Option<TcpListener>| {
+        listener.as_ref().map_or_else(
+            || "off".into(),
+            |l| l.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+        )
+    };
     // One line; in JSON every setting is a field of its own.
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
-        listen = %listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+        listen = %address(&proxy),
+        decide = %address(&decide),
         admin = %admin_address.map_or_else(|| "off".into(), |a| a.to_string()),
         tls = entry.is_tls(),
         proxy_protocol = config.server.listener.proxy_protocol,
-        backend = %config.proxy.backend,
+        backend = %config.proxy.as_ref().map_or_else(|| "none".into(), |proxy| proxy.backend.to_string()),
         store = %match &config.store.kind {
             StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.store.max_keys),
             StoreConfig::Redis(redis) => redis.to_string(),
         },
         rules = %config.gate.rules.summary(),
-        headers = config.proxy.headers.as_str(),
-        access_log = config.proxy.access_log.as_str(),
+        headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
+        access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),
         max_connections = capacity.max_connections,
         max_connections_per_client = %max_per_client.map_or_else(|| "off".into(), |max| max.to_string()),
@@ -180,9 +249,66 @@ async fn run(
         config.gate.rules.ipv6_prefix(),
     );
     let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
-    let proxy = Arc::new(Proxy::new(&config.proxy, gate, metrics.clone(), tls));
-    let server = Server::new(&config.server, proxy, entry, capacity, trusted, &metrics);
-    let drain = server.accept_until(listener, shutdown).await;
+    // Both accept loops stop on the one shutdown.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopping = || {
+        let mut stopped = stopped.clone();
+        async move {
+            // An error is a dropped sender: stop too.
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    };
+    let proxy_server = config.proxy.as_ref().zip(proxy).map(|(settings, listener)| {
+        let proxy = Arc::new(Proxy::new(settings, gate.clone(), metrics.clone(), tls));
+        let server = Server::new(
+            &config.server,
+            proxy,
+            entry.clone(),
+            capacity.clone(),
+            trusted,
+            &metrics,
+        );
+        (server, listener)
+    });
+    // Envoy's rate limit service, on the decision listener beside the other doors.
+    let rls = rls_service(&config, gate.clone())?.map(RateLimitService::into_server);
+    if rls.is_some() && config.decide.is_none() {
+        tracing::warn!("RLS_CONFIG is set but DECIDE_PORT is not: the rate limit service is not served");
+    }
+    let decide_server = config.decide.as_ref().zip(decide).map(|(settings, listener)| {
+        let door = Decide::new(settings.clone(), gate.clone());
+        let door = Arc::new(match &rls {
+            Some(rls) => door.with_rls(rls.clone()),
+            None => door,
+        });
+        let server = Server::new(
+            &config.server,
+            door,
+            entry.clone(),
+            capacity.clone(),
+            trusted,
+            &metrics,
+        );
+        (server, listener)
+    });
+    let (proxy_drain, decide_drain, ()) = tokio::join!(
+        async {
+            match proxy_server {
+                Some((server, listener)) => Some((server.accept_until(listener, stopping()).await, server)),
+                None => None,
+            }
+        },
+        async {
+            match decide_server {
+                Some((server, listener)) => Some((server.accept_until(listener, stopping()).await, server)),
+                None => None,
+            }
+        },
+        async {
+            shutdown.await;
+            let _ = stop.send(true);
+        }
+    );
     admin_state.draining.store(true, Ordering::Release);
     if let Some(purge) = purge {
         purge.abort();
@@ -190,7 +316,18 @@ async fn run(
     if let Some(watcher) = certificate_watcher {
         watcher.abort();
     }
-    server.drain(drain).await;
+    tokio::join!(
+        async {
+            if let Some((drain, server)) = proxy_drain {
+                server.drain(drain).await;
+            }
+        },
+        async {
+            if let Some((drain, server)) = decide_drain {
+                server.drain(drain).await;
+            }
+        }
+    );
     if let Some(admin) = admin {
         admin.abort();
     }

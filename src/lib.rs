@@ -50,8 +50,10 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod decide;
 pub mod gate;
 pub mod limit;
+pub mod limit_headers;
 pub mod metrics;
 pub mod outcome;
 pub mod proxy;
@@ -60,5 +62,5 @@ pub mod server;
 mod suggest;
 pub mod telemetry;
 
-pub use app::{ServeError, serve, serve_with_admin};
+pub use app::{Listeners, ServeError, serve, serve_on, serve_with_admin};
 pub use config::{Config, ConfigError};

@@ -97,14 +97,29 @@ async fn main() -> ExitCode {
     if let Err(error) = tollgate::server::raise_fd_limit() {
         tracing::warn!(%error, "cannot raise the file-descriptor limit to its hard limit");
     }
-    let listener = match TcpListener::bind(config.server.listen).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            return fail(&format!(
-                "cannot listen on {} (BIND, PORT): {error}",
-                config.server.listen
-            ));
-        }
+    let proxy = match &config.proxy {
+        None => None,
+        Some(_) => match TcpListener::bind(config.server.listen).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                return fail(&format!(
+                    "cannot listen on {} (BIND, PORT): {error}",
+                    config.server.listen
+                ));
+            }
+        },
+    };
+    let decide = match &config.decide {
+        None => None,
+        Some(decide) => match TcpListener::bind(decide.listen).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                return fail(&format!(
+                    "cannot listen on {} (BIND, DECIDE_PORT): {error}",
+                    decide.listen
+                ));
+            }
+        },
     };
     let admin = match TcpListener::bind(config.admin.address).await {
         Ok(listener) => listener,
@@ -115,7 +130,12 @@ async fn main() -> ExitCode {
             ));
         }
     };
-    match tollgate::serve_with_admin(listener, admin, config, shutdown).await {
+    let listeners = tollgate::Listeners {
+        proxy,
+        admin: Some(admin),
+        decide,
+    };
+    match tollgate::serve_on(listeners, config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&error.to_string()),
     }

@@ -748,6 +748,141 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The decision endpoints: JSON questions built from the API's own fields, values of every
+// JSON type (and wrong ones), duplicated and unknown fields; forward-auth's header lines
+
+fn json_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        select(
+            &[
+                "\"general\"",
+                "\"auth\"",
+                "\"api\"",
+                "\"generl\"",
+                "\"\"",
+                "\"/login\"",
+                "\"//x/../login\"",
+                "\"/a%3F/b\"",
+                "\"*\"",
+                "\"203.0.113.7\"",
+                "\"::1\"",
+                "\"POST\"",
+                "\"G T\"",
+                "\"\\u0000\"",
+                "\"\\ud800\"",
+                "0",
+                "1",
+                "-1",
+                "20",
+                "21",
+                "18446744073709551615",
+                "18446744073709551616",
+                "1.5",
+                "1e3",
+                "true",
+                "null",
+                "[]",
+                "{}",
+                "{\"x-api-key\":\"k\"}",
+                "{\"bad name\":\"v\"}",
+                "{\"x\":\"a\\nb\"}",
+                "{\"x\":1}"
+            ][..]
+        )
+        .prop_map(str::to_owned),
+        "\"[ -~]{0,12}\"",
+        any::<i64>().prop_map(|n| n.to_string()),
+    ]
+}
+
+fn check_body() -> impl Strategy<Value = Vec<u8>> {
+    const FIELDS: &[&str] = &[
+        "rule",
+        "key",
+        "cost",
+        "method",
+        "path",
+        "client_ip",
+        "headers",
+        "kee",
+        "rule",
+    ];
+    (
+        vec((select(FIELDS), json_value()), 0..6),
+        option::of((any::<Index>(), any::<u8>())),
+    )
+        .prop_map(|(fields, damage)| {
+            let members: Vec<String> = fields
+                .iter()
+                .map(|(name, value)| format!("\"{name}\":{value}"))
+                .collect();
+            let mut body = format!("{{{}}}", members.join(",")).into_bytes();
+            if let Some((at, byte)) = damage {
+                let at = at.index(body.len() + 1);
+                body.insert(at, byte);
+            }
+            body
+        })
+}
+
+fn forward_auth_lines() -> impl Strategy<Value = Vec<u8>> {
+    const NAMES: &[&str] = &[
+        "x-forwarded-uri",
+        "x-original-uri",
+        "x-forwarded-method",
+        "x-original-method",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-api-key",
+    ];
+    const VALUES: &[&str] = &[
+        "/login",
+        "//login",
+        "/a?b",
+        "*",
+        "login",
+        "/a#b",
+        "/%2F",
+        "GET",
+        "P OST",
+        "203.0.113.7",
+        "",
+        "http://x/y",
+    ];
+    vec((select(NAMES), select(VALUES)), 0..6).prop_map(|lines| {
+        lines
+            .iter()
+            .map(|(name, value)| format!("{name}: {value}\n"))
+            .collect::<String>()
+            .into_bytes()
+    })
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    #[test]
+    fn check_bodies_from_the_apis_fields(body in check_body()) {
+        targets::check_body(&body);
+    }
+
+    #[test]
+    fn check_bodies_from_arbitrary_bytes(data in vec(any::<u8>(), 0..128)) {
+        targets::check_body(&data);
+    }
+
+    #[test]
+    fn forward_auth_headers_from_the_proxies_names(data in forward_auth_lines()) {
+        targets::forward_auth_headers(&data);
+    }
+
+    #[test]
+    fn forward_auth_headers_from_arbitrary_bytes(data in vec(any::<u8>(), 0..128)) {
+        targets::forward_auth_headers(&data);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Regression cases: inputs worth trying on every run
 
 #[test]
@@ -798,6 +933,9 @@ fn examples_of_each_target() {
     targets::path_pattern("/API//export/*");
     targets::path_pattern_pair("/auth/*", "/auth*", &["/authx"]);
     targets::key_by("ip+header:X-API-Key");
+    targets::check_body(br#"{"rule":"api","key":"tenant","cost":20}"#);
+    targets::check_body(br#"{"path":"/login?x","client_ip":"::1","headers":{"x-api-key":"k"}}"#);
+    targets::forward_auth_headers(b"x-forwarded-uri: /a?b\nx-forwarded-for: 203.0.113.7\n");
 }
 
 #[test]

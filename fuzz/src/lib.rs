@@ -744,3 +744,80 @@ pub fn key_by(value: &str) {
 pub fn key_by_bytes(data: &[u8]) {
     key_by(&String::from_utf8_lossy(data));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The decision endpoints: the JSON body of POST /v1/check and forward-auth's headers
+
+/// The rule table every check body is asked against: the defaults (general, auth) and one
+/// route, as a deployment has them.
+fn check_rules() -> &'static [tollgate::limit::Rule] {
+    static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            Config::from_vars([
+                ("BACKEND_URL", BACKEND_URL),
+                ("ROUTES", "/api/*=token_bucket:20:2,name=api"),
+            ])
+            .expect("the fuzzed table's configuration is valid")
+        })
+        .gate
+        .rules
+        .rules()
+}
+
+/// `check::ask` never panics, and what it accepts keeps the API's promises: a named question's
+/// rule is one of the table's, its key 1 to 1024 bytes, its cost 1 to the rule's capacity; a
+/// described one's path starts with `/` (or is `*`) and holds no query. A refusal names a
+/// field the body can hold, or none.
+pub fn check_body(body: &[u8]) {
+    use tollgate::decide::check::{Ask, MAX_KEY, ask};
+    let rules = check_rules();
+    match ask(body, rules) {
+        Ok(Ask::Named { rule, key, cost }) => {
+            assert!(rules.iter().any(|known| std::ptr::eq(known, rule)));
+            assert!(!key.is_empty() && key.len() <= MAX_KEY, "{key:?}");
+            assert!((1..=rule.policy.limit()).contains(&cost), "{cost}");
+        }
+        Ok(Ask::Classified { path, .. }) => {
+            assert!(path.starts_with('/') || path == "*", "{path:?}");
+            assert!(!path.contains('?'), "{path:?}");
+        }
+        Err(bad) => {
+            const FIELDS: &[&str] = &[
+                "rule",
+                "key",
+                "cost",
+                "method",
+                "path",
+                "client_ip",
+                "headers",
+                "body",
+            ];
+            assert!(bad.field.is_none_or(|field| FIELDS.contains(&field)), "{bad:?}");
+            assert!(!bad.reason.is_empty());
+        }
+    }
+}
+
+/// `forward_auth::original` never panics on any header lines (one per input line, `name:
+/// value`), and what it reads is a path starting with `/` (or `*`) without a query.
+pub fn forward_auth_headers(data: &[u8]) {
+    use tollgate::decide::forward_auth::original;
+    let mut headers = HeaderMap::new();
+    for line in data.split(|&byte| byte == b'\n') {
+        let Some(colon) = line.iter().position(|&byte| byte == b':') else {
+            continue;
+        };
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(&line[..colon]),
+            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) else {
+            continue;
+        };
+        headers.append(name, value);
+    }
+    if let Ok(read) = original(&headers, &Method::GET) {
+        assert!(read.path.starts_with('/') || read.path == "*", "{:?}", read.path);
+        assert!(!read.path.contains('?'), "{:?}", read.path);
+    }
+}

@@ -38,12 +38,13 @@ use http::uri::{Authority, Scheme, Uri};
 use ipnet::IpNet;
 
 use crate::admin::AdminSettings;
+use crate::decide::{DecideSettings, Token};
 use crate::gate::GateSettings;
 use crate::limit::RuleTable;
+use crate::limit_headers::HeaderStyle;
 use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
 use crate::proxy::headers::UnderscoreHeaders;
-use crate::proxy::response::HeaderStyle;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
@@ -57,6 +58,10 @@ use env::{Env, entries};
 /// (about 7 bytes per key) is allocated and written at startup, so a mistyped value is refused
 /// here rather than failing the allocation.
 pub const MAX_MAX_KEYS: usize = 1_000_000_000;
+
+/// The shortest `DECIDE_TOKEN`: 16 random characters are beyond guessing; fewer are a
+/// placeholder left in.
+pub const MIN_TOKEN_LENGTH: usize = 16;
 
 /// `ADMIN_BIND` unless set: loopback, whatever `BIND` is. `tollgate healthcheck` reads it too.
 pub const DEFAULT_ADMIN_BIND: &str = "127.0.0.1";
@@ -78,6 +83,8 @@ pub const VARIABLES: &[&str] = &[
     "BIND",
     "ADMIN_PORT",
     "ADMIN_BIND",
+    "DECIDE_PORT",
+    "DECIDE_TOKEN",
     "ALGORITHM",
     "AUTH_ALGORITHM",
     "AUTH_PATHS",
@@ -235,8 +242,11 @@ impl ConfigError {
 pub struct Config {
     /// The listener: address, TLS and PROXY protocol, connection limits and clocks.
     pub server: ServerSettings,
-    /// The reverse proxy: the backend, timeouts, bodies, headers, upgrades, refusals' shape.
-    pub proxy: ProxySettings,
+    /// The reverse proxy: the backend, timeouts, bodies, headers, upgrades, refusals' shape;
+    /// `None` without `BACKEND_URL`, when tollgate is a decision service only (`DECIDE_PORT`).
+    pub proxy: Option<ProxySettings>,
+    /// The decision endpoints (`DECIDE_PORT`); `None` when unset.
+    pub decide: Option<DecideSettings>,
     /// Classification and decision: the rule table, trusted proxies, tunnels per client.
     pub gate: GateSettings,
     /// Where budgets live (memory or Redis), and how many clients memory holds.
@@ -299,7 +309,19 @@ impl Config {
     }
 
     fn parse_env(env: &Env) -> Result<Self, ConfigError> {
-        let backend = parse_backend(env)?;
+        let decide_port = env
+            .get("DECIDE_PORT")
+            .map(|value| {
+                value.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                    ConfigError::invalid("DECIDE_PORT", value, "a port number from 1 to 65535")
+                })
+            })
+            .transpose()?;
+        // A decision service alone needs no backend.
+        let backend = match (env.get("BACKEND_URL"), decide_port) {
+            (None, Some(_)) => None,
+            _ => Some(parse_backend(env)?),
+        };
         let port: u16 = env.parse("PORT", "8080", "a port number from 1 to 65535", |s| {
             s.parse().ok().filter(|p| *p != 0)
         })?;
@@ -325,6 +347,18 @@ impl Config {
             return Err(ConfigError::Conflict(format!(
                 "ADMIN_PORT={admin_port} is PORT too: the admin listener needs a port of its own"
             )));
+        }
+        if let Some(decide_port) = decide_port {
+            if decide_port == port && backend.is_some() {
+                return Err(ConfigError::Conflict(format!(
+                    "DECIDE_PORT={decide_port} is PORT too: the decision endpoints need a port of their own"
+                )));
+            }
+            if decide_port == admin_port && overlapping {
+                return Err(ConfigError::Conflict(format!(
+                    "DECIDE_PORT={decide_port} is ADMIN_PORT too: the decision endpoints need a port of their own"
+                )));
+            }
         }
         let access_log = env.parse("ACCESS_LOG", "denied", "off, denied or all", AccessLog::parse)?;
         let store = store::parse(env)?;
@@ -476,6 +510,38 @@ impl Config {
                     .map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))
             },
         )?;
+        let decide = match decide_port {
+            None => None,
+            Some(decide_port) => {
+                let token = match env.get("DECIDE_TOKEN") {
+                    None => None,
+                    Some(token) if token.len() < MIN_TOKEN_LENGTH => {
+                        return Err(ConfigError::InvalidSecret {
+                            var: "DECIDE_TOKEN",
+                            expected: format!(
+                                "a secret of at least {MIN_TOKEN_LENGTH} characters (e.g. `openssl rand -hex 32`)"
+                            ),
+                        });
+                    }
+                    Some(token) => {
+                        Some(Token::new(token).ok_or_else(|| {
+                            ConfigError::InvalidSecret {
+                            var: "DECIDE_TOKEN",
+                            expected:
+                                "a secret to keep: the operating system gave no randomness to keep it with"
+                                    .into(),
+                        }
+                        })?)
+                    }
+                };
+                Some(DecideSettings {
+                    listen: SocketAddr::new(bind, decide_port),
+                    token,
+                    headers,
+                    body_timeout: body_idle_timeout,
+                })
+            }
+        };
         // Last, when every variable this configuration reads has been read.
         let read = env.read_names();
         let mut warnings = warnings::warnings(env);
@@ -491,7 +557,7 @@ impl Config {
                 max_connections_per_client,
                 shutdown_timeout,
             },
-            proxy: ProxySettings {
+            proxy: backend.map(|backend| ProxySettings {
                 backend,
                 headers,
                 access_log,
@@ -503,7 +569,8 @@ impl Config {
                 upgrade_protocols,
                 underscore_headers,
                 cors,
-            },
+            }),
+            decide,
             gate: GateSettings {
                 rules,
                 trusted_proxies,
@@ -525,19 +592,36 @@ impl Config {
 /// The effective configuration, as `--check-config` prints it and startup logs it.
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "listen:           {} (admin {})",
-            self.server.listen, self.admin.address
-        )?;
-        writeln!(
-            f,
-            "backend:          {} (timeout {} ms)",
-            self.proxy.backend,
-            self.proxy.backend_timeout.as_millis()
-        )?;
-        if let Some(tls) = &self.proxy.backend.tls {
-            writeln!(f, "backend TLS:      {tls}")?;
+        match &self.proxy {
+            Some(_) => writeln!(
+                f,
+                "listen:           {} (admin {})",
+                self.server.listen, self.admin.address
+            )?,
+            None => writeln!(f, "listen:           no proxy (admin {})", self.admin.address)?,
+        }
+        if let Some(decide) = &self.decide {
+            writeln!(
+                f,
+                "decisions:        {} (/v1/forward-auth, /v1/check{})",
+                decide.listen,
+                if decide.token.is_some() {
+                    " with DECIDE_TOKEN"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        if let Some(proxy) = &self.proxy {
+            writeln!(
+                f,
+                "backend:          {} (timeout {} ms)",
+                proxy.backend,
+                proxy.backend_timeout.as_millis()
+            )?;
+            if let Some(tls) = &proxy.backend.tls {
+                writeln!(f, "backend TLS:      {tls}")?;
+            }
         }
         // The classified ones: a named rule (RLS_CONFIG's) has no paths and is listed by its door.
         let rules = self.gate.rules.classified();
@@ -583,15 +667,17 @@ impl fmt::Display for Config {
         if let Some(rls) = &self.rls {
             writeln!(f, "envoy rls:        {rls}")?;
         }
-        writeln!(f, "headers:          {}", self.proxy.headers.as_str())?;
-        writeln!(
-            f,
-            "request bodies:   cut after {} ms without data, {}",
-            self.proxy.body_idle_timeout.as_millis(),
-            self.proxy
-                .body_min_rate
-                .map_or_else(|| "no minimum rate".to_owned(), |rate| format!("or below {rate}"))
-        )?;
+        if let Some(proxy) = &self.proxy {
+            writeln!(f, "headers:          {}", proxy.headers.as_str())?;
+            writeln!(
+                f,
+                "request bodies:   cut after {} ms without data, {}",
+                proxy.body_idle_timeout.as_millis(),
+                proxy
+                    .body_min_rate
+                    .map_or_else(|| "no minimum rate".to_owned(), |rate| format!("or below {rate}"))
+            )?;
+        }
         let per_client = match (
             self.server.max_connections_per_client,
             self.server.max_connections,
@@ -619,19 +705,22 @@ impl fmt::Display for Config {
                 .max_upgrades_per_client
                 .map_or_else(|| "unlimited".to_owned(), |max| max.to_string()),
             self.proxy
-                .upgrade_idle_timeout
+                .as_ref()
+                .and_then(|proxy| proxy.upgrade_idle_timeout)
                 .map_or_else(|| "never".to_owned(), |idle| format!("{} ms", idle.as_millis()))
         )?;
-        writeln!(
-            f,
-            "upgrades to:      {}; headers with '_': {}; CORS on own answers: {}",
-            self.proxy.upgrade_protocols.describe(),
-            self.proxy.underscore_headers.as_str(),
-            self.proxy
-                .cors
-                .as_ref()
-                .map_or_else(|| "off".to_owned(), Cors::describe)
-        )?;
+        if let Some(proxy) = &self.proxy {
+            writeln!(
+                f,
+                "upgrades to:      {}; headers with '_': {}; CORS on own answers: {}",
+                proxy.upgrade_protocols.describe(),
+                proxy.underscore_headers.as_str(),
+                proxy
+                    .cors
+                    .as_ref()
+                    .map_or_else(|| "off".to_owned(), Cors::describe)
+            )?;
+        }
         match &self.store.kind {
             StoreConfig::Memory => write!(
                 f,
@@ -729,7 +818,8 @@ fn parse_backend(env: &Env) -> Result<Backend, ConfigError> {
     let expected = "an http or https URL such as http://127.0.0.1:8000";
     let value = env.get("BACKEND_URL").ok_or(ConfigError::Missing {
         var: "BACKEND_URL",
-        expected: "where allowed requests go, e.g. http://127.0.0.1:8000",
+        expected: "where allowed requests go, e.g. http://127.0.0.1:8000 (unless DECIDE_PORT is set: a \
+                   decision service alone needs no backend)",
     })?;
     let invalid = |expected: &str| ConfigError::invalid("BACKEND_URL", value, expected);
     let uri: Uri = value.parse().map_err(|_| invalid(expected))?;

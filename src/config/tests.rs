@@ -84,9 +84,12 @@ fn defaults_match_the_go_service() {
     assert!(config.gate.trusted_proxies.is_empty());
     assert_eq!(config.store.max_keys.get(), 100_000);
     assert_eq!(config.log.format, LogFormat::Text);
-    assert_eq!(config.proxy.backend_timeout, Duration::from_secs(30));
+    assert_eq!(
+        config.proxy.as_ref().unwrap().backend_timeout,
+        Duration::from_secs(30)
+    );
     assert_eq!(config.store.kind, StoreConfig::Memory);
-    assert_eq!(config.proxy.backend.base_path, "");
+    assert_eq!(config.proxy.as_ref().unwrap().backend.base_path, "");
 }
 
 #[test]
@@ -394,15 +397,25 @@ fn numbers_that_would_lose_precision_in_lua_are_refused() {
 #[test]
 fn backend_path_prefix_is_kept() {
     let config = parse(&[("BACKEND_URL", "http://api.internal:9000/v1/")]).unwrap();
-    assert_eq!(config.proxy.backend.authority.as_str(), "api.internal:9000");
-    assert_eq!(config.proxy.backend.base_path, "/v1");
+    assert_eq!(
+        config.proxy.as_ref().unwrap().backend.authority.as_str(),
+        "api.internal:9000"
+    );
+    assert_eq!(config.proxy.as_ref().unwrap().backend.base_path, "/v1");
 }
 
 #[test]
 fn an_https_backend_names_its_server_and_its_cas() {
     let config = parse(&[("BACKEND_URL", "https://api.internal/v1")]).unwrap();
-    assert_eq!(config.proxy.backend.scheme, Scheme::HTTPS);
-    let tls = config.proxy.backend.tls.as_ref().expect("TLS settings for https");
+    assert_eq!(config.proxy.as_ref().unwrap().backend.scheme, Scheme::HTTPS);
+    let tls = config
+        .proxy
+        .as_ref()
+        .unwrap()
+        .backend
+        .tls
+        .as_ref()
+        .expect("TLS settings for https");
     assert_eq!(tls.server_name.to_str(), "api.internal");
     assert_eq!(tls.ca_file, None);
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
@@ -413,7 +426,7 @@ fn an_https_backend_names_its_server_and_its_cas() {
         ("BACKEND_TLS_SERVER_NAME", "api.example.com"),
     ])
     .unwrap();
-    let tls = config.proxy.backend.tls.as_ref().unwrap();
+    let tls = config.proxy.as_ref().unwrap().backend.tls.as_ref().unwrap();
     assert_eq!(tls.server_name.to_str(), "api.example.com");
     assert_eq!(
         tls.ca_file.as_deref(),
@@ -427,13 +440,25 @@ fn an_https_backend_names_its_server_and_its_cas() {
 
     // An IP address is a server name too (checked against the certificate's IP SANs).
     let config = parse(&[("BACKEND_URL", "https://[::1]:8443")]).unwrap();
-    assert_eq!(config.proxy.backend.tls.unwrap().server_name.to_str(), "::1");
+    assert_eq!(
+        config
+            .proxy
+            .as_ref()
+            .unwrap()
+            .backend
+            .tls
+            .clone()
+            .unwrap()
+            .server_name
+            .to_str(),
+        "::1"
+    );
 }
 
 #[test]
 fn tls_settings_for_an_http_backend_are_warned_about() {
     let config = parse(&[("BACKEND_CA_FILE", "/etc/tollgate/ca.pem")]).unwrap();
-    assert_eq!(config.proxy.backend.tls, None);
+    assert_eq!(config.proxy.as_ref().unwrap().backend.tls, None);
     assert!(
         config
             .warnings
@@ -788,6 +813,7 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
             ("AUTH_PATHS", "/login"),
             ("TLS_CERT_FILE", "/etc/tollgate/cert.pem"),
             ("TLS_KEY_FILE", "/etc/tollgate/key.pem"),
+            ("DECIDE_PORT", "8081"),
         ],
         &[
             ("ALGORITHM", "sliding_window"),
@@ -1037,7 +1063,7 @@ fn connection_limits_and_timeouts() {
     assert_eq!(defaults.gate.max_upgrades_per_client, None, "unlimited");
     assert_eq!(defaults.server.max_connections_per_client, PerClientCap::Default);
     assert_eq!(
-        defaults.proxy.upgrade_idle_timeout,
+        defaults.proxy.as_ref().unwrap().upgrade_idle_timeout,
         Some(Duration::from_secs(3600))
     );
     let set = parse(&[
@@ -1049,7 +1075,11 @@ fn connection_limits_and_timeouts() {
         ("UPGRADE_IDLE_TIMEOUT_MS", "0"),
     ])
     .unwrap();
-    assert_eq!(set.proxy.upgrade_idle_timeout, None, "0 is never");
+    assert_eq!(
+        set.proxy.as_ref().unwrap().upgrade_idle_timeout,
+        None,
+        "0 is never"
+    );
     assert_eq!(set.server.idle_timeout, Duration::from_millis(1500));
     assert_eq!(set.server.send_timeout, Duration::from_millis(2500));
     assert_eq!(set.server.max_connections.map(NonZeroUsize::get), Some(5000));
@@ -1333,7 +1363,12 @@ fn a_backend_port_out_of_range_is_an_error() {
 #[test]
 fn a_body_minimum_rate_is_on_by_default_over_at_least_the_idle_timeout() {
     let defaults = parse(&[]).unwrap();
-    let rate = defaults.proxy.body_min_rate.expect("on by default");
+    let rate = defaults
+        .proxy
+        .as_ref()
+        .unwrap()
+        .body_min_rate
+        .expect("on by default");
     assert_eq!(rate.bytes_per_second(), 500);
     assert_eq!(rate.window(), Duration::from_secs(30));
     assert_eq!(rate.quota(), 15_000);
@@ -1346,23 +1381,23 @@ fn a_body_minimum_rate_is_on_by_default_over_at_least_the_idle_timeout() {
     // A longer idle timeout lengthens the default window with it, a shorter one does not.
     let long = parse(&[("BODY_IDLE_TIMEOUT_MS", "120000")]).unwrap();
     assert_eq!(
-        long.proxy.body_min_rate.unwrap().window(),
+        long.proxy.as_ref().unwrap().body_min_rate.unwrap().window(),
         Duration::from_secs(120)
     );
     let short = parse(&[("BODY_IDLE_TIMEOUT_MS", "300")]).unwrap();
     assert_eq!(
-        short.proxy.body_min_rate.unwrap().window(),
+        short.proxy.as_ref().unwrap().body_min_rate.unwrap().window(),
         Duration::from_secs(30)
     );
     let set = parse(&[("BODY_MIN_RATE", "2000"), ("BODY_MIN_RATE_WINDOW_MS", "500")]).unwrap();
-    let rate = set.proxy.body_min_rate.unwrap();
+    let rate = set.proxy.as_ref().unwrap().body_min_rate.unwrap();
     assert_eq!(
         (rate.bytes_per_second(), rate.window(), rate.quota()),
         (2000, Duration::from_millis(500), 1000)
     );
     assert!(set.warnings.is_empty(), "{:?}", set.warnings);
     let off = parse(&[("BODY_MIN_RATE", "0"), ("BODY_MIN_RATE_WINDOW_MS", "500")]).unwrap();
-    assert_eq!(off.proxy.body_min_rate, None);
+    assert_eq!(off.proxy.as_ref().unwrap().body_min_rate, None);
     assert!(
         off.to_string()
             .contains("cut after 30000 ms without data, no minimum rate"),
@@ -1412,4 +1447,42 @@ fn the_probe_finds_the_admin_listener_like_the_server_binds_it() {
         );
     }
     assert!(admin_address(&Env::new([("ADMIN_PORT", "x")])).is_err());
+}
+
+#[test]
+fn decide_port_alone_is_a_decision_service_without_a_proxy() {
+    let config = Config::from_vars([("DECIDE_PORT", "8081")]).unwrap();
+    assert!(config.proxy.is_none());
+    let decide = config.decide.unwrap();
+    assert_eq!(decide.listen.port(), 8081);
+    assert!(decide.token.is_none());
+    let both = parse(&[("DECIDE_PORT", "8081")]).unwrap();
+    assert!(both.proxy.is_some() && both.decide.is_some());
+    let neither = Config::from_vars(Vec::<(String, String)>::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        neither.contains("BACKEND_URL is required") && neither.contains("DECIDE_PORT"),
+        "{neither}"
+    );
+}
+
+#[test]
+fn decide_port_and_token_mistakes_are_named() {
+    assert!(error(&[("DECIDE_PORT", "0")]).contains("DECIDE_PORT"));
+    assert!(error(&[("DECIDE_PORT", "http")]).contains("DECIDE_PORT"));
+    assert!(error(&[("DECIDE_PORT", "8080")]).contains("is PORT too"));
+    assert!(error(&[("DECIDE_PORT", "9091")]).contains("is ADMIN_PORT too"));
+    let short = error(&[("DECIDE_PORT", "8081"), ("DECIDE_TOKEN", "changeme")]);
+    assert!(
+        short.contains("DECIDE_TOKEN") && short.contains("at least 16"),
+        "{short}"
+    );
+    assert!(!short.contains("changeme"), "a secret is never shown: {short}");
+    let token = "0123456789abcdef0123";
+    let config = parse(&[("DECIDE_PORT", "8081"), ("DECIDE_TOKEN", token)]).unwrap();
+    let token_kept = config.decide.unwrap().token.unwrap();
+    assert!(token_kept.matches(token.as_bytes()));
+    assert!(!token_kept.matches(b"0123456789abcdef012"));
+    assert_eq!(format!("{token_kept:?}"), "Token(***)");
 }

@@ -205,6 +205,11 @@ impl Gate {
         Keyed { decision, outcome }
     }
 
+    /// Every rule, in table order.
+    pub fn rules(&self) -> &[Rule] {
+        self.rules.rules()
+    }
+
     /// The rule called `name`, for [`Gate::decide_key`].
     pub fn rule(&self, name: &str) -> Option<&Rule> {
         self.rules.rule(name)

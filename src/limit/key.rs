@@ -110,6 +110,16 @@ impl fmt::Display for ClientIp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Digest([u64; 2]);
 
+impl Digest {
+    /// The digest's 16 bytes, for comparing in constant time.
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&self.0[0].to_le_bytes());
+        bytes[8..].copy_from_slice(&self.0[1].to_le_bytes());
+        bytes
+    }
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}{:016x}", self.0[0], self.0[1])

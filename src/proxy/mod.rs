@@ -10,8 +10,8 @@
 //! - [`tls`]: TLS to an `https` backend (`BACKEND_CA_FILE`, `BACKEND_TLS_SERVER_NAME`).
 //! - [`body`]: the client's request body, watched so a body that breaks off is the client's
 //!   fault (400, 408), not the backend's.
-//! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504) and rate-limit headers;
-//!   [`draft_headers`]: the IETF `RateLimit` fields.
+//! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504); the rate-limit
+//!   headers are [`crate::limit_headers`]'s, shared with the other doors.
 //! - [`upgrades`]: the protocols that may be upgraded to (`UPGRADE_PROTOCOLS`), and the tunnel
 //!   after a `101`.
 //!
@@ -28,7 +28,6 @@
 pub mod backend;
 pub mod body;
 pub mod cors;
-pub mod draft_headers;
 pub mod headers;
 pub mod request_id;
 pub mod response;
@@ -54,15 +53,16 @@ use tokio::time::Instant;
 use crate::gate::tunnels::TunnelSlot;
 use crate::gate::{self, Gate, Refused};
 use crate::limit::Mode;
+use crate::limit_headers::{self, HeaderStyle};
 use crate::metrics::{BodyBytes, CountedBody, Metrics};
 use crate::outcome::{BackendFailure, Outcome};
+use crate::server::{Arrival, Door, Peer};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
 use cors::Cors;
 use headers::UnderscoreHeaders;
 use request_id::{RequestIds, X_REQUEST_ID};
-use response::HeaderStyle;
 use upgrades::UpgradeProtocols;
 
 /// The proxy's settings: where allowed requests go, and how they are forwarded and answered.
@@ -246,38 +246,6 @@ impl ProxyError {
     }
 }
 
-/// What the listener tells the proxy about the connection a request came on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
-    /// The connection's other end as the gateway believes it: the TCP peer, or the source
-    /// address of the PROXY header a trusted proxy sent (`PROXY_PROTOCOL=true`). This is the
-    /// peer the client address and the forwarding headers start from.
-    pub address: SocketAddr,
-    /// The connection is TLS (the listener is HTTPS): `X-Forwarded-Proto` and the `Forwarded`
-    /// element say `https`.
-    pub tls: bool,
-}
-
-impl Peer {
-    /// A plain-HTTP connection from `address`.
-    pub fn plain(address: SocketAddr) -> Peer {
-        Peer { address, tls: false }
-    }
-}
-
-/// What the server knows of a request's arrival that the request itself does not say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Arrival {
-    /// The connection it came on.
-    pub connection: Peer,
-    /// It arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2 streams can
-    /// outnumber connections): it is answered `503` at once. The server keeps the count.
-    pub overloaded: bool,
-    /// Its HTTP/1 head had `Content-Length` beside `Transfer-Encoding`, which hyper drops
-    /// before the request is seen (see [`strict::check`]).
-    pub content_length_dropped: bool,
-}
-
 /// Everything a request needs, shared by all connections.
 pub struct Proxy {
     /// The backend's kept-alive HTTP/1.1 connections.
@@ -418,6 +386,31 @@ impl RequestContext<'_> {
     }
 }
 
+/// The reverse proxy as the listener's door.
+impl Door for Proxy {
+    type Body = ResponseBody;
+
+    /// Answer one request, arrived as `arrival` says.
+    async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Response<ResponseBody> {
+        let started = Instant::now();
+        let id = self.request_ids.for_request(request.headers());
+        let origin = self
+            .cors
+            .as_ref()
+            .and_then(|cors| cors.origin_of(request.headers()));
+        // The rule it is classified under, once it is: its response is counted by it.
+        let mut context = RequestContext { id: &id, rule: None };
+        let (mut response, by) = self.respond(request, arrival, &mut context, started).await;
+        let rule = context.rule;
+        if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
+            cors.apply(response.headers_mut(), origin);
+        }
+        self.metrics.response(rule, response.status().as_u16());
+        response.headers_mut().insert(&X_REQUEST_ID, id);
+        response
+    }
+}
+
 impl Proxy {
     /// Build the proxy of `config`, deciding through `gate` and counting into `metrics`;
     /// `tls` is the TLS client of an `https` backend (see [`tls::TlsConnector::new`]).
@@ -452,26 +445,6 @@ impl Proxy {
             underscore_headers: config.underscore_headers,
             cors: config.cors.clone(),
         }
-    }
-
-    /// Answer one request, arrived as `arrival` says.
-    pub async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Response<ResponseBody> {
-        let started = Instant::now();
-        let id = self.request_ids.for_request(request.headers());
-        let origin = self
-            .cors
-            .as_ref()
-            .and_then(|cors| cors.origin_of(request.headers()));
-        // The rule it is classified under, once it is: its response is counted by it.
-        let mut context = RequestContext { id: &id, rule: None };
-        let (mut response, by) = self.respond(request, arrival, &mut context, started).await;
-        let rule = context.rule;
-        if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
-            cors.apply(response.headers_mut(), origin);
-        }
-        self.metrics.response(rule, response.status().as_u16());
-        response.headers_mut().insert(&X_REQUEST_ID, id);
-        response
     }
 
     /// A request's way, phase by phase: the strict checks, the gate's decision, the backend
@@ -603,7 +576,7 @@ impl Proxy {
             .as_ref()
             .and_then(crate::limit::Verdict::decision)
             .filter(|decision| !decision.allowed)
-            .map(|decision| response::retry_after_secs(decision.retry_after));
+            .map(|decision| limit_headers::retry_after_secs(decision.retry_after));
         let suppressed = match self.access_log {
             AccessLog::All => Some(0),
             _ if self.access_log.logs(outcome) => self.denial_log.admit(),

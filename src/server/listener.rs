@@ -1,6 +1,6 @@
 //! What happens on a connection between accept and HTTP: the PROXY header (when
 //! `PROXY_PROTOCOL=true`) and the TLS handshake (when `TLS_CERT_FILE` is set), in that order,
-//! and what the proxy is told of the connection ([`Peer`]).
+//! and what a door is told of the connection ([`Peer`]).
 //!
 //! Both run within `HEADER_READ_TIMEOUT_MS` of accept, the clock the connection's first request
 //! must also beat (see [`super::connection`]): a client that stalls a handshake is a client
@@ -17,12 +17,12 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
+use super::Peer;
 use super::proxy_protocol::{self, HeaderError};
 use super::tls::{self, Certificates, TlsError, TlsSettings};
 use super::transport::{Prefixed, Transport};
 use crate::gate::identity::ClientIdentity;
 use crate::metrics::Metrics;
-use crate::proxy::Peer;
 use crate::telemetry::throttle::LogThrottle;
 
 /// `TLS_*` and `PROXY_PROTOCOL`: what the listener expects before HTTP.

@@ -1,5 +1,5 @@
 //! The listener: accept connections, serve HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the
-//! same port to the proxy, and drain on shutdown. What it is built from is wired in
+//! same port to a [`Door`] (the proxy, or the decision endpoints), and drain on shutdown. What it is built from is wired in
 //! [`crate::app`].
 //!
 //! - [`limits`]: `MAX_CONNECTIONS`, sized from the file-descriptor limit, and
@@ -38,8 +38,6 @@ use ipnet::IpNet;
 
 use crate::metrics::{ConnectionsRefused, Metrics};
 use crate::outcome::Rejection;
-use crate::proxy::Peer;
-use crate::proxy::{Arrival, Proxy};
 pub use connection::Drain;
 use connection::{Activity, ClientStream, Closed, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
@@ -105,9 +103,58 @@ impl Capacity {
     }
 }
 
+/// What the listener tells a door about the connection a request came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The connection's other end as the gateway believes it: the TCP peer, or the source
+    /// address of the PROXY header a trusted proxy sent (`PROXY_PROTOCOL=true`). This is the
+    /// peer the client address and the forwarding headers start from.
+    pub address: SocketAddr,
+    /// The connection is TLS (the listener is HTTPS): `X-Forwarded-Proto` and the `Forwarded`
+    /// element say `https`.
+    pub tls: bool,
+}
+
+impl Peer {
+    /// A plain-HTTP connection from `address`.
+    pub fn plain(address: SocketAddr) -> Peer {
+        Peer { address, tls: false }
+    }
+}
+
+/// What the server knows of a request's arrival that the request itself does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// The connection it came on.
+    pub connection: Peer,
+    /// It arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2 streams can
+    /// outnumber connections): it is answered `503` at once. The server keeps the count.
+    pub overloaded: bool,
+    /// Its HTTP/1 head had `Content-Length` beside `Transfer-Encoding`, which hyper drops
+    /// before the request is seen (see [`crate::proxy::strict::check`]).
+    pub content_length_dropped: bool,
+}
+
+/// What a listener hands each request to, with what the server knows of its arrival: the
+/// reverse proxy, or the decision endpoints (`DECIDE_PORT`).
+pub trait Door: Send + Sync + 'static {
+    /// The body of its answers.
+    type Body: hyper::body::Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + Unpin
+        + 'static;
+
+    /// Answer `request`.
+    fn handle(
+        &self,
+        request: Request<Incoming>,
+        arrival: Arrival,
+    ) -> impl Future<Output = http::Response<Self::Body>> + Send;
+}
+
 /// The accept loop and what it serves connections with.
-pub struct Server {
-    serving: Arc<Serving>,
+pub struct Server<D> {
+    serving: Arc<Serving<D>>,
     capacity: Capacity,
     /// `MAX_CONNECTIONS_PER_CLIENT`.
     clients: ClientConnections,
@@ -118,19 +165,19 @@ pub struct Server {
     shutdown_timeout: Duration,
 }
 
-impl Server {
-    /// A server of `settings` handing requests to `proxy`, with what comes before HTTP on a
+impl<D: Door> Server<D> {
+    /// A server of `settings` handing requests to `door`, with what comes before HTTP on a
     /// connection (`listener`: the PROXY header and TLS) and the `capacity` it counts against.
     /// `trusted_proxies` are not capped per client; clients are grouped by `ipv6_prefix` as
     /// budgets are.
     pub fn new(
         settings: &ServerSettings,
-        proxy: Arc<Proxy>,
-        listener: Listener,
+        door: Arc<D>,
+        listener: Arc<Listener>,
         capacity: Capacity,
         (trusted_proxies, ipv6_prefix): (&[IpNet], u8),
         metrics: &Metrics,
-    ) -> Server {
+    ) -> Server<D> {
         let mut builder = auto::Builder::new(StreamExecutor {
             send_timeout: settings.send_timeout,
             unread: metrics.client_streams_unread(),
@@ -157,8 +204,8 @@ impl Server {
         Server {
             serving: Arc::new(Serving {
                 builder,
-                listener: Arc::new(listener),
-                proxy,
+                listener,
+                door,
                 requests: capacity.requests.clone(),
                 timeouts,
                 unread: metrics.client_connections_unread(),
@@ -297,12 +344,13 @@ pub struct ServerSettings {
 }
 
 /// What every connection is served with.
-struct Serving {
+struct Serving<D> {
     /// HTTP/1.1 and h2c, detected per connection.
     builder: auto::Builder<StreamExecutor>,
     /// The PROXY header and TLS, before HTTP.
     listener: Arc<Listener>,
-    proxy: Arc<Proxy>,
+    /// Answers each request.
+    door: Arc<D>,
     /// Requests in flight across all connections, capped at `MAX_CONNECTIONS` too: file
     /// descriptors are budgeted for one backend connection per client connection, and HTTP/2
     /// streams could otherwise outnumber them. A request past it is answered `503`.
@@ -317,8 +365,8 @@ struct Serving {
 /// socket; `drain` tells it when to close. The PROXY
 /// header and the TLS handshake, when the listener asks for them, come first, within
 /// `HEADER_READ_TIMEOUT_MS` of now: the clock the first request must beat too.
-fn serve_connection(
-    serving: &Arc<Serving>,
+fn serve_connection<D: Door>(
+    serving: &Arc<Serving<D>>,
     stream: TcpStream,
     peer: SocketAddr,
     slots: (Slot, ClientSlot),
@@ -354,8 +402,8 @@ fn serve_connection(
 }
 
 /// Serve HTTP on a connection whose PROXY header and TLS handshake (if any) are done.
-fn serve_http(
-    serving: &Serving,
+fn serve_http<D: Door>(
+    serving: &Serving<D>,
     (transport, peer): (transport::Transport, Peer),
     slots: (Slot, ClientSlot),
     drain: DrainWatcher,
@@ -363,7 +411,7 @@ fn serve_http(
 ) {
     let Serving {
         builder,
-        proxy,
+        door,
         requests,
         timeouts,
         unread,
@@ -373,8 +421,8 @@ fn serve_http(
     let activity = Arc::new(Activity::default());
     let heads = Arc::new(Heads::default());
     let service = {
-        let (proxy, activity, heads, requests) =
-            (proxy.clone(), activity.clone(), heads.clone(), requests.clone());
+        let (door, activity, heads, requests) =
+            (door.clone(), activity.clone(), heads.clone(), requests.clone());
         service_fn(move |request: Request<Incoming>| {
             // In flight from here until the response body is sent or dropped.
             let in_flight = activity.start(request.version());
@@ -387,9 +435,9 @@ fn serve_http(
                 overloaded: request_slot.is_none(),
                 content_length_dropped: heads.next_is_ambiguous(),
             };
-            let proxy = proxy.clone();
+            let door = door.clone();
             async move {
-                let response = proxy.handle(request, arrival).await;
+                let response = door.handle(request, arrival).await;
                 if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                     in_flight.switched();
                 }

@@ -1,4 +1,4 @@
-//! The gateway under test: `tollgate::serve` on a real listener, in this process.
+//! The gateway under test: `tollgate::serve_on` on real listeners, in this process.
 
 use std::net::SocketAddr;
 
@@ -9,6 +9,8 @@ pub struct Gateway {
     pub addr: SocketAddr,
     /// The admin listener, when started with one.
     pub admin: Option<SocketAddr>,
+    /// The decision listener (`DECIDE_PORT`), when started with one.
+    pub decide: Option<SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -24,31 +26,61 @@ impl Gateway {
         Self::launch(backend, vars, true).await
     }
 
+    /// The decision endpoints on a port of their own (`DECIDE_PORT`), with `BACKEND_URL` only
+    /// if `backend` is given (`None`: a decision service alone, no proxy listener).
+    pub async fn start_decide(backend: Option<&str>, vars: &[(&str, &str)]) -> Gateway {
+        // The listener is bound here; the configured port only has to be valid.
+        let mut all = vec![("DECIDE_PORT", "1")];
+        all.extend_from_slice(vars);
+        Self::launch_with(backend, &all, false, true).await
+    }
+
     async fn launch(backend: &str, vars: &[(&str, &str)], with_admin: bool) -> Gateway {
-        let mut all = vec![("BACKEND_URL", backend)];
+        Self::launch_with(Some(backend), vars, with_admin, false).await
+    }
+
+    async fn launch_with(
+        backend: Option<&str>,
+        vars: &[(&str, &str)],
+        with_admin: bool,
+        with_decide: bool,
+    ) -> Gateway {
+        let mut all: Vec<(&str, &str)> = backend
+            .map(|backend| ("BACKEND_URL", backend))
+            .into_iter()
+            .collect();
         all.extend_from_slice(vars);
         let config = tollgate::Config::from_vars(all.iter().copied()).expect("test config is valid");
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let bind = || async { TcpListener::bind("127.0.0.1:0").await.unwrap() };
+        let proxy = match backend {
+            Some(_) => Some(bind().await),
+            None => None,
+        };
         let admin = match with_admin {
-            true => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            true => Some(bind().await),
             false => None,
         };
-        let admin_addr = admin.as_ref().map(|admin| admin.local_addr().unwrap());
+        let decide = match with_decide {
+            true => Some(bind().await),
+            false => None,
+        };
+        let address = |listener: &Option<TcpListener>| listener.as_ref().map(|l| l.local_addr().unwrap());
+        let (addr, admin_addr, decide_addr) = (address(&proxy), address(&admin), address(&decide));
         let (shutdown, stop) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let stop = async {
                 let _ = stop.await;
             };
-            match admin {
-                Some(admin) => tollgate::serve_with_admin(listener, admin, config, stop).await,
-                None => tollgate::serve(listener, config, stop).await,
-            }
-            .expect("serve failed");
+            let listeners = tollgate::Listeners { proxy, admin, decide };
+            tollgate::serve_on(listeners, config, stop)
+                .await
+                .expect("serve failed");
         });
         Gateway {
-            addr,
+            // A decision service alone has no proxy address: its decision address stands in.
+            addr: addr.or(decide_addr).unwrap(),
             admin: admin_addr,
+            decide: decide_addr,
             shutdown: Some(shutdown),
             task,
         }

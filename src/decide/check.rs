@@ -1,0 +1,383 @@
+//! `POST /v1/check`: the JSON decision API, for a service that asks before it does something
+//! costly (a batch job, a queue consumer, a proxy of its own).
+//!
+//! The body names the client directly, `{"rule": "NAME", "key": "VALUE", "cost": N}` (the
+//! key is digested as a header key is, with `KEY_HASH_SECRET`), or describes a request for the
+//! rule table to classify as the proxy would: `{"method": "GET", "path": "/login",
+//! "client_ip": "203.0.113.7", "headers": {...}}`. The answer is `200` whether allowed or not,
+//! `{"allowed", "rule", "limit", "remaining", "reset_after_ms", "retry_after_s", "outcome"}`
+//! with the rate-limit headers as well; a bad body gets `400` with a JSON error naming the
+//! field. With `DECIDE_TOKEN` set, `Authorization: Bearer <token>` is required (`401`).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+
+use super::{Decide, DecideBody, error, json};
+use crate::gate::{Head, Refused};
+use crate::limit::{Decision, Rule};
+use crate::outcome::Outcome;
+use crate::suggest::edit_distance;
+
+/// Where it is served.
+pub const PATH: &str = "/v1/check";
+
+/// The largest body read: a request description with its headers fits many times over.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// The longest client key: a key is a name (an API key, a user id), not a document.
+pub const MAX_KEY: usize = 1024;
+
+/// What the body may hold; which fields are set says which kind of question it is.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Question {
+    /// Named: the rule.
+    pub rule: Option<String>,
+    /// Named: whose budget.
+    pub key: Option<String>,
+    /// Named: what it costs (default: the rule's own cost).
+    pub cost: Option<u64>,
+    /// Classified: the method (default `GET`).
+    pub method: Option<String>,
+    /// Classified: the path (a query is ignored, as rules match paths).
+    pub path: Option<String>,
+    /// Classified: the client's address.
+    pub client_ip: Option<String>,
+    /// Classified: its headers (an API key a rule keys by, `X-Forwarded-For` when
+    /// `client_ip` is a trusted proxy's).
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+/// A body that cannot be answered: what is wrong, and with which field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadBody {
+    /// What is wrong, and what is accepted.
+    pub reason: String,
+    /// The field at fault, if one is.
+    pub field: Option<&'static str>,
+}
+
+impl BadBody {
+    fn field(field: &'static str, reason: impl Into<String>) -> BadBody {
+        BadBody {
+            reason: reason.into(),
+            field: Some(field),
+        }
+    }
+}
+
+/// The answer's body.
+#[derive(Debug, Serialize)]
+pub struct Answer<'a> {
+    /// Whether the request may go ahead.
+    pub allowed: bool,
+    /// The rule that decided.
+    pub rule: &'a str,
+    /// The rule's capacity or per-window limit; `null` when no store decided (exempt, or
+    /// the store unavailable).
+    pub limit: Option<u64>,
+    /// Whole units left.
+    pub remaining: Option<u64>,
+    /// Milliseconds until the budget is entirely back.
+    pub reset_after_ms: Option<u64>,
+    /// When refused, whole seconds until the same request would be allowed (as
+    /// `Retry-After`); `null` when allowed.
+    pub retry_after_s: Option<u64>,
+    /// What became of it, as the metrics and logs name it (`allowed`, `limited`, `shadow`,
+    /// `exempt`, `fail_open`, `fail_closed`, ...).
+    pub outcome: &'static str,
+}
+
+/// Parse a body into a [`Question`].
+pub fn parse(body: &[u8]) -> Result<Question, BadBody> {
+    serde_json::from_slice(body).map_err(|error| BadBody {
+        reason: format!("the body is not a JSON question: {error}"),
+        field: None,
+    })
+}
+
+/// Answer one call from `peer`.
+pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr) -> Response<DecideBody> {
+    if let Some(token) = &door.settings.token {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
+        if !presented.is_some_and(|presented| token.matches(presented)) {
+            let mut response = error(
+                StatusCode::UNAUTHORIZED,
+                "a bearer token (DECIDE_TOKEN) is required",
+                None,
+            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            tracing::debug!(peer = %peer.ip(), "decision API call without the right token refused");
+            return response;
+        }
+    }
+    let body = Limited::new(request.into_body(), MAX_BODY).collect();
+    let body = match tokio::time::timeout(door.settings.body_timeout, body).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+            // 400 as for every other bad body, so a caller has one status to handle.
+            return super::error(
+                StatusCode::BAD_REQUEST,
+                &format!("the body is larger than {MAX_BODY} bytes"),
+                Some("body"),
+            );
+        }
+        Ok(Err(_)) => return super::error(StatusCode::BAD_REQUEST, "the body broke off", None),
+        Err(_) => {
+            return super::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive within BODY_IDLE_TIMEOUT_MS",
+                None,
+            );
+        }
+    };
+    match decide(door, &body).await {
+        Ok(response) => response,
+        Err(bad) => super::error(StatusCode::BAD_REQUEST, &bad.reason, bad.field),
+    }
+}
+
+/// A question, checked: what the gate is to be asked.
+#[derive(Debug)]
+pub enum Ask<'r> {
+    /// `{"rule", "key", "cost"}`.
+    Named {
+        /// The rule, one of the table's.
+        rule: &'r Rule,
+        /// Whose budget: 1 to [`MAX_KEY`] bytes.
+        key: String,
+        /// 1 to the rule's capacity.
+        cost: u64,
+    },
+    /// `{"method", "path", "client_ip", "headers"}`.
+    Classified {
+        /// The method.
+        method: Method,
+        /// The path, without its query: starts with `/`, or is `*`.
+        path: String,
+        /// The client's address.
+        client: IpAddr,
+        /// Its headers.
+        headers: HeaderMap,
+    },
+}
+
+/// Parse and check a body against `rules` (the gate's, in table order).
+pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
+    let question = parse(body)?;
+    let named = question.rule.is_some() || question.key.is_some() || question.cost.is_some();
+    let classified = question.method.is_some()
+        || question.path.is_some()
+        || question.client_ip.is_some()
+        || question.headers.is_some();
+    match (named, classified) {
+        (true, true) => Err(BadBody {
+            reason: "either name the client ({\"rule\", \"key\", \"cost\"}) or describe a request \
+                     ({\"method\", \"path\", \"client_ip\", \"headers\"}), not both"
+                .into(),
+            field: None,
+        }),
+        (false, false) => Err(BadBody {
+            reason: "an empty question: send {\"rule\", \"key\"} or {\"path\", \"client_ip\"}".into(),
+            field: None,
+        }),
+        (true, false) => {
+            let rule = named_rule(rules, question.rule.as_deref())?;
+            let key = match question.key {
+                None => return Err(BadBody::field("key", "a key is required: whose budget to spend")),
+                Some(key) if key.is_empty() => {
+                    return Err(BadBody::field("key", "a key is required: whose budget to spend"));
+                }
+                Some(key) if key.len() > MAX_KEY => {
+                    return Err(BadBody::field("key", format!("a key is at most {MAX_KEY} bytes")));
+                }
+                Some(key) => key,
+            };
+            let cost = question.cost.unwrap_or(rule.cost);
+            let limit = rule.policy.limit();
+            if cost == 0 || cost > limit {
+                return Err(BadBody::field(
+                    "cost",
+                    format!(
+                        "cost {cost} is out of range: 1 to {limit}, the capacity of rule {:?}",
+                        &*rule.name
+                    ),
+                ));
+            }
+            Ok(Ask::Named { rule, key, cost })
+        }
+        (false, true) => {
+            let method = match question.method.as_deref() {
+                None => Method::GET,
+                Some(method) => Method::from_bytes(method.as_bytes())
+                    .map_err(|_| BadBody::field("method", format!("{method:?} is not an HTTP method")))?,
+            };
+            let path = question
+                .path
+                .as_deref()
+                .ok_or_else(|| BadBody::field("path", "a path is required, such as /login"))?;
+            let path = path.split_once('?').map_or(path, |(path, _)| path);
+            if !path.starts_with('/') && path != "*" {
+                return Err(BadBody::field("path", "a path starts with /"));
+            }
+            let client: IpAddr = question
+                .client_ip
+                .as_deref()
+                .ok_or_else(|| BadBody::field("client_ip", "the client's address is required"))?
+                .parse()
+                .map_err(|_| {
+                    BadBody::field("client_ip", "an IP address such as 203.0.113.7 or 2001:db8::1")
+                })?;
+            let headers = header_map(question.headers.unwrap_or_default())?;
+            Ok(Ask::Classified {
+                method,
+                path: path.to_owned(),
+                client,
+                headers,
+            })
+        }
+    }
+}
+
+/// Check a body and ask the gate.
+async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadBody> {
+    match ask(body, door.gate.rules())? {
+        Ask::Named { rule, key, cost } => {
+            let keyed = door
+                .gate
+                .decide_key(rule, door.gate.key_of(key.as_bytes()), cost)
+                .await;
+            Ok(respond(door, rule, keyed.decision.decision(), keyed.outcome))
+        }
+        Ask::Classified {
+            method,
+            path,
+            client,
+            headers,
+        } => {
+            let head = Head {
+                method: &method,
+                path: &path,
+                headers: &headers,
+                peer: client,
+                upgrade: false,
+            };
+            let verdict = door.gate.decide(&head).await.map_err(|refused| match refused {
+                Refused::Ambiguous(reason) => BadBody::field("path", reason),
+                Refused::Tunnels(_) => BadBody::field("path", "no upgrade was asked for"),
+            })?;
+            let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
+            Ok(respond(door, verdict.rule, decision, verdict.outcome))
+        }
+    }
+}
+
+/// The rule `name`, or an error naming the closest rule.
+fn named_rule<'r>(rules: &'r [Rule], name: Option<&str>) -> Result<&'r Rule, BadBody> {
+    let name =
+        name.ok_or_else(|| BadBody::field("rule", "a rule is required (general, auth, or a route's name)"))?;
+    rules.iter().find(|rule| &*rule.name == name).ok_or_else(|| {
+        let names: Vec<&str> = rules.iter().map(|rule| &*rule.name).collect();
+        let closest = names
+            .iter()
+            .min_by_key(|known| edit_distance(name, known))
+            .filter(|known| edit_distance(name, known) <= 2);
+        BadBody::field(
+            "rule",
+            match closest {
+                Some(closest) => format!("no rule {name:?}: did you mean {closest:?}?"),
+                None => format!("no rule {name:?}: the rules are {}", names.join(", ")),
+            },
+        )
+    })
+}
+
+/// The `headers` object as a header map.
+fn header_map(headers: BTreeMap<String, String>) -> Result<HeaderMap, BadBody> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| BadBody::field("headers", format!("{name:?} is not a header name")))?;
+        let value = HeaderValue::from_str(&value)
+            .map_err(|_| BadBody::field("headers", format!("the value of {name:?} is not a header value")))?;
+        map.append(header, value);
+    }
+    Ok(map)
+}
+
+/// `200` with the answer and the rate-limit headers.
+fn respond(
+    door: &Decide,
+    rule: &Rule,
+    decision: Option<&Decision>,
+    outcome: Outcome,
+) -> Response<DecideBody> {
+    let allowed = outcome.forwards();
+    let answer = Answer {
+        allowed,
+        rule: &rule.name,
+        limit: decision.map(|decision| decision.limit),
+        remaining: decision.map(|decision| decision.remaining),
+        reset_after_ms: decision.map(|decision| decision.reset_after.as_millis() as u64),
+        retry_after_s: decision
+            .filter(|_| !allowed)
+            .map(|decision| crate::limit_headers::retry_after_secs(decision.retry_after)),
+        outcome: outcome.as_str(),
+    };
+    // Serializing a struct of numbers and strings cannot fail.
+    let body = serde_json::to_string(&answer).unwrap_or_default();
+    let mut response = json(StatusCode::OK, body);
+    if let Some(decision) = decision {
+        door.settings.headers.set(response.headers_mut(), rule, decision);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_and_wrong_types_are_named() {
+        let error = parse(br#"{"rule":"general","kee":"x"}"#).unwrap_err();
+        assert!(error.reason.contains("unknown field `kee`"), "{}", error.reason);
+        let error = parse(br#"{"rule":"general","key":"x","cost":-1}"#).unwrap_err();
+        assert!(error.reason.contains("invalid value"), "{}", error.reason);
+        let error = parse(b"not json").unwrap_err();
+        assert!(error.reason.contains("not a JSON question"), "{}", error.reason);
+    }
+
+    #[test]
+    fn both_kinds_of_question_parse() {
+        let named = parse(br#"{"rule":"auth","key":"user-7","cost":2}"#).unwrap();
+        assert_eq!(
+            (named.rule.as_deref(), named.key.as_deref(), named.cost),
+            (Some("auth"), Some("user-7"), Some(2))
+        );
+        let classified = parse(
+            br#"{"method":"POST","path":"/login","client_ip":"203.0.113.7","headers":{"x-api-key":"k"}}"#,
+        )
+        .unwrap();
+        assert_eq!(classified.path.as_deref(), Some("/login"));
+        assert_eq!(classified.headers.unwrap()["x-api-key"], "k");
+    }
+
+    #[test]
+    fn header_maps_refuse_what_is_not_a_header() {
+        let bad = BTreeMap::from([("bad name".to_owned(), "v".to_owned())]);
+        assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
+        let bad = BTreeMap::from([("x".to_owned(), "a\nb".to_owned())]);
+        assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
+    }
+}

@@ -1,0 +1,391 @@
+//! `/v1/forward-auth` (any method): a rate-limit decision for Traefik's `ForwardAuth`, Caddy's
+//! `forward_auth` and nginx's `auth_request`, which ask before they forward a request and pass
+//! it on only if the answer is `2xx`.
+//!
+//! The original request is read from the headers those proxies send: its method from
+//! `X-Forwarded-Method` (nginx: `X-Original-Method`, as commonly configured; else this
+//! request's own method), its target from `X-Forwarded-Uri` (nginx: `X-Original-URI`), its
+//! client from `X-Forwarded-For`; `X-Forwarded-Host` names it in the log. Every other header
+//! (an API key a rule is keyed by) is the original request's, as these proxies copy them. The
+//! path goes through the proxy's own canonicalisation, so a path backends could read two ways
+//! is refused here as it is there.
+//!
+//! The caller is the TCP peer, so the client address it forwards is believed only when the
+//! peer is one of `TRUSTED_PROXIES`; a call from any other peer is refused (`403`, logged):
+//! keyed by the proxy's own address, every client would share one budget.
+//!
+//! Allowed: `200` with the rate-limit headers (the proxy may copy them onto the request or
+//! the response). Refused: `429` with `Retry-After` and the rate-limit headers, or the status
+//! `?status=` names (`401` or `403`: nginx's `auth_request` takes only 2xx, 401 and 403).
+//! A request costs what the rule table prices it at; `count=failures` has no refund here,
+//! since the backend's answer is never seen.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderName};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+
+use super::{Decide, DecideBody, error, full};
+use crate::gate::identity::X_FORWARDED_FOR;
+use crate::gate::{Head, Refused};
+use crate::limit_headers::{integer_value, retry_after_secs};
+use crate::outcome::Outcome;
+
+/// Where it is served.
+pub const PATH: &str = "/v1/forward-auth";
+
+/// `X-Forwarded-Method` (Traefik, Caddy).
+pub static X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
+/// `X-Forwarded-Uri` (Traefik, Caddy).
+pub static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
+/// `X-Forwarded-Host`.
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// `X-Original-Method` (nginx `auth_request`, as commonly configured).
+pub static X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
+/// `X-Original-URI` (nginx `auth_request`, as commonly configured).
+pub static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+
+/// The original request, as the calling proxy describes it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Original {
+    /// Its method.
+    pub method: Method,
+    /// Its target's path, as sent (canonicalised by the gate).
+    pub path: String,
+}
+
+/// Why the original request cannot be read from the headers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    /// Neither target header was sent.
+    #[error(
+        "no X-Forwarded-Uri (Traefik, Caddy) or X-Original-URI (nginx) header: the original request's target is unknown"
+    )]
+    NoTarget,
+    /// A header was sent more than once, or two spellings disagree.
+    #[error("{0} was sent more than once, or disagrees with its other spelling")]
+    Repeated(&'static str),
+    /// The target is not a path (with a query) or `*`.
+    #[error("{header} is not a request target such as /login?next=/: {problem}")]
+    Target {
+        /// Which header.
+        header: &'static str,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// The method is not a method.
+    #[error("{0} is not an HTTP method")]
+    Method(&'static str),
+    /// No client address was forwarded.
+    #[error(
+        "no X-Forwarded-For header: the client's address is unknown, and keyed by the proxy's own every client would share one budget"
+    )]
+    NoClient,
+}
+
+/// One header of two spellings: `None` when neither is sent, the value when one is (or both
+/// agree), an error when either is repeated or they differ.
+fn one_of<'h>(
+    headers: &'h HeaderMap,
+    names: [(&'static HeaderName, &'static str); 2],
+) -> Result<Option<(&'h [u8], &'static str)>, Unreadable> {
+    let mut found: Option<(&[u8], &'static str)> = None;
+    for (name, label) in names {
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            continue;
+        };
+        if values.next().is_some() {
+            return Err(Unreadable::Repeated(label));
+        }
+        match found {
+            Some((earlier, _)) if earlier != value.as_bytes() => return Err(Unreadable::Repeated(label)),
+            _ => found = Some((value.as_bytes(), label)),
+        }
+    }
+    Ok(found)
+}
+
+/// Read the original request from `headers`; `own` is the method of the call itself.
+pub fn original(headers: &HeaderMap, own: &Method) -> Result<Original, Unreadable> {
+    let method = match one_of(
+        headers,
+        [
+            (&X_FORWARDED_METHOD, "X-Forwarded-Method"),
+            (&X_ORIGINAL_METHOD, "X-Original-Method"),
+        ],
+    )? {
+        Some((value, label)) => Method::from_bytes(value).map_err(|_| Unreadable::Method(label))?,
+        None => own.clone(),
+    };
+    let (target, label) = one_of(
+        headers,
+        [
+            (&X_FORWARDED_URI, "X-Forwarded-Uri"),
+            (&X_ORIGINAL_URI, "X-Original-URI"),
+        ],
+    )?
+    .ok_or(Unreadable::NoTarget)?;
+    let path = target_path(target).map_err(|problem| Unreadable::Target {
+        header: label,
+        problem,
+    })?;
+    if headers.get(&X_FORWARDED_FOR).is_none() {
+        return Err(Unreadable::NoClient);
+    }
+    Ok(Original { method, path })
+}
+
+/// The path of an origin-form target (`/a/b?q`) or `*`, as the proxy would have received it.
+fn target_path(target: &[u8]) -> Result<String, &'static str> {
+    if target == b"*" {
+        return Ok("*".into());
+    }
+    if target.first() != Some(&b'/') {
+        return Err("it does not start with /");
+    }
+    // A fragment is never sent in a request (RFC 9110 section 4.2.5): one here was written by
+    // the client, and what a backend makes of it is anybody's guess.
+    if target.contains(&b'#') {
+        return Err("it holds a # (fragments are never sent)");
+    }
+    let uri = Uri::try_from(target).map_err(|_| "it is not a valid URI path")?;
+    Ok(uri.path().to_owned())
+}
+
+/// Answer one call from `peer`.
+pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr) -> Response<DecideBody> {
+    let peer_ip = peer.ip().to_canonical();
+    if !door.gate.trusts(peer_ip) {
+        if let Some(suppressed) = door.untrusted_log.admit() {
+            if suppressed > 0 {
+                tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
+            }
+            tracing::warn!(
+                peer = %peer_ip,
+                "forward-auth call refused: the peer is not in TRUSTED_PROXIES, so the client address it forwards cannot be believed"
+            );
+        }
+        return error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "forward-auth calls are answered for TRUSTED_PROXIES only, and {peer_ip} is not one: \
+                 add the calling proxy's address to TRUSTED_PROXIES"
+            ),
+            None,
+        );
+    }
+    let refusal = match refusal_status(request.uri().query()) {
+        Ok(status) => status,
+        Err(problem) => return error(StatusCode::BAD_REQUEST, &problem, Some("status")),
+    };
+    let headers = request.headers();
+    let original = match original(headers, request.method()) {
+        Ok(original) => original,
+        Err(unreadable) => return error(StatusCode::BAD_REQUEST, &unreadable.to_string(), None),
+    };
+    if let Some(name) = underscore_alias(door, headers) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("header {name} is a spelling of a key header that backends may read as it"),
+            None,
+        );
+    }
+    let head = Head {
+        method: &original.method,
+        path: &original.path,
+        headers,
+        peer: peer_ip,
+        upgrade: false,
+    };
+    let verdict = match door.gate.decide(&head).await {
+        Ok(verdict) => verdict,
+        Err(Refused::Ambiguous(reason)) => return error(StatusCode::BAD_REQUEST, &reason, None),
+        // Not asked for (upgrade is false); a tunnel is the ingress's to hold.
+        Err(Refused::Tunnels(_)) => return error(refusal, "too many upgraded connections", None),
+    };
+    let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
+    let mut response = match verdict.outcome {
+        outcome if outcome.forwards() => {
+            let mut response = Response::new(full(""));
+            *response.status_mut() = StatusCode::OK;
+            response
+        }
+        Outcome::FailClosed => {
+            let status = if refusal == StatusCode::TOO_MANY_REQUESTS {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                refusal
+            };
+            error(status, "rate-limit store unavailable", None)
+        }
+        _ => error(refusal, "rate limit exceeded", None),
+    };
+    if let Some(decision) = decision {
+        door.settings
+            .headers
+            .set(response.headers_mut(), verdict.rule, decision);
+        if !verdict.outcome.forwards() {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                integer_value(retry_after_secs(decision.retry_after)),
+            );
+        }
+    }
+    if !verdict.outcome.forwards() {
+        tracing::debug!(
+            client = %verdict.client,
+            host = headers.get(&X_FORWARDED_HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
+            method = %original.method,
+            path = %original.path,
+            rule = %verdict.rule.name,
+            outcome = verdict.outcome.as_str(),
+            "forward-auth refused"
+        );
+    }
+    response
+}
+
+/// The status of a refusal: `429`, or what `?status=` names (`401`, `403` or `429`). Other
+/// parameters are not ours and are passed over: Caddy's `forward_auth` appends the original
+/// request's query to the URI it calls.
+fn refusal_status(query: Option<&str>) -> Result<StatusCode, String> {
+    let mut status = StatusCode::TOO_MANY_REQUESTS;
+    for pair in query.unwrap_or("").split('&') {
+        let Some(value) = pair.strip_prefix("status=") else {
+            continue;
+        };
+        status = match value {
+            "401" => StatusCode::UNAUTHORIZED,
+            "403" => StatusCode::FORBIDDEN,
+            "429" => StatusCode::TOO_MANY_REQUESTS,
+            _ => return Err(format!("status={value:?}: expected 401, 403 or 429")),
+        };
+    }
+    Ok(status)
+}
+
+/// A header whose name, with `_` read as `-`, is one a rule keys by: CGI-style backends read
+/// it as that header, and the proxy in front forwards it (nginx drops such names by default,
+/// Traefik and Caddy do not), so the budget would be the real header's and the backend's key
+/// the alias's.
+fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
+    headers
+        .keys()
+        .filter(|name| name.as_str().contains('_'))
+        .find(|name| {
+            let dashed = name.as_str().replace('_', "-");
+            door.gate.key_headers().any(|key| key.as_str() == dashed)
+        })
+        .map(|name| name.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn traefik_and_caddy_headers_name_the_original_request() {
+        let sent = headers(&[
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", "/login?next=/"),
+            ("x-forwarded-for", "203.0.113.7"),
+        ]);
+        assert_eq!(
+            original(&sent, &Method::GET),
+            Ok(Original {
+                method: Method::POST,
+                path: "/login".into()
+            })
+        );
+    }
+
+    #[test]
+    fn nginx_headers_name_it_too_and_the_method_defaults_to_the_calls_own() {
+        let sent = headers(&[("x-original-uri", "/api/x"), ("x-forwarded-for", "203.0.113.7")]);
+        assert_eq!(
+            original(&sent, &Method::PUT),
+            Ok(Original {
+                method: Method::PUT,
+                path: "/api/x".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_target_that_could_be_read_two_ways_is_unreadable() {
+        for (pairs, expected) in [
+            (vec![("x-forwarded-for", "1.2.3.4")], Unreadable::NoTarget),
+            (
+                vec![
+                    ("x-forwarded-uri", "/a"),
+                    ("x-forwarded-uri", "/login"),
+                    ("x-forwarded-for", "1.2.3.4"),
+                ],
+                Unreadable::Repeated("X-Forwarded-Uri"),
+            ),
+            (
+                vec![
+                    ("x-forwarded-uri", "/a"),
+                    ("x-original-uri", "/login"),
+                    ("x-forwarded-for", "1.2.3.4"),
+                ],
+                Unreadable::Repeated("X-Original-URI"),
+            ),
+            (
+                vec![("x-forwarded-uri", "login"), ("x-forwarded-for", "1.2.3.4")],
+                Unreadable::Target {
+                    header: "X-Forwarded-Uri",
+                    problem: "it does not start with /",
+                },
+            ),
+            (
+                vec![("x-forwarded-uri", "/a#/login"), ("x-forwarded-for", "1.2.3.4")],
+                Unreadable::Target {
+                    header: "X-Forwarded-Uri",
+                    problem: "it holds a # (fragments are never sent)",
+                },
+            ),
+            (vec![("x-forwarded-uri", "/login")], Unreadable::NoClient),
+            (
+                vec![
+                    ("x-forwarded-uri", "/a"),
+                    ("x-forwarded-method", "G E T"),
+                    ("x-forwarded-for", "1.2.3.4"),
+                ],
+                Unreadable::Method("X-Forwarded-Method"),
+            ),
+        ] {
+            assert_eq!(
+                original(&headers(&pairs), &Method::GET),
+                Err(expected),
+                "{pairs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_refusal_status_is_429_401_or_403() {
+        assert_eq!(refusal_status(None), Ok(StatusCode::TOO_MANY_REQUESTS));
+        assert_eq!(refusal_status(Some("status=403")), Ok(StatusCode::FORBIDDEN));
+        assert_eq!(refusal_status(Some("status=401")), Ok(StatusCode::UNAUTHORIZED));
+        assert_eq!(
+            refusal_status(Some("page=2&status=403")),
+            Ok(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(refusal_status(Some("page=2")), Ok(StatusCode::TOO_MANY_REQUESTS));
+        assert!(refusal_status(Some("status=200")).is_err());
+    }
+}

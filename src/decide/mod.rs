@@ -1,0 +1,195 @@
+//! The decision endpoints on `DECIDE_PORT`: tollgate's rules, keys, stores and fail modes for
+//! teams that already run an ingress and cannot put a second proxy in front of it. Each is a
+//! caller of the [`Gate`], as the proxy is, so a rule means the same thing whichever door a
+//! request came in by; none forwards anything.
+//!
+//! - [`forward_auth`]: `/v1/forward-auth`, for Traefik `ForwardAuth`, Caddy `forward_auth` and
+//!   nginx `auth_request`: the original request read from the headers those proxies send;
+//! - [`check`]: `POST /v1/check`, the JSON decision API (behind `DECIDE_TOKEN` when set);
+//! - Envoy's rate limit service over gRPC (`content-type: application/grpc`) on the same port.
+//!
+//! The listener is the proxy's [`crate::server::Server`] with this door: HTTP/1.1 and h2c on
+//! one port, the same connection limits and clocks.
+
+pub mod check;
+pub mod forward_auth;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use subtle::ConstantTimeEq;
+
+use crate::gate::Gate;
+use crate::limit::KeyHasher;
+use crate::limit::key::Digest;
+use crate::limit_headers::HeaderStyle;
+use crate::server::{Arrival, Door};
+use crate::telemetry::throttle::LogThrottle;
+
+/// The body of every answer on `DECIDE_PORT`.
+pub type DecideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// What the decision listener is built from.
+#[derive(Debug, Clone)]
+pub struct DecideSettings {
+    /// `BIND` and `DECIDE_PORT`.
+    pub listen: SocketAddr,
+    /// `DECIDE_TOKEN`: the bearer token `/v1/check` requires; `None`: none.
+    pub token: Option<Token>,
+    /// `RATE_LIMIT_HEADERS`: which rate-limit headers the answers carry, as the proxy's do.
+    pub headers: HeaderStyle,
+    /// `BODY_IDLE_TIMEOUT_MS`: how long a `/v1/check` body may take to arrive whole.
+    pub body_timeout: Duration,
+}
+
+/// A bearer token, kept as its digest under a key of this process's own, so that comparing
+/// one presented takes the same time whatever it shares with the real one, its length
+/// included. Never printed.
+#[derive(Clone)]
+pub struct Token {
+    hasher: KeyHasher,
+    digest: Digest,
+}
+
+impl Token {
+    /// The token `secret`, or `None` when the operating system has no randomness to give.
+    pub fn new(secret: &str) -> Option<Token> {
+        let hasher = KeyHasher::random().ok()?;
+        let digest = hasher.digest(secret.as_bytes());
+        Some(Token { hasher, digest })
+    }
+
+    /// Whether `presented` is the token, in constant time.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let presented = self.hasher.digest(presented);
+        presented.to_bytes().ct_eq(&self.digest.to_bytes()).into()
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+/// The decision endpoints, as the decision listener's door.
+pub struct Decide {
+    /// Decides every request, as it does the proxy's.
+    gate: Arc<Gate>,
+    /// `DECIDE_TOKEN`, `RATE_LIMIT_HEADERS`, the body clock.
+    settings: DecideSettings,
+    /// Paces the warning about calls from peers outside `TRUSTED_PROXIES`, which a
+    /// misconfigured ingress repeats on every request.
+    untrusted_log: LogThrottle,
+    /// Envoy's rate limit service (`RLS_CONFIG`), for `application/grpc` requests.
+    rls: Option<crate::rls::Server>,
+}
+
+/// The paths served, for the `404`'s body.
+const PATHS: &str = "/v1/forward-auth, /v1/check";
+
+impl Decide {
+    /// The doors of `settings`, deciding with `gate`.
+    pub fn new(settings: DecideSettings, gate: Arc<Gate>) -> Decide {
+        Decide {
+            gate,
+            settings,
+            untrusted_log: LogThrottle::new(),
+            rls: None,
+        }
+    }
+
+    /// These doors with Envoy's rate limit service beside them, answering `application/grpc`.
+    pub fn with_rls(mut self, rls: crate::rls::Server) -> Decide {
+        self.rls = Some(rls);
+        self
+    }
+
+    /// A gRPC call to the rate limit service: tonic's server answers it (a gRPC error for a
+    /// method it does not serve), its body boxed as the other doors'.
+    async fn grpc(&self, rls: &crate::rls::Server, request: Request<Incoming>) -> Response<DecideBody> {
+        use tonic::codegen::Service;
+        let mut server = rls.clone();
+        // Always ready: it holds no connection of its own.
+        let Ok(()) =
+            std::future::poll_fn(|cx| Service::<Request<Incoming>>::poll_ready(&mut server, cx)).await;
+        let Ok(response) = server.call(request).await;
+        response.map(|body| {
+            body.map_err(|status| Box::new(status) as Box<dyn std::error::Error + Send + Sync>)
+                .boxed_unsync()
+        })
+    }
+}
+
+impl Door for Decide {
+    type Body = DecideBody;
+
+    async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Response<DecideBody> {
+        if arrival.overloaded {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many requests in flight (MAX_CONNECTIONS)",
+                None,
+            );
+        }
+        if let Some(rls) = &self.rls
+            && request
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+        {
+            return self.grpc(rls, request).await;
+        }
+        match request.uri().path() {
+            forward_auth::PATH => forward_auth::answer(self, &request, arrival.connection.address).await,
+            check::PATH => {
+                if request.method() != Method::POST {
+                    let mut response = error(StatusCode::METHOD_NOT_ALLOWED, "use POST", None);
+                    response
+                        .headers_mut()
+                        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+                    return response;
+                }
+                check::answer(self, request, arrival.connection.address).await
+            }
+            _ => error(
+                StatusCode::NOT_FOUND,
+                &format!("not found: the decision endpoints are {PATHS}"),
+                None,
+            ),
+        }
+    }
+}
+
+/// A JSON body with `status`.
+fn json(status: StatusCode, body: String) -> Response<DecideBody> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// `{"error": reason, "field": field}`, with `status`.
+fn error(status: StatusCode, reason: &str, field: Option<&str>) -> Response<DecideBody> {
+    let body = match field {
+        Some(field) => serde_json::json!({ "error": reason, "field": field }),
+        None => serde_json::json!({ "error": reason }),
+    };
+    json(status, body.to_string())
+}
+
+fn full(body: impl Into<Bytes>) -> DecideBody {
+    Full::new(body.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}

@@ -1,0 +1,164 @@
+//! The rate-limit headers every door writes on a decided answer: the proxy on the backend's
+//! response or its own `429`, the decision endpoints on theirs.
+//!
+//! `RATE_LIMIT_HEADERS` picks the headers ([`HeaderStyle`]):
+//! - `legacy`: `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (Unix
+//!   seconds at which the budget is entirely back, as GitHub's API uses them);
+//! - `draft`: `RateLimit-Policy` and `RateLimit` of the IETF draft (see [`draft`]);
+//! - `both`, or `none` (nothing about the limits is revealed; a 429 still has `Retry-After`).
+//!
+//! Ours replace any the backend sent. `Retry-After` is whole seconds, rounded up, at least 1
+//! (RFC 9110 section 10.2.3).
+
+pub mod draft;
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::limit::{Decision, Rule};
+
+/// Which rate-limit headers responses carry (`RATE_LIMIT_HEADERS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderStyle {
+    /// `X-RateLimit-*` (the default).
+    Legacy,
+    /// `RateLimit-Policy` and `RateLimit`.
+    Draft,
+    /// Both sets.
+    Both,
+    /// None: nothing about the limits is revealed (a 429 still carries `Retry-After`).
+    None,
+}
+
+impl HeaderStyle {
+    /// Parse `legacy`, `draft`, `both` or `none`.
+    pub fn parse(value: &str) -> Option<HeaderStyle> {
+        match value {
+            "legacy" => Some(HeaderStyle::Legacy),
+            "draft" => Some(HeaderStyle::Draft),
+            "both" => Some(HeaderStyle::Both),
+            "none" => Some(HeaderStyle::None),
+            _ => None,
+        }
+    }
+
+    /// The value as written in `RATE_LIMIT_HEADERS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeaderStyle::Legacy => "legacy",
+            HeaderStyle::Draft => "draft",
+            HeaderStyle::Both => "both",
+            HeaderStyle::None => "none",
+        }
+    }
+
+    /// Set this style's headers for `decision` under `rule`, replacing the backend's.
+    ///
+    /// For the draft, `t` is the time the client can use no more than `r`: on a denial that
+    /// is exactly `Retry-After` (so `Retry-After` is never earlier than `t`, as section 6 of
+    /// the draft asks); on an allowed request it is the time until the budget is entirely
+    /// back, which tells the client no more than it may use (the budget can come back in
+    /// parts sooner, never later).
+    pub fn set(self, headers: &mut HeaderMap, rule: &Rule, decision: &Decision) {
+        if matches!(self, HeaderStyle::Legacy | HeaderStyle::Both) {
+            set_rate_limit_headers(headers, decision);
+        }
+        if matches!(self, HeaderStyle::Draft | HeaderStyle::Both) {
+            let t = if decision.allowed {
+                ceil_secs(decision.reset_after)
+            } else {
+                retry_after_secs(decision.retry_after)
+            };
+            let window = ceil_secs(rule.policy.window());
+            draft::set(headers, &rule.name, decision.limit, window, decision.remaining, t);
+        }
+    }
+}
+
+/// `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Set the three rate-limit headers, replacing the backend's.
+pub fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
+    let reset_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_add(decision.reset_after);
+    headers.insert(&X_RATELIMIT_LIMIT, integer_value(decision.limit));
+    headers.insert(&X_RATELIMIT_REMAINING, integer_value(decision.remaining));
+    headers.insert(&X_RATELIMIT_RESET, integer_value(ceil_secs(reset_at)));
+}
+
+/// How many integers, from 0, [`integer_value`] keeps made.
+const SMALL_INTEGERS: usize = 1024;
+
+/// The header values of 0 to [`SMALL_INTEGERS`] - 1, made once, at their first use, over one
+/// leaked string of their digits (2,986 bytes): a clone of a static value allocates nothing
+/// and shares no counter between threads. Limits, remaining budgets and `Retry-After`
+/// seconds are mostly small, and a refusal's remaining budget is always 0.
+static SMALL_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
+    let mut digits = String::new();
+    let ends: Vec<usize> = (0..SMALL_INTEGERS)
+        .map(|n| {
+            digits.push_str(itoa::Buffer::new().format(n));
+            digits.len()
+        })
+        .collect();
+    let digits: &'static str = Box::leak(digits.into_boxed_str());
+    let mut start = 0;
+    ends.into_iter()
+        .map(|end| {
+            let value = HeaderValue::from_static(&digits[start..end]);
+            start = end;
+            value
+        })
+        .collect()
+});
+
+/// `n` as a header value: for a small `n` a copy of one made at startup, else in one
+/// allocation (`HeaderValue::from(u64)` makes two: a 20-byte buffer, then, as its length is
+/// not its capacity, a shared header for it).
+pub fn integer_value(n: u64) -> HeaderValue {
+    if let Some(value) = usize::try_from(n).ok().and_then(|n| SMALL_VALUES.get(n)) {
+        return value.clone();
+    }
+    let mut digits = itoa::Buffer::new();
+    // Digits are always a valid header value; `n` is the (never taken) way round.
+    HeaderValue::from_str(digits.format(n)).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
+/// Whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(retry_after: Duration) -> u64 {
+    ceil_secs(retry_after).max(1)
+}
+
+fn ceil_secs(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_are_written_as_display_writes_them() {
+        let small = SMALL_INTEGERS as u64;
+        for n in (0..small + 10).chain([99_999, 1_000_000, u64::MAX]) {
+            assert_eq!(integer_value(n), n.to_string().as_str());
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_micros(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(2)), 2);
+        assert_eq!(retry_after_secs(Duration::from_millis(2_001)), 3);
+    }
+}

@@ -1,0 +1,392 @@
+//! The decision endpoints on `DECIDE_PORT`: `/v1/forward-auth` and `POST /v1/check`, called
+//! over real sockets as an ingress or a service would, in memory and against a real Redis.
+
+use std::net::IpAddr;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::support::{Backend, Gateway, RedisServer, Reply, request};
+
+const PROXY: [u8; 4] = [127, 0, 0, 1];
+
+/// A forward-auth call from `from` for the original request `uri` of `client`.
+async fn forward_auth(gateway: &Gateway, from: [u8; 4], query: &str, uri: &str, client: &str) -> Reply {
+    let path = format!("/v1/forward-auth{query}");
+    let headers = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", uri),
+        ("x-forwarded-host", "app.example"),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-for", client),
+    ];
+    request(
+        gateway.decide.unwrap(),
+        IpAddr::from(from),
+        Method::GET,
+        &path,
+        &headers,
+        Bytes::new(),
+    )
+    .await
+}
+
+/// `POST /v1/check` with `body` (and `headers`).
+async fn check(gateway: &Gateway, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    request(
+        gateway.decide.unwrap(),
+        IpAddr::from(PROXY),
+        Method::POST,
+        "/v1/check",
+        &all,
+        Bytes::copy_from_slice(body.as_bytes()),
+    )
+    .await
+}
+
+fn json(reply: &Reply) -> Value {
+    serde_json::from_slice(&reply.body).unwrap_or_else(|_| panic!("not JSON: {}", reply.text()))
+}
+
+const LIMITS: &[(&str, &str)] = &[
+    ("TRUSTED_PROXIES", "127.0.0.1"),
+    ("MAX_TOKENS", "2"),
+    ("REFILL_RATE", "0.001"),
+    ("AUTH_MAX_TOKENS", "1"),
+    ("AUTH_REFILL_RATE", "0.001"),
+];
+
+#[tokio::test]
+async fn forward_auth_limits_each_forwarded_client_and_says_how() {
+    let gateway = Gateway::start_decide(None, LIMITS).await;
+    for remaining in ["1", "0"] {
+        let reply = forward_auth(&gateway, PROXY, "", "/api/items?page=2", "203.0.113.7").await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("2"));
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some(remaining));
+    }
+    let refused = forward_auth(&gateway, PROXY, "", "/api/items", "203.0.113.7").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.number("retry-after") >= 1);
+    assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+    // nginx's auth_request takes only 2xx, 401 and 403.
+    let for_nginx = forward_auth(&gateway, PROXY, "?status=403", "/api/items", "203.0.113.7").await;
+    assert_eq!(for_nginx.status, StatusCode::FORBIDDEN);
+    assert!(for_nginx.number("retry-after") >= 1);
+    // Another client, another budget: keyed by the forwarded address, not the proxy's.
+    let other = forward_auth(&gateway, PROXY, "", "/api/items", "203.0.113.8").await;
+    assert_eq!(other.status, StatusCode::OK);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn forward_auth_reads_the_path_as_the_proxy_does() {
+    let gateway = Gateway::start_decide(None, LIMITS).await;
+    assert_eq!(
+        forward_auth(&gateway, PROXY, "", "/login", "203.0.113.7")
+            .await
+            .status,
+        StatusCode::OK
+    );
+    // The same auth budget, however the path is spelt.
+    for spelling in ["//login", "/static/../login", "/./login"] {
+        let reply = forward_auth(&gateway, PROXY, "", spelling, "203.0.113.7").await;
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{spelling}: {}",
+            reply.text()
+        );
+    }
+    // A path backends could read two ways is refused before any budget is touched.
+    for ambiguous in ["/a%3F/login", "/%2F/login", "/login#x"] {
+        let reply = forward_auth(&gateway, PROXY, "", ambiguous, "203.0.113.9").await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{ambiguous}: {}",
+            reply.text()
+        );
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn forward_auth_refuses_peers_it_does_not_trust_and_requests_it_cannot_read() {
+    let gateway = Gateway::start_decide(None, LIMITS).await;
+    let untrusted = forward_auth(&gateway, [127, 0, 0, 2], "", "/api", "203.0.113.7").await;
+    assert_eq!(untrusted.status, StatusCode::FORBIDDEN);
+    assert!(
+        untrusted.text().contains("TRUSTED_PROXIES"),
+        "{}",
+        untrusted.text()
+    );
+    let to = gateway.decide.unwrap();
+    let from = IpAddr::from(PROXY);
+    let no_target = request(
+        to,
+        from,
+        Method::GET,
+        "/v1/forward-auth",
+        &[("x-forwarded-for", "203.0.113.7")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(no_target.status, StatusCode::BAD_REQUEST);
+    assert!(
+        no_target.text().contains("X-Forwarded-Uri"),
+        "{}",
+        no_target.text()
+    );
+    let no_client = request(
+        to,
+        from,
+        Method::GET,
+        "/v1/forward-auth",
+        &[("x-forwarded-uri", "/api")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(no_client.status, StatusCode::BAD_REQUEST);
+    assert!(
+        no_client.text().contains("X-Forwarded-For"),
+        "{}",
+        no_client.text()
+    );
+    let bad_status = forward_auth(&gateway, PROXY, "?status=200", "/api", "203.0.113.7").await;
+    assert_eq!(bad_status.status, StatusCode::BAD_REQUEST);
+    let unknown = request(to, from, Method::GET, "/v2/other", &[], Bytes::new()).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn forward_auth_refuses_an_underscore_spelling_of_a_key_header() {
+    let mut vars = LIMITS.to_vec();
+    vars.push(("KEY_BY", "header:x-api-key"));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    let to = gateway.decide.unwrap();
+    let headers = [
+        ("x-forwarded-uri", "/api"),
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x_api_key", "other"),
+    ];
+    let reply = request(
+        to,
+        IpAddr::from(PROXY),
+        Method::GET,
+        "/v1/forward-auth",
+        &headers,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn check_answers_a_named_client_whether_allowed_or_not() {
+    let gateway = Gateway::start_decide(None, LIMITS).await;
+    let body = r#"{"rule": "general", "key": "user-7"}"#;
+    let first = check(&gateway, &[], body).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    let answer = json(&first);
+    assert_eq!(answer["allowed"], true);
+    assert_eq!(answer["rule"], "general");
+    assert_eq!(answer["limit"], 2);
+    assert_eq!(answer["remaining"], 1);
+    assert_eq!(answer["retry_after_s"], Value::Null);
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+    let spent = json(
+        &check(
+            &gateway,
+            &[],
+            r#"{"rule": "general", "key": "user-7", "cost": 1}"#,
+        )
+        .await,
+    );
+    assert_eq!(spent["remaining"], 0);
+    let refused = check(&gateway, &[], body).await;
+    assert_eq!(refused.status, StatusCode::OK);
+    let answer = json(&refused);
+    assert_eq!(answer["allowed"], false);
+    assert_eq!(answer["outcome"], "limited");
+    assert!(answer["retry_after_s"].as_u64().unwrap() >= 1);
+    assert!(answer["reset_after_ms"].as_u64().unwrap() > 0);
+    // Another key, another budget.
+    assert_eq!(
+        json(&check(&gateway, &[], r#"{"rule": "general", "key": "user-8"}"#).await)["allowed"],
+        true
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn check_classifies_a_described_request_as_the_proxy_would() {
+    let gateway = Gateway::start_decide(None, LIMITS).await;
+    let login = r#"{"method": "POST", "path": "/login", "client_ip": "203.0.113.7"}"#;
+    let first = json(&check(&gateway, &[], login).await);
+    assert_eq!(
+        (first["rule"].as_str(), first["allowed"].as_bool()),
+        (Some("auth"), Some(true))
+    );
+    let again = r#"{"method": "POST", "path": "//login?next=/", "client_ip": "203.0.113.7", "headers": {"user-agent": "x"}}"#;
+    let second = json(&check(&gateway, &[], again).await);
+    assert_eq!(
+        (second["rule"].as_str(), second["allowed"].as_bool()),
+        (Some("auth"), Some(false))
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn check_names_the_field_of_a_bad_body() {
+    let gateway = Gateway::start_decide(None, LIMITS).await;
+    let big = format!(r#"{{"rule": "general", "key": "{}"}}"#, "k".repeat(70_000));
+    for (body, field, says) in [
+        (
+            r#"{"rule": "generl", "key": "a"}"#,
+            Some("rule"),
+            "did you mean \"general\"",
+        ),
+        (r#"{"rule": "general"}"#, Some("key"), "key is required"),
+        (
+            r#"{"rule": "general", "key": "a", "cost": 3}"#,
+            Some("cost"),
+            "out of range",
+        ),
+        (
+            r#"{"rule": "general", "key": "a", "cost": 0}"#,
+            Some("cost"),
+            "out of range",
+        ),
+        (
+            r#"{"rule": "general", "key": "a", "kost": 1}"#,
+            None,
+            "unknown field `kost`",
+        ),
+        (
+            r#"{"rule": "general", "key": "a", "path": "/x"}"#,
+            None,
+            "not both",
+        ),
+        (
+            r#"{"path": "/x", "client_ip": "nope"}"#,
+            Some("client_ip"),
+            "IP address",
+        ),
+        (
+            r#"{"path": "x", "client_ip": "203.0.113.7"}"#,
+            Some("path"),
+            "starts with /",
+        ),
+        (
+            r#"{"path": "/a%3F/x", "client_ip": "203.0.113.7"}"#,
+            Some("path"),
+            "",
+        ),
+        ("not json", None, "not a JSON question"),
+        ("{}", None, "empty question"),
+        (big.as_str(), Some("body"), "larger than"),
+    ] {
+        let reply = check(&gateway, &[], body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body:.80}: {}",
+            reply.text()
+        );
+        let error = json(&reply);
+        assert_eq!(error["field"].as_str(), field, "{body:.80}: {error}");
+        assert!(
+            error["error"].as_str().unwrap().contains(says),
+            "{body:.80}: {error}"
+        );
+    }
+    let to = gateway.decide.unwrap();
+    let get = request(
+        to,
+        IpAddr::from(PROXY),
+        Method::GET,
+        "/v1/check",
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(get.header("allow"), Some("POST"));
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn check_requires_the_token_when_one_is_set() {
+    let token = "0123456789abcdef0123456789abcdef";
+    let mut vars = LIMITS.to_vec();
+    vars.push(("DECIDE_TOKEN", token));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    let body = r#"{"rule": "general", "key": "user-7"}"#;
+    let bearer = format!("Bearer {token}");
+    let wrong = format!("Bearer {}x", &token[..31]);
+    for (headers, status) in [
+        (vec![], StatusCode::UNAUTHORIZED),
+        (vec![("authorization", wrong.as_str())], StatusCode::UNAUTHORIZED),
+        (vec![("authorization", token)], StatusCode::UNAUTHORIZED),
+        (vec![("authorization", bearer.as_str())], StatusCode::OK),
+    ] {
+        let reply = check(&gateway, &headers, body).await;
+        assert_eq!(reply.status, status, "{headers:?}: {}", reply.text());
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn the_proxy_and_the_decision_endpoints_share_one_budget() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_decide(
+        Some(&backend.url()),
+        &[("MAX_TOKENS", "2"), ("REFILL_RATE", "0.001")],
+    )
+    .await;
+    let described = r#"{"path": "/api", "client_ip": "127.0.0.1"}"#;
+    assert_eq!(json(&check(&gateway, &[], described).await)["remaining"], 1);
+    assert_eq!(
+        crate::support::get(gateway.addr, "/api").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        crate::support::get(gateway.addr, "/api").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    gateway.stop().await;
+    backend.stop().await;
+}
+
+#[tokio::test]
+async fn decision_services_sharing_a_redis_enforce_one_exact_limit() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let vars = [
+        ("REDIS_URL", url.as_str()),
+        ("MAX_TOKENS", "4"),
+        ("REFILL_RATE", "0.001"),
+        ("KEY_HASH_SECRET", "shared-secret-for-the-test"),
+    ];
+    let (a, b) = (
+        Gateway::start_decide(None, &vars).await,
+        Gateway::start_decide(None, &vars).await,
+    );
+    let body = r#"{"rule": "general", "key": "tenant-1"}"#;
+    let mut allowed = 0;
+    for i in 0..10 {
+        let gateway = if i % 2 == 0 { &a } else { &b };
+        if json(&check(gateway, &[], body).await)["allowed"] == true {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 4);
+    a.stop().await;
+    b.stop().await;
+}

@@ -1,0 +1,308 @@
+//! `/v1/forward-auth` behind the real proxies that call it: nginx (`auth_request`, with the
+//! refusal mapped back to `429` and `Retry-After`), Caddy (`forward_auth`) and Traefik
+//! (`ForwardAuth`), each in front of a recording backend, with the configurations
+//! `docs/operations.md` shows. Each client is a source address of its own on loopback.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::support::{Backend, Gateway, Reply, free_port, get_from};
+
+/// The decision service the proxies ask: two requests per client, then refused for long.
+async fn decision_service() -> Gateway {
+    let vars = [
+        ("TRUSTED_PROXIES", "127.0.0.1"),
+        ("MAX_TOKENS", "2"),
+        ("REFILL_RATE", "0.001"),
+    ];
+    Gateway::start_decide(None, &vars).await
+}
+
+/// A proxy process, killed when dropped.
+struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+    /// Its configuration and logs.
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proxy {
+    fn start(mut command: Command, addr: SocketAddr, dir: tempfile::TempDir) -> Proxy {
+        let log = std::fs::File::create(dir.path().join("output.log")).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("cannot start {command:?}: {error} (scripts/test.sh installs it)")
+            });
+        Proxy { child, addr, dir }
+    }
+
+    /// What it printed, for a failed assertion.
+    fn output(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("output.log")).unwrap_or_default()
+    }
+
+    /// Wait until it routes to the backend (Traefik loads its routes after it listens).
+    async fn ready(&self, from: IpAddr) {
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+                let reply = get_from(self.addr, from, "/ready", &[]).await;
+                if reply.status != StatusCode::NOT_FOUND && reply.status != StatusCode::BAD_GATEWAY {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{:?} never served; it said:\n{}", self.child.id(), self.output());
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn nginx(decide: SocketAddr, backend: &Backend) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let backend = backend.url();
+    let root = dir.path().display();
+    let config = format!(
+        r#"daemon off;
+master_process off;
+pid {root}/nginx.pid;
+error_log {root}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+{site}
+}}
+"#,
+        site = nginx_site(port, decide, &backend)
+    );
+    let file = write(dir.path(), "nginx.conf", &config);
+    let mut command = Command::new("nginx");
+    command.args([
+        "-e",
+        &format!("{root}/error.log"),
+        "-p",
+        &root.to_string(),
+        "-c",
+        &file,
+    ]);
+    Proxy::start(command, SocketAddr::from(([127, 0, 0, 1], port)), dir)
+}
+
+/// The `server` block of docs/operations.md's nginx setup, on `port`.
+fn nginx_site(port: u16, decide: SocketAddr, backend: &str) -> String {
+    format!(
+        r#"    server {{
+        listen 127.0.0.1:{port};
+
+        location / {{
+            auth_request /_tollgate;
+            # The decision's numbers, onto the answer the client gets.
+            auth_request_set $tollgate_limit $upstream_http_x_ratelimit_limit;
+            auth_request_set $tollgate_remaining $upstream_http_x_ratelimit_remaining;
+            auth_request_set $tollgate_retry_after $upstream_http_retry_after;
+            add_header X-RateLimit-Limit $tollgate_limit always;
+            add_header X-RateLimit-Remaining $tollgate_remaining always;
+            # auth_request takes only 2xx, 401 and 403: tollgate answers 403 (?status=403),
+            # mapped back to 429 here.
+            error_page 403 = @tollgate_limited;
+            proxy_pass {backend};
+        }}
+
+        location = /_tollgate {{
+            internal;
+            proxy_pass http://{decide}/v1/forward-auth?status=403;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_set_header X-Original-Method $request_method;
+            # The edge proxy: the client is the peer, whatever it wrote itself.
+            proxy_set_header X-Forwarded-For $remote_addr;
+        }}
+
+        location @tollgate_limited {{
+            add_header Retry-After $tollgate_retry_after always;
+            add_header X-RateLimit-Limit $tollgate_limit always;
+            add_header X-RateLimit-Remaining $tollgate_remaining always;
+            default_type application/json;
+            return 429 '{{"error":"rate limit exceeded"}}';
+        }}
+    }}"#
+    )
+}
+
+fn caddy(decide: SocketAddr, backend: &Backend) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let backend = backend.url().trim_start_matches("http://").to_owned();
+    let config = format!(
+        r#"{{
+    admin off
+    auto_https off
+    persist_config off
+}}
+
+:{port} {{
+    bind 127.0.0.1
+    forward_auth {decide} {{
+        uri /v1/forward-auth
+        copy_headers X-RateLimit-Limit X-RateLimit-Remaining
+    }}
+    reverse_proxy {backend}
+}}
+"#
+    );
+    let file = write(dir.path(), "Caddyfile", &config);
+    let mut command = Command::new("caddy");
+    command
+        .args(["run", "--adapter", "caddyfile", "--config", &file])
+        .env("XDG_DATA_HOME", dir.path())
+        .env("XDG_CONFIG_HOME", dir.path())
+        .env("HOME", dir.path());
+    Proxy::start(command, SocketAddr::from(([127, 0, 0, 1], port)), dir)
+}
+
+fn traefik(decide: SocketAddr, backend: &Backend) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let routes = format!(
+        r#"http:
+  routers:
+    app:
+      rule: "PathPrefix(`/`)"
+      entryPoints: [web]
+      middlewares: [tollgate]
+      service: app
+  middlewares:
+    tollgate:
+      forwardAuth:
+        address: "http://{decide}/v1/forward-auth"
+        authResponseHeaders: [X-RateLimit-Limit, X-RateLimit-Remaining]
+  services:
+    app:
+      loadBalancer:
+        servers:
+          - url: "{backend}"
+"#,
+        backend = backend.url()
+    );
+    let routes = write(dir.path(), "routes.yml", &routes);
+    let config = format!(
+        r#"entryPoints:
+  web:
+    address: "127.0.0.1:{port}"
+providers:
+  file:
+    filename: "{routes}"
+log:
+  level: WARN
+global:
+  checkNewVersion: false
+  sendAnonymousUsage: false
+"#
+    );
+    let file = write(dir.path(), "traefik.yml", &config);
+    let mut command = Command::new("traefik");
+    command
+        .arg(format!("--configFile={file}"))
+        .env("HOME", dir.path());
+    Proxy::start(command, SocketAddr::from(([127, 0, 0, 1], port)), dir)
+}
+
+/// Two requests of one client pass to the backend, the third is refused with `429` and
+/// `Retry-After` (and never reaches it); another client still passes.
+async fn limits_each_client(proxy: &Proxy, backend: &Backend, copies_headers_to_the_client: bool) {
+    let (first, second): (IpAddr, IpAddr) = ([127, 0, 0, 2].into(), [127, 0, 0, 3].into());
+    let before = backend.seen().len();
+    let send = |from| async move { get_from(proxy.addr, from, "/api/items?page=1", &[]).await };
+    for remaining in ["1", "0"] {
+        let reply: Reply = send(first).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "{}\n{}",
+            reply.text(),
+            proxy.output()
+        );
+        if copies_headers_to_the_client {
+            assert_eq!(reply.header("x-ratelimit-remaining"), Some(remaining));
+        }
+    }
+    assert_eq!(backend.seen().len(), before + 2);
+    let refused = send(first).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.text()
+    );
+    assert!(refused.number("retry-after") >= 1);
+    assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        backend.seen().len(),
+        before + 2,
+        "a refused request never reaches the backend"
+    );
+    // A client's own X-Forwarded-For chooses nothing: the proxy in front writes the address.
+    let spoofed = get_from(proxy.addr, first, "/api", &[("x-forwarded-for", "198.51.100.1")]).await;
+    assert_eq!(spoofed.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(send(second).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn nginx_auth_request_limits_through_forward_auth() {
+    let backend = Backend::start().await;
+    let gateway = decision_service().await;
+    let proxy = nginx(gateway.decide.unwrap(), &backend);
+    // The readiness request is a client of its own.
+    proxy.ready([127, 0, 0, 9].into()).await;
+    limits_each_client(&proxy, &backend, true).await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn caddy_forward_auth_limits_through_forward_auth() {
+    let backend = Backend::start().await;
+    let gateway = decision_service().await;
+    let proxy = caddy(gateway.decide.unwrap(), &backend);
+    proxy.ready([127, 0, 0, 9].into()).await;
+    // Caddy copies the headers onto the request to the backend, not the client's answer.
+    limits_each_client(&proxy, &backend, false).await;
+    assert!(backend.last().headers.get("x-ratelimit-remaining").is_some());
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn traefik_forward_auth_limits_through_forward_auth() {
+    let backend = Backend::start().await;
+    let gateway = decision_service().await;
+    let proxy = traefik(gateway.decide.unwrap(), &backend);
+    proxy.ready([127, 0, 0, 9].into()).await;
+    limits_each_client(&proxy, &backend, false).await;
+    assert!(backend.last().headers.get("x-ratelimit-remaining").is_some());
+    gateway.stop().await;
+}
