@@ -18,6 +18,7 @@ use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
+use crate::rls::{RateLimitService, RlsError};
 use crate::server::listener::Listener;
 use crate::server::{Capacity, Server, tls};
 
@@ -40,6 +41,9 @@ pub enum ServeError {
     /// The TLS certificate or key could not be used.
     #[error("{0}")]
     Tls(#[from] tls::TlsError),
+    /// Envoy's rate limit service could not be built from the rule table.
+    #[error("envoy rls: {0}")]
+    Rls(#[from] RlsError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -53,6 +57,32 @@ pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
             Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules))
         }
     })
+}
+
+/// Envoy's rate limit service of `config` (`None` without `RLS_CONFIG`), deciding through
+/// `gate`, which must be built from `config.gate` (whose table holds the descriptors' rules).
+/// The decision listener routes `application/grpc` requests to its
+/// [`RateLimitService::into_server`], as the decision listener serves it.
+pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitService>, ServeError> {
+    let Some(table) = &config.rls else {
+        return Ok(None);
+    };
+    Ok(Some(RateLimitService::new(gate, table.clone())?))
+}
+
+/// A gate of `config`'s own: its limiter (Redis connected lazily) and metrics, for a door
+/// served apart from the proxy's listener (Envoy's rate limit service on a port of its own,
+/// tests). Call it inside a Tokio runtime.
+pub fn standalone_gate(config: &Config) -> Result<(Arc<Gate>, Arc<Metrics>), ServeError> {
+    let limiter = limiter(config)?;
+    let capacity = Capacity::of(&config.server);
+    let load = metrics::Load {
+        connections: Arc::new(capacity.connections.clone()),
+        requests: Arc::new(capacity.requests.clone()),
+    };
+    let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
+    let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
+    Ok((gate, metrics))
 }
 
 /// The sockets tollgate serves on, each bound by the caller (so tests bind `127.0.0.1:0`).
@@ -241,8 +271,17 @@ pub async fn serve_on(
         );
         (server, listener)
     });
+    // Envoy's rate limit service, on the decision listener beside the other doors.
+    let rls = rls_service(&config, gate.clone())?.map(RateLimitService::into_server);
+    if rls.is_some() && config.decide.is_none() {
+        tracing::warn!("RLS_CONFIG is set but DECIDE_PORT is not: the rate limit service is not served");
+    }
     let decide_server = config.decide.as_ref().zip(decide).map(|(settings, listener)| {
-        let door = Arc::new(Decide::new(settings.clone(), gate.clone()));
+        let door = Decide::new(settings.clone(), gate.clone());
+        let door = Arc::new(match &rls {
+            Some(rls) => door.with_rls(rls.clone()),
+            None => door,
+        });
         let server = Server::new(
             &config.server,
             door,

@@ -31,6 +31,8 @@
 //! - [`proxy`]: the reverse proxy, a caller of the gate: strict HTTP/1.1 checks, forwarding
 //!   (request bodies watched, so a broken one is the client's fault), hop-by-hop and
 //!   forwarding headers, upgrades, and the gateway's own responses and rate-limit headers.
+//! - [`rls`]: Envoy's rate limit service over gRPC, a caller of the gate: `RLS_CONFIG`'s
+//!   descriptor trees (envoyproxy/ratelimit's format), each limit a named rule of the gate.
 //! - [`limit`]: the policy's parts, never forwarding or answering anything: the rule table
 //!   ([`limit::RuleTable`]: classify a request head into rule, key, cost and mode), client keys,
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
@@ -56,6 +58,7 @@ pub mod limit_headers;
 pub mod metrics;
 pub mod outcome;
 pub mod proxy;
+pub mod rls;
 pub mod server;
 mod suggest;
 pub mod telemetry;

@@ -360,6 +360,9 @@ impl Metrics {
             rule: rules[id].clone(),
         };
         let ids = 0..rules.len();
+        // The backend's series for the rules requests are forwarded under: a named rule (an
+        // Envoy descriptor's) is decided for a door that forwards nothing.
+        let forwarded = 0..table.classified().len();
         Metrics {
             requests: ids
                 .clone()
@@ -374,7 +377,7 @@ impl Metrics {
                 })
                 .collect(),
             responses,
-            backend_responses: ids
+            backend_responses: forwarded
                 .clone()
                 .map(|id| {
                     STATUS_CLASSES.map(|class| {
@@ -386,7 +389,7 @@ impl Metrics {
                     })
                 })
                 .collect(),
-            backend_errors: ids
+            backend_errors: forwarded
                 .clone()
                 .map(|id| {
                     BackendFailure::ALL.map(|failure| {
@@ -398,7 +401,7 @@ impl Metrics {
                     })
                 })
                 .collect(),
-            body_bytes: ids
+            body_bytes: forwarded
                 .clone()
                 .map(|id| BodyBytes {
                     request: request_bytes.get_or_create(&labelled(id)).clone(),
@@ -406,10 +409,9 @@ impl Metrics {
                 })
                 .collect(),
             decision_seconds: ids
-                .clone()
                 .map(|id| decision_seconds.get_or_create(&labelled(id)).clone())
                 .collect(),
-            backend_seconds: ids
+            backend_seconds: forwarded
                 .map(|id| backend_seconds.get_or_create(&labelled(id)).clone())
                 .collect(),
             registry,

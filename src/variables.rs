@@ -45,6 +45,8 @@ pub const ADMIN_BIND: Var = Var::new("ADMIN_BIND", "127.0.0.1");
 pub const DECIDE_PORT: Var = Var::unset("DECIDE_PORT");
 /// The bearer token `POST /v1/check` requires (unset: none).
 pub const DECIDE_TOKEN: Var = Var::unset("DECIDE_TOKEN");
+/// Envoy's rate limit service descriptors: a YAML file or a directory of them (unset: off).
+pub const RLS_CONFIG: Var = Var::unset("RLS_CONFIG");
 /// The general rule's algorithm (default `token_bucket`).
 pub const ALGORITHM: Var = Var::new("ALGORITHM", "token_bucket");
 /// The auth rule's algorithm (default: the value of ALGORITHM).
@@ -213,6 +215,7 @@ pub const ALL: &[Var] = &[
     ADMIN_BIND,
     DECIDE_PORT,
     DECIDE_TOKEN,
+    RLS_CONFIG,
     ALGORITHM,
     AUTH_ALGORITHM,
     AUTH_PATHS,

@@ -31,7 +31,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme, Uri};
@@ -40,6 +41,7 @@ use ipnet::IpNet;
 use crate::admin::AdminSettings;
 use crate::decide::{DecideSettings, Token};
 use crate::gate::GateSettings;
+use crate::limit::RuleTable;
 use crate::limit_headers::HeaderStyle;
 use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
@@ -47,6 +49,7 @@ use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
+use crate::rls::DescriptorTable;
 use crate::server::ServerSettings;
 use crate::server::limits::PerClientCap;
 use crate::telemetry::{LogFormat, LogSettings};
@@ -112,6 +115,16 @@ pub enum ConfigError {
     /// Variables that cannot be used together.
     #[error("{0}")]
     Conflict(String),
+    /// A file a variable names is wrong: where in it, and what.
+    #[error("{var}: {location}: {problem}")]
+    File {
+        /// The variable.
+        var: &'static str,
+        /// The file, and the line and entry where known (`rls.yaml:12: descriptors[0].key`).
+        location: String,
+        /// What is wrong with it, and what is accepted.
+        problem: String,
+    },
 }
 
 impl ConfigError {
@@ -150,6 +163,9 @@ pub struct Config {
     pub store: StoreSettings,
     /// The admin listener.
     pub admin: AdminSettings,
+    /// `RLS_CONFIG`: Envoy's rate limit service's descriptors, whose limits are named rules of
+    /// `gate.rules`; `None` when unset.
+    pub rls: Option<Arc<DescriptorTable>>,
     /// The log.
     pub log: LogSettings,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
@@ -256,6 +272,7 @@ impl Config {
         let store = store::parse(env)?;
         let mut rule_warnings = Vec::new();
         let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)), &mut rule_warnings)?;
+        let (rules, rls) = parse_rls(env, rules, matches!(store, StoreConfig::Redis(_)))?;
         let trusted_proxies = entries(env.value(vars::TRUSTED_PROXIES), &[','])
             .map(|entry| {
                 let network = parse_network(entry).ok_or_else(|| {
@@ -468,6 +485,7 @@ impl Config {
                 max_keys,
             },
             admin: AdminSettings { address: admin },
+            rls,
             log: LogSettings { format: log_format },
             read,
             warnings,
@@ -509,9 +527,10 @@ impl fmt::Display for Config {
                 writeln!(f, "backend TLS:      {tls}")?;
             }
         }
-        let rules = self.gate.rules.rules();
-        if let [.., auth, general] = rules {
-            writeln!(f, "general rule:     {}", general.policy)?;
+        // The classified ones: a named rule (RLS_CONFIG's) has no paths and is listed by its door.
+        let rules = self.gate.rules.classified();
+        writeln!(f, "general rule:     {}", self.gate.rules.general().policy)?;
+        if let Some(auth) = self.gate.rules.rule("auth") {
             writeln!(f, "auth rule:        {}", auth.policy)?;
         }
         writeln!(f, "auth paths:       {}", self.gate.rules.paths_of("auth"))?;
@@ -549,6 +568,9 @@ impl fmt::Display for Config {
                 ""
             }
         )?;
+        if let Some(rls) = &self.rls {
+            writeln!(f, "envoy rls:        {rls}")?;
+        }
         if let Some(proxy) = &self.proxy {
             writeln!(f, "headers:          {}", proxy.headers.as_str())?;
             writeln!(
@@ -624,6 +646,39 @@ impl fmt::Display for Config {
             }
         }
     }
+}
+
+/// `RLS_CONFIG` (a file, or a directory of `*.yaml`/`*.yml`, one domain each), read now so a
+/// bad file stops startup: its table, and `rules` with its limits added as named rules, each
+/// failing as `FAIL_MODE` says and shadowed under `SHADOW_MODE` (both the general rule's).
+fn parse_rls(
+    env: &Env,
+    rules: RuleTable,
+    shared_store: bool,
+) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
+    let Some(path) = env.get(vars::RLS_CONFIG) else {
+        return Ok((rules, None));
+    };
+    // A descriptor's budget is keyed by a digest of its entries: replicas sharing Redis must
+    // digest alike (the rule table's parser has refused a short secret already).
+    if shared_store && !env.is_set(vars::KEY_HASH_SECRET) {
+        return Err(ConfigError::Missing {
+            var: "KEY_HASH_SECRET",
+            expected: "with Redis and RLS_CONFIG, every replica must digest descriptors alike: set the \
+                       same secret of 16+ characters on each, e.g. from `openssl rand -hex 32`",
+        });
+    }
+    let table = DescriptorTable::load(Path::new(path)).map_err(|error| ConfigError::File {
+        var: vars::RLS_CONFIG.name,
+        location: error.location,
+        problem: error.problem,
+    })?;
+    let general = rules.general();
+    let named = table.rules(general.fail_mode, general.shadow);
+    let rules = rules
+        .with_named(named)
+        .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;
+    Ok((rules, Some(Arc::new(table))))
 }
 
 /// Where `tollgate healthcheck` finds the admin listener in `vars` (the process environment,

@@ -225,6 +225,10 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
             cost_entries[entry],
             format!("a request there can fall under rule {rule:?}, which holds at most {capacity}"),
         ),
+        // `new` adds no named rules; these come from `with_named` only.
+        TableError::TooManyRules(_) | TableError::DuplicateName(_) => {
+            ConfigError::Conflict(format!("the rule table cannot be built: {error}"))
+        }
     })
 }
 
