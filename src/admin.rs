@@ -38,7 +38,7 @@ use crate::metrics::{Format, Metrics};
 
 /// The admin listener's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdminSettings {
+pub(crate) struct AdminSettings {
     /// `ADMIN_BIND` (default loopback) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`,
     /// apart from proxied traffic so no backend path is shadowed and probes spend no budget.
     pub address: SocketAddr,
@@ -62,7 +62,7 @@ pub const MAX_ADMIN_CONNECTIONS: usize = 32;
 const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the admin endpoints report on.
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// The registry `/metrics` encodes.
     pub metrics: Arc<Metrics>,
     /// The store, for `/readyz`.
@@ -72,7 +72,7 @@ pub struct AdminState {
 }
 
 /// Serve the admin endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);

@@ -3,6 +3,7 @@
 //! gate, the proxy, the listener and the admin listener; then serving until shutdown, and the
 //! drain. The one module that knows them all, so none of them has to know the configuration.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -35,6 +36,16 @@ pub enum ServeError {
     /// platform's CA store).
     #[error("backend TLS: {0}")]
     BackendTls(#[from] TlsSetupError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {address} ({variables}): {source}")]
+    Bind {
+        /// Where.
+        address: SocketAddr,
+        /// The variables that chose it.
+        variables: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The listeners given are not the ones the configuration asks for.
     #[error("listeners: {0}")]
     Listener(&'static str),
@@ -47,7 +58,7 @@ pub enum ServeError {
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
-pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
+pub(crate) fn limiter(config: &Config) -> Result<Limiter, StoreError> {
     let rules = config.gate.rules.rules();
     Ok(match &config.store.kind {
         StoreConfig::Memory => Limiter::new(MemoryStore::new(config.store.max_keys, rules)),
@@ -70,6 +81,7 @@ pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitS
     Ok(Some(RateLimitService::new(gate, table.clone())?))
 }
 
+#[cfg(feature = "testing")]
 /// A gate of `config`'s own: its limiter (Redis connected lazily) and metrics, for a door
 /// served apart from the proxy's listener (Envoy's rate limit service on a port of its own,
 /// tests). Call it inside a Tokio runtime.
@@ -94,6 +106,31 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The decision endpoints' (`BIND`, `DECIDE_PORT`): required when `DECIDE_PORT` is set.
     pub decide: Option<TcpListener>,
+}
+
+/// Bind every listener `config` asks for: the proxy's (`BIND`, `PORT`) when it has a backend,
+/// the decision endpoints' (`BIND`, `DECIDE_PORT`) when set, and the admin listener's
+/// (`ADMIN_BIND`, `ADMIN_PORT`).
+pub async fn bind(config: &Config) -> Result<Listeners, ServeError> {
+    async fn bind_one(address: SocketAddr, variables: &'static str) -> Result<TcpListener, ServeError> {
+        TcpListener::bind(address)
+            .await
+            .map_err(|source| ServeError::Bind {
+                address,
+                variables,
+                source,
+            })
+    }
+    let proxy = match &config.proxy {
+        Some(_) => Some(bind_one(config.server.listen, "BIND, PORT").await?),
+        None => None,
+    };
+    let decide = match &config.decide {
+        Some(decide) => Some(bind_one(decide.listen, "BIND, DECIDE_PORT").await?),
+        None => None,
+    };
+    let admin = Some(bind_one(config.admin.address, "ADMIN_BIND, ADMIN_PORT").await?);
+    Ok(Listeners { proxy, admin, decide })
 }
 
 /// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then

@@ -34,6 +34,7 @@ use crate::limit::guard::RedisErrorKind;
 use crate::limit::{Limiter, RuleTable};
 use crate::outcome::{BackendFailure, Outcome, Rejection};
 
+#[cfg(feature = "testing")]
 /// Every metric name exported (as scraped in the Prometheus text format, with `_total` on
 /// counters), for the dashboard and alerting examples to be checked against.
 pub const METRIC_NAMES: &[&str] = &[
@@ -65,7 +66,7 @@ pub const METRIC_NAMES: &[&str] = &[
 /// The `rule` label of responses to requests refused before any rule was found for them
 /// (malformed, or past the cap of requests in flight): no rule name can be this, as a name is
 /// a path (starting with `/`) or made of `a-z`, `0-9`, `_` and `-`.
-pub const NO_RULE: &str = "(none)";
+pub(crate) const NO_RULE: &str = "(none)";
 
 /// Status classes of backend responses, as labelled.
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -736,14 +737,14 @@ fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) 
 /// `bytes`: one atomic add a frame, whatever its size. `bytes` is `None` when there is
 /// nothing to count into.
 #[derive(Debug)]
-pub struct CountedBody<B> {
+pub(crate) struct CountedBody<B> {
     inner: B,
     bytes: Option<Counter>,
 }
 
 impl<B> CountedBody<B> {
     /// Count the data of `inner` into `bytes`.
-    pub fn new(inner: B, bytes: Option<&Counter>) -> Self {
+    pub(crate) fn new(inner: B, bytes: Option<&Counter>) -> Self {
         CountedBody {
             inner,
             bytes: bytes.cloned(),

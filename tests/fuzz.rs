@@ -1110,7 +1110,7 @@ proptest! {
 
     #[test]
     fn rls_config_from_arbitrary_text(text in any::<String>()) {
-        let _ = tollgate::rls::DescriptorTable::parse([("fuzz.yaml", text.as_str())]);
+        let _ = tollgate::testing::DescriptorTable::parse([("fuzz.yaml", text.as_str())]);
     }
 
     #[test]
@@ -1118,8 +1118,8 @@ proptest! {
         text in rls_yaml(),
         entries in vec((select(vec!["k", "path", "other", ""]), select(vec!["v", "/api/x", "", "*", "n"])), 0..6),
     ) {
-        if let Ok(table) = tollgate::rls::DescriptorTable::parse([("fuzz.yaml", text.as_str())]) {
-            let found = tollgate::rls::matcher::find(&table, "d", entries.iter().copied());
+        if let Ok(table) = tollgate::testing::DescriptorTable::parse([("fuzz.yaml", text.as_str())]) {
+            let found = tollgate::testing::matcher::find(&table, "d", entries.iter().copied());
             if let Some(id) = found {
                 prop_assert!(id < table.limits.len());
             }

@@ -14,7 +14,7 @@ use crate::server::tls::TlsSettings;
 
 /// Parse the listener's variables; `trusted_proxies` is `TRUSTED_PROXIES`, which
 /// `PROXY_PROTOCOL=true` needs.
-pub fn parse(env: &Env, trusted_proxies: &[IpNet]) -> Result<ListenerConfig, ConfigError> {
+pub(crate) fn parse(env: &Env, trusted_proxies: &[IpNet]) -> Result<ListenerConfig, ConfigError> {
     let tls = match (env.get(vars::TLS_CERT_FILE), env.get(vars::TLS_KEY_FILE)) {
         (None, None) => None,
         (Some(cert), Some(key)) => Some(TlsSettings {

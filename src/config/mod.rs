@@ -20,13 +20,14 @@
 //! whole `Config` (the wiring in [`crate::app`] hands each its part). Every error names the variable, shows the bad value (except for secrets) and
 //! says what is accepted.
 
-pub mod env;
-pub mod listener;
-pub mod rules;
-pub mod store;
-pub mod warnings;
+pub(crate) mod env;
+pub(crate) mod listener;
+pub(crate) mod rules;
+pub(crate) mod store;
+pub(crate) mod warnings;
 
 use crate::variables as vars;
+#[cfg(test)]
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -151,30 +152,53 @@ impl ConfigError {
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The listener: address, TLS and PROXY protocol, connection limits and clocks.
-    pub server: ServerSettings,
+    pub(crate) server: ServerSettings,
     /// The reverse proxy: the backend, timeouts, bodies, headers, upgrades, refusals' shape;
     /// `None` without `BACKEND_URL`, when tollgate is a decision service only (`DECIDE_PORT`).
-    pub proxy: Option<ProxySettings>,
+    pub(crate) proxy: Option<ProxySettings>,
     /// The decision endpoints (`DECIDE_PORT`); `None` when unset.
-    pub decide: Option<DecideSettings>,
+    pub(crate) decide: Option<DecideSettings>,
     /// Classification and decision: the rule table, trusted proxies, tunnels per client.
-    pub gate: GateSettings,
+    pub(crate) gate: GateSettings,
     /// Where budgets live (memory or Redis), and how many clients memory holds.
-    pub store: StoreSettings,
+    pub(crate) store: StoreSettings,
     /// The admin listener.
-    pub admin: AdminSettings,
+    pub(crate) admin: AdminSettings,
     /// `RLS_CONFIG`: Envoy's rate limit service's descriptors, whose limits are named rules of
     /// `gate.rules`; `None` when unset.
-    pub rls: Option<Arc<DescriptorTable>>,
+    pub(crate) rls: Option<Arc<DescriptorTable>>,
     /// The log.
-    pub log: LogSettings,
+    pub(crate) log: LogSettings,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
-    pub read: BTreeSet<&'static str>,
+    #[cfg(test)]
+    pub(crate) read: BTreeSet<&'static str>,
     /// Variables that are set but change nothing (see [`warnings`]), one line each, naming
     /// variables but never showing values: `--check-config` prints them, startup logs them.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 impl Config {
+    /// Variables that are set but change nothing (misspelt, or not read by the chosen
+    /// algorithm or store), one line each, naming variables but never showing values.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// `SHUTDOWN_TIMEOUT_MS`: how long a drain waits for requests in flight.
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.server.shutdown_timeout
+    }
+
+    /// Every rule of the table, in table order (the general rule after the routes and the
+    /// auth rule, then `RLS_CONFIG`'s limits).
+    pub fn rules(&self) -> &[crate::limit::Rule] {
+        self.gate.rules.rules()
+    }
+
+    /// The compiled rule table: what classifies a request head into rule, key, cost and mode.
+    pub fn rule_table(&self) -> &crate::limit::RuleTable {
+        &self.gate.rules
+    }
+
     /// Read the process environment (after the caller has loaded `.env`, if any).
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut vars = Vec::new();
@@ -447,6 +471,7 @@ impl Config {
             }
         };
         // Last, when every variable this configuration reads has been read.
+        #[cfg(test)]
         let read = env.read_names();
         let mut warnings = warnings::warnings(env);
         warnings.extend(rule_warnings);
@@ -487,6 +512,7 @@ impl Config {
             admin: AdminSettings { address: admin },
             rls,
             log: LogSettings { format: log_format },
+            #[cfg(test)]
             read,
             warnings,
         })

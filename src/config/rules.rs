@@ -37,7 +37,11 @@ const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sl
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
 /// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.
-pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Result<RuleTable, ConfigError> {
+pub(crate) fn parse(
+    env: &Env,
+    shared_store: bool,
+    warnings: &mut Vec<String>,
+) -> Result<RuleTable, ConfigError> {
     let key_by = key_by_variable(env, vars::KEY_BY, warnings)?;
     // Logins come before any API key, and a key the client chooses is a fresh budget per
     // request: the auth rule stays keyed by address unless told otherwise.

@@ -12,7 +12,7 @@ use crate::variables as vars;
 
 /// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` and
 /// `REDIS_SENTINELS` is set.
-pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
+pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
     let target = match (
         env.get(vars::REDIS_URL),
         env.get(vars::REDIS_ADDR),

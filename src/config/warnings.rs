@@ -54,7 +54,7 @@ const DEFAULT_ALGORITHM: &str = match crate::variables::ALGORITHM.default {
 
 /// One line per suspicious variable, sorted by name. Call after a successful parse, when every
 /// name this configuration reads has been read.
-pub fn warnings(env: &Env) -> Vec<String> {
+pub(crate) fn warnings(env: &Env) -> Vec<String> {
     let read = env.read_names();
     env.set_names()
         .into_iter()
@@ -75,7 +75,7 @@ pub fn warnings(env: &Env) -> Vec<String> {
 /// read (`REDIS_ADDR` for a Redis setting, an `ALGORITHM` for a rule's number). A rule number
 /// several algorithms read is well-formed if one of them takes it. Call after a successful
 /// parse of `env`.
-pub fn check_unused(
+pub(crate) fn check_unused(
     env: &Env,
     parse: impl Fn(Vec<(&str, &str)>) -> Result<(), super::ConfigError>,
 ) -> Result<(), super::ConfigError> {

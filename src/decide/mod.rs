@@ -35,7 +35,7 @@ use crate::server::{Arrival, Door};
 use crate::telemetry::throttle::LogThrottle;
 
 /// The body of every answer on `DECIDE_PORT`.
-pub type DecideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+pub(crate) type DecideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What the decision listener is built from.
 #[derive(Debug, Clone)]

@@ -45,7 +45,7 @@ use crate::suggest::edit_distance;
 
 /// Most rate limits (so rules) all files may define: each is a rule with room for `MAX_KEYS`
 /// clients in memory, and rule ids are 16 bits beside the `ROUTES`.
-pub const MAX_LIMITS: usize = 1_000;
+pub(crate) const MAX_LIMITS: usize = 1_000;
 
 /// Most files a directory may hold.
 const MAX_FILES: usize = 1_000;
@@ -160,7 +160,7 @@ pub struct Limit {
 }
 
 /// Index of a limit in [`DescriptorTable::limits`].
-pub type LimitId = usize;
+pub(crate) type LimitId = usize;
 
 /// One descriptor of the tree: its limit and what may follow it.
 #[derive(Debug, Clone, Default, PartialEq)]

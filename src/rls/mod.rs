@@ -26,7 +26,7 @@
 //! at startup; the override is ignored and the configured limit applies), per-value metrics
 //! (`detailed_metric` is accepted and changes nothing), `quota` answers.
 
-pub mod config;
+pub(crate) mod config;
 pub mod matcher;
 mod yaml;
 
@@ -37,7 +37,7 @@ use tonic::{Request, Response, Status};
 
 use crate::gate::Gate;
 use crate::limit::{Rule, Verdict};
-pub use config::{DescriptorTable, RlsConfigError};
+pub(crate) use config::DescriptorTable;
 
 /// The generated protocol: Envoy's messages and the tonic server, from `proto/`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -101,20 +101,20 @@ use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 /// The header names envoyproxy/ratelimit sends by default (`LIMIT_LIMIT_HEADER`,
 /// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
-pub const LIMIT_HEADER: &str = "RateLimit-Limit";
+pub(crate) const LIMIT_HEADER: &str = "RateLimit-Limit";
 /// See [`LIMIT_HEADER`].
-pub const REMAINING_HEADER: &str = "RateLimit-Remaining";
+pub(crate) const REMAINING_HEADER: &str = "RateLimit-Remaining";
 /// See [`LIMIT_HEADER`].
-pub const RESET_HEADER: &str = "RateLimit-Reset";
+pub(crate) const RESET_HEADER: &str = "RateLimit-Reset";
 
 /// Most descriptors one request may carry: each is a decision, and Envoy sends a handful.
-pub const MAX_DESCRIPTORS: usize = 64;
+pub(crate) const MAX_DESCRIPTORS: usize = 64;
 
 /// Most entries one descriptor may carry.
-pub const MAX_ENTRIES: usize = 64;
+pub(crate) const MAX_ENTRIES: usize = 64;
 
 /// The gRPC server type, for a listener to route `application/grpc` requests to.
-pub type Server = RateLimitServiceServer<RateLimitService>;
+pub(crate) type Server = RateLimitServiceServer<RateLimitService>;
 
 /// Why the service cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -290,7 +290,7 @@ fn validate(request: &RateLimitRequest) -> Result<(), Status> {
 
 /// Whose budget a descriptor spends: the domain and every entry (as that service's cache key
 /// holds them all), each length-prefixed so no two descriptors encode alike.
-pub fn client_name(domain: &str, descriptor: &RateLimitDescriptor) -> Vec<u8> {
+pub(crate) fn client_name(domain: &str, descriptor: &RateLimitDescriptor) -> Vec<u8> {
     let mut name = Vec::with_capacity(8 + domain.len() + descriptor.entries.len() * 24);
     name.extend_from_slice(b"rls\0");
     let mut part = |bytes: &[u8]| {

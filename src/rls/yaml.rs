@@ -15,11 +15,11 @@ const MAX_NODES: usize = 200_000;
 
 /// Deepest nesting of sequences and mappings: far below anything that would strain the
 /// recursive walks over the tree, and far above any real descriptor tree.
-pub const MAX_DEPTH: usize = 128;
+pub(super) const MAX_DEPTH: usize = 128;
 
 /// One node and where it starts.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Node {
+pub(super) struct Node {
     /// What it is.
     pub value: Value,
     /// The line it starts on, 1-based.
@@ -28,7 +28,7 @@ pub struct Node {
 
 /// The kinds of node.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(super) enum Value {
     /// A scalar's text; `plain` when it was written without quotes (so `~`, `null` or nothing
     /// at all is null, and `true` a boolean).
     Scalar {
@@ -45,12 +45,12 @@ pub enum Value {
 
 impl Node {
     /// A plain scalar that YAML reads as null (`~`, `null`, or no value at all).
-    pub fn is_null(&self) -> bool {
+    pub(super) fn is_null(&self) -> bool {
         matches!(&self.value, Value::Scalar { text, plain: true } if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL"))
     }
 
     /// What kind of node, for messages.
-    pub fn kind(&self) -> &'static str {
+    pub(super) fn kind(&self) -> &'static str {
         match &self.value {
             _ if self.is_null() => "nothing",
             Value::Scalar { .. } => "a scalar",
@@ -63,7 +63,7 @@ impl Node {
 /// Why a text is not one YAML document this module reads.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {problem}")]
-pub struct YamlError {
+pub(super) struct YamlError {
     /// Where, 1-based.
     pub line: usize,
     /// What is wrong.
@@ -94,7 +94,7 @@ enum Open {
 
 /// The one document in `text`; `None` for a text with no document at all (empty, or only
 /// comments).
-pub fn parse(text: &str) -> Result<Option<Node>, YamlError> {
+pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
     let mut anchors: HashMap<usize, Node> = HashMap::new();
     let mut stack: Vec<Open> = Vec::new();
     let mut root: Option<Node> = None;

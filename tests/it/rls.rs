@@ -7,11 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tollgate::Config;
-use tollgate::rls::RateLimitService;
-use tollgate::rls::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use tollgate::rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use tollgate::rls::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use tollgate::rls::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate::testing::RateLimitService;
+use tollgate::testing::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate::testing::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate::testing::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use tollgate::testing::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 use crate::support::RedisServer;
 
@@ -59,8 +59,8 @@ fn config(dir: &Path, extra: &[(&str, &str)]) -> Config {
 }
 
 fn service(config: &Config) -> RateLimitService {
-    let (gate, _) = tollgate::app::standalone_gate(config).unwrap();
-    tollgate::app::rls_service(config, gate)
+    let (gate, _) = tollgate::testing::standalone_gate(config).unwrap();
+    tollgate::testing::rls_service(config, gate)
         .unwrap()
         .expect("RLS_CONFIG is set")
 }
