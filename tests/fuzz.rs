@@ -1110,7 +1110,12 @@ proptest! {
 
     #[test]
     fn rls_config_from_arbitrary_text(text in any::<String>()) {
-        let _ = tollgate::testing::DescriptorTable::parse([("fuzz.yaml", text.as_str())]);
+        targets::rls_config(&text, &[]);
+    }
+
+    #[test]
+    fn rls_config_from_arbitrary_bytes(data in vec(any::<u8>(), 0..256)) {
+        targets::rls_config_bytes(&data);
     }
 
     #[test]
@@ -1118,15 +1123,6 @@ proptest! {
         text in rls_yaml(),
         entries in vec((select(vec!["k", "path", "other", ""]), select(vec!["v", "/api/x", "", "*", "n"])), 0..6),
     ) {
-        if let Ok(table) = tollgate::testing::DescriptorTable::parse([("fuzz.yaml", text.as_str())]) {
-            let found = tollgate::testing::matcher::find(&table, "d", entries.iter().copied());
-            if let Some(id) = found {
-                prop_assert!(id < table.limits.len());
-            }
-            // Every counted limit is a rule with a distinct name.
-            let rules = table.rules(tollgate::limit::FailMode::Open, false);
-            let names: std::collections::HashSet<_> = rules.iter().map(|rule| rule.name.clone()).collect();
-            prop_assert_eq!(names.len(), rules.len());
-        }
+        targets::rls_config(&text, &entries);
     }
 }

@@ -818,3 +818,36 @@ pub fn forward_auth_headers(data: &[u8]) {
         assert!(!read.path.contains('?'), "{:?}", read.path);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Envoy's rate limit service: RLS_CONFIG's YAML and the descriptor matcher
+
+/// `DescriptorTable::parse` never panics on any text; a table it accepts names each counted
+/// limit by a distinct rule, and the matcher, for any descriptor of `entries`, finds one of
+/// the table's limits or none.
+pub fn rls_config(text: &str, entries: &[(&str, &str)]) {
+    use tollgate::testing::{DescriptorTable, matcher};
+    let Ok(table) = DescriptorTable::parse([("fuzz.yaml", text)]) else {
+        return;
+    };
+    for domain in ["d", "edge", ""] {
+        if let Some(id) = matcher::find(&table, domain, entries.iter().copied()) {
+            assert!(id < table.limits.len(), "{id} of {}", table.limits.len());
+        }
+    }
+    let rules = table.rules(tollgate::limit::FailMode::Open, false);
+    let names: std::collections::HashSet<_> = rules.iter().map(|rule| rule.name.clone()).collect();
+    assert_eq!(names.len(), rules.len(), "rule names are distinct");
+}
+
+/// The input as YAML, then one descriptor per later line (`key=value`, one entry each) after a
+/// line `---descriptor`.
+pub fn rls_config_bytes(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (yaml, descriptor) = text.split_once("\n---descriptor\n").unwrap_or((&text, ""));
+    let entries: Vec<(&str, &str)> = descriptor
+        .lines()
+        .map(|line| line.split_once('=').unwrap_or((line, "")))
+        .collect();
+    rls_config(yaml, &entries);
+}
