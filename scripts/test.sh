@@ -91,6 +91,20 @@ if ! python3 -c 'import prometheus_client' 2>/dev/null; then
 fi
 promtool --version 2>&1 | sed -n 1p
 
+# tests/it/rls.rs calls the gRPC rate limit service with a client generated from proto/ by
+# Python's grpcio-tools (its protoc and the grpc runtime), as a user of Envoy's API would.
+if ! python3 -c 'import grpc_tools.protoc, grpc' 2>/dev/null; then
+  echo "test.sh: installing Python's grpcio-tools" >&2
+  python3 -m pip install --quiet grpcio-tools 2>/dev/null ||
+    { command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ] &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-grpc-tools >/dev/null; } ||
+    true
+  if ! python3 -c 'import grpc_tools.protoc, grpc' 2>/dev/null; then
+    echo "test.sh: Python's grpcio-tools is required: python3 -m pip install grpcio-tools" >&2
+    exit 1
+  fi
+fi
+
 started=$SECONDS
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings

@@ -32,12 +32,13 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+use crate::limit::store::common_fail_mode;
 use crate::limit::{FailMode, Limiter};
 use crate::metrics::{Format, Metrics};
 
 /// The admin listener's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdminSettings {
+pub(crate) struct AdminSettings {
     /// `ADMIN_BIND` (default loopback) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`,
     /// apart from proxied traffic so no backend path is shadowed and probes spend no budget.
     pub address: SocketAddr,
@@ -61,7 +62,7 @@ pub const MAX_ADMIN_CONNECTIONS: usize = 32;
 const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the admin endpoints report on.
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// The registry `/metrics` encodes.
     pub metrics: Arc<Metrics>,
     /// The store, for `/readyz`.
@@ -71,7 +72,7 @@ pub struct AdminState {
 }
 
 /// Serve the admin endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
@@ -192,35 +193,39 @@ fn answer(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Byte
 
 fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
     let draining = state.draining.load(Ordering::Acquire);
-    let (store, breaker, refusing) = match state.limiter.guard() {
-        None => ("memory", "none", false),
-        Some(guard) => {
-            let open = guard.is_open();
+    let stats = state.limiter.stats();
+    let common = common_fail_mode(state.limiter.fail_modes());
+    let (breaker, refusing) = match stats.breakers {
+        None => ("none", false),
+        Some(breakers) => {
             // Not ready only when nothing can be served: with any rule failing open or local,
             // its requests still get through (and a pod taken out for the others would take
             // them down too).
-            let refusing = open && guard.common_fail_mode() == Some(FailMode::Closed);
-            let breaker = match guard.breakers_open() {
-                _ if open => "open",
-                (0, _) => "closed",
+            let refusing = breakers.all_open && common == Some(FailMode::Closed);
+            let breaker = match breakers.open {
+                _ if breakers.all_open => "open",
+                0 => "closed",
                 // Some cluster masters are given up on, not all: their slots get the fail mode.
                 _ => "partial",
             };
-            ("redis", breaker, refusing)
+            (breaker, refusing)
         }
     };
-    let (fail_mode, fail_modes) = match state.limiter.guard() {
+    let store = stats.kind;
+    let (fail_mode, fail_modes) = match stats.breakers {
+        // A store that never fails has no fail mode.
         None => ("none", String::new()),
-        Some(guard) => {
+        Some(_) => {
             // Rule names are [a-z0-9_-] or a route's pattern, printable ASCII without `\`,
             // which may hold a `"`.
-            let each: Vec<String> = guard
+            let each: Vec<String> = state
+                .limiter
                 .fail_modes()
                 .iter()
                 .map(|(rule, mode)| format!(r#""{}":"{}""#, rule.replace('"', r#"\""#), mode.as_str()))
                 .collect();
             (
-                guard.common_fail_mode().map_or("mixed", FailMode::as_str),
+                common.map_or("mixed", FailMode::as_str),
                 format!(r#","fail_modes":{{{}}}"#, each.join(",")),
             )
         }

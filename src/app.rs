@@ -3,6 +3,7 @@
 //! gate, the proxy, the listener and the admin listener; then serving until shutdown, and the
 //! drain. The one module that knows them all, so none of them has to know the configuration.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
+use crate::rls::{RateLimitService, RlsError};
 use crate::server::listener::Listener;
 use crate::server::{Capacity, Server, tls};
 
@@ -34,25 +36,65 @@ pub enum ServeError {
     /// platform's CA store).
     #[error("backend TLS: {0}")]
     BackendTls(#[from] TlsSetupError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {address} ({variables}): {source}")]
+    Bind {
+        /// Where.
+        address: SocketAddr,
+        /// The variables that chose it.
+        variables: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The listeners given are not the ones the configuration asks for.
     #[error("listeners: {0}")]
     Listener(&'static str),
     /// The TLS certificate or key could not be used.
     #[error("{0}")]
     Tls(#[from] tls::TlsError),
+    /// Envoy's rate limit service could not be built from the rule table.
+    #[error("envoy rls: {0}")]
+    Rls(#[from] RlsError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
-pub fn limiter(config: &Config) -> Result<Limiter, StoreError> {
+pub(crate) fn limiter(config: &Config) -> Result<Limiter, StoreError> {
     let rules = config.gate.rules.rules();
     Ok(match &config.store.kind {
-        StoreConfig::Memory => Limiter::Memory(MemoryStore::new(config.store.max_keys, rules)),
+        StoreConfig::Memory => Limiter::new(MemoryStore::new(config.store.max_keys, rules)),
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
                 .with_calls_in_flight(redis.calls_in_flight);
-            Limiter::Redis(Guard::new(store, redis.guard, config.store.max_keys, rules))
+            Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules))
         }
     })
+}
+
+/// Envoy's rate limit service of `config` (`None` without `RLS_CONFIG`), deciding through
+/// `gate`, which must be built from `config.gate` (whose table holds the descriptors' rules).
+/// The decision listener routes `application/grpc` requests to its
+/// [`RateLimitService::into_server`], as the decision listener serves it.
+pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitService>, ServeError> {
+    let Some(table) = &config.rls else {
+        return Ok(None);
+    };
+    Ok(Some(RateLimitService::new(gate, table.clone())?))
+}
+
+#[cfg(feature = "testing")]
+/// A gate of `config`'s own: its limiter (Redis connected lazily) and metrics, for a door
+/// served apart from the proxy's listener (Envoy's rate limit service on a port of its own,
+/// tests). Call it inside a Tokio runtime.
+pub fn standalone_gate(config: &Config) -> Result<(Arc<Gate>, Arc<Metrics>), ServeError> {
+    let limiter = limiter(config)?;
+    let capacity = Capacity::of(&config.server);
+    let load = metrics::Load {
+        connections: Arc::new(capacity.connections.clone()),
+        requests: Arc::new(capacity.requests.clone()),
+    };
+    let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
+    let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
+    Ok((gate, metrics))
 }
 
 /// The sockets tollgate serves on, each bound by the caller (so tests bind `127.0.0.1:0`).
@@ -64,6 +106,31 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The decision endpoints' (`BIND`, `DECIDE_PORT`): required when `DECIDE_PORT` is set.
     pub decide: Option<TcpListener>,
+}
+
+/// Bind every listener `config` asks for: the proxy's (`BIND`, `PORT`) when it has a backend,
+/// the decision endpoints' (`BIND`, `DECIDE_PORT`) when set, and the admin listener's
+/// (`ADMIN_BIND`, `ADMIN_PORT`).
+pub async fn bind(config: &Config) -> Result<Listeners, ServeError> {
+    async fn bind_one(address: SocketAddr, variables: &'static str) -> Result<TcpListener, ServeError> {
+        TcpListener::bind(address)
+            .await
+            .map_err(|source| ServeError::Bind {
+                address,
+                variables,
+                source,
+            })
+    }
+    let proxy = match &config.proxy {
+        Some(_) => Some(bind_one(config.server.listen, "BIND, PORT").await?),
+        None => None,
+    };
+    let decide = match &config.decide {
+        Some(decide) => Some(bind_one(decide.listen, "BIND, DECIDE_PORT").await?),
+        None => None,
+    };
+    let admin = Some(bind_one(config.admin.address, "ADMIN_BIND, ADMIN_PORT").await?);
+    Ok(Listeners { proxy, admin, decide })
 }
 
 /// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then
@@ -160,17 +227,18 @@ pub async fn serve_on(
     });
     let admin_address = admin.as_ref().and_then(|admin| admin.local_addr().ok());
     let admin = admin.map(|admin| tokio::spawn(admin::serve(admin, admin_state.clone())));
-    let purge = limiter.memory_store().map(|store| {
-        let store = store.clone();
+    // Every store is asked (one that keeps no clients in memory has none to purge).
+    let purge = {
+        let limiter = limiter.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PURGE_INTERVAL);
             loop {
                 tick.tick().await;
-                let purged = store.purge_idle();
-                tracing::trace!(purged, held = store.len(), "purged idle clients");
+                let purged = limiter.purge_idle();
+                tracing::trace!(purged, held = limiter.stats().clients, "purged idle clients");
             }
         })
-    });
+    };
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
         &config.server.listener,
@@ -240,8 +308,17 @@ pub async fn serve_on(
         );
         (server, listener)
     });
+    // Envoy's rate limit service, on the decision listener beside the other doors.
+    let rls = rls_service(&config, gate.clone())?.map(RateLimitService::into_server);
+    if rls.is_some() && config.decide.is_none() {
+        tracing::warn!("RLS_CONFIG is set but DECIDE_PORT is not: the rate limit service is not served");
+    }
     let decide_server = config.decide.as_ref().zip(decide).map(|(settings, listener)| {
-        let door = Arc::new(Decide::new(settings.clone(), gate.clone()));
+        let door = Decide::new(settings.clone(), gate.clone());
+        let door = Arc::new(match &rls {
+            Some(rls) => door.with_rls(rls.clone()),
+            None => door,
+        });
         let server = Server::new(
             &config.server,
             door,
@@ -271,9 +348,7 @@ pub async fn serve_on(
         }
     );
     admin_state.draining.store(true, Ordering::Release);
-    if let Some(purge) = purge {
-        purge.abort();
-    }
+    purge.abort();
     if let Some(watcher) = certificate_watcher {
         watcher.abort();
     }

@@ -17,47 +17,68 @@
 //!
 //! # Layout
 //!
-//! Policy behind the gate, HTTP in the callers, wiring in [`app`]:
+//! Policy behind the gate, HTTP in the callers, wiring in `app`. Public: [`serve_on`] (and
+//! [`serve`], [`serve_with_admin`], [`bind`]), [`Config`], the limiting domain ([`limit`]) and
+//! the variables ([`variables`]); the rest is the crate's own, and the `testing` feature opens
+//! the parsers the fuzzers and integration tests drive (`tollgate::testing`).
+//!
+//! Modules:
 //!
 //! - [`config`]: environment variables to a validated [`Config`], a struct of the components'
 //!   own settings types, each parsed by its part of `config`; every error names the variable.
-//! - [`app`]: the wiring: the store, the metrics, the gate, the proxy, the listener and the
-//!   admin listener put together; [`serve`] until shutdown, then the drain.
-//! - [`server`]: the accept loop, HTTPS or not, the PROXY protocol, HTTP/1.1 + h2c,
+//! - `app`: the wiring: the store, the metrics, the gate, the proxy, the listener and the
+//!   admin listener put together; [`serve_on`] until shutdown, then the drain.
+//! - `server`: the accept loop, HTTPS or not, the PROXY protocol, HTTP/1.1 + h2c,
 //!   connection limits and timeouts, the drain.
-//! - [`gate`]: the one door to policy: [`gate::Gate::decide`] turns a request head into a
+//! - `gate`: the one door to policy: `gate::Gate::decide` turns a request head into a
 //!   verdict (the path read once, the client, the rule, the tunnel cap, the limiter), and
-//!   [`gate::Gate::settle`] applies what the answer changes.
-//! - [`proxy`]: the reverse proxy, a caller of the gate: strict HTTP/1.1 checks, forwarding
+//!   `gate::Gate::settle` applies what the answer changes.
+//! - `proxy`: the reverse proxy, a caller of the gate: strict HTTP/1.1 checks, forwarding
 //!   (request bodies watched, so a broken one is the client's fault), hop-by-hop and
 //!   forwarding headers, upgrades, and the gateway's own responses and rate-limit headers.
+//! - `rls`: Envoy's rate limit service over gRPC, a caller of the gate: `RLS_CONFIG`'s
+//!   descriptor trees (envoyproxy/ratelimit's format), each limit a named rule of the gate.
 //! - [`limit`]: the policy's parts, never forwarding or answering anything: the rule table
 //!   ([`limit::RuleTable`]: classify a request head into rule, key, cost and mode), client keys,
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
-//!   the memory store, the Redis store and the guard that decides what happens when Redis
-//!   fails.
-//! - [`outcome`]: what became of a request, a backend exchange or a connection, as the doors
-//!   and the [`metrics`] both name it.
-//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
-//! - [`metrics`]: the Prometheus registry and the typed metrics, labels bounded by the config.
-//! - [`telemetry`]: log setup, and the throttle for log lines a flood could repeat.
+//!   and the stores behind one trait ([`limit::Store`], which the gate's [`limit::Limiter`]
+//!   holds): the memory store, and the guard ([`limit::Guard`]: breakers and fail modes)
+//!   generic over a store that can fail ([`limit::Remote`]), the Redis store.
+//! - `outcome`: what became of a request, a backend exchange or a connection, as the doors
+//!   and the `metrics` both name it.
+//! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
+//! - `metrics`: the Prometheus registry and the typed metrics, labels bounded by the config.
+//! - `telemetry`: log setup, and the throttle for log lines a flood could repeat.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// The public surface is what the docs say it is: the crate root's re-exports, `config`, `limit`
+// and `variables`; the rest is the crate's own. Checked in the `testing` build (which
+// `cargo test` and `cargo clippy --all-targets` make, through the self dev-dependency), where
+// the test hooks are reachable through `testing`; without the feature they would be flagged
+// for being reachable from tests only.
+#![cfg_attr(feature = "testing", warn(unreachable_pub))]
 
-pub mod admin;
-pub mod app;
+pub(crate) mod admin;
+pub(crate) mod app;
 pub mod config;
-pub mod decide;
-pub mod gate;
+pub(crate) mod decide;
+pub(crate) mod gate;
 pub mod limit;
-pub mod limit_headers;
-pub mod metrics;
-pub mod outcome;
-pub mod proxy;
-pub mod server;
+pub(crate) mod limit_headers;
+pub(crate) mod metrics;
+pub(crate) mod outcome;
+pub(crate) mod proxy;
+pub(crate) mod rls;
+pub(crate) mod server;
 mod suggest;
-pub mod telemetry;
+pub(crate) mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod variables;
 
-pub use app::{Listeners, ServeError, serve, serve_on, serve_with_admin};
+pub use admin::healthcheck;
+pub use app::{Listeners, ServeError, bind, serve, serve_on, serve_with_admin};
 pub use config::{Config, ConfigError};
+pub use server::raise_fd_limit;
+pub use telemetry::{TelemetryError, check_log_filter, init_logging};

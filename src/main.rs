@@ -8,7 +8,6 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tollgate::Config;
 
@@ -41,7 +40,7 @@ async fn main() -> ExitCode {
         ["healthcheck"] => {
             load_dot_env_quietly();
             let probed = match tollgate::config::admin_probe_address(std::env::vars()) {
-                Ok(address) => tollgate::admin::healthcheck(address).await,
+                Ok(address) => tollgate::healthcheck(address).await,
                 Err(error) => Err(error),
             };
             return match probed {
@@ -70,11 +69,11 @@ async fn main() -> ExitCode {
         Err(error) => return fail(&format!("configuration error: {error}")),
     };
     if check_only {
-        if let Err(error) = tollgate::telemetry::filter_from_env() {
+        if let Err(error) = tollgate::check_log_filter() {
             return fail(&format!("configuration error: {error}"));
         }
         let warnings: String = config
-            .warnings
+            .warnings()
             .iter()
             .map(|warning| format!("warning: {warning}\n"))
             .collect();
@@ -82,10 +81,10 @@ async fn main() -> ExitCode {
         let _ = writeln!(std::io::stdout(), "configuration ok\n{warnings}{config}");
         return ExitCode::SUCCESS;
     }
-    if let Err(error) = tollgate::telemetry::init(config.log.format) {
+    if let Err(error) = tollgate::init_logging(&config) {
         return fail(&format!("configuration error: {error}"));
     }
-    for warning in &config.warnings {
+    for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
     // Before binding: a signal that comes once clients can connect must find its handler, not
@@ -94,46 +93,12 @@ async fn main() -> ExitCode {
     ignore_sighup();
     // Every connection is a file descriptor, and MAX_CONNECTIONS is sized from this limit
     // (the ready line shows both).
-    if let Err(error) = tollgate::server::raise_fd_limit() {
+    if let Err(error) = tollgate::raise_fd_limit() {
         tracing::warn!(%error, "cannot raise the file-descriptor limit to its hard limit");
     }
-    let proxy = match &config.proxy {
-        None => None,
-        Some(_) => match TcpListener::bind(config.server.listen).await {
-            Ok(listener) => Some(listener),
-            Err(error) => {
-                return fail(&format!(
-                    "cannot listen on {} (BIND, PORT): {error}",
-                    config.server.listen
-                ));
-            }
-        },
-    };
-    let decide = match &config.decide {
-        None => None,
-        Some(decide) => match TcpListener::bind(decide.listen).await {
-            Ok(listener) => Some(listener),
-            Err(error) => {
-                return fail(&format!(
-                    "cannot listen on {} (BIND, DECIDE_PORT): {error}",
-                    decide.listen
-                ));
-            }
-        },
-    };
-    let admin = match TcpListener::bind(config.admin.address).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            return fail(&format!(
-                "cannot listen on {} (ADMIN_BIND, ADMIN_PORT): {error}",
-                config.admin.address
-            ));
-        }
-    };
-    let listeners = tollgate::Listeners {
-        proxy,
-        admin: Some(admin),
-        decide,
+    let listeners = match tollgate::bind(&config).await {
+        Ok(listeners) => listeners,
+        Err(error) => return fail(&error.to_string()),
     };
     match tollgate::serve_on(listeners, config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -34,6 +34,7 @@ use crate::limit::guard::RedisErrorKind;
 use crate::limit::{Limiter, RuleTable};
 use crate::outcome::{BackendFailure, Outcome, Rejection};
 
+#[cfg(feature = "testing")]
 /// Every metric name exported (as scraped in the Prometheus text format, with `_total` on
 /// counters), for the dashboard and alerting examples to be checked against.
 pub const METRIC_NAMES: &[&str] = &[
@@ -65,7 +66,7 @@ pub const METRIC_NAMES: &[&str] = &[
 /// The `rule` label of responses to requests refused before any rule was found for them
 /// (malformed, or past the cap of requests in flight): no rule name can be this, as a name is
 /// a path (starting with `/`) or made of `a-z`, `0-9`, `_` and `-`.
-pub const NO_RULE: &str = "(none)";
+pub(crate) const NO_RULE: &str = "(none)";
 
 /// Status classes of backend responses, as labelled.
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -360,6 +361,9 @@ impl Metrics {
             rule: rules[id].clone(),
         };
         let ids = 0..rules.len();
+        // The backend's series for the rules requests are forwarded under: a named rule (an
+        // Envoy descriptor's) is decided for a door that forwards nothing.
+        let forwarded = 0..table.classified().len();
         Metrics {
             requests: ids
                 .clone()
@@ -374,7 +378,7 @@ impl Metrics {
                 })
                 .collect(),
             responses,
-            backend_responses: ids
+            backend_responses: forwarded
                 .clone()
                 .map(|id| {
                     STATUS_CLASSES.map(|class| {
@@ -386,7 +390,7 @@ impl Metrics {
                     })
                 })
                 .collect(),
-            backend_errors: ids
+            backend_errors: forwarded
                 .clone()
                 .map(|id| {
                     BackendFailure::ALL.map(|failure| {
@@ -398,7 +402,7 @@ impl Metrics {
                     })
                 })
                 .collect(),
-            body_bytes: ids
+            body_bytes: forwarded
                 .clone()
                 .map(|id| BodyBytes {
                     request: request_bytes.get_or_create(&labelled(id)).clone(),
@@ -406,10 +410,9 @@ impl Metrics {
                 })
                 .collect(),
             decision_seconds: ids
-                .clone()
                 .map(|id| decision_seconds.get_or_create(&labelled(id)).clone())
                 .collect(),
-            backend_seconds: ids
+            backend_seconds: forwarded
                 .map(|id| backend_seconds.get_or_create(&labelled(id)).clone())
                 .collect(),
             registry,
@@ -666,41 +669,38 @@ impl fmt::Debug for StoreCollector {
 
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let memory = self.limiter.memory_store();
-        let clients = memory.map_or(0, |store| store.len() as i64);
-        let evictions = memory.map_or(0, |store| store.evictions());
+        let stats = self.limiter.stats();
         gauge(
             &mut encoder,
             "memory_clients",
             "Client budgets held in this replica's memory store (or FAIL_MODE=local's)",
-            clients,
+            stats.clients as i64,
         )?;
         counter(
             &mut encoder,
             "memory_evictions",
             "Client budgets forgotten to stay within MAX_KEYS",
-            evictions,
+            stats.evictions,
         )?;
-        let guard = self.limiter.guard();
         counter(
             &mut encoder,
             "cached_denials",
             "Requests refused from the denial cache in Redis mode, without a Redis call",
-            guard.map_or(0, |guard| guard.cached_denials()),
+            stats.cached_denials,
         )?;
         gauge(
             &mut encoder,
             "breaker_open",
             "Redis circuit breakers open (their requests get the fail mode): 0 or 1 for one \
              Redis, up to one per master on a cluster",
-            guard.map_or(0, |guard| guard.breakers_open().0 as i64),
+            stats.breakers.map_or(0, |breakers| breakers.open as i64),
         )?;
         gauge(
             &mut encoder,
             "redis_masters",
             "Redis Cluster masters in the gateway's slot map, each with its own breaker (0 for \
              one Redis, or before the cluster first answers CLUSTER SLOTS)",
-            guard.map_or(0, |guard| guard.masters() as i64),
+            stats.masters as i64,
         )?;
         let mut family = encoder.encode_descriptor(
             "redis_errors",
@@ -709,7 +709,7 @@ impl Collector for StoreCollector {
             MetricType::Counter,
         )?;
         for kind in RedisErrorKind::ALL {
-            let count = guard.map_or(0, |guard| guard.errors(kind));
+            let count = stats.errors(kind);
             let labels = [("kind", kind.as_str())];
             ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
         }
@@ -737,14 +737,14 @@ fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) 
 /// `bytes`: one atomic add a frame, whatever its size. `bytes` is `None` when there is
 /// nothing to count into.
 #[derive(Debug)]
-pub struct CountedBody<B> {
+pub(crate) struct CountedBody<B> {
     inner: B,
     bytes: Option<Counter>,
 }
 
 impl<B> CountedBody<B> {
     /// Count the data of `inner` into `bytes`.
-    pub fn new(inner: B, bytes: Option<&Counter>) -> Self {
+    pub(crate) fn new(inner: B, bytes: Option<&Counter>) -> Self {
         CountedBody {
             inner,
             bytes: bytes.cloned(),

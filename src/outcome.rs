@@ -122,7 +122,7 @@ impl BackendFailure {
 
 /// Why a connection was closed before HTTP: the `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// `PROXY_PROTOCOL=true` and the peer is not in `TRUSTED_PROXIES`.
     ProxyUntrusted,
     /// A trusted peer's connection did not begin with a good PROXY header.
@@ -135,7 +135,7 @@ pub enum Rejection {
 
 impl Rejection {
     /// Every reason, in label order.
-    pub const ALL: [Rejection; 4] = [
+    pub(crate) const ALL: [Rejection; 4] = [
         Rejection::ProxyUntrusted,
         Rejection::ProxyMalformed,
         Rejection::TlsHandshake,
@@ -143,7 +143,7 @@ impl Rejection {
     ];
 
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Rejection::ProxyUntrusted => "proxy_untrusted",
             Rejection::ProxyMalformed => "proxy_malformed",

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tollgate::Config;
 use tollgate::config::VARIABLES;
-use tollgate::metrics::METRIC_NAMES;
+use tollgate::testing::METRIC_NAMES;
 
 const DASHBOARD: &str = "docs/deploy/grafana-dashboard.json";
 const COMPOSE: &str = "docs/deploy/docker-compose.yml";
@@ -167,9 +167,9 @@ fn default_drain_fits_in_dockers_default_stop_grace() {
         Err(error) => panic!("the minimal configuration: {error}"),
     };
     assert!(
-        config.server.shutdown_timeout < DOCKER_STOP_GRACE,
+        config.shutdown_timeout() < DOCKER_STOP_GRACE,
         "SHUTDOWN_TIMEOUT_MS defaults to {:?}: `docker stop` kills the drain at {DOCKER_STOP_GRACE:?}",
-        config.server.shutdown_timeout
+        config.shutdown_timeout()
     );
 }
 
@@ -211,7 +211,7 @@ fn kubernetes_termination_grace_outlasts_pre_stop_and_drain() {
 
 fn shutdown_timeout(file: &str, vars: Vec<(String, String)>) -> Duration {
     match Config::from_vars(vars) {
-        Ok(config) => config.server.shutdown_timeout,
+        Ok(config) => config.shutdown_timeout(),
         Err(error) => panic!("{file}: {error}"),
     }
 }

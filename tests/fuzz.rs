@@ -447,7 +447,7 @@ fn secrets_config() -> impl Strategy<Value = Vec<(String, String)>> {
 /// Any name (mostly ours) with any value; secret variables get the marker.
 fn arbitrary_vars() -> impl Strategy<Value = Vec<(String, String)>> {
     let name = prop_oneof![
-        8 => select(VARIABLES).prop_map(str::to_owned),
+        8 => select(&VARIABLES[..]).prop_map(str::to_owned),
         1 => any::<String>(),
         1 => "[A-Z_]{1,24}",
     ];
@@ -504,7 +504,7 @@ proptest! {
 
     #[test]
     fn config_lines_of_the_grammar(
-        lines in vec((select(VARIABLES), vec(select(SEGMENTS), 0..5), select(NUMBERS)), 0..10),
+        lines in vec((select(&VARIABLES[..]), vec(select(SEGMENTS), 0..5), select(NUMBERS)), 0..10),
     ) {
         let text: Vec<String> = lines
             .iter()
@@ -1058,5 +1058,75 @@ proptest! {
     #[test]
     fn proxy_headers_from_arbitrary_bytes(bytes in vec(any::<u8>(), 0..200)) {
         targets::proxy_header(&bytes);
+    }
+}
+
+/// Lines of `RLS_CONFIG`'s grammar (keys right and misspelt, units, values, wildcards,
+/// anchors, flow collections), at random indentation: near-valid YAML for the descriptor
+/// parser.
+fn rls_yaml() -> impl Strategy<Value = String> {
+    let line = select(vec![
+        "domain: d",
+        "domain:",
+        "descriptors:",
+        "- key: k",
+        "- key: path",
+        "  value: /api/*",
+        "  value: v",
+        "  value: '*'",
+        "  rate_limit:",
+        "    unit: second",
+        "    unit: fortnight",
+        "    requests_per_unit: 3",
+        "    requests_per_unit: -1",
+        "    unlimited: true",
+        "    name: n",
+        "    replaces:",
+        "      - name: n",
+        "      - name: other",
+        "  shadow_mode: true",
+        "  detailed_metric: yes",
+        "  ratelimit: {}",
+        "  descriptors:",
+        "  - key: &a k",
+        "  - key: *a",
+        "  rate_limit: {unit: day, requests_per_unit: 1}",
+        "[",
+        "---",
+        "? complex",
+        ": value",
+        "\t",
+    ]);
+    vec((0usize..8, line), 0..40).prop_map(|lines| {
+        lines
+            .into_iter()
+            .map(|(indent, line)| format!("{}{line}\n", " ".repeat(indent)))
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    #[test]
+    fn rls_config_from_arbitrary_text(text in any::<String>()) {
+        let _ = tollgate::testing::DescriptorTable::parse([("fuzz.yaml", text.as_str())]);
+    }
+
+    #[test]
+    fn rls_config_and_matcher_on_near_valid_yaml(
+        text in rls_yaml(),
+        entries in vec((select(vec!["k", "path", "other", ""]), select(vec!["v", "/api/x", "", "*", "n"])), 0..6),
+    ) {
+        if let Ok(table) = tollgate::testing::DescriptorTable::parse([("fuzz.yaml", text.as_str())]) {
+            let found = tollgate::testing::matcher::find(&table, "d", entries.iter().copied());
+            if let Some(id) = found {
+                prop_assert!(id < table.limits.len());
+            }
+            // Every counted limit is a rule with a distinct name.
+            let rules = table.rules(tollgate::limit::FailMode::Open, false);
+            let names: std::collections::HashSet<_> = rules.iter().map(|rule| rule.name.clone()).collect();
+            prop_assert_eq!(names.len(), rules.len());
+        }
     }
 }

@@ -17,11 +17,11 @@ use http::Method;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 use tollgate::config::VARIABLES;
-use tollgate::gate::identity::{ClientIdentity, X_FORWARDED_FOR};
-use tollgate::gate::path;
 use tollgate::limit::pattern::PathPattern;
 use tollgate::limit::{KeyBy, RequestHead};
-use tollgate::proxy::headers::{self as forwarding, Hop, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP};
+use tollgate::testing::headers::{self as forwarding, Hop, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP};
+use tollgate::testing::identity::{ClientIdentity, X_FORWARDED_FOR};
+use tollgate::testing::path;
 use tollgate::{Config, ConfigError};
 
 // ---------------------------------------------------------------------------------------------
@@ -60,7 +60,7 @@ pub fn config(vars: &[(String, String)]) {
             }
         }
         Ok(config) => {
-            let shown = format!("{config}\n{config:?}\n{}", config.warnings.join("\n"));
+            let shown = format!("{config}\n{config:?}\n{}", config.warnings().join("\n"));
             if secret_marked(vars, true) {
                 assert!(
                     !shown.contains(SECRET_MARK),
@@ -149,7 +149,7 @@ fn split_secret<'a>(name: &str, value: &'a str, parsed: bool) -> (Vec<&'a str>, 
 
 /// The rule table of an accepted configuration keeps its promises.
 fn rule_table(config: &Config, vars: &[(String, String)]) {
-    let rules = config.gate.rules.rules();
+    let rules = config.rules();
     let routes = effective(vars, "ROUTES").map_or(0, |value| {
         value.split(';').filter(|entry| !entry.trim().is_empty()).count()
     });
@@ -182,8 +182,7 @@ fn rule_table(config: &Config, vars: &[(String, String)]) {
                 client_ip: IpAddr::from([192, 0, 2, 1]),
             };
             let matched = config
-                .gate
-                .rules
+                .rule_table()
                 .classify(&head)
                 .unwrap_or_else(|error| panic!("{method} {path}: {error}"));
             assert!(
@@ -536,7 +535,7 @@ pub fn forwarding_bytes(data: &[u8]) {
 /// within the bytes, parses the same alone, and every shorter prefix of it waits for more (a
 /// header split across reads is never refused); what waits is shorter than the longest header.
 pub fn proxy_header(bytes: &[u8]) {
-    use tollgate::server::proxy_protocol::{MAX_HEADER, parse};
+    use tollgate::testing::proxy_protocol::{MAX_HEADER, parse};
     match parse(bytes) {
         Ok(Some(header)) => {
             assert!(header.len <= bytes.len() && header.len > 0, "{header:?}");
@@ -760,8 +759,6 @@ fn check_rules() -> &'static [tollgate::limit::Rule] {
             ])
             .expect("the fuzzed table's configuration is valid")
         })
-        .gate
-        .rules
         .rules()
 }
 
@@ -770,7 +767,7 @@ fn check_rules() -> &'static [tollgate::limit::Rule] {
 /// described one's path starts with `/` (or is `*`) and holds no query. A refusal names a
 /// field the body can hold, or none.
 pub fn check_body(body: &[u8]) {
-    use tollgate::decide::check::{Ask, MAX_KEY, ask};
+    use tollgate::testing::check::{Ask, MAX_KEY, ask};
     let rules = check_rules();
     match ask(body, rules) {
         Ok(Ask::Named { rule, key, cost }) => {
@@ -802,7 +799,7 @@ pub fn check_body(body: &[u8]) {
 /// `forward_auth::original` never panics on any header lines (one per input line, `name:
 /// value`), and what it reads is a path starting with `/` (or `*`) without a query.
 pub fn forward_auth_headers(data: &[u8]) {
-    use tollgate::decide::forward_auth::original;
+    use tollgate::testing::forward_auth::original;
     let mut headers = HeaderMap::new();
     for line in data.split(|&byte| byte == b'\n') {
         let Some(colon) = line.iter().position(|&byte| byte == b':') else {

@@ -6,6 +6,7 @@
 //! variable means; the parsers in [`super`] turn strings into settings and name the variable
 //! in every error.
 
+use crate::variables::Var;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -14,18 +15,18 @@ use super::ConfigError;
 
 /// The longest duration a `*_MS` setting takes: a year. Longer is no timeout in practice, and
 /// deadlines computed from it must not overflow the clock.
-pub const MAX_MILLIS: u64 = 365 * 24 * 3600 * 1000;
+pub(crate) const MAX_MILLIS: u64 = 365 * 24 * 3600 * 1000;
 
 /// The variables, and the names read so far.
 #[derive(Debug, Default)]
-pub struct Env {
+pub(crate) struct Env {
     vars: HashMap<String, String>,
     read: RefCell<BTreeSet<&'static str>>,
 }
 
 impl Env {
     /// From `NAME=value` pairs; later pairs win, as in a shell.
-    pub fn new<I, K, V>(vars: I) -> Env
+    pub(crate) fn new<I, K, V>(vars: I) -> Env
     where
         I: IntoIterator<Item = (K, V)>,
         K: Into<String>,
@@ -42,50 +43,70 @@ impl Env {
         }
     }
 
-    /// The trimmed value of `name`, if set and not empty.
-    pub fn get(&self, name: &'static str) -> Option<&str> {
-        self.read.borrow_mut().insert(name);
-        self.vars.get(name).map(String::as_str)
+    /// The trimmed value of `var`, if set and not empty.
+    pub(crate) fn get(&self, var: Var) -> Option<&str> {
+        self.read.borrow_mut().insert(var.name);
+        self.vars.get(var.name).map(String::as_str)
     }
 
-    /// True when `name` is set (recorded as read).
-    pub fn is_set(&self, name: &'static str) -> bool {
-        self.get(name).is_some()
+    /// The value of `var`, or its default (empty for one without).
+    pub(crate) fn value(&self, var: Var) -> &str {
+        self.get(var).or(var.default).unwrap_or_default()
+    }
+
+    /// True when `var` is set (recorded as read).
+    pub(crate) fn is_set(&self, var: Var) -> bool {
+        self.get(var).is_some()
     }
 
     /// Every name asked for so far.
-    pub fn read_names(&self) -> BTreeSet<&'static str> {
+    pub(crate) fn read_names(&self) -> BTreeSet<&'static str> {
         self.read.borrow().clone()
     }
 
     /// The names of every variable that is set (not empty), sorted; none is recorded as read.
-    pub fn set_names(&self) -> BTreeSet<&str> {
+    pub(crate) fn set_names(&self) -> BTreeSet<&str> {
         self.vars.keys().map(String::as_str).collect()
     }
 
     /// The value of any variable, without recording it as read: for the checks that look at
     /// the variables no parser asked for.
-    pub fn peek(&self, name: &str) -> Option<&str> {
+    pub(crate) fn peek(&self, name: &str) -> Option<&str> {
         self.vars.get(name).map(String::as_str)
     }
 
-    /// Parse `name` (or `default` when unset) with `parse`; `None` from it is an error naming
+    /// Parse `var` (or its default when unset) with `parse`; `None` from it is an error naming
     /// the variable and the value, saying what is `expected`.
-    pub fn parse<T>(
+    pub(crate) fn parse<T>(
         &self,
-        name: &'static str,
+        var: Var,
+        expected: &str,
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<T, ConfigError> {
+        self.parse_or(var, var.default.unwrap_or_default(), expected, parse)
+    }
+
+    /// [`Env::parse`] of a variable whose default is worked out from others (`default`).
+    pub(crate) fn parse_or<T>(
+        &self,
+        var: Var,
         default: &str,
         expected: &str,
         parse: impl FnOnce(&str) -> Option<T>,
     ) -> Result<T, ConfigError> {
-        let value = self.get(name).unwrap_or(default);
-        parse(value).ok_or_else(|| ConfigError::invalid(name, value, expected))
+        let value = self.get(var).unwrap_or(default);
+        parse(value).ok_or_else(|| ConfigError::invalid(var.name, value, expected))
     }
 
     /// A duration in whole milliseconds, at least 1 and at most [`MAX_MILLIS`].
-    pub fn millis(&self, name: &'static str, default: &str) -> Result<Duration, ConfigError> {
-        self.parse(
-            name,
+    pub(crate) fn millis(&self, var: Var) -> Result<Duration, ConfigError> {
+        self.millis_or(var, var.default.unwrap_or_default())
+    }
+
+    /// [`Env::millis`] of a variable whose default is worked out from others (`default`).
+    pub(crate) fn millis_or(&self, var: Var, default: &str) -> Result<Duration, ConfigError> {
+        self.parse_or(
+            var,
             default,
             "a whole number of milliseconds, at least 1 and at most 31536000000 (a year)",
             |s| {
@@ -98,8 +119,8 @@ impl Env {
     }
 
     /// `true` or `false`.
-    pub fn flag(&self, name: &'static str, default: &str) -> Result<bool, ConfigError> {
-        self.parse(name, default, "true or false", |s| match s {
+    pub(crate) fn flag(&self, var: Var) -> Result<bool, ConfigError> {
+        self.parse(var, "true or false", |s| match s {
             "true" => Some(true),
             "false" => Some(false),
             _ => None,
@@ -108,7 +129,7 @@ impl Env {
 }
 
 /// Entries of a list variable split on any of `separators`, trimmed, empty ones skipped.
-pub fn entries<'a>(value: &'a str, separators: &'a [char]) -> impl Iterator<Item = &'a str> {
+pub(crate) fn entries<'a>(value: &'a str, separators: &'a [char]) -> impl Iterator<Item = &'a str> {
     value
         .split(separators)
         .map(str::trim)
@@ -122,9 +143,9 @@ mod tests {
     #[test]
     fn remembers_every_name_read_and_treats_empty_as_unset() {
         let env = Env::new([("PORT", " 81 "), ("BIND", "  ")]);
-        assert_eq!(env.get("PORT"), Some("81"));
-        assert_eq!(env.get("BIND"), None);
-        assert!(!env.is_set("LIMIT"));
+        assert_eq!(env.get(crate::variables::PORT), Some("81"));
+        assert_eq!(env.get(crate::variables::BIND), None);
+        assert!(!env.is_set(crate::variables::LIMIT));
         assert_eq!(
             env.read_names().into_iter().collect::<Vec<_>>(),
             ["BIND", "LIMIT", "PORT"]

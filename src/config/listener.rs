@@ -2,6 +2,7 @@
 //! `PROXY_PROTOCOL`, into [`ListenerConfig`]. The files are read when serving starts (and
 //! whenever they change), not here: parsing stays a function of strings.
 
+use crate::variables as vars;
 use std::path::PathBuf;
 
 use ipnet::IpNet;
@@ -13,14 +14,14 @@ use crate::server::tls::TlsSettings;
 
 /// Parse the listener's variables; `trusted_proxies` is `TRUSTED_PROXIES`, which
 /// `PROXY_PROTOCOL=true` needs.
-pub fn parse(env: &Env, trusted_proxies: &[IpNet]) -> Result<ListenerConfig, ConfigError> {
-    let tls = match (env.get("TLS_CERT_FILE"), env.get("TLS_KEY_FILE")) {
+pub(crate) fn parse(env: &Env, trusted_proxies: &[IpNet]) -> Result<ListenerConfig, ConfigError> {
+    let tls = match (env.get(vars::TLS_CERT_FILE), env.get(vars::TLS_KEY_FILE)) {
         (None, None) => None,
         (Some(cert), Some(key)) => Some(TlsSettings {
             cert_file: PathBuf::from(cert),
             key_file: PathBuf::from(key),
             // Read only with TLS on: set without it, it is warned about as changing nothing.
-            reload_interval: env.millis("TLS_RELOAD_INTERVAL_MS", "5000")?,
+            reload_interval: env.millis(vars::TLS_RELOAD_INTERVAL_MS)?,
         }),
         (Some(_), None) => {
             return Err(ConfigError::Conflict(
@@ -37,7 +38,7 @@ pub fn parse(env: &Env, trusted_proxies: &[IpNet]) -> Result<ListenerConfig, Con
             ));
         }
     };
-    let proxy_protocol = env.flag("PROXY_PROTOCOL", "false")?;
+    let proxy_protocol = env.flag(vars::PROXY_PROTOCOL)?;
     if proxy_protocol && trusted_proxies.is_empty() {
         return Err(ConfigError::Conflict(
             "PROXY_PROTOCOL=true needs TRUSTED_PROXIES: only the load balancers listed there may \

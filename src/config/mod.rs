@@ -20,17 +20,20 @@
 //! whole `Config` (the wiring in [`crate::app`] hands each its part). Every error names the variable, shows the bad value (except for secrets) and
 //! says what is accepted.
 
-pub mod env;
-pub mod listener;
-pub mod rules;
-pub mod store;
-pub mod warnings;
+pub(crate) mod env;
+pub(crate) mod listener;
+pub(crate) mod rules;
+pub(crate) mod store;
+pub(crate) mod warnings;
 
+use crate::variables as vars;
+#[cfg(test)]
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme, Uri};
@@ -39,6 +42,7 @@ use ipnet::IpNet;
 use crate::admin::AdminSettings;
 use crate::decide::{DecideSettings, Token};
 use crate::gate::GateSettings;
+use crate::limit::RuleTable;
 use crate::limit_headers::HeaderStyle;
 use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
@@ -46,6 +50,7 @@ use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
+use crate::rls::DescriptorTable;
 use crate::server::ServerSettings;
 use crate::server::limits::PerClientCap;
 use crate::telemetry::{LogFormat, LogSettings};
@@ -60,103 +65,14 @@ pub const MAX_MAX_KEYS: usize = 1_000_000_000;
 /// placeholder left in.
 pub const MIN_TOKEN_LENGTH: usize = 16;
 
-/// `ADMIN_BIND` unless set: loopback, whatever `BIND` is. `tollgate healthcheck` reads it too.
-pub const DEFAULT_ADMIN_BIND: &str = "127.0.0.1";
 pub use crate::limit::settings::{RedisConfig, StoreConfig, StoreSettings};
+/// Every variable's name (see [`crate::variables`], where each is spelt, with its default).
+pub use crate::variables::NAMES as VARIABLES;
 
 /// `BODY_MIN_RATE_WINDOW_MS` unless `BODY_IDLE_TIMEOUT_MS` is longer: Apache's
 /// `mod_reqtimeout` gives a body 20 s before `MinRate` applies; this is the default
 /// `BODY_IDLE_TIMEOUT_MS`, so a body may pause as long as that allows and still pass.
 pub const DEFAULT_BODY_MIN_RATE_WINDOW: Duration = Duration::from_secs(30);
-
-/// Every environment variable tollgate reads, grouped as in `.env.example`: the parsers'
-/// names (whichever the configuration makes them read), and `RUST_LOG`, `SSL_CERT_FILE` and
-/// `SSL_CERT_DIR`, which the log filter and the TLS library read themselves. A set variable
-/// that is not here but looks like one of these is warned about.
-pub const VARIABLES: &[&str] = &[
-    // core
-    "BACKEND_URL",
-    "PORT",
-    "BIND",
-    "ADMIN_PORT",
-    "ADMIN_BIND",
-    "DECIDE_PORT",
-    "DECIDE_TOKEN",
-    "ALGORITHM",
-    "AUTH_ALGORITHM",
-    "AUTH_PATHS",
-    "RATE_LIMIT_HEADERS",
-    "LOG_FORMAT",
-    "ACCESS_LOG",
-    "RUST_LOG",
-    // token bucket
-    "MAX_TOKENS",
-    "REFILL_RATE",
-    "AUTH_MAX_TOKENS",
-    "AUTH_REFILL_RATE",
-    // window algorithms
-    "LIMIT",
-    "WINDOW_SIZE",
-    "AUTH_LIMIT",
-    "AUTH_WINDOW_SIZE",
-    // more rules
-    "ROUTES",
-    "COSTS",
-    "EXEMPT",
-    "SKIP_PATHS",
-    "SHADOW_MODE",
-    "AUTH_COUNT",
-    // client identity
-    "KEY_BY",
-    "AUTH_KEY_BY",
-    "IPV6_PREFIX",
-    "KEY_HASH_SECRET",
-    "TRUSTED_PROXIES",
-    "MAX_KEYS",
-    // the listener: TLS and the PROXY protocol
-    "TLS_CERT_FILE",
-    "TLS_KEY_FILE",
-    "TLS_RELOAD_INTERVAL_MS",
-    "PROXY_PROTOCOL",
-    // backend and timeouts
-    "BACKEND_TIMEOUT_MS",
-    "BACKEND_IDLE_TIMEOUT_MS",
-    "BACKEND_CA_FILE",
-    "BACKEND_TLS_SERVER_NAME",
-    "BODY_IDLE_TIMEOUT_MS",
-    "BODY_MIN_RATE",
-    "BODY_MIN_RATE_WINDOW_MS",
-    "HEADER_READ_TIMEOUT_MS",
-    "SHUTDOWN_TIMEOUT_MS",
-    // client connections
-    "IDLE_TIMEOUT_MS",
-    "SEND_TIMEOUT_MS",
-    "MAX_CONNECTIONS",
-    "MAX_CONNECTIONS_PER_CLIENT",
-    "MAX_UPGRADES_PER_CLIENT",
-    "UPGRADE_PROTOCOLS",
-    "UNDERSCORE_HEADERS",
-    "CORS_ALLOW_ORIGINS",
-    "UPGRADE_IDLE_TIMEOUT_MS",
-    // redis
-    "REDIS_ADDR",
-    "REDIS_URL",
-    "REDIS_CLUSTER_NODES",
-    "REDIS_SENTINELS",
-    "REDIS_SENTINEL_MASTER",
-    "REDIS_SENTINEL_PASSWORD",
-    "REDIS_PASSWORD",
-    "REDIS_TLS",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "KEY_PREFIX",
-    "REDIS_TIMEOUT_MS",
-    "REDIS_CALLS_IN_FLIGHT",
-    "FAIL_MODE",
-    "AUTH_FAIL_MODE",
-    "REDIS_BREAKER_THRESHOLD",
-    "REDIS_PROBE_INTERVAL_MS",
-];
 
 /// A configuration mistake, naming the variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -200,6 +116,16 @@ pub enum ConfigError {
     /// Variables that cannot be used together.
     #[error("{0}")]
     Conflict(String),
+    /// A file a variable names is wrong: where in it, and what.
+    #[error("{var}: {location}: {problem}")]
+    File {
+        /// The variable.
+        var: &'static str,
+        /// The file, and the line and entry where known (`rls.yaml:12: descriptors[0].key`).
+        location: String,
+        /// What is wrong with it, and what is accepted.
+        problem: String,
+    },
 }
 
 impl ConfigError {
@@ -226,27 +152,53 @@ impl ConfigError {
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The listener: address, TLS and PROXY protocol, connection limits and clocks.
-    pub server: ServerSettings,
+    pub(crate) server: ServerSettings,
     /// The reverse proxy: the backend, timeouts, bodies, headers, upgrades, refusals' shape;
     /// `None` without `BACKEND_URL`, when tollgate is a decision service only (`DECIDE_PORT`).
-    pub proxy: Option<ProxySettings>,
+    pub(crate) proxy: Option<ProxySettings>,
     /// The decision endpoints (`DECIDE_PORT`); `None` when unset.
-    pub decide: Option<DecideSettings>,
+    pub(crate) decide: Option<DecideSettings>,
     /// Classification and decision: the rule table, trusted proxies, tunnels per client.
-    pub gate: GateSettings,
+    pub(crate) gate: GateSettings,
     /// Where budgets live (memory or Redis), and how many clients memory holds.
-    pub store: StoreSettings,
+    pub(crate) store: StoreSettings,
     /// The admin listener.
-    pub admin: AdminSettings,
+    pub(crate) admin: AdminSettings,
+    /// `RLS_CONFIG`: Envoy's rate limit service's descriptors, whose limits are named rules of
+    /// `gate.rules`; `None` when unset.
+    pub(crate) rls: Option<Arc<DescriptorTable>>,
     /// The log.
-    pub log: LogSettings,
+    pub(crate) log: LogSettings,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
-    pub read: BTreeSet<&'static str>,
+    #[cfg(test)]
+    pub(crate) read: BTreeSet<&'static str>,
     /// Variables that are set but change nothing (see [`warnings`]), one line each, naming
     /// variables but never showing values: `--check-config` prints them, startup logs them.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 impl Config {
+    /// Variables that are set but change nothing (misspelt, or not read by the chosen
+    /// algorithm or store), one line each, naming variables but never showing values.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// `SHUTDOWN_TIMEOUT_MS`: how long a drain waits for requests in flight.
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.server.shutdown_timeout
+    }
+
+    /// Every rule of the table, in table order (the general rule after the routes and the
+    /// auth rule, then `RLS_CONFIG`'s limits).
+    pub fn rules(&self) -> &[crate::limit::Rule] {
+        self.gate.rules.rules()
+    }
+
+    /// The compiled rule table: what classifies a request head into rule, key, cost and mode.
+    pub fn rule_table(&self) -> &crate::limit::RuleTable {
+        &self.gate.rules
+    }
+
     /// Read the process environment (after the caller has loaded `.env`, if any).
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut vars = Vec::new();
@@ -292,33 +244,31 @@ impl Config {
 
     fn parse_env(env: &Env) -> Result<Self, ConfigError> {
         let decide_port = env
-            .get("DECIDE_PORT")
+            .get(vars::DECIDE_PORT)
             .map(|value| {
                 value.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-                    ConfigError::invalid("DECIDE_PORT", value, "a port number from 1 to 65535")
+                    ConfigError::invalid(vars::DECIDE_PORT.name, value, "a port number from 1 to 65535")
                 })
             })
             .transpose()?;
         // A decision service alone needs no backend.
-        let backend = match (env.get("BACKEND_URL"), decide_port) {
+        let backend = match (env.get(vars::BACKEND_URL), decide_port) {
             (None, Some(_)) => None,
             _ => Some(parse_backend(env)?),
         };
-        let port: u16 = env.parse("PORT", "8080", "a port number from 1 to 65535", |s| {
+        let port: u16 = env.parse(vars::PORT, "a port number from 1 to 65535", |s| {
             s.parse().ok().filter(|p| *p != 0)
         })?;
-        let bind: IpAddr = env.parse("BIND", "0.0.0.0", "an IP address such as 0.0.0.0 or ::", |s| {
+        let bind: IpAddr = env.parse(vars::BIND, "an IP address such as 0.0.0.0 or ::", |s| {
             s.parse().ok()
         })?;
         // Loopback unless asked: metrics and probes are for this host's (or pod's) eyes, and an
         // admin port left open to clients lets them hold its few connections.
-        let admin_bind: IpAddr = env.parse(
-            "ADMIN_BIND",
-            DEFAULT_ADMIN_BIND,
-            "an IP address such as 127.0.0.1 or ::",
-            |s| s.parse().ok(),
-        )?;
-        let admin_port: u16 = env.parse("ADMIN_PORT", "9091", "a port number from 1 to 65535", |s| {
+        let admin_bind: IpAddr =
+            env.parse(vars::ADMIN_BIND, "an IP address such as 127.0.0.1 or ::", |s| {
+                s.parse().ok()
+            })?;
+        let admin_port: u16 = env.parse(vars::ADMIN_PORT, "a port number from 1 to 65535", |s| {
             s.parse().ok().filter(|p| *p != 0)
         })?;
         let admin = SocketAddr::new(admin_bind, admin_port);
@@ -342,15 +292,16 @@ impl Config {
                 )));
             }
         }
-        let access_log = env.parse("ACCESS_LOG", "denied", "off, denied or all", AccessLog::parse)?;
+        let access_log = env.parse(vars::ACCESS_LOG, "off, denied or all", AccessLog::parse)?;
         let store = store::parse(env)?;
         let mut rule_warnings = Vec::new();
         let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)), &mut rule_warnings)?;
-        let trusted_proxies = entries(env.get("TRUSTED_PROXIES").unwrap_or(""), &[','])
+        let (rules, rls) = parse_rls(env, rules, matches!(store, StoreConfig::Redis(_)))?;
+        let trusted_proxies = entries(env.value(vars::TRUSTED_PROXIES), &[','])
             .map(|entry| {
                 let network = parse_network(entry).ok_or_else(|| {
                     ConfigError::invalid(
-                        "TRUSTED_PROXIES",
+                        vars::TRUSTED_PROXIES.name,
                         entry,
                         "comma-separated CIDRs or addresses, e.g. 10.0.0.0/8,192.168.1.7",
                     )
@@ -359,7 +310,7 @@ impl Config {
                 // its own address, and so its own budget.
                 if network.prefix_len() == 0 {
                     return Err(ConfigError::entry(
-                        "TRUSTED_PROXIES",
+                        vars::TRUSTED_PROXIES.name,
                         entry,
                         "it trusts every address, so any client could choose its own address (and a \
                          fresh budget) with X-Forwarded-For; list only the proxies in front of tollgate",
@@ -369,7 +320,7 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let listener = listener::parse(env, &trusted_proxies)?;
-        let max_keys = env.parse("MAX_KEYS", "100000", "a whole number from 1 to 1000000000", |s| {
+        let max_keys = env.parse(vars::MAX_KEYS, "a whole number from 1 to 1000000000", |s| {
             s.parse::<usize>()
                 .ok()
                 .filter(|&keys| keys <= MAX_MAX_KEYS)
@@ -379,7 +330,7 @@ impl Config {
         let rule_count = rules.rules().len();
         if max_keys.get().saturating_mul(rule_count) > MAX_MAX_KEYS {
             return Err(ConfigError::invalid(
-                "MAX_KEYS",
+                vars::MAX_KEYS.name,
                 &max_keys.to_string(),
                 &format!(
                     "a whole number of client states per rule, at most {} for the {rule_count} \
@@ -389,22 +340,20 @@ impl Config {
             ));
         }
         let headers = env.parse(
-            "RATE_LIMIT_HEADERS",
-            "legacy",
+            vars::RATE_LIMIT_HEADERS,
             "legacy, draft, both or none",
             HeaderStyle::parse,
         )?;
-        let log_format = env.parse("LOG_FORMAT", "text", "text or json", |s| match s {
+        let log_format = env.parse(vars::LOG_FORMAT, "text or json", |s| match s {
             "text" => Some(LogFormat::Text),
             "json" => Some(LogFormat::Json),
             _ => None,
         })?;
-        let backend_timeout = env.millis("BACKEND_TIMEOUT_MS", "30000")?;
-        let backend_idle_timeout = env.millis("BACKEND_IDLE_TIMEOUT_MS", "4000")?;
-        let body_idle_timeout = env.millis("BODY_IDLE_TIMEOUT_MS", "30000")?;
+        let backend_timeout = env.millis(vars::BACKEND_TIMEOUT_MS)?;
+        let backend_idle_timeout = env.millis(vars::BACKEND_IDLE_TIMEOUT_MS)?;
+        let body_idle_timeout = env.millis(vars::BODY_IDLE_TIMEOUT_MS)?;
         let body_min_rate = env.parse(
-            "BODY_MIN_RATE",
-            "500",
+            vars::BODY_MIN_RATE,
             "a whole number of bytes per second, 0 for no minimum",
             |s| s.parse::<u64>().ok(),
         )?;
@@ -415,16 +364,16 @@ impl Config {
                 // A window shorter than the pause BODY_IDLE_TIMEOUT_MS allows would cut that
                 // pause (a window of waiting with nothing in it): the default never is.
                 let window = body_idle_timeout.max(DEFAULT_BODY_MIN_RATE_WINDOW);
-                let window = env.millis("BODY_MIN_RATE_WINDOW_MS", &window.as_millis().to_string())?;
+                let window = env.millis_or(vars::BODY_MIN_RATE_WINDOW_MS, &window.as_millis().to_string())?;
                 Some(MinRate::new(rate, window))
             }
         };
-        let header_read_timeout = env.millis("HEADER_READ_TIMEOUT_MS", "10000")?;
-        let shutdown_timeout = env.millis("SHUTDOWN_TIMEOUT_MS", "8000")?;
-        let idle_timeout = env.millis("IDLE_TIMEOUT_MS", "60000")?;
-        let send_timeout = env.millis("SEND_TIMEOUT_MS", "60000")?;
+        let header_read_timeout = env.millis(vars::HEADER_READ_TIMEOUT_MS)?;
+        let shutdown_timeout = env.millis(vars::SHUTDOWN_TIMEOUT_MS)?;
+        let idle_timeout = env.millis(vars::IDLE_TIMEOUT_MS)?;
+        let send_timeout = env.millis(vars::SEND_TIMEOUT_MS)?;
         let max_connections = env
-            .get("MAX_CONNECTIONS")
+            .get(vars::MAX_CONNECTIONS)
             .map(|value| {
                 value
                     .parse::<usize>()
@@ -432,32 +381,31 @@ impl Config {
                     .and_then(NonZeroUsize::new)
                     .ok_or_else(|| {
                         ConfigError::invalid(
-                            "MAX_CONNECTIONS",
+                            vars::MAX_CONNECTIONS.name,
                             value,
                             "a whole number of at least 1 (unset: sized from the file-descriptor limit)",
                         )
                     })
             })
             .transpose()?;
-        let max_connections_per_client = env
-            .get("MAX_CONNECTIONS_PER_CLIENT")
-            .map(|value| {
-                PerClientCap::parse(value).ok_or_else(|| {
-                    ConfigError::invalid(
-                        "MAX_CONNECTIONS_PER_CLIENT",
+        let max_connections_per_client =
+            env.get(vars::MAX_CONNECTIONS_PER_CLIENT)
+                .map(|value| {
+                    PerClientCap::parse(value).ok_or_else(|| {
+                    ConfigError::invalid(vars::MAX_CONNECTIONS_PER_CLIENT.name,
                         value,
                         "a whole number, 0 for no cap per client (unset: three quarters of MAX_CONNECTIONS)",
                     )
                 })
-            })
-            .transpose()?
-            .unwrap_or_default();
+                })
+                .transpose()?
+                .unwrap_or_default();
         let max_upgrades_per_client = env
-            .get("MAX_UPGRADES_PER_CLIENT")
+            .get(vars::MAX_UPGRADES_PER_CLIENT)
             .map(|value| {
                 value.parse::<u32>().map_err(|_| {
                     ConfigError::invalid(
-                        "MAX_UPGRADES_PER_CLIENT",
+                        vars::MAX_UPGRADES_PER_CLIENT.name,
                         value,
                         "a whole number, 0 refusing every upgrade (unset: unlimited)",
                     )
@@ -465,24 +413,23 @@ impl Config {
             })
             .transpose()?;
         let upgrade_protocols = {
-            let value = env.get("UPGRADE_PROTOCOLS").unwrap_or("websocket");
-            UpgradeProtocols::parse(value)
-                .map_err(|error| ConfigError::invalid("UPGRADE_PROTOCOLS", value, &error.to_string()))?
+            let value = env.value(vars::UPGRADE_PROTOCOLS);
+            UpgradeProtocols::parse(value).map_err(|error| {
+                ConfigError::invalid(vars::UPGRADE_PROTOCOLS.name, value, &error.to_string())
+            })?
         };
         let underscore_headers = env.parse(
-            "UNDERSCORE_HEADERS",
-            "drop",
+            vars::UNDERSCORE_HEADERS,
             "drop (not forwarded, as nginx does) or forward",
             UnderscoreHeaders::parse,
         )?;
         let cors = {
-            let value = env.get("CORS_ALLOW_ORIGINS").unwrap_or("");
+            let value = env.value(vars::CORS_ALLOW_ORIGINS);
             Cors::parse(value)
-                .map_err(|problem| ConfigError::invalid("CORS_ALLOW_ORIGINS", value, &problem))?
+                .map_err(|problem| ConfigError::invalid(vars::CORS_ALLOW_ORIGINS.name, value, &problem))?
         };
         let upgrade_idle_timeout = env.parse(
-            "UPGRADE_IDLE_TIMEOUT_MS",
-            "3600000",
+            vars::UPGRADE_IDLE_TIMEOUT_MS,
             "a whole number of milliseconds up to 31536000000 (a year), 0 for never",
             |s| {
                 s.parse::<u64>()
@@ -494,11 +441,11 @@ impl Config {
         let decide = match decide_port {
             None => None,
             Some(decide_port) => {
-                let token = match env.get("DECIDE_TOKEN") {
+                let token = match env.get(vars::DECIDE_TOKEN) {
                     None => None,
                     Some(token) if token.len() < MIN_TOKEN_LENGTH => {
                         return Err(ConfigError::InvalidSecret {
-                            var: "DECIDE_TOKEN",
+                            var: vars::DECIDE_TOKEN.name,
                             expected: format!(
                                 "a secret of at least {MIN_TOKEN_LENGTH} characters (e.g. `openssl rand -hex 32`)"
                             ),
@@ -507,7 +454,7 @@ impl Config {
                     Some(token) => {
                         Some(Token::new(token).ok_or_else(|| {
                             ConfigError::InvalidSecret {
-                            var: "DECIDE_TOKEN",
+                            var: vars::DECIDE_TOKEN.name,
                             expected:
                                 "a secret to keep: the operating system gave no randomness to keep it with"
                                     .into(),
@@ -524,6 +471,7 @@ impl Config {
             }
         };
         // Last, when every variable this configuration reads has been read.
+        #[cfg(test)]
         let read = env.read_names();
         let mut warnings = warnings::warnings(env);
         warnings.extend(rule_warnings);
@@ -562,7 +510,9 @@ impl Config {
                 max_keys,
             },
             admin: AdminSettings { address: admin },
+            rls,
             log: LogSettings { format: log_format },
+            #[cfg(test)]
             read,
             warnings,
         })
@@ -603,9 +553,10 @@ impl fmt::Display for Config {
                 writeln!(f, "backend TLS:      {tls}")?;
             }
         }
-        let rules = self.gate.rules.rules();
-        if let [.., auth, general] = rules {
-            writeln!(f, "general rule:     {}", general.policy)?;
+        // The classified ones: a named rule (RLS_CONFIG's) has no paths and is listed by its door.
+        let rules = self.gate.rules.classified();
+        writeln!(f, "general rule:     {}", self.gate.rules.general().policy)?;
+        if let Some(auth) = self.gate.rules.rule("auth") {
             writeln!(f, "auth rule:        {}", auth.policy)?;
         }
         writeln!(f, "auth paths:       {}", self.gate.rules.paths_of("auth"))?;
@@ -643,6 +594,9 @@ impl fmt::Display for Config {
                 ""
             }
         )?;
+        if let Some(rls) = &self.rls {
+            writeln!(f, "envoy rls:        {rls}")?;
+        }
         if let Some(proxy) = &self.proxy {
             writeln!(f, "headers:          {}", proxy.headers.as_str())?;
             writeln!(
@@ -720,6 +674,39 @@ impl fmt::Display for Config {
     }
 }
 
+/// `RLS_CONFIG` (a file, or a directory of `*.yaml`/`*.yml`, one domain each), read now so a
+/// bad file stops startup: its table, and `rules` with its limits added as named rules, each
+/// failing as `FAIL_MODE` says and shadowed under `SHADOW_MODE` (both the general rule's).
+fn parse_rls(
+    env: &Env,
+    rules: RuleTable,
+    shared_store: bool,
+) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
+    let Some(path) = env.get(vars::RLS_CONFIG) else {
+        return Ok((rules, None));
+    };
+    // A descriptor's budget is keyed by a digest of its entries: replicas sharing Redis must
+    // digest alike (the rule table's parser has refused a short secret already).
+    if shared_store && !env.is_set(vars::KEY_HASH_SECRET) {
+        return Err(ConfigError::Missing {
+            var: "KEY_HASH_SECRET",
+            expected: "with Redis and RLS_CONFIG, every replica must digest descriptors alike: set the \
+                       same secret of 16+ characters on each, e.g. from `openssl rand -hex 32`",
+        });
+    }
+    let table = DescriptorTable::load(Path::new(path)).map_err(|error| ConfigError::File {
+        var: vars::RLS_CONFIG.name,
+        location: error.location,
+        problem: error.problem,
+    })?;
+    let general = rules.general();
+    let named = table.rules(general.fail_mode, general.shadow);
+    let rules = rules
+        .with_named(named)
+        .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;
+    Ok((rules, Some(Arc::new(table))))
+}
+
 /// Where `tollgate healthcheck` finds the admin listener in `vars` (the process environment,
 /// after `.env`): as the server binds it, an unspecified address reached on loopback.
 pub fn admin_probe_address<I, K, V>(vars: I) -> Result<SocketAddr, String>
@@ -736,9 +723,9 @@ where
 /// replaced by loopback of the same family, which the listener answers on too.
 fn admin_address(env: &Env) -> Result<SocketAddr, String> {
     let invalid = |var: &str, value: &str| format!("{var}={value:?} is invalid");
-    let bind = env.get("ADMIN_BIND").unwrap_or(DEFAULT_ADMIN_BIND);
+    let bind = env.value(vars::ADMIN_BIND);
     let ip: IpAddr = bind.parse().map_err(|_| invalid("ADMIN_BIND", bind))?;
-    let port = env.get("ADMIN_PORT").unwrap_or("9091");
+    let port = env.value(vars::ADMIN_PORT);
     let port: u16 = port.parse().map_err(|_| invalid("ADMIN_PORT", port))?;
     let ip = match ip {
         IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -759,12 +746,12 @@ pub(crate) fn parse_network(entry: &str) -> Option<IpNet> {
 
 fn parse_backend(env: &Env) -> Result<Backend, ConfigError> {
     let expected = "an http or https URL such as http://127.0.0.1:8000";
-    let value = env.get("BACKEND_URL").ok_or(ConfigError::Missing {
-        var: "BACKEND_URL",
+    let value = env.get(vars::BACKEND_URL).ok_or(ConfigError::Missing {
+        var: vars::BACKEND_URL.name,
         expected: "where allowed requests go, e.g. http://127.0.0.1:8000 (unless DECIDE_PORT is set: a \
                    decision service alone needs no backend)",
     })?;
-    let invalid = |expected: &str| ConfigError::invalid("BACKEND_URL", value, expected);
+    let invalid = |expected: &str| ConfigError::invalid(vars::BACKEND_URL.name, value, expected);
     let uri: Uri = value.parse().map_err(|_| invalid(expected))?;
     let scheme = match uri.scheme() {
         Some(scheme) if *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS => scheme.clone(),
@@ -804,17 +791,17 @@ fn parse_backend(env: &Env) -> Result<Backend, ConfigError> {
 /// `BACKEND_CA_FILE` and `BACKEND_TLS_SERVER_NAME`, read for an https `BACKEND_URL` only (set
 /// for an http one, they are warned about as unread). The file is read when the proxy starts.
 fn parse_backend_tls(env: &Env, authority: &Authority) -> Result<BackendTls, ConfigError> {
-    let server_name = match env.get("BACKEND_TLS_SERVER_NAME") {
+    let server_name = match env.get(vars::BACKEND_TLS_SERVER_NAME) {
         Some(name) => tls::server_name(name).ok_or_else(|| {
             ConfigError::invalid(
-                "BACKEND_TLS_SERVER_NAME",
+                vars::BACKEND_TLS_SERVER_NAME.name,
                 name,
                 "a DNS name or IP address the backend's certificate is valid for",
             )
         })?,
         None => tls::server_name(authority.host()).ok_or_else(|| {
             ConfigError::invalid(
-                "BACKEND_URL",
+                vars::BACKEND_URL.name,
                 authority.as_str(),
                 "a host that is a DNS name or IP address (the TLS server name), or set \
                  BACKEND_TLS_SERVER_NAME",
@@ -822,7 +809,7 @@ fn parse_backend_tls(env: &Env, authority: &Authority) -> Result<BackendTls, Con
         })?,
     };
     Ok(BackendTls {
-        ca_file: env.get("BACKEND_CA_FILE").map(PathBuf::from),
+        ca_file: env.get(vars::BACKEND_CA_FILE).map(PathBuf::from),
         server_name,
     })
 }

@@ -16,6 +16,7 @@
 //! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide). No entry may
 //! contain whitespace: `AUTH_PATHS="/login /signup"` is an error, not one odd path.
 
+use crate::variables::{self as vars, Var};
 use ipnet::IpNet;
 
 use super::env::{Env, entries};
@@ -32,38 +33,39 @@ const MAX_ROUTES: usize = 1_000;
 /// A `KEY_HASH_SECRET` shorter than this is refused: it must be hard to guess.
 const MIN_SECRET_LEN: usize = 16;
 
-/// `AUTH_PATHS` when unset.
-const DEFAULT_AUTH_PATHS: [&str; 3] = ["/login", "/signup", "/reset-password"];
-
 const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
 /// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.
-pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Result<RuleTable, ConfigError> {
-    let key_by = key_by_variable(env, "KEY_BY", warnings)?;
+pub(crate) fn parse(
+    env: &Env,
+    shared_store: bool,
+    warnings: &mut Vec<String>,
+) -> Result<RuleTable, ConfigError> {
+    let key_by = key_by_variable(env, vars::KEY_BY, warnings)?;
     // Logins come before any API key, and a key the client chooses is a fresh budget per
     // request: the auth rule stays keyed by address unless told otherwise.
-    let auth_key_by = key_by_variable(env, "AUTH_KEY_BY", warnings)?;
-    let ipv6_prefix = env.parse("IPV6_PREFIX", "64", "a prefix length from 1 to 128", |s| {
+    let auth_key_by = key_by_variable(env, vars::AUTH_KEY_BY, warnings)?;
+    let ipv6_prefix = env.parse(vars::IPV6_PREFIX, "a prefix length from 1 to 128", |s| {
         s.parse::<u8>().ok().filter(|p| (1..=128).contains(p))
     })?;
-    let shadow = env.flag("SHADOW_MODE", "false")?;
-    let auth_count = env.parse("AUTH_COUNT", "all", "all or failures", |s| match s {
+    let shadow = env.flag(vars::SHADOW_MODE)?;
+    let auth_count = env.parse(vars::AUTH_COUNT, "all or failures", |s| match s {
         "all" => Some(Count::All),
         "failures" => Some(Count::Failures),
         _ => None,
     })?;
 
-    let algorithm = env.get("ALGORITHM").unwrap_or("token_bucket");
-    let general_policy = policy_from_variables(env, "ALGORITHM", algorithm, false)?;
-    let auth_algorithm = env.get("AUTH_ALGORITHM").unwrap_or(algorithm);
-    let auth_policy = policy_from_variables(env, "AUTH_ALGORITHM", auth_algorithm, true)?;
+    let algorithm = env.value(vars::ALGORITHM);
+    let general_policy = policy_from_variables(env, vars::ALGORITHM, algorithm, false)?;
+    let auth_algorithm = env.get(vars::AUTH_ALGORITHM).unwrap_or(algorithm);
+    let auth_policy = policy_from_variables(env, vars::AUTH_ALGORITHM, auth_algorithm, true)?;
     // Read with Redis only: the memory store never fails, and an unread FAIL_MODE is warned
     // about (and still checked).
     let (fail_mode, auth_fail_mode) = if shared_store {
-        let general = env.parse("FAIL_MODE", "open", FailMode::NAMES, FailMode::parse)?;
-        let auth = env.parse(
-            "AUTH_FAIL_MODE",
+        let general = env.parse(vars::FAIL_MODE, FailMode::NAMES, FailMode::parse)?;
+        let auth = env.parse_or(
+            vars::AUTH_FAIL_MODE,
             general.as_str(),
             FailMode::NAMES,
             FailMode::parse,
@@ -85,10 +87,10 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
 
     let mut rules: Vec<Rule> = Vec::new();
     let mut routes: Vec<Route> = Vec::new();
-    for entry in list(env, "ROUTES", &[';'])? {
+    for entry in list(env, vars::ROUTES, &[';'])? {
         if rules.len() == MAX_ROUTES {
             return Err(ConfigError::entry(
-                "ROUTES",
+                vars::ROUTES.name,
                 entry,
                 format!("at most {MAX_ROUTES} routes"),
             ));
@@ -99,7 +101,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
             .find(|earlier: &&Route| takes_all_of(earlier, &route))
         {
             return Err(ConfigError::entry(
-                "ROUTES",
+                vars::ROUTES.name,
                 entry,
                 format!(
                     "it can never match: the earlier entry for {} (rule {:?}) takes every request it would",
@@ -111,7 +113,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
             || ["general", "auth"].contains(&&*rule.name)
         {
             return Err(ConfigError::entry(
-                "ROUTES",
+                vars::ROUTES.name,
                 entry,
                 format!(
                     "the rule name {:?} is taken; give this route its own with name=NAME",
@@ -127,14 +129,14 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
         rules.push(rule);
     }
     let auth_index = rules.len();
-    let auth_paths_set = env.is_set("AUTH_PATHS");
+    let auth_paths_set = env.is_set(vars::AUTH_PATHS);
     let auth_paths = match auth_paths_set {
-        true => list(env, "AUTH_PATHS", &[','])?,
-        false => DEFAULT_AUTH_PATHS.to_vec(),
+        true => list(env, vars::AUTH_PATHS, &[','])?,
+        false => entries(vars::AUTH_PATHS.default.unwrap_or_default(), &[',']).collect(),
     };
     for entry in auth_paths {
-        let pattern =
-            PathPattern::parse(entry).map_err(|why| ConfigError::invalid("AUTH_PATHS", entry, &why))?;
+        let pattern = PathPattern::parse(entry)
+            .map_err(|why| ConfigError::invalid(vars::AUTH_PATHS.name, entry, &why))?;
         let route = Route {
             pattern,
             methods: None,
@@ -142,7 +144,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
         };
         if route.pattern.covers(&PathPattern::Subtree("/".into())) {
             return Err(ConfigError::entry(
-                "AUTH_PATHS",
+                vars::AUTH_PATHS.name,
                 entry,
                 "it matches every path, so every request would spend the login budget and the \
                  general rule would never apply; list the login, signup and reset paths",
@@ -165,7 +167,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
                 earlier.pattern, rules[earlier.rule].name
             );
             if auth_paths_set {
-                return Err(ConfigError::entry("AUTH_PATHS", entry, why));
+                return Err(ConfigError::entry(vars::AUTH_PATHS.name, entry, why));
             }
             // The default auth paths were not asked for: a route over them may be meant.
             warnings.push(format!(
@@ -190,7 +192,7 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
     });
 
     let mut costs = Vec::new();
-    let cost_entries = list(env, "COSTS", &[';', ','])?;
+    let cost_entries = list(env, vars::COSTS, &[';', ','])?;
     for entry in &cost_entries {
         let parsed = entry.split_once('=').and_then(|(pattern, cost)| {
             Some((
@@ -200,15 +202,17 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
         });
         costs.push(parsed.ok_or_else(|| {
             ConfigError::entry(
-                "COSTS",
+                vars::COSTS.name,
                 entry,
                 "expected PATTERN=N, e.g. /export=5 (N a whole number >= 1)",
             )
         })?);
     }
-    let skip = list(env, "SKIP_PATHS", &[','])?
+    let skip = list(env, vars::SKIP_PATHS, &[','])?
         .into_iter()
-        .map(|entry| PathPattern::parse(entry).map_err(|why| ConfigError::entry("SKIP_PATHS", entry, why)))
+        .map(|entry| {
+            PathPattern::parse(entry).map_err(|why| ConfigError::entry(vars::SKIP_PATHS.name, entry, why))
+        })
         .collect::<Result<_, _>>()?;
 
     let header_keys = rules.iter().any(|rule| rule.key_by.header().is_some());
@@ -221,16 +225,20 @@ pub fn parse(env: &Env, shared_store: bool, warnings: &mut Vec<String>) -> Resul
             rule,
             capacity,
         } => ConfigError::entry(
-            "COSTS",
+            vars::COSTS.name,
             cost_entries[entry],
             format!("a request there can fall under rule {rule:?}, which holds at most {capacity}"),
         ),
+        // `new` adds no named rules; these come from `with_named` only.
+        TableError::TooManyRules(_) | TableError::DuplicateName(_) => {
+            ConfigError::Conflict(format!("the rule table cannot be built: {error}"))
+        }
     })
 }
 
 /// The entries of a list variable. Whitespace inside an entry is an error: it is nearly always
 /// a wrong separator (`/login /signup`), and silently protecting nothing is the worst outcome.
-fn list<'a>(env: &'a Env, var: &'static str, separators: &'a [char]) -> Result<Vec<&'a str>, ConfigError> {
+fn list<'a>(env: &'a Env, var: Var, separators: &'a [char]) -> Result<Vec<&'a str>, ConfigError> {
     let entries: Vec<&str> = entries(env.get(var).unwrap_or(""), separators).collect();
     let Some(entry) = entries.iter().find(|entry| entry.contains(char::is_whitespace)) else {
         return Ok(entries);
@@ -242,7 +250,7 @@ fn list<'a>(env: &'a Env, var: &'static str, separators: &'a [char]) -> Result<V
         entry
     };
     Err(ConfigError::entry(
-        var,
+        var.name,
         shown,
         format!(
             "it contains whitespace; separate entries with {:?}",
@@ -255,19 +263,15 @@ fn list<'a>(env: &'a Env, var: &'static str, separators: &'a [char]) -> Result<V
 /// ...) rule's policy, from the variables the chosen algorithm reads.
 fn policy_from_variables(
     env: &Env,
-    algorithm_var: &'static str,
+    algorithm_var: Var,
     algorithm: &str,
     auth: bool,
 ) -> Result<Policy, ConfigError> {
-    let unknown = || ConfigError::invalid(algorithm_var, algorithm, ALGORITHMS);
+    let unknown = || ConfigError::invalid(algorithm_var.name, algorithm, ALGORITHMS);
     let parameters = Policy::parameters(algorithm).ok_or_else(unknown)?;
     let [first, second] = parameters.map(|p| {
-        let (var, default) = if auth {
-            (p.auth, p.auth_default)
-        } else {
-            (p.general, p.general_default)
-        };
-        (var, env.get(var).unwrap_or(default))
+        let var = if auth { p.auth } else { p.general };
+        (var.name, env.value(var))
     });
     match Policy::parse(algorithm, first.1, second.1).ok_or_else(unknown)? {
         Ok(policy) => Ok(policy),
@@ -293,10 +297,9 @@ fn takes_all_of(earlier: &Route, later: &Route) -> bool {
 }
 
 /// `KEY_BY` or `AUTH_KEY_BY`, checked by [`key_header_problem`].
-fn key_by_variable(env: &Env, var: &'static str, warnings: &mut Vec<String>) -> Result<KeyBy, ConfigError> {
+fn key_by_variable(env: &Env, var: Var, warnings: &mut Vec<String>) -> Result<KeyBy, ConfigError> {
     let key_by = env.parse(
         var,
-        "ip",
         "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
         |s| KeyBy::parse(s).ok(),
     )?;
@@ -304,12 +307,12 @@ fn key_by_variable(env: &Env, var: &'static str, warnings: &mut Vec<String>) -> 
         None => {}
         Some(KeyHeaderProblem::Certain(why)) => {
             return Err(ConfigError::invalid(
-                var,
+                var.name,
                 env.get(var).unwrap_or_default(),
                 &format!("a header that identifies a client ({why})"),
             ));
         }
-        Some(KeyHeaderProblem::Suspicious(why)) => warnings.push(format!("{var}={key_by}: {why}")),
+        Some(KeyHeaderProblem::Suspicious(why)) => warnings.push(format!("{}={key_by}: {why}", var.name)),
     }
     Ok(key_by)
 }
@@ -385,7 +388,7 @@ fn parse_route(
     shared_store: bool,
     warnings: &mut Vec<String>,
 ) -> Result<(Route, Rule), ConfigError> {
-    let bad = |problem: String| ConfigError::entry("ROUTES", entry, problem);
+    let bad = |problem: String| ConfigError::entry(vars::ROUTES.name, entry, problem);
     let (pattern, rest) = entry
         .split_once('=')
         .ok_or_else(|| bad("expected PATTERN=ALGORITHM:A:B, e.g. /api/export/*=token_bucket:5:0.1".into()))?;
@@ -496,14 +499,14 @@ fn is_rule_name(name: &str) -> bool {
 /// The keyed hash for header keys. Replicas sharing Redis must agree on it, so there it comes
 /// from `KEY_HASH_SECRET`; alone, a random key per process does (or the secret, if given).
 fn key_hasher(env: &Env, header_keys: bool, shared_store: bool) -> Result<KeyHasher, ConfigError> {
-    match env.get("KEY_HASH_SECRET") {
+    match env.get(vars::KEY_HASH_SECRET) {
         Some(secret) if secret.len() < MIN_SECRET_LEN => Err(ConfigError::InvalidSecret {
-            var: "KEY_HASH_SECRET",
+            var: vars::KEY_HASH_SECRET.name,
             expected: format!("at least {MIN_SECRET_LEN} characters, e.g. from `openssl rand -hex 32`"),
         }),
         Some(secret) => Ok(KeyHasher::from_secret(secret)),
         None if header_keys && shared_store => Err(ConfigError::Missing {
-            var: "KEY_HASH_SECRET",
+            var: vars::KEY_HASH_SECRET.name,
             expected: "with Redis and header keys (KEY_BY or a route's key=header:...), every replica \
                        must digest header values alike: set the same secret of 16+ characters on each, \
                        e.g. from `openssl rand -hex 32`",
@@ -520,11 +523,11 @@ fn key_hasher(env: &Env, header_keys: bool, shared_store: bool) -> Result<KeyHas
 /// `EXEMPT`: CIDRs or addresses, and `key:VALUE` header values (stored only as digests).
 fn parse_exemptions(env: &Env, hasher: &KeyHasher, header_keys: bool) -> Result<Exemptions, ConfigError> {
     let mut exempt = Exemptions::default();
-    for entry in list(env, "EXEMPT", &[','])? {
+    for entry in list(env, vars::EXEMPT, &[','])? {
         if let Some(value) = entry.strip_prefix("key:") {
             if !header_keys {
                 return Err(ConfigError::entry(
-                    "EXEMPT",
+                    vars::EXEMPT.name,
                     "key:***",
                     "key: entries need a rule keyed by a header (KEY_BY=header:NAME or a route's key=)",
                 ));
@@ -532,11 +535,15 @@ fn parse_exemptions(env: &Env, hasher: &KeyHasher, header_keys: bool) -> Result<
             exempt.keys.push(hasher.digest(value.as_bytes()));
         } else {
             let network: IpNet = parse_network(entry).ok_or_else(|| {
-                ConfigError::entry("EXEMPT", entry, "expected a CIDR, an address, or key:VALUE")
+                ConfigError::entry(
+                    vars::EXEMPT.name,
+                    entry,
+                    "expected a CIDR, an address, or key:VALUE",
+                )
             })?;
             if network.prefix_len() == 0 {
                 return Err(ConfigError::entry(
-                    "EXEMPT",
+                    vars::EXEMPT.name,
                     entry,
                     "it exempts every client of that address family, so none would be limited; \
                      SHADOW_MODE=true counts without refusing, if that is what is wanted",

@@ -8,25 +8,26 @@ use super::env::{Env, entries};
 use crate::limit::redis::redact_url;
 use crate::limit::settings::{RedisConfig, StoreConfig};
 use crate::limit::{GuardSettings, RedisTarget};
+use crate::variables as vars;
 
 /// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` and
 /// `REDIS_SENTINELS` is set.
-pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
+pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
     let target = match (
-        env.get("REDIS_URL"),
-        env.get("REDIS_ADDR"),
-        env.get("REDIS_CLUSTER_NODES"),
-        env.get("REDIS_SENTINELS"),
+        env.get(vars::REDIS_URL),
+        env.get(vars::REDIS_ADDR),
+        env.get(vars::REDIS_CLUSTER_NODES),
+        env.get(vars::REDIS_SENTINELS),
     ) {
         (None, None, None, None) => return Ok(StoreConfig::Memory),
-        (Some(_), None, None, None) if env.is_set("REDIS_TLS") => {
+        (Some(_), None, None, None) if env.is_set(vars::REDIS_TLS) => {
             return Err(ConfigError::Conflict(
                 "REDIS_TLS goes with REDIS_ADDR, REDIS_CLUSTER_NODES or REDIS_SENTINELS; \
                  with REDIS_URL, choose redis:// or rediss:// (TLS) in the URL"
                     .into(),
             ));
         }
-        (Some(_), None, None, None) if env.is_set("REDIS_PASSWORD") => {
+        (Some(_), None, None, None) if env.is_set(vars::REDIS_PASSWORD) => {
             return Err(ConfigError::Conflict(
                 "REDIS_PASSWORD goes with REDIS_ADDR, REDIS_CLUSTER_NODES or REDIS_SENTINELS; \
                  with REDIS_URL, put the password in the URL (redis://:password@host:port)"
@@ -37,13 +38,13 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             let expected = "redis://[:password@]host:port/db or rediss://... for TLS";
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 return Err(ConfigError::InvalidSecret {
-                    var: "REDIS_URL",
+                    var: vars::REDIS_URL.name,
                     expected: expected.into(),
                 });
             }
             if redis::Client::open(url).is_err() {
                 return Err(ConfigError::InvalidSecret {
-                    var: "REDIS_URL",
+                    var: vars::REDIS_URL.name,
                     expected: format!("{expected} (got {})", redact_url(url)),
                 });
             }
@@ -51,12 +52,12 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
         }
         (None, Some(addr), None, None) => {
             let addr = host_port("REDIS_ADDR", addr)?;
-            let scheme = if env.flag("REDIS_TLS", "false")? {
+            let scheme = if env.flag(vars::REDIS_TLS)? {
                 "rediss"
             } else {
                 "redis"
             };
-            let url = match env.get("REDIS_PASSWORD") {
+            let url = match env.get(vars::REDIS_PASSWORD) {
                 Some(password) => format!(
                     "{scheme}://:{}@{addr}",
                     percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC)
@@ -67,8 +68,8 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
         }
         (None, None, Some(value), None) => RedisTarget::Cluster {
             nodes: host_ports("REDIS_CLUSTER_NODES", value, "comma-separated host:port seeds")?,
-            password: env.get("REDIS_PASSWORD").map(str::to_owned),
-            tls: env.flag("REDIS_TLS", "false")?,
+            password: env.get(vars::REDIS_PASSWORD).map(str::to_owned),
+            tls: env.flag(vars::REDIS_TLS)?,
         },
         (None, None, None, Some(value)) => {
             let sentinels = host_ports(
@@ -76,16 +77,16 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
                 value,
                 "comma-separated host:port of the Sentinels, e.g. 10.0.0.5:26379,10.0.0.6:26379",
             )?;
-            let Some(master) = env.get("REDIS_SENTINEL_MASTER") else {
+            let Some(master) = env.get(vars::REDIS_SENTINEL_MASTER) else {
                 return Err(ConfigError::Missing {
-                    var: "REDIS_SENTINEL_MASTER",
+                    var: vars::REDIS_SENTINEL_MASTER.name,
                     expected: "the master's name as the Sentinels monitor it (`sentinel monitor NAME ...`), \
                                with REDIS_SENTINELS",
                 });
             };
             if master.contains(char::is_whitespace) {
                 return Err(ConfigError::invalid(
-                    "REDIS_SENTINEL_MASTER",
+                    vars::REDIS_SENTINEL_MASTER.name,
                     master,
                     "a master name without spaces, as in `sentinel monitor NAME ...`",
                 ));
@@ -93,9 +94,9 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             RedisTarget::Sentinel {
                 sentinels,
                 master: master.to_owned(),
-                password: env.get("REDIS_PASSWORD").map(str::to_owned),
-                sentinel_password: env.get("REDIS_SENTINEL_PASSWORD").map(str::to_owned),
-                tls: env.flag("REDIS_TLS", "false")?,
+                password: env.get(vars::REDIS_PASSWORD).map(str::to_owned),
+                sentinel_password: env.get(vars::REDIS_SENTINEL_PASSWORD).map(str::to_owned),
+                tls: env.flag(vars::REDIS_TLS)?,
             }
         }
         _ => {
@@ -104,34 +105,32 @@ pub fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             ));
         }
     };
-    let key_prefix = env.get("KEY_PREFIX").unwrap_or("tollgate:").to_owned();
+    let key_prefix = env.value(vars::KEY_PREFIX).to_owned();
     if key_prefix.contains(['{', '}']) {
         return Err(ConfigError::invalid(
-            "KEY_PREFIX",
+            vars::KEY_PREFIX.name,
             &key_prefix,
             "a prefix without '{' or '}' (they would break Redis Cluster hash tags)",
         ));
     }
     let failure_threshold = env.parse(
-        "REDIS_BREAKER_THRESHOLD",
-        "3",
+        vars::REDIS_BREAKER_THRESHOLD,
         "a whole number of at least 1",
         |s| s.parse::<u32>().ok().filter(|n| *n > 0),
     )?;
     let calls_in_flight = env.parse(
-        "REDIS_CALLS_IN_FLIGHT",
-        "4",
+        vars::REDIS_CALLS_IN_FLIGHT,
         "a whole number from 0 (never coalesce) to 1024",
         |s| s.parse::<usize>().ok().filter(|n| *n <= 1024),
     )?;
     Ok(StoreConfig::Redis(RedisConfig {
         target,
         key_prefix,
-        timeout: env.millis("REDIS_TIMEOUT_MS", "50")?,
+        timeout: env.millis(vars::REDIS_TIMEOUT_MS)?,
         calls_in_flight,
         guard: GuardSettings {
             failure_threshold,
-            probe_interval: env.millis("REDIS_PROBE_INTERVAL_MS", "500")?,
+            probe_interval: env.millis(vars::REDIS_PROBE_INTERVAL_MS)?,
         },
     }))
 }

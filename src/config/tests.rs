@@ -840,8 +840,8 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
     assert_eq!(read, known);
     for algorithm in Policy::NAMES {
         for parameter in Policy::parameters(algorithm).unwrap() {
-            assert!(VARIABLES.contains(&parameter.general), "{parameter:?}");
-            assert!(VARIABLES.contains(&parameter.auth), "{parameter:?}");
+            assert!(VARIABLES.contains(&parameter.general.name), "{parameter:?}");
+            assert!(VARIABLES.contains(&parameter.auth.name), "{parameter:?}");
         }
     }
 }
@@ -1485,4 +1485,31 @@ fn decide_port_and_token_mistakes_are_named() {
     assert!(token_kept.matches(token.as_bytes()));
     assert!(!token_kept.matches(b"0123456789abcdef012"));
     assert_eq!(format!("{token_kept:?}"), "Token(***)");
+}
+
+#[test]
+fn env_example_shows_each_default_as_the_parsers_use_it() {
+    let example = include_str!("../../.env.example");
+    for var in crate::variables::ALL {
+        let Some(default) = var.default else { continue };
+        let line = format!("{}={default}", var.name);
+        let shown = example
+            .lines()
+            .any(|written| written.trim_start_matches("# ") == line);
+        // Empty defaults are written `# NAME=`.
+        assert!(shown, ".env.example does not show {line}");
+    }
+}
+
+#[test]
+fn unset_means_the_default() {
+    let config = parse(&[]).unwrap();
+    let explicit: Vec<(&str, &str)> = crate::variables::ALL
+        .iter()
+        .filter(|var| var.name != "BACKEND_URL")
+        .filter_map(|var| Some((var.name, var.default?)))
+        .filter(|(_, default)| !default.is_empty())
+        .collect();
+    let set = parse(&explicit).unwrap();
+    assert_eq!(format!("{set}"), format!("{config}"));
 }

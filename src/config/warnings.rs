@@ -9,10 +9,10 @@
 //! token bucket is an error, as it would be under a window algorithm, so a malformed value is
 //! not found only on the day the configuration starts reading it.
 
-use super::VARIABLES;
 use super::env::Env;
 use crate::limit::algorithm::{Parameter, Policy};
 use crate::suggest::edit_distance;
+use crate::variables;
 
 /// Prefixes of our variables: a name starting with one is a misspelling or a guess even when
 /// no known name is close to it (`REDIS_HOST`).
@@ -47,16 +47,19 @@ const REDIS_ONLY: &[&str] = &[
 const SENTINEL_ONLY: &[&str] = &["REDIS_SENTINEL_MASTER", "REDIS_SENTINEL_PASSWORD"];
 
 /// The algorithm of a rule whose `ALGORITHM` (or `AUTH_ALGORITHM`) is unset.
-const DEFAULT_ALGORITHM: &str = "token_bucket";
+const DEFAULT_ALGORITHM: &str = match crate::variables::ALGORITHM.default {
+    Some(algorithm) => algorithm,
+    None => "",
+};
 
 /// One line per suspicious variable, sorted by name. Call after a successful parse, when every
 /// name this configuration reads has been read.
-pub fn warnings(env: &Env) -> Vec<String> {
+pub(crate) fn warnings(env: &Env) -> Vec<String> {
     let read = env.read_names();
     env.set_names()
         .into_iter()
         .filter_map(|name| {
-            if !VARIABLES.contains(&name) {
+            if !variables::is_known(name) {
                 unknown(env, name)
             } else if read.contains(name) || READ_BY_LIBRARIES.contains(&name) {
                 None
@@ -72,15 +75,14 @@ pub fn warnings(env: &Env) -> Vec<String> {
 /// read (`REDIS_ADDR` for a Redis setting, an `ALGORITHM` for a rule's number). A rule number
 /// several algorithms read is well-formed if one of them takes it. Call after a successful
 /// parse of `env`.
-pub fn check_unused(
+pub(crate) fn check_unused(
     env: &Env,
     parse: impl Fn(Vec<(&str, &str)>) -> Result<(), super::ConfigError>,
 ) -> Result<(), super::ConfigError> {
     let read = env.read_names();
-    let unused = env
-        .set_names()
-        .into_iter()
-        .filter(|name| VARIABLES.contains(name) && !read.contains(name) && !READ_BY_LIBRARIES.contains(name));
+    let unused = env.set_names().into_iter().filter(|name| {
+        variables::is_known(name) && !read.contains(name) && !READ_BY_LIBRARIES.contains(name)
+    });
     for name in unused {
         let value = env.peek(name).unwrap_or_default();
         // A valid backend: only `name` can be wrong.
@@ -118,9 +120,9 @@ fn algorithms_reading(name: &str) -> Option<Vec<Vec<(&'static str, &'static str)
     let mut readers = Vec::new();
     for algorithm in Policy::NAMES {
         for parameter in Policy::parameters(algorithm).into_iter().flatten() {
-            if parameter.general == name {
+            if parameter.general.name == name {
                 readers.push(vec![("ALGORITHM", *algorithm)]);
-            } else if parameter.auth == name {
+            } else if parameter.auth.name == name {
                 readers.push(vec![("AUTH_ALGORITHM", *algorithm)]);
             }
         }
@@ -136,7 +138,7 @@ fn unknown(env: &Env, name: &str) -> Option<String> {
     // Names are case-sensitive (`port` is not `PORT`), and `TOLLGATE_PORT` is a guess at `PORT`.
     let upper = name.to_ascii_uppercase();
     let stem = upper.strip_prefix("TOLLGATE_").unwrap_or(&upper);
-    let nearest = VARIABLES
+    let nearest = variables::NAMES
         .iter()
         .filter_map(|known| Some((typos(stem, known)?, known)))
         .min_by_key(|(typos, _)| *typos);
@@ -210,7 +212,7 @@ fn unused(env: &Env, name: &str) -> String {
 /// that one reads, and which algorithms read `name`. Algorithm names are safe to show: the
 /// configuration parsed, so they are valid names.
 fn algorithm_reads_others(env: &Env, name: &str) -> Option<String> {
-    let variable = |p: &Parameter, auth: bool| if auth { p.auth } else { p.general };
+    let variable = |p: &Parameter, auth: bool| if auth { p.auth.name } else { p.general.name };
     let readers = |auth: bool| -> Vec<&str> {
         Policy::NAMES
             .iter()

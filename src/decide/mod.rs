@@ -35,7 +35,7 @@ use crate::server::{Arrival, Door};
 use crate::telemetry::throttle::LogThrottle;
 
 /// The body of every answer on `DECIDE_PORT`.
-pub type DecideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+pub(crate) type DecideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What the decision listener is built from.
 #[derive(Debug, Clone)]
@@ -89,6 +89,8 @@ pub struct Decide {
     /// Paces the warning about calls from peers outside `TRUSTED_PROXIES`, which a
     /// misconfigured ingress repeats on every request.
     untrusted_log: LogThrottle,
+    /// Envoy's rate limit service (`RLS_CONFIG`), for `application/grpc` requests.
+    rls: Option<crate::rls::Server>,
 }
 
 /// The paths served, for the `404`'s body.
@@ -101,7 +103,29 @@ impl Decide {
             gate,
             settings,
             untrusted_log: LogThrottle::new(),
+            rls: None,
         }
+    }
+
+    /// These doors with Envoy's rate limit service beside them, answering `application/grpc`.
+    pub fn with_rls(mut self, rls: crate::rls::Server) -> Decide {
+        self.rls = Some(rls);
+        self
+    }
+
+    /// A gRPC call to the rate limit service: tonic's server answers it (a gRPC error for a
+    /// method it does not serve), its body boxed as the other doors'.
+    async fn grpc(&self, rls: &crate::rls::Server, request: Request<Incoming>) -> Response<DecideBody> {
+        use tonic::codegen::Service;
+        let mut server = rls.clone();
+        // Always ready: it holds no connection of its own.
+        let Ok(()) =
+            std::future::poll_fn(|cx| Service::<Request<Incoming>>::poll_ready(&mut server, cx)).await;
+        let Ok(response) = server.call(request).await;
+        response.map(|body| {
+            body.map_err(|status| Box::new(status) as Box<dyn std::error::Error + Send + Sync>)
+                .boxed_unsync()
+        })
     }
 }
 
@@ -115,6 +139,14 @@ impl Door for Decide {
                 "too many requests in flight (MAX_CONNECTIONS)",
                 None,
             );
+        }
+        if let Some(rls) = &self.rls
+            && request
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+        {
+            return self.grpc(rls, request).await;
         }
         match request.uri().path() {
             forward_auth::PATH => forward_auth::answer(self, &request, arrival.connection.address).await,

@@ -17,7 +17,7 @@
 
 pub mod identity;
 pub mod path;
-pub mod tunnels;
+pub(crate) mod tunnels;
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -20,7 +20,7 @@ use crate::limit::ClientIp;
 
 /// Open tunnels per client.
 #[derive(Debug)]
-pub struct Tunnels {
+pub(crate) struct Tunnels {
     /// `MAX_UPGRADES_PER_CLIENT`; `None` is unlimited (and nothing is counted).
     limit: Option<u32>,
     /// `IPV6_PREFIX`: clients are keyed as the rules key them.
@@ -51,7 +51,7 @@ impl Drop for TunnelSlot {
 impl Tunnels {
     /// At most `limit` tunnels per client (`None`: unlimited), IPv6 clients grouped by
     /// `ipv6_prefix` as the rules group them.
-    pub fn new(limit: Option<u32>, ipv6_prefix: u8) -> Tunnels {
+    pub(crate) fn new(limit: Option<u32>, ipv6_prefix: u8) -> Tunnels {
         Tunnels {
             limit,
             ipv6_prefix,
@@ -61,7 +61,7 @@ impl Tunnels {
 
     /// For an upgrade request from `client`: its place (`None` when tunnels are not counted),
     /// or the limit it is at.
-    pub fn admit(&self, client: IpAddr) -> Result<Option<TunnelSlot>, u32> {
+    pub(crate) fn admit(&self, client: IpAddr) -> Result<Option<TunnelSlot>, u32> {
         let Some(limit) = self.limit else {
             return Ok(None);
         };
@@ -81,8 +81,9 @@ impl Tunnels {
         }))
     }
 
+    #[cfg(test)]
     /// Clients holding at least one tunnel.
-    pub fn clients(&self) -> usize {
+    pub(crate) fn clients(&self) -> usize {
         self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 }

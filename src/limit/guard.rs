@@ -21,8 +21,16 @@
 //! The fail mode is the rule's own ([`Rule::fail_mode`]: `FAIL_MODE`, `AUTH_FAIL_MODE`, a
 //! route's `fail=`), so logins can be limited `local` while the API fails `open`; the breakers
 //! are the store's, shared by every rule.
+//!
+//! The guard is generic over the store it guards: a [`Remote`] names what it needs of a store
+//! that can fail (the client's key, a decision and a refund by key on a clock estimate, the
+//! partitions and a probe), [`RedisStore`] is the one the gateway runs, and the guard is the
+//! [`Store`] the limiter holds. So its logic is unit-tested against a store that fails on
+//! command (`guard/tests.rs`), on paused time, and a store of another kind that can fail gets
+//! the breakers and fail modes without a line of them.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
@@ -34,7 +42,8 @@ use std::num::NonZeroUsize;
 use crate::limit::denials::DenialCache;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::slots::{Master, SlotMap, key_slot};
-use crate::limit::{ClientKey, MemoryStore, RedisStore, Rule, StoreError, Verdict};
+use crate::limit::store::{BreakerStats, Decide, Store, StoreStats};
+use crate::limit::{ClientKey, Decision, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 use crate::telemetry::throttle::LogThrottle;
 
 /// What to do with a request when the store cannot decide.
@@ -127,6 +136,56 @@ impl RedisErrorKind {
     }
 }
 
+/// What the [`Guard`] needs of a store that can fail: Redis, single or cluster, behind
+/// Sentinel or not ([`RedisStore`]), or a test's double. Every call may fail; the guard
+/// decides what a failure means.
+///
+/// The guard makes the client's key first and finds its breaker from it (on a cluster, the
+/// key's master), then hands the key to the call: the key is made once per decision.
+pub trait Remote: Send + Sync + 'static {
+    /// The store's name for `/readyz` (`redis`).
+    const NAME: &'static str;
+
+    /// The key of one client under one rule; on a cluster its hash slot names its master.
+    fn key(&self, rule: &Rule, client: ClientKey) -> String;
+
+    /// Decide a request of `cost` under `rule` for the client of `key`, with the deadline put
+    /// on `clock`, the estimate of the clock of the node that decides.
+    fn check_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: String,
+        cost: u64,
+        clock: &'a RedisClock,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
+
+    /// Give back `cost` taken under `rule` at `at_us` (the decision's, on the store's clock)
+    /// by the client of `key`.
+    fn refund_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        at_us: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// True for a store cut into partitions (a Redis Cluster's masters) that fail alone, each
+    /// then getting a breaker of its own from [`slot_map`](Self::slot_map).
+    fn is_cluster(&self) -> bool;
+
+    /// The estimate of a single node's clock (the whole store's breaker keeps it).
+    fn clock(&self) -> &Arc<RedisClock>;
+
+    /// The store's time in microseconds since the Unix epoch: the breaker's health probe,
+    /// whose answer also renews the clock estimate. `slot` routes it to the partition that
+    /// owns that slot; without one, any node answers.
+    fn time(&self, slot: Option<u16>) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
+
+    /// Which partition owns which slot, asked again every few seconds to follow failovers;
+    /// `None` for a store of one node.
+    fn slot_map(&self) -> impl Future<Output = Result<Option<SlotMap>, StoreError>> + Send + '_;
+}
+
 /// The breaker's numbers (the fail modes are the rules' own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuardSettings {
@@ -136,16 +195,27 @@ pub struct GuardSettings {
     pub probe_interval: Duration,
 }
 
-/// A Redis store behind circuit breakers: one for a single Redis, one per master for a Redis
-/// Cluster (so a dead master hands the fail mode to its own slots only). Cheap to clone;
-/// clones share the breakers.
-#[derive(Clone)]
-pub struct Guard {
-    inner: Arc<Inner>,
+/// A store that can fail ([`RedisStore`] unless named) behind circuit breakers: one for a
+/// single Redis, one per master for a Redis Cluster (so a dead master hands the fail mode to
+/// its own slots only). Cheap to clone; clones share the breakers.
+pub struct Guard<S: Remote = RedisStore> {
+    /// Shared with clones and, weakly, with the probe and slot-map tasks (which end when the
+    /// last clone goes).
+    inner: Arc<Inner<S>>,
 }
 
-struct Inner {
-    store: RedisStore,
+impl<S: Remote> Clone for Guard<S> {
+    fn clone(&self) -> Self {
+        Guard {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<S> {
+    /// The store guarded.
+    store: S,
+    /// The breaker's numbers.
     settings: GuardSettings,
     /// Decides for the rules that fail `local` while Redis cannot; `None` when none does.
     local: Option<MemoryStore>,
@@ -280,11 +350,11 @@ const OUTAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// How often a cluster's slot map is asked again, to follow failovers and resharding.
 const SLOT_MAP_REFRESH: Duration = Duration::from_secs(5);
 
-impl Guard {
+impl<S: Remote> Guard<S> {
     /// Guard `store` with `settings` for `rules`, each with its fail mode; `max_keys` bounds
     /// the memory store of the rules that fail `local` (made only if one does). Call it inside
     /// a Tokio runtime: on a cluster it starts the task that keeps the slot map.
-    pub fn new(store: RedisStore, settings: GuardSettings, max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
+    pub fn new(store: S, settings: GuardSettings, max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
         let local = rules
             .iter()
             .any(|rule| rule.fail_mode == FailMode::Local)
@@ -336,51 +406,9 @@ impl Guard {
         guard
     }
 
-    /// Ask Redis, unless it has already refused this request until later (see
-    /// [`DenialCache`]) or the breaker of the client's master is open.
-    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
-        let inner = &self.inner;
-        if let Some(denial) = inner.denials.check(rule, client, cost) {
-            return Verdict::Decided(denial);
-        }
-        let key = inner.store.key(rule, client);
-        let breaker = inner.breaker(&key);
-        if breaker.is_open() {
-            return self.fall_back(&breaker, rule, client, cost);
-        }
-        let sent = Instant::now();
-        match inner.store.check_key(rule, key, cost, &breaker.clock).await {
-            Ok(decision) => {
-                // Read first: a store on every request would bounce the cache line.
-                if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
-                    breaker.consecutive_failures.store(0, Ordering::Relaxed);
-                }
-                inner.denials.remember(rule, client, cost, &decision, sent);
-                Verdict::Decided(decision)
-            }
-            Err(error) => {
-                self.record_failure(&breaker, &error);
-                self.fall_back(&breaker, rule, client, cost)
-            }
-        }
-    }
-
-    /// Refund a decision Redis made (see [`RedisStore::refund`]). While the breaker is open
-    /// Redis is not asked: the cost stays spent, erring toward the limit.
-    pub async fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
-        let key = self.inner.store.key(rule, client);
-        let breaker = self.inner.breaker(&key);
-        if breaker.is_open() {
-            return;
-        }
-        if let Err(error) = self.inner.store.refund_key(rule, &key, cost, at_us).await {
-            self.record_failure(&breaker, &error);
-        }
-    }
-
     /// How many breakers are open, and how many there are: one for a single Redis; on a
     /// cluster, one per master plus one for slots no known master serves.
-    pub fn breakers_open(&self) -> (usize, usize) {
+    fn breakers_open(&self) -> (usize, usize) {
         let count = |breakers: &mut dyn Iterator<Item = &Arc<Breaker>>| {
             breakers.fold((0, 0), |(open, all), breaker| {
                 (open + usize::from(breaker.is_open()), all + 1)
@@ -394,7 +422,7 @@ impl Guard {
 
     /// Redis Cluster masters in the slot map, each with its breaker; 0 for a single Redis
     /// and until the cluster first answers `CLUSTER SLOTS`.
-    pub fn masters(&self) -> usize {
+    fn masters(&self) -> usize {
         match &self.inner.breakers {
             Breakers::One(_) => 0,
             Breakers::PerMaster(map) => read(map).masters.len(),
@@ -404,7 +432,7 @@ impl Guard {
     /// True while Redis as a whole is given up on: the single Redis's breaker is open; on a
     /// cluster, the breaker of every master is (before the slot map is known, the whole
     /// store's).
-    pub fn is_open(&self) -> bool {
+    fn is_open(&self) -> bool {
         match &self.inner.breakers {
             Breakers::One(breaker) => breaker.is_open(),
             // The whole-store breaker only serves unowned slots once the map is known.
@@ -418,35 +446,8 @@ impl Guard {
         }
     }
 
-    /// The breaker settings.
-    pub fn settings(&self) -> &GuardSettings {
-        &self.inner.settings
-    }
-
-    /// Each rule's name and fail mode, in table order.
-    pub fn fail_modes(&self) -> &[(Arc<str>, FailMode)] {
-        &self.inner.fail_modes
-    }
-
-    /// The fail mode every rule shares, or `None` when they differ.
-    pub fn common_fail_mode(&self) -> Option<FailMode> {
-        let mut modes = self.inner.fail_modes.iter().map(|(_, mode)| *mode);
-        let first = modes.next()?;
-        modes.all(|mode| mode == first).then_some(first)
-    }
-
-    /// Requests refused from the denial cache, without asking Redis, since startup.
-    pub fn cached_denials(&self) -> u64 {
-        self.inner.denials.hits()
-    }
-
-    /// Failed calls of `kind` since startup.
-    pub fn errors(&self, kind: RedisErrorKind) -> u64 {
-        self.inner.errors[kind as usize].load(Ordering::Relaxed)
-    }
-
-    /// The memory store of the rules that fail `local`, if one does (the server purges it).
-    pub fn local_store(&self) -> Option<&MemoryStore> {
+    /// The memory store of the rules that fail `local`, if one does.
+    fn local_store(&self) -> Option<&MemoryStore> {
         self.inner.local.as_ref()
     }
 
@@ -463,6 +464,8 @@ impl Guard {
         }
     }
 
+    /// Count a failed call, and open `breaker` at the threshold (unless Redis answered and
+    /// only one key is in trouble).
     fn record_failure(&self, breaker: &Arc<Breaker>, error: &StoreError) {
         let inner = &self.inner;
         inner.errors[RedisErrorKind::of(error) as usize].fetch_add(1, Ordering::Relaxed);
@@ -494,7 +497,103 @@ impl Guard {
     }
 }
 
-impl Inner {
+impl<S: Remote> Store for Guard<S> {
+    /// Ask the store, unless it has already refused this request until later (see
+    /// [`DenialCache`]) or the breaker of the client's master is open: both answered at once,
+    /// without an allocation.
+    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
+        let inner = &*self.inner;
+        if let Some(denial) = inner.denials.check(rule, client, cost) {
+            return Decide::ready(Verdict::Decided(denial));
+        }
+        let key = inner.store.key(rule, client);
+        let breaker = inner.breaker(&key);
+        if breaker.is_open() {
+            return Decide::ready(self.fall_back(&breaker, rule, client, cost));
+        }
+        Decide::Pending(Box::pin(async move {
+            let sent = Instant::now();
+            match inner.store.check_key(rule, key, cost, &breaker.clock).await {
+                Ok(decision) => {
+                    // Read first: a store on every request would bounce the cache line.
+                    if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
+                        breaker.consecutive_failures.store(0, Ordering::Relaxed);
+                    }
+                    inner.denials.remember(rule, client, cost, &decision, sent);
+                    Verdict::Decided(decision)
+                }
+                Err(error) => {
+                    self.record_failure(&breaker, &error);
+                    self.fall_back(&breaker, rule, client, cost)
+                }
+            }
+        }))
+    }
+
+    /// Refund a decision to the store that made it: the remote (see [`RedisStore::refund`]),
+    /// or the local store. While the breaker is open the remote is not asked: the cost stays
+    /// spent, erring toward the limit.
+    fn refund<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        match *verdict {
+            Verdict::Decided(decision) => {
+                let key = self.inner.store.key(rule, client);
+                let breaker = self.inner.breaker(&key);
+                if breaker.is_open() {
+                    return Decide::ready(());
+                }
+                Decide::Pending(Box::pin(async move {
+                    let refunded = self.inner.store.refund_key(rule, &key, cost, decision.at_us);
+                    if let Err(error) = refunded.await {
+                        self.record_failure(&breaker, &error);
+                    }
+                }))
+            }
+            Verdict::DecidedLocally(decision) => {
+                if let Some(store) = self.local_store() {
+                    store.refund(rule, client, cost, decision.at_us);
+                }
+                Decide::ready(())
+            }
+            Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
+        }
+    }
+
+    fn stats(&self) -> StoreStats {
+        let inner = &self.inner;
+        let local = self.local_store();
+        let (open, total) = self.breakers_open();
+        StoreStats {
+            kind: S::NAME,
+            clients: local.map_or(0, MemoryStore::len),
+            evictions: local.map_or(0, MemoryStore::evictions),
+            cached_denials: inner.denials.hits(),
+            breakers: Some(BreakerStats {
+                open,
+                total,
+                all_open: self.is_open(),
+            }),
+            masters: self.masters(),
+            errors: std::array::from_fn(|kind| inner.errors[kind].load(Ordering::Relaxed)),
+        }
+    }
+
+    fn fail_modes(&self) -> &[(Arc<str>, FailMode)] {
+        &self.inner.fail_modes
+    }
+
+    /// The local store's idle clients (the remote's expire by their TTL).
+    fn purge_idle(&self) -> usize {
+        self.local_store().map_or(0, MemoryStore::purge_idle)
+    }
+}
+
+impl<S> Inner<S> {
     /// What the fail modes do, for the breaker's log line: `forwarded without limiting`, or
     /// per rule when they differ (`auth: limited by this replica alone; general: ...`).
     fn effects(&self) -> String {
@@ -541,7 +640,7 @@ fn read(map: &RwLock<Arc<MasterBreakers>>) -> Arc<MasterBreakers> {
 /// and close the breaker. Ends early if
 /// the gateway is gone, or if the master no longer owns slots. Every
 /// [`OUTAGE_REPORT_INTERVAL`] it logs how many requests the fail mode has answered.
-async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
+async fn probe<S: Remote>(inner: Weak<Inner<S>>, breaker: Arc<Breaker>) {
     let mut last_report = Instant::now();
     let node = breaker.node();
     loop {
@@ -606,7 +705,7 @@ async fn probe(inner: Weak<Inner>, breaker: Arc<Breaker>) {
 /// Keep a cluster's slot map: ask `CLUSTER SLOTS` now, again every [`SLOT_MAP_REFRESH`]
 /// (every probe interval until it first answers), and give each master its breaker. Ends
 /// when the gateway is gone.
-async fn keep_slot_map(inner: Weak<Inner>) {
+async fn keep_slot_map<S: Remote>(inner: Weak<Inner<S>>) {
     loop {
         let Some(strong) = inner.upgrade() else {
             return;
@@ -639,3 +738,6 @@ async fn keep_slot_map(inner: Weak<Inner>) {
         tokio::time::sleep(wait).await;
     }
 }
+
+#[cfg(test)]
+mod tests;

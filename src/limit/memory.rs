@@ -41,7 +41,7 @@ use hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Decision, Policy, Rule, State};
+use crate::limit::{ClientKey, Decide, Decision, Policy, Rule, State, Store, StoreStats, Verdict};
 
 /// Most shards a store is cut into: enough that 2 to 64 cores rarely meet on a lock.
 const MAX_SHARDS: usize = 64;
@@ -539,6 +539,39 @@ impl Index {
 /// holding a shard lock, and should one ever, the shard's clients are still served.
 fn lock(shard: &Shard) -> MutexGuard<'_, Table> {
     shard.0.lock()
+}
+
+/// The memory store never fails and never waits: every answer is [`Decide::Ready`].
+impl Store for MemoryStore {
+    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
+        Decide::ready(Verdict::Decided(MemoryStore::check(self, rule, client, cost)))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        if let Verdict::Decided(decision) = verdict {
+            MemoryStore::refund(self, rule, client, cost, decision.at_us);
+        }
+        Decide::ready(())
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            kind: "memory",
+            clients: self.len(),
+            evictions: self.evictions(),
+            ..StoreStats::default()
+        }
+    }
+
+    fn purge_idle(&self) -> usize {
+        MemoryStore::purge_idle(self)
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,10 @@
 //! clients. Nothing here forwards or answers HTTP; the proxy hands a request head to the
 //! [`RuleTable`], gets a [`Match`] (rule, key, cost, mode), and asks the [`Limiter`] for a
 //! [`Verdict`].
+//!
+//! The limiter holds one [`Store`]: the [`MemoryStore`], or a [`Remote`] store (the
+//! [`RedisStore`]) behind the [`Guard`], its circuit breakers and fail modes. The guard is
+//! generic over the remote, so its logic is tested against a store that fails on command.
 
 pub mod algorithm;
 pub mod denials;
@@ -15,15 +19,18 @@ pub mod rules;
 pub mod sentinel;
 pub mod settings;
 pub mod slots;
+pub mod store;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use algorithm::{Policy, State};
-pub use guard::{FailMode, Guard, GuardSettings};
+pub use guard::{FailMode, Guard, GuardSettings, Remote};
 pub use key::{ClientIp, ClientKey, KeyBy, KeyHasher};
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisTarget, StoreError};
 pub use rules::{Count, Match, Mode, RequestHead, Rule, RuleTable};
+pub use store::{BreakerStats, Decide, Store, StoreStats};
 
 /// The outcome of asking a store about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,68 +73,51 @@ impl Verdict {
     }
 }
 
-/// The configured store, behind one call.
+/// The configured store, behind one call: what the gate holds. Cheap to clone; clones share
+/// the store.
 #[derive(Clone)]
-pub enum Limiter {
-    /// In-process, for a single instance.
-    Memory(MemoryStore),
-    /// Redis, shared by every replica, guarded by the fail mode and circuit breaker.
-    Redis(Guard),
+pub struct Limiter {
+    /// The store itself: memory, Redis behind its guard, or any other [`Store`].
+    store: Arc<dyn Store>,
 }
 
 impl Limiter {
-    /// Decide one request of `cost` units for `client` under `rule`.
-    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
-        match self {
-            Limiter::Memory(store) => Verdict::Decided(store.check(rule, client, cost)),
-            // Boxed: the Redis path's future (the batch, the deadline, the breaker) is two
-            // kilobytes, and inline it would make every request's future, memory mode's too,
-            // that much larger, copied on each hand-off. One allocation beside a round trip.
-            Limiter::Redis(guard) => Box::pin(guard.check(rule, client, cost)).await,
+    /// Decide with `store`.
+    pub fn new(store: impl Store) -> Limiter {
+        Limiter {
+            store: Arc::new(store),
         }
+    }
+
+    /// Decide one request of `cost` units for `client` under `rule`.
+    pub fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
+        self.store.check(rule, client, cost)
     }
 
     /// Give back the `cost` an allowed request took (see [`Count::Failures`]), to the store
     /// that decided it.
-    pub async fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, verdict: &Verdict) {
-        match (self, verdict) {
-            (Limiter::Memory(store), Verdict::Decided(decision)) => {
-                store.refund(rule, client, cost, decision.at_us);
-            }
-            (Limiter::Redis(guard), Verdict::Decided(decision)) => {
-                Box::pin(guard.refund(rule, client, cost, decision.at_us)).await;
-            }
-            (Limiter::Redis(guard), Verdict::DecidedLocally(decision)) => {
-                if let Some(store) = guard.local_store() {
-                    store.refund(rule, client, cost, decision.at_us);
-                }
-            }
-            _ => {}
-        }
+    pub fn refund<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        self.store.refund(rule, client, cost, verdict)
     }
 
-    /// Every memory store this limiter holds (the store itself, or `FAIL_MODE=local`'s), for
-    /// the periodic purge of idle clients.
-    pub fn memory_store(&self) -> Option<&MemoryStore> {
-        match self {
-            Limiter::Memory(store) => Some(store),
-            Limiter::Redis(guard) => guard.local_store(),
-        }
+    /// What the store knows now, for the metrics and `/readyz`.
+    pub fn stats(&self) -> StoreStats {
+        self.store.stats()
     }
 
-    /// The Redis guard, in Redis mode.
-    pub fn guard(&self) -> Option<&Guard> {
-        match self {
-            Limiter::Memory(_) => None,
-            Limiter::Redis(guard) => Some(guard),
-        }
+    /// Each rule's fail mode, in table order; empty for a store that never fails.
+    pub fn fail_modes(&self) -> &[(Arc<str>, FailMode)] {
+        self.store.fail_modes()
     }
 
-    /// Name of the store, for the startup log.
-    pub fn describe(&self) -> &'static str {
-        match self {
-            Limiter::Memory(_) => "memory",
-            Limiter::Redis(_) => "redis",
-        }
+    /// Forget the clients whose budget is entirely back (the server's periodic purge).
+    pub fn purge_idle(&self) -> usize {
+        self.store.purge_idle()
     }
 }

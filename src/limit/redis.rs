@@ -35,6 +35,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use tokio::sync::OnceCell;
 
 use crate::limit::algorithm::{LuaScript, batch_script};
+use crate::limit::guard::Remote;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
 use crate::limit::slots::SlotMap;
@@ -849,6 +850,51 @@ impl LazyCluster {
             .get_or_try_init(|| self.client.get_async_connection())
             .await
             .cloned()
+    }
+}
+
+/// The guard's view of Redis: the inherent methods, by the names the guard knows them by.
+impl Remote for RedisStore {
+    const NAME: &'static str = "redis";
+
+    fn key(&self, rule: &Rule, client: ClientKey) -> String {
+        RedisStore::key(self, rule, client)
+    }
+
+    fn check_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: String,
+        cost: u64,
+        clock: &'a RedisClock,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        RedisStore::check_key(self, rule, key, cost, clock)
+    }
+
+    fn refund_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        at_us: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        RedisStore::refund_key(self, rule, key, cost, at_us)
+    }
+
+    fn is_cluster(&self) -> bool {
+        RedisStore::is_cluster(self)
+    }
+
+    fn clock(&self) -> &Arc<RedisClock> {
+        RedisStore::clock(self)
+    }
+
+    fn time(&self, slot: Option<u16>) -> impl Future<Output = Result<u64, StoreError>> + Send + '_ {
+        RedisStore::time(self, slot)
+    }
+
+    fn slot_map(&self) -> impl Future<Output = Result<Option<SlotMap>, StoreError>> + Send + '_ {
+        RedisStore::slot_map(self)
     }
 }
 

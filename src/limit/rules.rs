@@ -6,6 +6,11 @@
 //! `SKIP_PATHS` and `EXEMPT` may exempt the request, and `COSTS` may price it. Paths are
 //! matched in the canonical form the proxy parsed them into (see `gate::path`), never as
 //! spelled, so every spelling a backend would read as `/login` counts against `/login`.
+//!
+//! A table may also hold rules that no path classifies into ([`RuleTable::with_named`]): the
+//! budgets of a door that names its rule itself (an Envoy descriptor's limit, `RLS_CONFIG`).
+//! They come after the general rule, their ids continuing, so the stores and the metrics,
+//! which keep arrays by rule id, know them from startup.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -159,11 +164,17 @@ pub enum ClassifyError {
     ListKeyHeader(http::HeaderName),
 }
 
+/// Most rules one table holds: ids are 16 bits.
+pub const MAX_RULES: usize = u16::MAX as usize + 1;
+
 /// The compiled rule table.
 #[derive(Debug, Clone)]
 pub struct RuleTable {
-    /// Every rule, in evaluation order of their first route; the general rule is last.
+    /// Every rule: those paths classify into, in evaluation order of their first route, the
+    /// general rule last of them (at `classified - 1`); then the named rules, if any.
     rules: Vec<Rule>,
+    /// How many of `rules` requests are classified into (the general rule included).
+    classified: usize,
     /// `ROUTES` then `AUTH_PATHS`, in order.
     routes: Vec<Route>,
     /// `COSTS`: the first matching entry prices the request.
@@ -179,9 +190,10 @@ pub struct RuleTable {
 }
 
 /// Why a table cannot be built; the configuration turns it into an error naming a variable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TableError {
     /// A `COSTS` entry (by index) prices a request above a rule's capacity.
+    #[error("COSTS entry {entry} prices a request above rule {rule:?}'s capacity of {capacity}")]
     CostAboveCapacity {
         /// Index into the costs.
         entry: usize,
@@ -190,6 +202,12 @@ pub enum TableError {
         /// That rule's capacity.
         capacity: u64,
     },
+    /// More rules than ids: at most [`MAX_RULES`].
+    #[error("{0} rules, more than the {MAX_RULES} a table holds")]
+    TooManyRules(usize),
+    /// A named rule has the name of a rule already in the table.
+    #[error("two rules are named {0:?}")]
+    DuplicateName(String),
 }
 
 impl RuleTable {
@@ -211,6 +229,7 @@ impl RuleTable {
                 .all(|(i, rule)| usize::from(rule.id) == i)
         );
         let table = RuleTable {
+            classified: rules.len(),
             rules,
             routes,
             costs,
@@ -235,6 +254,25 @@ impl RuleTable {
         Ok(table)
     }
 
+    /// This table with `named` appended: rules no path classifies into, decided only by a door
+    /// that names them ([`crate::gate::Gate::decide_key`]). Their ids are set here, following
+    /// the rules already held.
+    pub fn with_named(mut self, named: Vec<Rule>) -> Result<RuleTable, TableError> {
+        let total = self.rules.len() + named.len();
+        if total > MAX_RULES {
+            return Err(TableError::TooManyRules(total));
+        }
+        for mut rule in named {
+            if self.rule(&rule.name).is_some() {
+                return Err(TableError::DuplicateName(rule.name.to_string()));
+            }
+            // Below MAX_RULES, checked above.
+            rule.id = self.rules.len() as u16;
+            self.rules.push(rule);
+        }
+        Ok(self)
+    }
+
     /// The headers some rule keys its budgets by, each once.
     pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
         self.rules.iter().enumerate().filter_map(|(i, rule)| {
@@ -246,9 +284,27 @@ impl RuleTable {
         })
     }
 
-    /// Every rule; the general rule is last.
+    /// Every rule, by id: those paths classify into (the general rule last of them), then the
+    /// named ones.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The rules requests are classified into: `ROUTES`', the auth rule, the general rule.
+    pub fn classified(&self) -> &[Rule] {
+        &self.rules[..self.classified]
+    }
+
+    /// The rules only a door that names them decides ([`RuleTable::with_named`]).
+    pub fn named(&self) -> &[Rule] {
+        &self.rules[self.classified..]
+    }
+
+    /// The rule every request no route takes falls back to.
+    pub fn general(&self) -> &Rule {
+        // `new` is only handed tables that end with the general rule, and named rules come
+        // after it.
+        &self.rules[self.classified - 1]
     }
 
     /// The rule called `name`.
@@ -267,10 +323,11 @@ impl RuleTable {
         patterns.join(",")
     }
 
-    /// The table on one line, for the startup log: each rule with its paths, in order.
+    /// The table on one line, for the startup log: each rule with its paths, in order (the
+    /// named rules counted, not listed).
     pub fn summary(&self) -> String {
-        let rules: Vec<String> = self
-            .rules
+        let mut rules: Vec<String> = self
+            .classified()
             .iter()
             .map(|rule| {
                 let paths = match self.paths_of(&rule.name) {
@@ -280,6 +337,9 @@ impl RuleTable {
                 format!("[{paths}] {}", describe(rule))
             })
             .collect();
+        if !self.named().is_empty() {
+            rules.push(format!("{} named rules", self.named().len()));
+        }
         rules.join("; ")
     }
 
@@ -358,11 +418,6 @@ impl RuleTable {
         })
     }
 
-    fn general(&self) -> &Rule {
-        // `new` is only handed tables that end with the general rule.
-        &self.rules[self.rules.len() - 1]
-    }
-
     /// The rules a request on `pattern` can be classified under: each route overlapping it, in
     /// order, up to one that takes all of it for every method (or else the general rule).
     /// Startup only.
@@ -410,6 +465,13 @@ impl fmt::Display for RuleTable {
             .iter()
             .map(|(pattern, cost)| format!("{pattern}={cost}"))
             .collect();
+        if !self.named().is_empty() {
+            writeln!(
+                f,
+                "named rules:      {} (decided only by the doors that name them)",
+                self.named().len()
+            )?;
+        }
         writeln!(f, "costs:            {}", list_or_none(&costs))?;
         let skip: Vec<String> = self.skip.iter().map(ToString::to_string).collect();
         writeln!(f, "skip paths:       {}", list_or_none(&skip))?;

@@ -25,9 +25,9 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// `RateLimit-Policy`: the quota policy, `"name";q=…;w=…`.
-pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`: the current service limit under that policy, `"name";r=…;t=…`.
-pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Largest sf-integer (RFC 9651 section 3.3.1): 15 decimal digits.
 const MAX_INTEGER: u64 = 999_999_999_999_999;
@@ -38,7 +38,7 @@ const MAX_INTEGER: u64 = 999_999_999_999_999;
 /// is `r` and `reset_secs` is `t` (whole seconds, already rounded up by the caller). The backend's
 /// fields are removed even when ours cannot be serialized: a backend policy next to tollgate's
 /// numbers would describe a limit that is not the one enforced.
-pub fn set(
+pub(crate) fn set(
     headers: &mut HeaderMap,
     name: &str,
     quota: u64,

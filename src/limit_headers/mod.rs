@@ -10,7 +10,7 @@
 //! Ours replace any the backend sent. `Retry-After` is whole seconds, rounded up, at least 1
 //! (RFC 9110 section 10.2.3).
 
-pub mod draft;
+pub(crate) mod draft;
 
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -78,14 +78,14 @@ impl HeaderStyle {
 }
 
 /// `X-RateLimit-Limit`.
-pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(crate) static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`.
-pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`.
-pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub(crate) static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Set the three rate-limit headers, replacing the backend's.
-pub fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
+pub(crate) fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
     let reset_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -124,7 +124,7 @@ static SMALL_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
 /// `n` as a header value: for a small `n` a copy of one made at startup, else in one
 /// allocation (`HeaderValue::from(u64)` makes two: a 20-byte buffer, then, as its length is
 /// not its capacity, a shared header for it).
-pub fn integer_value(n: u64) -> HeaderValue {
+pub(crate) fn integer_value(n: u64) -> HeaderValue {
     if let Some(value) = usize::try_from(n).ok().and_then(|n| SMALL_VALUES.get(n)) {
         return value.clone();
     }
@@ -134,7 +134,7 @@ pub fn integer_value(n: u64) -> HeaderValue {
 }
 
 /// Whole seconds, rounded up, at least 1.
-pub fn retry_after_secs(retry_after: Duration) -> u64 {
+pub(crate) fn retry_after_secs(retry_after: Duration) -> u64 {
     ceil_secs(retry_after).max(1)
 }
 

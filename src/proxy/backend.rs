@@ -60,7 +60,7 @@ use super::tls::{TlsConnector, TlsError};
 
 /// Why the backend gave no response.
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
+pub(crate) enum BackendError {
     /// The backend's name did not resolve (or resolved to no address).
     #[error("dns error: {0}")]
     Resolve(#[source] io::Error),
@@ -92,7 +92,7 @@ enum Destination {
 
 /// The connections to one backend. Cheap to clone: clones share the pool.
 #[derive(Clone)]
-pub struct BackendPool {
+pub(crate) struct BackendPool {
     /// The pool itself; response bodies hold it weakly, to give their connection back.
     inner: Arc<Pool>,
 }
@@ -163,7 +163,7 @@ struct Idle {
 impl BackendPool {
     /// A pool for the backend at `authority`, over TLS with `tls` (port 443 when none is
     /// given) or plain TCP (port 80). Each connection it opens is counted in `opened`.
-    pub fn new(
+    pub(crate) fn new(
         authority: &Authority,
         tls: Option<TlsConnector>,
         timeout: Duration,
@@ -204,12 +204,12 @@ impl BackendPool {
     }
 
     /// The backend's authority as a `Host` value, for requests that name no host.
-    pub fn host(&self) -> &HeaderValue {
+    pub(crate) fn host(&self) -> &HeaderValue {
         &self.inner.host
     }
 
     /// Whether the backend is reached over TLS.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.inner.tls.is_some()
     }
 
@@ -218,7 +218,7 @@ impl BackendPool {
     /// used if the backend is https and chooses it; anything else is sent as HTTP/1.1. The
     /// response body gives an HTTP/1.1 connection back to the pool when it has been read to
     /// its end. `now` is the caller's reading of the clock, which judges idle connections.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         mut request: Request<ClientBody>,
         now: Instant,
@@ -572,7 +572,7 @@ impl Checkin {
 
 /// The backend's response body: hyper's, giving its connection back when read to the end. A
 /// body dropped before its end takes the connection with it (hyper closes it).
-pub struct BackendBody {
+pub(crate) struct BackendBody {
     /// The body as hyper reads it.
     inner: Incoming,
     /// The connection to give back at the end; `None` once given back, after a `101`, or

@@ -41,7 +41,7 @@ use tokio::time::{Instant, Sleep};
 
 /// Why the client's request body did not arrive whole.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientBodyError {
+pub(crate) enum ClientBodyError {
     /// Malformed framing (a bad chunk size, chunk data longer than declared), or the client
     /// closed or reset the connection mid-body.
     #[error("the request body could not be read: {0}")]
@@ -57,7 +57,7 @@ pub enum ClientBodyError {
 /// `BODY_MIN_RATE` bytes a second, over windows of `BODY_MIN_RATE_WINDOW_MS` spent waiting for
 /// the client: each window must bring its share ([`MinRate::quota`]), or the body is cut off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MinRate {
+pub(crate) struct MinRate {
     /// `BODY_MIN_RATE`.
     bytes_per_second: u64,
     /// `BODY_MIN_RATE_WINDOW_MS`.
@@ -66,25 +66,27 @@ pub struct MinRate {
 
 impl MinRate {
     /// At least `bytes_per_second` (more than 0), measured over `window` (at least 1 ms).
-    pub fn new(bytes_per_second: u64, window: Duration) -> MinRate {
+    pub(crate) fn new(bytes_per_second: u64, window: Duration) -> MinRate {
         MinRate {
             bytes_per_second,
             window,
         }
     }
 
+    #[cfg(test)]
     /// `BODY_MIN_RATE`.
-    pub fn bytes_per_second(&self) -> u64 {
+    pub(crate) fn bytes_per_second(&self) -> u64 {
         self.bytes_per_second
     }
 
+    #[cfg(test)]
     /// `BODY_MIN_RATE_WINDOW_MS`.
-    pub fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         self.window
     }
 
     /// What one window must bring: the rate times the window, at least a byte.
-    pub fn quota(&self) -> u64 {
+    pub(crate) fn quota(&self) -> u64 {
         let bytes = u128::from(self.bytes_per_second) * self.window.as_millis() / 1000;
         u64::try_from(bytes).unwrap_or(u64::MAX).max(1)
     }
@@ -104,7 +106,7 @@ impl std::fmt::Display for MinRate {
 
 /// How the body ended, as [`Progress`] records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyState {
+pub(crate) enum BodyState {
     /// Still arriving.
     Streaming,
     /// Complete: the backend has all of it.
@@ -131,7 +133,7 @@ impl BodyState {
 
 /// What the handler knows of a body the backend connection is reading, shared between the two.
 #[derive(Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// When the request started: [`Progress::activity`] counts from here.
     started: Instant,
     /// Microseconds from `started` to the last change, shifted left by one; the low bit is set
@@ -156,7 +158,7 @@ impl Progress {
 
     /// When the body last moved, and whether it has been waiting for the client since (if not,
     /// it is the backend that is not reading).
-    pub fn activity(&self) -> (Instant, bool) {
+    pub(crate) fn activity(&self) -> (Instant, bool) {
         let word = self.activity.load(Ordering::Acquire);
         (self.started + Duration::from_micros(word >> 1), word & 1 == 1)
     }
@@ -168,7 +170,7 @@ impl Progress {
     }
 
     /// The body's state now.
-    pub fn state(&self) -> BodyState {
+    pub(crate) fn state(&self) -> BodyState {
         BodyState::from_u8(self.state.load(Ordering::Acquire))
     }
 
@@ -187,7 +189,7 @@ impl Progress {
     }
 
     /// Wait until the body has ended or failed.
-    pub async fn finished(&self) -> BodyState {
+    pub(crate) async fn finished(&self) -> BodyState {
         loop {
             let state = self.state();
             if state != BodyState::Streaming {
@@ -200,7 +202,7 @@ impl Progress {
 
 /// The request body handed to the backend: the client's, recording its progress.
 #[derive(Debug)]
-pub struct ClientBody {
+pub(crate) struct ClientBody {
     inner: Incoming,
     /// `None` for a body already complete when the request arrived (no body at all).
     watch: Option<Watch>,
@@ -262,7 +264,7 @@ impl RateWindow {
 impl ClientBody {
     /// Wrap `inner`, cut off after `idle_timeout` without data from the client, or when it
     /// comes slower than `min_rate`, counting its bytes into `bytes`.
-    pub fn new(
+    pub(crate) fn new(
         inner: Incoming,
         idle_timeout: Duration,
         min_rate: Option<MinRate>,
@@ -286,7 +288,7 @@ impl ClientBody {
     }
 
     /// The record the handler reads; `None` when there is no body to watch.
-    pub fn progress(&self) -> Option<Arc<Progress>> {
+    pub(crate) fn progress(&self) -> Option<Arc<Progress>> {
         self.watch.as_ref().map(|watch| watch.progress.clone())
     }
 }

@@ -11,7 +11,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 
 /// Who may read the gateway's own answers from a browser.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cors {
+pub(crate) enum Cors {
     /// `*`: any origin (no credentials, as the Fetch standard requires for `*`).
     AnyOrigin,
     /// These origins exactly (`scheme://host[:port]`, lower case), echoed back when the
@@ -28,7 +28,7 @@ static EXPOSED: HeaderValue = HeaderValue::from_static(
 impl Cors {
     /// Parse `*` or a comma-separated list of origins (`https://app.example.com`); `None` for
     /// an empty value (off).
-    pub fn parse(value: &str) -> Result<Option<Cors>, String> {
+    pub(crate) fn parse(value: &str) -> Result<Option<Cors>, String> {
         let value = value.trim();
         if value.is_empty() {
             return Ok(None);
@@ -70,7 +70,7 @@ impl Cors {
 
     /// The request's `Origin`, kept only when this policy could answer it (so a request
     /// without one, or with a foreign one, costs no copy).
-    pub fn origin_of(&self, request: &HeaderMap) -> Option<HeaderValue> {
+    pub(crate) fn origin_of(&self, request: &HeaderMap) -> Option<HeaderValue> {
         let origin = request.get(header::ORIGIN)?;
         match self {
             Cors::AnyOrigin => Some(origin.clone()),
@@ -83,7 +83,7 @@ impl Cors {
 
     /// Add the CORS headers to one of the gateway's own answers, for a request from `origin`
     /// (see [`origin_of`](Self::origin_of)).
-    pub fn apply(&self, response: &mut HeaderMap, origin: HeaderValue) {
+    pub(crate) fn apply(&self, response: &mut HeaderMap, origin: HeaderValue) {
         match self {
             Cors::AnyOrigin => {
                 response.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
@@ -97,7 +97,7 @@ impl Cors {
     }
 
     /// The setting as `--check-config` prints it.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Cors::AnyOrigin => "*".into(),
             Cors::Origins(origins) => origins

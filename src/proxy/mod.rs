@@ -25,15 +25,15 @@
 //! bounded by `BODY_IDLE_TIMEOUT_MS` and a backend that stops reading it by
 //! `BACKEND_TIMEOUT_MS`.
 
-pub mod backend;
-pub mod body;
-pub mod cors;
+pub(crate) mod backend;
+pub(crate) mod body;
+pub(crate) mod cors;
 pub mod headers;
-pub mod request_id;
-pub mod response;
-pub mod strict;
-pub mod tls;
-pub mod upgrades;
+pub(crate) mod request_id;
+pub(crate) mod response;
+pub(crate) mod strict;
+pub(crate) mod tls;
+pub(crate) mod upgrades;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -67,7 +67,7 @@ use upgrades::UpgradeProtocols;
 
 /// The proxy's settings: where allowed requests go, and how they are forwarded and answered.
 #[derive(Debug, Clone)]
-pub struct ProxySettings {
+pub(crate) struct ProxySettings {
     /// `BACKEND_URL`.
     pub backend: Backend,
     /// `RATE_LIMIT_HEADERS`: which rate-limit headers responses carry.
@@ -107,7 +107,7 @@ pub struct ProxySettings {
 
 /// Where allowed requests go (`BACKEND_URL`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backend {
+pub(crate) struct Backend {
     /// `http`, or `https` (then `tls` is set).
     pub scheme: http::uri::Scheme,
     /// Host and port of the backend.
@@ -127,7 +127,7 @@ impl fmt::Display for Backend {
 
 /// Which requests get an `info` line (`ACCESS_LOG`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccessLog {
+pub(crate) enum AccessLog {
     /// None (denials are still counted in the metrics).
     Off,
     /// Refused requests (429, 503) only, rate-limited under a flood (the default).
@@ -138,7 +138,7 @@ pub enum AccessLog {
 
 impl AccessLog {
     /// Parse `off`, `denied` or `all`.
-    pub fn parse(value: &str) -> Option<AccessLog> {
+    pub(crate) fn parse(value: &str) -> Option<AccessLog> {
         match value {
             "off" => Some(AccessLog::Off),
             "denied" => Some(AccessLog::Denied),
@@ -149,7 +149,7 @@ impl AccessLog {
 
     /// Whether a request that ended as `outcome` gets an `info` line. A shadow rule exists to
     /// be watched: its would-be denials are logged whatever `ACCESS_LOG` says.
-    pub fn logs(self, outcome: Outcome) -> bool {
+    pub(crate) fn logs(self, outcome: Outcome) -> bool {
         match self {
             AccessLog::All => true,
             AccessLog::Denied => outcome == Outcome::Shadow || !outcome.forwards(),
@@ -158,7 +158,7 @@ impl AccessLog {
     }
 
     /// The value as written in `ACCESS_LOG`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             AccessLog::Off => "off",
             AccessLog::Denied => "denied",
@@ -208,11 +208,11 @@ fn failure_of_io(io: &std::io::Error) -> Option<BackendFailure> {
 }
 
 /// Body of every response the gateway sends.
-pub type ResponseBody = BoxBody<Bytes, hyper::Error>;
+pub(crate) type ResponseBody = BoxBody<Bytes, hyper::Error>;
 
 /// Why a request could not be proxied; the origin decides the status code.
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     /// The backend refused, reset or broke the connection (502).
     #[error("backend unreachable: {0}")]
     Upstream(#[source] BackendError),
@@ -247,7 +247,7 @@ impl ProxyError {
 }
 
 /// Everything a request needs, shared by all connections.
-pub struct Proxy {
+pub(crate) struct Proxy {
     /// The backend's kept-alive HTTP/1.1 connections.
     pool: BackendPool,
     /// `BACKEND_URL`.
@@ -414,7 +414,7 @@ impl Door for Proxy {
 impl Proxy {
     /// Build the proxy of `config`, deciding through `gate` and counting into `metrics`;
     /// `tls` is the TLS client of an `https` backend (see [`tls::TlsConnector::new`]).
-    pub fn new(
+    pub(crate) fn new(
         config: &ProxySettings,
         gate: Arc<Gate>,
         metrics: Arc<Metrics>,

@@ -12,14 +12,14 @@ use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 
 /// `X-Request-Id`.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-supplied id kept.
 const MAX_LEN: usize = 128;
 
 /// Makes request ids.
 #[derive(Debug)]
-pub struct RequestIds {
+pub(crate) struct RequestIds {
     /// Random per process, so two replicas (or restarts) never hand out the same id.
     prefix: u64,
     /// Requests numbered so far.
@@ -29,7 +29,7 @@ pub struct RequestIds {
 impl RequestIds {
     /// A generator with a random prefix (a fixed one if the OS has no randomness to give,
     /// which only makes ids less unique across processes).
-    pub fn new() -> RequestIds {
+    pub(crate) fn new() -> RequestIds {
         RequestIds {
             prefix: getrandom::u64().unwrap_or(0x746f_6c6c_6761_7465),
             counter: AtomicU64::new(0),
@@ -37,7 +37,7 @@ impl RequestIds {
     }
 
     /// The request's own id if acceptable, else a new one.
-    pub fn for_request(&self, headers: &HeaderMap) -> HeaderValue {
+    pub(crate) fn for_request(&self, headers: &HeaderMap) -> HeaderValue {
         let mut given = headers.get_all(&X_REQUEST_ID).iter();
         match (given.next(), given.next()) {
             (Some(id), None) if is_acceptable(id.as_bytes()) => id.clone(),

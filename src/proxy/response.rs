@@ -11,7 +11,7 @@ use crate::limit::Decision;
 use crate::limit_headers::{integer_value, retry_after_secs};
 
 /// `429 Too Many Requests` with `Retry-After` and a JSON body saying the same.
-pub fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
+pub(crate) fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
     const START: &str = r#"{"error":"rate limit exceeded","retry_after":"#;
     let retry_after = retry_after_secs(decision.retry_after);
     // Without `format!`: this is every refused request's answer.
@@ -29,7 +29,7 @@ pub fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
 }
 
 /// `503` for `FAIL_MODE=closed` while the store cannot decide.
-pub fn store_unavailable() -> Response<ResponseBody> {
+pub(crate) fn store_unavailable() -> Response<ResponseBody> {
     let mut response = json(
         StatusCode::SERVICE_UNAVAILABLE,
         r#"{"error":"rate limiter unavailable","retry_after":1}"#.to_owned(),
@@ -41,7 +41,7 @@ pub fn store_unavailable() -> Response<ResponseBody> {
 }
 
 /// `503` for a request past the cap of requests in flight (`MAX_CONNECTIONS`).
-pub fn overloaded() -> Response<ResponseBody> {
+pub(crate) fn overloaded() -> Response<ResponseBody> {
     let mut response = json(
         StatusCode::SERVICE_UNAVAILABLE,
         r#"{"error":"overloaded","reason":"too many requests in flight","retry_after":1}"#.to_owned(),
@@ -54,12 +54,12 @@ pub fn overloaded() -> Response<ResponseBody> {
 
 /// `400` for a request the gateway will not read two ways (an ambiguous path or identity);
 /// `reason` says what, in a few words.
-pub fn bad_request(reason: &str) -> Response<ResponseBody> {
+pub(crate) fn bad_request(reason: &str) -> Response<ResponseBody> {
     refused(StatusCode::BAD_REQUEST, reason)
 }
 
 /// A refusal with `status`: `{"error":"<status text>","reason":"<reason>"}`.
-pub fn refused(status: StatusCode, reason: &str) -> Response<ResponseBody> {
+pub(crate) fn refused(status: StatusCode, reason: &str) -> Response<ResponseBody> {
     let error = status.canonical_reason().unwrap_or("error").to_ascii_lowercase();
     let reason = reason.replace(['"', '\\'], "'");
     json(status, format!(r#"{{"error":"{error}","reason":"{reason}"}}"#))
@@ -67,7 +67,7 @@ pub fn refused(status: StatusCode, reason: &str) -> Response<ResponseBody> {
 
 /// 502 or 504 for the backend's failures, 400 or 408 for the client's, by where the failure
 /// came from.
-pub fn from_error(error: &ProxyError) -> Response<ResponseBody> {
+pub(crate) fn from_error(error: &ProxyError) -> Response<ResponseBody> {
     let (status, message) = match error {
         ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, "bad gateway"),
         ProxyError::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "gateway timeout"),
@@ -87,7 +87,7 @@ pub fn from_error(error: &ProxyError) -> Response<ResponseBody> {
 
 /// `429` for an upgrade past `MAX_UPGRADES_PER_CLIENT`. No `Retry-After`: a slot comes back
 /// when one of the client's own tunnels closes, not at a time the gateway can tell.
-pub fn too_many_upgrades(limit: u32) -> Response<ResponseBody> {
+pub(crate) fn too_many_upgrades(limit: u32) -> Response<ResponseBody> {
     json(
         StatusCode::TOO_MANY_REQUESTS,
         format!(r#"{{"error":"too many upgraded connections","limit":{limit}}}"#),

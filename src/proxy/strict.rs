@@ -33,7 +33,7 @@ use http::{Method, StatusCode, Version};
 
 /// What is wrong with a request head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Violation {
+pub(crate) enum Violation {
     /// `CONNECT` is never forwarded.
     #[error("CONNECT is not forwarded")]
     Connect,
@@ -65,7 +65,7 @@ pub enum Violation {
 
 impl Violation {
     /// The status the refusal is sent with.
-    pub fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             Violation::Connect => StatusCode::METHOD_NOT_ALLOWED,
             Violation::TransferCoding => StatusCode::NOT_IMPLEMENTED,
@@ -75,13 +75,13 @@ impl Violation {
 }
 
 /// The methods a `405` names in `Allow`: every method is forwarded but `CONNECT`.
-pub static ALLOW: HeaderValue =
+pub(crate) static ALLOW: HeaderValue =
     HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH");
 
 /// Check a request head; see the module docs for what is refused and why.
 /// `content_length_dropped`: the server saw a `Content-Length` in the client's bytes that
 /// hyper dropped because a `Transfer-Encoding` came with it.
-pub fn check(
+pub(crate) fn check(
     method: &Method,
     uri: &Uri,
     version: Version,
@@ -127,7 +127,7 @@ pub fn check(
 /// The host a request is for, as the backend's `Host`: the target's authority when it has one
 /// (an absolute-form target, RFC 9112 section 3.2.2, or HTTP/2's `:authority`, RFC 9113
 /// section 8.3.1), else the `Host` header.
-pub fn target_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
+pub(crate) fn target_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
     match uri.authority() {
         Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
         None => headers.get(header::HOST).cloned(),

@@ -26,7 +26,7 @@ use tokio_rustls::client::TlsStream;
 
 /// The TLS settings of an `https` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendTls {
+pub(crate) struct BackendTls {
     /// `BACKEND_CA_FILE`: PEM CA certificates to trust instead of the platform's.
     pub ca_file: Option<PathBuf>,
     /// The name sent in SNI and checked against the certificate: `BACKEND_TLS_SERVER_NAME`,
@@ -69,7 +69,7 @@ pub enum TlsSetupError {
 
 /// Why a TLS handshake with the backend failed, as the log line says it.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
+pub(crate) enum TlsError {
     /// The certificate's validity ended.
     #[error("TLS handshake with {name} failed: certificate expired: {source}")]
     Expired {
@@ -131,7 +131,7 @@ impl TlsError {
 
 /// What opens TLS connections to the backend: the checked settings, built once at startup.
 #[derive(Clone)]
-pub struct TlsConnector {
+pub(crate) struct TlsConnector {
     /// Offers `http/1.1` only: for requests that came in over HTTP/1.
     http1: tokio_rustls::TlsConnector,
     /// Offers `h2` then `http/1.1`: for requests that came in over HTTP/2.
@@ -141,13 +141,13 @@ pub struct TlsConnector {
 }
 
 /// The ALPN name of HTTP/2 (RFC 9113 section 3.2).
-pub const ALPN_H2: &[u8] = b"h2";
+pub(crate) const ALPN_H2: &[u8] = b"h2";
 /// The ALPN name of HTTP/1.1 (RFC 7301 section 6).
-pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+pub(crate) const ALPN_HTTP1: &[u8] = b"http/1.1";
 
 impl TlsConnector {
     /// Load the trusted CAs (`BACKEND_CA_FILE` or the platform's) and build the clients.
-    pub fn new(settings: &BackendTls) -> Result<TlsConnector, TlsSetupError> {
+    pub(crate) fn new(settings: &BackendTls) -> Result<TlsConnector, TlsSetupError> {
         let roots = match &settings.ca_file {
             Some(path) => roots_from_file(path)?,
             None => platform_roots()?,
@@ -173,7 +173,11 @@ impl TlsConnector {
     }
 
     /// Run the handshake over `stream`, offering HTTP/2 when `offer_h2`.
-    pub async fn connect(&self, stream: TcpStream, offer_h2: bool) -> Result<TlsStream<TcpStream>, TlsError> {
+    pub(crate) async fn connect(
+        &self,
+        stream: TcpStream,
+        offer_h2: bool,
+    ) -> Result<TlsStream<TcpStream>, TlsError> {
         let connector = if offer_h2 { &self.h2 } else { &self.http1 };
         connector
             .connect(self.server_name.clone(), stream)
@@ -182,13 +186,13 @@ impl TlsConnector {
     }
 
     /// The name checked, for messages.
-    pub fn server_name(&self) -> &ServerName<'static> {
+    pub(crate) fn server_name(&self) -> &ServerName<'static> {
         &self.server_name
     }
 }
 
 /// Whether the handshake on `stream` settled on HTTP/2.
-pub fn negotiated_h2(stream: &TlsStream<TcpStream>) -> bool {
+pub(crate) fn negotiated_h2(stream: &TlsStream<TcpStream>) -> bool {
     stream.get_ref().1.alpn_protocol() == Some(ALPN_H2)
 }
 
@@ -231,7 +235,7 @@ fn platform_roots() -> Result<RootCertStore, TlsSetupError> {
 }
 
 /// The server name of `host` (a DNS name or an IP address, brackets allowed), if it is one.
-pub fn server_name(host: &str) -> Option<ServerName<'static>> {
+pub(crate) fn server_name(host: &str) -> Option<ServerName<'static>> {
     let bare = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))

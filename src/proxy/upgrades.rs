@@ -23,7 +23,7 @@ use super::headers;
 /// until no byte has moved either way for `idle` (`UPGRADE_IDLE_TIMEOUT_MS`; `None`: never),
 /// when both are dropped (closed). Returns the bytes sent each way (client to backend, backend
 /// to client), or why it ended otherwise.
-pub async fn tunnel<C, B>(client: C, backend: B, idle: Option<Duration>) -> io::Result<(u64, u64)>
+pub(crate) async fn tunnel<C, B>(client: C, backend: B, idle: Option<Duration>) -> io::Result<(u64, u64)>
 where
     C: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -112,14 +112,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Stamped<T> {
 /// lets a server ignore an upgrade: the client carries on in HTTP/1.1, under the limits), and
 /// `h2c` can never be listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpgradeProtocols {
+pub(crate) struct UpgradeProtocols {
     /// Protocol names, lower case, without a version: `websocket` admits `websocket/13` too.
     names: Vec<String>,
 }
 
 /// Why an `UPGRADE_PROTOCOLS` value is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UpgradeProtocolsError {
+pub(crate) enum UpgradeProtocolsError {
     /// Not a token (RFC 9110 section 5.6.2), or a name with a version.
     #[error("{0:?} is not a protocol name (a token such as websocket)")]
     NotAName(String),
@@ -132,7 +132,7 @@ pub enum UpgradeProtocolsError {
 
 impl UpgradeProtocols {
     /// Parse a comma-separated list of protocol names (empty: no upgrade is forwarded).
-    pub fn parse(value: &str) -> Result<UpgradeProtocols, UpgradeProtocolsError> {
+    pub(crate) fn parse(value: &str) -> Result<UpgradeProtocols, UpgradeProtocolsError> {
         let mut names: Vec<String> = Vec::new();
         for name in value.split(',').map(str::trim).filter(|name| !name.is_empty()) {
             if !name.bytes().all(headers::is_tchar) {
@@ -150,7 +150,7 @@ impl UpgradeProtocols {
     }
 
     /// Whether `token` (`name` or `name/version`, any case) may be upgraded to.
-    pub fn allows(&self, token: &str) -> bool {
+    pub(crate) fn allows(&self, token: &str) -> bool {
         let name = token.split_once('/').map_or(token, |(name, _)| name).trim();
         self.names
             .iter()
@@ -160,7 +160,7 @@ impl UpgradeProtocols {
     /// Keep only the allowed protocols in a request's `Upgrade` lines, removing the header
     /// when none is left (`HTTP2-Settings`, hop-by-hop, goes with the other hop-by-hop
     /// headers). Returns how many tokens were removed.
-    pub fn filter(&self, headers: &mut HeaderMap) -> usize {
+    pub(crate) fn filter(&self, headers: &mut HeaderMap) -> usize {
         if !headers.contains_key(header::UPGRADE) {
             return 0;
         }
@@ -192,7 +192,7 @@ impl UpgradeProtocols {
     }
 
     /// Whether a `101` response switches to allowed protocols only (and names at least one).
-    pub fn accepts(&self, response: &HeaderMap) -> bool {
+    pub(crate) fn accepts(&self, response: &HeaderMap) -> bool {
         // A line that is not visible ASCII switches to something unknown.
         let readable = response
             .get_all(header::UPGRADE)
@@ -203,7 +203,7 @@ impl UpgradeProtocols {
     }
 
     /// The list as written in `UPGRADE_PROTOCOLS` (`none` when empty).
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.names.is_empty() {
             true => "none".to_owned(),
             false => self.names.join(","),
@@ -212,7 +212,7 @@ impl UpgradeProtocols {
 }
 
 /// What the proxy tunnels: an HTTP/1.1 request with `Connection: upgrade` and `Upgrade`.
-pub fn is_upgrade<B>(request: &Request<B>) -> bool {
+pub(crate) fn is_upgrade<B>(request: &Request<B>) -> bool {
     request.version() == Version::HTTP_11 && headers::is_upgrade(request.headers())
 }
 

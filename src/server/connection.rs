@@ -55,11 +55,11 @@ use super::transport::Transport;
 /// How long a connection being closed may stay open with nothing in flight before it is
 /// dropped: enough for an HTTP/2 client to acknowledge the `GOAWAY` `PING` (one round trip).
 /// Envoy's `delayed_close_timeout` has the same default.
-pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The watchdog's clocks.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     /// `HEADER_READ_TIMEOUT_MS`: from accept to the first request, and on HTTP/1 from the
     /// first byte of a later request to its last header.
     pub header_read: Duration,
@@ -74,7 +74,7 @@ pub struct Timeouts {
 /// service (which starts requests), the response bodies (which end them) and the socket
 /// (which sees the next HTTP/1 request begin).
 #[derive(Debug, Default)]
-pub struct Activity {
+pub(crate) struct Activity {
     /// Requests whose response body has not been sent (or dropped) yet.
     in_flight: AtomicUsize,
     /// Whether the service has ever been called.
@@ -110,7 +110,7 @@ pub struct Activity {
 
 impl Activity {
     /// A request reached the service: in flight until the returned guard is dropped.
-    pub fn start(self: &Arc<Self>, version: Version) -> InFlight {
+    pub(crate) fn start(self: &Arc<Self>, version: Version) -> InFlight {
         if !self.requested.swap(true, Ordering::AcqRel) {
             self.http1.store(version < Version::HTTP_2, Ordering::Release);
         }
@@ -184,7 +184,7 @@ impl Activity {
 /// and tells the watchdog when bytes arrive on an idle HTTP/1 connection, and when a write
 /// takes nothing (the client is not reading) or takes bytes again.
 #[derive(Debug)]
-pub struct ClientStream {
+pub(crate) struct ClientStream {
     /// The socket, or TLS over it.
     stream: Transport,
     activity: Arc<Activity>,
@@ -197,7 +197,7 @@ pub struct ClientStream {
 impl ClientStream {
     /// `stream`, counted under `slots`, reporting to `activity`, and to `heads` which request
     /// carried both `Content-Length` and `Transfer-Encoding`.
-    pub fn new(
+    pub(crate) fn new(
         stream: Transport,
         slots: (Slot, ClientSlot),
         activity: Arc<Activity>,
@@ -250,7 +250,7 @@ impl AsyncRead for ClientStream {
 /// which sees them as hyper parsed them: which request hyper read without its
 /// `Content-Length`.
 #[derive(Debug, Default)]
-pub struct Heads {
+pub(crate) struct Heads {
     /// The number (from 1) of the first request whose head had both `Content-Length` and
     /// `Transfer-Encoding`; 0 for none yet. Set before hyper hands that request on.
     ambiguous: AtomicU64,
@@ -262,7 +262,7 @@ impl Heads {
     /// Count a request reaching the service: true when it is the one whose head carried both
     /// `Content-Length` and `Transfer-Encoding`. HTTP/1 calls the service in order, one
     /// request at a time; on HTTP/2 nothing is ever marked.
-    pub fn next_is_ambiguous(&self) -> bool {
+    pub(crate) fn next_is_ambiguous(&self) -> bool {
         let number = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
         self.ambiguous.load(Ordering::Acquire) == number
     }
@@ -312,11 +312,11 @@ impl AsyncWrite for ClientStream {
 
 /// One request in flight on a connection; it ends when this is dropped.
 #[derive(Debug)]
-pub struct InFlight(Arc<Activity>);
+pub(crate) struct InFlight(Arc<Activity>);
 
 impl InFlight {
     /// This request's answer switches the connection's protocol (a `101`).
-    pub fn switched(&self) {
+    pub(crate) fn switched(&self) {
         self.0.switched.store(true, Ordering::Relaxed);
     }
 }
@@ -337,7 +337,7 @@ impl Drop for InFlight {
 /// On an HTTP/2 stream it also hands its data to hyper in pieces of at most
 /// [`STREAM_PIECE`] and says, at each poll, whether it handed one (see [`super::streams`]).
 #[derive(Debug)]
-pub struct Tracked<B, H = InFlight> {
+pub(crate) struct Tracked<B, H = InFlight> {
     body: B,
     in_flight: Option<H>,
     /// What is left of a chunk of `body` handed in pieces.
@@ -349,11 +349,11 @@ pub struct Tracked<B, H = InFlight> {
 /// clock restarts every 16 KiB the client takes; handed whole, a chunk of the backend's (up to
 /// about 400 KiB as hyper's reader grows its buffer) would have to be taken within one
 /// `SEND_TIMEOUT_MS`, and a slow but steady reader would be reset.
-pub const STREAM_PIECE: usize = 16 * 1024;
+pub(crate) const STREAM_PIECE: usize = 16 * 1024;
 
 impl<B, H> Tracked<B, H> {
     /// `body`, keeping `held` until it ends.
-    pub fn new(body: B, held: H) -> Tracked<B, H> {
+    pub(crate) fn new(body: B, held: H) -> Tracked<B, H> {
         Tracked {
             body,
             in_flight: Some(held),
@@ -422,7 +422,7 @@ impl<B: Body<Data = Bytes> + Unpin, H: Unpin> Body for Tracked<B, H> {
 /// Tells every connection to close gracefully, and waits until all have: hyper-util's
 /// `GracefulShutdown`, for connections that the watchdog may also close.
 #[derive(Debug)]
-pub struct Drain {
+pub(crate) struct Drain {
     signal: watch::Sender<bool>,
     /// Set before `signal` changes (or goes): the watchdogs read this flag on every poll,
     /// and poll their (costlier) receiver only once it is set.
@@ -431,7 +431,7 @@ pub struct Drain {
 
 /// One connection's end of the [`Drain`]: held until the connection ends.
 #[derive(Debug)]
-pub struct DrainWatcher {
+pub(crate) struct DrainWatcher {
     receiver: watch::Receiver<bool>,
     draining: Arc<AtomicBool>,
 }
@@ -439,14 +439,14 @@ pub struct DrainWatcher {
 impl DrainWatcher {
     /// Completes when the drain begins (or the server is gone): for a connection that is
     /// not serving HTTP yet, to give up its handshake.
-    pub async fn closing(&mut self) {
+    pub(crate) async fn closing(&mut self) {
         let _ = self.receiver.wait_for(|draining| *draining).await;
     }
 }
 
 impl Drain {
     /// Nothing draining yet.
-    pub fn new() -> Drain {
+    pub(crate) fn new() -> Drain {
         Drain {
             signal: watch::Sender::new(false),
             draining: Arc::new(AtomicBool::new(false)),
@@ -454,7 +454,7 @@ impl Drain {
     }
 
     /// For one connection: held until it ends, and told when to close.
-    pub fn watcher(&self) -> DrainWatcher {
+    pub(crate) fn watcher(&self) -> DrainWatcher {
         DrainWatcher {
             receiver: self.signal.subscribe(),
             draining: self.draining.clone(),
@@ -462,13 +462,13 @@ impl Drain {
     }
 
     /// Connections that have not ended yet.
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.signal.receiver_count()
     }
 
     /// Ask every connection (and every later one) to close gracefully, and wait until they
     /// all have ended.
-    pub async fn close_all(&self) {
+    pub(crate) async fn close_all(&self) {
         self.draining.store(true, Ordering::Release);
         self.signal.send_replace(true);
         self.signal.closed().await;
@@ -491,7 +491,7 @@ impl Default for Drain {
 
 /// Why the watchdog closed a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Closed {
+pub(crate) enum Closed {
     /// The connection ended by itself (the client closed it, an error, an upgrade, or the
     /// graceful close the watchdog asked for completed).
     Ended,
@@ -515,7 +515,7 @@ pub enum Closed {
 /// never armed later than the clock that runs: when a request ends and the idle clock
 /// restarts, the timer keeps its earlier time, fires early, and is re-armed then, rather
 /// than being moved (and the timer wheel locked) on every request.
-pub async fn supervise<C, E>(
+pub(crate) async fn supervise<C, E>(
     mut connection: Pin<&mut C>,
     mut close: impl FnMut(Pin<&mut C>),
     activity: &Activity,

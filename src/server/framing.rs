@@ -33,7 +33,7 @@ const MAX_LINE: usize = 64 * 1024;
 
 /// Follows one HTTP/1 connection's incoming bytes.
 #[derive(Debug, Default)]
-pub struct Framing {
+pub(crate) struct Framing {
     state: State,
     /// The line being read, without its end.
     line: Vec<u8>,
@@ -82,12 +82,12 @@ struct Head {
 impl Framing {
     /// The number (from 1) of the first request head on this connection that carried both
     /// `Content-Length` and `Transfer-Encoding`, once it has been read whole.
-    pub fn ambiguous(&self) -> Option<u64> {
+    pub(crate) fn ambiguous(&self) -> Option<u64> {
         self.ambiguous
     }
 
     /// Follow `bytes`, the next ones read from the client.
-    pub fn read(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn read(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             match self.state {
                 State::Stopped => {

@@ -38,10 +38,10 @@ use crate::limit::ClientIp;
 /// File descriptors kept apart from client connections and their backend connections: the
 /// standard streams, the listeners, the runtime's own, Redis connections (one per cluster
 /// master, plus reconnects), admin-listener scrapes and probes.
-pub const RESERVED_FDS: u64 = 128;
+pub(crate) const RESERVED_FDS: u64 = 128;
 
 /// The smallest `MAX_CONNECTIONS` sized from a file-descriptor limit, however low.
-pub const MIN_CONNECTIONS: usize = 16;
+pub(crate) const MIN_CONNECTIONS: usize = 16;
 
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit and return the new soft limit. Called
 /// once by the binary at startup; a library user decides for its own process.
@@ -50,14 +50,14 @@ pub fn raise_fd_limit() -> io::Result<u64> {
 }
 
 /// The soft `RLIMIT_NOFILE` in force, if it can be read.
-pub fn fd_limit() -> Option<u64> {
+pub(crate) fn fd_limit() -> Option<u64> {
     rlimit::Resource::NOFILE.get().ok().map(|(soft, _)| soft)
 }
 
 /// `MAX_CONNECTIONS` as it follows from a soft file-descriptor limit: what is left after
 /// [`RESERVED_FDS`], halved because a forwarded request holds a backend connection too, and
 /// never below [`MIN_CONNECTIONS`].
-pub fn connections_for(fd_limit: u64) -> usize {
+pub(crate) fn connections_for(fd_limit: u64) -> usize {
     let pairs = fd_limit.saturating_sub(RESERVED_FDS) / 2;
     usize::try_from(pairs).unwrap_or(usize::MAX).max(MIN_CONNECTIONS)
 }
@@ -65,7 +65,7 @@ pub fn connections_for(fd_limit: u64) -> usize {
 /// The cap in force and, when an explicit `MAX_CONNECTIONS` is more than the file-descriptor
 /// limit leaves room for, a warning saying so (it is kept: the operator may know the traffic
 /// holds few backend connections, and running out is survivable, only slower to recover).
-pub fn effective_max_connections(
+pub(crate) fn effective_max_connections(
     configured: Option<NonZeroUsize>,
     fd_limit: Option<u64>,
 ) -> (usize, Option<String>) {
@@ -90,7 +90,7 @@ pub fn effective_max_connections(
 
 /// Open client connections, counted against `MAX_CONNECTIONS`.
 #[derive(Debug, Clone)]
-pub struct ConnectionSlots {
+pub(crate) struct ConnectionSlots {
     /// Connections open now (sockets not yet closed, tunnels included).
     open: Arc<AtomicUsize>,
     /// `MAX_CONNECTIONS`.
@@ -99,7 +99,7 @@ pub struct ConnectionSlots {
 
 impl ConnectionSlots {
     /// At most `max` at once.
-    pub fn new(max: usize) -> ConnectionSlots {
+    pub(crate) fn new(max: usize) -> ConnectionSlots {
         ConnectionSlots {
             open: Arc::new(AtomicUsize::new(0)),
             max,
@@ -107,7 +107,7 @@ impl ConnectionSlots {
     }
 
     /// A slot for one more connection, or `None` when `max` are open.
-    pub fn try_acquire(&self) -> Option<Slot> {
+    pub(crate) fn try_acquire(&self) -> Option<Slot> {
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
                 (open < self.max).then_some(open + 1)
@@ -117,12 +117,12 @@ impl ConnectionSlots {
     }
 
     /// Connections open now.
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }
 
     /// `MAX_CONNECTIONS`.
-    pub fn max(&self) -> usize {
+    pub(crate) fn max(&self) -> usize {
         self.max
     }
 }
@@ -140,7 +140,7 @@ impl crate::metrics::Occupancy for ConnectionSlots {
 
 /// One connection's place under `MAX_CONNECTIONS`, given back when dropped.
 #[derive(Debug)]
-pub struct Slot(Arc<AtomicUsize>);
+pub(crate) struct Slot(Arc<AtomicUsize>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -150,7 +150,7 @@ impl Drop for Slot {
 
 /// `MAX_CONNECTIONS_PER_CLIENT` as configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PerClientCap {
+pub(crate) enum PerClientCap {
     /// Unset: [`default_per_client`] of `MAX_CONNECTIONS`.
     #[default]
     Default,
@@ -162,14 +162,14 @@ pub enum PerClientCap {
 
 impl PerClientCap {
     /// `0` (off) or a whole number.
-    pub fn parse(value: &str) -> Option<PerClientCap> {
+    pub(crate) fn parse(value: &str) -> Option<PerClientCap> {
         let n: usize = value.parse().ok()?;
         Some(NonZeroUsize::new(n).map_or(PerClientCap::Off, PerClientCap::At))
     }
 
     /// The cap in force under `max_connections`, or `None` when it would never bite (off, or
     /// not below `max_connections`): then nothing is counted per client.
-    pub fn effective(self, max_connections: usize) -> Option<usize> {
+    pub(crate) fn effective(self, max_connections: usize) -> Option<usize> {
         let cap = match self {
             PerClientCap::Default => default_per_client(max_connections),
             PerClientCap::Off => return None,
@@ -182,7 +182,7 @@ impl PerClientCap {
 /// `MAX_CONNECTIONS_PER_CLIENT` when unset: `MAX_CONNECTIONS` less a quarter of it (rounded
 /// down), the quarter kept for other clients. Below 4 nothing is kept apart: a cap that small
 /// is a test's or a tiny deployment's, where one client is all there is.
-pub fn default_per_client(max_connections: usize) -> usize {
+pub(crate) fn default_per_client(max_connections: usize) -> usize {
     max_connections - max_connections / 4
 }
 
@@ -190,7 +190,7 @@ pub fn default_per_client(max_connections: usize) -> usize {
 /// removed when their count returns to zero, so the table holds only peers with a connection
 /// open: never more entries than `MAX_CONNECTIONS`.
 #[derive(Debug, Clone)]
-pub struct ClientConnections {
+pub(crate) struct ClientConnections {
     /// The cap in force; `None`: nothing is counted.
     max: Option<usize>,
     /// `IPV6_PREFIX`: peers are grouped as the limiter groups clients.
@@ -204,7 +204,7 @@ pub struct ClientConnections {
 impl ClientConnections {
     /// At most `max` per peer (`None`: no cap), IPv6 grouped by `ipv6_prefix`, peers in
     /// `trusted` not capped.
-    pub fn new(max: Option<usize>, ipv6_prefix: u8, trusted: &[IpNet]) -> ClientConnections {
+    pub(crate) fn new(max: Option<usize>, ipv6_prefix: u8, trusted: &[IpNet]) -> ClientConnections {
         ClientConnections {
             max,
             ipv6_prefix,
@@ -215,7 +215,7 @@ impl ClientConnections {
 
     /// A place for one more connection from `peer`, or the peer as counted when it holds `max`
     /// already.
-    pub fn try_acquire(&self, peer: IpAddr) -> Result<ClientSlot, ClientIp> {
+    pub(crate) fn try_acquire(&self, peer: IpAddr) -> Result<ClientSlot, ClientIp> {
         let Some(max) = self.max else {
             return Ok(ClientSlot { _held: None });
         };
@@ -238,13 +238,9 @@ impl ClientConnections {
         })
     }
 
-    /// The cap in force (`None`: none).
-    pub fn max(&self) -> Option<usize> {
-        self.max
-    }
-
+    #[cfg(test)]
     /// Peers holding at least one counted connection.
-    pub fn clients(&self) -> usize {
+    pub(crate) fn clients(&self) -> usize {
         self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 }
@@ -252,7 +248,7 @@ impl ClientConnections {
 /// One connection's place under `MAX_CONNECTIONS_PER_CLIENT` (none for a peer not counted),
 /// given back when dropped.
 #[derive(Debug)]
-pub struct ClientSlot {
+pub(crate) struct ClientSlot {
     /// Given back when dropped; `None` for a peer not counted.
     _held: Option<Counted>,
 }
@@ -278,7 +274,7 @@ impl Drop for Counted {
 /// Whether a failed `accept` concerns only the connection being accepted (the client gave
 /// up before we took it), so the loop carries on at once; anything else (`EMFILE`, `ENFILE`,
 /// `ENOBUFS`, `ENOMEM`) is about the process or the system, and the loop backs off.
-pub fn is_connection_error(error: &io::Error) -> bool {
+pub(crate) fn is_connection_error(error: &io::Error) -> bool {
     matches!(
         error.kind(),
         io::ErrorKind::ConnectionAborted
@@ -293,7 +289,7 @@ pub fn is_connection_error(error: &io::Error) -> bool {
 /// so a condition that recurs thousands of times a second (a full file table, a full
 /// connection cap) costs one line every few seconds. Owned by the accept loop: no locking.
 #[derive(Debug)]
-pub struct IntervalLog {
+pub(crate) struct IntervalLog {
     /// At most one line per this.
     interval: Duration,
     /// When the last line was admitted.
@@ -304,7 +300,7 @@ pub struct IntervalLog {
 
 impl IntervalLog {
     /// One line per `interval` at most.
-    pub fn new(interval: Duration) -> IntervalLog {
+    pub(crate) fn new(interval: Duration) -> IntervalLog {
         IntervalLog {
             interval,
             last: None,
@@ -314,7 +310,7 @@ impl IntervalLog {
 
     /// Record one event: `Some(n)` when a line is due now, `n` being the events it stands for
     /// (this one and those not logged since the last line); `None` otherwise.
-    pub fn event(&mut self) -> Option<u64> {
+    pub(crate) fn event(&mut self) -> Option<u64> {
         self.events += 1;
         let now = Instant::now();
         match self.last {

@@ -27,7 +27,7 @@ use crate::telemetry::throttle::LogThrottle;
 
 /// `TLS_*` and `PROXY_PROTOCOL`: what the listener expects before HTTP.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ListenerConfig {
+pub(crate) struct ListenerConfig {
     /// `TLS_CERT_FILE`, `TLS_KEY_FILE`: HTTPS; `None` is plain HTTP.
     pub tls: Option<TlsSettings>,
     /// `PROXY_PROTOCOL`: every connection from `TRUSTED_PROXIES` begins with a PROXY header,
@@ -36,7 +36,7 @@ pub struct ListenerConfig {
 }
 
 /// The listener's part of every connection before HTTP.
-pub struct Listener {
+pub(crate) struct Listener {
     /// The TLS side, when the listener is HTTPS.
     tls: Option<TlsAcceptor>,
     /// Whose PROXY headers are believed (`TRUSTED_PROXIES`), when `PROXY_PROTOCOL=true`.
@@ -50,7 +50,7 @@ pub struct Listener {
 impl Listener {
     /// Load the TLS pair (and start watching its files), from `config`; `trusted` is
     /// `TRUSTED_PROXIES`. The watcher's task is returned, to be stopped with the server.
-    pub fn new(
+    pub(crate) fn new(
         config: &ListenerConfig,
         trusted: &ClientIdentity,
         metrics: &Metrics,
@@ -74,12 +74,12 @@ impl Listener {
     }
 
     /// Plain HTTP straight from the socket: nothing to do before it, nor any clock to set.
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         self.tls.is_none() && self.proxies.is_none()
     }
 
     /// Whether the listener is HTTPS.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.tls.is_some()
     }
 
@@ -87,7 +87,7 @@ impl Listener {
     /// connection accepted from `peer`, and say what the proxy is to know of it. The caller
     /// bounds this in time. `Err(None)`: the peer closed the connection before sending a
     /// byte (a load balancer's TCP health check), which is not counted.
-    pub async fn establish(
+    pub(crate) async fn establish(
         &self,
         mut stream: TcpStream,
         peer: SocketAddr,
@@ -145,7 +145,7 @@ impl Listener {
     }
 
     /// Count a connection closed before HTTP.
-    pub fn rejected(&self, reason: Rejection) {
+    pub(crate) fn rejected(&self, reason: Rejection) {
         self.rejected[reason as usize].inc();
     }
 

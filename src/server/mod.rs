@@ -11,14 +11,14 @@
 //!   PROXY header ([`proxy_protocol`]) and the TLS handshake ([`tls`], which also reloads the
 //!   certificate when its files change), over a [`transport`] that is plain or TLS.
 
-pub mod connection;
-pub mod framing;
-pub mod limits;
-pub mod listener;
+pub(crate) mod connection;
+pub(crate) mod framing;
+pub(crate) mod limits;
+pub(crate) mod listener;
 pub mod proxy_protocol;
-pub mod streams;
-pub mod tls;
-pub mod transport;
+pub(crate) mod streams;
+pub(crate) mod tls;
+pub(crate) mod transport;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -38,7 +38,7 @@ use ipnet::IpNet;
 
 use crate::metrics::{ConnectionsRefused, Metrics};
 use crate::outcome::Rejection;
-pub use connection::Drain;
+pub(crate) use connection::Drain;
 use connection::{Activity, ClientStream, Closed, DrainWatcher, Heads, Timeouts, Tracked};
 pub use limits::raise_fd_limit;
 use limits::{ClientConnections, ClientSlot, ConnectionSlots, IntervalLog, Slot};
@@ -64,7 +64,7 @@ const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// What [`Server::accept_until`] counts a connection against: the places under
 /// `MAX_CONNECTIONS` for connections and for requests in flight, sized once at startup.
 #[derive(Debug, Clone)]
-pub struct Capacity {
+pub(crate) struct Capacity {
     /// `MAX_CONNECTIONS` in force.
     pub max_connections: usize,
     /// The soft file-descriptor limit it was sized from, if it could be read.
@@ -80,7 +80,7 @@ pub struct Capacity {
 impl Capacity {
     /// `MAX_CONNECTIONS` as `settings` ask and the file-descriptor limit allows (a warning is
     /// logged when the two disagree).
-    pub fn of(settings: &ServerSettings) -> Capacity {
+    pub(crate) fn of(settings: &ServerSettings) -> Capacity {
         let fd_limit = limits::fd_limit();
         let (max_connections, warning) =
             limits::effective_max_connections(settings.max_connections, fd_limit);
@@ -96,7 +96,7 @@ impl Capacity {
     }
 
     /// `MAX_CONNECTIONS_PER_CLIENT` in force, `None` when off.
-    pub fn max_per_client(&self, settings: &ServerSettings) -> Option<usize> {
+    pub(crate) fn max_per_client(&self, settings: &ServerSettings) -> Option<usize> {
         settings
             .max_connections_per_client
             .effective(self.max_connections)
@@ -105,7 +105,7 @@ impl Capacity {
 
 /// What the listener tells a door about the connection a request came on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// The connection's other end as the gateway believes it: the TCP peer, or the source
     /// address of the PROXY header a trusted proxy sent (`PROXY_PROTOCOL=true`). This is the
     /// peer the client address and the forwarding headers start from.
@@ -117,14 +117,14 @@ pub struct Peer {
 
 impl Peer {
     /// A plain-HTTP connection from `address`.
-    pub fn plain(address: SocketAddr) -> Peer {
+    pub(crate) fn plain(address: SocketAddr) -> Peer {
         Peer { address, tls: false }
     }
 }
 
 /// What the server knows of a request's arrival that the request itself does not say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Arrival {
+pub(crate) struct Arrival {
     /// The connection it came on.
     pub connection: Peer,
     /// It arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2 streams can
@@ -137,7 +137,7 @@ pub struct Arrival {
 
 /// What a listener hands each request to, with what the server knows of its arrival: the
 /// reverse proxy, or the decision endpoints (`DECIDE_PORT`).
-pub trait Door: Send + Sync + 'static {
+pub(crate) trait Door: Send + Sync + 'static {
     /// The body of its answers.
     type Body: hyper::body::Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
         + Send
@@ -153,7 +153,7 @@ pub trait Door: Send + Sync + 'static {
 }
 
 /// The accept loop and what it serves connections with.
-pub struct Server<D> {
+pub(crate) struct Server<D> {
     serving: Arc<Serving<D>>,
     capacity: Capacity,
     /// `MAX_CONNECTIONS_PER_CLIENT`.
@@ -170,7 +170,7 @@ impl<D: Door> Server<D> {
     /// connection (`listener`: the PROXY header and TLS) and the `capacity` it counts against.
     /// `trusted_proxies` are not capped per client; clients are grouped by `ipv6_prefix` as
     /// budgets are.
-    pub fn new(
+    pub(crate) fn new(
         settings: &ServerSettings,
         door: Arc<D>,
         listener: Arc<Listener>,
@@ -220,7 +220,11 @@ impl<D: Door> Server<D> {
 
     /// Accept and serve connections on `listener` until `shutdown` completes; then stop
     /// accepting and hand back the connections still open, to be drained.
-    pub async fn accept_until(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Drain {
+    pub(crate) async fn accept_until(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> Drain {
         let max_connections = self.capacity.max_connections;
         let mut accept_failures = IntervalLog::new(ACCEPT_LOG_INTERVAL);
         let mut refusals = IntervalLog::new(ACCEPT_LOG_INTERVAL);
@@ -290,7 +294,7 @@ impl<D: Door> Server<D> {
     }
 
     /// Wait up to `SHUTDOWN_TIMEOUT_MS` for the connections of `drain` to finish.
-    pub async fn drain(&self, drain: Drain) {
+    pub(crate) async fn drain(&self, drain: Drain) {
         tracing::info!(
             in_flight_connections = drain.open(),
             "shutting down: draining connections"
@@ -315,7 +319,7 @@ fn refuse(stream: TcpStream) {
 /// The listener's settings: where it listens, what it expects before HTTP, and the limits and
 /// clocks of its connections.
 #[derive(Debug, Clone)]
-pub struct ServerSettings {
+pub(crate) struct ServerSettings {
     /// `BIND` and `PORT`.
     pub listen: SocketAddr,
     /// `TLS_CERT_FILE`, `TLS_KEY_FILE`, `PROXY_PROTOCOL`: what `PORT` expects before HTTP.

@@ -44,7 +44,7 @@ struct Progress {
 }
 
 /// A response body handed hyper a frame. Outside a stream's task (HTTP/1) it does nothing.
-pub fn handed_frame() {
+pub(crate) fn handed_frame() {
     let _ = PROGRESS.try_with(|progress| {
         let mut now = progress.get();
         now.handed += 1;
@@ -54,12 +54,12 @@ pub fn handed_frame() {
 }
 
 /// Whether this runs in an HTTP/2 stream's task.
-pub fn in_stream() -> bool {
+pub(crate) fn in_stream() -> bool {
     PROGRESS.try_with(|_| ()).is_ok()
 }
 
 /// A response body had no frame for hyper (its backend is slow) or has ended.
-pub fn no_frame() {
+pub(crate) fn no_frame() {
     let _ = PROGRESS.try_with(|progress| {
         let mut now = progress.get();
         now.waiting_on_client = false;
@@ -71,7 +71,7 @@ pub fn no_frame() {
 /// also runs an HTTP/2 `CONNECT` tunnel's task with it; tollgate answers `CONNECT` with `405`,
 /// and a tunnel's task has no response body to report, so it would never be given up.)
 #[derive(Debug, Clone)]
-pub struct StreamExecutor {
+pub(crate) struct StreamExecutor {
     /// `SEND_TIMEOUT_MS`.
     pub send_timeout: Duration,
     /// `tollgate_client_streams_unread_total`: streams given up.

@@ -35,7 +35,7 @@ const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// `TLS_CERT_FILE`, `TLS_KEY_FILE` and how often they are looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsSettings {
+pub(crate) struct TlsSettings {
     /// `TLS_CERT_FILE`: the certificate, then any intermediates (a `fullchain.pem`).
     pub cert_file: PathBuf,
     /// `TLS_KEY_FILE`: the private key (PKCS#8, PKCS#1 or SEC1).
@@ -88,7 +88,7 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Read and check the pair named by `settings`.
-pub fn load(settings: &TlsSettings) -> Result<CertifiedKey, TlsError> {
+pub(crate) fn load(settings: &TlsSettings) -> Result<CertifiedKey, TlsError> {
     let read = |var, path: &Path| {
         fs::read(path).map_err(|error| TlsError::Read {
             var,
@@ -132,20 +132,20 @@ pub fn load(settings: &TlsSettings) -> Result<CertifiedKey, TlsError> {
 /// The pair every new handshake is served: swapped whole by the reloader, read (an `Arc`
 /// clone under a read lock) once per handshake.
 #[derive(Debug)]
-pub struct Certificates {
+pub(crate) struct Certificates {
     current: RwLock<Arc<CertifiedKey>>,
 }
 
 impl Certificates {
     /// Serve `pair` until replaced.
-    pub fn new(pair: CertifiedKey) -> Certificates {
+    pub(crate) fn new(pair: CertifiedKey) -> Certificates {
         Certificates {
             current: RwLock::new(Arc::new(pair)),
         }
     }
 
     /// New handshakes get `pair` from now on; connections already open keep theirs.
-    pub fn replace(&self, pair: CertifiedKey) {
+    pub(crate) fn replace(&self, pair: CertifiedKey) {
         *self.current.write() = Arc::new(pair);
     }
 }
@@ -159,7 +159,7 @@ impl ResolvesServerCert for Certificates {
 /// The server side of TLS: versions 1.2 and 1.3, ALPN `h2` then `http/1.1`, no client
 /// certificates, the pair from `certificates`, and stateless session tickets (resumption
 /// without a cache shared across connections) beside rustls' session cache.
-pub fn server_config(certificates: Arc<Certificates>) -> Result<Arc<ServerConfig>, TlsError> {
+pub(crate) fn server_config(certificates: Arc<Certificates>) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(TlsError::Config)?
@@ -197,7 +197,7 @@ fn stamps(settings: &TlsSettings) -> (Option<Stamp>, Option<Stamp>) {
 /// `certificates` when they change and it loads. A pair that does not load is logged once
 /// (until the files change again) and the one served stays: a rotation that writes the
 /// certificate before the key is logged as a mismatch, then loads when the key arrives.
-pub fn watch(settings: TlsSettings, certificates: Arc<Certificates>) -> tokio::task::JoinHandle<()> {
+pub(crate) fn watch(settings: TlsSettings, certificates: Arc<Certificates>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         // Taken before the first tick: a change between the load at startup and now is seen.
         let mut seen = stamps(&settings);

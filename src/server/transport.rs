@@ -16,19 +16,19 @@ use tokio_rustls::server::TlsStream;
 /// A TCP socket, with the bytes read past a PROXY header (the start of a TLS `ClientHello`
 /// or of a request) handed out first.
 #[derive(Debug)]
-pub struct Prefixed {
+pub(crate) struct Prefixed {
     rest: Bytes,
     stream: TcpStream,
 }
 
 impl Prefixed {
     /// `stream`, whose next bytes are `rest` and then what it reads.
-    pub fn new(rest: Bytes, stream: TcpStream) -> Prefixed {
+    pub(crate) fn new(rest: Bytes, stream: TcpStream) -> Prefixed {
         Prefixed { rest, stream }
     }
 
     /// The socket.
-    pub fn tcp(&self) -> &TcpStream {
+    pub(crate) fn tcp(&self) -> &TcpStream {
         &self.stream
     }
 }
@@ -74,7 +74,7 @@ impl AsyncWrite for Prefixed {
 
 /// A client connection's byte stream, plain or TLS.
 #[derive(Debug)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// HTTP in the clear.
     Plain(Prefixed),
     /// HTTP inside TLS, the handshake done. Boxed: rustls' connection state is large.
@@ -83,7 +83,7 @@ pub enum Transport {
 
 impl Transport {
     /// The socket underneath (for its options).
-    pub fn tcp(&self) -> &TcpStream {
+    pub(crate) fn tcp(&self) -> &TcpStream {
         match self {
             Transport::Plain(plain) => plain.tcp(),
             Transport::Tls(tls) => tls.get_ref().0.tcp(),

@@ -7,7 +7,7 @@
 //! (`hyper=trace`).
 //! Lines that a flood could repeat go through a [`throttle::LogThrottle`].
 
-pub mod throttle;
+pub(crate) mod throttle;
 
 use std::ffi::OsStr;
 use std::io::IsTerminal;
@@ -16,14 +16,14 @@ use tracing_subscriber::EnvFilter;
 
 /// The log's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogSettings {
+pub(crate) struct LogSettings {
     /// `LOG_FORMAT`.
     pub format: LogFormat,
 }
 
 /// How log lines are written (`LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line, for log shippers.
@@ -62,13 +62,13 @@ pub enum TelemetryError {
 }
 
 /// The log filter from `RUST_LOG` in the process environment (after `.env` is loaded).
-pub fn filter_from_env() -> Result<EnvFilter, TelemetryError> {
+pub(crate) fn filter_from_env() -> Result<EnvFilter, TelemetryError> {
     filter(std::env::var_os(EnvFilter::DEFAULT_ENV).as_deref())
 }
 
 /// The log filter for a `RUST_LOG` of `value`: `info` when unset or empty (an empty value
 /// counts as unset, as for every variable), an error when it does not parse.
-pub fn filter(value: Option<&OsStr>) -> Result<EnvFilter, TelemetryError> {
+pub(crate) fn filter(value: Option<&OsStr>) -> Result<EnvFilter, TelemetryError> {
     let value = match value.map(OsStr::to_str) {
         None => "",
         Some(None) => return Err(TelemetryError::NotUnicode),
@@ -136,9 +136,21 @@ fn likely_level(word: &str) -> Option<&'static str> {
         .or_else(|| LEVELS.iter().copied().find(near))
 }
 
+/// Check `RUST_LOG` in the process environment (after `.env` is loaded), as
+/// [`init_logging`] reads it, without installing anything (`tollgate --check-config`).
+pub fn check_log_filter() -> Result<(), TelemetryError> {
+    filter_from_env().map(drop)
+}
+
+/// Install the global subscriber of `config` (`LOG_FORMAT`, `RUST_LOG`). Call once, before
+/// serving; fails (installing nothing) when `RUST_LOG` is invalid.
+pub fn init_logging(config: &crate::Config) -> Result<(), TelemetryError> {
+    init(config.log.format)
+}
+
 /// Install the global subscriber. Call once, before serving; fails (installing nothing) when
 /// `RUST_LOG` is invalid.
-pub fn init(format: LogFormat) -> Result<(), TelemetryError> {
+pub(crate) fn init(format: LogFormat) -> Result<(), TelemetryError> {
     let filter = filter_from_env()?;
     // Colour only for a person at a terminal, never into files or `docker logs`.
     let builder = tracing_subscriber::fmt()

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use tokio::time::Instant;
 
 /// Lines of one kind written per second at most.
-pub const LINES_PER_SECOND: u32 = 10;
+pub(crate) const LINES_PER_SECOND: u32 = 10;
 
 /// Admits at most [`LINES_PER_SECOND`] lines per second.
 #[derive(Debug)]
-pub struct LogThrottle {
+pub(crate) struct LogThrottle {
     /// The clock's origin.
     started: Instant,
     /// The second (since `started`) `written` counts in.
@@ -27,7 +27,7 @@ pub struct LogThrottle {
 
 impl LogThrottle {
     /// A throttle with nothing written yet.
-    pub fn new() -> LogThrottle {
+    pub(crate) fn new() -> LogThrottle {
         LogThrottle {
             started: Instant::now(),
             second: AtomicU64::new(0),
@@ -38,7 +38,7 @@ impl LogThrottle {
 
     /// `Some(n)` when a line may be written now, `n` being how many were suppressed before
     /// it (to be said in the line, or just before it); `None` when it must be dropped.
-    pub fn admit(&self) -> Option<u64> {
+    pub(crate) fn admit(&self) -> Option<u64> {
         let second = self.started.elapsed().as_secs();
         if self.second.load(Ordering::Relaxed) != second
             && self.second.swap(second, Ordering::Relaxed) != second

@@ -465,7 +465,7 @@ async fn a_flood_of_admin_connections_is_capped_and_does_not_keep_probes_out() {
     let backend = Backend::start().await;
     let gateway = Gateway::start_with_admin(&backend.url(), &[]).await;
     let admin = gateway.admin.unwrap();
-    let max = tollgate::admin::MAX_ADMIN_CONNECTIONS;
+    let max = tollgate::testing::MAX_ADMIN_CONNECTIONS;
     // Connections that send nothing, up to the cap: each would be held until its header
     // timeout.
     let mut held = std::collections::VecDeque::new();

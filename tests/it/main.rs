@@ -15,6 +15,7 @@ mod ingress;
 mod operator;
 mod proxy;
 mod redis;
+mod rls;
 mod rules;
 mod sentinel;
 mod strict;

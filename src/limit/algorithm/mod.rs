@@ -15,6 +15,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+use crate::variables::Var;
 use std::fmt;
 use std::time::Duration;
 
@@ -171,14 +172,10 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
 pub struct Parameter {
     /// What it is, in a few words (`capacity`, `window seconds`).
     pub meaning: &'static str,
-    /// Variable for the general rule (`MAX_TOKENS`).
-    pub general: &'static str,
-    /// Its default.
-    pub general_default: &'static str,
-    /// Variable for the auth rule (`AUTH_MAX_TOKENS`).
-    pub auth: &'static str,
-    /// Its default.
-    pub auth_default: &'static str,
+    /// Variable for the general rule (`MAX_TOKENS`), with its default.
+    pub general: Var,
+    /// Variable for the auth rule (`AUTH_MAX_TOKENS`), with its default.
+    pub auth: Var,
 }
 
 /// Why a rule's numbers were refused.

@@ -9,6 +9,7 @@
 //! there is no rounding at all and `scripts/sliding_window.lua` (Lua numbers are doubles,
 //! exact below 2^53, which the configuration guarantees) reaches the same answers.
 
+use crate::variables;
 use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -27,17 +28,13 @@ pub(crate) const MAX_REQUEST_MS: u64 = 1_000_000_000_000_000;
 pub(crate) const WINDOW_PARAMETERS: [Parameter; 2] = [
     Parameter {
         meaning: "requests per window",
-        general: "LIMIT",
-        general_default: "10",
-        auth: "AUTH_LIMIT",
-        auth_default: "5",
+        general: variables::LIMIT,
+        auth: variables::AUTH_LIMIT,
     },
     Parameter {
         meaning: "window seconds",
-        general: "WINDOW_SIZE",
-        general_default: "60",
-        auth: "AUTH_WINDOW_SIZE",
-        auth_default: "60",
+        general: variables::WINDOW_SIZE,
+        auth: variables::AUTH_WINDOW_SIZE,
     },
 ];
 

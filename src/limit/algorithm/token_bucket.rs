@@ -10,6 +10,7 @@
 //! `scripts/token_bucket.lua` is the same function, line for line. `ALGORITHM=gcra` names the
 //! same algorithm.
 
+use crate::variables;
 use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -69,17 +70,13 @@ impl Algorithm for TokenBucket {
     const PARAMETERS: [Parameter; 2] = [
         Parameter {
             meaning: "capacity",
-            general: "MAX_TOKENS",
-            general_default: "10",
-            auth: "AUTH_MAX_TOKENS",
-            auth_default: "5",
+            general: variables::MAX_TOKENS,
+            auth: variables::AUTH_MAX_TOKENS,
         },
         Parameter {
             meaning: "tokens per second",
-            general: "REFILL_RATE",
-            general_default: "1",
-            auth: "AUTH_REFILL_RATE",
-            auth_default: "0.01",
+            general: variables::REFILL_RATE,
+            auth: variables::AUTH_REFILL_RATE,
         },
     ];
     const KEY_SUFFIX: &'static str = "tb";

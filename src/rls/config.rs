@@ -1,0 +1,917 @@
+//! `RLS_CONFIG`: envoyproxy/ratelimit's descriptor configuration, read into a validated
+//! [`DescriptorTable`].
+//!
+//! The format is that service's: one domain per file, a tree of `descriptors`, each a `key`,
+//! an optional `value` (exact, or a prefix when it ends with `*`), an optional `rate_limit`
+//! (`unit` and `requests_per_unit`, or `unlimited: true`; a `name`, and the `replaces` of other
+//! limits' names), `shadow_mode`, `detailed_metric` and nested `descriptors`:
+//!
+//! ```yaml
+//! domain: edge
+//! descriptors:
+//!   - key: remote_address
+//!     rate_limit: { unit: second, requests_per_unit: 10 }
+//!   - key: path
+//!     value: /login
+//!     descriptors:
+//!       - key: remote_address
+//!         rate_limit: { unit: minute, requests_per_unit: 5, name: login }
+//! ```
+//!
+//! What that service refuses is refused here at startup, naming the file, the line and the
+//! entry's path in the file (`descriptors[1].descriptors[0].rate_limit.unit`): an empty
+//! domain or key, a unit it does not know, one key and value twice at one level, `unlimited`
+//! beside a unit, a `replaces` naming the limit itself. Refused here although that service
+//! lets them pass (each would silently do nothing): a key at a level where it means nothing
+//! (with "did you mean" for a misspelling), `unlimited` beside `requests_per_unit`, a
+//! `replaces` that names no limit of the domain, and two files with one domain (the service
+//! merges them only when told to).
+//!
+//! Each rate limit becomes one [`Rule`] (a fixed window of its unit), named
+//! `rls/<domain>/<key>=<value>/<key>...` after its place in the tree, so the name is stable
+//! across restarts: it is part of the Redis key and the metrics' `rule` label.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+use super::yaml::{self, Node, Value};
+use crate::limit::algorithm::{FixedWindow, Policy};
+use crate::limit::{Count, FailMode, KeyBy, Rule};
+use crate::suggest::edit_distance;
+
+/// Most rate limits (so rules) all files may define: each is a rule with room for `MAX_KEYS`
+/// clients in memory, and rule ids are 16 bits beside the `ROUTES`.
+pub(crate) const MAX_LIMITS: usize = 1_000;
+
+/// Most files a directory may hold.
+const MAX_FILES: usize = 1_000;
+
+/// Largest file read: a descriptor tree is a few kilobytes.
+const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Rule name characters kept as they are; the rest are percent-encoded, so a name is one
+/// Redis key part and one label value whatever a domain, key or value holds, and `/` and `=`
+/// only ever separate.
+const NAME_ESCAPES: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'*');
+
+/// The time unit of a limit, as envoyproxy/ratelimit names them (case-insensitive) and counts
+/// them in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3,600 seconds.
+    Hour,
+    /// 86,400 seconds.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days, as that service counts a month.
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    const NAMES: &'static str = "second, minute, hour, day, week, month or year";
+    const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// The unit called `name`, in any case.
+    pub fn parse(name: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|unit| unit.as_str().eq_ignore_ascii_case(name))
+    }
+
+    /// The name, lower case.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// Its length: fixed windows are aligned to multiples of it since the Unix epoch, as that
+    /// service aligns them (`now / unit`).
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+}
+
+/// What a limit allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allowance {
+    /// `unlimited: true`: answered OK, never counted.
+    Unlimited,
+    /// `requests_per_unit` in each `unit`.
+    Rate {
+        /// Requests (hits) allowed in each window.
+        requests_per_unit: u32,
+        /// The window.
+        unit: Unit,
+    },
+}
+
+/// One `rate_limit` of the tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    /// The rule's name (`rls/<domain>/...`), unique in the table: the Redis key part and the
+    /// metrics label of its budgets.
+    pub rule: Arc<str>,
+    /// Unlimited, or the rate.
+    pub allowance: Allowance,
+    /// The limit's `name`, what `replaces` refers to and the answer's `current_limit.name`.
+    pub name: Option<String>,
+    /// The names of the limits this one replaces when both apply to one request.
+    pub replaces: Vec<String>,
+    /// `shadow_mode`: counted, but always answered OK.
+    pub shadow: bool,
+}
+
+/// Index of a limit in [`DescriptorTable::limits`].
+pub(crate) type LimitId = usize;
+
+/// One descriptor of the tree: its limit and what may follow it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DescriptorNode {
+    /// Its `rate_limit`, if it has one.
+    pub limit: Option<LimitId>,
+    /// The descriptors under it, by key.
+    pub children: HashMap<String, Children>,
+}
+
+/// The descriptors of one level that share a key, in the order the matcher tries them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Children {
+    /// `value: X`: the value exactly.
+    pub exact: HashMap<String, DescriptorNode>,
+    /// `value: X*`: the values starting with `X`, in file order (the first that matches wins).
+    pub prefixes: Vec<(String, DescriptorNode)>,
+    /// No `value`: any value, each its own budget.
+    pub any: Option<Box<DescriptorNode>>,
+}
+
+/// Every domain's descriptor tree and every limit, validated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DescriptorTable {
+    /// Each domain's top level.
+    pub domains: HashMap<String, DescriptorNode>,
+    /// Every limit, by [`LimitId`].
+    pub limits: Vec<Limit>,
+    /// The files read, for `--check-config`.
+    pub files: Vec<PathBuf>,
+}
+
+/// Why `RLS_CONFIG` cannot be used: where, and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{location}: {problem}")]
+pub struct RlsConfigError {
+    /// `file`, `file:line` or `file:line: path.in.file`.
+    pub location: String,
+    /// What is wrong, and what is accepted.
+    pub problem: String,
+}
+
+impl DescriptorTable {
+    /// Read `path`: one file, or every `*.yaml` and `*.yml` file of a directory (not its
+    /// subdirectories), in name order.
+    pub fn load(path: &Path) -> Result<DescriptorTable, RlsConfigError> {
+        let whole = |problem: String| RlsConfigError {
+            location: path.display().to_string(),
+            problem,
+        };
+        let metadata = std::fs::metadata(path).map_err(|error| whole(format!("cannot be read: {error}")))?;
+        let files = if metadata.is_dir() {
+            let mut files = Vec::new();
+            let entries =
+                std::fs::read_dir(path).map_err(|error| whole(format!("cannot be listed: {error}")))?;
+            for entry in entries {
+                let entry = entry.map_err(|error| whole(format!("cannot be listed: {error}")))?;
+                let file = entry.path();
+                let yaml = file
+                    .extension()
+                    .is_some_and(|extension| extension == "yaml" || extension == "yml");
+                if yaml && file.is_file() {
+                    files.push(file);
+                }
+            }
+            if files.len() > MAX_FILES {
+                return Err(whole(format!("more than {MAX_FILES} YAML files")));
+            }
+            files.sort();
+            if files.is_empty() {
+                return Err(whole("holds no *.yaml or *.yml file".into()));
+            }
+            files
+        } else {
+            vec![path.to_path_buf()]
+        };
+        let mut texts = Vec::with_capacity(files.len());
+        for file in &files {
+            let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+            if size > MAX_FILE_BYTES {
+                return Err(RlsConfigError {
+                    location: file.display().to_string(),
+                    problem: format!("larger than {MAX_FILE_BYTES} bytes"),
+                });
+            }
+            let text = std::fs::read_to_string(file).map_err(|error| RlsConfigError {
+                location: file.display().to_string(),
+                problem: format!("cannot be read: {error}"),
+            })?;
+            texts.push((file.display().to_string(), text));
+        }
+        let mut table =
+            DescriptorTable::parse(texts.iter().map(|(name, text)| (name.as_str(), text.as_str())))?;
+        table.files = files;
+        Ok(table)
+    }
+
+    /// The table of `files`, each `(name, text)`: a pure function of the texts, for tests and
+    /// fuzzing.
+    pub fn parse<'a>(
+        files: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<DescriptorTable, RlsConfigError> {
+        let mut table = DescriptorTable::default();
+        let mut domain_files: HashMap<String, String> = HashMap::new();
+        for (file, text) in files {
+            let mut reader = FileReader {
+                file,
+                table: &mut table,
+                pending_replaces: Vec::new(),
+            };
+            let (domain, root) = reader.file(text)?;
+            if let Some(earlier) = domain_files.get(&domain) {
+                return Err(RlsConfigError {
+                    location: file.to_owned(),
+                    problem: format!(
+                        "duplicate domain {domain:?}: {earlier} has it already (one file per domain)"
+                    ),
+                });
+            }
+            domain_files.insert(domain.clone(), file.to_owned());
+            table.domains.insert(domain, root);
+        }
+        Ok(table)
+    }
+
+    /// The rules of the counted limits, in limit order (ids are set when the rule table takes
+    /// them), each failing as `fail_mode` says and shadowed if its descriptor or `shadow` says
+    /// so (`SHADOW_MODE`).
+    pub fn rules(&self, fail_mode: FailMode, shadow: bool) -> Vec<Rule> {
+        self.limits
+            .iter()
+            .filter_map(|limit| {
+                let Allowance::Rate {
+                    requests_per_unit,
+                    unit,
+                } = limit.allowance
+                else {
+                    return None;
+                };
+                Some(Rule {
+                    id: 0,
+                    name: limit.rule.clone(),
+                    policy: Policy::FixedWindow(FixedWindow {
+                        limit: u64::from(requests_per_unit),
+                        window_ms: unit.seconds() * 1_000,
+                    }),
+                    // Unused: the door names the key (the descriptor's entries).
+                    key_by: KeyBy::Ip,
+                    cost: 1,
+                    shadow: limit.shadow || shadow,
+                    count: Count::All,
+                    fail_mode,
+                })
+            })
+            .collect()
+    }
+
+    /// How many limits are counted (are rules).
+    pub fn counted(&self) -> usize {
+        self.limits
+            .iter()
+            .filter(|limit| matches!(limit.allowance, Allowance::Rate { .. }))
+            .count()
+    }
+}
+
+/// The table in words, for `--check-config`.
+impl fmt::Display for DescriptorTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut domains: Vec<&String> = self.domains.keys().collect();
+        domains.sort();
+        write!(
+            f,
+            "{} domain(s) ({}), {} limit(s), {} counted",
+            domains.len(),
+            domains.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", "),
+            self.limits.len(),
+            self.counted()
+        )
+    }
+}
+
+/// The entry being read: its path in the file, for messages.
+#[derive(Clone)]
+struct Place {
+    /// `descriptors[0].rate_limit`.
+    path: String,
+    /// `rls/<domain>/...`: the rule name so far.
+    rule: String,
+}
+
+/// Reads one file into the table.
+struct FileReader<'a> {
+    /// The file's name, for messages.
+    file: &'a str,
+    /// Where its limits go.
+    table: &'a mut DescriptorTable,
+    /// Each `replaces` of the file (name, line, path), checked once every name is known.
+    pending_replaces: Vec<(String, usize, String)>,
+}
+
+/// The keys each level accepts.
+const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "detailed_metric",
+];
+const RATE_LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+const REPLACES_KEYS: &[&str] = &["name"];
+
+impl FileReader<'_> {
+    fn fail(&self, line: usize, path: &str, problem: impl Into<String>) -> RlsConfigError {
+        let location = match path {
+            "" => format!("{}:{line}", self.file),
+            path => format!("{}:{line}: {path}", self.file),
+        };
+        RlsConfigError {
+            location,
+            problem: problem.into(),
+        }
+    }
+
+    /// The domain and its top level.
+    fn file(&mut self, text: &str) -> Result<(String, DescriptorNode), RlsConfigError> {
+        let root = yaml::parse(text).map_err(|error| self.fail(error.line, "", error.problem))?;
+        let Some(root) = root.filter(|root| !root.is_null()) else {
+            return Err(self.fail(
+                1,
+                "",
+                "config file cannot have empty domain (the file holds nothing)",
+            ));
+        };
+        let entries = self.mapping(&root, "", ROOT_KEYS)?;
+        let domain = match entries.get("domain") {
+            Some(node) => self.string(node, "domain")?,
+            None => String::new(),
+        };
+        if domain.is_empty() {
+            return Err(self.fail(root.line, "domain", "config file cannot have empty domain"));
+        }
+        let first = self.table.limits.len();
+        let place = Place {
+            path: String::new(),
+            rule: format!("rls/{}", utf8_percent_encode(&domain, NAME_ESCAPES)),
+        };
+        let top = match entries.get("descriptors") {
+            Some(node) => self.descriptors(node, &place, 0)?,
+            None => DescriptorNode::default(),
+        };
+        self.check_replaces(first)?;
+        Ok((domain, top))
+    }
+
+    /// `node` as a mapping whose keys are among `allowed`: each key's value.
+    fn mapping<'n>(
+        &self,
+        node: &'n Node,
+        path: &str,
+        allowed: &[&str],
+    ) -> Result<HashMap<&'n str, &'n Node>, RlsConfigError> {
+        let Value::Mapping(entries) = &node.value else {
+            return Err(self.fail(
+                node.line,
+                path,
+                format!("expected a mapping, found {}", node.kind()),
+            ));
+        };
+        let mut keys = HashMap::new();
+        for (key, value) in entries {
+            if !allowed.contains(&key.as_str()) {
+                let suggestion = allowed
+                    .iter()
+                    .map(|candidate| (edit_distance(key, candidate), candidate))
+                    .filter(|(distance, _)| *distance <= 2.max(key.len() / 3))
+                    .min();
+                let hint = match suggestion {
+                    Some((_, candidate)) => format!("; did you mean {candidate:?}?"),
+                    None => String::new(),
+                };
+                let here = if path.is_empty() { "the top level" } else { path };
+                return Err(self.fail(
+                    value.line,
+                    path,
+                    format!(
+                        "config error, unknown key {key:?} (at {here}: {}){hint}",
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+            keys.insert(key.as_str(), value);
+        }
+        Ok(keys)
+    }
+
+    fn string(&self, node: &Node, path: &str) -> Result<String, RlsConfigError> {
+        match &node.value {
+            _ if node.is_null() => Ok(String::new()),
+            Value::Scalar { text, .. } => Ok(text.clone()),
+            _ => Err(self.fail(node.line, path, format!("expected text, found {}", node.kind()))),
+        }
+    }
+
+    fn boolean(&self, node: Option<&&Node>, path: &str) -> Result<bool, RlsConfigError> {
+        let Some(node) = node else { return Ok(false) };
+        match &node.value {
+            _ if node.is_null() => Ok(false),
+            Value::Scalar { text, plain: true } => match text.as_str() {
+                "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Ok(true),
+                "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Ok(false),
+                other => Err(self.fail(
+                    node.line,
+                    path,
+                    format!("expected true or false, found {other:?}"),
+                )),
+            },
+            _ => Err(self.fail(
+                node.line,
+                path,
+                format!("expected true or false, found {}", node.kind()),
+            )),
+        }
+    }
+
+    /// A list of descriptors, one level of the tree.
+    fn descriptors(
+        &mut self,
+        node: &Node,
+        parent: &Place,
+        depth: usize,
+    ) -> Result<DescriptorNode, RlsConfigError> {
+        let path = match parent.path.as_str() {
+            "" => "descriptors".to_owned(),
+            path => format!("{path}.descriptors"),
+        };
+        if depth > yaml::MAX_DEPTH {
+            return Err(self.fail(node.line, &path, "descriptors nested too deep"));
+        }
+        let mut level = DescriptorNode::default();
+        if node.is_null() {
+            return Ok(level);
+        }
+        let Value::Sequence(items) = &node.value else {
+            return Err(self.fail(
+                node.line,
+                &path,
+                format!("expected a list of descriptors, found {}", node.kind()),
+            ));
+        };
+        // Where each (key, value) was first defined, for the duplicate's message.
+        let mut seen: HashMap<(String, Option<String>), usize> = HashMap::new();
+        for (index, item) in items.iter().enumerate() {
+            let here = format!("{path}[{index}]");
+            if !matches!(item.value, Value::Mapping(_)) {
+                return Err(self.fail(
+                    item.line,
+                    &here,
+                    format!(
+                        "config error, yaml file contains list of type other than map: {}",
+                        item.kind()
+                    ),
+                ));
+            }
+            let entries = self.mapping(item, &here, DESCRIPTOR_KEYS)?;
+            let key = match entries.get("key") {
+                Some(node) => self.string(node, &format!("{here}.key"))?,
+                None => String::new(),
+            };
+            if key.is_empty() {
+                return Err(self.fail(item.line, &here, "descriptor has empty key"));
+            }
+            let value = match entries.get("value") {
+                Some(node) => Some(self.string(node, &format!("{here}.value"))?).filter(|v| !v.is_empty()),
+                None => None,
+            };
+            if let Some(first) = seen.insert((key.clone(), value.clone()), item.line) {
+                let shown = match &value {
+                    Some(value) => format!("key {key:?}, value {value:?}"),
+                    None => format!("key {key:?} without a value"),
+                };
+                return Err(self.fail(
+                    item.line,
+                    &here,
+                    format!("duplicate descriptor composite key: {shown} is on line {first} already"),
+                ));
+            }
+            let segment = match &value {
+                Some(value) => format!(
+                    "{}={}",
+                    utf8_percent_encode(&key, NAME_ESCAPES),
+                    utf8_percent_encode(value, NAME_ESCAPES)
+                ),
+                None => utf8_percent_encode(&key, NAME_ESCAPES).to_string(),
+            };
+            let place = Place {
+                path: here.clone(),
+                rule: format!("{}/{segment}", parent.rule),
+            };
+            let shadow = self.boolean(entries.get("shadow_mode"), &format!("{here}.shadow_mode"))?;
+            // Accepted for compatibility; tollgate's metrics are per limit, never per value.
+            self.boolean(entries.get("detailed_metric"), &format!("{here}.detailed_metric"))?;
+            let limit = match entries.get("rate_limit") {
+                Some(node) if !node.is_null() => Some(self.rate_limit(node, &place, shadow)?),
+                _ => None,
+            };
+            let mut child = match entries.get("descriptors") {
+                Some(node) => self.descriptors(node, &place, depth + 1)?,
+                None => DescriptorNode::default(),
+            };
+            child.limit = limit;
+            let children = level.children.entry(key).or_default();
+            match value {
+                None => children.any = Some(Box::new(child)),
+                Some(value) => match value.strip_suffix('*') {
+                    Some(prefix) => children.prefixes.push((prefix.to_owned(), child)),
+                    None => {
+                        children.exact.insert(value, child);
+                    }
+                },
+            }
+        }
+        Ok(level)
+    }
+
+    fn rate_limit(&mut self, node: &Node, place: &Place, shadow: bool) -> Result<LimitId, RlsConfigError> {
+        let path = format!("{}.rate_limit", place.path);
+        let entries = self.mapping(node, &path, RATE_LIMIT_KEYS)?;
+        let unlimited = self.boolean(entries.get("unlimited"), &format!("{path}.unlimited"))?;
+        let unit = match entries.get("unit") {
+            Some(node) if !node.is_null() => {
+                let text = self.string(node, &format!("{path}.unit"))?;
+                let unit = Unit::parse(&text).ok_or_else(|| {
+                    let hint = Unit::ALL
+                        .iter()
+                        .map(|unit| {
+                            (
+                                edit_distance(&text.to_ascii_lowercase(), unit.as_str()),
+                                unit.as_str(),
+                            )
+                        })
+                        .filter(|(distance, _)| *distance <= 2)
+                        .min()
+                        .map_or_else(String::new, |(_, name)| format!("; did you mean {name:?}?"));
+                    self.fail(
+                        node.line,
+                        &format!("{path}.unit"),
+                        format!("invalid rate limit unit {text:?}: expected {}{hint}", Unit::NAMES),
+                    )
+                })?;
+                Some((unit, node.line))
+            }
+            _ => None,
+        };
+        let requests = match entries.get("requests_per_unit") {
+            Some(node) if !node.is_null() => {
+                let field = format!("{path}.requests_per_unit");
+                let text = self.string(node, &field)?;
+                let digits = text.strip_prefix('+').unwrap_or(&text);
+                let number = digits
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|_| digits.bytes().all(|b| b.is_ascii_digit()))
+                    .ok_or_else(|| {
+                        self.fail(
+                            node.line,
+                            &field,
+                            format!("expected a whole number from 0 to {}, found {text:?}", u32::MAX),
+                        )
+                    })?;
+                Some((number, node.line))
+            }
+            _ => None,
+        };
+        let allowance = match (unlimited, unit, requests) {
+            (true, Some((_, line)), _) => {
+                return Err(self.fail(
+                    line,
+                    &format!("{path}.unit"),
+                    "should not specify rate limit unit when unlimited",
+                ));
+            }
+            (true, None, Some((_, line))) => {
+                return Err(self.fail(
+                    line,
+                    &format!("{path}.requests_per_unit"),
+                    "should not specify requests_per_unit when unlimited",
+                ));
+            }
+            (true, None, None) => Allowance::Unlimited,
+            (false, None, _) => {
+                return Err(self.fail(
+                    node.line,
+                    &path,
+                    format!(
+                        "invalid rate limit unit \"\": a rate_limit needs a unit ({}) or unlimited: true",
+                        Unit::NAMES
+                    ),
+                ));
+            }
+            (false, Some((unit, _)), requests) => Allowance::Rate {
+                // As in that service, a missing number is 0: every hit is over the limit.
+                requests_per_unit: requests.map_or(0, |(n, _)| n),
+                unit,
+            },
+        };
+        let name = match entries.get("name") {
+            Some(node) => Some(self.string(node, &format!("{path}.name"))?).filter(|n| !n.is_empty()),
+            None => None,
+        };
+        let mut replaces = Vec::new();
+        if let Some(list) = entries.get("replaces").filter(|node| !node.is_null()) {
+            let field = format!("{path}.replaces");
+            let Value::Sequence(items) = &list.value else {
+                return Err(self.fail(
+                    list.line,
+                    &field,
+                    format!("expected a list of {{name: X}}, found {}", list.kind()),
+                ));
+            };
+            for (index, item) in items.iter().enumerate() {
+                let here = format!("{field}[{index}]");
+                let entry = self.mapping(item, &here, REPLACES_KEYS)?;
+                let replaced = match entry.get("name") {
+                    Some(node) => self.string(node, &format!("{here}.name"))?,
+                    None => String::new(),
+                };
+                if replaced.is_empty() {
+                    return Err(self.fail(item.line, &here, "should not have an empty replaces entry"));
+                }
+                if name.as_deref() == Some(replaced.as_str()) {
+                    return Err(self.fail(
+                        item.line,
+                        &here,
+                        "replaces should not contain name of same descriptor",
+                    ));
+                }
+                replaces.push((replaced, item.line, here));
+            }
+        }
+        if matches!(allowance, Allowance::Rate { .. }) && self.table.counted() >= MAX_LIMITS {
+            return Err(self.fail(
+                node.line,
+                &path,
+                format!("more than {MAX_LIMITS} rate limits in RLS_CONFIG"),
+            ));
+        }
+        let id = self.table.limits.len();
+        self.pending_replaces.extend(
+            replaces
+                .iter()
+                .map(|(n, line, here)| (n.clone(), *line, here.clone())),
+        );
+        self.table.limits.push(Limit {
+            rule: place.rule.clone().into(),
+            allowance,
+            name,
+            replaces: replaces.into_iter().map(|(name, _, _)| name).collect(),
+            shadow,
+        });
+        Ok(id)
+    }
+
+    /// Every `replaces` of the limits from `first` on names a limit of the same domain.
+    fn check_replaces(&self, first: LimitId) -> Result<(), RlsConfigError> {
+        let names: HashSet<&str> = self.table.limits[first..]
+            .iter()
+            .filter_map(|limit| limit.name.as_deref())
+            .collect();
+        for (name, line, path) in &self.pending_replaces {
+            if !names.contains(name.as_str()) {
+                return Err(self.fail(
+                    *line,
+                    path,
+                    format!("replaces {name:?}, but no rate_limit of this domain has that name"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> RlsConfigError {
+        DescriptorTable::parse([("test.yaml", text)]).expect_err("refused")
+    }
+
+    fn assert_refused(text: &str, location: &str, problem: &str) {
+        let error = refused(text);
+        assert!(error.location.contains(location), "{error}");
+        assert!(error.problem.contains(problem), "{error}");
+    }
+
+    #[test]
+    fn a_tree_becomes_limits_and_fixed_window_rules() {
+        let table = DescriptorTable::parse([(
+            "a.yaml",
+            "domain: edge\ndescriptors:\n  - key: path\n    value: /api v1\n    rate_limit: {unit: Minute, requests_per_unit: 7, name: api}\n  - key: free\n    rate_limit: {unlimited: true}\n",
+        )])
+        .unwrap();
+        assert_eq!(table.limits.len(), 2);
+        assert_eq!(table.counted(), 1);
+        let rules = table.rules(FailMode::Closed, false);
+        assert_eq!(rules.len(), 1);
+        // Characters other than [A-Za-z0-9-_.*] are percent-encoded: `/` and `=` only separate.
+        assert_eq!(&*rules[0].name, "rls/edge/path=%2Fapi%20v1");
+        assert_eq!(
+            rules[0].policy,
+            Policy::FixedWindow(FixedWindow {
+                limit: 7,
+                window_ms: 60_000
+            })
+        );
+        assert_eq!(rules[0].fail_mode, FailMode::Closed);
+        assert_eq!(table.limits[0].name.as_deref(), Some("api"));
+        assert!(table.rules(FailMode::Open, true)[0].shadow);
+    }
+
+    /// The refusals of envoyproxy/ratelimit's own test configurations (`test/config/*.yaml`).
+    #[test]
+    fn what_the_reference_refuses_is_refused() {
+        assert_refused(
+            "descriptors:\n  - key: a\n",
+            "test.yaml:1",
+            "config file cannot have empty domain",
+        );
+        assert_refused("", "test.yaml", "config file cannot have empty domain");
+        assert_refused(
+            "domain: d\ndescriptors:\n  - value: v\n",
+            "descriptors[0]",
+            "descriptor has empty key",
+        );
+        assert_refused(
+            "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n  - key: key1\n    value: value1\n",
+            "test.yaml:5: descriptors[1]",
+            "duplicate descriptor composite key: key \"key1\", value \"value1\" is on line 3",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: foo\n      requests_per_unit: 1\n",
+            "test.yaml:5: descriptors[0].rate_limit.unit",
+            "invalid rate limit unit \"foo\"",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      name: me\n      replaces:\n        - name: me\n",
+            "replaces[0]",
+            "replaces should not contain name of same descriptor",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: \"\"\n",
+            "replaces[0]",
+            "should not have an empty replaces entry",
+        );
+        assert_refused("domain: d\ndescriptors: [\n", "test.yaml:", "");
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    ratelimit:\n      unit: second\n",
+            "descriptors[0]",
+            "unknown key \"ratelimit\" (at descriptors[0]: key, value, rate_limit, descriptors, shadow_mode, detailed_metric); did you mean \"rate_limit\"?",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requestsperunit: 5\n",
+            "test.yaml:6: descriptors[0].rate_limit",
+            "did you mean \"requests_per_unit\"?",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    0.25: x\n",
+            "descriptors[0]",
+            "unknown key \"0.25\"",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - a\n",
+            "descriptors[0]",
+            "yaml file contains list of type other than map",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      unlimited: true\n",
+            "rate_limit.unit",
+            "should not specify rate limit unit when unlimited",
+        );
+    }
+
+    #[test]
+    fn what_the_reference_lets_do_nothing_is_refused_too() {
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n      unlimited: true\n",
+            "rate_limit.requests_per_unit",
+            "should not specify requests_per_unit when unlimited",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: nobody\n",
+            "test.yaml:8: descriptors[0].rate_limit.replaces[0]",
+            "replaces \"nobody\", but no rate_limit of this domain has that name",
+        );
+        // A valid key where it means nothing.
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      shadow_mode: true\n",
+            "rate_limit",
+            "unknown key \"shadow_mode\"",
+        );
+        assert_refused("domain: a\ndomain: b\n", "test.yaml:2", "again (first on line 1)");
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: secnd\n",
+            "unit",
+            "did you mean \"second\"?",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n",
+            "requests_per_unit",
+            "a whole number",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 1\n",
+            "descriptors[0].rate_limit",
+            "needs a unit",
+        );
+        let two = DescriptorTable::parse([("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")]).unwrap_err();
+        assert_eq!(two.location, "b.yaml");
+        assert!(two.problem.contains("a.yaml has it already"), "{two}");
+    }
+
+    #[test]
+    fn a_replaces_may_name_a_limit_anywhere_in_its_domain() {
+        let table = DescriptorTable::parse([(
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces: [{name: b}]\n  - key: b\n    descriptors:\n      - key: c\n        rate_limit: {unit: hour, requests_per_unit: 2, name: b}\n",
+        )])
+        .unwrap();
+        assert_eq!(table.limits[0].replaces, ["b"]);
+    }
+
+    #[test]
+    fn a_directory_is_every_yaml_file_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("one.yaml"), "domain: one\n").unwrap();
+        std::fs::write(dir.path().join("two.yml"), "domain: two\n").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not: yaml: at all").unwrap();
+        let table = DescriptorTable::load(dir.path()).unwrap();
+        assert_eq!(table.domains.len(), 2);
+        assert_eq!(table.files.len(), 2);
+        let empty = tempfile::tempdir().unwrap();
+        assert!(
+            DescriptorTable::load(empty.path())
+                .unwrap_err()
+                .problem
+                .contains("no *.yaml")
+        );
+        let missing = DescriptorTable::load(&dir.path().join("missing.yaml")).unwrap_err();
+        assert!(missing.problem.contains("cannot be read"), "{missing}");
+    }
+}

@@ -1,0 +1,387 @@
+//! Envoy's rate limit service over gRPC (`envoy.service.ratelimit.v3.RateLimitService/
+//! ShouldRateLimit`), a drop-in for envoyproxy/ratelimit: a front door, a caller of the gate
+//! like the proxy is.
+//!
+//! - [`config`]: `RLS_CONFIG`, that service's YAML, into a validated [`DescriptorTable`]
+//!   whose every rate limit is a [`Rule`] of the gate's table (a fixed window of its unit).
+//! - [`matcher`]: which limit one request descriptor falls under.
+//! - this module: the answer. Each descriptor of a request is matched; a matched limit whose
+//!   `name` another matched limit `replaces` is not applied; each remaining counted limit is
+//!   decided through [`Gate::decide_key`], costing `hits_addend` (the descriptor's, else the
+//!   request's; 0 is 1, as that service reads it), keyed by the domain and the descriptor's
+//!   entries. `overall_code` is `OVER_LIMIT` if any descriptor is. `response_headers_to_add`
+//!   carries `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of the descriptor
+//!   nearest its limit (one over it, if any), the headers that service sends with
+//!   `LIMIT_RESPONSE_HEADERS_ENABLED=true`.
+//!
+//! An unknown domain, a descriptor that matches nothing, a replaced limit: `OK`, no limit. An
+//! `unlimited` limit: `OK`, never counted. `shadow_mode` (or `SHADOW_MODE`): counted, `OK`.
+//! When Redis cannot decide, the rules' fail mode (`FAIL_MODE`) answers: `open` is `OK`,
+//! `local` is this replica's own count, and `closed` is `OVER_LIMIT`, since "refuse when
+//! unsure" is what the operator asked for. (envoyproxy/ratelimit answers a gRPC error there,
+//! and Envoy's `failure_mode_deny` decides; an error cannot say which of a request's
+//! descriptors failed, and with `FAIL_MODE` the gateway's operator already chose.)
+//!
+//! Not supported: a descriptor's `limit` override (the budget of a limit must be a rule known
+//! at startup; the override is ignored and the configured limit applies), per-value metrics
+//! (`detailed_metric` is accepted and changes nothing), `quota` answers.
+
+pub(crate) mod config;
+pub mod matcher;
+mod yaml;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use crate::gate::Gate;
+use crate::limit::{Rule, Verdict};
+pub(crate) use config::DescriptorTable;
+
+/// The generated protocol: Envoy's messages and the tonic server, from `proto/`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    /// `envoy.*`.
+    pub mod envoy {
+        /// `envoy.config`.
+        pub mod config {
+            /// `envoy.config.core`.
+            pub mod core {
+                /// `envoy.config.core.v3`: `HeaderValue`.
+                pub mod v3 {
+                    include!(concat!(env!("OUT_DIR"), "/envoy.config.core.v3.rs"));
+                }
+            }
+        }
+        /// `envoy.extensions`.
+        pub mod extensions {
+            /// `envoy.extensions.common`.
+            pub mod common {
+                /// `envoy.extensions.common.ratelimit`.
+                pub mod ratelimit {
+                    /// `envoy.extensions.common.ratelimit.v3`: `RateLimitDescriptor`.
+                    pub mod v3 {
+                        include!(concat!(
+                            env!("OUT_DIR"),
+                            "/envoy.extensions.common.ratelimit.v3.rs"
+                        ));
+                    }
+                }
+            }
+        }
+        /// `envoy.service`.
+        pub mod service {
+            /// `envoy.service.ratelimit`.
+            pub mod ratelimit {
+                /// `envoy.service.ratelimit.v3`: the service and its messages.
+                pub mod v3 {
+                    include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
+                }
+            }
+        }
+        /// `envoy.type`.
+        pub mod r#type {
+            /// `envoy.type.v3`: `RateLimitUnit`.
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.r#type.v3.rs"));
+            }
+        }
+    }
+}
+
+use proto::envoy::config::core::v3::HeaderValue;
+use proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit as CurrentLimit,
+};
+use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{self, RateLimitServiceServer};
+use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+/// The header names envoyproxy/ratelimit sends by default (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+pub(crate) const LIMIT_HEADER: &str = "RateLimit-Limit";
+/// See [`LIMIT_HEADER`].
+pub(crate) const REMAINING_HEADER: &str = "RateLimit-Remaining";
+/// See [`LIMIT_HEADER`].
+pub(crate) const RESET_HEADER: &str = "RateLimit-Reset";
+
+/// Most descriptors one request may carry: each is a decision, and Envoy sends a handful.
+pub(crate) const MAX_DESCRIPTORS: usize = 64;
+
+/// Most entries one descriptor may carry.
+pub(crate) const MAX_ENTRIES: usize = 64;
+
+/// The gRPC server type, for a listener to route `application/grpc` requests to.
+pub(crate) type Server = RateLimitServiceServer<RateLimitService>;
+
+/// Why the service cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RlsError {
+    /// The gate's rule table lacks a rule the descriptor table needs: the two were not built
+    /// from one configuration.
+    #[error("the gate has no rule {0:?}: build its rule table with the descriptor table's rules")]
+    MissingRule(String),
+}
+
+/// Envoy's rate limit service, deciding through the gate.
+pub struct RateLimitService {
+    /// The one door to policy.
+    gate: Arc<Gate>,
+    /// The descriptor trees.
+    table: Arc<DescriptorTable>,
+    /// Each limit's rule, by [`config::LimitId`]; `None` for an unlimited one. Resolved once,
+    /// so a decision never looks a rule up by name.
+    rules: Vec<Option<Rule>>,
+}
+
+/// One descriptor's way to its answer.
+enum Plan<'s> {
+    /// Nothing applies: `OK`, no limit.
+    Free,
+    /// `unlimited`.
+    Unlimited,
+    /// Decided under the rule, at this cost.
+    Decide(&'s config::Limit, &'s Rule, u64),
+}
+
+impl RateLimitService {
+    /// The service of `table`, deciding through `gate`, whose rule table must hold the
+    /// table's rules ([`DescriptorTable::rules`], added with `RuleTable::with_named`).
+    pub fn new(gate: Arc<Gate>, table: Arc<DescriptorTable>) -> Result<RateLimitService, RlsError> {
+        let rules = table
+            .limits
+            .iter()
+            .map(|limit| match limit.allowance {
+                config::Allowance::Unlimited => Ok(None),
+                config::Allowance::Rate { .. } => gate
+                    .rule(&limit.rule)
+                    .cloned()
+                    .map(Some)
+                    .ok_or_else(|| RlsError::MissingRule(limit.rule.to_string())),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(RateLimitService { gate, table, rules })
+    }
+
+    /// The tonic server of this service: a `tower::Service` of HTTP/2 requests.
+    pub fn into_server(self) -> Server {
+        RateLimitServiceServer::new(self)
+    }
+
+    /// Answer one `ShouldRateLimit` request.
+    pub async fn check(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        validate(request)?;
+        let plans = self.plan(request);
+        let mut statuses = Vec::with_capacity(plans.len());
+        for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
+            let status = match plan {
+                Plan::Free => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                },
+                Plan::Unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                },
+                Plan::Decide(limit, rule, cost) => {
+                    let key = self.gate.key_of(&client_name(&request.domain, descriptor));
+                    let keyed = self.gate.decide_key(rule, key, *cost).await;
+                    status(limit, keyed.decision, keyed.outcome.forwards())
+                }
+            };
+            statuses.push(status);
+        }
+        let over = statuses
+            .iter()
+            .any(|status| status.code == Code::OverLimit as i32);
+        let response_headers_to_add = headers(&statuses);
+        Ok(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add,
+            ..Default::default()
+        })
+    }
+
+    /// What each descriptor comes to: its limit, unless another matched limit replaces it.
+    fn plan(&self, request: &RateLimitRequest) -> Vec<Plan<'_>> {
+        let matched: Vec<Option<config::LimitId>> = request
+            .descriptors
+            .iter()
+            .map(|descriptor| {
+                let entries = descriptor
+                    .entries
+                    .iter()
+                    .map(|entry| (entry.key.as_str(), entry.value.as_str()));
+                matcher::find(&self.table, &request.domain, entries)
+            })
+            .collect();
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flatten()
+            .flat_map(|id| self.table.limits[*id].replaces.iter().map(String::as_str))
+            .collect();
+        matched
+            .iter()
+            .zip(&request.descriptors)
+            .map(|(id, descriptor)| {
+                let Some(id) = *id else { return Plan::Free };
+                let limit = &self.table.limits[id];
+                if limit.name.as_deref().is_some_and(|name| replaced.contains(&name)) {
+                    return Plan::Free;
+                }
+                match &self.rules[id] {
+                    None => Plan::Unlimited,
+                    Some(rule) => {
+                        let hits = descriptor
+                            .hits_addend
+                            .map_or(u64::from(request.hits_addend), |hits| hits);
+                        Plan::Decide(limit, rule, hits.max(1))
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+#[tonic::async_trait]
+impl rate_limit_service_server::RateLimitService for RateLimitService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.check(request.get_ref()).await.map(Response::new)
+    }
+}
+
+/// Refuse what that service refuses (`rate limit domain must not be empty`, `rate limit
+/// descriptor list must not be empty`), and what no Envoy sends.
+fn validate(request: &RateLimitRequest) -> Result<(), Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument("rate limit domain must not be empty"));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "at most {MAX_DESCRIPTORS} descriptors in one request"
+        )));
+    }
+    for (index, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.len() > MAX_ENTRIES {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {index}: at most {MAX_ENTRIES} entries"
+            )));
+        }
+        if descriptor.entries.iter().any(|entry| entry.key.is_empty()) {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {index}: an entry has an empty key"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whose budget a descriptor spends: the domain and every entry (as that service's cache key
+/// holds them all), each length-prefixed so no two descriptors encode alike.
+pub(crate) fn client_name(domain: &str, descriptor: &RateLimitDescriptor) -> Vec<u8> {
+    let mut name = Vec::with_capacity(8 + domain.len() + descriptor.entries.len() * 24);
+    name.extend_from_slice(b"rls\0");
+    let mut part = |bytes: &[u8]| {
+        name.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        name.extend_from_slice(bytes);
+    };
+    part(domain.as_bytes());
+    for entry in &descriptor.entries {
+        part(entry.key.as_bytes());
+        part(entry.value.as_bytes());
+    }
+    name
+}
+
+/// The status of a decided descriptor: `forwards` is whether the gate lets the request on
+/// (so `OK`; a shadow rule's refusals and `FAIL_MODE=open` do).
+fn status(limit: &config::Limit, verdict: Verdict, forwards: bool) -> DescriptorStatus {
+    let code = if forwards { Code::Ok } else { Code::OverLimit };
+    let current_limit = match limit.allowance {
+        config::Allowance::Rate {
+            requests_per_unit,
+            unit,
+        } => Some(CurrentLimit {
+            name: limit.name.clone().unwrap_or_default(),
+            requests_per_unit,
+            unit: proto_unit(unit) as i32,
+        }),
+        config::Allowance::Unlimited => None,
+    };
+    let (remaining, reset) = match verdict.decision() {
+        Some(decision) => (decision.remaining, Some(decision.reset_after)),
+        None => (0, None),
+    };
+    DescriptorStatus {
+        code: code as i32,
+        current_limit,
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: reset.map(duration),
+        quota: None,
+    }
+}
+
+fn proto_unit(unit: config::Unit) -> ProtoUnit {
+    match unit {
+        config::Unit::Second => ProtoUnit::Second,
+        config::Unit::Minute => ProtoUnit::Minute,
+        config::Unit::Hour => ProtoUnit::Hour,
+        config::Unit::Day => ProtoUnit::Day,
+        config::Unit::Week => ProtoUnit::Week,
+        config::Unit::Month => ProtoUnit::Month,
+        config::Unit::Year => ProtoUnit::Year,
+    }
+}
+
+fn duration(duration: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// `RateLimit-Limit`, `-Remaining` and `-Reset` of the status nearest its limit: the last one
+/// over it if any is, else the one with the least remaining (the first of equals), as
+/// envoyproxy/ratelimit picks it; none when no descriptor had a limit decided.
+fn headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+    let decided = statuses
+        .iter()
+        .filter(|status| status.current_limit.is_some() && status.duration_until_reset.is_some());
+    let nearest = decided
+        .clone()
+        .rfind(|status| status.code == Code::OverLimit as i32)
+        .or_else(|| decided.min_by_key(|status| status.limit_remaining));
+    let Some(status) = nearest else {
+        return Vec::new();
+    };
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or(0, |limit| limit.requests_per_unit);
+    // Whole seconds, rounded up: a client that waits that long finds the window over.
+    let reset = status.duration_until_reset.as_ref().map_or(0, |reset| {
+        reset.seconds.saturating_add(i64::from(reset.nanos > 0))
+    });
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+        raw_value: Vec::new(),
+    };
+    vec![
+        header(LIMIT_HEADER, limit.to_string()),
+        header(REMAINING_HEADER, status.limit_remaining.to_string()),
+        header(RESET_HEADER, reset.to_string()),
+    ]
+}
