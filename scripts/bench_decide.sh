@@ -18,9 +18,9 @@
 #   check     POST /v1/check {"rule":"general","key":"tenant-1"} (wrk and a Lua script);
 #   fa-h2     the same as fa over h2c with prior knowledge (h2load);
 #   check-h2  the same as check over h2c (h2load -d);
-#   grpc      Envoy's ShouldRateLimit over h2c (h2load -d, a fixed gRPC frame built below):
-#             a hook, off until tollgate serves it (the rls branch) and a tonic floor exists
-#             (examples/rls_floor.rs); see scenario_grpc.
+#   grpc      Envoy's ShouldRateLimit over h2c (h2load -d, a fixed gRPC frame built below),
+#             tollgate with RLS_CONFIG; beside a tonic floor once examples/rls_floor.rs exists
+#             (see scenario_grpc).
 # With --callgrind, also instructions per decision (exact, whatever else the machine does):
 # tollgate and the floor under valgrind --tool=callgrind, warmed up, counters zeroed, exactly N
 # requests (h2load --h1 -n N), counters dumped; scripts/callgrind_top.py then lists where
@@ -32,7 +32,7 @@
 #   --rounds N        interleaved rounds per scenario (default 5)
 #   --duration D      measured seconds per target and round, wrk -d syntax (default 10s)
 #   --scenarios LIST  comma-separated subset of fa,check,fa-h2,check-h2,grpc
-#                     (default fa,check,fa-h2,check-h2)
+#                     (default all: fa,check,fa-h2,check-h2,grpc)
 #   --log FILE        raw output here, one row per measurement in FILE.tsv
 #                     (default $TMPDIR/bench-decide-DATE.log)
 #   --callgrind       add instructions per decision; --no-load: only that
@@ -44,7 +44,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 arguments=$*
-rounds=5 duration=10s scenarios=fa,check,fa-h2,check-h2 callgrind=0 load=1
+rounds=5 duration=10s scenarios=fa,check,fa-h2,check-h2,grpc callgrind=0 load=1
 log=${TMPDIR:-/tmp}/bench-decide-$(date +%Y%m%d-%H%M%S).log
 while [ $# -gt 0 ]; do
   case $1 in
@@ -181,7 +181,9 @@ floor() { # name [command prefix...]
   local name=$1 port
   shift
   port=$(free_port)
-  start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PORT="$port" "$@" "${floor_binary:-$FLOOR}"
+  local binary=${floor_binary:-$FLOOR}
+  [ "$name" = floor-grpc ] && binary=$target_dir/release/examples/rls_floor
+  start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PORT="$port" "$@" "$binary"
 }
 
 # The requests, one definition for every tool.
@@ -312,27 +314,58 @@ run_rounds() { # scenario "target..."
   done
 }
 
-# Envoy's ShouldRateLimit: the hook. To turn it on once the rls branch has landed:
-#   1. tollgate: RLS_CONFIG with domain "bench" and a descriptor {key: tenant} whose limit is
-#      huge (requests_per_unit 1000000000, unit second) for the headline, and a second
-#      tollgate whose limit is 1 per day for the deny variant; gRPC is routed on
-#      `content-type: application/grpc` on DECIDE_PORT, so the same tollgate() above serves it;
-#   2. the floor: examples/rls_floor.rs, a tonic RateLimitService answering a constant
-#      RateLimitResponse{overall_code: OK} (tollgate::rls::proto's generated types), on
-#      hyper-util's auto server as the decision floor's;
-#   3. an answer check: a gRPC answer is HTTP 200 whatever it says, so check `grpc-status: 0`
-#      (curl --http2-prior-knowledge -D - shows the trailer) and the overall_code's bytes;
-#   4. add "floor-grpc tollgate-grpc tollgate-grpc-deny" to the scenario below.
+# Envoy's ShouldRateLimit, when this tollgate serves it (RLS_CONFIG): domain "bench", one
+# descriptor {key: tenant} of any value, as a fixed window: a billion a second for tollgate, one
+# a day for tollgate-deny. gRPC is routed on `content-type: application/grpc` on DECIDE_PORT,
+# so the same targets serve it. Its floor, examples/rls_floor.rs (a tonic RateLimitService
+# answering a constant RateLimitResponse{overall_code: OK} on hyper-util's auto server), is
+# not written yet: tollgate's generated types (`rls::proto`) are crate-private. Until it is,
+# the scenario measures tollgate alone, and its ratios are "-".
+rls=0
+if grep -q RLS_CONFIG "$ROOT/src/config/mod.rs"; then
+  rls=1
+  for budget in allow:1000000000:second deny:1:day; do
+    IFS=: read -r kind per unit <<<"$budget"
+    printf 'domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: %s, requests_per_unit: %s}\n' \
+      "$unit" "$per" >"$work/rls-$kind.yaml"
+  done
+  allow+=(RLS_CONFIG="$work/rls-allow.yaml") deny+=(RLS_CONFIG="$work/rls-deny.yaml")
+fi
+
+# One gRPC call: HTTP 200 with grpc-status 0, and the answer's overall_code (field 1, a
+# varint right after the 5-byte frame header: 1 OK, 2 OVER_LIMIT).
+expect_grpc() { # name overall-code
+  local name=$1 want=$2 code
+  curl -s --http2-prior-knowledge --max-time 5 -D "$work/grpc.head" -o "$work/grpc.answer" \
+    "${grpc_headers[@]}" --data-binary @"$work/grpc.bin" "http://127.0.0.1:${port_of[$name]}$grpc_path" || true
+  code=$(od -An -tu1 -j5 -N2 "$work/grpc.answer" | tr -s ' ' | sed 's/^ //')
+  if ! grep -qi '^grpc-status: 0' "$work/grpc.head" || [ "$code" != "8 $want" ]; then
+    echo "bench_decide.sh: $name answered ShouldRateLimit with $(tr -d '\r' <"$work/grpc.head" | tr '\n' ' ')" \
+      "and $(od -An -tx1 "$work/grpc.answer" | head -c 120), expected grpc-status 0, overall_code $want" >&2
+    exit 1
+  fi
+}
+
 scenario_grpc() {
-  local rls_floor=$target_dir/release/examples/rls_floor
-  if [ ! -x "$rls_floor" ] || ! grep -q RLS_CONFIG "$ROOT/src/config/mod.rs"; then
-    echo "  grpc: skipped: tollgate does not serve ShouldRateLimit yet, or examples/rls_floor.rs is missing" \
-      "(the rls branch; see scenario_grpc in $0)"
+  if [ "$rls" = 0 ]; then
+    echo "  grpc: skipped: this tollgate does not serve ShouldRateLimit (no RLS_CONFIG)"
     return 0
   fi
-  echo "  grpc: the body is $(wc -c <"$work/grpc.bin") bytes ($(od -An -tx1 "$work/grpc.bin" | tr -s ' \n' ' '))"
-  echo "bench_decide.sh: the grpc scenario's targets are not wired yet (see scenario_grpc)" >&2
-  exit 2
+  echo "  grpc: the request is $(wc -c <"$work/grpc.bin") bytes ($(od -An -tx1 "$work/grpc.bin" | tr -s ' \n' ' '))"
+  local targets="tollgate tollgate-deny"
+  if [ -x "$target_dir/release/examples/rls_floor" ]; then
+    floor floor-grpc
+    expect_grpc floor-grpc 1
+    targets="floor-grpc $targets"
+  else
+    echo "  grpc: no floor (examples/rls_floor.rs is not written yet): tollgate alone"
+  fi
+  expect_grpc tollgate 1
+  # tollgate-deny's one call a day, spent.
+  curl -s --http2-prior-knowledge --max-time 5 -o /dev/null "${grpc_headers[@]}" --data-binary @"$work/grpc.bin" \
+    "http://127.0.0.1:${port_of[tollgate-deny]}$grpc_path" || true
+  expect_grpc tollgate-deny 2
+  run_rounds grpc "$targets"
 }
 
 if [ "$load" = 1 ]; then
@@ -364,6 +397,7 @@ if [ "$load" = 1 ]; then
     esac
   done
   stop floor tollgate tollgate-deny
+  [ -z "${pid_of[floor-grpc]:-}" ] || stop floor-grpc
 
   echo
   echo "== summary: medians over $rounds round(s) [min-max]; \"vs floor\": tollgate's median / the floor's median"
@@ -384,7 +418,7 @@ if [ "$load" = 1 ]; then
       rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $11
       refused[k] += $8; bad[k] += $9
       # per-round ratios against the floor of the same round
-      if ($3 == "floor") { frps[$1, $2] = $4; fcpu[$1, $2] = $11 }
+      if ($3 ~ /^floor/) { frps[$1, $2] = $4; fcpu[$1, $2] = $11 }
       else if (fcpu[$1, $2] > 0) { rr[k] = rr[k] " " $4 / frps[$1, $2]; rc[k] = rc[k] " " $11 / fcpu[$1, $2] }
     }
     END {
@@ -394,9 +428,9 @@ if [ "$load" = 1 ]; then
         printf "| %-14s | %-24s | %-6s | %-7s | %-22s | %-11s | %-11s | %-19s | %-8s | %s |\n", "target", "dec/s median [min-max]",
           "p50 us", "p99 us", "CPU us/dec [min-max]", "dec/s vs floor", "CPU vs floor", "CPU per round vs floor", "non-2xx", "errors"
         printf "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
-        for (t = 1; t <= nt[S]; t++) { T = target[S, t]; k = S SUBSEP T; f = S SUBSEP "floor"
+        for (t = 1; t <= nt[S]; t++) { T = target[S, t]; k = S SUBSEP T; f = S SUBSEP (S == "grpc" ? "floor-grpc" : "floor")
           r = med(rps[k]); c = med(cpu[k])
-          per = T == "floor" ? "-" : sprintf("%.2f [%.2f-%.2f]", med(rc[k]), lo(rc[k]), hi(rc[k]))
+          per = T ~ /^floor/ || rc[k] == "" ? "-" : sprintf("%.2f [%.2f-%.2f]", med(rc[k]), lo(rc[k]), hi(rc[k]))
           printf "| %-14s | %7.0f [%6.0f-%6.0f] | %6.0f | %7.0f | %6.2f [%5.2f-%5.2f] | %11s | %11s | %19s | %8d | %d |\n", T,
             r, lo(rps[k]), hi(rps[k]), med(p50[k]), med(p99[k]), c, lo(cpu[k]), hi(cpu[k]),
             ratio(r, med(rps[f])), ratio(c, med(cpu[f])), per, refused[k], bad[k] }
