@@ -147,7 +147,10 @@ stop() { # name...
   for name in "$@"; do
     kill "${pid_of[$name]}" 2>/dev/null || true
     wait "${pid_of[$name]}" 2>/dev/null || true
-    for i in "${!pids[@]}"; do [ "${pids[$i]}" = "${pid_of[$name]}" ] && unset 'pids[i]' 'pnames[i]'; done
+    # `if`, not `&&`: a last comparison that fails must not fail the function (set -e).
+    for i in "${!pids[@]}"; do
+      if [ "${pids[$i]}" = "${pid_of[$name]}" ]; then unset 'pids[i]' 'pnames[i]'; fi
+    done
   done
 }
 
