@@ -15,6 +15,7 @@ pub mod memory;
 pub mod pattern;
 pub mod redis;
 pub mod redis_clock;
+pub(crate) mod refused;
 pub mod rules;
 pub mod sentinel;
 pub mod settings;
@@ -104,6 +105,20 @@ impl Limiter {
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.store.refund(rule, client, cost, verdict)
+    }
+
+    /// What `client` has left under `rule`, spending nothing (see [`Store::inspect`]).
+    pub fn inspect<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+    ) -> Decide<'a, Result<Decision, StoreError>> {
+        self.store.inspect(rule, client)
+    }
+
+    /// Give `client` its whole budget under `rule` back (see [`Store::reset`]).
+    pub fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+        self.store.reset(rule, client)
     }
 
     /// What the store knows now, for the metrics and `/readyz`.
