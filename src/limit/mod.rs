@@ -6,6 +6,10 @@
 //! The limiter holds one [`Store`]: the [`MemoryStore`], or a [`Remote`] store (the
 //! [`RedisStore`]) behind the [`Guard`], its circuit breakers and fail modes. The guard is
 //! generic over the remote, so its logic is tested against a store that fails on command.
+//!
+//! Besides deciding, a store reads a client's budget without spending it and resets it (the
+//! admin's operations, [`Store::inspect`] and [`Store::reset`]); `refused` keeps, in bounded
+//! memory, the clients refused most.
 
 pub mod algorithm;
 pub mod denials;

@@ -311,3 +311,42 @@ async fn the_most_refused_list_stays_bounded_under_a_flood_of_distinct_keys() {
     eprintln!("{FLOOD} refusals in {elapsed:?}; heavy hitter {heavy}");
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn every_algorithm_reads_alike_in_memory_and_in_redis() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    for algorithm in crate::redis::EXACT_25 {
+        for store in [None, Some(url.as_str())] {
+            let prefix = format!("peek-{}:", algorithm[0].1);
+            let mut vars: Vec<(&str, &str)> = algorithm.to_vec();
+            vars.push(("ADMIN_TOKEN", TOKEN));
+            vars.push(("KEY_PREFIX", &prefix));
+            if let Some(url) = store {
+                vars.push(("REDIS_URL", url));
+            }
+            let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
+            let from = "127.0.0.5".parse().unwrap();
+            for _ in 0..7 {
+                assert_eq!(
+                    get_from(gateway.addr, from, "/", &[]).await.status,
+                    StatusCode::OK
+                );
+            }
+            for _ in 0..3 {
+                let seen = inspect(&gateway, "general", "127.0.0.5").await;
+                assert_eq!(seen["remaining"], 18, "{algorithm:?} on {store:?}: {seen}");
+                assert_eq!(seen["limit"], 25);
+            }
+            let reply = get_from(gateway.addr, from, "/", &[]).await;
+            assert_eq!(
+                reply.number("x-ratelimit-remaining"),
+                17,
+                "{algorithm:?} on {store:?}"
+            );
+            gateway.stop().await;
+        }
+    }
+    backend.stop().await;
+}
