@@ -350,3 +350,56 @@ async fn every_algorithm_reads_alike_in_memory_and_in_redis() {
     }
     backend.stop().await;
 }
+
+#[tokio::test]
+async fn admin_operations_reach_each_clients_master_on_a_redis_cluster() {
+    let cluster = crate::support::RedisCluster::start();
+    let backend = Backend::start().await;
+    let seeds = cluster.seeds();
+    let vars = [
+        ("REDIS_CLUSTER_NODES", seeds.as_str()),
+        ("REDIS_TIMEOUT_MS", "5000"),
+        ("MAX_TOKENS", "3"),
+        ("REFILL_RATE", "0.001"),
+        ("ADMIN_TOKEN", TOKEN),
+    ];
+    let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
+    // Several clients, so their keys land on different masters.
+    for n in 2..=6 {
+        let client = format!("127.0.0.{n}");
+        let from = client.parse().unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                get_from(gateway.addr, from, "/", &[]).await.status,
+                StatusCode::OK
+            );
+        }
+        assert_eq!(
+            get_from(gateway.addr, from, "/", &[]).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            inspect(&gateway, "general", &client).await["remaining"],
+            0,
+            "{client}"
+        );
+        let path = format!("/v1/clients/general/{client}");
+        let reset = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+        assert_eq!(reset.status, StatusCode::OK, "{client}: {}", reset.text());
+        assert_eq!(
+            inspect(&gateway, "general", &client).await["remaining"],
+            3,
+            "{client}"
+        );
+        assert_eq!(
+            get_from(gateway.addr, from, "/", &[]).await.status,
+            StatusCode::OK
+        );
+    }
+    assert!(
+        cluster.masters_holding_keys() > 1,
+        "the clients spread over masters"
+    );
+    gateway.stop().await;
+    backend.stop().await;
+}
