@@ -238,11 +238,10 @@ async fn operate(
 ) -> Response<Full<Bytes>> {
     let method = request.method();
     let path = request.uri().path();
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
-    if !presented.is_some_and(|token| operations.token.matches(token)) {
+    if !operations
+        .token
+        .authorizes(request.headers().get(header::AUTHORIZATION))
+    {
         tracing::warn!(%peer, %method, path, "admin operation refused: no valid ADMIN_TOKEN");
         let mut response = text(StatusCode::UNAUTHORIZED, "Authorization: Bearer <ADMIN_TOKEN>\n");
         response.headers_mut().insert(
@@ -474,5 +473,28 @@ mod tests {
         open.remove(rest[0].0);
         open.remove(newest.0);
         assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS - 2);
+    }
+
+    #[test]
+    fn the_admin_token_is_a_bearer_token_in_any_case_of_the_scheme() {
+        let token = Token::new("admin-token-for-the-tests").unwrap();
+        let header = |value: &'static str| header::HeaderValue::from_static(value);
+        assert!(token.authorizes(Some(&header("Bearer admin-token-for-the-tests"))));
+        assert!(token.authorizes(Some(&header("bearer admin-token-for-the-tests"))));
+        assert!(!token.authorizes(Some(&header("Bearer admin-token-for-the-test"))));
+        assert!(!token.authorizes(Some(&header("Basic admin-token-for-the-tests"))));
+        assert!(!token.authorizes(Some(&header("Bearer"))));
+        assert!(!token.authorizes(None));
+    }
+
+    #[test]
+    fn top_defaults_to_ten_and_stops_at_the_sketch_capacity() {
+        assert_eq!(top_of(None), Ok(DEFAULT_TOP));
+        assert_eq!(top_of(Some("other=1")), Ok(DEFAULT_TOP));
+        assert_eq!(top_of(Some("top=3")), Ok(3));
+        assert_eq!(top_of(Some("x=y&top=1000")), Ok(CAPACITY));
+        for bad in ["top=0", "top=-1", "top=ten", "top="] {
+            assert!(top_of(Some(bad)).is_err(), "{bad}");
+        }
     }
 }
