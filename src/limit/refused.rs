@@ -324,4 +324,14 @@ mod tests {
         assert!(refused.held(0) <= 2 * CAPACITY);
         assert_eq!(refused.top(0, 1_000).len(), CAPACITY);
     }
+
+    #[test]
+    fn a_rule_holds_a_few_kilobytes_at_most() {
+        let per_rule = 2 * CAPACITY * std::mem::size_of::<Counted>();
+        eprintln!(
+            "{per_rule} bytes per rule ({} per client)",
+            std::mem::size_of::<Counted>()
+        );
+        assert!(per_rule <= 8 * 1024, "{per_rule} bytes");
+    }
 }
