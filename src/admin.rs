@@ -12,6 +12,19 @@
 //! - `/metrics`: the Prometheus text format 0.0.4, or OpenMetrics 1.0.0 to a scraper whose
 //!   `Accept` prefers `application/openmetrics-text` (Prometheus does); see [`crate::metrics`].
 //!
+//! With `ADMIN_TOKEN` set, the admin operations too, each behind `Authorization: Bearer
+//! <ADMIN_TOKEN>` (compared in constant time; `401` without it) and logged with the peer
+//! that asked; without `ADMIN_TOKEN` they do not exist (`404`). They go through the
+//! [`Gate`], which names the rule and the client as requests do:
+//!
+//! - `GET /v1/clients/RULE/KEY`: what the client has left under the rule, spending nothing.
+//!   `KEY` as logs write it: an address, `key:VALUE` with the header's raw value, or
+//!   `IP+key:VALUE`; percent-encoded where it (or a rule named by its pattern) holds a `/`.
+//! - `DELETE /v1/clients/RULE/KEY`: give it its whole budget back (in Redis, for every
+//!   replica).
+//! - `GET /v1/limited?top=N`: per rule, the clients refused most in the last minute, from a
+//!   bounded heavy-hitter sketch ([`crate::limit::refused`]).
+//!
 //! Also here: [`healthcheck`], what `tollgate healthcheck` runs for a container's
 //! `HEALTHCHECK` (the distroless image has no curl).
 
@@ -32,16 +45,21 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+use crate::decide::Token;
+use crate::gate::{ClientError, Gate};
+use crate::limit::refused::{CAPACITY, WINDOW};
 use crate::limit::store::common_fail_mode;
 use crate::limit::{FailMode, Limiter};
 use crate::metrics::{Format, Metrics};
 
 /// The admin listener's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct AdminSettings {
     /// `ADMIN_BIND` (default loopback) and `ADMIN_PORT`: `/metrics`, `/healthz`, `/readyz`,
     /// apart from proxied traffic so no backend path is shadowed and probes spend no budget.
     pub address: SocketAddr,
+    /// `ADMIN_TOKEN`: the bearer token of the operations on `/v1/`; `None`: they do not exist.
+    pub token: Option<Token>,
 }
 
 /// How long an admin client may take to send its request head (and stay idle between
@@ -69,7 +87,20 @@ pub(crate) struct AdminState {
     pub limiter: Limiter,
     /// Set when the drain begins: `/readyz` turns 503 so load balancers stop sending.
     pub draining: AtomicBool,
+    /// The admin operations on `/v1/`, with `ADMIN_TOKEN`; `None`: they do not exist.
+    pub operations: Option<Operations>,
 }
+
+/// What the admin operations need: the token they ask for, and the gate they act through.
+pub(crate) struct Operations {
+    /// `ADMIN_TOKEN`.
+    pub token: Token,
+    /// The proxy's gate: the same rules, keys and store as the requests.
+    pub gate: Arc<Gate>,
+}
+
+/// How many clients `/v1/limited` lists per rule unless `top` says.
+const DEFAULT_TOP: usize = 10;
 
 /// Serve the admin endpoints on `listener` until the task is dropped.
 pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>) {
@@ -89,9 +120,17 @@ pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>) {
         let (id, close) = open.admit();
         tracing::trace!(%peer, "admin connection accepted");
         let state = state.clone();
-        let service = service_fn(move |request| {
+        let service = service_fn(move |request: Request<Incoming>| {
             let state = state.clone();
-            async move { Ok::<_, Infallible>(answer(&state, &request)) }
+            async move {
+                let response = match &state.operations {
+                    Some(operations) if request.uri().path().starts_with("/v1/") => {
+                        operate(operations, &request, peer).await
+                    }
+                    _ => answer(&state, &request),
+                };
+                Ok::<_, Infallible>(response)
+            }
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
         let open = open.clone();
@@ -189,6 +228,133 @@ fn answer(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Byte
             "not found: try /metrics, /healthz or /readyz\n",
         ),
     }
+}
+
+/// An admin operation on `/v1/`: the token first, then the operation, logged with `peer`.
+async fn operate(
+    operations: &Operations,
+    request: &Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Full<Bytes>> {
+    let method = request.method();
+    let path = request.uri().path();
+    if !operations
+        .token
+        .authorizes(request.headers().get(header::AUTHORIZATION))
+    {
+        tracing::warn!(%peer, %method, path, "admin operation refused: no valid ADMIN_TOKEN");
+        let mut response = text(StatusCode::UNAUTHORIZED, "Authorization: Bearer <ADMIN_TOKEN>\n");
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return response;
+    }
+    let gate = &operations.gate;
+    if path == "/v1/limited" {
+        if *method != Method::GET {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+        }
+        let top = match top_of(request.uri().query()) {
+            Ok(top) => top,
+            Err(message) => return text(StatusCode::BAD_REQUEST, &message),
+        };
+        tracing::info!(%peer, operation = "limited", top, "admin operation");
+        let rules: Vec<serde_json::Value> = gate
+            .most_refused(top)
+            .into_iter()
+            .map(|(rule, clients)| {
+                let clients: Vec<serde_json::Value> = clients
+                    .iter()
+                    .map(|counted| {
+                        serde_json::json!({
+                            "client": counted.client.to_string(),
+                            "refused": counted.count,
+                            "error": counted.error,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({ "rule": &*rule.name, "clients": clients })
+            })
+            .collect();
+        return json(
+            StatusCode::OK,
+            &serde_json::json!({ "window_seconds": WINDOW.as_secs(), "rules": rules }),
+        );
+    }
+    let Some((rule, client)) = path
+        .strip_prefix("/v1/clients/")
+        .and_then(|rest| rest.split_once('/'))
+        .and_then(|(rule, client)| Some((decode(rule)?, decode(client)?)))
+    else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found: try /v1/clients/RULE/KEY or /v1/limited?top=N\n",
+        );
+    };
+    let answered = match *method {
+        Method::GET => gate.inspect(&rule, &client).await.map(|(rule, key, decision)| {
+            tracing::info!(%peer, operation = "inspect", rule = %rule.name, client = %key, "admin operation");
+            serde_json::json!({
+                "rule": &*rule.name,
+                "client": key.to_string(),
+                "algorithm": rule.policy.name(),
+                "limit": decision.limit,
+                "remaining": decision.remaining,
+                "reset_after_ms": decision.reset_after.as_millis() as u64,
+                "limited": decision.remaining < rule.cost,
+            })
+        }),
+        Method::DELETE => gate.reset(&rule, &client).await.map(|(rule, key)| {
+            tracing::info!(%peer, operation = "reset", rule = %rule.name, client = %key, "admin operation");
+            serde_json::json!({ "rule": &*rule.name, "client": key.to_string(), "reset": true })
+        }),
+        _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE only\n"),
+    };
+    match answered {
+        Ok(body) => json(StatusCode::OK, &body),
+        Err(error) => {
+            tracing::warn!(%peer, %method, rule, client, %error, "admin operation failed");
+            let status = match error {
+                ClientError::UnknownRule(_) => StatusCode::NOT_FOUND,
+                ClientError::BadKey(_) => StatusCode::BAD_REQUEST,
+                ClientError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            text(status, &format!("{error}\n"))
+        }
+    }
+}
+
+/// `top=N` of `/v1/limited`'s query: [`DEFAULT_TOP`] without one, at most [`CAPACITY`].
+fn top_of(query: Option<&str>) -> Result<usize, String> {
+    let Some(value) = query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("top="))
+    else {
+        return Ok(DEFAULT_TOP);
+    };
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|top| *top >= 1)
+        .map(|top| top.min(CAPACITY))
+        .ok_or_else(|| format!("top={value:?}: a whole number from 1 (at most {CAPACITY} are kept)\n"))
+}
+
+/// One path segment, percent-decoded; `None` when empty or not UTF-8.
+fn decode(segment: &str) -> Option<String> {
+    let decoded = percent_encoding::percent_decode_str(segment).decode_utf8().ok()?;
+    (!decoded.is_empty()).then(|| decoded.into_owned())
+}
+
+fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut response = text(status, &format!("{body}\n"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
@@ -307,5 +473,28 @@ mod tests {
         open.remove(rest[0].0);
         open.remove(newest.0);
         assert_eq!(open.len(), MAX_ADMIN_CONNECTIONS - 2);
+    }
+
+    #[test]
+    fn the_admin_token_is_a_bearer_token_in_any_case_of_the_scheme() {
+        let token = Token::new("admin-token-for-the-tests").unwrap();
+        let header = |value: &'static str| header::HeaderValue::from_static(value);
+        assert!(token.authorizes(Some(&header("Bearer admin-token-for-the-tests"))));
+        assert!(token.authorizes(Some(&header("bearer admin-token-for-the-tests"))));
+        assert!(!token.authorizes(Some(&header("Bearer admin-token-for-the-test"))));
+        assert!(!token.authorizes(Some(&header("Basic admin-token-for-the-tests"))));
+        assert!(!token.authorizes(Some(&header("Bearer"))));
+        assert!(!token.authorizes(None));
+    }
+
+    #[test]
+    fn top_defaults_to_ten_and_stops_at_the_sketch_capacity() {
+        assert_eq!(top_of(None), Ok(DEFAULT_TOP));
+        assert_eq!(top_of(Some("other=1")), Ok(DEFAULT_TOP));
+        assert_eq!(top_of(Some("top=3")), Ok(3));
+        assert_eq!(top_of(Some("x=y&top=1000")), Ok(CAPACITY));
+        for bad in ["top=0", "top=-1", "top=ten", "top="] {
+            assert!(top_of(Some(bad)).is_err(), "{bad}");
+        }
     }
 }

@@ -220,10 +220,15 @@ pub async fn serve_on(
         requests: Arc::new(capacity.requests.clone()),
     };
     let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
+    let gate = Arc::new(Gate::new(config.gate.clone(), limiter.clone(), metrics.clone()));
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
         limiter: limiter.clone(),
         draining: AtomicBool::new(false),
+        operations: config.admin.token.clone().map(|token| admin::Operations {
+            token,
+            gate: gate.clone(),
+        }),
     });
     let admin_address = admin.as_ref().and_then(|admin| admin.local_addr().ok());
     let admin = admin.map(|admin| tokio::spawn(admin::serve(admin, admin_state.clone())));
@@ -270,6 +275,7 @@ pub async fn serve_on(
         headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
         access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),
+        admin_operations = config.admin.token.is_some(),
         max_connections = capacity.max_connections,
         max_connections_per_client = %max_per_client.map_or_else(|| "off".into(), |max| max.to_string()),
         fd_limit = %capacity.fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
@@ -286,7 +292,6 @@ pub async fn serve_on(
         config.gate.trusted_proxies.as_slice(),
         config.gate.rules.ipv6_prefix(),
     );
-    let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
     // Both accept loops stop on the one shutdown.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopping = || {

@@ -41,6 +41,8 @@ pub const BIND: Var = Var::new("BIND", "0.0.0.0");
 pub const ADMIN_PORT: Var = Var::new("ADMIN_PORT", "9091");
 /// The admin listener's address (default `127.0.0.1`).
 pub const ADMIN_BIND: Var = Var::new("ADMIN_BIND", "127.0.0.1");
+/// The bearer token of the admin operations on `/v1/` (unset: they do not exist).
+pub const ADMIN_TOKEN: Var = Var::unset("ADMIN_TOKEN");
 /// The decision endpoints' port (unset: off).
 pub const DECIDE_PORT: Var = Var::unset("DECIDE_PORT");
 /// The bearer token `POST /v1/check` requires (unset: none).
@@ -213,6 +215,7 @@ pub const ALL: &[Var] = &[
     BIND,
     ADMIN_PORT,
     ADMIN_BIND,
+    ADMIN_TOKEN,
     DECIDE_PORT,
     DECIDE_TOKEN,
     RLS_CONFIG,

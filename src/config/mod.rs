@@ -27,6 +27,7 @@ pub(crate) mod store;
 pub(crate) mod warnings;
 
 use crate::variables as vars;
+use crate::variables::Var;
 #[cfg(test)]
 use std::collections::BTreeSet;
 use std::fmt;
@@ -438,30 +439,11 @@ impl Config {
                     .map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))
             },
         )?;
+        let admin_token = bearer_token(env, vars::ADMIN_TOKEN)?;
         let decide = match decide_port {
             None => None,
             Some(decide_port) => {
-                let token = match env.get(vars::DECIDE_TOKEN) {
-                    None => None,
-                    Some(token) if token.len() < MIN_TOKEN_LENGTH => {
-                        return Err(ConfigError::InvalidSecret {
-                            var: vars::DECIDE_TOKEN.name,
-                            expected: format!(
-                                "a secret of at least {MIN_TOKEN_LENGTH} characters (e.g. `openssl rand -hex 32`)"
-                            ),
-                        });
-                    }
-                    Some(token) => {
-                        Some(Token::new(token).ok_or_else(|| {
-                            ConfigError::InvalidSecret {
-                            var: vars::DECIDE_TOKEN.name,
-                            expected:
-                                "a secret to keep: the operating system gave no randomness to keep it with"
-                                    .into(),
-                        }
-                        })?)
-                    }
-                };
+                let token = bearer_token(env, vars::DECIDE_TOKEN)?;
                 Some(DecideSettings {
                     listen: SocketAddr::new(bind, decide_port),
                     token,
@@ -509,7 +491,10 @@ impl Config {
                 kind: store,
                 max_keys,
             },
-            admin: AdminSettings { address: admin },
+            admin: AdminSettings {
+                address: admin,
+                token: admin_token,
+            },
             rls,
             log: LogSettings { format: log_format },
             #[cfg(test)]
@@ -716,6 +701,26 @@ where
     V: Into<String>,
 {
     admin_address(&Env::new(vars))
+}
+
+/// The bearer token in `var` (`DECIDE_TOKEN`, `ADMIN_TOKEN`): `None` when unset; refused when
+/// shorter than [`MIN_TOKEN_LENGTH`].
+fn bearer_token(env: &Env, var: Var) -> Result<Option<Token>, ConfigError> {
+    match env.get(var) {
+        None => Ok(None),
+        Some(token) if token.len() < MIN_TOKEN_LENGTH => Err(ConfigError::InvalidSecret {
+            var: var.name,
+            expected: format!(
+                "a secret of at least {MIN_TOKEN_LENGTH} characters (e.g. `openssl rand -hex 32`)"
+            ),
+        }),
+        Some(token) => Token::new(token)
+            .map(Some)
+            .ok_or_else(|| ConfigError::InvalidSecret {
+                var: var.name,
+                expected: "a secret to keep: the operating system gave no randomness to keep it with".into(),
+            }),
+    }
 }
 
 /// Where the admin listener is, as the server would bind it: `ADMIN_BIND` (default

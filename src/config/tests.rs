@@ -1513,3 +1513,21 @@ fn unset_means_the_default() {
     let set = parse(&explicit).unwrap();
     assert_eq!(format!("{set}"), format!("{config}"));
 }
+
+#[test]
+fn admin_token_is_a_secret_of_16_characters_or_more() {
+    assert!(
+        parse(&[]).unwrap().admin.token.is_none(),
+        "unset: no admin operations"
+    );
+    let short = error(&[("ADMIN_TOKEN", "changeme")]);
+    assert!(
+        short.contains("ADMIN_TOKEN") && short.contains("at least 16"),
+        "{short}"
+    );
+    assert!(!short.contains("changeme"), "a secret is never shown: {short}");
+    let token = "an-admin-token-of-some-length";
+    let kept = parse(&[("ADMIN_TOKEN", token)]).unwrap().admin.token.unwrap();
+    assert!(kept.matches(token.as_bytes()));
+    assert!(!kept.matches(b"an-admin-token-of-some-lengt"));
+}

@@ -104,23 +104,19 @@ pub fn parse(body: &[u8]) -> Result<Question, BadBody> {
 
 /// Answer one call from `peer`.
 pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr) -> Response<DecideBody> {
-    if let Some(token) = &door.settings.token {
-        let presented = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
-        if !presented.is_some_and(|presented| token.matches(presented)) {
-            let mut response = error(
-                StatusCode::UNAUTHORIZED,
-                "a bearer token (DECIDE_TOKEN) is required",
-                None,
-            );
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            tracing::debug!(peer = %peer.ip(), "decision API call without the right token refused");
-            return response;
-        }
+    if let Some(token) = &door.settings.token
+        && !token.authorizes(request.headers().get(header::AUTHORIZATION))
+    {
+        let mut response = error(
+            StatusCode::UNAUTHORIZED,
+            "a bearer token (DECIDE_TOKEN) is required",
+            None,
+        );
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        tracing::debug!(peer = %peer.ip(), "decision API call without the right token refused");
+        return response;
     }
     let body = Limited::new(request.into_body(), MAX_BODY).collect();
     let body = match tokio::time::timeout(door.settings.body_timeout, body).await {

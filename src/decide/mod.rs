@@ -67,6 +67,18 @@ impl Token {
         Some(Token { hasher, digest })
     }
 
+    /// Whether `authorization` (a request's `Authorization` header) is `Bearer <the token>`,
+    /// the scheme in any case (RFC 9110, section 11.1), the token compared in constant time.
+    pub fn authorizes(&self, authorization: Option<&http::HeaderValue>) -> bool {
+        let Some(value) = authorization.map(http::HeaderValue::as_bytes) else {
+            return false;
+        };
+        match value.split_at_checked(7) {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case(b"bearer ") => self.matches(token),
+            _ => false,
+        }
+    }
+
     /// Whether `presented` is the token, in constant time.
     pub fn matches(&self, presented: &[u8]) -> bool {
         let presented = self.hasher.digest(presented);

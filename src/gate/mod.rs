@@ -26,7 +26,11 @@ use http::{HeaderMap, Method};
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Count, Limiter, Mode, RequestHead, Rule, RuleTable, Verdict as StoreVerdict};
+use crate::limit::refused::{Counted, RefusedClients};
+use crate::limit::{
+    ClientIp, ClientKey, Count, Decision, Limiter, Mode, RequestHead, Rule, RuleTable, StoreError,
+    Verdict as StoreVerdict,
+};
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use identity::ClientIdentity;
@@ -56,6 +60,22 @@ pub struct Gate {
     tunnels: Tunnels,
     /// Counts decisions.
     metrics: Arc<Metrics>,
+    /// The clients refused most, per rule, in bounded memory: the admin's `/v1/limited`.
+    refused: RefusedClients,
+}
+
+/// Why an admin operation on one client did nothing.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    /// No rule has that name.
+    #[error("no rule is called {0:?}")]
+    UnknownRule(String),
+    /// The client is not written as logs write it.
+    #[error("{0:?} is not a client: an IP address, key:VALUE or IP+key:VALUE")]
+    BadKey(String),
+    /// The store could not be asked (Redis down, its breaker open).
+    #[error("the store could not be asked: {0}")]
+    Store(#[from] StoreError),
 }
 
 /// What a door knows of a request before anything is decided.
@@ -125,12 +145,14 @@ impl Gate {
     /// The gate of `settings`, deciding with `limiter` and counting into `metrics`.
     pub fn new(settings: GateSettings, limiter: Limiter, metrics: Arc<Metrics>) -> Gate {
         let ipv6_prefix = settings.rules.ipv6_prefix();
+        let refused = RefusedClients::new(settings.rules.rules().len());
         Gate {
             rules: settings.rules,
             identity: ClientIdentity::new(settings.trusted_proxies),
             limiter,
             tunnels: Tunnels::new(settings.max_upgrades_per_client, ipv6_prefix),
             metrics,
+            refused,
         }
     }
 
@@ -177,6 +199,7 @@ impl Gate {
         };
         let outcome = Outcome::of(matched.mode, decision.as_ref());
         self.metrics.request(matched.rule.id, outcome);
+        self.count_refusal(matched.rule, matched.key, outcome);
         Ok(Verdict {
             rule: matched.rule,
             key: matched.key,
@@ -202,7 +225,78 @@ impl Gate {
         self.metrics.decision(rule.id, asked.elapsed());
         let outcome = Outcome::of(mode, Some(&decision));
         self.metrics.request(rule.id, outcome);
+        self.count_refusal(rule, key, outcome);
         Keyed { decision, outcome }
+    }
+
+    /// A refused request counts toward its client's place in `/v1/limited`.
+    fn count_refusal(&self, rule: &Rule, key: ClientKey, outcome: Outcome) {
+        if matches!(outcome, Outcome::Limited | Outcome::LocalLimited) {
+            self.refused.refused(rule.id, key);
+        }
+    }
+
+    /// The client written `text` as logs write it, under this table's keys: an address
+    /// (`203.0.113.7`, or an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX`),
+    /// `key:VALUE` with the header's raw value (digested with `KEY_HASH_SECRET`, as a
+    /// request's), or `IP+key:VALUE`.
+    pub(crate) fn client_key(&self, text: &str) -> Result<ClientKey, ClientError> {
+        let prefix = self.rules.ipv6_prefix();
+        let ip = |text: &str| {
+            // A network as logs write it: its address, grouped by the prefix as any address.
+            let address = text.split_once('/').map_or(text, |(address, _)| address);
+            address.parse::<IpAddr>().ok().map(|ip| ClientIp::new(ip, prefix))
+        };
+        if let Some(value) = text.strip_prefix("key:") {
+            return Ok(self.key_of(value.as_bytes()));
+        }
+        if let Some((address, value)) = text.split_once("+key:")
+            && let Some(ip) = ip(address)
+        {
+            return Ok(ClientKey::IpAndHeader(
+                ip,
+                self.rules.hasher().digest(value.as_bytes()),
+            ));
+        }
+        ip(text)
+            .map(ClientKey::Ip)
+            .ok_or_else(|| ClientError::BadKey(text.to_owned()))
+    }
+
+    /// The rule called `rule` and the client written `client` (see [`Gate::client_key`]).
+    fn client_of(&self, rule: &str, client: &str) -> Result<(&Rule, ClientKey), ClientError> {
+        let found = self
+            .rule(rule)
+            .ok_or_else(|| ClientError::UnknownRule(rule.to_owned()))?;
+        Ok((found, self.client_key(client)?))
+    }
+
+    /// What `client` has left under the rule called `rule`, spending nothing.
+    pub(crate) async fn inspect(
+        &self,
+        rule: &str,
+        client: &str,
+    ) -> Result<(&Rule, ClientKey, Decision), ClientError> {
+        let (rule, key) = self.client_of(rule, client)?;
+        let decision = self.limiter.inspect(rule, key).await?;
+        Ok((rule, key, decision))
+    }
+
+    /// Give `client` its whole budget back under the rule called `rule` (for every replica,
+    /// with Redis).
+    pub(crate) async fn reset(&self, rule: &str, client: &str) -> Result<(&Rule, ClientKey), ClientError> {
+        let (rule, key) = self.client_of(rule, client)?;
+        self.limiter.reset(rule, key).await?;
+        Ok((rule, key))
+    }
+
+    /// Each rule, in table order, with its `top` clients refused most in the last minute (see
+    /// [`crate::limit::refused`]).
+    pub(crate) fn most_refused(&self, top: usize) -> Vec<(&Rule, Vec<Counted>)> {
+        self.rules()
+            .iter()
+            .map(|rule| (rule, self.refused.top(rule.id, top)))
+            .collect()
     }
 
     /// Every rule, in table order.

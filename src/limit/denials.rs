@@ -100,6 +100,12 @@ impl DenialCache {
         self.shard(&key).put(key, denial);
     }
 
+    /// Forget the denial of `client` under `rule`, if one is remembered (its budget was reset).
+    pub fn forget(&self, rule: &Rule, client: ClientKey) {
+        let key = (rule.id, client);
+        self.shard(&key).pop(&key);
+    }
+
     /// Requests answered from the cache since startup.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)

@@ -124,7 +124,7 @@ impl RedisErrorKind {
 
     fn of(error: &StoreError) -> RedisErrorKind {
         match error {
-            StoreError::Timeout(_) | StoreError::Expired => RedisErrorKind::Timeout,
+            StoreError::Timeout(_) | StoreError::Expired | StoreError::BreakerOpen => RedisErrorKind::Timeout,
             // Before the I/O check: the client's response timeout is an I/O error too.
             StoreError::Redis(error) if error.is_timeout() => RedisErrorKind::Timeout,
             StoreError::Redis(error) if error.is_io_error() || error.is_connection_dropped() => {
@@ -168,6 +168,16 @@ pub trait Remote: Send + Sync + 'static {
         cost: u64,
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// What the client of `key` has left under `rule`, spending nothing and changing nothing.
+    fn inspect_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
+
+    /// Forget the client of `key`, for every replica sharing the store.
+    fn reset_key<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// True for a store cut into partitions (a Redis Cluster's masters) that fail alone, each
     /// then getting a breaker of its own from [`slot_map`](Self::slot_map).
@@ -562,6 +572,47 @@ impl<S: Remote> Store for Guard<S> {
             }
             Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
         }
+    }
+
+    /// Ask the remote, past the denial cache (which holds denials, not budgets); while the
+    /// key's breaker is open, [`StoreError::BreakerOpen`].
+    fn inspect<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<Decision, StoreError>> {
+        let inner = &*self.inner;
+        let key = inner.store.key(rule, client);
+        let breaker = inner.breaker(&key);
+        if breaker.is_open() {
+            return Decide::ready(Err(StoreError::BreakerOpen));
+        }
+        Decide::Pending(Box::pin(async move {
+            let inspected = inner.store.inspect_key(rule, &key).await;
+            if let Err(error) = &inspected {
+                self.record_failure(&breaker, error);
+            }
+            inspected
+        }))
+    }
+
+    /// Forget the client everywhere this replica knows it: its cached denial and its local
+    /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica. Other
+    /// replicas' cached denials run out by their retry time, as they would after a refund.
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+        let inner = &*self.inner;
+        inner.denials.forget(rule, client);
+        if let Some(local) = self.local_store() {
+            local.reset(rule, client);
+        }
+        let key = inner.store.key(rule, client);
+        let breaker = inner.breaker(&key);
+        if breaker.is_open() {
+            return Decide::ready(Err(StoreError::BreakerOpen));
+        }
+        Decide::Pending(Box::pin(async move {
+            let reset = inner.store.reset_key(&key).await;
+            if let Err(error) = &reset {
+                self.record_failure(&breaker, error);
+            }
+            reset
+        }))
     }
 
     fn stats(&self) -> StoreStats {

@@ -41,7 +41,9 @@ use hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Decide, Decision, Policy, Rule, State, Store, StoreStats, Verdict};
+use crate::limit::{
+    ClientKey, Decide, Decision, Policy, Rule, State, Store, StoreError, StoreStats, Verdict,
+};
 
 /// Most shards a store is cut into: enough that 2 to 64 cores rarely meet on a lock.
 const MAX_SHARDS: usize = 64;
@@ -231,6 +233,31 @@ impl MemoryStore {
         if let Some(position) = table.find(hash, rule.id, &client) {
             rule.policy
                 .refund(&mut table.entries[position].state, at_us, cost);
+        }
+    }
+
+    /// What `client` has left under `rule` at `now_us`, spending nothing and leaving the
+    /// entry's stamps alone (an inspection is not a sighting).
+    pub fn inspect_at(&self, rule: &Rule, client: ClientKey, now_us: u64) -> Decision {
+        let hash = self.inner.hasher.hash_one((rule.id, client));
+        let table = self.shard(rule.id, hash);
+        match table.find(hash, rule.id, &client) {
+            Some(position) => rule.policy.peek(&table.entries[position].state, now_us),
+            None => rule.policy.peek(&rule.policy.fresh_state(), now_us),
+        }
+    }
+
+    /// Forget `client`'s state under `rule`: its next request finds the whole budget.
+    /// Returns whether there was one.
+    pub fn reset(&self, rule: &Rule, client: ClientKey) -> bool {
+        let hash = self.inner.hasher.hash_one((rule.id, client));
+        let mut table = self.shard(rule.id, hash);
+        match table.find(hash, rule.id, &client) {
+            Some(position) => {
+                table.remove(position, &self.inner.hasher);
+                true
+            }
+            None => false,
         }
     }
 
@@ -560,6 +587,15 @@ impl Store for MemoryStore {
         Decide::ready(())
     }
 
+    fn inspect<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<Decision, StoreError>> {
+        Decide::ready(Ok(self.inspect_at(rule, client, self.now_us())))
+    }
+
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+        MemoryStore::reset(self, rule, client);
+        Decide::ready(Ok(()))
+    }
+
     fn stats(&self) -> StoreStats {
         StoreStats {
             kind: "memory",
@@ -839,5 +875,34 @@ mod tests {
         let store = store(10);
         store.check_at(&rule(GENERAL, 1), ip(1), 5, 0);
         assert!(store.is_empty());
+    }
+
+    #[test]
+    fn inspecting_spends_nothing_and_a_reset_gives_the_whole_budget_back() {
+        let store = store(1024);
+        let general = rule(GENERAL, 3);
+        let now = store.now_us();
+        assert_eq!(
+            store.inspect_at(&general, ip(1), now).remaining,
+            3,
+            "never seen: all of it"
+        );
+        assert!(store.is_empty(), "an inspection creates no entry");
+        for _ in 0..2 {
+            assert!(store.check_at(&general, ip(1), 1, now).allowed);
+        }
+        for _ in 0..5 {
+            assert_eq!(store.inspect_at(&general, ip(1), now).remaining, 1);
+        }
+        assert!(
+            store.check_at(&general, ip(1), 1, now).allowed,
+            "the inspections took nothing"
+        );
+        assert!(!store.check_at(&general, ip(1), 1, now).allowed);
+        assert_eq!(store.inspect_at(&general, ip(1), now).remaining, 0);
+        assert!(store.reset(&general, ip(1)));
+        assert!(!store.reset(&general, ip(1)), "nothing left to reset");
+        assert_eq!(store.inspect_at(&general, ip(1), now).remaining, 3);
+        assert!(store.check_at(&general, ip(1), 1, now).allowed);
     }
 }

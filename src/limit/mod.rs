@@ -6,6 +6,10 @@
 //! The limiter holds one [`Store`]: the [`MemoryStore`], or a [`Remote`] store (the
 //! [`RedisStore`]) behind the [`Guard`], its circuit breakers and fail modes. The guard is
 //! generic over the remote, so its logic is tested against a store that fails on command.
+//!
+//! Besides deciding, a store reads a client's budget without spending it and resets it (the
+//! admin's operations, [`Store::inspect`] and [`Store::reset`]); `refused` keeps, in bounded
+//! memory, the clients refused most.
 
 pub mod algorithm;
 pub mod denials;
@@ -15,6 +19,7 @@ pub mod memory;
 pub mod pattern;
 pub mod redis;
 pub mod redis_clock;
+pub(crate) mod refused;
 pub mod rules;
 pub mod sentinel;
 pub mod settings;
@@ -104,6 +109,20 @@ impl Limiter {
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.store.refund(rule, client, cost, verdict)
+    }
+
+    /// What `client` has left under `rule`, spending nothing (see [`Store::inspect`]).
+    pub fn inspect<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+    ) -> Decide<'a, Result<Decision, StoreError>> {
+        self.store.inspect(rule, client)
+    }
+
+    /// Give `client` its whole budget under `rule` back (see [`Store::reset`]).
+    pub fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+        self.store.reset(rule, client)
     }
 
     /// What the store knows now, for the metrics and `/readyz`.

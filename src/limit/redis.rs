@@ -34,7 +34,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::OnceCell;
 
-use crate::limit::algorithm::{LuaScript, batch_script};
+use crate::limit::algorithm::{LuaScript, batch_script, peek_script};
 use crate::limit::guard::Remote;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
@@ -50,6 +50,10 @@ pub enum StoreError {
     /// Redis or the connection to it reported an error.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The store is not asked while its circuit breaker is open (the admin's inspection and
+    /// reset; a decision takes the rule's fail mode instead).
+    #[error("redis is not asked while its circuit breaker is open")]
+    BreakerOpen,
     /// A script answered with something other than five non-negative integers.
     #[error("redis script returned an unexpected reply: {0}")]
     Reply(String),
@@ -444,6 +448,30 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         self.give_back(rule, &self.key(rule, client), cost, at_us, Some(now_us))
             .await
+    }
+
+    /// What the client of `key` has left under `rule`, on the Redis clock, spending nothing:
+    /// the [`peek_script`], routed by the key (on a cluster, to its master).
+    pub async fn inspect_key(&self, rule: &Rule, key: &str) -> Result<Decision, StoreError> {
+        let [first, second] = rule.policy.script().1;
+        let index = rule.policy.script_index();
+        let command = |name: &str, script: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(script).arg(1).arg(key).arg(index).arg(first).arg(second);
+            cmd
+        };
+        let reply = self.bounded(self.evaluate(peek_script(), command)).await?;
+        match answer_of(rule, &reply)? {
+            Answer::Decided(decision) => Ok(decision),
+            Answer::Expired(_) => Err(StoreError::Expired),
+        }
+    }
+
+    /// Forget the client of `key`: `DEL`, so every replica's next decision finds the whole
+    /// budget. Every key of one client and rule shares a hash tag, so one node holds it.
+    pub async fn reset_key(&self, key: &str) -> Result<(), StoreError> {
+        let _deleted: u64 = self.bounded(self.query(redis::cmd("DEL").arg(key))).await?;
+        Ok(())
     }
 
     /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}`. The braces
@@ -879,6 +907,18 @@ impl Remote for RedisStore {
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::refund_key(self, rule, key, cost, at_us)
+    }
+
+    fn inspect_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        RedisStore::inspect_key(self, rule, key)
+    }
+
+    fn reset_key<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        RedisStore::reset_key(self, key)
     }
 
     fn is_cluster(&self) -> bool {

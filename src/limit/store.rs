@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::limit::guard::{FailMode, RedisErrorKind};
-use crate::limit::{ClientKey, Rule, Verdict};
+use crate::limit::{ClientKey, Decision, Rule, StoreError, Verdict};
 
 /// What the gate's limiter asks of a store.
 pub trait Store: Send + Sync + 'static {
@@ -35,6 +35,16 @@ pub trait Store: Send + Sync + 'static {
         cost: u64,
         verdict: &Verdict,
     ) -> Decide<'a, ()>;
+
+    /// What `client` has left under `rule` now, spending nothing (the admin's `GET
+    /// /v1/clients/RULE/KEY`): the decision a request of cost 0 would get. A client never
+    /// seen has its whole budget. Fails when the store cannot be asked (Redis down, its
+    /// breaker open): an operator is told so rather than handed a fail mode's guess.
+    fn inspect<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<Decision, StoreError>>;
+
+    /// Forget `client`'s budget under `rule`, giving it the whole budget back (the admin's
+    /// `DELETE /v1/clients/RULE/KEY`): in memory, or in Redis for every replica at once.
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>>;
 
     /// What the store knows now, for the metrics and `/readyz` (read at scrape time, not on
     /// the request path).

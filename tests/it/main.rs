@@ -3,6 +3,7 @@
 mod support;
 
 mod admin;
+mod admin_ops;
 mod backend;
 mod binary;
 mod bypass;

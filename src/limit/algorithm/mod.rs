@@ -77,6 +77,43 @@ pub fn batch_script() -> &'static LuaScript {
     &BATCH
 }
 
+/// One script that reads a client's budget without spending any of it, for the admin's
+/// `GET /v1/clients/RULE/KEY`: the algorithm's own script (the same functions as
+/// [`batch_script`], so one definition still serves memory and Redis) run with a cost of 0
+/// between a `DUMP` of the key and its `RESTORE` (or `DEL`, for a key that was not there), so
+/// nothing the script tidied or created outlives the call. `KEYS[1]` the client's key;
+/// `ARGV` the algorithm's [`Policy::script_index`] and its two parameters. The reply is a
+/// decision's, as the algorithm's script gives it.
+pub fn peek_script() -> &'static LuaScript {
+    static PEEK: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
+        let mut source = String::from("local algorithms = {}\n");
+        for (index, script) in Policy::scripts().enumerate() {
+            source.push_str(&format!(
+                "algorithms[{index}] = function(KEYS, ARGV)\n{}\nend\n",
+                script.source()
+            ));
+        }
+        source.push_str(PEEK_BODY);
+        LuaScript::new(Box::leak(source.into_boxed_str()))
+    });
+    &PEEK
+}
+
+/// The body of [`peek_script`], after the algorithms' functions.
+const PEEK_BODY: &str = r#"
+local snapshot = redis.call('DUMP', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+local reply = algorithms[tonumber(ARGV[1])]({KEYS[1]}, {ARGV[2], ARGV[3], '0', '', '', ''})
+if snapshot then
+  -- PTTL -1: no expiry (RESTORE's 0); a key about to expire keeps a millisecond.
+  if ttl == -1 then ttl = 0 elseif ttl < 1 then ttl = 1 end
+  redis.call('RESTORE', KEYS[1], ttl, snapshot, 'REPLACE')
+else
+  redis.call('DEL', KEYS[1])
+end
+return reply
+"#;
+
 /// The loop of [`batch_script`], after the algorithms' functions.
 const BATCH_LOOP: &str = r#"
 local clock
@@ -332,6 +369,12 @@ macro_rules! algorithms {
                 }
                 *state = self.fresh_state();
                 self.check(state, now_us, cost)
+            }
+
+            /// What `state` has left at `now_us`, spending nothing: the decision of a request
+            /// of cost 0 on a copy (`remaining`, `reset_after`), for the admin's inspection.
+            pub fn peek(&self, state: &State, now_us: u64) -> Decision {
+                self.check(&mut state.clone(), now_us, 0)
             }
 
             /// See [`Algorithm::refund`]; a state of another algorithm is left alone.

@@ -101,6 +101,20 @@ impl Remote for FailingStore {
         std::future::ready(self.reply().map(drop))
     }
 
+    fn inspect_key<'a>(
+        &'a self,
+        _rule: &'a Rule,
+        _key: &'a str,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        self.control.calls.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(self.reply())
+    }
+
+    fn reset_key<'a>(&'a self, _key: &'a str) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.control.calls.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(self.reply().map(drop))
+    }
+
     fn is_cluster(&self) -> bool {
         false
     }

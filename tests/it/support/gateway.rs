@@ -35,6 +35,13 @@ impl Gateway {
         Self::launch_with(backend, &all, false, true).await
     }
 
+    /// The decision endpoints and the admin listener, each on a port of its own, no proxy.
+    pub async fn start_decide_with_admin(vars: &[(&str, &str)]) -> Gateway {
+        let mut all = vec![("DECIDE_PORT", "1")];
+        all.extend_from_slice(vars);
+        Self::launch_with(None, &all, true, true).await
+    }
+
     async fn launch(backend: &str, vars: &[(&str, &str)], with_admin: bool) -> Gateway {
         Self::launch_with(Some(backend), vars, with_admin, false).await
     }
@@ -89,6 +96,26 @@ impl Gateway {
     /// `GET path` on the admin listener.
     pub async fn admin_get(&self, path: &str) -> super::Reply {
         super::get(self.admin.expect("started without an admin listener"), path).await
+    }
+
+    /// `method path` on the admin listener, with `Authorization: Bearer token` if given.
+    pub async fn admin(&self, method: http::Method, path: &str, token: Option<&str>) -> super::Reply {
+        let bearer = token.map(|token| format!("Bearer {token}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .as_deref()
+            .map(|bearer| ("authorization", bearer))
+            .into_iter()
+            .collect();
+        let admin = self.admin.expect("started without an admin listener");
+        super::request(
+            admin,
+            [127, 0, 0, 1].into(),
+            method,
+            path,
+            &headers,
+            bytes::Bytes::new(),
+        )
+        .await
     }
 
     /// Stop accepting and wait for the drain to finish.

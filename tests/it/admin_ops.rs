@@ -1,0 +1,405 @@
+//! The admin operations on one client (`ADMIN_TOKEN`): inspect and reset a budget on both
+//! stores (memory, and a real Redis shared by two replicas), the list of clients refused most
+//! under a flood of distinct keys, and the token in front of them all.
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+use crate::support::{Backend, Gateway, RedisServer, get_from};
+
+const TOKEN: &str = "admin-token-for-the-tests";
+
+fn json(reply: &crate::support::Reply) -> Value {
+    serde_json::from_slice(&reply.body).unwrap_or_else(|_| panic!("not JSON: {}", reply.text()))
+}
+
+async fn inspect(gateway: &Gateway, rule: &str, client: &str) -> Value {
+    let reply = gateway
+        .admin(Method::GET, &format!("/v1/clients/{rule}/{client}"), Some(TOKEN))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    json(&reply)
+}
+
+#[tokio::test]
+async fn admin_operations_inspect_reset_and_list_a_memory_client() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("MAX_TOKENS", "3"),
+            ("REFILL_RATE", "0.001"),
+            ("ADMIN_TOKEN", TOKEN),
+        ],
+    )
+    .await;
+    let client = "127.0.0.9".parse().unwrap();
+    let fresh = inspect(&gateway, "general", "127.0.0.9").await;
+    assert_eq!(fresh["remaining"], 3, "never seen: the whole budget: {fresh}");
+    assert_eq!(fresh["limited"], false);
+    assert_eq!(fresh["algorithm"], "token_bucket");
+    for _ in 0..2 {
+        assert_eq!(
+            get_from(gateway.addr, client, "/", &[]).await.status,
+            StatusCode::OK
+        );
+    }
+    for _ in 0..5 {
+        let seen = inspect(&gateway, "general", "127.0.0.9").await;
+        assert_eq!(seen["remaining"], 1, "reading spends nothing: {seen}");
+        assert_eq!(seen["client"], "127.0.0.9");
+    }
+    assert_eq!(
+        get_from(gateway.addr, client, "/", &[]).await.status,
+        StatusCode::OK
+    );
+    for _ in 0..4 {
+        let reply = get_from(gateway.addr, client, "/", &[]).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let limited = inspect(&gateway, "general", "127.0.0.9").await;
+    assert_eq!(
+        (limited["remaining"].as_u64(), limited["limited"].as_bool()),
+        (Some(0), Some(true))
+    );
+
+    let list = gateway.admin(Method::GET, "/v1/limited?top=5", Some(TOKEN)).await;
+    assert_eq!(list.status, StatusCode::OK);
+    let list = json(&list);
+    assert_eq!(list["window_seconds"], 60);
+    assert_eq!(list["rules"][1]["rule"], "general", "in table order, after auth");
+    assert_eq!(list["rules"][0]["clients"], serde_json::json!([]));
+    assert_eq!(
+        list["rules"][1]["clients"],
+        serde_json::json!([{ "client": "127.0.0.9", "refused": 4, "error": 0 }])
+    );
+
+    let reset = gateway
+        .admin(Method::DELETE, "/v1/clients/general/127.0.0.9", Some(TOKEN))
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{}", reset.text());
+    assert_eq!(json(&reset)["reset"], true);
+    let reply = get_from(gateway.addr, client, "/", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK, "the whole budget is back");
+    assert_eq!(reply.number("x-ratelimit-remaining"), 2);
+
+    // Mistakes are named, and never spend anything.
+    let unknown = gateway
+        .admin(Method::GET, "/v1/clients/nope/127.0.0.9", Some(TOKEN))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert!(unknown.text().contains("nope"), "{}", unknown.text());
+    let bad = gateway
+        .admin(Method::GET, "/v1/clients/general/not-an-ip", Some(TOKEN))
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let bad_top = gateway.admin(Method::GET, "/v1/limited?top=0", Some(TOKEN)).await;
+    assert_eq!(bad_top.status, StatusCode::BAD_REQUEST);
+    let post = gateway
+        .admin(Method::POST, "/v1/clients/general/127.0.0.9", Some(TOKEN))
+        .await;
+    assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
+    gateway.stop().await;
+    backend.stop().await;
+}
+
+#[tokio::test]
+async fn admin_operations_need_the_token_and_without_one_do_not_exist() {
+    let backend = Backend::start().await;
+    let with = Gateway::start_with_admin(&backend.url(), &[("ADMIN_TOKEN", TOKEN)]).await;
+    for (method, path) in [
+        (Method::GET, "/v1/clients/general/127.0.0.1"),
+        (Method::DELETE, "/v1/clients/general/127.0.0.1"),
+        (Method::GET, "/v1/limited"),
+    ] {
+        for token in [
+            None,
+            Some("wrong-token-of-enough-length"),
+            Some("admin-token-for-the-test"),
+        ] {
+            let reply = with.admin(method.clone(), path, token).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} with {token:?}"
+            );
+            assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
+        }
+    }
+    // The probes and the scrape stay open.
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(
+            with.admin(Method::GET, path, None).await.status,
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+    let without = Gateway::start_with_admin(&backend.url(), &[]).await;
+    for token in [None, Some(TOKEN)] {
+        let reply = without
+            .admin(Method::GET, "/v1/clients/general/127.0.0.1", token)
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::NOT_FOUND,
+            "without ADMIN_TOKEN there is none"
+        );
+        let reply = without.admin(Method::DELETE, "/v1/limited", token).await;
+        assert_ne!(reply.status, StatusCode::OK);
+    }
+    with.stop().await;
+    without.stop().await;
+    backend.stop().await;
+}
+
+#[tokio::test]
+async fn admin_operations_on_redis_read_without_writing_and_reset_for_every_replica() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    let vars = [
+        ("REDIS_URL", url.as_str()),
+        ("KEY_BY", "header:X-API-Key"),
+        ("KEY_HASH_SECRET", "shared-secret-for-the-test"),
+        ("MAX_TOKENS", "3"),
+        ("REFILL_RATE", "0.001"),
+        ("ADMIN_TOKEN", TOKEN),
+    ];
+    let a = Gateway::start_with_admin(&backend.url(), &vars).await;
+    let b = Gateway::start_with_admin(&backend.url(), &vars).await;
+    let from = "127.0.0.1".parse().unwrap();
+    let key = [("x-api-key", "tenant-7")];
+    // Never seen: the whole budget, and reading it writes nothing.
+    let fresh = inspect(&b, "general", "key:tenant-7").await;
+    assert_eq!(fresh["remaining"], 3, "{fresh}");
+    assert_eq!(redis.cli(&["DBSIZE"]).trim(), "0", "an inspection creates no key");
+    for _ in 0..3 {
+        assert_eq!(get_from(a.addr, from, "/", &key).await.status, StatusCode::OK);
+    }
+    // Refused by the other replica, which remembers the denial.
+    for _ in 0..2 {
+        assert_eq!(
+            get_from(b.addr, from, "/", &key).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    let stored = redis.cli(&["KEYS", "*"]);
+    let stored_key = stored.trim();
+    assert!(stored_key.contains("{general:key:"), "{stored}");
+    let value = redis.cli(&["GET", stored_key]);
+    for gateway in [&a, &b] {
+        let seen = inspect(gateway, "general", "key:tenant-7").await;
+        assert_eq!(
+            (seen["remaining"].as_u64(), seen["limited"].as_bool()),
+            (Some(0), Some(true))
+        );
+        assert!(seen["client"].as_str().unwrap().starts_with("key:"), "{seen}");
+        assert_ne!(seen["client"], "key:tenant-7", "the raw value never comes back");
+    }
+    assert_eq!(
+        redis.cli(&["GET", stored_key]),
+        value,
+        "an inspection changes nothing"
+    );
+    assert_eq!(redis.cli(&["KEYS", "*"]), stored);
+    // The replica that refused lists the client.
+    let list = json(&b.admin(Method::GET, "/v1/limited", Some(TOKEN)).await);
+    assert_eq!(list["rules"][1]["clients"][0]["refused"], 2, "{list}");
+    assert_eq!(list["rules"][1]["clients"][0]["client"], fresh["client"]);
+
+    let reset = b
+        .admin(Method::DELETE, "/v1/clients/general/key:tenant-7", Some(TOKEN))
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{}", reset.text());
+    assert_eq!(redis.cli(&["DBSIZE"]).trim(), "0", "the key is gone");
+    // Both replicas find the whole budget: 3 in all, exactly.
+    let mut allowed = 0;
+    for i in 0..6 {
+        let gateway = if i % 2 == 0 { &b } else { &a };
+        if get_from(gateway.addr, from, "/", &key).await.status == StatusCode::OK {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 3);
+    // An address-keyed client (no header) is written as logs write it.
+    assert_eq!(get_from(a.addr, from, "/", &[]).await.status, StatusCode::OK);
+    assert_eq!(inspect(&a, "general", "127.0.0.1").await["remaining"], 2);
+    // Redis down: the operator is told, not handed a fail mode's guess.
+    drop(redis);
+    let down = a
+        .admin(Method::GET, "/v1/clients/general/127.0.0.1", Some(TOKEN))
+        .await;
+    assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "{}", down.text());
+    a.stop().await;
+    b.stop().await;
+    backend.stop().await;
+}
+
+#[tokio::test]
+async fn the_most_refused_list_stays_bounded_under_a_flood_of_distinct_keys() {
+    // A bucket of one that refills in a day: a key's first request is allowed, the rest are
+    // refused.
+    let gateway = Gateway::start_decide_with_admin(&[
+        ("MAX_TOKENS", "1"),
+        ("REFILL_RATE", "0.00001"),
+        ("ADMIN_TOKEN", TOKEN),
+    ])
+    .await;
+    let stream = tokio::net::TcpStream::connect(gateway.decide.unwrap())
+        .await
+        .unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    const FLOOD: usize = 10_000;
+    let started = std::time::Instant::now();
+    let mut ask = async |key: &str| {
+        let body = format!(r#"{{"rule": "general", "key": "{key}"}}"#);
+        let request = Request::post("/v1/check")
+            .header("host", "gateway.test")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let reply = sender.send_request(request).await.unwrap();
+        assert_eq!(reply.status(), StatusCode::OK);
+        let body = reply.into_body().collect().await.unwrap().to_bytes();
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        answer["allowed"].as_bool().unwrap()
+    };
+    assert!(ask("heavy").await);
+    for n in 0..FLOOD {
+        // One heavy hitter in every ten refusals, among distinct keys refused once each.
+        if n % 10 == 0 {
+            assert!(!ask("heavy").await);
+        } else {
+            let key = format!("flood-{n}");
+            assert!(ask(&key).await);
+            assert!(!ask(&key).await);
+        }
+    }
+    let elapsed = started.elapsed();
+    let list = gateway
+        .admin(Method::GET, "/v1/limited?top=1000", Some(TOKEN))
+        .await;
+    assert_eq!(list.status, StatusCode::OK);
+    let list = json(&list);
+    assert_eq!(list["rules"][1]["rule"], "general");
+    let clients = list["rules"][1]["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 64, "at its capacity, not {FLOOD} entries");
+    let heavy = &clients[0];
+    let refused = heavy["refused"].as_u64().unwrap();
+    let error = heavy["error"].as_u64().unwrap();
+    assert!(heavy["client"].as_str().unwrap().starts_with("key:"), "{heavy}");
+    assert!(refused >= (FLOOD / 10) as u64, "never below the truth: {heavy}");
+    assert!(
+        refused - error <= (FLOOD / 10) as u64,
+        "the error covers the excess: {heavy}"
+    );
+    assert!(error <= (FLOOD / 64) as u64, "the error is within N/k: {heavy}");
+    let reset = gateway
+        .admin(Method::GET, "/v1/clients/general/key:heavy", Some(TOKEN))
+        .await;
+    assert_eq!(
+        json(&reset)["remaining"],
+        0,
+        "spent by its first request, not by refusals"
+    );
+    eprintln!("{FLOOD} refusals in {elapsed:?}; heavy hitter {heavy}");
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn every_algorithm_reads_alike_in_memory_and_in_redis() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    for algorithm in crate::redis::EXACT_25 {
+        for store in [None, Some(url.as_str())] {
+            let prefix = format!("peek-{}:", algorithm[0].1);
+            let mut vars: Vec<(&str, &str)> = algorithm.to_vec();
+            vars.push(("ADMIN_TOKEN", TOKEN));
+            vars.push(("KEY_PREFIX", &prefix));
+            if let Some(url) = store {
+                vars.push(("REDIS_URL", url));
+            }
+            let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
+            let from = "127.0.0.5".parse().unwrap();
+            for _ in 0..7 {
+                assert_eq!(
+                    get_from(gateway.addr, from, "/", &[]).await.status,
+                    StatusCode::OK
+                );
+            }
+            for _ in 0..3 {
+                let seen = inspect(&gateway, "general", "127.0.0.5").await;
+                assert_eq!(seen["remaining"], 18, "{algorithm:?} on {store:?}: {seen}");
+                assert_eq!(seen["limit"], 25);
+            }
+            let reply = get_from(gateway.addr, from, "/", &[]).await;
+            assert_eq!(
+                reply.number("x-ratelimit-remaining"),
+                17,
+                "{algorithm:?} on {store:?}"
+            );
+            gateway.stop().await;
+        }
+    }
+    backend.stop().await;
+}
+
+#[tokio::test]
+async fn admin_operations_reach_each_clients_master_on_a_redis_cluster() {
+    let cluster = crate::support::RedisCluster::start();
+    let backend = Backend::start().await;
+    let seeds = cluster.seeds();
+    let vars = [
+        ("REDIS_CLUSTER_NODES", seeds.as_str()),
+        ("REDIS_TIMEOUT_MS", "5000"),
+        ("MAX_TOKENS", "3"),
+        ("REFILL_RATE", "0.001"),
+        ("ADMIN_TOKEN", TOKEN),
+    ];
+    let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
+    // Several clients, so their keys land on different masters.
+    for n in 2..=6 {
+        let client = format!("127.0.0.{n}");
+        let from = client.parse().unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                get_from(gateway.addr, from, "/", &[]).await.status,
+                StatusCode::OK
+            );
+        }
+        assert_eq!(
+            get_from(gateway.addr, from, "/", &[]).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            inspect(&gateway, "general", &client).await["remaining"],
+            0,
+            "{client}"
+        );
+        let path = format!("/v1/clients/general/{client}");
+        let reset = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+        assert_eq!(reset.status, StatusCode::OK, "{client}: {}", reset.text());
+        assert_eq!(
+            inspect(&gateway, "general", &client).await["remaining"],
+            3,
+            "{client}"
+        );
+        assert_eq!(
+            get_from(gateway.addr, from, "/", &[]).await.status,
+            StatusCode::OK
+        );
+    }
+    assert!(
+        cluster.masters_holding_keys() > 1,
+        "the clients spread over masters"
+    );
+    gateway.stop().await;
+    backend.stop().await;
+}
