@@ -197,60 +197,13 @@ fi
 
 work=$(mktemp -d)
 chmod 755 "$work" # nginx workers may run as another user
-pids=() pnames=()
-cleanup() {
-  local status=$? pid f
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [ "$status" -ne 0 ]; then
-    for f in "$work"/*.log; do
-      [ -s "$f" ] && { echo "--- last lines of $(basename "$f")"; tail -n 20 "$f"; } >&2
-    done
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# free_port, wait_for_port; then start, stop, all_alive for the processes under test
+. "$ROOT/scripts/lib.sh"
+. "$ROOT/scripts/supervise.sh"
+trap supervision_cleanup EXIT
 trap 'exit 130' INT TERM
 
-# free_port, wait_for_port
-. "$ROOT/scripts/lib.sh"
-
-declare -A pid_of port_of admin_of scheme_of
-start() { # name port cpu-prefix... -- command... (runs in $work, so no .env of the repo is read)
-  local name=$1 port=$2 prefix=()
-  shift 2
-  while [ "$1" != -- ]; do prefix+=("$1"); shift; done
-  shift
-  (cd "$work" && exec "${prefix[@]}" "$@") >"$work/$name.log" 2>&1 &
-  pids+=($!) pnames+=("$name")
-  pid_of[$name]=$! port_of[$name]=$port
-  wait_for_port "$port" "$name" "${wait_tenths:-100}"
-  local pid
-  for pid in "${pid_of[$name]}" $(pgrep -P "${pid_of[$name]}" || true); do
-    echo "  started $name: pid $pid ($(cat "/proc/$pid/comm")), CPUs $(taskset -pc "$pid" | sed 's/.*: //')," \
-      "$(ls "/proc/$pid/task" | wc -l) threads: $(cat /proc/"$pid"/task/*/comm | sort | uniq -c | tr -s ' \n' ' ')"
-  done >>"$log"
-}
-
-stop() { # name...: stop targets a scenario no longer needs, so they cannot disturb the next
-  local name i
-  for name in "$@"; do
-    kill "${pid_of[$name]}" 2>/dev/null || true
-    wait "${pid_of[$name]}" 2>/dev/null || true
-    for i in "${!pids[@]}"; do [ "${pids[$i]}" = "${pid_of[$name]}" ] && unset 'pids[i]' 'pnames[i]'; done
-  done
-}
-
-all_alive() {
-  local i status
-  for i in "${!pids[@]}"; do
-    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
-      wait "${pids[$i]}" && status=0 || status=$?
-      echo "bench.sh: ${pnames[$i]} (pid ${pids[$i]}) has exited with status $status" >&2
-      exit 1
-    fi
-  done
-}
+declare -A admin_of scheme_of
 
 backend_port=$(free_port)
 case ${BENCH_BACKEND:-echo} in

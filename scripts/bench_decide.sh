@@ -111,59 +111,11 @@ else
 fi
 
 work=$(mktemp -d)
-pids=() pnames=()
-cleanup() {
-  local status=$? pid f
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [ "$status" -ne 0 ]; then
-    for f in "$work"/*.log; do
-      [ -s "$f" ] && { echo "--- last lines of $(basename "$f")"; tail -n 20 "$f"; } >&2
-    done
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# free_port, wait_for_port
+# free_port, wait_for_port; then start, stop, all_alive for the processes under test
 . "$ROOT/scripts/lib.sh"
-
-declare -A pid_of port_of
-start() { # name port cpu-prefix... -- command... (runs in $work, so no .env of the repo is read)
-  local name=$1 port=$2 prefix=()
-  shift 2
-  while [ "$1" != -- ]; do prefix+=("$1"); shift; done
-  shift
-  (cd "$work" && exec "${prefix[@]}" "$@") >"$work/$name.log" 2>&1 &
-  pids+=($!) pnames+=("$name")
-  pid_of[$name]=$! port_of[$name]=$port
-  wait_for_port "$port" "$name" "${wait_tenths:-100}"
-  echo "  started $name: pid ${pid_of[$name]}, CPUs $(taskset -pc "${pid_of[$name]}" | sed 's/.*: //'), port $port" >>"$log"
-}
-
-stop() { # name...
-  local name i
-  for name in "$@"; do
-    kill "${pid_of[$name]}" 2>/dev/null || true
-    wait "${pid_of[$name]}" 2>/dev/null || true
-    # `if`, not `&&`: a last comparison that fails must not fail the function (set -e).
-    for i in "${!pids[@]}"; do
-      if [ "${pids[$i]}" = "${pid_of[$name]}" ]; then unset 'pids[i]' 'pnames[i]'; fi
-    done
-  done
-}
-
-all_alive() {
-  local i status
-  for i in "${!pids[@]}"; do
-    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
-      wait "${pids[$i]}" && status=0 || status=$?
-      echo "bench_decide.sh: ${pnames[$i]} (pid ${pids[$i]}) has exited with status $status" >&2
-      exit 1
-    fi
-  done
-}
+. "$ROOT/scripts/supervise.sh"
+trap supervision_cleanup EXIT
+trap 'exit 130' INT TERM
 
 allow=(MAX_TOKENS=1000000000 REFILL_RATE=1000000) # a billion tokens, a million more per second
 deny=(MAX_TOKENS=1 REFILL_RATE=0.001)             # one request, then one per 1000 s

@@ -1,5 +1,6 @@
-# Helpers shared by scripts/bench.sh and scripts/chaos.sh (sourced, not run). Callers set
-# `work` (a directory holding NAME.log for each process they start) before using them.
+# Helpers shared by scripts/bench.sh, scripts/bench_decide.sh, scripts/chaos.sh and
+# scripts/demo.sh (sourced, not run). Callers set `work` (a directory holding NAME.log for each
+# process they start) before using them.
 
 # Is something listening on 127.0.0.1:$1? (bash's /dev/tcp: connects, sends nothing.)
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -31,3 +32,4 @@ wait_for_port() {
   cat "$work/$2.log" >&2 || true
   exit 1
 }
+
