@@ -67,6 +67,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# free_port, wait_for_port, install_missing, run_header, pin_cpus
+. "$ROOT/scripts/lib.sh"
 
 arguments=$*
 quick=0 criterion=1 load=1 callgrind=0 perf=0 rounds=5 duration=10s scenarios=allow,deny,many,h2
@@ -131,20 +133,9 @@ if [ "$perf" = 1 ]; then
   command -v curl >/dev/null || missing+=(curl)
   command -v perf >/dev/null || missing+=(linux-perf)
 fi
-if [ ${#missing[@]} -gt 0 ]; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "bench.sh: installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    echo "bench.sh: missing ${missing[*]}: apt-get install ${missing[*]}" >&2
-    exit 1
-  fi
-fi
+install_missing "${missing[@]}"
 
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-echo "bench.sh $arguments -- $(date -Is), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified)')"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), load average $(loadavg)"
+run_header "$arguments"
 echo "log: $log  results: $results"
 
 # --- 1. criterion ----------------------------------------------------------------------------
@@ -186,19 +177,11 @@ if [ -n "$BASELINE" ] && [ ! -x "$BASELINE" ]; then
   exit 2
 fi
 
-if [ "$(nproc)" -ge 2 ]; then
-  proxy_cpu=${BENCH_PROXY_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
-  on_proxy_cpu=(taskset -c "$proxy_cpu") on_load_cpu=(taskset -c "$load_cpu")
-  echo "pinning: proxies (and redis-server) on CPU $proxy_cpu; backend, wrk and h2load on CPU $load_cpu"
-else
-  on_proxy_cpu=() on_load_cpu=()
-  echo "bench.sh: one CPU only: nothing pinned, CPU per request includes the load generator's interference"
-fi
+pin_cpus "proxies (and redis-server)" "backend, wrk and h2load"
 
 work=$(mktemp -d)
 chmod 755 "$work" # nginx workers may run as another user
-# free_port, wait_for_port; then start, stop, all_alive for the processes under test
-. "$ROOT/scripts/lib.sh"
+# start, stop, all_alive for the processes under test
 . "$ROOT/scripts/supervise.sh"
 trap supervision_cleanup EXIT
 trap 'exit 130' INT TERM

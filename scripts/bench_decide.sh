@@ -42,6 +42,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# free_port, wait_for_port, install_missing, run_header, pin_cpus
+. "$ROOT/scripts/lib.sh"
 
 arguments=$*
 rounds=5 duration=10s scenarios=fa,check,fa-h2,check-h2,grpc callgrind=0 load=1
@@ -80,20 +82,9 @@ command -v curl >/dev/null || missing+=(curl)
 command -v taskset >/dev/null || missing+=(util-linux)
 command -v python3 >/dev/null || missing+=(python3)
 [ "$callgrind" = 0 ] || command -v callgrind_control >/dev/null || missing+=(valgrind)
-if [ ${#missing[@]} -gt 0 ]; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "bench_decide.sh: installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    echo "bench_decide.sh: missing ${missing[*]}: apt-get install ${missing[*]}" >&2
-    exit 1
-  fi
-fi
+install_missing "${missing[@]}"
 
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-echo "bench_decide.sh $arguments -- $(date -Is), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified)')"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(uptime)"
+run_header "$arguments"
 echo "log: $log  results: $results"
 
 echo "== building tollgate and the decision floor (release)"
@@ -101,18 +92,10 @@ cargo build --release --quiet --bin tollgate --examples
 TOLLGATE=$target_dir/release/tollgate
 FLOOR=$target_dir/release/examples/decide_floor
 
-if [ "$(nproc)" -ge 2 ]; then
-  proxy_cpu=${BENCH_PROXY_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
-  on_proxy_cpu=(taskset -c "$proxy_cpu") on_load_cpu=(taskset -c "$load_cpu")
-  echo "pinning: servers under test on CPU $proxy_cpu; wrk and h2load on CPU $load_cpu"
-else
-  on_proxy_cpu=() on_load_cpu=()
-  echo "bench_decide.sh: one CPU only: nothing pinned, CPU per decision includes the load generator's interference"
-fi
+pin_cpus "servers under test" "wrk and h2load"
 
 work=$(mktemp -d)
-# free_port, wait_for_port; then start, stop, all_alive for the processes under test
-. "$ROOT/scripts/lib.sh"
+# start, stop, all_alive for the processes under test
 . "$ROOT/scripts/supervise.sh"
 trap supervision_cleanup EXIT
 trap 'exit 130' INT TERM

@@ -33,3 +33,40 @@ wait_for_port() {
   exit 1
 }
 
+
+# install_missing PACKAGE...: install Debian's packages (as root with apt-get), else exit naming
+# them. No-op without arguments.
+install_missing() {
+  [ $# -gt 0 ] || return 0
+  if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
+    echo "$(basename "$0"): installing $*"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "$(basename "$0"): missing $*: apt-get install $*" >&2
+    exit 1
+  fi
+}
+
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# run_header ARGUMENTS...: the first lines of a benchmark's output: what ran, at which commit,
+# on which machine.
+run_header() {
+  echo "$(basename "$0") $* -- $(date -Is), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified)')"
+  echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), load average $(loadavg)"
+}
+
+# pin_cpus WHAT-ON-PROXY-CPU WHAT-ON-LOAD-CPU: with two cores or more, the processes under test
+# on one (BENCH_PROXY_CPU, default 0) and the load on another (BENCH_LOAD_CPU, default 1):
+# sets on_proxy_cpu and on_load_cpu, the taskset prefixes (empty on one core).
+pin_cpus() {
+  if [ "$(nproc)" -ge 2 ]; then
+    proxy_cpu=${BENCH_PROXY_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
+    on_proxy_cpu=(taskset -c "$proxy_cpu") on_load_cpu=(taskset -c "$load_cpu")
+    echo "pinning: $1 on CPU $proxy_cpu; $2 on CPU $load_cpu"
+  else
+    on_proxy_cpu=() on_load_cpu=()
+    echo "$(basename "$0"): one CPU only: nothing pinned, CPU per request includes the load generator's interference"
+  fi
+}
