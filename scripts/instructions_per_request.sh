@@ -6,6 +6,7 @@
 # (docs/benchmarks.md, part 11).
 #
 # usage: scripts/instructions_per_request.sh BINARY [N1 N2]   (default 2000 12000)
+# With BENCH_REFUSED=1 every request but the first is refused (429): the cost of a refusal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary=${1:?usage: scripts/instructions_per_request.sh BINARY [N1 N2]}
@@ -17,16 +18,17 @@ total() { # requests
   PORT=18090 target/release/examples/echo_backend >/dev/null 2>&1 &
   local backend=$!
   sleep 0.5
-  BACKEND_URL=http://127.0.0.1:18090 PORT=18091 ADMIN_PORT=18092 MAX_TOKENS=1000000000 \
-    REFILL_RATE=1000000 RUST_LOG=warn \
+  local budget=(MAX_TOKENS=1000000000 REFILL_RATE=1000000)
+  [ "${BENCH_REFUSED:-0}" = 1 ] && budget=(MAX_TOKENS=1 REFILL_RATE=0.001)
+  env BACKEND_URL=http://127.0.0.1:18090 PORT=18091 ADMIN_PORT=18092 "${budget[@]}" RUST_LOG=warn \
     valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$binary" >/dev/null 2>&1 &
   local gateway=$!
   for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:18091/ && break; sleep 0.3; done
-  h2load --h1 -n "$1" -c 8 http://127.0.0.1:18091/ >/dev/null
+  h2load --h1 -n "$1" -c 8 http://127.0.0.1:18091/ >/dev/null || true
   kill -TERM "$gateway"; wait "$gateway" 2>/dev/null || true
   kill "$backend"; wait "$backend" 2>/dev/null || true
   awk '/^(summary|totals):/ {print $2; exit}' "$work/cg.out"
 }
 first=$(total "$n1")
 second=$(total "$n2")
-echo "$binary: $first instructions at $n1 requests, $second at $n2: $(( (second - first) / (n2 - n1) )) per request"
+echo "$binary$([ "${BENCH_REFUSED:-0}" = 1 ] && echo " (refused)"): $first instructions at $n1 requests, $second at $n2: $(( (second - first) / (n2 - n1) )) per request"
