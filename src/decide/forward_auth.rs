@@ -22,11 +22,12 @@
 
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
-use super::{Decide, DecideBody, error, full};
+use super::{Decide, DecideBody, error, full, json};
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::gate::{Head, Refused};
 use crate::limit_headers::{integer_value, retry_after_secs};
@@ -34,6 +35,9 @@ use crate::outcome::Outcome;
 
 /// Where it is served.
 pub const PATH: &str = "/v1/forward-auth";
+
+/// The body of a refusal, as `error` would write it.
+const LIMITED: &[u8] = br#"{"error":"rate limit exceeded"}"#;
 
 /// `X-Forwarded-Method` (Traefik, Caddy).
 pub static X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
@@ -220,7 +224,8 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             };
             error(status, "rate-limit store unavailable", None)
         }
-        _ => error(refusal, "rate limit exceeded", None),
+        // A constant body: a flood of refusals is the case to make cheap.
+        _ => json(refusal, Bytes::from_static(LIMITED)),
     };
     if let Some(decision) = decision {
         door.settings
@@ -374,6 +379,12 @@ mod tests {
                 "{pairs:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_constant_refusal_body_is_what_error_writes() {
+        let written = serde_json::json!({ "error": "rate limit exceeded" }).to_string();
+        assert_eq!(LIMITED, written.as_bytes());
     }
 
     #[test]

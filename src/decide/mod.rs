@@ -182,7 +182,7 @@ impl Door for Decide {
 }
 
 /// A JSON body with `status`.
-fn json(status: StatusCode, body: String) -> Response<DecideBody> {
+fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<DecideBody> {
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     response
