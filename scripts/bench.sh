@@ -767,15 +767,9 @@ requests=${BENCH_CALLGRIND_REQUESTS:-20000}
 cg_dir=$log.callgrind
 mkdir -p "$cg_dir"
 echo
-echo "== callgrind: building an unstripped copy with line tables in $target_dir/callgrind"
-CARGO_TARGET_DIR=$target_dir/callgrind CARGO_PROFILE_RELEASE_STRIP=false \
-  CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-  cargo build --release --quiet --bin tollgate --example bare_proxy
+build_unstripped --bin tollgate --example bare_proxy
 TOLLGATE=$target_dir/callgrind/release/tollgate BARE=$target_dir/callgrind/release/examples/bare_proxy
-# Under valgrind: one thread at a time, output in $cg_dir/NAME.out.1 at the dump.
-valgrind_cmd() { # name
-  echo valgrind --tool=callgrind --callgrind-out-file="$cg_dir/$1.out" --dump-instr=no
-}
+# Under valgrind (valgrind_cmd): one thread at a time, output in $cg_dir/NAME.out.1 at the dump.
 wait_tenths=600 # valgrind starts slowly
 bare_cg() { # name VAR=value...
   local name=$1 port

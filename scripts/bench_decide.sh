@@ -384,14 +384,8 @@ requests=${BENCH_CALLGRIND_REQUESTS:-20000}
 cg_dir=$log.callgrind
 mkdir -p "$cg_dir"
 echo
-echo "== callgrind: building an unstripped copy with line tables in $target_dir/callgrind"
-CARGO_TARGET_DIR=$target_dir/callgrind CARGO_PROFILE_RELEASE_STRIP=false \
-  CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-  cargo build --release --quiet --bin tollgate --example decide_floor
+build_unstripped --bin tollgate --example decide_floor
 wait_tenths=600 # valgrind starts slowly
-valgrind_cmd() { # name
-  echo valgrind --tool=callgrind --callgrind-out-file="$cg_dir/$1.out" --dump-instr=no
-}
 count_requests() { # name scenario expected-status-class
   local name=$1 scenario=$2 class=$3 out pid url args
   pid=${pid_of[$name]}

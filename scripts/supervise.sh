@@ -61,3 +61,18 @@ all_alive() {
     fi
   done
 }
+
+# build_unstripped CARGO-ARGS...: a release build that keeps symbols and line tables, for
+# callgrind's function names, in $target_dir/callgrind (the measured builds stay stripped).
+build_unstripped() {
+  echo "== callgrind: building an unstripped copy with line tables in $target_dir/callgrind"
+  CARGO_TARGET_DIR=$target_dir/callgrind CARGO_PROFILE_RELEASE_STRIP=false \
+    CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+    cargo build --release --quiet "$@"
+}
+
+# valgrind_cmd NAME: the prefix that runs a process under callgrind, its counts in
+# $cg_dir/NAME.out.
+valgrind_cmd() {
+  echo valgrind --tool=callgrind --callgrind-out-file="$cg_dir/$1.out" --dump-instr=no
+}

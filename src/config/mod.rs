@@ -189,12 +189,6 @@ impl Config {
         self.server.shutdown_timeout
     }
 
-    /// Every rule of the table, in table order (the general rule after the routes and the
-    /// auth rule, then `RLS_CONFIG`'s limits).
-    pub fn rules(&self) -> &[crate::limit::Rule] {
-        self.gate.rules.rules()
-    }
-
     /// The compiled rule table: what classifies a request head into rule, key, cost and mode.
     pub fn rule_table(&self) -> &crate::limit::RuleTable {
         &self.gate.rules

@@ -22,7 +22,7 @@ use super::{Decide, DecideBody, error, json};
 use crate::gate::{Head, Refused};
 use crate::limit::{Decision, Rule};
 use crate::outcome::Outcome;
-use crate::suggest::edit_distance;
+use crate::suggest::closest;
 
 /// Where it is served.
 pub const PATH: &str = "/v1/check";
@@ -285,10 +285,7 @@ fn named_rule<'r>(rules: &'r [Rule], name: Option<&str>) -> Result<&'r Rule, Bad
         name.ok_or_else(|| BadBody::field("rule", "a rule is required (general, auth, or a route's name)"))?;
     rules.iter().find(|rule| &*rule.name == name).ok_or_else(|| {
         let names: Vec<&str> = rules.iter().map(|rule| &*rule.name).collect();
-        let closest = names
-            .iter()
-            .min_by_key(|known| edit_distance(name, known))
-            .filter(|known| edit_distance(name, known) <= 2);
+        let closest = closest(name, names.iter().copied(), 2);
         BadBody::field(
             "rule",
             match closest {

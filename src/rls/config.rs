@@ -41,7 +41,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use super::yaml::{self, Node, Value};
 use crate::limit::algorithm::{FixedWindow, Policy};
 use crate::limit::{Count, FailMode, KeyBy, Rule};
-use crate::suggest::edit_distance;
+use crate::suggest::closest;
 
 /// Most rate limits (so rules) all files may define: each is a rule with room for `MAX_KEYS`
 /// clients in memory, and rule ids are 16 bits beside the `ROUTES`.
@@ -435,15 +435,8 @@ impl FileReader<'_> {
         let mut keys = HashMap::new();
         for (key, value) in entries {
             if !allowed.contains(&key.as_str()) {
-                let suggestion = allowed
-                    .iter()
-                    .map(|candidate| (edit_distance(key, candidate), candidate))
-                    .filter(|(distance, _)| *distance <= 2.max(key.len() / 3))
-                    .min();
-                let hint = match suggestion {
-                    Some((_, candidate)) => format!("; did you mean {candidate:?}?"),
-                    None => String::new(),
-                };
+                let hint = closest(key, allowed.iter().copied(), 2.max(key.len() / 3))
+                    .map_or_else(String::new, |candidate| format!("; did you mean {candidate:?}?"));
                 let here = if path.is_empty() { "the top level" } else { path };
                 return Err(self.fail(
                     value.line,
@@ -596,17 +589,12 @@ impl FileReader<'_> {
             Some(node) if !node.is_null() => {
                 let text = self.string(node, &format!("{path}.unit"))?;
                 let unit = Unit::parse(&text).ok_or_else(|| {
-                    let hint = Unit::ALL
-                        .iter()
-                        .map(|unit| {
-                            (
-                                edit_distance(&text.to_ascii_lowercase(), unit.as_str()),
-                                unit.as_str(),
-                            )
-                        })
-                        .filter(|(distance, _)| *distance <= 2)
-                        .min()
-                        .map_or_else(String::new, |(_, name)| format!("; did you mean {name:?}?"));
+                    let hint = closest(
+                        &text.to_ascii_lowercase(),
+                        Unit::ALL.iter().map(|unit| unit.as_str()),
+                        2,
+                    )
+                    .map_or_else(String::new, |name| format!("; did you mean {name:?}?"));
                     self.fail(
                         node.line,
                         &format!("{path}.unit"),
