@@ -230,7 +230,7 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     if let Some(decision) = decision {
         door.settings
             .headers
-            .set(response.headers_mut(), verdict.rule, decision);
+            .set(response.headers_mut(), verdict.rule(), decision);
         if !verdict.outcome.forwards() {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -244,7 +244,7 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             host = headers.get(&X_FORWARDED_HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
             method = %original.method,
             path = %original.path,
-            rule = %verdict.rule.name,
+            rule = %verdict.rule().name,
             outcome = verdict.outcome.as_str(),
             "forward-auth refused"
         );
@@ -281,7 +281,7 @@ fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
         .filter(|name| name.as_str().contains('_'))
         .find(|name| {
             let dashed = name.as_str().replace('_', "-");
-            door.gate.key_headers().any(|key| key.as_str() == dashed)
+            door.gate.key_headers().iter().any(|key| key.as_str() == dashed)
         })
         .map(|name| name.as_str().to_owned())
 }

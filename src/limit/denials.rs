@@ -16,7 +16,7 @@
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lru::LruCache;
@@ -46,20 +46,21 @@ type Shard = Mutex<LruCache<(u16, ClientKey), Denial>>;
 pub struct DenialCache {
     shards: Box<[Shard]>,
     hasher: lru::DefaultHasher,
-    /// Requests answered from the cache, since startup.
-    hits: AtomicU64,
+    /// Requests answered from the cache, since startup: shared by the caches of every rule
+    /// table the guard has had.
+    hits: Arc<AtomicU64>,
 }
 
 impl DenialCache {
-    /// A cache of at most `max_entries` denials.
-    pub fn new(max_entries: NonZeroUsize) -> DenialCache {
+    /// A cache of at most `max_entries` denials, counting its hits into `hits`.
+    pub fn new(max_entries: NonZeroUsize, hits: Arc<AtomicU64>) -> DenialCache {
         let per_shard = NonZeroUsize::new(max_entries.get().div_ceil(SHARDS)).unwrap_or(NonZeroUsize::MIN);
         DenialCache {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(LruCache::new(per_shard)))
                 .collect(),
             hasher: Default::default(),
-            hits: AtomicU64::new(0),
+            hits,
         }
     }
 
@@ -157,7 +158,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_denial_is_repeated_until_its_retry_time_and_not_after() {
-        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap());
+        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
         let rule = rule(Count::All);
         let sent = Instant::now();
         cache.remember(&rule, client(), 2, &denied(Duration::from_secs(2)), sent);
@@ -183,7 +184,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn refunding_rules_and_allowed_decisions_are_never_cached() {
-        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap());
+        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
         let sent = Instant::now();
         cache.remember(
             &rule(Count::Failures),
