@@ -47,9 +47,9 @@ use tokio::sync::Notify;
 
 use crate::decide::Token;
 use crate::gate::{ClientError, Gate};
+use crate::limit::FailMode;
 use crate::limit::refused::{CAPACITY, WINDOW};
 use crate::limit::store::common_fail_mode;
-use crate::limit::FailMode;
 use crate::metrics::{Format, Metrics};
 
 /// The admin listener's settings.

@@ -459,7 +459,8 @@ impl Metrics {
             "Reloads of the rule table (RULES_FILE, on SIGHUP or a change of the file), by result",
             reloads.clone(),
         );
-        let config_reloads = ["ok", "error"].map(|result| reloads.get_or_create(&ResultLabels { result }).clone());
+        let config_reloads =
+            ["ok", "error"].map(|result| reloads.get_or_create(&ResultLabels { result }).clone());
         let config_hash = Gauge::default();
         registry.register(
             "config_hash",
@@ -703,7 +704,11 @@ impl Collector for ResponseCollector {
         )?;
         let rows = self.0.rows.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let no_rule = (NO_RULE.to_owned(), &self.0.no_rule);
-        for (label, row) in rows.iter().map(|(label, row)| (label.clone(), &**row)).chain([no_rule]) {
+        for (label, row) in rows
+            .iter()
+            .map(|(label, row)| (label.clone(), &**row))
+            .chain([no_rule])
+        {
             let Some(counters) = row.0.get() else { continue };
             for (index, counter) in counters.iter().enumerate() {
                 let count = counter.load(Ordering::Relaxed);

@@ -297,7 +297,11 @@ impl Config {
             .gate
             .rules
             .with_named(self.gate.rules.named().to_vec())
-            .map_err(|error| ConfigError::Conflict(format!("the reloaded rule table cannot hold RLS_CONFIG's rules: {error}")))
+            .map_err(|error| {
+                ConfigError::Conflict(format!(
+                    "the reloaded rule table cannot hold RLS_CONFIG's rules: {error}"
+                ))
+            })
     }
 
     /// Parse, then check the variables this configuration does not read: a malformed one is
@@ -387,7 +391,16 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let listener = listener::parse(env, &trusted_proxies)?;
-        let rules_reload = env.millis(vars::RULES_RELOAD_INTERVAL_MS)?;
+        let rules_reload = env.parse(
+            vars::RULES_RELOAD_INTERVAL_MS,
+            "a whole number of milliseconds, 0 (on SIGHUP only) to 31536000000 (a year)",
+            |s| {
+                s.parse::<u64>()
+                    .ok()
+                    .filter(|ms| *ms <= env::MAX_MILLIS)
+                    .map(Duration::from_millis)
+            },
+        )?;
         let rules_file = env.get(vars::RULES_FILE).map(|path| RulesFileSettings {
             path: path.to_owned(),
             interval: (!rules_reload.is_zero()).then_some(rules_reload),

@@ -280,7 +280,11 @@ fn limits_variable(env: &Env, var: Var, auth: bool) -> Result<Option<Policy>, Co
         return Ok(None);
     };
     let policy = parse_limit(spec).map_err(|why| ConfigError::invalid(var.name, spec, &why))?;
-    let algorithm = if auth { vars::AUTH_ALGORITHM } else { vars::ALGORITHM };
+    let algorithm = if auth {
+        vars::AUTH_ALGORITHM
+    } else {
+        vars::ALGORITHM
+    };
     let mut older = vec![algorithm];
     for name in ["token_bucket", "fixed_window"] {
         for parameter in Policy::parameters(name).into_iter().flatten() {
@@ -310,7 +314,10 @@ pub(crate) fn parse_limit(spec: &str) -> Result<Policy, String> {
         None => Err(format!("unknown algorithm {algorithm:?}; expected {ALGORITHMS}")),
         Some(Err(ParameterError::Invalid { index, expected })) => {
             let meaning = Policy::parameters(algorithm).map_or("", |p| p[index].meaning);
-            Err(format!("{meaning} {:?}: expected {expected}", [first, second][index]))
+            Err(format!(
+                "{meaning} {:?}: expected {expected}",
+                [first, second][index]
+            ))
         }
         Some(Err(ParameterError::Combination(why))) => Err(why),
         Some(Ok(policy)) => Ok(policy),

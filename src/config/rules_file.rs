@@ -162,11 +162,15 @@ impl RulesFile {
                 "general" | "auth" => {
                     let settings = if name == "general" { GENERAL } else { AUTH };
                     let DeValue::Table(section) = value.get_ref() else {
-                        return Err(reader.file.error(line, name, format!("expected a table: [{name}]")));
+                        return Err(reader
+                            .file
+                            .error(line, name, format!("expected a table: [{name}]")));
                     };
                     for (key, value) in section {
                         let setting = format!("{name}.{}", key.get_ref());
-                        let known = settings.iter().find(|(known, ..)| *known == key.get_ref().as_ref());
+                        let known = settings
+                            .iter()
+                            .find(|(known, ..)| *known == key.get_ref().as_ref());
                         let Some((_, var, kind)) = known else {
                             let names = settings.iter().map(|(name, ..)| *name);
                             return Err(reader.unknown(key, &setting, names));
@@ -195,14 +199,22 @@ impl RulesFile {
             }
         }
         for (var, value, origin, entries) in found {
-            file.entries.extend(entries.into_iter().map(|(entry, origin)| (var, entry, origin)));
+            file.entries
+                .extend(entries.into_iter().map(|(entry, origin)| (var, entry, origin)));
             file.vars.push((var, value, origin));
         }
         if let Some((_, origin)) = routes.first() {
             let origin = origin.clone();
-            let value = routes.iter().map(|(entry, _)| entry.as_str()).collect::<Vec<_>>().join(";");
-            file.entries
-                .extend(routes.into_iter().map(|(entry, origin)| (vars::ROUTES, entry, origin)));
+            let value = routes
+                .iter()
+                .map(|(entry, _)| entry.as_str())
+                .collect::<Vec<_>>()
+                .join(";");
+            file.entries.extend(
+                routes
+                    .into_iter()
+                    .map(|(entry, origin)| (vars::ROUTES, entry, origin)),
+            );
             file.vars.push((vars::ROUTES, value, origin));
         }
         Ok(file)
@@ -346,11 +358,23 @@ impl Reader<'_> {
     }
 
     /// One setting of `kind`, as its variable writes it.
-    fn setting(&self, var: Var, kind: Kind, setting: &str, value: &Spanned<DeValue<'_>>) -> Result<Found, ConfigError> {
+    fn setting(
+        &self,
+        var: Var,
+        kind: Kind,
+        setting: &str,
+        value: &Spanned<DeValue<'_>>,
+    ) -> Result<Found, ConfigError> {
         let origin = self.origin(value.span(), setting);
         let mut entries = Vec::new();
         let text = match (kind, value.get_ref()) {
-            (Kind::Text, DeValue::String(text)) => self.entry_text(value.span(), setting, text)?,
+            (Kind::Text, DeValue::String(text)) => {
+                let text = self.entry_text(value.span(), setting, text)?;
+                if setting.ends_with(".limits") {
+                    self.limits(value.span(), setting, &text)?;
+                }
+                text
+            }
             (Kind::Flag, DeValue::Boolean(flag)) => flag.to_string(),
             (Kind::Number, DeValue::Integer(_)) => self.number(setting, value)?.to_string(),
             (Kind::List(separator), DeValue::Array(items)) => {
@@ -391,11 +415,25 @@ impl Reader<'_> {
         Ok((var, text, origin, entries))
     }
 
+    /// A limit, checked here so that its error names its own line.
+    fn limits(&self, span: Range<usize>, setting: &str, text: &str) -> Result<(), ConfigError> {
+        super::rules::parse_limit(text)
+            .map(drop)
+            .map_err(|why| self.fail(span, setting, why))
+    }
+
     /// A whole number of at least 0.
     fn number(&self, setting: &str, value: &Spanned<DeValue<'_>>) -> Result<u64, ConfigError> {
         match value.get_ref() {
-            DeValue::Integer(integer) => u64::from_str_radix(integer.as_str(), integer.radix())
-                .map_err(|_| self.fail(value.span(), setting, "expected a whole number of at least 0".into())),
+            DeValue::Integer(integer) => {
+                u64::from_str_radix(integer.as_str(), integer.radix()).map_err(|_| {
+                    self.fail(
+                        value.span(),
+                        setting,
+                        "expected a whole number of at least 0".into(),
+                    )
+                })
+            }
             _ => Err(self.fail(value.span(), setting, "expected a whole number".into())),
         }
     }
@@ -408,7 +446,9 @@ impl Reader<'_> {
             return Err(self.fail(
                 span,
                 setting,
-                format!("{text:?} holds {bad:?}, which no setting here can hold; use a list for several values"),
+                format!(
+                    "{text:?} holds {bad:?}, which no setting here can hold; use a list for several values"
+                ),
             ));
         }
         if text.is_empty() {
@@ -433,14 +473,28 @@ impl Reader<'_> {
                 "path" | "limits" | "name" | "key" | "count" | "fail" => match value.get_ref() {
                     DeValue::String(text) => {
                         if name == "path" && text.contains('=') {
-                            return Err(self.fail(value.span(), &setting, format!("{text:?} holds '=', which no path pattern can")));
+                            return Err(self.fail(
+                                value.span(),
+                                &setting,
+                                format!("{text:?} holds '=', which no path pattern can"),
+                            ));
                         }
-                        self.entry_text(value.span(), &setting, text)?
+                        let text = self.entry_text(value.span(), &setting, text)?;
+                        if name == "limits" {
+                            self.limits(value.span(), &setting, &text)?;
+                        }
+                        text
                     }
                     _ => return Err(self.fail(value.span(), &setting, "expected a string".into())),
                 },
                 "cost" => match self.number(&setting, value)? {
-                    0 => return Err(self.fail(value.span(), &setting, "expected a whole number of at least 1".into())),
+                    0 => {
+                        return Err(self.fail(
+                            value.span(),
+                            &setting,
+                            "expected a whole number of at least 1".into(),
+                        ));
+                    }
                     cost => cost.to_string(),
                 },
                 "shadow" => match value.get_ref() {
@@ -454,13 +508,23 @@ impl Reader<'_> {
                             let mut methods = Vec::new();
                             for item in items.iter() {
                                 let DeValue::String(text) = item.get_ref() else {
-                                    return Err(self.fail(item.span(), &setting, "expected method names, e.g. [\"GET\", \"HEAD\"]".into()));
+                                    return Err(self.fail(
+                                        item.span(),
+                                        &setting,
+                                        "expected method names, e.g. [\"GET\", \"HEAD\"]".into(),
+                                    ));
                                 };
                                 methods.push(self.entry_text(item.span(), &setting, text)?);
                             }
                             methods
                         }
-                        _ => return Err(self.fail(value.span(), &setting, "expected method names, e.g. [\"GET\", \"HEAD\"]".into())),
+                        _ => {
+                            return Err(self.fail(
+                                value.span(),
+                                &setting,
+                                "expected method names, e.g. [\"GET\", \"HEAD\"]".into(),
+                            ));
+                        }
                     };
                     if methods.is_empty() {
                         return Err(self.fail(value.span(), &setting, "expected at least one method".into()));
@@ -472,13 +536,24 @@ impl Reader<'_> {
             fields.push((name, text));
         }
         let origin = line.unwrap_or_else(|| self.origin(route.span(), &at));
-        let field = |name: &str| fields.iter().find(|(held, _)| *held == name).map(|(_, text)| text.as_str());
+        let field = |name: &str| {
+            fields
+                .iter()
+                .find(|(held, _)| *held == name)
+                .map(|(_, text)| text.as_str())
+        };
         let missing = |name: &str| {
-            self.file
-                .error(origin.line, &at, format!("{name} is required, e.g. {name} = {}", match name {
-                    "path" => "\"/api/*\"",
-                    _ => "\"token_bucket:20:10\"",
-                }))
+            self.file.error(
+                origin.line,
+                &at,
+                format!(
+                    "{name} is required, e.g. {name} = {}",
+                    match name {
+                        "path" => "\"/api/*\"",
+                        _ => "\"token_bucket:20:10\"",
+                    }
+                ),
+            )
         };
         let path = field("path").ok_or_else(|| missing("path"))?;
         let limits = field("limits").ok_or_else(|| missing("limits"))?;
@@ -577,31 +652,63 @@ shadow = false
 
     #[test]
     fn an_unknown_key_names_the_file_the_line_and_the_likely_name() {
-        let error = parse("auth_paths = [\"/login\"]\n\n[general]\nlimit = \"token_bucket:1:1\"\n").unwrap_err();
+        let error =
+            parse("auth_paths = [\"/login\"]\n\n[general]\nlimit = \"token_bucket:1:1\"\n").unwrap_err();
         assert!(error.contains("rules.toml:4: general.limit"), "{error}");
         assert!(error.contains("did you mean \"limits\""), "{error}");
-        let error = parse("[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:1:1\"\ncots = 2\n").unwrap_err();
+        let error =
+            parse("[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:1:1\"\ncots = 2\n").unwrap_err();
         assert!(error.contains("rules.toml:4: routes[0].cots"), "{error}");
         assert!(error.contains("did you mean \"cost\""), "{error}");
         // A variable that is not the table's: said so.
         let error = parse("port = 8080\n").unwrap_err();
-        assert!(error.contains("read from the environment at start only"), "{error}");
+        assert!(
+            error.contains("read from the environment at start only"),
+            "{error}"
+        );
     }
 
     #[test]
     fn wrong_types_and_values_name_where_they_are() {
         for (text, location, words) in [
             ("shadow = \"yes\"\n", "rules.toml:1: shadow", "true or false"),
-            ("auth_paths = \"/login\"\n", "rules.toml:1: auth_paths", "an array"),
-            ("auth_paths = [\"/login /signup\"]\n", "rules.toml:1: auth_paths[0]", "holds ' '"),
-            ("[[routes]]\npath = \"/a\"\n", "rules.toml:1: routes[0]", "limits is required"),
-            ("[[routes]]\nlimits = \"token_bucket:1:1\"\ncost = 0\npath = \"/a\"\n", "rules.toml:3: routes[0].cost", "at least 1"),
-            ("[[routes]]\npath = \"/a,b\"\nlimits = \"token_bucket:1:1\"\n", "rules.toml:2: routes[0].path", "holds ','"),
+            (
+                "auth_paths = \"/login\"\n",
+                "rules.toml:1: auth_paths",
+                "an array",
+            ),
+            (
+                "auth_paths = [\"/login /signup\"]\n",
+                "rules.toml:1: auth_paths[0]",
+                "holds ' '",
+            ),
+            (
+                "[[routes]]\npath = \"/a\"\n",
+                "rules.toml:1: routes[0]",
+                "limits is required",
+            ),
+            (
+                "[[routes]]\nlimits = \"token_bucket:1:1\"\ncost = 0\npath = \"/a\"\n",
+                "rules.toml:3: routes[0].cost",
+                "at least 1",
+            ),
+            (
+                "[[routes]]\npath = \"/a,b\"\nlimits = \"token_bucket:1:1\"\n",
+                "rules.toml:2: routes[0].path",
+                "holds ','",
+            ),
             ("[general\n", "rules.toml:1", ""),
-            ("costs = { \"/x\" = -1 }\n", "rules.toml:1: costs.\"/x\"", "whole number"),
+            (
+                "costs = { \"/x\" = -1 }\n",
+                "rules.toml:1: costs.\"/x\"",
+                "whole number",
+            ),
         ] {
             let error = parse(text).unwrap_err();
-            assert!(error.contains(location) && error.contains(words), "{text:?}: {error}");
+            assert!(
+                error.contains(location) && error.contains(words),
+                "{text:?}: {error}"
+            );
         }
     }
 
@@ -612,7 +719,10 @@ shadow = false
             .merge(&[("AUTH_KEY_BY".into(), "header:X-Key".into())])
             .unwrap_err()
             .to_string();
-        assert!(error.contains("AUTH_KEY_BY") && error.contains("auth.key") && error.contains("line 3"), "{error}");
+        assert!(
+            error.contains("AUTH_KEY_BY") && error.contains("auth.key") && error.contains("line 3"),
+            "{error}"
+        );
         // Empty counts as unset, as everywhere.
         assert!(file.merge(&[("AUTH_KEY_BY".into(), " ".into())]).is_ok());
     }

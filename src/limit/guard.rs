@@ -425,10 +425,7 @@ impl<S: Remote> Guard<S> {
             .iter()
             .map(|rule| (rule.name.clone(), rule.fail_mode))
             .collect();
-        *shared
-            .fail_modes
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = fail_modes.clone();
+        *shared.fail_modes.write().unwrap_or_else(PoisonError::into_inner) = fail_modes.clone();
         Guard {
             inner: Arc::new(Inner {
                 denials: DenialCache::new(shared.max_keys, shared.denial_hits.clone()),

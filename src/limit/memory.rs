@@ -755,12 +755,21 @@ mod tests {
         assert!(store.check_at(&auth, ip(1), 1, 0).allowed);
         // A route comes first now (ids move), auth gets other numbers, general is as it was.
         let route = Rule::new(0, "api", general.policy);
-        let general_after = Rule { id: 2, ..general.clone() };
+        let general_after = Rule {
+            id: 2,
+            ..general.clone()
+        };
         let auth_after = Rule::new(1, "auth", rule(AUTH, 5).policy);
         let next = store.for_rules(&[route.clone(), auth_after.clone(), general_after.clone()]);
         assert!(!next.check_at(&general_after, ip(1), 1, 0).allowed, "budget kept");
-        assert!(next.check_at(&auth_after, ip(1), 1, 0).allowed, "a changed rule starts afresh");
-        assert!(next.check_at(&route, ip(1), 1, 0).allowed, "a new rule starts afresh");
+        assert!(
+            next.check_at(&auth_after, ip(1), 1, 0).allowed,
+            "a changed rule starts afresh"
+        );
+        assert!(
+            next.check_at(&route, ip(1), 1, 0).allowed,
+            "a new rule starts afresh"
+        );
         assert!(next.shares_rule_with(&store, 2) && !next.shares_rule_with(&store, 1));
         // The table before sees the same budget: a request still deciding under it agrees.
         assert!(!store.check_at(&general, ip(1), 1, 0).allowed);

@@ -994,6 +994,10 @@ mod tests {
             capacity: 2,
             interval_us: 1,
         });
-        assert_ne!(other.fingerprint(), policy.fingerprint(), "other numbers, another key");
+        assert_ne!(
+            other.fingerprint(),
+            policy.fingerprint(),
+            "other numbers, another key"
+        );
     }
 }

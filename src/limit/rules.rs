@@ -326,7 +326,13 @@ impl RuleTable {
             &mut digest,
             format_args!(
                 "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}",
-                self.rules, self.classified, self.routes, self.costs, self.skip, self.exempt, self.ipv6_prefix
+                self.rules,
+                self.classified,
+                self.routes,
+                self.costs,
+                self.skip,
+                self.exempt,
+                self.ipv6_prefix
             ),
         );
         digest.0

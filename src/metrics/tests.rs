@@ -42,9 +42,10 @@ fn table(vars: &[(&str, &str)]) -> crate::limit::RuleTable {
 fn a_reloaded_table_counts_on_into_the_series_of_the_same_rule_names() {
     let (metrics, _) = metrics(&[]);
     let before = metrics.series(&table(&[("ROUTES", "/api/*=token_bucket:5:1,name=api")]));
-    let after = metrics.series(&table(&[
-        ("ROUTES", "/new/*=token_bucket:5:1,name=new;/api/*=token_bucket:9:1,name=api"),
-    ]));
+    let after = metrics.series(&table(&[(
+        "ROUTES",
+        "/new/*=token_bucket:5:1,name=new;/api/*=token_bucket:9:1,name=api",
+    )]));
     let (api_before, api_after) = (before.rule(0).unwrap(), after.rule(1).unwrap());
     api_before.request(Outcome::Allowed);
     api_after.request(Outcome::Allowed);

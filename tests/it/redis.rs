@@ -122,7 +122,10 @@ async fn keys_are_hash_tagged_and_all_expire() {
         .iter()
         .map(|key| {
             let (key, fingerprint) = key.rsplit_once(':').unwrap();
-            assert!(fingerprint.len() == 8 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
+            assert!(
+                fingerprint.len() == 8 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{key}"
+            );
             key
         })
         .collect();
