@@ -464,11 +464,11 @@ impl Reader<'_> {
             return Err(self.fail(route.span(), &at, "expected a table: [[routes]]".into()));
         };
         let mut fields: Vec<(&str, String)> = Vec::new();
-        let mut line = None;
+        // Where the table starts: its first key in the file (the map is sorted by name).
+        let start = table.keys().map(|key| key.span().start).min();
         for (key, value) in table {
             let name = key.get_ref().as_ref();
             let setting = format!("{at}.{name}");
-            line.get_or_insert_with(|| self.origin(key.span(), &at));
             let text = match name {
                 "path" | "limits" | "name" | "key" | "count" | "fail" => match value.get_ref() {
                     DeValue::String(text) => {
@@ -535,7 +535,7 @@ impl Reader<'_> {
             };
             fields.push((name, text));
         }
-        let origin = line.unwrap_or_else(|| self.origin(route.span(), &at));
+        let origin = self.origin(start.map_or(route.span(), |start| start..start), &at);
         let field = |name: &str| {
             fields
                 .iter()
@@ -643,7 +643,7 @@ shadow = false
             ("AUTH_FAIL_MODE", "closed".into()),
             (
                 "ROUTES",
-                "/api/*=token_bucket:20:10,name=api,key=ip+header:X-API-Key,cost=2,method=GET|HEAD,shadow,count=failures,fail=open;/upload=sliding_window:10:60,method=POST".into(),
+                "/api/*=token_bucket:20:10,cost=2,count=failures,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST".into(),
             ),
         ];
         expected.sort();
@@ -684,7 +684,7 @@ shadow = false
             ),
             (
                 "[[routes]]\npath = \"/a\"\n",
-                "rules.toml:1: routes[0]",
+                "rules.toml:2: routes[0]",
                 "limits is required",
             ),
             (

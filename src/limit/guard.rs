@@ -235,6 +235,9 @@ struct Inner<S> {
     denials: DenialCache,
 }
 
+/// Each rule's name and fail mode, in table order.
+type FailModes = Arc<[(Arc<str>, FailMode)]>;
+
 /// What outlives a rule table: the store, its breakers, its counters, and the tasks that
 /// watch them (which hold it weakly, and end when the last view goes).
 struct Shared<S> {
@@ -245,7 +248,7 @@ struct Shared<S> {
     /// `MAX_KEYS`: the bound of the local store and of the denial cache.
     max_keys: NonZeroUsize,
     /// The current table's fail modes, for the breakers' log lines.
-    fail_modes: RwLock<Arc<[(Arc<str>, FailMode)]>>,
+    fail_modes: RwLock<FailModes>,
     /// Which breaker guards which key.
     breakers: Breakers,
     /// Failed calls since startup, by [`RedisErrorKind`].

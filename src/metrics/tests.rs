@@ -28,7 +28,10 @@ fn metrics(vars: &[(&str, &str)]) -> (Metrics, Slots) {
         connections: Arc::new(slots.connections.clone()),
         requests: Arc::new(slots.requests.clone()),
     };
-    (Metrics::new(limiter, load), slots)
+    let metrics = Metrics::new(limiter, load);
+    // As the gate does: the table's series exist (at zero) from the first scrape.
+    let _series = metrics.series(&config.gate.rules);
+    (metrics, slots)
 }
 
 /// The rule table of `vars` (beside a backend).
