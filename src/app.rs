@@ -269,6 +269,8 @@ pub async fn serve_on(
             StoreConfig::Redis(redis) => redis.to_string(),
         },
         rules = %config.gate.rules.summary(),
+        rules_digest = %format!("{:08x}", config.gate.rules.digest()),
+        rules_file = %config.rules_file.as_ref().map_or("-", |file| file.path.as_str()),
         headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
         access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),

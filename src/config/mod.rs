@@ -626,6 +626,18 @@ impl fmt::Display for Config {
         }
         // The classified ones: a named rule (RLS_CONFIG's) has no paths and is listed by its door.
         let rules = self.gate.rules.classified();
+        if let Some(file) = &self.rules_file {
+            writeln!(
+                f,
+                "rules file:       {} (reloaded on SIGHUP{}; table digest {:08x})",
+                file.path,
+                file.interval.map_or_else(String::new, |every| format!(
+                    " and when it changes, read every {} ms",
+                    every.as_millis()
+                )),
+                self.gate.rules.digest()
+            )?;
+        }
         writeln!(f, "general rule:     {}", self.gate.rules.general().policy)?;
         if let Some(auth) = self.gate.rules.rule("auth") {
             writeln!(f, "auth rule:        {}", auth.policy)?;
