@@ -462,7 +462,12 @@ async fn redis_over_tls_with_a_private_ca() {
         "decided by redis over TLS"
     );
     assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(redis.cli(&["--scan"]).trim(), "tollgate:{general:127.0.0.1}:tb");
+    let key = crate::support::redis::key_of(
+        &[("MAX_TOKENS", "2"), ("REFILL_RATE", "0.01")],
+        "general",
+        "127.0.0.1",
+    );
+    assert_eq!(redis.cli(&["--scan"]).trim(), key);
 }
 
 /// The faults of `faults.rs`, over TLS: a Redis killed gives the fail mode, at once once the
