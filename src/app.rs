@@ -106,6 +106,26 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The decision endpoints' (`BIND`, `DECIDE_PORT`): required when `DECIDE_PORT` is set.
     pub decide: Option<TcpListener>,
+    /// SIGHUPs from the moment of binding on, for `RULES_FILE`'s reloads (made by [`bind`]
+    /// when there is a rules file; `None`: [`serve_on`] listens from when it starts).
+    pub hangup: Option<Hangup>,
+}
+
+/// SIGHUPs received since it was made: a client can connect as soon as a listener is bound,
+/// and an operator's SIGHUP from then on must be a reload, not lost.
+pub struct Hangup(tokio::signal::unix::Signal);
+
+impl Hangup {
+    /// Listen for SIGHUP from now on.
+    pub fn listen() -> std::io::Result<Hangup> {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map(Hangup)
+    }
+}
+
+impl std::fmt::Debug for Hangup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hangup")
+    }
 }
 
 /// Bind every listener `config` asks for: the proxy's (`BIND`, `PORT`) when it has a backend,
@@ -130,7 +150,20 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServeError> {
         None => None,
     };
     let admin = Some(bind_one(config.admin.address, "ADMIN_BIND, ADMIN_PORT").await?);
-    Ok(Listeners { proxy, admin, decide })
+    let hangup = match config.reloads_rules() {
+        true => Hangup::listen()
+            .map_err(|error| {
+                tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
+            })
+            .ok(),
+        false => None,
+    };
+    Ok(Listeners {
+        proxy,
+        admin,
+        decide,
+        hangup,
+    })
 }
 
 /// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then
@@ -158,7 +191,7 @@ pub async fn serve_with_admin(
     let listeners = Listeners {
         proxy: Some(listener),
         admin: Some(admin),
-        decide: None,
+        ..Listeners::default()
     };
     serve_on(listeners, config, shutdown).await
 }
@@ -171,7 +204,12 @@ pub async fn serve_on(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let Listeners { proxy, admin, decide } = listeners;
+    let Listeners {
+        proxy,
+        admin,
+        decide,
+        hangup,
+    } = listeners;
     let proxy = wanted(
         proxy,
         config.proxy.is_some(),
@@ -233,13 +271,24 @@ pub async fn serve_on(
         .rules_file
         .as_ref()
         .map(|_| {
-            // Installed now, before the listeners accept: a SIGHUP from then on is a reload.
-            let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .map_err(|error| {
-                    tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
-                })
-                .ok();
-            tokio::spawn(watch_rules(Arc::new(config.clone()), hangup, gate.clone(), metrics.clone()))
+            // Installed by `bind`, or now, before the listeners accept: a SIGHUP from then on
+            // is a reload.
+            let hangup = hangup.or_else(|| {
+                Hangup::listen()
+                    .map_err(|error| {
+                        tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
+                    })
+                    .ok()
+            });
+            // Read now, as the configuration was: a change from here on is seen.
+            let dot_env = read_dot_env();
+            tokio::spawn(watch_rules(
+                Arc::new(config.clone()),
+                hangup,
+                dot_env,
+                gate.clone(),
+                metrics.clone(),
+            ))
         });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
@@ -394,7 +443,8 @@ async fn drain<D: Door>(accepted: Option<(Drain, Server<D>)>) {
 /// SIGHUPs is read as the few reloads it takes to catch up.
 async fn watch_rules(
     config: Arc<Config>,
-    mut hangup: Option<tokio::signal::unix::Signal>,
+    mut hangup: Option<Hangup>,
+    mut dot_env: Vec<(String, String)>,
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
 ) {
@@ -402,7 +452,8 @@ async fn watch_rules(
         return;
     };
     let read = |path: String| async move { tokio::fs::read(&path).await.ok() };
-    let mut seen = read(settings.path.clone()).await;
+    // The bytes the table in force was built from: any other bytes are a change.
+    let mut seen = Some(settings.loaded.to_vec());
     let mut tick = settings.interval.map(|interval| {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -410,7 +461,7 @@ async fn watch_rules(
     });
     loop {
         let cause = tokio::select! {
-            Some(()) = async { hangup.as_mut()?.recv().await } => "SIGHUP",
+            Some(()) = async { hangup.as_mut()?.0.recv().await } => "SIGHUP",
             Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
                 let now = read(settings.path.clone()).await;
                 if now == seen {
@@ -425,6 +476,15 @@ async fn watch_rules(
             let config = config.clone();
             tokio::task::spawn_blocking(move || config.reload_rules()).await
         };
+        let now = read_dot_env();
+        for (name, _) in now.iter().filter(|entry| !dot_env.contains(entry)) {
+            tracing::warn!(
+                variable = %name,
+                "{name} changed in .env: the environment and .env are read at start only, and a \
+                 reload reads RULES_FILE alone; restart to apply it"
+            );
+        }
+        dot_env = now;
         match reloaded {
             Ok(Ok(table)) if table.digest() == gate.current().digest() => {
                 metrics.config_reload(true);
@@ -454,4 +514,16 @@ async fn watch_rules(
             }
         }
     }
+}
+
+/// The tollgate variables `.env` in the working directory sets now (none when it is missing or
+/// unreadable), for the warning about changes a reload does not apply.
+fn read_dot_env() -> Vec<(String, String)> {
+    let Ok(entries) = dotenvy::from_path_iter(".env") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|(name, _)| crate::config::VARIABLES.contains(&name.as_str()))
+        .collect()
 }

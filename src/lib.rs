@@ -78,7 +78,7 @@ pub mod testing;
 pub mod variables;
 
 pub use admin::healthcheck;
-pub use app::{Listeners, ServeError, bind, serve, serve_on, serve_with_admin};
+pub use app::{Hangup, Listeners, ServeError, bind, serve, serve_on, serve_with_admin};
 pub use config::{Config, ConfigError};
 pub use server::raise_fd_limit;
 pub use telemetry::{TelemetryError, check_log_filter, init_logging};

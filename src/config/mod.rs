@@ -161,6 +161,9 @@ pub(crate) struct RulesFileSettings {
     /// The environment the configuration was read from (the file's settings not added): a
     /// reload reads the file again beside it.
     pub(crate) environment: Arc<Vec<(String, String)>>,
+    /// The file's bytes this configuration was built from: the watcher reloads when they
+    /// change.
+    pub(crate) loaded: Arc<Vec<u8>>,
 }
 
 impl fmt::Debug for RulesFileSettings {
@@ -272,6 +275,7 @@ impl Config {
         let mut config = Self::from_env_reader(&Env::new(merged)).map_err(|error| file.locate(error))?;
         if let Some(settings) = &mut config.rules_file {
             settings.environment = Arc::new(environment);
+            settings.loaded = Arc::new(file.bytes);
         }
         Ok(config)
     }
@@ -405,6 +409,7 @@ impl Config {
             path: path.to_owned(),
             interval: (!rules_reload.is_zero()).then_some(rules_reload),
             environment: Arc::default(),
+            loaded: Arc::default(),
         });
         let max_keys = env.parse(vars::MAX_KEYS, "a whole number from 1 to 1000000000", |s| {
             s.parse::<usize>()

@@ -276,12 +276,16 @@ fn refusal_status(query: Option<&str>) -> Result<StatusCode, String> {
 /// Traefik and Caddy do not), so the budget would be the real header's and the backend's key
 /// the alias's.
 fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
-    headers
+    let mut aliases = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))
+        .peekable();
+    aliases.peek()?;
+    let generation = door.gate.current();
+    aliases
         .find(|name| {
             let dashed = name.as_str().replace('_', "-");
-            door.gate.key_headers().iter().any(|key| key.as_str() == dashed)
+            generation.key_headers().any(|key| key.as_str() == dashed)
         })
         .map(|name| name.as_str().to_owned())
 }

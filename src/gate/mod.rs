@@ -99,6 +99,11 @@ impl Generation {
         &self.limiter
     }
 
+    /// The headers some rule keys its budgets by, each once.
+    pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.rules.key_headers()
+    }
+
     /// Rule `id`'s metric series.
     pub fn series(&self, id: u16) -> Option<&Arc<RuleSeries>> {
         self.series.rule(id)
@@ -425,11 +430,6 @@ impl Gate {
     /// Whether `peer` is one of `TRUSTED_PROXIES` (whose forwarding headers are kept).
     pub fn trusts(&self, peer: IpAddr) -> bool {
         self.identity.is_trusted(peer)
-    }
-
-    /// The headers some rule of the table in force keys its budgets by, each once.
-    pub fn key_headers(&self) -> Vec<http::HeaderName> {
-        self.current().rules.key_headers().cloned().collect()
     }
 }
 

@@ -488,7 +488,8 @@ impl Proxy {
         // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
         // the other.
         if self.underscore_headers == headers::UnderscoreHeaders::Forward
-            && let Some(name) = headers::underscore_alias(request.headers(), self.gate.key_headers().iter())
+            && let Some(name) =
+                headers::underscore_alias(request.headers(), self.gate.current().key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
             let refusal = refuse(&reason, request.uri().path(), peer, context);

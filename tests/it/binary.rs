@@ -254,11 +254,17 @@ pub(crate) struct Running {
 
 impl Running {
     pub(crate) fn start(vars: &[(&str, &str)]) -> Running {
+        Running::start_in(std::path::Path::new("."), vars)
+    }
+
+    /// [`Running::start`] with `dir` as the working directory (where `.env` is read).
+    pub(crate) fn start_in(dir: &std::path::Path, vars: &[(&str, &str)]) -> Running {
         let [port, admin_port] = free_ports();
         let log = tempfile::NamedTempFile::new().unwrap();
         // Another build may be put under the same tests (see tests/it/bypass.rs).
         let binary = std::env::var("TOLLGATE_UNDER_TEST").unwrap_or_else(|_| BINARY.to_owned());
         let child = Command::new(binary)
+            .current_dir(dir)
             .env_clear()
             .env("BIND", "127.0.0.1")
             .env("PORT", port.to_string())

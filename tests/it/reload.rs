@@ -333,3 +333,41 @@ async fn a_setting_in_both_the_file_and_the_environment_stops_startup_naming_bot
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("3 tokens"), "{stdout}");
 }
+
+#[tokio::test]
+async fn a_changed_dot_env_is_named_in_a_warning_as_it_is_not_applied_live() {
+    let backend = Backend::start().await;
+    let rules = RulesFile::new(BEFORE);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".env"),
+        "SHUTDOWN_TIMEOUT_MS=5000\nLOG_FORMAT=text\n",
+    )
+    .unwrap();
+    let tollgate = Running::start_in(
+        dir.path(),
+        &[
+            ("BACKEND_URL", &backend.url()),
+            ("RULES_FILE", rules.path()),
+            ("RULES_RELOAD_INTERVAL_MS", "0"),
+        ],
+    );
+    std::fs::write(
+        dir.path().join(".env"),
+        "SHUTDOWN_TIMEOUT_MS=9000\nLOG_FORMAT=text\n",
+    )
+    .unwrap();
+    hangup(&tollgate);
+    await_reloads(&tollgate, "ok", 1).await;
+    let log = tollgate.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("changed in .env"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(
+        warnings[0].contains("SHUTDOWN_TIMEOUT_MS") && warnings[0].contains("restart"),
+        "{log}"
+    );
+    assert!(!warnings[0].contains("9000"), "values are never shown: {log}");
+}
