@@ -257,6 +257,13 @@ impl Running {
         Running::start_in(std::path::Path::new("."), vars)
     }
 
+    /// Send it SIGHUP.
+    pub(crate) fn hangup(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+        assert!(sent.success(), "kill -HUP {pid}");
+    }
+
     /// [`Running::start`] with `dir` as the working directory (where `.env` is read).
     pub(crate) fn start_in(dir: &std::path::Path, vars: &[(&str, &str)]) -> Running {
         let [port, admin_port] = free_ports();
@@ -339,14 +346,7 @@ async fn sighup_is_logged_and_ignored_and_sigterm_still_drains() {
     let addr = tollgate.addr;
     let in_flight = tokio::spawn(async move { get(addr, "/slow/700").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pid = tollgate.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    tollgate.hangup();
     let said = "SIGHUP received: nothing to reload without RULES_FILE";
     for _ in 0..250 {
         if tollgate.log().contains(said) {

@@ -73,17 +73,6 @@ path = "/api/*"
 limits = "token_bucket:5:0.001"
 "#;
 
-fn hangup(tollgate: &Running) {
-    let pid = tollgate.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
-
 /// `tollgate_config_reloads_total{result}` on the admin listener.
 async fn reloads(tollgate: &Running, result: &str) -> u64 {
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
@@ -119,7 +108,7 @@ async fn kept_and_changed(tollgate: &Running, rules: &RulesFile) {
     assert_eq!(statuses(tollgate, "/", 4).await, [200, 200, 200, 429]);
     assert_eq!(statuses(tollgate, "/api/x", 3).await, [200, 200, 429]);
     rules.write(AFTER);
-    hangup(tollgate);
+    tollgate.hangup();
     await_reloads(tollgate, "ok", 1).await;
     assert_eq!(
         statuses(tollgate, "/", 1).await,
@@ -201,7 +190,7 @@ async fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
     assert_eq!(statuses(&tollgate, "/api/x", 3).await, [200, 200, 429]);
     let broken = BEFORE.replace("token_bucket:2:0.001", "token_bucket:two:0.001");
     rules.write(&broken);
-    hangup(&tollgate);
+    tollgate.hangup();
     await_reloads(&tollgate, "error", 1).await;
     let log = tollgate.log();
     let line = log
@@ -221,7 +210,7 @@ async fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
     assert_eq!(reloads(&tollgate, "ok").await, 0);
     // A file that does not parse, and one that is gone: the same.
     rules.write("[general\nlimits = ");
-    hangup(&tollgate);
+    tollgate.hangup();
     await_reloads(&tollgate, "error", 2).await;
     assert_eq!(statuses(&tollgate, "/api/x", 1).await, [429]);
     assert!(tollgate.child.try_wait().unwrap().is_none(), "still serving");
@@ -278,7 +267,7 @@ limits = "token_bucket:40:0.001"
                 std::fs::read_to_string(rules.path()).unwrap()
             ));
         }
-        hangup(&tollgate);
+        tollgate.hangup();
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     for client in clients {
@@ -357,7 +346,7 @@ async fn a_changed_dot_env_is_named_in_a_warning_as_it_is_not_applied_live() {
         "SHUTDOWN_TIMEOUT_MS=9000\nLOG_FORMAT=text\n",
     )
     .unwrap();
-    hangup(&tollgate);
+    tollgate.hangup();
     await_reloads(&tollgate, "ok", 1).await;
     let log = tollgate.log();
     let warnings: Vec<&str> = log
