@@ -280,15 +280,7 @@ pub async fn serve_on(
                     })
                     .ok()
             });
-            // Read now, as the configuration was: a change from here on is seen.
-            let dot_env = read_dot_env();
-            tokio::spawn(watch_rules(
-                Arc::new(config.clone()),
-                hangup,
-                dot_env,
-                gate.clone(),
-                metrics.clone(),
-            ))
+            tokio::spawn(watch_rules(Arc::new(config.clone()), hangup, gate.clone(), metrics.clone()))
         });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
@@ -444,7 +436,6 @@ async fn drain<D: Door>(accepted: Option<(Drain, Server<D>)>) {
 async fn watch_rules(
     config: Arc<Config>,
     mut hangup: Option<Hangup>,
-    mut dot_env: Vec<(String, String)>,
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
 ) {
@@ -454,6 +445,9 @@ async fn watch_rules(
     let read = |path: String| async move { tokio::fs::read(&path).await.ok() };
     // The bytes the table in force was built from: any other bytes are a change.
     let mut seen = Some(settings.loaded.to_vec());
+    // What `.env` said when the configuration was read: a later change to it is named, as a
+    // reload does not read it.
+    let mut dot_env = settings.dot_env.to_vec();
     let mut tick = settings.interval.map(|interval| {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -476,7 +470,7 @@ async fn watch_rules(
             let config = config.clone();
             tokio::task::spawn_blocking(move || config.reload_rules()).await
         };
-        let now = read_dot_env();
+        let now = crate::config::read_dot_env();
         for (name, _) in now.iter().filter(|entry| !dot_env.contains(entry)) {
             tracing::warn!(
                 variable = %name,
@@ -514,16 +508,4 @@ async fn watch_rules(
             }
         }
     }
-}
-
-/// The tollgate variables `.env` in the working directory sets now (none when it is missing or
-/// unreadable), for the warning about changes a reload does not apply.
-fn read_dot_env() -> Vec<(String, String)> {
-    let Ok(entries) = dotenvy::from_path_iter(".env") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|(name, _)| crate::config::VARIABLES.contains(&name.as_str()))
-        .collect()
 }

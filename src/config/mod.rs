@@ -164,6 +164,19 @@ pub(crate) struct RulesFileSettings {
     /// The file's bytes this configuration was built from: the watcher reloads when they
     /// change.
     pub(crate) loaded: Arc<Vec<u8>>,
+    /// What `.env` set when this configuration was read ([`read_dot_env`]).
+    pub(crate) dot_env: Arc<Vec<(String, String)>>,
+}
+/// The tollgate variables `.env` in the working directory sets now (none when it is missing or
+/// unreadable), for the warning about changes a reload does not apply.
+pub(crate) fn read_dot_env() -> Vec<(String, String)> {
+    let Ok(entries) = dotenvy::from_path_iter(".env") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|(name, _)| VARIABLES.contains(&name.as_str()))
+        .collect()
 }
 
 impl fmt::Debug for RulesFileSettings {
@@ -276,6 +289,7 @@ impl Config {
         if let Some(settings) = &mut config.rules_file {
             settings.environment = Arc::new(environment);
             settings.loaded = Arc::new(file.bytes);
+            settings.dot_env = Arc::new(read_dot_env());
         }
         Ok(config)
     }
@@ -410,6 +424,7 @@ impl Config {
             interval: (!rules_reload.is_zero()).then_some(rules_reload),
             environment: Arc::default(),
             loaded: Arc::default(),
+            dot_env: Arc::default(),
         });
         let max_keys = env.parse(vars::MAX_KEYS, "a whole number from 1 to 1000000000", |s| {
             s.parse::<usize>()
