@@ -218,6 +218,17 @@ async fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
 
 #[tokio::test]
 async fn a_storm_of_sighups_under_load_fails_no_request_and_loses_no_budget() {
+    storm(&[]).await;
+}
+
+#[tokio::test]
+async fn a_storm_of_sighups_under_load_on_redis_fails_no_request_and_loses_no_budget() {
+    let redis = RedisServer::start();
+    storm(&[("REDIS_URL", &redis.url())]).await;
+}
+
+/// Four clients under load while fifty SIGHUPs reload the table, half of them a rewritten file.
+async fn storm(store: &[(&str, &str)]) {
     let backend = Backend::start().await;
     let rules = RulesFile::new(
         r#"
@@ -230,11 +241,14 @@ path = "/api/*"
 limits = "token_bucket:40:0.001"
 "#,
     );
-    let tollgate = Arc::new(Running::start(&[
-        ("BACKEND_URL", &backend.url()),
+    let url = backend.url();
+    let mut vars = vec![
+        ("BACKEND_URL", url.as_str()),
         ("RULES_FILE", rules.path()),
         ("RULES_RELOAD_INTERVAL_MS", "0"),
-    ]));
+    ];
+    vars.extend_from_slice(store);
+    let tollgate = Arc::new(Running::start(&vars));
     let (allowed, refused, failed) = (
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
