@@ -284,6 +284,51 @@ impl MemoryStore {
         purged
     }
 
+    /// Hand every client state held to `visit`: its rule's id, the client, the state, and
+    /// whether its last request was refused. One shard at a time, each locked only while its
+    /// own clients are visited (what saving the store to a file reads, `limit::state_file`).
+    pub fn visit_states(&self, mut visit: impl FnMut(u16, &ClientKey, &State, bool)) {
+        for shard in self.inner.shards.iter() {
+            let table = lock(shard);
+            for entry in &table.entries {
+                visit(entry.rule, &entry.client, &entry.state, entry.refused);
+            }
+        }
+    }
+
+    /// Hold `state` for `client` under the rule with id `rule`, as a decision would have left
+    /// it (a state read back from a file, `limit::state_file`): replacing the client's state
+    /// if held, otherwise inserting it, evicting as a new client does when the shard is full,
+    /// so the `MAX_KEYS` bound stays exact. Returns false, holding nothing, for a rule the
+    /// store was not built for.
+    pub fn restore(&self, rule: u16, client: ClientKey, state: State, refused: bool) -> bool {
+        let inner = &*self.inner;
+        if usize::from(rule) >= inner.policies.len() {
+            return false;
+        }
+        let hash = inner.hasher.hash_one((rule, client));
+        let mut table = self.shard(rule, hash);
+        table.tick = table.tick.wrapping_add(1);
+        let seen = table.tick;
+        if let Some(position) = table.find(hash, rule, &client) {
+            let entry = &mut table.entries[position];
+            (entry.state, entry.refused, entry.seen) = (state, refused, seen);
+            return true;
+        }
+        if table.entries.len() >= table.capacity && table.evict(inner, self.now_us()) {
+            inner.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        let entry = Entry {
+            client,
+            state,
+            refused,
+            seen,
+            rule,
+        };
+        table.insert(hash, entry);
+        true
+    }
+
     /// How many client states are held.
     pub fn len(&self) -> usize {
         self.inner
