@@ -24,6 +24,7 @@ pub mod rules;
 pub mod sentinel;
 pub mod settings;
 pub mod slots;
+pub mod state_file;
 pub mod store;
 
 use std::sync::Arc;
