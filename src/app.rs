@@ -15,7 +15,8 @@ use crate::config::{Config, StoreConfig};
 use crate::decide::Decide;
 use crate::gate::Gate;
 use crate::gate::identity::ClientIdentity;
-use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
+use crate::limit::state_file::{self, Persistence, StateFileSettings};
+use crate::limit::{Guard, KeyHasher, Limiter, MemoryStore, RedisStore, Rule, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
@@ -55,19 +56,53 @@ pub enum ServeError {
     /// Envoy's rate limit service could not be built from the rule table.
     #[error("envoy rls: {0}")]
     Rls(#[from] RlsError),
+    /// `STATE_FILE` cannot be written where it is.
+    #[error("STATE_FILE: {0}")]
+    StateFile(#[from] state_file::StateFileError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn limiter(config: &Config) -> Result<Limiter, StoreError> {
+    limiter_and_memory(config).map(|(limiter, _)| limiter)
+}
+
+/// [`limiter`], and the memory store inside it when the store is memory (what `STATE_FILE`
+/// saves).
+fn limiter_and_memory(config: &Config) -> Result<(Limiter, Option<MemoryStore>), StoreError> {
     let rules = config.gate.rules.rules();
     Ok(match &config.store.kind {
-        StoreConfig::Memory => Limiter::new(MemoryStore::new(config.store.max_keys, rules)),
+        StoreConfig::Memory => {
+            let store = MemoryStore::new(config.store.max_keys, rules);
+            (Limiter::new(store.clone()), Some(store))
+        }
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
                 .with_calls_in_flight(redis.calls_in_flight);
-            Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules))
+            let limiter = Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules));
+            (limiter, None)
         }
     })
+}
+
+/// `STATE_FILE` for `store`, built for `rules` (header keys digested by `hasher`): refuse to
+/// start when the file's directory cannot take it (found at deploy time, not at the first
+/// restart that should have kept the budgets), read the file into the store (anything wrong
+/// with it is logged and ignored), and save every `STATE_SAVE_INTERVAL_S` from now on. The
+/// caller saves once more after the drain ([`Persistence::save_on_shutdown`]) and aborts the
+/// periodic task. Call before the listeners accept.
+pub(crate) async fn restore_state(
+    settings: &StateFileSettings,
+    store: &MemoryStore,
+    rules: &[Rule],
+    hasher: &KeyHasher,
+) -> Result<(Persistence, tokio::task::JoinHandle<()>), ServeError> {
+    // A file created and removed: quick enough for startup, before anything is served.
+    state_file::check_writable(&settings.path)?;
+    let persistence = Persistence::new(settings.clone(), store.clone(), rules, hasher.fingerprint());
+    persistence.load().await;
+    let periodic = tokio::spawn(persistence.clone().save_periodically());
+    Ok((persistence, periodic))
 }
 
 /// Envoy's rate limit service of `config` (`None` without `RLS_CONFIG`), deciding through
@@ -189,7 +224,21 @@ pub async fn serve_on(
             "BACKEND_URL or DECIDE_PORT: nothing to serve",
         ));
     }
-    let limiter = limiter(&config)?;
+    let (limiter, memory) = limiter_and_memory(&config)?;
+    // Before anything listens: the budgets saved by the last run, so a client limited before
+    // the restart is limited from the first request after it.
+    let persistence = match (&memory, &config.store.state_file) {
+        (Some(store), Some(settings)) => Some(
+            restore_state(
+                settings,
+                store,
+                config.gate.rules.rules(),
+                config.gate.rules.hasher(),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     // Before anything listens: a CA file that cannot be read stops startup.
     let tls = config
         .proxy
@@ -332,6 +381,11 @@ pub async fn serve_on(
         watcher.abort();
     }
     tokio::join!(drain(proxy_drain), drain(decide_drain));
+    // After the drain: the budgets as the last requests left them.
+    if let Some((persistence, periodic)) = persistence {
+        periodic.abort();
+        persistence.save_on_shutdown().await;
+    }
     if let Some(admin) = admin {
         admin.abort();
     }

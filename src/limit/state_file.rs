@@ -87,6 +87,17 @@ pub struct StateFileSettings {
     pub save_interval: Option<Duration>,
 }
 
+/// As `--check-config` shows it.
+impl std::fmt::Display for StateFileSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (read at start; saved ", self.path.display())?;
+        match self.save_interval {
+            Some(interval) => write!(f, "every {} s and on shutdown)", interval.as_secs()),
+            None => write!(f, "on shutdown only)"),
+        }
+    }
+}
+
 /// Why a state file was not read, or not written.
 #[derive(Debug, thiserror::Error)]
 pub enum StateFileError {
