@@ -15,7 +15,7 @@ use crate::config::{Config, StoreConfig};
 use crate::decide::Decide;
 use crate::gate::Gate;
 use crate::gate::identity::ClientIdentity;
-use crate::limit::state_file::{self, Persistence, StateFileSettings};
+use crate::limit::state_file::{self, Persistence, SaveStats, StateFileSettings};
 use crate::limit::{Guard, KeyHasher, Limiter, MemoryStore, RedisStore, Rule, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
@@ -96,10 +96,12 @@ pub(crate) async fn restore_state(
     store: &MemoryStore,
     rules: &[Rule],
     hasher: &KeyHasher,
+    stats: Arc<SaveStats>,
 ) -> Result<(Persistence, tokio::task::JoinHandle<()>), ServeError> {
     // A file created and removed: quick enough for startup, before anything is served.
     state_file::check_writable(&settings.path)?;
-    let persistence = Persistence::new(settings.clone(), store.clone(), rules, hasher.fingerprint());
+    let persistence =
+        Persistence::new(settings.clone(), store.clone(), rules, hasher.fingerprint()).with_stats(stats);
     persistence.load().await;
     let periodic = tokio::spawn(persistence.clone().save_periodically());
     Ok((persistence, periodic))
@@ -225,20 +227,6 @@ pub async fn serve_on(
         ));
     }
     let (limiter, memory) = limiter_and_memory(&config)?;
-    // Before anything listens: the budgets saved by the last run, so a client limited before
-    // the restart is limited from the first request after it.
-    let persistence = match (&memory, &config.store.state_file) {
-        (Some(store), Some(settings)) => Some(
-            restore_state(
-                settings,
-                store,
-                config.gate.rules.rules(),
-                config.gate.rules.hasher(),
-            )
-            .await?,
-        ),
-        _ => None,
-    };
     // Before anything listens: a CA file that cannot be read stops startup.
     let tls = config
         .proxy
@@ -253,6 +241,21 @@ pub async fn serve_on(
         requests: Arc::new(capacity.requests.clone()),
     };
     let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
+    // Before anything listens: the budgets saved by the last run, so a client limited before
+    // the restart is limited from the first request after it.
+    let persistence = match (&memory, &config.store.state_file) {
+        (Some(store), Some(settings)) => Some(
+            restore_state(
+                settings,
+                store,
+                config.gate.rules.rules(),
+                config.gate.rules.hasher(),
+                metrics.state_saves(),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let gate = Arc::new(Gate::new(config.gate.clone(), limiter.clone(), metrics.clone()));
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),

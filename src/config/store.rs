@@ -9,9 +9,9 @@ use crate::limit::redis::redact_url;
 use crate::limit::settings::{RedisConfig, StoreConfig};
 use crate::limit::state_file::StateFileSettings;
 use crate::limit::{GuardSettings, RedisTarget};
+use crate::variables as vars;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use crate::variables as vars;
 
 /// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` and
 /// `REDIS_SENTINELS` is set.

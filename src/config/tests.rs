@@ -1549,7 +1549,10 @@ fn the_state_file_is_off_unless_set_saved_every_minute_and_refused_with_redis() 
     let shown = parse(&[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "0")])
         .unwrap()
         .to_string();
-    assert!(shown.contains("state file:       state (read at start; saved on shutdown only)"), "{shown}");
+    assert!(
+        shown.contains("state file:       state (read at start; saved on shutdown only)"),
+        "{shown}"
+    );
     assert!(parse(&[]).unwrap().to_string().contains("state file:       off"));
     for (vars, expected) in [
         (
@@ -1560,13 +1563,19 @@ fn the_state_file_is_off_unless_set_saved_every_minute_and_refused_with_redis() 
             &[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "86401")],
             "STATE_SAVE_INTERVAL_S=\"86401\" is invalid",
         ),
-        (&[("STATE_FILE", "/var/lib/tollgate/")], "STATE_FILE=\"/var/lib/tollgate/\" is invalid"),
+        (
+            &[("STATE_FILE", "/var/lib/tollgate/")],
+            "STATE_FILE=\"/var/lib/tollgate/\" is invalid",
+        ),
         (
             &[("STATE_FILE", "state"), ("REDIS_ADDR", "db:6379")],
             "STATE_FILE saves the memory store, but a Redis variable selects Redis",
         ),
         // Checked even when not read.
-        (&[("STATE_SAVE_INTERVAL_S", "often")], "STATE_SAVE_INTERVAL_S=\"often\" is invalid"),
+        (
+            &[("STATE_SAVE_INTERVAL_S", "often")],
+            "STATE_SAVE_INTERVAL_S=\"often\" is invalid",
+        ),
     ] {
         let error = error(vars);
         assert!(error.contains(expected), "{vars:?}: {error}");

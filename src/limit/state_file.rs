@@ -880,6 +880,11 @@ impl Persistence {
         }
     }
 
+    /// Count the saves into `stats` (the metrics' own) rather than a record of its own.
+    pub fn with_stats(self, stats: Arc<SaveStats>) -> Persistence {
+        Persistence { stats, ..self }
+    }
+
     /// What the saves did so far.
     pub fn stats(&self) -> Arc<SaveStats> {
         self.stats.clone()

@@ -19,6 +19,7 @@ mod redis;
 mod rls;
 mod rules;
 mod sentinel;
+mod state_file;
 mod strict;
 mod tls_backend;
 mod tls_listener;
