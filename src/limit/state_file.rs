@@ -60,9 +60,10 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Magic, version, body length, checksum.
 const ENVELOPE_LEN: usize = 8 + 4 + 8 + 4;
 
-/// The longest rule name read (rule names are at most 64 bytes; RLS descriptors' limits are
-/// named by their descriptor path, longer).
-const MAX_NAME_LEN: usize = 1024;
+/// The longest rule name written and read: what its length field holds. Rule names are at
+/// most 64 bytes, but RLS descriptors' limits are named by their descriptor path, whose depth
+/// only the YAML's bounds limit; a rule with a longer name is not saved.
+const MAX_NAME_LEN: usize = u16::MAX as usize;
 
 /// The fewest bytes a rule's section takes (an empty name aside, which is refused): what
 /// bounds the rule count a file declares.
@@ -356,7 +357,12 @@ fn encode_at(
     });
     // After the visit: every state copied was decided at or before this time.
     let saved_at = now();
-    let clients = sections.iter().map(|(count, _)| count).sum();
+    let clients = rules
+        .iter()
+        .zip(&sections)
+        .filter(|(rule, _)| (1..=MAX_NAME_LEN).contains(&rule.name.len()))
+        .map(|(_, (count, _))| count)
+        .sum();
     let size = ENVELOPE_LEN
         + 8
         + 16
@@ -373,10 +379,15 @@ fn encode_at(
     file.extend_from_slice(&[0; 12]);
     put_u64(&mut file, saved_at);
     file.extend_from_slice(&fingerprint);
-    file.extend_from_slice(&(rules.len() as u32).to_le_bytes());
-    for (rule, (count, out)) in rules.iter().zip(&sections) {
-        // Rule names are short (64 bytes; RLS descriptor paths are bounded well below this).
-        let name = &rule.name.as_bytes()[..rule.name.len().min(MAX_NAME_LEN)];
+    let saved = || {
+        rules
+            .iter()
+            .zip(&sections)
+            .filter(|(rule, _)| (1..=MAX_NAME_LEN).contains(&rule.name.len()))
+    };
+    file.extend_from_slice(&(saved().count() as u32).to_le_bytes());
+    for (rule, (count, out)) in saved() {
+        let name = rule.name.as_bytes();
         file.extend_from_slice(&(name.len() as u16).to_le_bytes());
         file.extend_from_slice(name);
         let (code, first, second) = policy_code(&rule.policy);
@@ -597,8 +608,8 @@ fn decode(file: &[u8]) -> Result<Contents<'_>, DecodeError> {
     let mut names = HashSet::with_capacity(rule_count);
     for _ in 0..rule_count {
         let len = usize::from(reader.u16()?);
-        if !(1..=MAX_NAME_LEN).contains(&len) {
-            return Err(reader.corrupt("a rule name empty or longer than 1024 bytes"));
+        if len == 0 {
+            return Err(reader.corrupt("an empty rule name"));
         }
         let name =
             std::str::from_utf8(reader.take(len)?).map_err(|_| reader.corrupt("a rule name not UTF-8"))?;

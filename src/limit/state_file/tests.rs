@@ -404,11 +404,14 @@ fn huge_declared_lengths_are_refused_before_anything_is_allocated() {
     };
     // Four billion rules in a file of a few bytes.
     assert!(corrupt(load(sealed(&body(S, u32::MAX)))).contains("more rules"));
-    // A name of 65535 bytes.
+    // A name of 65535 bytes in a file of 64, and one of none.
     let mut long_name = body(S, 1);
     long_name.extend_from_slice(&u16::MAX.to_le_bytes());
     long_name.extend_from_slice(&[b'a'; 64]);
-    assert!(corrupt(load(sealed(&long_name))).contains("rule name"));
+    assert!(corrupt(load(sealed(&long_name))).contains("ends in the middle"));
+    let mut no_name = body(S, 1);
+    no_name.extend_from_slice(&[0; 64]);
+    assert!(corrupt(load(sealed(&no_name))).contains("empty rule name"));
     // 2^64 - 1 clients.
     let mut clients = body(S, 1);
     section(&mut clients, "general", &policy, u64::MAX);
