@@ -471,8 +471,10 @@ impl<'a> Reader<'a> {
     }
 
     /// One client under `policy`, its state checked against what the algorithm can leave
-    /// by `saved_at`.
+    /// by `saved_at` (give or take the clock's tolerated step back: a state restored from a
+    /// file saved up to that much "later" is saved again as it was).
     fn client(&mut self, policy: &Policy, saved_at: u64) -> Result<(ClientKey, State, bool), DecodeError> {
+        let saved_at = saved_at.saturating_add(CLOCK_BEHIND_TOLERANCE_US);
         let refused = match self.u8()? {
             0 => false,
             1 => true,

@@ -455,7 +455,7 @@ fn checked_but_impossible_contents_are_refused() {
         (client(0, &[3, 0, 0, 0, 0, 0, 0], 55 * S), "kind of client key"),
         (client(0, &[0, 5, 10, 0, 0, 1, 32], 55 * S), "address family"),
         (client(0, &[0, 4, 10, 0, 0, 1, 24], 55 * S), "host bits"),
-        (client(0, &v4, 61 * S), "more than its capacity"),
+        (client(0, &v4, 61 * S + 1), "more than its capacity"),
     ] {
         match load(one(&bad)) {
             Err(DecodeError::Corrupt { problem: found, .. }) => assert!(found.contains(problem), "{found}"),
