@@ -15,7 +15,8 @@ use crate::config::{Config, StoreConfig};
 use crate::decide::Decide;
 use crate::gate::Gate;
 use crate::gate::identity::ClientIdentity;
-use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
+use crate::limit::state_file::{self, Persistence, SaveStats, StateFileSettings};
+use crate::limit::{Guard, KeyHasher, Limiter, MemoryStore, RedisStore, Rule, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
@@ -55,6 +56,9 @@ pub enum ServeError {
     /// Envoy's rate limit service could not be built from the rule table.
     #[error("envoy rls: {0}")]
     Rls(#[from] RlsError),
+    /// `STATE_FILE` cannot be written where it is.
+    #[error("STATE_FILE: {0}")]
+    StateFile(#[from] state_file::StateFileError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -68,6 +72,28 @@ pub(crate) fn limiter(config: &Config) -> Result<Limiter, StoreError> {
             Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules))
         }
     })
+}
+
+/// `STATE_FILE` for `store`, built for `rules` (header keys digested by `hasher`): refuse to
+/// start when the file's directory cannot take it (found at deploy time, not at the first
+/// restart that should have kept the budgets), read the file into the store (anything wrong
+/// with it is logged and ignored), and save every `STATE_SAVE_INTERVAL_S` from now on. The
+/// caller saves once more after the drain ([`Persistence::save_on_shutdown`]) and aborts the
+/// periodic task. Call before the listeners accept.
+pub(crate) async fn restore_state(
+    settings: &StateFileSettings,
+    store: &MemoryStore,
+    rules: &[Rule],
+    hasher: &KeyHasher,
+    stats: Arc<SaveStats>,
+) -> Result<(Persistence, tokio::task::JoinHandle<()>), ServeError> {
+    // A file created and removed: quick enough for startup, before anything is served.
+    state_file::check_writable(&settings.path)?;
+    let persistence =
+        Persistence::new(settings.clone(), store.clone(), rules, hasher.fingerprint()).with_stats(stats);
+    persistence.load().await;
+    let periodic = tokio::spawn(persistence.clone().save_periodically());
+    Ok((persistence, periodic))
 }
 
 /// Envoy's rate limit service of `config` (`None` without `RLS_CONFIG`), deciding through
@@ -242,6 +268,21 @@ pub async fn serve_on(
         requests: Arc::new(capacity.requests.clone()),
     };
     let metrics = Arc::new(Metrics::new(limiter.clone(), load));
+    // Before anything listens: the budgets saved by the last run, so a client limited before
+    // the restart is limited from the first request after it.
+    let persistence = match (limiter.memory(), &config.store.state_file) {
+        (Some(store), Some(settings)) => Some(
+            restore_state(
+                settings,
+                store,
+                config.gate.rules.rules(),
+                config.gate.rules.hasher(),
+                metrics.state_saves(),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
@@ -280,7 +321,14 @@ pub async fn serve_on(
                     })
                     .ok()
             });
-            tokio::spawn(watch_rules(Arc::new(config.clone()), hangup, gate.clone(), metrics.clone()))
+            let saver = persistence.as_ref().map(|(saver, _)| saver.clone());
+            tokio::spawn(watch_rules(
+                Arc::new(config.clone()),
+                hangup,
+                gate.clone(),
+                metrics.clone(),
+                saver,
+            ))
         });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
@@ -391,6 +439,11 @@ pub async fn serve_on(
         watcher.abort();
     }
     tokio::join!(drain(proxy_drain), drain(decide_drain));
+    // After the drain: the budgets as the last requests left them.
+    if let Some((persistence, periodic)) = persistence {
+        periodic.abort();
+        persistence.save_on_shutdown().await;
+    }
     if let Some(admin) = admin {
         admin.abort();
     }
@@ -438,6 +491,7 @@ async fn watch_rules(
     mut hangup: Option<Hangup>,
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
+    saver: Option<Persistence>,
 ) {
     let Some(settings) = config.rules_file.clone() else {
         return;
@@ -486,6 +540,11 @@ async fn watch_rules(
             }
             Ok(Ok(table)) => {
                 let swapped = gate.swap(table);
+                // STATE_FILE saves the table in force: its rules, and the store's view of them.
+                let generation = gate.current();
+                if let (Some(saver), Some(store)) = (&saver, generation.limiter().memory()) {
+                    saver.follow(store.clone(), generation.rules());
+                }
                 metrics.config_reload(true);
                 tracing::info!(
                     file = %settings.path,

@@ -43,7 +43,8 @@
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
 //!   and the stores behind one trait ([`limit::Store`], which the gate's [`limit::Limiter`]
 //!   holds): the memory store, and the guard ([`limit::Guard`]: breakers and fail modes)
-//!   generic over a store that can fail ([`limit::Remote`]), the Redis store.
+//!   generic over a store that can fail ([`limit::Remote`]), the Redis store; and
+//!   [`limit::state_file`], the memory store saved to `STATE_FILE` and read back at start.
 //! - `outcome`: what became of a request, a backend exchange or a connection, as the doors
 //!   and the `metrics` both name it.
 //! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.

@@ -126,6 +126,10 @@ pub const KEY_HASH_SECRET: Var = Var::unset("KEY_HASH_SECRET");
 pub const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
 /// Client states held per rule in memory (default `100000`).
 pub const MAX_KEYS: Var = Var::new("MAX_KEYS", "100000");
+/// Where the memory store is saved, to be read back at start (unset: off).
+pub const STATE_FILE: Var = Var::unset("STATE_FILE");
+/// How often the state file is saved while serving, in seconds; 0: on shutdown only (default `60`).
+pub const STATE_SAVE_INTERVAL_S: Var = Var::new("STATE_SAVE_INTERVAL_S", "60");
 
 // --- the listener: TLS and the PROXY protocol
 
@@ -261,6 +265,8 @@ pub const ALL: &[Var] = &[
     KEY_HASH_SECRET,
     TRUSTED_PROXIES,
     MAX_KEYS,
+    STATE_FILE,
+    STATE_SAVE_INTERVAL_S,
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     TLS_RELOAD_INTERVAL_MS,

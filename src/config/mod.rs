@@ -236,6 +236,11 @@ impl Config {
         self.server.shutdown_timeout
     }
 
+    /// `STATE_FILE` and `STATE_SAVE_INTERVAL_S`; `None` when unset.
+    pub fn state_file(&self) -> Option<&crate::limit::state_file::StateFileSettings> {
+        self.store.state_file.as_ref()
+    }
+
     /// The compiled rule table: what classifies a request head into rule, key, cost and mode.
     pub fn rule_table(&self) -> &crate::limit::RuleTable {
         &self.gate.rules
@@ -432,6 +437,7 @@ impl Config {
                 .filter(|&keys| keys <= MAX_MAX_KEYS)
                 .and_then(NonZeroUsize::new)
         })?;
+        let state_file = store::state_file(env, &store)?;
         // Every rule has room for MAX_KEYS clients, and its index is written at startup.
         let rule_count = rules.rules().len();
         if max_keys.get().saturating_mul(rule_count) > MAX_MAX_KEYS {
@@ -595,6 +601,7 @@ impl Config {
             store: StoreSettings {
                 kind: store,
                 max_keys,
+                state_file,
             },
             admin: AdminSettings {
                 address: admin,
@@ -755,11 +762,17 @@ impl fmt::Display for Config {
             )?;
         }
         match &self.store.kind {
-            StoreConfig::Memory => write!(
-                f,
-                "store:            memory (at most {} client states per rule)",
-                self.store.max_keys
-            ),
+            StoreConfig::Memory => {
+                write!(
+                    f,
+                    "store:            memory (at most {} client states per rule)",
+                    self.store.max_keys
+                )?;
+                match &self.store.state_file {
+                    Some(state_file) => write!(f, "\nstate file:       {state_file}"),
+                    None => write!(f, "\nstate file:       off (budgets start full after a restart)"),
+                }
+            }
             StoreConfig::Redis(redis) => {
                 writeln!(f, "store:            {redis}")?;
                 // Each rule's own (FAIL_MODE, AUTH_FAIL_MODE, a route's fail=), in table order.

@@ -829,6 +829,7 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
             ("BACKEND_URL", "https://api.internal"),
             ("BACKEND_CA_FILE", "/etc/tollgate/ca.pem"),
             ("BACKEND_TLS_SERVER_NAME", "api.example.com"),
+            ("STATE_FILE", "/var/lib/tollgate/state"),
         ],
     ];
     let mut read = BTreeSet::new();
@@ -1530,4 +1531,57 @@ fn admin_token_is_a_secret_of_16_characters_or_more() {
     let kept = parse(&[("ADMIN_TOKEN", token)]).unwrap().admin.token.unwrap();
     assert!(kept.matches(token.as_bytes()));
     assert!(!kept.matches(b"an-admin-token-of-some-lengt"));
+}
+
+#[test]
+fn the_state_file_is_off_unless_set_saved_every_minute_and_refused_with_redis() {
+    let state_file = |vars: &[(&str, &str)]| parse(vars).unwrap().store.state_file;
+    assert_eq!(state_file(&[]), None);
+    let on = state_file(&[("STATE_FILE", "/var/lib/tollgate/state")]).unwrap();
+    assert_eq!(on.path, std::path::Path::new("/var/lib/tollgate/state"));
+    assert_eq!(on.save_interval, Some(Duration::from_secs(60)));
+    assert_eq!(
+        on.to_string(),
+        "/var/lib/tollgate/state (read at start; saved every 60 s and on shutdown)"
+    );
+    let shutdown_only = state_file(&[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "0")]).unwrap();
+    assert_eq!(shutdown_only.save_interval, None);
+    let shown = parse(&[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "0")])
+        .unwrap()
+        .to_string();
+    assert!(
+        shown.contains("state file:       state (read at start; saved on shutdown only)"),
+        "{shown}"
+    );
+    assert!(parse(&[]).unwrap().to_string().contains("state file:       off"));
+    for (vars, expected) in [
+        (
+            &[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "1m")][..],
+            "STATE_SAVE_INTERVAL_S=\"1m\" is invalid",
+        ),
+        (
+            &[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "86401")],
+            "STATE_SAVE_INTERVAL_S=\"86401\" is invalid",
+        ),
+        (
+            &[("STATE_FILE", "/var/lib/tollgate/")],
+            "STATE_FILE=\"/var/lib/tollgate/\" is invalid",
+        ),
+        (
+            &[("STATE_FILE", "state"), ("REDIS_ADDR", "db:6379")],
+            "STATE_FILE saves the memory store, but a Redis variable selects Redis",
+        ),
+        // Checked even when not read.
+        (
+            &[("STATE_SAVE_INTERVAL_S", "often")],
+            "STATE_SAVE_INTERVAL_S=\"often\" is invalid",
+        ),
+    ] {
+        let error = error(vars);
+        assert!(error.contains(expected), "{vars:?}: {error}");
+    }
+    assert_eq!(
+        warnings(&[("STATE_SAVE_INTERVAL_S", "10")]),
+        ["STATE_SAVE_INTERVAL_S is set but not used: it goes with STATE_FILE"]
+    );
 }

@@ -95,6 +95,18 @@ impl ClientIp {
     }
 }
 
+impl ClientIp {
+    /// The address, host bits beyond [`prefix`](ClientIp::prefix) cleared.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// 32 for IPv4; the IPv6 prefix length otherwise.
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+}
+
 /// `203.0.113.7`, `2001:db8::1` (a single IPv6 address) or `2001:db8:1:2::/64`.
 impl fmt::Display for ClientIp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -117,6 +129,18 @@ impl Digest {
         bytes[..8].copy_from_slice(&self.0[0].to_le_bytes());
         bytes[8..].copy_from_slice(&self.0[1].to_le_bytes());
         bytes
+    }
+}
+
+impl Digest {
+    /// The digest whose [`to_bytes`](Digest::to_bytes) are `bytes` (one read back from a file).
+    pub fn from_bytes(bytes: [u8; 16]) -> Digest {
+        let [a, b] = [&bytes[..8], &bytes[8..]].map(|half| {
+            let mut word = [0; 8];
+            word.copy_from_slice(half);
+            u64::from_le_bytes(word)
+        });
+        Digest([a, b])
     }
 }
 
@@ -264,6 +288,15 @@ impl KeyHasher {
 }
 
 /// The key is a secret: never printed.
+impl KeyHasher {
+    /// A digest of a fixed label: equal for two hashers exactly when they digest every value
+    /// alike (in practice), so a state file can tell whether the header keys it holds still
+    /// mean the same clients. Tells nothing of the key (SipHash is a keyed PRF).
+    pub fn fingerprint(&self) -> [u8; 16] {
+        self.digest(b"tollgate key-hasher fingerprint").to_bytes()
+    }
+}
+
 impl fmt::Debug for KeyHasher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("KeyHasher(***)")

@@ -20,6 +20,7 @@ mod reload;
 mod rls;
 mod rules;
 mod sentinel;
+mod state_file;
 mod strict;
 mod tls_backend;
 mod tls_listener;
