@@ -52,10 +52,11 @@ use tokio::time::Instant;
 
 use crate::gate::tunnels::TunnelSlot;
 use crate::gate::{self, Gate, Refused};
-use crate::limit::Mode;
+use crate::limit::{Decision, Mode, Rule};
 use crate::limit_headers::{self, HeaderStyle};
 use crate::metrics::{BodyBytes, CountedBody, Metrics};
 use crate::outcome::{BackendFailure, Outcome};
+use crate::refusal::Refusals;
 use crate::server::{Arrival, Door, Peer};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
@@ -72,6 +73,11 @@ pub(crate) struct ProxySettings {
     pub backend: Backend,
     /// `RATE_LIMIT_HEADERS`: which rate-limit headers responses carry.
     pub headers: HeaderStyle,
+    /// `DENY_STATUS` and `DENY_FORMAT`: the status and body of a rate-limit refusal.
+    pub refusals: Refusals,
+    /// `FORWARD_RATELIMIT_HEADERS`: an allowed request reaches the backend with the draft
+    /// `RateLimit` and `RateLimit-Policy` fields its client is told, the client's own removed.
+    pub forward_headers: bool,
     /// `ACCESS_LOG`: which requests get an `info` line.
     pub access_log: AccessLog,
     /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers once the
@@ -256,6 +262,10 @@ pub(crate) struct Proxy {
     gate: Arc<Gate>,
     /// `RATE_LIMIT_HEADERS`.
     header_style: HeaderStyle,
+    /// `DENY_STATUS` and `DENY_FORMAT`.
+    refusals: Refusals,
+    /// `FORWARD_RATELIMIT_HEADERS`.
+    forward_headers: bool,
     /// `BACKEND_TIMEOUT_MS`.
     backend_timeout: Duration,
     /// `BODY_IDLE_TIMEOUT_MS`.
@@ -369,6 +379,9 @@ struct Forwarding<'a> {
     tunnel: Option<TunnelSlot>,
     /// It asks for an upgrade (read once, before the gate took a tunnel's place for it).
     upgrade: bool,
+    /// With `FORWARD_RATELIMIT_HEADERS`: `Some`, and in it the enforced decision the backend is
+    /// told of (`None` when there is none: exempt, skipped, shadowed, the store unavailable).
+    budget: Option<Option<(&'a Rule, &'a Decision)>>,
 }
 
 /// What the log lines and metrics of one request need to know, wherever they are written.
@@ -431,6 +444,8 @@ impl Proxy {
             backend: config.backend.clone(),
             gate,
             header_style: config.headers,
+            refusals: config.refusals.clone(),
+            forward_headers: config.forward_headers,
             backend_timeout: config.backend_timeout,
             body_idle_timeout: config.body_idle_timeout,
             body_min_rate: config.body_min_rate,
@@ -527,6 +542,15 @@ impl Proxy {
                 sent: verdict.decided,
                 tunnel: verdict.tunnel.take(),
                 upgrade,
+                budget: self.forward_headers.then(|| {
+                    let decision = verdict
+                        .decision
+                        .as_ref()
+                        .and_then(crate::limit::Verdict::decision);
+                    (verdict.mode == Mode::Enforce)
+                        .then_some(verdict.rule)
+                        .zip(decision)
+                }),
             };
             // Boxed: the backend exchange's state is most of a request's future, and hyper
             // moves the request's future by value several times before polling it; boxed, it
@@ -538,7 +562,9 @@ impl Proxy {
                 .as_ref()
                 .and_then(crate::limit::Verdict::decision)
             {
-                Some(decision) => response::too_many_requests(decision),
+                Some(decision) => {
+                    response::too_many_requests(&self.refusals, request.headers(), verdict.rule, decision)
+                }
                 None => response::store_unavailable(),
             };
             (refusal, AnsweredBy::Gateway)
@@ -720,6 +746,7 @@ impl Proxy {
             sent,
             tunnel: tunnel_slot,
             upgrade,
+            budget,
         } = to;
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
 
@@ -739,6 +766,12 @@ impl Proxy {
             tls: connection.tls,
         };
         headers::set_forwarded(&mut parts.headers, &hop);
+        // The budget as the client is told it, never as the client wrote it.
+        match budget {
+            Some(Some((rule, decision))) => limit_headers::set_draft(&mut parts.headers, rule, decision),
+            Some(None) => limit_headers::draft::remove(&mut parts.headers),
+            None => {}
+        }
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
         // backend's own clients would send. An https backend always gets its own: the name
         // its certificate and SNI are for (the client's is in X-Forwarded-Host).
