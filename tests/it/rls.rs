@@ -422,7 +422,7 @@ async fn an_over_limit_answer_carries_the_refusal_and_an_ok_one_the_budget_for_t
         ("DENY_FORMAT", "problem"),
         ("FORWARD_RATELIMIT_HEADERS", "true"),
     ];
-    let service = service(&config(dir.path(), &shaped));
+    let shaped_service = service(&config(dir.path(), &shaped));
     let api: &[(&str, &str)] = &[("path", "/api/items")];
     let added = |response: &RateLimitResponse, name: &str| {
         response
@@ -433,7 +433,7 @@ async fn an_over_limit_answer_carries_the_refusal_and_an_ok_one_the_budget_for_t
     };
     let mut policy_name = String::new();
     for remaining in [1, 0] {
-        let allowed = ask(&service, "edge", &[api]).await;
+        let allowed = ask(&shaped_service, "edge", &[api]).await;
         assert_eq!(code_of(&allowed), Code::Ok);
         assert!(allowed.raw_body.is_empty());
         // The draft fields of the api limit (2 a day), for Envoy to set on the forwarded request.
@@ -446,7 +446,7 @@ async fn an_over_limit_answer_carries_the_refusal_and_an_ok_one_the_budget_for_t
             "{rate_limit}"
         );
     }
-    let refused = ask(&service, "edge", &[api]).await;
+    let refused = ask(&shaped_service, "edge", &[api]).await;
     assert_eq!(code_of(&refused), Code::OverLimit);
     assert!(refused.request_headers_to_add.is_empty());
     assert_eq!(header(&refused, "content-type"), Some("application/problem+json"));
