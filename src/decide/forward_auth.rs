@@ -236,21 +236,16 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             error(status, "rate-limit store unavailable", None)
         }
         _ => {
-            let format = refusals.negotiate(headers);
-            let body = match (format, decision) {
+            let (format, body) = match (refusals.negotiate(headers), decision) {
+                (format, Some(decision)) if format != DenyFormat::Json => {
+                    let retry_after = retry_after_secs(decision.retry_after);
+                    (
+                        format,
+                        refusals.body(format, refusal, &verdict.rule.name, retry_after),
+                    )
+                }
                 // A constant body: a flood of refusals is the case to make cheap.
-                (DenyFormat::Json, _) | (_, None) => Bytes::from_static(LIMITED),
-                (format, Some(decision)) => refusals.body(
-                    format,
-                    refusal,
-                    &verdict.rule.name,
-                    retry_after_secs(decision.retry_after),
-                ),
-            };
-            let format = if decision.is_none() {
-                DenyFormat::Json
-            } else {
-                format
+                _ => (DenyFormat::Json, Bytes::from_static(LIMITED)),
             };
             let mut response = Response::new(full(body));
             *response.status_mut() = refusal;

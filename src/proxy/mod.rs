@@ -379,9 +379,20 @@ struct Forwarding<'a> {
     tunnel: Option<TunnelSlot>,
     /// It asks for an upgrade (read once, before the gate took a tunnel's place for it).
     upgrade: bool,
-    /// With `FORWARD_RATELIMIT_HEADERS`: `Some`, and in it the enforced decision the backend is
-    /// told of (`None` when there is none: exempt, skipped, shadowed, the store unavailable).
-    budget: Option<Option<(&'a Rule, &'a Decision)>>,
+    /// What the backend is told of the client's budget (`FORWARD_RATELIMIT_HEADERS`).
+    budget: Budget<'a>,
+}
+
+/// What a forwarded request tells the backend of its client's budget.
+#[derive(Clone, Copy)]
+enum Budget<'a> {
+    /// Nothing: `FORWARD_RATELIMIT_HEADERS=false`, and the request's fields pass as they came.
+    Untold,
+    /// The draft fields of the enforced decision that let it through, the client's replaced.
+    Decided(&'a Rule, &'a Decision),
+    /// No decision to tell (exempt, skipped, shadowed, the store unavailable): the client's
+    /// fields are removed, so the backend never reads a budget the client wrote.
+    Unknown,
 }
 
 /// What the log lines and metrics of one request need to know, wherever they are written.
@@ -542,15 +553,17 @@ impl Proxy {
                 sent: verdict.decided,
                 tunnel: verdict.tunnel.take(),
                 upgrade,
-                budget: self.forward_headers.then(|| {
-                    let decision = verdict
-                        .decision
-                        .as_ref()
-                        .and_then(crate::limit::Verdict::decision);
-                    (verdict.mode == Mode::Enforce)
-                        .then_some(verdict.rule)
-                        .zip(decision)
-                }),
+                budget: match verdict
+                    .decision
+                    .as_ref()
+                    .and_then(crate::limit::Verdict::decision)
+                {
+                    _ if !self.forward_headers => Budget::Untold,
+                    Some(decision) if verdict.mode == Mode::Enforce => {
+                        Budget::Decided(verdict.rule, decision)
+                    }
+                    _ => Budget::Unknown,
+                },
             };
             // Boxed: the backend exchange's state is most of a request's future, and hyper
             // moves the request's future by value several times before polling it; boxed, it
@@ -768,9 +781,9 @@ impl Proxy {
         headers::set_forwarded(&mut parts.headers, &hop);
         // The budget as the client is told it, never as the client wrote it.
         match budget {
-            Some(Some((rule, decision))) => limit_headers::set_draft(&mut parts.headers, rule, decision),
-            Some(None) => limit_headers::draft::remove(&mut parts.headers),
-            None => {}
+            Budget::Untold => {}
+            Budget::Decided(rule, decision) => limit_headers::set_draft(&mut parts.headers, rule, decision),
+            Budget::Unknown => limit_headers::draft::remove(&mut parts.headers),
         }
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
         // backend's own clients would send. An https backend always gets its own: the name
