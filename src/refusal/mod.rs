@@ -19,7 +19,8 @@
 //! A body is written without serde_json: the start of a problem body is made once at startup,
 //! and what changes per refusal (the status, the rule's name, the seconds) is pushed onto it. A refusal whose status caches may store without being told (404, 410, 414, 501:
 //! "heuristically cacheable", RFC 9110 section 15.1) carries `Cache-Control: no-store`, so a
-//! cache in front never answers other clients with one client's refusal.
+//! cache in front never answers other clients with one client's refusal. No refusal is
+//! stored by a cache, then, so none needs `Vary: Accept` for its negotiated body.
 
 pub(crate) mod accept;
 
