@@ -33,17 +33,27 @@ enum Match {
     Exact,
 }
 
+/// Our media types, in [`DenyFormat::ALL`]'s order: the type, and the whole `type/subtype`.
+const OURS: [(&[u8], &[u8]); 3] = [
+    (b"application", b"application/json"),
+    (b"application", b"application/problem+json"),
+    (b"text", b"text/plain"),
+];
+
 /// The format `values` (the request's `Accept` lines, in order) prefer; `default` is
-/// `DENY_FORMAT`.
+/// `DENY_FORMAT`. Each line is read once, split on `,`, each range on `;`: a refusal is the
+/// answer a flood gets, and a browser's `Accept` has four ranges or more.
 pub(crate) fn choose<'a>(values: impl Iterator<Item = &'a HeaderValue>, default: DenyFormat) -> DenyFormat {
     // Per format (in `DenyFormat::ALL`'s order): the match that set its weight, and the weight
     // in thousandths.
     let mut found = [(Match::None, 0u16); 3];
+    // Whether any range but `*/*` was read: if not, nothing is preferred.
+    let mut weighed = false;
     let mut bytes = 0;
     let mut ranges = 0;
     for value in values {
         let value = value.as_bytes();
-        // What nearly every client sends: nothing to weigh.
+        // What nearly every client that sends one sends: everything, equally.
         if value == b"*/*" {
             found
                 .iter_mut()
@@ -63,46 +73,63 @@ pub(crate) fn choose<'a>(values: impl Iterator<Item = &'a HeaderValue>, default:
             if ranges > MAX_ACCEPT_RANGES {
                 return default;
             }
-            let Some((media, weight)) = media_range(range) else {
-                continue;
-            };
-            for (format, entry) in DenyFormat::ALL.into_iter().zip(&mut found) {
-                let matched = matches(media, format.media_type());
-                if matched > entry.0 {
-                    *entry = (matched, weight);
-                }
+            if let Some((media, weight)) = media_range(range) {
+                weighed = true;
+                weigh(media, weight, &mut found);
             }
         }
     }
+    if !weighed {
+        return default;
+    }
+    // The highest weight; then a type named outright; then the default; then the first.
     let rank = |index: usize| {
         let (matched, weight) = found[index];
         (weight, matched == Match::Exact, DenyFormat::ALL[index] == default)
     };
-    let best = (0..found.len()).max_by_key(|&index| (rank(index), std::cmp::Reverse(index)));
-    match best {
-        Some(index) if found[index].1 > 0 => DenyFormat::ALL[index],
-        _ => default,
+    let mut best = None;
+    for index in 0..found.len() {
+        if found[index].1 > 0 && best.is_none_or(|best| rank(index) > rank(best)) {
+            best = Some(index);
+        }
     }
+    best.map_or(default, |index| DenyFormat::ALL[index])
 }
 
-/// One media range: `type/subtype` (lower case, as given) and its weight in thousandths
-/// (1000 without `q`); `None` if malformed.
+/// One media range: `type/subtype` as given (trimmed) and its weight in thousandths (1000
+/// without `q`); `None` if a parameter is malformed. A media type that is not one of ours, nor
+/// a wildcard, matches nothing, so it is not checked further.
 fn media_range(range: &[u8]) -> Option<(&[u8], u16)> {
     let mut parts = range.split(|&byte| byte == b';');
     let media = parts.next()?.trim_ascii();
-    let (kind, subtype) = media.split_at(media.iter().position(|&byte| byte == b'/')?);
-    let subtype = &subtype[1..];
-    if !is_token(kind) || !is_token(subtype) {
-        return None;
-    }
     let mut weight = 1000;
+    // `weight = OWS ";" OWS "q=" qvalue` (RFC 9110 section 12.4.2): no spaces round the `=`.
     for parameter in parts {
-        let (name, value) = parameter.split_at(parameter.iter().position(|&byte| byte == b'=')?);
-        if name.trim_ascii().eq_ignore_ascii_case(b"q") {
-            weight = qvalue(value[1..].trim_ascii())?;
+        match parameter.trim_ascii() {
+            [b'q' | b'Q', b'=', value @ ..] => weight = qvalue(value)?,
+            parameter if !parameter.contains(&b'=') => return None,
+            _ => {}
         }
     }
     Some((media, weight))
+}
+
+/// Record what `media` at `weight` says of each of ours: a more specific range than the one
+/// that set a type's weight sets it again (RFC 9110 section 12.5.1).
+fn weigh(media: &[u8], weight: u16, found: &mut [(Match, u16); 3]) {
+    let wildcard = media.strip_suffix(b"/*");
+    for ((kind, whole), entry) in OURS.iter().zip(found.iter_mut()) {
+        let matched = match wildcard {
+            Some(b"*") => Match::Any,
+            Some(range_kind) if range_kind.eq_ignore_ascii_case(kind) => Match::Type,
+            Some(_) => Match::None,
+            None if media.eq_ignore_ascii_case(whole) => Match::Exact,
+            None => Match::None,
+        };
+        if matched > entry.0 {
+            *entry = (matched, weight);
+        }
+    }
 }
 
 /// `qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )` (RFC 9110 section 12.4.2),
@@ -126,28 +153,6 @@ fn qvalue(text: &[u8]) -> Option<u16> {
         weight if weight <= 1000 => Some(weight),
         _ => None,
     }
-}
-
-/// How `media` (a range as sent) matches `ours` (`type/subtype`, lower case).
-fn matches(media: &[u8], ours: &str) -> Match {
-    if media == b"*/*" {
-        return Match::Any;
-    }
-    if media.eq_ignore_ascii_case(ours.as_bytes()) {
-        return Match::Exact;
-    }
-    match (media.strip_suffix(b"/*"), ours.split_once('/')) {
-        (Some(kind), Some((our_kind, _))) if kind.eq_ignore_ascii_case(our_kind.as_bytes()) => Match::Type,
-        _ => Match::None,
-    }
-}
-
-/// RFC 9110 section 5.6.2: one or more tchar (`*` among them, for the wildcards).
-fn is_token(text: &[u8]) -> bool {
-    !text.is_empty()
-        && text
-            .iter()
-            .all(|&byte| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte))
 }
 
 #[cfg(test)]
@@ -272,6 +277,20 @@ mod tests {
             .collect();
         let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
         assert_eq!(chosen(&lines, Json), Json);
+    }
+
+    #[test]
+    fn our_media_types_are_the_content_types_we_send() {
+        for (format, (kind, whole)) in DenyFormat::ALL.into_iter().zip(OURS) {
+            let content_type = format.content_type();
+            let sent = content_type
+                .as_bytes()
+                .split(|&byte| byte == b';')
+                .next()
+                .unwrap();
+            assert_eq!(sent, whole);
+            assert!(whole.starts_with(kind) && whole[kind.len()] == b'/');
+        }
     }
 
     #[test]

@@ -70,15 +70,6 @@ impl DenyFormat {
         }
     }
 
-    /// The media type, as `Accept` names it (lower case, no parameters).
-    pub(crate) fn media_type(self) -> &'static str {
-        match self {
-            DenyFormat::Json => "application/json",
-            DenyFormat::Problem => "application/problem+json",
-            DenyFormat::Text => "text/plain",
-        }
-    }
-
     /// The `Content-Type` of its body.
     pub(crate) fn content_type(self) -> HeaderValue {
         HeaderValue::from_static(match self {
