@@ -47,9 +47,9 @@ use tokio::sync::Notify;
 
 use crate::decide::Token;
 use crate::gate::{ClientError, Gate};
+use crate::limit::FailMode;
 use crate::limit::refused::{CAPACITY, WINDOW};
 use crate::limit::store::common_fail_mode;
-use crate::limit::{FailMode, Limiter};
 use crate::metrics::{Format, Metrics};
 
 /// The admin listener's settings.
@@ -83,8 +83,8 @@ const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct AdminState {
     /// The registry `/metrics` encodes.
     pub metrics: Arc<Metrics>,
-    /// The store, for `/readyz`.
-    pub limiter: Limiter,
+    /// The gate, whose store (the table in force's) `/readyz` reports on.
+    pub gate: Arc<Gate>,
     /// Set when the drain begins: `/readyz` turns 503 so load balancers stop sending.
     pub draining: AtomicBool,
     /// The admin operations on `/v1/`, with `ADMIN_TOKEN`; `None`: they do not exist.
@@ -274,7 +274,7 @@ async fn operate(
                         })
                     })
                     .collect();
-                serde_json::json!({ "rule": &*rule.name, "clients": clients })
+                serde_json::json!({ "rule": &*rule, "clients": clients })
             })
             .collect();
         return json(
@@ -306,8 +306,8 @@ async fn operate(
             })
         }),
         Method::DELETE => gate.reset(&rule, &client).await.map(|(rule, key)| {
-            tracing::info!(%peer, operation = "reset", rule = %rule.name, client = %key, "admin operation");
-            serde_json::json!({ "rule": &*rule.name, "client": key.to_string(), "reset": true })
+            tracing::info!(%peer, operation = "reset", rule = %rule, client = %key, "admin operation");
+            serde_json::json!({ "rule": &*rule, "client": key.to_string(), "reset": true })
         }),
         _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE only\n"),
     };
@@ -359,8 +359,10 @@ fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
 
 fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
     let draining = state.draining.load(Ordering::Acquire);
-    let stats = state.limiter.stats();
-    let common = common_fail_mode(state.limiter.fail_modes());
+    let generation = state.gate.current();
+    let limiter = generation.limiter();
+    let stats = limiter.stats();
+    let common = common_fail_mode(limiter.fail_modes());
     let (breaker, refusing) = match stats.breakers {
         None => ("none", false),
         Some(breakers) => {
@@ -384,8 +386,7 @@ fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
         Some(_) => {
             // Rule names are [a-z0-9_-] or a route's pattern, printable ASCII without `\`,
             // which may hold a `"`.
-            let each: Vec<String> = state
-                .limiter
+            let each: Vec<String> = limiter
                 .fail_modes()
                 .iter()
                 .map(|(rule, mode)| format!(r#""{}":"{}""#, rule.replace('"', r#"\""#), mode.as_str()))

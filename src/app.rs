@@ -97,7 +97,7 @@ pub fn standalone_gate(config: &Config) -> Result<(Arc<Gate>, Arc<Metrics>), Ser
         connections: Arc::new(capacity.connections.clone()),
         requests: Arc::new(capacity.requests.clone()),
     };
-    let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
+    let metrics = Arc::new(Metrics::new(limiter.clone(), load));
     let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
     Ok((gate, metrics))
 }
@@ -208,11 +208,11 @@ pub async fn serve_on(
         connections: Arc::new(capacity.connections.clone()),
         requests: Arc::new(capacity.requests.clone()),
     };
-    let metrics = Arc::new(Metrics::new(&config.gate.rules, limiter.clone(), load));
-    let gate = Arc::new(Gate::new(config.gate.clone(), limiter.clone(), metrics.clone()));
+    let metrics = Arc::new(Metrics::new(limiter.clone(), load));
+    let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
-        limiter: limiter.clone(),
+        gate: gate.clone(),
         draining: AtomicBool::new(false),
         operations: config.admin.token.clone().map(|token| admin::Operations {
             token,
@@ -223,16 +223,29 @@ pub async fn serve_on(
     let admin = admin.map(|admin| tokio::spawn(admin::serve(admin, admin_state.clone())));
     // Every store is asked (one that keeps no clients in memory has none to purge).
     let purge = {
-        let limiter = limiter.clone();
+        let gate = gate.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PURGE_INTERVAL);
             loop {
                 tick.tick().await;
+                let limiter = gate.current().limiter().clone();
                 let purged = limiter.purge_idle();
                 tracing::trace!(purged, held = limiter.stats().clients, "purged idle clients");
             }
         })
     };
+    let reloads = config
+        .rules_file
+        .as_ref()
+        .map(|_| {
+            // Installed now, before the listeners accept: a SIGHUP from then on is a reload.
+            let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .map_err(|error| {
+                    tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
+                })
+                .ok();
+            tokio::spawn(watch_rules(Arc::new(config.clone()), hangup, gate.clone(), metrics.clone()))
+        });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
         &config.server.listener,
@@ -261,6 +274,8 @@ pub async fn serve_on(
             StoreConfig::Redis(redis) => redis.to_string(),
         },
         rules = %config.gate.rules.summary(),
+        rules_digest = %format!("{:08x}", config.gate.rules.digest()),
+        rules_file = %config.rules_file.as_ref().map_or("-", |file| file.path.as_str()),
         headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
         access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),
@@ -333,6 +348,9 @@ pub async fn serve_on(
     );
     admin_state.draining.store(true, Ordering::Release);
     purge.abort();
+    if let Some(reloads) = reloads {
+        reloads.abort();
+    }
     if let Some(watcher) = certificate_watcher {
         watcher.abort();
     }
@@ -372,5 +390,73 @@ async fn accept<D: Door>(
 async fn drain<D: Door>(accepted: Option<(Drain, Server<D>)>) {
     if let Some((drain, server)) = accepted {
         server.drain(drain).await;
+    }
+}
+
+/// Reload the rule table from `RULES_FILE` on SIGHUP and, every `RULES_RELOAD_INTERVAL_MS`,
+/// when the file's bytes changed (a ConfigMap's update swaps a symlink: the path is read, not
+/// watched, so any way of replacing the file is seen). One reload at a time: a storm of
+/// SIGHUPs is read as the few reloads it takes to catch up.
+async fn watch_rules(
+    config: Arc<Config>,
+    mut hangup: Option<tokio::signal::unix::Signal>,
+    gate: Arc<Gate>,
+    metrics: Arc<Metrics>,
+) {
+    let Some(settings) = config.rules_file.clone() else {
+        return;
+    };
+    let read = |path: String| async move { tokio::fs::read(&path).await.ok() };
+    let mut seen = read(settings.path.clone()).await;
+    let mut tick = settings.interval.map(|interval| {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick
+    });
+    loop {
+        let cause = tokio::select! {
+            Some(()) = async { hangup.as_mut()?.recv().await } => "SIGHUP",
+            Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
+                let now = read(settings.path.clone()).await;
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                "the file changed"
+            }
+            else => return,
+        };
+        let reloaded = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || config.reload_rules()).await
+        };
+        match reloaded {
+            Ok(Ok(table)) if table.digest() == gate.current().digest() => {
+                metrics.config_reload(true);
+                tracing::info!(file = %settings.path, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
+            }
+            Ok(Ok(table)) => {
+                let swapped = gate.swap(table);
+                metrics.config_reload(true);
+                tracing::info!(
+                    file = %settings.path,
+                    cause,
+                    digest = %format!("{:08x}", swapped.digest),
+                    kept = %swapped.kept.join(","),
+                    changed = %swapped.changed.join(","),
+                    added = %swapped.added.join(","),
+                    removed = %swapped.removed.join(","),
+                    "rules reloaded: rules kept keep their budgets; changed and added rules start afresh"
+                );
+            }
+            Ok(Err(error)) => {
+                metrics.config_reload(false);
+                tracing::error!(file = %settings.path, cause, %error, "rules not reloaded: the rule table in force stays");
+            }
+            Err(error) => {
+                metrics.config_reload(false);
+                tracing::error!(file = %settings.path, cause, %error, "rules not reloaded: the reload failed");
+            }
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The `tollgate` binary: configuration from the environment (and `.env`), logging, bind the
-//! proxy and admin listeners, serve until SIGTERM or SIGINT (SIGHUP is logged and ignored). `--check-config` validates and
+//! proxy and admin listeners, serve until SIGTERM or SIGINT (SIGHUP reloads RULES_FILE). `--check-config` validates and
 //! prints the configuration with its warnings; `tollgate healthcheck` asks a running
 //! tollgate's admin listener whether it serves (for a container's `HEALTHCHECK`).
 
@@ -14,8 +14,8 @@ use tollgate::Config;
 const USAGE: &str = "\
 tollgate: a rate-limiting reverse proxy
 
-usage: tollgate                  serve until SIGTERM or SIGINT (SIGHUP is logged and ignored:
-                                 the configuration is not reloaded)
+usage: tollgate                  serve until SIGTERM or SIGINT (SIGHUP reloads RULES_FILE's
+                                 rule table; without one it is logged and ignored)
        tollgate --check-config   validate the configuration, print warnings and the effective
                                  rules, and exit (0 if valid, 2 if not)
        tollgate healthcheck      GET /healthz on the admin listener (ADMIN_BIND, ADMIN_PORT);
@@ -90,7 +90,7 @@ async fn main() -> ExitCode {
     // Before binding: a signal that comes once clients can connect must find its handler, not
     // the default action (which for SIGTERM and SIGHUP is to die at once, without draining).
     let shutdown = shutdown_signal(signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
-    ignore_sighup();
+    ignore_sighup(config.reloads_rules());
     // Every connection is a file descriptor, and MAX_CONNECTIONS is sized from this limit
     // (the ready line shows both).
     if let Err(error) = tollgate::raise_fd_limit() {
@@ -129,16 +129,21 @@ async fn shutdown_signal(term: io::Result<Signal>, int: io::Result<Signal>) {
 }
 
 /// SIGHUP asks many daemons to reload their configuration, and by default it kills the
-/// process on the spot, dropping every request in flight. Until tollgate reloads, it says so
-/// and carries on serving with the configuration it has.
-fn ignore_sighup() {
+/// process on the spot, dropping every request in flight. Without `RULES_FILE` there is
+/// nothing to reload (the environment is read at start only): tollgate says so and carries on.
+/// With it (`reloads`), the server reloads the rule table on SIGHUP with a handler of its own,
+/// and this one only keeps the default action away until that one is installed.
+fn ignore_sighup(reloads: bool) {
     match signal(SignalKind::hangup()) {
         Ok(mut hangup) => {
             tokio::spawn(async move {
                 while hangup.recv().await.is_some() {
+                    if reloads {
+                        continue;
+                    }
                     tracing::warn!(
-                        "SIGHUP received: reloading the configuration is not supported yet; nothing changed \
-                         (restart to apply a new configuration)"
+                        "SIGHUP received: nothing to reload without RULES_FILE (environment variables are \
+                         read at start only); nothing changed"
                     );
                 }
             });

@@ -14,7 +14,9 @@
 use std::fmt::{self, Write as _};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use arc_swap::ArcSwap;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,7 +28,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -61,6 +63,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_memory_evictions_total",
     "tollgate_cached_denials_total",
     "tollgate_build_info",
+    "tollgate_config_reloads_total",
+    "tollgate_config_hash",
 ];
 
 /// The `rule` label of responses to requests refused before any rule was found for them
@@ -171,6 +175,11 @@ struct ClassLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LimitLabels {
     limit: &'static str,
 }
@@ -198,22 +207,14 @@ pub struct BodyBytes {
 /// The metrics the request path updates, and the registry that exports them.
 pub struct Metrics {
     registry: Registry,
-    /// `tollgate_requests_total`, by rule id then [`Outcome`] index.
-    requests: Vec<[Counter; Outcome::ALL.len()]>,
-    /// `tollgate_responses_total`, by rule id then status code.
+    /// The per-rule families, from which each rule table's [`TableSeries`] is taken: a rule
+    /// of the same name gets the same series in every table, so its counts carry on across
+    /// reloads.
+    families: Families,
+    /// `tollgate_responses_total`, by rule name then status code.
     responses: Arc<StatusCodes>,
-    /// `tollgate_backend_responses_total`, by rule id then status class.
-    backend_responses: Vec<[Counter; STATUS_CLASSES.len()]>,
-    /// `tollgate_backend_errors_total`, by rule id then [`BackendFailure`] index.
-    backend_errors: Vec<[Counter; BackendFailure::ALL.len()]>,
-    /// The body-byte counters, by rule id.
-    body_bytes: Vec<BodyBytes>,
-    /// `tollgate_decision_duration_seconds`, by rule id: asking the store (Redis round trip
-    /// included).
-    decision_seconds: Vec<Histogram>,
-    /// `tollgate_backend_duration_seconds`, by rule id: from sending to the backend's response
-    /// headers.
-    backend_seconds: Vec<Histogram>,
+    /// The store the current rule table decides with, read at scrape time.
+    limiter: Arc<ArcSwap<Limiter>>,
     /// `tollgate_backend_connections_total`: connections opened to the backend.
     backend_connections: Counter,
     /// `tollgate_client_connections_unread_total`: client connections dropped for taking none
@@ -227,6 +228,99 @@ pub struct Metrics {
     client_connections_rejected: [Counter; Rejection::ALL.len()],
     /// `tollgate_client_connections_refused_total`, by the cap that refused them.
     client_connections_refused: ConnectionsRefused,
+    /// `tollgate_config_reloads_total`, by result (`ok`, `error`).
+    config_reloads: [Counter; 2],
+    /// `tollgate_config_hash`: the loaded rule table's digest (a gauge, so a dashboard sees
+    /// which replicas run which table).
+    config_hash: Gauge,
+}
+
+/// The families of the per-rule series.
+struct Families {
+    requests: Family<DecisionLabels, Counter>,
+    backend_responses: Family<ClassLabels, Counter>,
+    errors: Family<CauseLabels, Counter>,
+    request_bytes: Family<RuleLabels, Counter>,
+    response_bytes: Family<RuleLabels, Counter>,
+    decision_seconds: Family<RuleLabels, Histogram, fn() -> Histogram>,
+    backend_seconds: Family<RuleLabels, Histogram, fn() -> Histogram>,
+}
+
+/// One rule's series, what the request path counts into: each an atomic add.
+#[derive(Debug)]
+pub struct RuleSeries {
+    /// `tollgate_requests_total`, by [`Outcome`] index.
+    requests: [Counter; Outcome::ALL.len()],
+    /// The rule's row of `tollgate_responses_total`.
+    responses: Arc<StatusRow>,
+    /// `tollgate_decision_duration_seconds`.
+    decision_seconds: Histogram,
+    /// The backend's series; `None` for a rule no request is forwarded under (an Envoy
+    /// descriptor's, decided for a door that forwards nothing).
+    forwarded: Option<ForwardedSeries>,
+}
+
+/// The series of a rule's forwarded requests.
+#[derive(Debug)]
+struct ForwardedSeries {
+    /// `tollgate_backend_responses_total`, by status class.
+    backend_responses: [Counter; STATUS_CLASSES.len()],
+    /// `tollgate_backend_errors_total`, by [`BackendFailure`] index.
+    backend_errors: [Counter; BackendFailure::ALL.len()],
+    /// The body-byte counters.
+    body_bytes: BodyBytes,
+    /// `tollgate_backend_duration_seconds`: from sending to the backend's response headers.
+    backend_seconds: Histogram,
+}
+
+/// The series of one rule table's rules, by rule id.
+#[derive(Debug, Clone)]
+pub struct TableSeries {
+    rules: Arc<[Arc<RuleSeries>]>,
+}
+
+impl TableSeries {
+    /// Rule `id`'s series (`None` for an id not in the table).
+    pub fn rule(&self, id: u16) -> Option<&Arc<RuleSeries>> {
+        self.rules.get(usize::from(id))
+    }
+}
+
+impl RuleSeries {
+    /// One request under this rule ended as `outcome`.
+    pub fn request(&self, outcome: Outcome) {
+        self.requests[outcome as usize].inc();
+    }
+
+    /// A decision under this rule took `elapsed`.
+    pub fn decision(&self, elapsed: Duration) {
+        self.decision_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// The backend answered a request under this rule with `status` after `elapsed`.
+    pub fn backend_response(&self, status: u16, elapsed: Duration) {
+        let Some(forwarded) = &self.forwarded else {
+            return;
+        };
+        forwarded.backend_seconds.observe(elapsed.as_secs_f64());
+        let class = usize::from(status / 100).saturating_sub(1);
+        if let Some(counter) = forwarded.backend_responses.get(class) {
+            counter.inc();
+        }
+    }
+
+    /// The backend did not answer a request under this rule.
+    pub fn backend_error(&self, failure: BackendFailure) {
+        if let Some(forwarded) = &self.forwarded {
+            forwarded.backend_errors[failure as usize].inc();
+        }
+    }
+
+    /// The body-byte counters, for the request and response bodies of a forwarded request to
+    /// count their frames into.
+    pub fn body_bytes(&self) -> Option<&BodyBytes> {
+        self.forwarded.as_ref().map(|forwarded| &forwarded.body_bytes)
+    }
 }
 
 /// `tollgate_client_connections_refused_total`: connections closed at accept, by the cap
@@ -251,9 +345,10 @@ fn backend_histogram() -> Histogram {
 }
 
 impl Metrics {
-    /// Register every metric for the rules of `table`, reading store state from `limiter` and
-    /// what the server holds open from `load` at scrape time.
-    pub fn new(table: &RuleTable, limiter: Limiter, load: Load) -> Metrics {
+    /// Register every metric, reading store state from `limiter` (and from each limiter
+    /// [`Metrics::set_limiter`] hands over later) and what the server holds open from `load`
+    /// at scrape time. Each rule table's series come from [`Metrics::series`].
+    pub fn new(limiter: Limiter, load: Load) -> Metrics {
         let mut registry = Registry::with_prefix("tollgate");
         let requests = Family::<DecisionLabels, Counter>::default();
         registry.register(
@@ -261,8 +356,7 @@ impl Metrics {
             "Requests by rule and what became of them",
             requests.clone(),
         );
-        let rules: Vec<String> = table.rules().iter().map(|rule| label_value(&rule.name)).collect();
-        let responses = Arc::new(StatusCodes::new(&rules));
+        let responses = Arc::new(StatusCodes::default());
         registry.register_collector(Box::new(ResponseCollector(responses.clone())));
         let backend_responses = Family::<ClassLabels, Counter>::default();
         registry.register(
@@ -355,73 +449,115 @@ impl Metrics {
                 })
                 .clone()
         });
-        registry.register_collector(Box::new(StoreCollector { limiter }));
+        let limiter = Arc::new(ArcSwap::from_pointee(limiter));
+        registry.register_collector(Box::new(StoreCollector {
+            limiter: limiter.clone(),
+        }));
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Reloads of the rule table (RULES_FILE, on SIGHUP or a change of the file), by result",
+            reloads.clone(),
+        );
+        let config_reloads =
+            ["ok", "error"].map(|result| reloads.get_or_create(&ResultLabels { result }).clone());
+        let config_hash = Gauge::default();
+        registry.register(
+            "config_hash",
+            "A digest of the rule table in force (32 bits): replicas with the same value enforce the same rules",
+            config_hash.clone(),
+        );
 
-        let labelled = |id: usize| RuleLabels {
-            rule: rules[id].clone(),
-        };
-        let ids = 0..rules.len();
-        // The backend's series for the rules requests are forwarded under: a named rule (an
-        // Envoy descriptor's) is decided for a door that forwards nothing.
-        let forwarded = 0..table.classified().len();
         Metrics {
-            requests: ids
-                .clone()
-                .map(|id| {
-                    Outcome::ALL.map(|outcome| {
-                        let labels = DecisionLabels {
-                            rule: rules[id].clone(),
-                            decision: outcome.as_str(),
-                        };
-                        requests.get_or_create(&labels).clone()
-                    })
-                })
-                .collect(),
+            families: Families {
+                requests,
+                backend_responses,
+                errors,
+                request_bytes,
+                response_bytes,
+                decision_seconds,
+                backend_seconds,
+            },
             responses,
-            backend_responses: forwarded
-                .clone()
-                .map(|id| {
-                    STATUS_CLASSES.map(|class| {
-                        let labels = ClassLabels {
-                            rule: rules[id].clone(),
-                            class,
-                        };
-                        backend_responses.get_or_create(&labels).clone()
-                    })
-                })
-                .collect(),
-            backend_errors: forwarded
-                .clone()
-                .map(|id| {
-                    BackendFailure::ALL.map(|failure| {
-                        let labels = CauseLabels {
-                            rule: rules[id].clone(),
-                            cause: failure.as_str(),
-                        };
-                        errors.get_or_create(&labels).clone()
-                    })
-                })
-                .collect(),
-            body_bytes: forwarded
-                .clone()
-                .map(|id| BodyBytes {
-                    request: request_bytes.get_or_create(&labelled(id)).clone(),
-                    response: response_bytes.get_or_create(&labelled(id)).clone(),
-                })
-                .collect(),
-            decision_seconds: ids
-                .map(|id| decision_seconds.get_or_create(&labelled(id)).clone())
-                .collect(),
-            backend_seconds: forwarded
-                .map(|id| backend_seconds.get_or_create(&labelled(id)).clone())
-                .collect(),
+            limiter,
             registry,
             backend_connections,
             client_connections_unread,
             client_streams_unread,
             client_connections_refused,
             client_connections_rejected,
+            config_reloads,
+            config_hash,
         }
+    }
+
+    /// The series of `table`'s rules, by rule id: a rule named as one of an earlier table's
+    /// counts on into the same series.
+    pub fn series(&self, table: &RuleTable) -> TableSeries {
+        let families = &self.families;
+        let forwarded = table.classified().len();
+        let rules = table
+            .rules()
+            .iter()
+            .enumerate()
+            .map(|(id, rule)| {
+                let name = label_value(&rule.name);
+                let labelled = RuleLabels { rule: name.clone() };
+                // One statement each: a family's lock guard lives to the end of its statement.
+                let requests = Outcome::ALL.map(|outcome| {
+                    let labels = DecisionLabels {
+                        rule: name.clone(),
+                        decision: outcome.as_str(),
+                    };
+                    families.requests.get_or_create(&labels).clone()
+                });
+                let decision_seconds = families.decision_seconds.get_or_create(&labelled).clone();
+                // The backend's series for the rules requests are forwarded under.
+                let forwarded = (id < forwarded).then(|| ForwardedSeries {
+                    backend_responses: STATUS_CLASSES.map(|class| {
+                        let labels = ClassLabels {
+                            rule: name.clone(),
+                            class,
+                        };
+                        families.backend_responses.get_or_create(&labels).clone()
+                    }),
+                    backend_errors: BackendFailure::ALL.map(|failure| {
+                        let labels = CauseLabels {
+                            rule: name.clone(),
+                            cause: failure.as_str(),
+                        };
+                        families.errors.get_or_create(&labels).clone()
+                    }),
+                    body_bytes: BodyBytes {
+                        request: families.request_bytes.get_or_create(&labelled).clone(),
+                        response: families.response_bytes.get_or_create(&labelled).clone(),
+                    },
+                    backend_seconds: families.backend_seconds.get_or_create(&labelled).clone(),
+                });
+                Arc::new(RuleSeries {
+                    requests,
+                    responses: self.responses.row(&name),
+                    decision_seconds,
+                    forwarded,
+                })
+            })
+            .collect();
+        TableSeries { rules }
+    }
+
+    /// From now on, the store's state is read from `limiter` (a reloaded table's).
+    pub fn set_limiter(&self, limiter: Limiter) {
+        self.limiter.store(Arc::new(limiter));
+    }
+
+    /// A reload of the rule table succeeded (`ok`) or changed nothing (`!ok`).
+    pub fn config_reload(&self, ok: bool) {
+        self.config_reloads[usize::from(!ok)].inc();
+    }
+
+    /// The rule table in force has this digest.
+    pub fn set_config_hash(&self, hash: u32) {
+        self.config_hash.set(i64::from(hash));
     }
 
     /// `tollgate_client_connections_rejected_total`, by [`Rejection`] index.
@@ -429,39 +565,13 @@ impl Metrics {
         self.client_connections_rejected.clone()
     }
 
-    /// One request under rule `rule_id` ended as `outcome`.
-    pub fn request(&self, rule_id: u16, outcome: Outcome) {
-        if let Some(counters) = self.requests.get(usize::from(rule_id)) {
-            counters[outcome as usize].inc();
+    /// The gateway answered a request under the rule of `series` (`None`: refused before one
+    /// was found) with `status`, its own or the backend's.
+    pub fn response(&self, series: Option<&RuleSeries>, status: u16) {
+        match series {
+            Some(series) => series.responses.count(status),
+            None => self.responses.no_rule.count(status),
         }
-    }
-
-    /// The gateway answered a request under rule `rule` (`None`: refused before one was found)
-    /// with `status`, its own or the backend's.
-    pub fn response(&self, rule: Option<u16>, status: u16) {
-        self.responses.count(rule, status);
-    }
-
-    /// The backend answered a request under rule `rule_id` with `status` after `elapsed`.
-    pub fn backend_response(&self, rule_id: u16, status: u16, elapsed: Duration) {
-        let rule = usize::from(rule_id);
-        if let Some(histogram) = self.backend_seconds.get(rule) {
-            histogram.observe(elapsed.as_secs_f64());
-        }
-        let class = usize::from(status / 100).saturating_sub(1);
-        if let Some(counter) = self
-            .backend_responses
-            .get(rule)
-            .and_then(|counters| counters.get(class))
-        {
-            counter.inc();
-        }
-    }
-
-    /// The body-byte counters of rule `rule_id`, for the request and response bodies of a
-    /// forwarded request to count their frames into.
-    pub fn body_bytes(&self, rule_id: u16) -> Option<&BodyBytes> {
-        self.body_bytes.get(usize::from(rule_id))
     }
 
     /// The counter of connections opened to the backend, for the pool to count into.
@@ -482,20 +592,6 @@ impl Metrics {
     /// The counter of HTTP/2 streams given up by `SEND_TIMEOUT_MS`, for the server.
     pub fn client_streams_unread(&self) -> Counter {
         self.client_streams_unread.clone()
-    }
-
-    /// The backend did not answer a request under rule `rule_id`.
-    pub fn backend_error(&self, rule_id: u16, failure: BackendFailure) {
-        if let Some(counters) = self.backend_errors.get(usize::from(rule_id)) {
-            counters[failure as usize].inc();
-        }
-    }
-
-    /// A decision under rule `rule_id` took `elapsed`.
-    pub fn decision(&self, rule_id: u16, elapsed: Duration) {
-        if let Some(histogram) = self.decision_seconds.get(usize::from(rule_id)) {
-            histogram.observe(elapsed.as_secs_f64());
-        }
     }
 
     /// The exposition in `format`, for `/metrics`.
@@ -547,31 +643,39 @@ fn label_value(value: &str) -> String {
         .replace('\n', r"\n")
 }
 
-/// `tollgate_responses_total`: responses by rule and status code. A row per rule and one for
-/// [`NO_RULE`], each made on its first response (a rule that is never matched costs nothing),
-/// each counter an atomic add.
+/// `tollgate_responses_total`: responses by rule and status code. A row per rule name and one
+/// for [`NO_RULE`], each row's counters made on its first response (a rule that is never
+/// matched costs nothing), each counter an atomic add.
+#[derive(Default)]
 struct StatusCodes {
-    /// Row `id` for rule `id`; the last for [`NO_RULE`].
-    rows: Box<[OnceLock<Box<[AtomicU64; STATUS_CODES]>>]>,
-    /// The `rule` label of each row.
-    labels: Box<[String]>,
+    /// The rows of every rule name any table has had, with their labels.
+    rows: Mutex<Vec<(String, Arc<StatusRow>)>>,
+    /// The row of requests refused before a rule was found.
+    no_rule: StatusRow,
 }
 
-impl StatusCodes {
-    fn new(rules: &[String]) -> StatusCodes {
-        let labels: Box<[String]> = rules.iter().cloned().chain([NO_RULE.to_owned()]).collect();
-        StatusCodes {
-            rows: labels.iter().map(|_| OnceLock::new()).collect(),
-            labels,
-        }
-    }
+/// One rule's counters of status codes, made on its first response.
+#[derive(Debug, Default)]
+struct StatusRow(OnceLock<Box<[AtomicU64; STATUS_CODES]>>);
 
-    fn count(&self, rule: Option<u16>, status: u16) {
-        let row = rule.map_or(self.rows.len() - 1, usize::from);
-        let Some(row) = self.rows.get(row) else {
-            return;
-        };
-        let counters = row.get_or_init(|| Box::new(std::array::from_fn(|_| AtomicU64::new(0))));
+impl StatusCodes {
+    /// The row of the rule labelled `label`, made if it is new.
+    fn row(&self, label: &str) -> Arc<StatusRow> {
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, row)) = rows.iter().find(|(held, _)| held == label) {
+            return row.clone();
+        }
+        let row = Arc::new(StatusRow::default());
+        rows.push((label.to_owned(), row.clone()));
+        row
+    }
+}
+
+impl StatusRow {
+    fn count(&self, status: u16) {
+        let counters = self
+            .0
+            .get_or_init(|| Box::new(std::array::from_fn(|_| AtomicU64::new(0))));
         let code = match status {
             100..=599 => usize::from(status - 100),
             _ => STATUS_CODES - 1,
@@ -598,8 +702,14 @@ impl Collector for ResponseCollector {
             None,
             MetricType::Counter,
         )?;
-        for (label, row) in self.0.labels.iter().zip(&self.0.rows) {
-            let Some(counters) = row.get() else { continue };
+        let rows = self.0.rows.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let no_rule = (NO_RULE.to_owned(), &self.0.no_rule);
+        for (label, row) in rows
+            .iter()
+            .map(|(label, row)| (label.clone(), &**row))
+            .chain([no_rule])
+        {
+            let Some(counters) = row.0.get() else { continue };
             for (index, counter) in counters.iter().enumerate() {
                 let count = counter.load(Ordering::Relaxed);
                 if count == 0 {
@@ -658,7 +768,7 @@ impl Collector for LoadCollector {
 /// Reads what the stores know at scrape time.
 #[derive(Clone)]
 struct StoreCollector {
-    limiter: Limiter,
+    limiter: Arc<ArcSwap<Limiter>>,
 }
 
 impl fmt::Debug for StoreCollector {
@@ -669,7 +779,7 @@ impl fmt::Debug for StoreCollector {
 
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let stats = self.limiter.stats();
+        let stats = self.limiter.load().stats();
         gauge(
             &mut encoder,
             "memory_clients",

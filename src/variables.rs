@@ -70,6 +70,17 @@ pub const ACCESS_LOG: Var = Var::new("ACCESS_LOG", "denied");
 /// The log filter, read by tracing-subscriber.
 pub const RUST_LOG: Var = Var::unset("RUST_LOG");
 
+/// The rules file (TOML): the rule table's settings, reloaded on SIGHUP and when it changes
+/// (unset: the environment alone).
+pub const RULES_FILE: Var = Var::unset("RULES_FILE");
+/// How often the rules file is read for changes, in milliseconds; `0`: on SIGHUP only
+/// (default `2000`).
+pub const RULES_RELOAD_INTERVAL_MS: Var = Var::new("RULES_RELOAD_INTERVAL_MS", "2000");
+/// The general rule's limit, `ALGORITHM:A:B` (unset: ALGORITHM and its numbers).
+pub const LIMITS: Var = Var::unset("LIMITS");
+/// The auth rule's limit, `ALGORITHM:A:B` (unset: AUTH_ALGORITHM and its numbers).
+pub const AUTH_LIMITS: Var = Var::unset("AUTH_LIMITS");
+
 // --- token bucket
 
 /// General rule, token bucket: capacity (default `10`).
@@ -225,6 +236,10 @@ pub const ALL: &[Var] = &[
     DECIDE_PORT,
     DECIDE_TOKEN,
     RLS_CONFIG,
+    RULES_FILE,
+    RULES_RELOAD_INTERVAL_MS,
+    LIMITS,
+    AUTH_LIMITS,
     ALGORITHM,
     AUTH_ALGORITHM,
     AUTH_PATHS,

@@ -158,6 +158,55 @@ fn kubernetes_environment_is_valid_once_the_secret_is_filled() {
     }
 }
 
+#[test]
+fn kubernetes_rules_file_is_a_valid_rule_table_mounted_where_rules_file_says() {
+    let manifest = read(KUBERNETES);
+    let vars = kubernetes_variables(&manifest);
+    let mounted = vars
+        .iter()
+        .find(|(name, _)| name == "RULES_FILE")
+        .unwrap_or_else(|| panic!("{KUBERNETES}: RULES_FILE is not set"));
+    assert!(
+        mounted.1.starts_with("/etc/tollgate/rules/"),
+        "{KUBERNETES}: RULES_FILE={} is not in the mounted directory",
+        mounted.1
+    );
+    assert!(
+        manifest.contains("mountPath: /etc/tollgate/rules\n"),
+        "{KUBERNETES}: the rules directory is not mounted"
+    );
+    let config = match Config::from_vars(filled_kubernetes_environment()) {
+        Ok(config) => config,
+        Err(error) => panic!("{KUBERNETES}: the rules file: {error}"),
+    };
+    assert!(
+        config.rule_table().rule("api").is_some(),
+        "{KUBERNETES}: no api rule"
+    );
+    assert!(config.reloads_rules());
+}
+
+/// The `rules.toml` of the `tollgate-rules` ConfigMap.
+fn kubernetes_rules(manifest: &str) -> String {
+    let rules = kubernetes_named(manifest, "ConfigMap", Some("tollgate-rules"));
+    let [block] = &blocks(&rules, "rules.toml: |")[..] else {
+        panic!("{KUBERNETES}: expected one rules.toml in the tollgate-rules ConfigMap");
+    };
+    let depth = block.iter().map(|line| indent(line)).min().unwrap_or(0);
+    let text: String = rules
+        .iter()
+        .skip_while(|line| line.trim() != "rules.toml: |")
+        .skip(1)
+        .take_while(|line| is_blank(line) || indent(line) >= depth)
+        .map(|line| format!("{}\n", line.get(depth..).unwrap_or("")))
+        .collect();
+    assert!(
+        text.contains("[[routes]]"),
+        "{KUBERNETES}: the rules file: {text}"
+    );
+    text
+}
+
 // --- stopping: SIGTERM, the drain, then SIGKILL --------------------------------------------------
 
 #[test]
@@ -473,9 +522,25 @@ fn compose_duration(text: &str) -> Duration {
 /// `envFrom`) and every `env:` entry, as shipped.
 fn kubernetes_environment() -> Vec<(String, String)> {
     let manifest = read(KUBERNETES);
+    let mut vars = kubernetes_variables(&manifest);
+    // The rules file where the pod has it mounted: here, a copy of the ConfigMap's.
+    if let Some((_, path)) = vars.iter_mut().find(|(name, _)| name == "RULES_FILE") {
+        let copy = std::env::temp_dir().join(format!("tollgate-deploy-{}-rules.toml", std::process::id()));
+        std::fs::write(&copy, kubernetes_rules(&manifest)).unwrap();
+        *path = copy.display().to_string();
+    }
+    vars
+}
+
+/// The variables the manifest sets, as written.
+fn kubernetes_variables(manifest: &str) -> Vec<(String, String)> {
     let mut vars = Vec::new();
     for (kind, header) in [("ConfigMap", "data:"), ("Secret", "stringData:")] {
-        for block in blocks(&kubernetes_document(&manifest, kind), header) {
+        let document = match kind {
+            "ConfigMap" => kubernetes_named(manifest, kind, Some("tollgate")),
+            _ => kubernetes_document(manifest, kind),
+        };
+        for block in blocks(&document, header) {
             for item in children(&block) {
                 match item.trim().split_once(':') {
                     Some((name, value)) => vars.push((name.to_owned(), unquote(value.trim()).to_owned())),
@@ -484,7 +549,7 @@ fn kubernetes_environment() -> Vec<(String, String)> {
             }
         }
     }
-    let deployment = kubernetes_document(&manifest, "Deployment");
+    let deployment = kubernetes_document(manifest, "Deployment");
     for block in blocks(&deployment, "env:") {
         for item in children(&block) {
             if let Some(name) = item.trim().strip_prefix("- name:") {
@@ -508,6 +573,11 @@ fn filled_kubernetes_environment() -> Vec<(String, String)> {
 
 /// The lines of the one `---`-separated document of `kind`.
 fn kubernetes_document<'a>(manifest: &'a str, kind: &str) -> Vec<&'a str> {
+    kubernetes_named(manifest, kind, None)
+}
+
+/// The document of `kind` named `name` (`None`: the only one of its kind).
+fn kubernetes_named<'a>(manifest: &'a str, kind: &str, name: Option<&str>) -> Vec<&'a str> {
     let mut documents: Vec<Vec<&str>> = vec![Vec::new()];
     for line in manifest.lines() {
         if line.trim_end() == "---" {
@@ -517,9 +587,13 @@ fn kubernetes_document<'a>(manifest: &'a str, kind: &str) -> Vec<&'a str> {
         }
     }
     let kind_line = format!("kind: {kind}");
-    let mut found = documents
-        .into_iter()
-        .filter(|document| document.iter().any(|line| line.trim_end() == kind_line));
+    let name_line = name.map(|name| format!("name: {name}"));
+    let mut found = documents.into_iter().filter(|document| {
+        document.iter().any(|line| line.trim_end() == kind_line)
+            && name_line
+                .as_ref()
+                .is_none_or(|name| document.iter().any(|line| line.trim() == name))
+    });
     match (found.next(), found.next()) {
         (Some(document), None) => document,
         _ => panic!("{KUBERNETES}: expected exactly one {kind}"),

@@ -23,6 +23,7 @@
 pub(crate) mod env;
 pub(crate) mod listener;
 pub(crate) mod rules;
+pub(crate) mod rules_file;
 pub(crate) mod store;
 pub(crate) mod warnings;
 
@@ -57,6 +58,7 @@ use crate::server::ServerSettings;
 use crate::server::limits::PerClientCap;
 use crate::telemetry::{LogFormat, LogSettings};
 use env::{Env, entries};
+use rules_file::RulesFile;
 
 /// The most `MAX_KEYS` may be: a billion clients, about 87 GB held in full. The store's index
 /// (about 7 bytes per key) is allocated and written at startup, so a mistyped value is refused
@@ -150,6 +152,28 @@ impl ConfigError {
     }
 }
 
+/// `RULES_FILE`: where the rule table's settings are, to reload them.
+#[derive(Clone)]
+pub(crate) struct RulesFileSettings {
+    /// The file.
+    pub(crate) path: String,
+    /// `RULES_RELOAD_INTERVAL_MS`: how often it is read for changes; `None`: on SIGHUP only.
+    pub(crate) interval: Option<Duration>,
+    /// The environment the configuration was read from (the file's settings not added): a
+    /// reload reads the file again beside it.
+    pub(crate) environment: Arc<Vec<(String, String)>>,
+}
+
+impl fmt::Debug for RulesFileSettings {
+    // The environment holds secrets: never printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RulesFileSettings")
+            .field("path", &self.path)
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The validated configuration: the settings of each component, each its own type.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -169,6 +193,8 @@ pub struct Config {
     /// `RLS_CONFIG`: Envoy's rate limit service's descriptors, whose limits are named rules of
     /// `gate.rules`; `None` when unset.
     pub(crate) rls: Option<Arc<DescriptorTable>>,
+    /// `RULES_FILE` and how often it is read for changes; `None` when unset.
+    pub(crate) rules_file: Option<RulesFileSettings>,
     /// The log.
     pub(crate) log: LogSettings,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
@@ -183,6 +209,11 @@ impl Config {
     /// algorithm or store), one line each, naming variables but never showing values.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// Whether the rule table reloads from `RULES_FILE` (on SIGHUP and when the file changes).
+    pub fn reloads_rules(&self) -> bool {
+        self.rules_file.is_some()
     }
 
     /// `SHUTDOWN_TIMEOUT_MS`: how long a drain waits for requests in flight.
@@ -226,7 +257,52 @@ impl Config {
         K: Into<String>,
         V: Into<String>,
     {
-        Self::from_env_reader(&Env::new(vars))
+        let environment: Vec<(String, String)> = vars
+            .into_iter()
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect();
+        let path = environment
+            .iter()
+            .rev()
+            .find(|(name, value)| name == vars::RULES_FILE.name && !value.trim().is_empty())
+            .map(|(_, value)| value.trim().to_owned());
+        let Some(file) = RulesFile::load(path.as_deref())? else {
+            return Self::from_env_reader(&Env::new(environment));
+        };
+        let merged = file.merge(&environment)?;
+        let mut config = Self::from_env_reader(&Env::new(merged)).map_err(|error| file.locate(error))?;
+        if let Some(settings) = &mut config.rules_file {
+            settings.environment = Arc::new(environment);
+        }
+        Ok(config)
+    }
+
+    /// The rule table again, with `RULES_FILE` read anew beside the environment read at start:
+    /// what a reload puts in force. The whole configuration is validated as at start, so a
+    /// table the process could not have started with is refused too.
+    pub(crate) fn reload_rules(&self) -> Result<crate::limit::RuleTable, ConfigError> {
+        let Some(settings) = &self.rules_file else {
+            return Err(ConfigError::Missing {
+                var: vars::RULES_FILE.name,
+                expected: "a rules file to reload the rule table from",
+            });
+        };
+        // RLS_CONFIG is read at start only: its descriptors stay, and so do their rules.
+        let environment = settings
+            .environment
+            .iter()
+            .filter(|(name, _)| name != vars::RLS_CONFIG.name)
+            .cloned();
+        let config = Config::from_vars(environment)?;
+        config
+            .gate
+            .rules
+            .with_named(self.gate.rules.named().to_vec())
+            .map_err(|error| {
+                ConfigError::Conflict(format!(
+                    "the reloaded rule table cannot hold RLS_CONFIG's rules: {error}"
+                ))
+            })
     }
 
     /// Parse, then check the variables this configuration does not read: a malformed one is
@@ -316,6 +392,21 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let listener = listener::parse(env, &trusted_proxies)?;
+        let rules_reload = env.parse(
+            vars::RULES_RELOAD_INTERVAL_MS,
+            "a whole number of milliseconds, 0 (on SIGHUP only) to 31536000000 (a year)",
+            |s| {
+                s.parse::<u64>()
+                    .ok()
+                    .filter(|ms| *ms <= env::MAX_MILLIS)
+                    .map(Duration::from_millis)
+            },
+        )?;
+        let rules_file = env.get(vars::RULES_FILE).map(|path| RulesFileSettings {
+            path: path.to_owned(),
+            interval: (!rules_reload.is_zero()).then_some(rules_reload),
+            environment: Arc::default(),
+        });
         let max_keys = env.parse(vars::MAX_KEYS, "a whole number from 1 to 1000000000", |s| {
             s.parse::<usize>()
                 .ok()
@@ -504,6 +595,7 @@ impl Config {
                 token: admin_token,
             },
             rls,
+            rules_file,
             log: LogSettings { format: log_format },
             #[cfg(test)]
             read,
@@ -548,6 +640,18 @@ impl fmt::Display for Config {
         }
         // The classified ones: a named rule (RLS_CONFIG's) has no paths and is listed by its door.
         let rules = self.gate.rules.classified();
+        if let Some(file) = &self.rules_file {
+            writeln!(
+                f,
+                "rules file:       {} (reloaded on SIGHUP{}; table digest {:08x})",
+                file.path,
+                file.interval.map_or_else(String::new, |every| format!(
+                    " and when it changes, read every {} ms",
+                    every.as_millis()
+                )),
+                self.gate.rules.digest()
+            )?;
+        }
         writeln!(f, "general rule:     {}", self.gate.rules.general().policy)?;
         if let Some(auth) = self.gate.rules.rule("auth") {
             writeln!(f, "auth rule:        {}", auth.policy)?;

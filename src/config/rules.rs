@@ -56,10 +56,23 @@ pub(crate) fn parse(
         _ => None,
     })?;
 
-    let algorithm = env.value(vars::ALGORITHM);
-    let general_policy = policy_from_variables(env, vars::ALGORITHM, algorithm, false)?;
-    let auth_algorithm = env.get(vars::AUTH_ALGORITHM).unwrap_or(algorithm);
-    let auth_policy = policy_from_variables(env, vars::AUTH_ALGORITHM, auth_algorithm, true)?;
+    let general_limits = limits_variable(env, vars::LIMITS, false)?;
+    let algorithm = match (env.get(vars::ALGORITHM), &general_limits) {
+        (Some(algorithm), _) => algorithm,
+        (None, Some(policy)) => policy.name(),
+        (None, None) => env.value(vars::ALGORITHM),
+    };
+    let general_policy = match general_limits {
+        Some(policy) => policy,
+        None => policy_from_variables(env, vars::ALGORITHM, algorithm, false)?,
+    };
+    let auth_policy = match limits_variable(env, vars::AUTH_LIMITS, true)? {
+        Some(policy) => policy,
+        None => {
+            let auth_algorithm = env.get(vars::AUTH_ALGORITHM).unwrap_or(algorithm);
+            policy_from_variables(env, vars::AUTH_ALGORITHM, auth_algorithm, true)?
+        }
+    };
     // Read with Redis only: the memory store never fails, and an unread FAIL_MODE is warned
     // about (and still checked).
     let (fail_mode, auth_fail_mode) = if shared_store {
@@ -259,6 +272,58 @@ fn list<'a>(env: &'a Env, var: Var, separators: &'a [char]) -> Result<Vec<&'a st
     ))
 }
 
+/// `LIMITS` or `AUTH_LIMITS` (`auth`): the rule's limit written as a route's is
+/// (`token_bucket:100:10`), instead of its algorithm and number variables; setting both ways
+/// is an error naming both.
+fn limits_variable(env: &Env, var: Var, auth: bool) -> Result<Option<Policy>, ConfigError> {
+    let Some(spec) = env.get(var) else {
+        return Ok(None);
+    };
+    let policy = parse_limit(spec).map_err(|why| ConfigError::invalid(var.name, spec, &why))?;
+    let algorithm = if auth {
+        vars::AUTH_ALGORITHM
+    } else {
+        vars::ALGORITHM
+    };
+    let mut older = vec![algorithm];
+    for name in ["token_bucket", "fixed_window"] {
+        for parameter in Policy::parameters(name).into_iter().flatten() {
+            older.push(if auth { parameter.auth } else { parameter.general });
+        }
+    }
+    if let Some(both) = older.into_iter().find(|older| env.is_set(*older)) {
+        return Err(ConfigError::Conflict(format!(
+            "{} and {} both set the {} rule's limit: set one (LIMITS-style lists are the newer way)",
+            var.name,
+            both.name,
+            if auth { "auth" } else { "general" }
+        )));
+    }
+    Ok(Some(policy))
+}
+
+/// One limit, `ALGORITHM:A:B` (`token_bucket:5:0.1`, `fixed_window:100:60`), as `ROUTES`,
+/// `LIMITS` and the rules file write it; the error says what is wrong and what is accepted.
+pub(crate) fn parse_limit(spec: &str) -> Result<Policy, String> {
+    let [algorithm, first, second] = spec.split(':').collect::<Vec<_>>()[..] else {
+        return Err(format!(
+            "expected ALGORITHM:A:B, e.g. token_bucket:5:0.1 or fixed_window:100:60, not {spec:?}"
+        ));
+    };
+    match Policy::parse(algorithm, first, second) {
+        None => Err(format!("unknown algorithm {algorithm:?}; expected {ALGORITHMS}")),
+        Some(Err(ParameterError::Invalid { index, expected })) => {
+            let meaning = Policy::parameters(algorithm).map_or("", |p| p[index].meaning);
+            Err(format!(
+                "{meaning} {:?}: expected {expected}",
+                [first, second][index]
+            ))
+        }
+        Some(Err(ParameterError::Combination(why))) => Err(why),
+        Some(Ok(policy)) => Ok(policy),
+    }
+}
+
 /// The general (`ALGORITHM`, `MAX_TOKENS`, ...) or auth (`AUTH_ALGORITHM`, `AUTH_MAX_TOKENS`,
 /// ...) rule's policy, from the variables the chosen algorithm reads.
 fn policy_from_variables(
@@ -395,27 +460,7 @@ fn parse_route(
     let pattern = PathPattern::parse(pattern).map_err(|why| bad(format!("pattern: {why}")))?;
     let mut options = rest.split(',');
     let spec = options.next().unwrap_or_default();
-    let [algorithm, first, second] = spec.split(':').collect::<Vec<_>>()[..] else {
-        return Err(bad(format!(
-            "expected ALGORITHM:A:B after '=', e.g. token_bucket:5:0.1 or fixed_window:100:60, not {spec:?}"
-        )));
-    };
-    let policy = match Policy::parse(algorithm, first, second) {
-        None => {
-            return Err(bad(format!(
-                "unknown algorithm {algorithm:?}; expected {ALGORITHMS}"
-            )));
-        }
-        Some(Err(ParameterError::Invalid { index, expected })) => {
-            let meaning = Policy::parameters(algorithm).map_or("", |p| p[index].meaning);
-            return Err(bad(format!(
-                "{meaning} {:?}: expected {expected}",
-                [first, second][index]
-            )));
-        }
-        Some(Err(ParameterError::Combination(why))) => return Err(bad(why)),
-        Some(Ok(policy)) => policy,
-    };
+    let policy = parse_limit(spec).map_err(bad)?;
     let mut rule = Rule {
         name: pattern.to_string().into(),
         policy,

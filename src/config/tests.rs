@@ -862,7 +862,7 @@ fn a_misspelt_variable_is_warned_about_with_the_nearest_name() {
         ("REDIS_ADR", "REDIS_ADDR"),
         ("BACKEND_TIMEOUT", "BACKEND_TIMEOUT_MS"),
         ("SHUTDOWN_TIMEOUT", "SHUTDOWN_TIMEOUT_MS"),
-        ("LIMITS", "LIMIT"),
+        ("LIMTS", "LIMITS"),
         ("max_tokens", "MAX_TOKENS"),
         ("TOLLGATE_PORT", "PORT"),
     ] {

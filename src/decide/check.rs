@@ -250,11 +250,12 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
 
 /// Check a body and ask the gate.
 async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadBody> {
-    match ask(body, door.gate.rules())? {
+    let generation = door.gate.current();
+    match ask(body, generation.rules())? {
         Ask::Named { rule, key, cost } => {
             let keyed = door
                 .gate
-                .decide_key(rule, door.gate.key_of(key.as_bytes()), cost)
+                .decide_key(&generation, rule, generation.key_of(key.as_bytes()), cost)
                 .await;
             Ok(respond(door, rule, keyed.decision.decision(), keyed.outcome))
         }
@@ -276,7 +277,7 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
                 Refused::Tunnels(_) => BadBody::field("path", "no upgrade was asked for"),
             })?;
             let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
-            Ok(respond(door, verdict.rule, decision, verdict.outcome))
+            Ok(respond(door, verdict.rule(), decision, verdict.outcome))
         }
     }
 }

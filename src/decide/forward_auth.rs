@@ -241,7 +241,7 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
                     let retry_after = retry_after_secs(decision.retry_after);
                     (
                         format,
-                        refusals.body(format, refusal, &verdict.rule.name, retry_after),
+                        refusals.body(format, refusal, &verdict.rule().name, retry_after),
                     )
                 }
                 // A constant body: a flood of refusals is the case to make cheap.
@@ -256,11 +256,11 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     if let Some(decision) = decision {
         door.settings
             .headers
-            .set(response.headers_mut(), verdict.rule, decision);
+            .set(response.headers_mut(), verdict.rule(), decision);
         // For the calling proxy to copy onto the request it forwards (Traefik's
         // authResponseHeaders, nginx's auth_request_set), whatever the client is told.
         if door.settings.forward_headers && verdict.outcome.forwards() && verdict.mode == Mode::Enforce {
-            set_draft(response.headers_mut(), verdict.rule, decision);
+            set_draft(response.headers_mut(), verdict.rule(), decision);
         }
         if !verdict.outcome.forwards() {
             response.headers_mut().insert(
@@ -275,7 +275,7 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             host = headers.get(&X_FORWARDED_HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
             method = %original.method,
             path = %original.path,
-            rule = %verdict.rule.name,
+            rule = %verdict.rule().name,
             outcome = verdict.outcome.as_str(),
             "forward-auth refused"
         );
@@ -312,7 +312,7 @@ fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
         .filter(|name| name.as_str().contains('_'))
         .find(|name| {
             let dashed = name.as_str().replace('_', "-");
-            door.gate.key_headers().any(|key| key.as_str() == dashed)
+            door.gate.key_headers().iter().any(|key| key.as_str() == dashed)
         })
         .map(|name| name.as_str().to_owned())
 }

@@ -19,9 +19,11 @@ pub mod identity;
 pub mod path;
 pub(crate) mod tunnels;
 
+use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::{HeaderMap, Method};
 use ipnet::IpNet;
 use tokio::time::Instant;
@@ -31,7 +33,7 @@ use crate::limit::{
     ClientIp, ClientKey, Count, Decision, Limiter, Mode, RequestHead, Rule, RuleTable, StoreError,
     Verdict as StoreVerdict,
 };
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleSeries, TableSeries};
 use crate::outcome::Outcome;
 use identity::ClientIdentity;
 use tunnels::{TunnelSlot, Tunnels};
@@ -50,18 +52,57 @@ pub struct GateSettings {
 
 /// Classification and decision, shared by every door.
 pub struct Gate {
-    /// Which rule, key, cost and mode apply to a request.
-    rules: RuleTable,
+    /// The rule table in force and what was built for it: swapped whole by a reload
+    /// ([`Gate::swap`]), while a request decided under the one before keeps that one.
+    current: ArcSwap<Generation>,
     /// `TRUSTED_PROXIES`.
     identity: ClientIdentity,
-    /// Memory or Redis.
-    limiter: Limiter,
     /// `MAX_UPGRADES_PER_CLIENT`.
     tunnels: Tunnels,
     /// Counts decisions.
     metrics: Arc<Metrics>,
+}
+
+/// One rule table and everything kept by rule id for it: a request holds the generation it
+/// was decided under until it is settled, so a reload never mixes two tables' ids.
+pub struct Generation {
+    /// Which rule, key, cost and mode apply to a request.
+    rules: RuleTable,
+    /// Memory or Redis, for this table (see [`Limiter::for_rules`]).
+    limiter: Limiter,
+    /// The rules' metric series, by rule id.
+    series: TableSeries,
     /// The clients refused most, per rule, in bounded memory: the admin's `/v1/limited`.
     refused: RefusedClients,
+    /// A digest of the table (see [`RuleTable::digest`]), in the logs and the metrics.
+    digest: u32,
+}
+
+impl Generation {
+    /// Every rule, in table order.
+    pub fn rules(&self) -> &[Rule] {
+        self.rules.rules()
+    }
+
+    /// The rule called `name`, for [`Gate::decide_key`].
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.rule(name)
+    }
+
+    /// The table's digest.
+    pub fn digest(&self) -> u32 {
+        self.digest
+    }
+
+    /// The limiter of this table.
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    /// Rule `id`'s metric series.
+    pub fn series(&self, id: u16) -> Option<&Arc<RuleSeries>> {
+        self.series.rule(id)
+    }
 }
 
 /// Why an admin operation on one client did nothing.
@@ -106,10 +147,11 @@ pub enum Refused {
 
 /// What the gate decided about one request: everything a door needs to act on it, log it and
 /// settle it.
-#[derive(Debug)]
-pub struct Verdict<'g> {
-    /// The rule it was classified under.
-    pub rule: &'g Rule,
+pub struct Verdict {
+    /// The table it was decided under, held until it is settled.
+    generation: Arc<Generation>,
+    /// The id of the rule it was classified under, in `generation`.
+    rule: u16,
     /// Whose budget.
     pub key: ClientKey,
     /// What it costs.
@@ -132,6 +174,21 @@ pub struct Verdict<'g> {
     pub tunnel: Option<TunnelSlot>,
 }
 
+/// What [`Gate::swap`] changed: rule names, each in one list.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Swapped {
+    /// Same name and policy: budgets kept.
+    pub kept: Vec<String>,
+    /// Same name, another policy: budgets start afresh.
+    pub changed: Vec<String>,
+    /// New names.
+    pub added: Vec<String>,
+    /// Names no longer in the table: their budgets are dropped.
+    pub removed: Vec<String>,
+    /// The new table's digest.
+    pub digest: u32,
+}
+
 /// What [`Gate::decide_key`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keyed {
@@ -141,24 +198,101 @@ pub struct Keyed {
     pub outcome: Outcome,
 }
 
+impl fmt::Debug for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Verdict")
+            .field("rule", &self.rule().name)
+            .field("key", &self.key)
+            .field("cost", &self.cost)
+            .field("mode", &self.mode)
+            .field("client", &self.client)
+            .field("decision", &self.decision)
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Verdict {
+    /// The rule it was classified under.
+    pub fn rule(&self) -> &Rule {
+        &self.generation.rules.rules()[usize::from(self.rule)]
+    }
+
+    /// The rule's metric series.
+    pub fn series(&self) -> Option<&Arc<RuleSeries>> {
+        self.generation.series(self.rule)
+    }
+}
+
 impl Gate {
-    /// The gate of `settings`, deciding with `limiter` and counting into `metrics`.
+    /// The gate of `settings`, deciding with `limiter` (built for `settings.rules`) and
+    /// counting into `metrics`.
     pub fn new(settings: GateSettings, limiter: Limiter, metrics: Arc<Metrics>) -> Gate {
         let ipv6_prefix = settings.rules.ipv6_prefix();
-        let refused = RefusedClients::new(settings.rules.rules().len());
-        Gate {
+        let generation = Generation {
+            series: metrics.series(&settings.rules),
+            refused: RefusedClients::new(settings.rules.rules().len()),
+            digest: settings.rules.digest(),
             rules: settings.rules,
-            identity: ClientIdentity::new(settings.trusted_proxies),
             limiter,
+        };
+        metrics.set_config_hash(generation.digest);
+        Gate {
+            current: ArcSwap::from_pointee(generation),
+            identity: ClientIdentity::new(settings.trusted_proxies),
             tunnels: Tunnels::new(settings.max_upgrades_per_client, ipv6_prefix),
             metrics,
-            refused,
         }
+    }
+
+    /// The rule table in force, and what was built for it.
+    pub fn current(&self) -> Arc<Generation> {
+        self.current.load_full()
+    }
+
+    /// Put `rules` in force: the limiter made for them keeps the budgets of every rule whose
+    /// name and policy are unchanged; requests decided before keep the table they started
+    /// under. Returns what changed, rule by rule.
+    pub fn swap(&self, rules: RuleTable) -> Swapped {
+        let old = self.current();
+        let limiter = old.limiter.for_rules(rules.rules());
+        let kept = |rule: &Rule| {
+            old.rules
+                .rules()
+                .iter()
+                .any(|held| held.name == rule.name && held.policy == rule.policy)
+        };
+        let mut swapped = Swapped::default();
+        for rule in rules.rules() {
+            match old.rule(&rule.name) {
+                Some(_) if kept(rule) => swapped.kept.push(rule.name.to_string()),
+                Some(_) => swapped.changed.push(rule.name.to_string()),
+                None => swapped.added.push(rule.name.to_string()),
+            }
+        }
+        for rule in old.rules() {
+            if rules.rule(&rule.name).is_none() {
+                swapped.removed.push(rule.name.to_string());
+            }
+        }
+        let generation = Generation {
+            series: self.metrics.series(&rules),
+            refused: old.refused.for_rules(old.rules(), rules.rules()),
+            digest: rules.digest(),
+            rules,
+            limiter,
+        };
+        swapped.digest = generation.digest;
+        self.metrics.set_limiter(generation.limiter.clone());
+        self.metrics.set_config_hash(generation.digest);
+        self.current.store(Arc::new(generation));
+        swapped
     }
 
     /// Read the path, work out the client, classify, take a tunnel's place, and ask the
     /// limiter: the verdict, or why nothing was decided.
-    pub async fn decide(&self, head: &Head<'_>) -> Result<Verdict<'_>, Refused> {
+    pub async fn decide(&self, head: &Head<'_>) -> Result<Verdict, Refused> {
+        let generation = self.current();
         let path = if head.path == "*" {
             // `OPTIONS *` names the server, not a resource: no path pattern matches it but a
             // catch-all `/*`.
@@ -170,7 +304,7 @@ impl Gate {
             path::parse(head.path).map_err(|error| Refused::Ambiguous(error.to_string()))?
         };
         let client = self.identity.client(head.peer, head.headers);
-        let matched = self
+        let matched = generation
             .rules
             .classify(&RequestHead {
                 method: head.method,
@@ -191,20 +325,27 @@ impl Gate {
             Mode::Exempt => (None, Instant::now()),
             Mode::Enforce | Mode::Shadow => {
                 let asked = Instant::now();
-                let decision = self.limiter.check(matched.rule, matched.key, matched.cost).await;
+                let decision = generation
+                    .limiter
+                    .check(matched.rule, matched.key, matched.cost)
+                    .await;
                 let decided = Instant::now();
-                self.metrics.decision(matched.rule.id, decided - asked);
+                if let Some(series) = generation.series(matched.rule.id) {
+                    series.decision(decided - asked);
+                }
                 (Some(decision), decided)
             }
         };
         let outcome = Outcome::of(matched.mode, decision.as_ref());
-        self.metrics.request(matched.rule.id, outcome);
-        self.count_refusal(matched.rule, matched.key, outcome);
+        generation.count(matched.rule, matched.key, outcome);
+        let rule = matched.rule.id;
+        let (key, cost, mode) = (matched.key, matched.cost, matched.mode);
         Ok(Verdict {
-            rule: matched.rule,
-            key: matched.key,
-            cost: matched.cost,
-            mode: matched.mode,
+            generation,
+            rule,
+            key,
+            cost,
+            mode,
             client,
             rewritten: path.rewritten,
             decision,
@@ -217,30 +358,104 @@ impl Gate {
     /// Decide `cost` units of `key`'s budget under `rule`, for a door that names the client and
     /// the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
     /// limiter, denial cache, breaker and fail mode as [`Gate::decide`], counted in the same
-    /// metrics. `rule` must be one of this gate's ([`Gate::rule`]).
-    pub async fn decide_key(&self, rule: &Rule, key: ClientKey, cost: u64) -> Keyed {
+    /// metrics. `rule` must be one of `generation`'s ([`Generation::rule`]).
+    pub async fn decide_key(&self, generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> Keyed {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
         let asked = Instant::now();
-        let decision = self.limiter.check(rule, key, cost).await;
-        self.metrics.decision(rule.id, asked.elapsed());
+        let decision = generation.limiter.check(rule, key, cost).await;
+        if let Some(series) = generation.series(rule.id) {
+            series.decision(asked.elapsed());
+        }
         let outcome = Outcome::of(mode, Some(&decision));
-        self.metrics.request(rule.id, outcome);
-        self.count_refusal(rule, key, outcome);
+        generation.count(rule, key, outcome);
         Keyed { decision, outcome }
     }
 
-    /// A refused request counts toward its client's place in `/v1/limited`.
-    fn count_refusal(&self, rule: &Rule, key: ClientKey, outcome: Outcome) {
+    /// Give `client` its whole budget back under the rule called `rule` (for every replica,
+    /// with Redis). Returns the rule's name and the client's key.
+    pub(crate) async fn reset(&self, rule: &str, client: &str) -> Result<(Arc<str>, ClientKey), ClientError> {
+        let generation = self.current();
+        let (rule, key) = generation.client_of(rule, client)?;
+        generation.limiter.reset(rule, key).await?;
+        Ok((rule.name.clone(), key))
+    }
+
+    /// What `client` has left under the rule called `rule`, spending nothing: the rule's name
+    /// and policy, the client's key, and the decision.
+    pub(crate) async fn inspect(
+        &self,
+        rule: &str,
+        client: &str,
+    ) -> Result<(Rule, ClientKey, Decision), ClientError> {
+        let generation = self.current();
+        let (rule, key) = generation.client_of(rule, client)?;
+        let decision = generation.limiter.inspect(rule, key).await?;
+        Ok((rule.clone(), key, decision))
+    }
+
+    /// Each rule, in table order, with its `top` clients refused most in the last minute (see
+    /// [`crate::limit::refused`]).
+    pub(crate) fn most_refused(&self, top: usize) -> Vec<(Arc<str>, Vec<Counted>)> {
+        let generation = self.current();
+        generation
+            .rules()
+            .iter()
+            .map(|rule| (rule.name.clone(), generation.refused.top(rule.id, top)))
+            .collect()
+    }
+
+    /// After the answer (`status`): a success under `count=failures` gets its cost back.
+    pub async fn settle(&self, verdict: &Verdict, status: u16) {
+        let Some(decision) = &verdict.decision else {
+            return;
+        };
+        let rule = verdict.rule();
+        if rule.count == Count::Failures
+            && matches!(verdict.outcome, Outcome::Allowed | Outcome::LocalAllowed)
+            && status < 400
+        {
+            verdict
+                .generation
+                .limiter
+                .refund(rule, verdict.key, verdict.cost, decision)
+                .await;
+        }
+    }
+
+    /// Whether `peer` is one of `TRUSTED_PROXIES` (whose forwarding headers are kept).
+    pub fn trusts(&self, peer: IpAddr) -> bool {
+        self.identity.is_trusted(peer)
+    }
+
+    /// The headers some rule of the table in force keys its budgets by, each once.
+    pub fn key_headers(&self) -> Vec<http::HeaderName> {
+        self.current().rules.key_headers().cloned().collect()
+    }
+}
+
+impl Generation {
+    /// A decided request counts in the metrics, and a refused one toward its client's place
+    /// in `/v1/limited`.
+    fn count(&self, rule: &Rule, key: ClientKey, outcome: Outcome) {
+        if let Some(series) = self.series(rule.id) {
+            series.request(outcome);
+        }
         if matches!(outcome, Outcome::Limited | Outcome::LocalLimited) {
             self.refused.refused(rule.id, key);
         }
+    }
+
+    /// Digests a client's own name (a JSON API key, a descriptor's entries) into a
+    /// [`ClientKey`], with the key every replica shares (`KEY_HASH_SECRET`).
+    pub fn key_of(&self, value: &[u8]) -> ClientKey {
+        ClientKey::Header(self.rules.hasher().digest(value))
     }
 
     /// The client written `text` as logs write it, under this table's keys: an address
     /// (`203.0.113.7`, or an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX`),
     /// `key:VALUE` with the header's raw value (digested with `KEY_HASH_SECRET`, as a
     /// request's), or `IP+key:VALUE`.
-    pub(crate) fn client_key(&self, text: &str) -> Result<ClientKey, ClientError> {
+    fn client_key(&self, text: &str) -> Result<ClientKey, ClientError> {
         let prefix = self.rules.ipv6_prefix();
         let ip = |text: &str| {
             // A network as logs write it: its address, grouped by the prefix as any address.
@@ -263,80 +478,11 @@ impl Gate {
             .ok_or_else(|| ClientError::BadKey(text.to_owned()))
     }
 
-    /// The rule called `rule` and the client written `client` (see [`Gate::client_key`]).
+    /// The rule called `rule` and the client written `client` (see [`Generation::client_key`]).
     fn client_of(&self, rule: &str, client: &str) -> Result<(&Rule, ClientKey), ClientError> {
         let found = self
             .rule(rule)
             .ok_or_else(|| ClientError::UnknownRule(rule.to_owned()))?;
         Ok((found, self.client_key(client)?))
-    }
-
-    /// What `client` has left under the rule called `rule`, spending nothing.
-    pub(crate) async fn inspect(
-        &self,
-        rule: &str,
-        client: &str,
-    ) -> Result<(&Rule, ClientKey, Decision), ClientError> {
-        let (rule, key) = self.client_of(rule, client)?;
-        let decision = self.limiter.inspect(rule, key).await?;
-        Ok((rule, key, decision))
-    }
-
-    /// Give `client` its whole budget back under the rule called `rule` (for every replica,
-    /// with Redis).
-    pub(crate) async fn reset(&self, rule: &str, client: &str) -> Result<(&Rule, ClientKey), ClientError> {
-        let (rule, key) = self.client_of(rule, client)?;
-        self.limiter.reset(rule, key).await?;
-        Ok((rule, key))
-    }
-
-    /// Each rule, in table order, with its `top` clients refused most in the last minute (see
-    /// [`crate::limit::refused`]).
-    pub(crate) fn most_refused(&self, top: usize) -> Vec<(&Rule, Vec<Counted>)> {
-        self.rules()
-            .iter()
-            .map(|rule| (rule, self.refused.top(rule.id, top)))
-            .collect()
-    }
-
-    /// Every rule, in table order.
-    pub fn rules(&self) -> &[Rule] {
-        self.rules.rules()
-    }
-
-    /// The rule called `name`, for [`Gate::decide_key`].
-    pub fn rule(&self, name: &str) -> Option<&Rule> {
-        self.rules.rule(name)
-    }
-
-    /// Digests a client's own name (a JSON API key, a descriptor's entries) into a
-    /// [`ClientKey`], with the key every replica shares (`KEY_HASH_SECRET`).
-    pub fn key_of(&self, value: &[u8]) -> ClientKey {
-        ClientKey::Header(self.rules.hasher().digest(value))
-    }
-
-    /// After the answer (`status`): a success under `count=failures` gets its cost back.
-    pub async fn settle(&self, verdict: &Verdict<'_>, status: u16) {
-        let Some(decision) = &verdict.decision else {
-            return;
-        };
-        if verdict.rule.count == Count::Failures
-            && matches!(verdict.outcome, Outcome::Allowed | Outcome::LocalAllowed)
-            && status < 400
-        {
-            self.limiter
-                .refund(verdict.rule, verdict.key, verdict.cost, decision)
-                .await;
-        }
-    }
-
-    /// Whether `peer` is one of `TRUSTED_PROXIES` (whose forwarding headers are kept).
-    pub fn trusts(&self, peer: IpAddr) -> bool {
-        self.identity.is_trusted(peer)
-    }
-
-    /// The headers some rule keys its budgets by, each once.
-    pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
-        self.rules.key_headers()
     }
 }

@@ -8,6 +8,12 @@
 //! decision, and asks Redis again only once the time has come. It never admits anything: a
 //! miss or an expired entry asks Redis.
 //!
+//! An entry is trusted for [`RECHECK_AFTER`] at most, however far its retry time: then Redis is
+//! asked again (and refuses again, spending nothing). A reset on another replica (the admin's
+//! `DELETE /v1/clients/RULE/KEY`) gives the client its budget back in Redis, where this
+//! replica cannot see it; so it reaches every replica within that second, at the cost of one
+//! call a second per refused client, not one per request.
+//!
 //! The entry's deadline is measured from the moment the request was *sent* to Redis, before
 //! Redis read its clock, so it falls at or before the true retry time: the cache never refuses
 //! a request after Redis would have admitted it. Entries are bounded (shards of LRU maps),
@@ -16,7 +22,7 @@
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lru::LruCache;
@@ -32,6 +38,8 @@ const SHARDS: usize = 16;
 struct Denial {
     /// Refused until then (for requests of at least `cost`).
     until: Instant,
+    /// Answered from here until then: `until`, or [`RECHECK_AFTER`] after it was sent if sooner.
+    recheck: Instant,
     /// The budget is entirely back then (for `X-RateLimit-Reset`).
     reset: Instant,
     /// The cost of the refused request: a cheaper one may fit sooner.
@@ -46,20 +54,21 @@ type Shard = Mutex<LruCache<(u16, ClientKey), Denial>>;
 pub struct DenialCache {
     shards: Box<[Shard]>,
     hasher: lru::DefaultHasher,
-    /// Requests answered from the cache, since startup.
-    hits: AtomicU64,
+    /// Requests answered from the cache, since startup: shared by the caches of every rule
+    /// table the guard has had.
+    hits: Arc<AtomicU64>,
 }
 
 impl DenialCache {
-    /// A cache of at most `max_entries` denials.
-    pub fn new(max_entries: NonZeroUsize) -> DenialCache {
+    /// A cache of at most `max_entries` denials, counting its hits into `hits`.
+    pub fn new(max_entries: NonZeroUsize, hits: Arc<AtomicU64>) -> DenialCache {
         let per_shard = NonZeroUsize::new(max_entries.get().div_ceil(SHARDS)).unwrap_or(NonZeroUsize::MIN);
         DenialCache {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(LruCache::new(per_shard)))
                 .collect(),
             hasher: Default::default(),
-            hits: AtomicU64::new(0),
+            hits,
         }
     }
 
@@ -69,7 +78,7 @@ impl DenialCache {
         let shard = self.shard(&key);
         let denial = *shard.peek(&key)?;
         let now = Instant::now();
-        if now >= denial.until || cost < denial.cost {
+        if now >= denial.recheck || cost < denial.cost {
             return None;
         }
         drop(shard);
@@ -91,8 +100,10 @@ impl DenialCache {
             return;
         }
         let key = (rule.id, client);
+        let until = sent + decision.retry_after;
         let denial = Denial {
-            until: sent + decision.retry_after,
+            until,
+            recheck: until.min(sent + RECHECK_AFTER),
             reset: sent + decision.reset_after,
             cost,
             limit: decision.limit,
@@ -116,6 +127,10 @@ impl DenialCache {
         self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// Longest a denial is answered from here before Redis is asked again: how soon a reset on
+/// another replica reaches this one.
+pub const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// A denial that ends sooner than this is not worth an entry: the next request would find it
 /// expired anyway.
@@ -157,7 +172,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_denial_is_repeated_until_its_retry_time_and_not_after() {
-        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap());
+        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
         let rule = rule(Count::All);
         let sent = Instant::now();
         cache.remember(&rule, client(), 2, &denied(Duration::from_secs(2)), sent);
@@ -182,8 +197,32 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_long_denial_is_asked_again_after_a_second_so_a_reset_elsewhere_is_seen() {
+        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
+        let rule = rule(Count::All);
+        cache.remember(
+            &rule,
+            client(),
+            1,
+            &denied(Duration::from_secs(3600)),
+            Instant::now(),
+        );
+        tokio::time::advance(RECHECK_AFTER - Duration::from_millis(1)).await;
+        let decision = cache.check(&rule, client(), 1).expect("still answered here");
+        assert!(
+            decision.retry_after > Duration::from_secs(3598),
+            "the retry time Redis gave"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            cache.check(&rule, client(), 1).is_none(),
+            "a second on: ask Redis"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn refunding_rules_and_allowed_decisions_are_never_cached() {
-        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap());
+        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
         let sent = Instant::now();
         cache.remember(
             &rule(Count::Failures),

@@ -222,23 +222,39 @@ impl<S: Remote> Clone for Guard<S> {
     }
 }
 
+/// One rule table's view of the guard: what changes with the table. The rest is [`Shared`].
 struct Inner<S> {
+    /// What every table's view shares: the store, its breakers and counters.
+    shared: Arc<Shared<S>>,
+    /// Decides for the rules that fail `local` while Redis cannot; `None` when none does.
+    local: Option<MemoryStore>,
+    /// Each rule's name and fail mode, in table order.
+    fail_modes: Arc<[(Arc<str>, FailMode)]>,
+    /// Denials repeated without asking Redis until their retry time (by rule id, so one per
+    /// table: another table's ids mean other rules).
+    denials: DenialCache,
+}
+
+/// Each rule's name and fail mode, in table order.
+type FailModes = Arc<[(Arc<str>, FailMode)]>;
+
+/// What outlives a rule table: the store, its breakers, its counters, and the tasks that
+/// watch them (which hold it weakly, and end when the last view goes).
+struct Shared<S> {
     /// The store guarded.
     store: S,
     /// The breaker's numbers.
     settings: GuardSettings,
-    /// Decides for the rules that fail `local` while Redis cannot; `None` when none does.
-    local: Option<MemoryStore>,
-    /// Each rule's name and fail mode, in table order.
-    fail_modes: Vec<(Arc<str>, FailMode)>,
-    /// [`Inner::fail_modes`] for log lines: `general=open` or `auth=local,general=open`.
-    fail_modes_text: String,
+    /// `MAX_KEYS`: the bound of the local store and of the denial cache.
+    max_keys: NonZeroUsize,
+    /// The current table's fail modes, for the breakers' log lines.
+    fail_modes: RwLock<FailModes>,
     /// Which breaker guards which key.
     breakers: Breakers,
     /// Failed calls since startup, by [`RedisErrorKind`].
     errors: [AtomicU64; RedisErrorKind::ALL.len()],
-    /// Denials repeated without asking Redis until their retry time.
-    denials: DenialCache,
+    /// Requests answered from a denial cache, since startup.
+    denial_hits: Arc<AtomicU64>,
     /// Paces the warning for errors about one key, which recur on every request of that
     /// client (the errors that open a breaker stop with it).
     one_key_log: LogThrottle,
@@ -365,26 +381,6 @@ impl<S: Remote> Guard<S> {
     /// the memory store of the rules that fail `local` (made only if one does). Call it inside
     /// a Tokio runtime: on a cluster it starts the task that keeps the slot map.
     pub fn new(store: S, settings: GuardSettings, max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
-        let local = rules
-            .iter()
-            .any(|rule| rule.fail_mode == FailMode::Local)
-            .then(|| MemoryStore::new(max_keys, rules));
-        let fail_modes: Vec<(Arc<str>, FailMode)> = rules
-            .iter()
-            .map(|rule| (rule.name.clone(), rule.fail_mode))
-            .collect();
-        let fail_modes_text = match fail_modes.split_first() {
-            Some(((_, first), rest)) if rest.iter().all(|(_, mode)| mode == first) => {
-                first.as_str().to_owned()
-            }
-            _ => {
-                let each: Vec<String> = fail_modes
-                    .iter()
-                    .map(|(name, mode)| format!("{name}={}", mode.as_str()))
-                    .collect();
-                each.join(",")
-            }
-        };
         // Until the slot map is known, the whole store's breaker serves every master, and
         // its clock estimate is the lowest of theirs: a deadline found passed in time is
         // sent again (see RedisClock).
@@ -397,23 +393,50 @@ impl<S: Remote> Guard<S> {
         } else {
             Breakers::One(Breaker::new(None, store.clock().clone()))
         };
-        let guard = Guard {
+        let shared = Arc::new(Shared {
+            store,
+            settings,
+            max_keys,
+            fail_modes: RwLock::new(Arc::from([])),
+            breakers,
+            errors: Default::default(),
+            denial_hits: Default::default(),
+            one_key_log: LogThrottle::new(),
+        });
+        if matches!(shared.breakers, Breakers::PerMaster(_)) {
+            tokio::spawn(keep_slot_map(Arc::downgrade(&shared)));
+        }
+        Guard::of(shared, rules, None)
+    }
+
+    /// This guard for another table of `rules`: the same store, breakers and counters; the
+    /// local store (`FAIL_MODE=local`) keeps the budgets of rules whose name and policy did
+    /// not change; the denial cache starts empty (its entries are by rule id).
+    pub fn for_rules(&self, rules: &[Rule]) -> Self {
+        Guard::of(self.inner.shared.clone(), rules, self.inner.local.as_ref())
+    }
+
+    fn of(shared: Arc<Shared<S>>, rules: &[Rule], local: Option<&MemoryStore>) -> Self {
+        let local = rules
+            .iter()
+            .any(|rule| rule.fail_mode == FailMode::Local)
+            .then(|| match local {
+                Some(store) => store.for_rules(rules),
+                None => MemoryStore::new(shared.max_keys, rules),
+            });
+        let fail_modes: Arc<[(Arc<str>, FailMode)]> = rules
+            .iter()
+            .map(|rule| (rule.name.clone(), rule.fail_mode))
+            .collect();
+        *shared.fail_modes.write().unwrap_or_else(PoisonError::into_inner) = fail_modes.clone();
+        Guard {
             inner: Arc::new(Inner {
-                store,
-                settings,
+                denials: DenialCache::new(shared.max_keys, shared.denial_hits.clone()),
+                shared,
                 local,
                 fail_modes,
-                fail_modes_text,
-                breakers,
-                errors: Default::default(),
-                denials: DenialCache::new(max_keys),
-                one_key_log: LogThrottle::new(),
             }),
-        };
-        if matches!(guard.inner.breakers, Breakers::PerMaster(_)) {
-            tokio::spawn(keep_slot_map(Arc::downgrade(&guard.inner)));
         }
-        guard
     }
 
     /// How many breakers are open, and how many there are: one for a single Redis; on a
@@ -424,7 +447,7 @@ impl<S: Remote> Guard<S> {
                 (open + usize::from(breaker.is_open()), all + 1)
             })
         };
-        match &self.inner.breakers {
+        match &self.inner.shared.breakers {
             Breakers::One(breaker) => count(&mut std::iter::once(breaker)),
             Breakers::PerMaster(map) => count(&mut read(map).all()),
         }
@@ -433,7 +456,7 @@ impl<S: Remote> Guard<S> {
     /// Redis Cluster masters in the slot map, each with its breaker; 0 for a single Redis
     /// and until the cluster first answers `CLUSTER SLOTS`.
     fn masters(&self) -> usize {
-        match &self.inner.breakers {
+        match &self.inner.shared.breakers {
             Breakers::One(_) => 0,
             Breakers::PerMaster(map) => read(map).masters.len(),
         }
@@ -443,7 +466,7 @@ impl<S: Remote> Guard<S> {
     /// cluster, the breaker of every master is (before the slot map is known, the whole
     /// store's).
     fn is_open(&self) -> bool {
-        match &self.inner.breakers {
+        match &self.inner.shared.breakers {
             Breakers::One(breaker) => breaker.is_open(),
             // The whole-store breaker only serves unowned slots once the map is known.
             Breakers::PerMaster(map) => {
@@ -477,7 +500,7 @@ impl<S: Remote> Guard<S> {
     /// Count a failed call, and open `breaker` at the threshold (unless Redis answered and
     /// only one key is in trouble).
     fn record_failure(&self, breaker: &Arc<Breaker>, error: &StoreError) {
-        let inner = &self.inner;
+        let inner = &self.inner.shared;
         inner.errors[RedisErrorKind::of(error) as usize].fetch_add(1, Ordering::Relaxed);
         let node = breaker.node();
         if error.is_about_one_key() {
@@ -496,7 +519,7 @@ impl<S: Remote> Guard<S> {
         if failures >= inner.settings.failure_threshold && !breaker.open.swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 node,
-                fail_mode = %inner.fail_modes_text,
+                fail_mode = %inner.fail_modes_text(),
                 probe_interval_ms = inner.settings.probe_interval.as_millis() as u64,
                 "circuit breaker open: redis{} is not asked until a probe succeeds; its requests are {}",
                 if breaker.master.is_some() { " master" } else { "" },
@@ -513,17 +536,18 @@ impl<S: Remote> Store for Guard<S> {
     /// without an allocation.
     fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
         let inner = &*self.inner;
+        let shared = &*inner.shared;
         if let Some(denial) = inner.denials.check(rule, client, cost) {
             return Decide::ready(Verdict::Decided(denial));
         }
-        let key = inner.store.key(rule, client);
-        let breaker = inner.breaker(&key);
+        let key = shared.store.key(rule, client);
+        let breaker = shared.breaker(&key);
         if breaker.is_open() {
             return Decide::ready(self.fall_back(&breaker, rule, client, cost));
         }
         Decide::Pending(Box::pin(async move {
             let sent = Instant::now();
-            match inner.store.check_key(rule, key, cost, &breaker.clock).await {
+            match shared.store.check_key(rule, key, cost, &breaker.clock).await {
                 Ok(decision) => {
                     // Read first: a store on every request would bounce the cache line.
                     if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
@@ -552,13 +576,14 @@ impl<S: Remote> Store for Guard<S> {
     ) -> Decide<'a, ()> {
         match *verdict {
             Verdict::Decided(decision) => {
-                let key = self.inner.store.key(rule, client);
-                let breaker = self.inner.breaker(&key);
+                let shared = &*self.inner.shared;
+                let key = shared.store.key(rule, client);
+                let breaker = shared.breaker(&key);
                 if breaker.is_open() {
                     return Decide::ready(());
                 }
                 Decide::Pending(Box::pin(async move {
-                    let refunded = self.inner.store.refund_key(rule, &key, cost, decision.at_us);
+                    let refunded = shared.store.refund_key(rule, &key, cost, decision.at_us);
                     if let Err(error) = refunded.await {
                         self.record_failure(&breaker, &error);
                     }
@@ -577,14 +602,14 @@ impl<S: Remote> Store for Guard<S> {
     /// Ask the remote, past the denial cache (which holds denials, not budgets); while the
     /// key's breaker is open, [`StoreError::BreakerOpen`].
     fn inspect<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<Decision, StoreError>> {
-        let inner = &*self.inner;
-        let key = inner.store.key(rule, client);
-        let breaker = inner.breaker(&key);
+        let shared = &*self.inner.shared;
+        let key = shared.store.key(rule, client);
+        let breaker = shared.breaker(&key);
         if breaker.is_open() {
             return Decide::ready(Err(StoreError::BreakerOpen));
         }
         Decide::Pending(Box::pin(async move {
-            let inspected = inner.store.inspect_key(rule, &key).await;
+            let inspected = shared.store.inspect_key(rule, &key).await;
             if let Err(error) = &inspected {
                 self.record_failure(&breaker, error);
             }
@@ -594,20 +619,21 @@ impl<S: Remote> Store for Guard<S> {
 
     /// Forget the client everywhere this replica knows it: its cached denial and its local
     /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica. Other
-    /// replicas' cached denials run out by their retry time, as they would after a refund.
+    /// replicas ask Redis again within [`RECHECK_AFTER`](super::denials::RECHECK_AFTER).
     fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
         let inner = &*self.inner;
         inner.denials.forget(rule, client);
         if let Some(local) = self.local_store() {
             local.reset(rule, client);
         }
-        let key = inner.store.key(rule, client);
-        let breaker = inner.breaker(&key);
+        let shared = &*inner.shared;
+        let key = shared.store.key(rule, client);
+        let breaker = shared.breaker(&key);
         if breaker.is_open() {
             return Decide::ready(Err(StoreError::BreakerOpen));
         }
         Decide::Pending(Box::pin(async move {
-            let reset = inner.store.reset_key(&key).await;
+            let reset = shared.store.reset_key(&key).await;
             if let Err(error) = &reset {
                 self.record_failure(&breaker, error);
             }
@@ -630,7 +656,7 @@ impl<S: Remote> Store for Guard<S> {
                 all_open: self.is_open(),
             }),
             masters: self.masters(),
-            errors: std::array::from_fn(|kind| inner.errors[kind].load(Ordering::Relaxed)),
+            errors: std::array::from_fn(|kind| inner.shared.errors[kind].load(Ordering::Relaxed)),
         }
     }
 
@@ -642,18 +668,47 @@ impl<S: Remote> Store for Guard<S> {
     fn purge_idle(&self) -> usize {
         self.local_store().map_or(0, MemoryStore::purge_idle)
     }
+
+    fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store> {
+        Arc::new(Guard::for_rules(self, rules))
+    }
 }
 
-impl<S> Inner<S> {
+impl<S> Shared<S> {
+    /// The current table's fail modes.
+    fn fail_modes(&self) -> Arc<[(Arc<str>, FailMode)]> {
+        self.fail_modes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The fail modes for log lines: `general=open` or `auth=local,general=open`.
+    fn fail_modes_text(&self) -> String {
+        let fail_modes = self.fail_modes();
+        match fail_modes.split_first() {
+            Some(((_, first), rest)) if rest.iter().all(|(_, mode)| mode == first) => {
+                first.as_str().to_owned()
+            }
+            _ => {
+                let each: Vec<String> = fail_modes
+                    .iter()
+                    .map(|(name, mode)| format!("{name}={}", mode.as_str()))
+                    .collect();
+                each.join(",")
+            }
+        }
+    }
+
     /// What the fail modes do, for the breaker's log line: `forwarded without limiting`, or
     /// per rule when they differ (`auth: limited by this replica alone; general: ...`).
     fn effects(&self) -> String {
-        let mut modes = self.fail_modes.iter().map(|(_, mode)| *mode);
+        let fail_modes = self.fail_modes();
+        let mut modes = fail_modes.iter().map(|(_, mode)| *mode);
         match modes.next() {
             Some(first) if modes.all(|mode| mode == first) => first.effect().to_owned(),
             _ => {
-                let each: Vec<String> = self
-                    .fail_modes
+                let each: Vec<String> = fail_modes
                     .iter()
                     .map(|(name, mode)| format!("{name}: {}", mode.effect()))
                     .collect();
@@ -691,7 +746,7 @@ fn read(map: &RwLock<Arc<MasterBreakers>>) -> Arc<MasterBreakers> {
 /// and close the breaker. Ends early if
 /// the gateway is gone, or if the master no longer owns slots. Every
 /// [`OUTAGE_REPORT_INTERVAL`] it logs how many requests the fail mode has answered.
-async fn probe<S: Remote>(inner: Weak<Inner<S>>, breaker: Arc<Breaker>) {
+async fn probe<S: Remote>(inner: Weak<Shared<S>>, breaker: Arc<Breaker>) {
     let mut last_report = Instant::now();
     let node = breaker.node();
     loop {
@@ -743,7 +798,7 @@ async fn probe<S: Remote>(inner: Weak<Inner<S>>, breaker: Arc<Breaker>) {
                     tracing::warn!(
                         %error,
                         node,
-                        fail_mode = %inner.fail_modes_text,
+                        fail_mode = %inner.fail_modes_text(),
                         degraded_requests = breaker.degraded.load(Ordering::Relaxed),
                         "redis still unavailable; requests are answered by the fail mode"
                     );
@@ -756,7 +811,7 @@ async fn probe<S: Remote>(inner: Weak<Inner<S>>, breaker: Arc<Breaker>) {
 /// Keep a cluster's slot map: ask `CLUSTER SLOTS` now, again every [`SLOT_MAP_REFRESH`]
 /// (every probe interval until it first answers), and give each master its breaker. Ends
 /// when the gateway is gone.
-async fn keep_slot_map<S: Remote>(inner: Weak<Inner<S>>) {
+async fn keep_slot_map<S: Remote>(inner: Weak<Shared<S>>) {
     loop {
         let Some(strong) = inner.upgrade() else {
             return;

@@ -62,14 +62,24 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
+/// One rule table's view of the store: each rule's shards, by rule id. A store built for the
+/// next table ([`MemoryStore::for_rules`]) holds the same shards for every rule whose name and
+/// policy did not change, so a reload keeps those budgets, and requests still deciding under
+/// the old table meet the new one's in the same shards.
 struct Inner {
-    /// Client states, `shards_per_rule` shards for each rule in rule order (rule `r` owns
-    /// `shards[r * shards_per_rule..][..shards_per_rule]`); a key lives in exactly one shard
-    /// of its rule's, chosen by `hasher`.
-    shards: Box<[Shard]>,
+    /// Each rule's clients, by rule id.
+    rules: Box<[Arc<RuleShards>]>,
+    /// What every table's view shares.
+    shared: Arc<Shared>,
+}
+
+/// What outlives a rule table: the clock, the hasher, the bound, the counters.
+struct Shared {
+    /// `MAX_KEYS`: how many clients each rule holds.
+    max_keys: usize,
     /// How many shards each rule has: a power of two.
     shards_per_rule: usize,
-    /// Hashes (rule, client) once per decision, for the shard and the shard's index alike:
+    /// Hashes a client once per decision, for the shard and the shard's index alike:
     /// foldhash, a few times cheaper than SipHash and randomly seeded per process, so clients
     /// cannot aim at one shard or one chain of the index.
     hasher: DefaultHashBuilder,
@@ -81,8 +91,18 @@ struct Inner {
     started_unix_us: u64,
     /// Client states forgotten to stay within `MAX_KEYS`, since startup.
     evictions: AtomicU64,
-    /// The policy of each rule, by rule id: what purging and eviction judge states by.
-    policies: Box<[Policy]>,
+    /// Seeds each new shard's eviction sampler.
+    shards_made: AtomicU64,
+}
+
+/// One rule's clients: `shards_per_rule` shards; a key lives in exactly one, chosen by its hash.
+struct RuleShards {
+    /// The rule's name and policy: a table's rule of the same name and policy shares these.
+    name: Arc<str>,
+    /// What purging and eviction judge states by.
+    policy: Policy,
+    /// The shards.
+    shards: Box<[Shard]>,
 }
 
 /// One shard's lock, alone on its cache lines (128 bytes: x86 fetches lines in pairs), so
@@ -104,14 +124,6 @@ struct Entry {
     /// than a clock, so it orders even decisions made at the same microsecond; wrapping only
     /// makes a very old entry look recent, which costs a tie-break, never a bound.
     seen: u32,
-    /// The rule's position in the table.
-    rule: u16,
-}
-
-impl Entry {
-    fn key(&self) -> (u16, ClientKey) {
-        (self.rule, self.client)
-    }
 }
 
 /// A shard's clients: packed in `entries`, found through `index`.
@@ -136,47 +148,69 @@ impl MemoryStore {
     /// (`rules[i].id == i`).
     pub fn new(max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
         let max_keys = max_keys.get();
-        let hasher = DefaultHashBuilder::default();
-        // A power of two, each shard holding MIN_SHARD_CAPACITY clients or more (one shard
-        // for a small MAX_KEYS).
-        let shards_per_rule = MAX_SHARDS.min(1 << (max_keys / MIN_SHARD_CAPACITY).max(1).ilog2());
-        let rule_count = rules.len().max(1);
-        let shards = (0..rule_count * shards_per_rule)
-            .map(|n| {
-                let i = n % shards_per_rule;
-                // Spread the remainder over the first shards, so capacities add up exactly.
-                let capacity = max_keys / shards_per_rule + usize::from(i < max_keys % shards_per_rule);
-                // Positions are u32: a shard of more than 4 billion clients would need
-                // hundreds of gigabytes, and holding fewer keeps the bound.
-                let capacity = capacity.clamp(1, u32::MAX as usize);
-                Shard(Mutex::new(Table {
-                    entries: Vec::with_capacity(capacity),
-                    index: Index::with_capacity(capacity),
-                    capacity,
-                    tick: 0,
-                    random: hasher.hash_one(n) | 1,
-                }))
+        let shared = Arc::new(Shared {
+            max_keys,
+            // A power of two, each shard holding MIN_SHARD_CAPACITY clients or more (one
+            // shard for a small MAX_KEYS).
+            shards_per_rule: MAX_SHARDS.min(1 << (max_keys / MIN_SHARD_CAPACITY).max(1).ilog2()),
+            hasher: DefaultHashBuilder::default(),
+            started: Instant::now(),
+            started_unix_us: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
+            evictions: AtomicU64::new(0),
+            shards_made: AtomicU64::new(0),
+        });
+        MemoryStore::of(shared, rules, &[])
+    }
+
+    /// This store for another table of `rules` (`rules[i].id == i`): a rule of the same name
+    /// and policy as one of this store's keeps its clients (the same shards, shared), every
+    /// other starts empty. Clocks, bounds and counters carry on.
+    pub fn for_rules(&self, rules: &[Rule]) -> MemoryStore {
+        MemoryStore::of(self.inner.shared.clone(), rules, &self.inner.rules)
+    }
+
+    fn of(shared: Arc<Shared>, rules: &[Rule], kept: &[Arc<RuleShards>]) -> MemoryStore {
+        // A table has a rule at least (the general rule); a store for none still answers.
+        let fallback = [Rule::new(
+            0,
+            "",
+            Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+                capacity: 1,
+                interval_us: 1_000_000,
+            }),
+        )];
+        let rules = if rules.is_empty() { &fallback[..] } else { rules };
+        let rules = rules
+            .iter()
+            .map(|rule| {
+                kept.iter()
+                    .find(|held| held.name == rule.name && held.policy == rule.policy)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(RuleShards::new(&shared, rule)))
             })
             .collect();
         MemoryStore {
-            inner: Arc::new(Inner {
-                shards,
-                shards_per_rule,
-                hasher,
-                started: Instant::now(),
-                started_unix_us: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
-                evictions: AtomicU64::new(0),
-                policies: rules.iter().map(|rule| rule.policy).collect(),
-            }),
+            inner: Arc::new(Inner { rules, shared }),
         }
+    }
+
+    /// Whether `rule` (by id) holds the same shards here as in `other`: its budgets were
+    /// kept from one table to the next.
+    pub fn shares_rule_with(&self, other: &MemoryStore, rule: u16) -> bool {
+        other
+            .inner
+            .rules
+            .iter()
+            .any(|held| std::ptr::eq(&**held, self.rule_shards(rule)))
     }
 
     /// Microseconds since the Unix epoch on the store's clock.
     pub fn now_us(&self) -> u64 {
-        let elapsed = u64::try_from(self.inner.started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.inner.started_unix_us.saturating_add(elapsed)
+        let shared = &*self.inner.shared;
+        let elapsed = u64::try_from(shared.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        shared.started_unix_us.saturating_add(elapsed)
     }
 
     /// Decide a request of `cost` for `client` under `rule`, now.
@@ -192,12 +226,13 @@ impl MemoryStore {
     }
 
     fn decide(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: impl FnOnce() -> u64) -> Decision {
-        let inner = &*self.inner;
-        let hash = inner.hasher.hash_one((rule.id, client));
-        let mut table = self.shard(rule.id, hash);
+        let shared = &*self.inner.shared;
+        let hash = shared.hasher.hash_one(client);
+        let shards = self.rule_shards(rule.id);
+        let mut table = shards.shard(hash);
         let now_us = now_us();
         table.tick = table.tick.wrapping_add(1);
-        if let Some(position) = table.find(hash, rule.id, &client) {
+        if let Some(position) = table.find(hash, &client) {
             let tick = table.tick;
             let entry = &mut table.entries[position];
             entry.seen = tick;
@@ -208,8 +243,8 @@ impl MemoryStore {
         let mut state = rule.policy.fresh_state();
         let decision = rule.policy.check(&mut state, now_us, cost);
         if decision.allowed {
-            if table.entries.len() >= table.capacity && table.evict(inner, now_us) {
-                inner.evictions.fetch_add(1, Ordering::Relaxed);
+            if table.entries.len() >= table.capacity && table.evict(shared, shards.policy, now_us) {
+                shared.evictions.fetch_add(1, Ordering::Relaxed);
             }
             let seen = table.tick;
             let entry = Entry {
@@ -217,7 +252,6 @@ impl MemoryStore {
                 state,
                 refused: false,
                 seen,
-                rule: rule.id,
             };
             table.insert(hash, entry);
         }
@@ -227,10 +261,10 @@ impl MemoryStore {
     /// Give back `cost` taken by an allowed request counted at `at_us` (see
     /// [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)).
     pub fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
-        let hash = self.inner.hasher.hash_one((rule.id, client));
-        let mut table = self.shard(rule.id, hash);
+        let hash = self.inner.shared.hasher.hash_one(client);
+        let mut table = self.rule_shards(rule.id).shard(hash);
         // A refund is not a sighting, so it leaves the stamp alone.
-        if let Some(position) = table.find(hash, rule.id, &client) {
+        if let Some(position) = table.find(hash, &client) {
             rule.policy
                 .refund(&mut table.entries[position].state, at_us, cost);
         }
@@ -239,9 +273,9 @@ impl MemoryStore {
     /// What `client` has left under `rule` at `now_us`, spending nothing and leaving the
     /// entry's stamps alone (an inspection is not a sighting).
     pub fn inspect_at(&self, rule: &Rule, client: ClientKey, now_us: u64) -> Decision {
-        let hash = self.inner.hasher.hash_one((rule.id, client));
-        let table = self.shard(rule.id, hash);
-        match table.find(hash, rule.id, &client) {
+        let hash = self.inner.shared.hasher.hash_one(client);
+        let table = self.rule_shards(rule.id).shard(hash);
+        match table.find(hash, &client) {
             Some(position) => rule.policy.peek(&table.entries[position].state, now_us),
             None => rule.policy.peek(&rule.policy.fresh_state(), now_us),
         }
@@ -250,11 +284,12 @@ impl MemoryStore {
     /// Forget `client`'s state under `rule`: its next request finds the whole budget.
     /// Returns whether there was one.
     pub fn reset(&self, rule: &Rule, client: ClientKey) -> bool {
-        let hash = self.inner.hasher.hash_one((rule.id, client));
-        let mut table = self.shard(rule.id, hash);
-        match table.find(hash, rule.id, &client) {
+        let hasher = &self.inner.shared.hasher;
+        let hash = hasher.hash_one(client);
+        let mut table = self.rule_shards(rule.id).shard(hash);
+        match table.find(hash, &client) {
             Some(position) => {
-                table.remove(position, &self.inner.hasher);
+                table.remove(position, hasher);
                 true
             }
             None => false,
@@ -269,15 +304,17 @@ impl MemoryStore {
 
     /// [`purge_idle`](Self::purge_idle) at an explicit time.
     pub fn purge_idle_at(&self, now_us: u64) -> usize {
-        let inner = &*self.inner;
+        let hasher = &self.inner.shared.hasher;
         let mut purged = 0;
-        for shard in inner.shards.iter() {
-            let mut table = lock(shard);
-            // From the end, so the entry a removal moves into the hole was already judged.
-            for position in (0..table.entries.len()).rev() {
-                if inner.idle_at(&table.entries[position]) <= now_us {
-                    table.remove(position, &inner.hasher);
-                    purged += 1;
+        for rule in self.inner.rules.iter() {
+            for shard in rule.shards.iter() {
+                let mut table = lock(shard);
+                // From the end, so the entry a removal moves into the hole was already judged.
+                for position in (0..table.entries.len()).rev() {
+                    if rule.policy.idle_at(&table.entries[position].state) <= now_us {
+                        table.remove(position, hasher);
+                        purged += 1;
+                    }
                 }
             }
         }
@@ -286,16 +323,12 @@ impl MemoryStore {
 
     /// How many client states are held.
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|shard| lock(shard).entries.len())
-            .sum()
+        self.shards().map(|shard| lock(shard).entries.len()).sum()
     }
 
     /// Client states forgotten to stay within `MAX_KEYS`, since startup.
     pub fn evictions(&self) -> u64 {
-        self.inner.evictions.load(Ordering::Relaxed)
+        self.inner.shared.evictions.load(Ordering::Relaxed)
     }
 
     /// True when no client state is held.
@@ -303,13 +336,50 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// The shard of `rule`'s that holds `hash`. A rule the store was not built for (none is,
-    /// but nothing here may panic) shares the last rule's shards.
-    fn shard(&self, rule: u16, hash: u64) -> MutexGuard<'_, Table> {
-        let inner = &*self.inner;
-        let rules = inner.shards.len() / inner.shards_per_rule;
-        let first = usize::from(rule).min(rules - 1) * inner.shards_per_rule;
-        lock(&inner.shards[first + shard_index(hash, inner.shards_per_rule)])
+    /// Every shard, rule by rule.
+    fn shards(&self) -> impl Iterator<Item = &Shard> {
+        self.inner.rules.iter().flat_map(|rule| rule.shards.iter())
+    }
+
+    /// The shards of rule `id`. A rule the store was not built for (none is, but nothing
+    /// here may panic) shares the last rule's shards.
+    fn rule_shards(&self, id: u16) -> &RuleShards {
+        let rules = &self.inner.rules;
+        &rules[usize::from(id).min(rules.len() - 1)]
+    }
+}
+
+impl RuleShards {
+    /// Empty shards for `rule`, their capacities adding up to `MAX_KEYS`.
+    fn new(shared: &Shared, rule: &Rule) -> RuleShards {
+        let (max_keys, count) = (shared.max_keys, shared.shards_per_rule);
+        let shards = (0..count)
+            .map(|i| {
+                // Spread the remainder over the first shards, so capacities add up exactly.
+                let capacity = max_keys / count + usize::from(i < max_keys % count);
+                // Positions are u32: a shard of more than 4 billion clients would need
+                // hundreds of gigabytes, and holding fewer keeps the bound.
+                let capacity = capacity.clamp(1, u32::MAX as usize);
+                let seed = shared.shards_made.fetch_add(1, Ordering::Relaxed);
+                Shard(Mutex::new(Table {
+                    entries: Vec::with_capacity(capacity),
+                    index: Index::with_capacity(capacity),
+                    capacity,
+                    tick: 0,
+                    random: shared.hasher.hash_one(seed) | 1,
+                }))
+            })
+            .collect();
+        RuleShards {
+            name: rule.name.clone(),
+            policy: rule.policy,
+            shards,
+        }
+    }
+
+    /// The shard that holds `hash`, locked.
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Table> {
+        lock(&self.shards[shard_index(hash, self.shards.len())])
     }
 }
 
@@ -325,24 +395,12 @@ fn shard_index(hash: u64, shards: usize) -> usize {
         .map_or(0, |index| index as usize)
 }
 
-impl Inner {
-    /// When `entry`'s budget is entirely back (a state under a rule the store does not know
-    /// counts as back already).
-    fn idle_at(&self, entry: &Entry) -> u64 {
-        self.policies
-            .get(usize::from(entry.rule))
-            .map_or(0, |policy| policy.idle_at(&entry.state))
-    }
-}
-
 impl Table {
-    /// The position of `client`'s entry under `rule`, if held.
-    fn find(&self, hash: u64, rule: u16, client: &ClientKey) -> Option<usize> {
+    /// The position of `client`'s entry, if held.
+    fn find(&self, hash: u64, client: &ClientKey) -> Option<usize> {
         let entries = &self.entries;
-        self.index.find(hash, |position| {
-            let entry = &entries[position];
-            entry.rule == rule && entry.client == *client
-        })
+        self.index
+            .find(hash, |position| entries[position].client == *client)
     }
 
     /// Add an entry not held yet; the caller has made room.
@@ -356,10 +414,10 @@ impl Table {
     fn remove(&mut self, position: usize, hasher: &DefaultHashBuilder) {
         let last = self.entries.len() - 1;
         self.index
-            .remove(hasher.hash_one(self.entries[position].key()), position);
+            .remove(hasher.hash_one(self.entries[position].client), position);
         self.entries.swap_remove(position);
         if position != last {
-            let hash = hasher.hash_one(self.entries[position].key());
+            let hash = hasher.hash_one(self.entries[position].client);
             self.index.relocate(hash, last, position);
         }
     }
@@ -368,7 +426,7 @@ impl Table {
     /// least (see the module docs): a refused client only if all the others are refused too,
     /// then the one whose budget is back soonest, and of those the least recently seen.
     /// Returns whether one was dropped.
-    fn evict(&mut self, store: &Inner, now_us: u64) -> bool {
+    fn evict(&mut self, store: &Shared, policy: Policy, now_us: u64) -> bool {
         let len = self.entries.len();
         if len == 0 {
             return false;
@@ -380,7 +438,7 @@ impl Table {
             .map(|offset| (start + offset) % len)
             .min_by_key(|&position| {
                 let entry = &self.entries[position];
-                let idle_at = store.idle_at(entry);
+                let idle_at = policy.idle_at(&entry.state);
                 // A refused client whose budget has come back since loses nothing either.
                 let limited = entry.refused && idle_at > now_us;
                 (limited, idle_at, Reverse(tick.wrapping_sub(entry.seen)))
@@ -608,6 +666,10 @@ impl Store for MemoryStore {
     fn purge_idle(&self) -> usize {
         MemoryStore::purge_idle(self)
     }
+
+    fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store> {
+        Arc::new(MemoryStore::for_rules(self, rules))
+    }
 }
 
 #[cfg(test)]
@@ -686,6 +748,35 @@ mod tests {
     }
 
     #[test]
+    fn a_store_for_the_next_table_keeps_the_budgets_of_unchanged_rules_only() {
+        let store = store(1_000);
+        let (general, auth) = (rule(GENERAL, 1), rule(AUTH, 1));
+        assert!(store.check_at(&general, ip(1), 1, 0).allowed);
+        assert!(store.check_at(&auth, ip(1), 1, 0).allowed);
+        // A route comes first now (ids move), auth gets other numbers, general is as it was.
+        let route = Rule::new(0, "api", general.policy);
+        let general_after = Rule {
+            id: 2,
+            ..general.clone()
+        };
+        let auth_after = Rule::new(1, "auth", rule(AUTH, 5).policy);
+        let next = store.for_rules(&[route.clone(), auth_after.clone(), general_after.clone()]);
+        assert!(!next.check_at(&general_after, ip(1), 1, 0).allowed, "budget kept");
+        assert!(
+            next.check_at(&auth_after, ip(1), 1, 0).allowed,
+            "a changed rule starts afresh"
+        );
+        assert!(
+            next.check_at(&route, ip(1), 1, 0).allowed,
+            "a new rule starts afresh"
+        );
+        assert!(next.shares_rule_with(&store, 2) && !next.shares_rule_with(&store, 1));
+        // The table before sees the same budget: a request still deciding under it agrees.
+        assert!(!store.check_at(&general, ip(1), 1, 0).allowed);
+        assert_eq!(next.len(), 3, "the old auth state is not the new table's");
+    }
+
+    #[test]
     fn tiny_bounds_are_exact() {
         for max_keys in [1, 2, 3, 7, 65, 130] {
             let store = store(max_keys);
@@ -724,7 +815,7 @@ mod tests {
     /// Every entry is found at its own position, the index holds nothing else, it has not
     /// grown, and each bucket's overflow count is exactly the entries that passed it.
     fn assert_consistent(store: &MemoryStore, buckets: &[usize]) {
-        for (shard, &buckets) in store.inner.shards.iter().zip(buckets) {
+        for (shard, &buckets) in store.shards().zip(buckets) {
             let table = lock(shard);
             let index = &table.index;
             assert_eq!(index.len(), table.entries.len());
@@ -732,8 +823,8 @@ mod tests {
             assert_eq!(index.buckets.len(), buckets, "the index never grows");
             let mut overflow = vec![0u16; buckets];
             for (position, entry) in table.entries.iter().enumerate() {
-                let hash = store.inner.hasher.hash_one(entry.key());
-                assert_eq!(table.find(hash, entry.rule, &entry.client), Some(position));
+                let hash = store.inner.shared.hasher.hash_one(entry.client);
+                assert_eq!(table.find(hash, &entry.client), Some(position));
                 let (found, _) = index.slot_of(hash, position).unwrap();
                 let (mut at, _) = index.home(hash);
                 while at != found {
@@ -750,9 +841,7 @@ mod tests {
     fn the_index_follows_evictions_purges_and_churn() {
         let store = store(1_000);
         let buckets: Vec<usize> = store
-            .inner
-            .shards
-            .iter()
+            .shards()
             .map(|shard| lock(shard).index.buckets.len())
             .collect();
         let (general, auth) = (rule(GENERAL, 3), rule(AUTH, 1));
@@ -787,7 +876,7 @@ mod tests {
         // overflow into the next, the last into the first, and churn keeps moving them.
         let store = store(1);
         let capacity = 3 * SLOTS;
-        *lock(&store.inner.shards[0]) = Table {
+        *lock(&store.inner.rules[0].shards[0]) = Table {
             entries: Vec::with_capacity(capacity),
             index: Index {
                 buckets: vec![Bucket::FREE; 3].into_boxed_slice(),
@@ -806,7 +895,7 @@ mod tests {
         assert_eq!(store.len(), capacity);
         assert_consistent(&store, &[3]);
         // Every entry held is still found: a second request spends its last token.
-        let held: Vec<ClientKey> = lock(&store.inner.shards[0])
+        let held: Vec<ClientKey> = lock(&store.inner.rules[0].shards[0])
             .entries
             .iter()
             .map(|entry| entry.client)

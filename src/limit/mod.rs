@@ -139,4 +139,11 @@ impl Limiter {
     pub fn purge_idle(&self) -> usize {
         self.store.purge_idle()
     }
+
+    /// This limiter for another table's `rules` (see [`Store::for_rules`]).
+    pub fn for_rules(&self, rules: &[Rule]) -> Limiter {
+        Limiter {
+            store: self.store.for_rules(rules),
+        }
+    }
 }

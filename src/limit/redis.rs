@@ -474,8 +474,10 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}`. The braces
-    /// are a Redis Cluster hash tag, so every key of one client and rule lives on one node.
+    /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}:{numbers}`,
+    /// `numbers` the policy's [`fingerprint`](crate::limit::Policy::fingerprint) in hex (a
+    /// rule whose numbers change starts afresh). The braces are a Redis Cluster hash tag, so
+    /// every key of one client and rule lives on one node.
     pub fn key(&self, rule: &Rule, client: ClientKey) -> String {
         let suffix = rule.policy.key_suffix();
         // Room for the longest client key (an IPv6 prefix and a digest) in one allocation.
@@ -487,6 +489,12 @@ impl RedisStore {
         client.push_to(&mut key);
         key.push_str("}:");
         key.push_str(suffix);
+        key.push(':');
+        let fingerprint = rule.policy.fingerprint();
+        for shift in (0..8).rev() {
+            let digit = (fingerprint >> (shift * 4)) & 0xF;
+            key.push(char::from_digit(digit, 16).unwrap_or('0'));
+        }
         key
     }
 
@@ -972,8 +980,24 @@ mod tests {
         });
         let rule = Rule::new(1, "auth", policy);
         let ip: std::net::IpAddr = "2001:db8::1".parse().unwrap();
-        assert_eq!(store.key(&rule, ip.into()), "tollgate:{auth:2001:db8::1}:tb");
+        let numbers = format!("{:08x}", policy.fingerprint());
+        assert_eq!(
+            store.key(&rule, ip.into()),
+            format!("tollgate:{{auth:2001:db8::1}}:tb:{numbers}")
+        );
         let grouped = ClientKey::Ip(crate::limit::ClientIp::new(ip, 64));
-        assert_eq!(store.key(&rule, grouped), "tollgate:{auth:2001:db8::/64}:tb");
+        assert_eq!(
+            store.key(&rule, grouped),
+            format!("tollgate:{{auth:2001:db8::/64}}:tb:{numbers}")
+        );
+        let other = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+            capacity: 2,
+            interval_us: 1,
+        });
+        assert_ne!(
+            other.fingerprint(),
+            policy.fingerprint(),
+            "other numbers, another key"
+        );
     }
 }

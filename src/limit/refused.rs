@@ -14,12 +14,13 @@
 //! reports the current window and the one before it together, so it always covers at least
 //! the last full minute (and at most two).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::limit::ClientKey;
+use crate::limit::{ClientKey, Rule};
 
 /// Clients each rule's summary holds in a window: enough for any `top` an operator reads, and
 /// a linear scan of it per refusal (a few dozen nanoseconds) costs less than a hash index.
@@ -106,12 +107,22 @@ struct Windows {
     previous: SpaceSaving,
 }
 
+impl Windows {
+    fn empty() -> Arc<Mutex<Windows>> {
+        Arc::new(Mutex::new(Windows {
+            number: 0,
+            current: SpaceSaving::new(CAPACITY),
+            previous: SpaceSaving::new(CAPACITY),
+        }))
+    }
+}
+
 /// The refused clients of every rule, each rule's bounded by [`CAPACITY`]: what the gate feeds
 /// with every refusal, and the admin reads.
 #[derive(Debug)]
 pub(crate) struct RefusedClients {
-    /// By rule id.
-    rules: Box<[Mutex<Windows>]>,
+    /// By rule id; shared with the tracker of the table before for a rule of the same name.
+    rules: Box<[Arc<Mutex<Windows>>]>,
     /// Window 0's start.
     started: Instant,
 }
@@ -120,16 +131,26 @@ impl RefusedClients {
     /// A tracker for `rules` rules (ids `0..rules`).
     pub(crate) fn new(rules: usize) -> RefusedClients {
         RefusedClients {
-            rules: (0..rules)
-                .map(|_| {
-                    Mutex::new(Windows {
-                        number: 0,
-                        current: SpaceSaving::new(CAPACITY),
-                        previous: SpaceSaving::new(CAPACITY),
-                    })
+            rules: (0..rules).map(|_| Windows::empty()).collect(),
+            started: Instant::now(),
+        }
+    }
+
+    /// The tracker of another table of `rules`, where `before` were this one's: a rule of a
+    /// name `before` had keeps its counts (its clients are refused under the same name).
+    pub(crate) fn for_rules(&self, before: &[Rule], rules: &[Rule]) -> RefusedClients {
+        RefusedClients {
+            rules: rules
+                .iter()
+                .map(|rule| {
+                    before
+                        .iter()
+                        .position(|held| held.name == rule.name)
+                        .and_then(|id| self.rules.get(id).cloned())
+                        .unwrap_or_else(Windows::empty)
                 })
                 .collect(),
-            started: Instant::now(),
+            started: self.started,
         }
     }
 

@@ -307,6 +307,37 @@ impl RuleTable {
         &self.rules[self.classified - 1]
     }
 
+    /// A digest of everything the table decides by (FNV-1a, 32 bits): the same table, in any
+    /// process, has the same one. Logged at start and on each reload, and exported as
+    /// `tollgate_config_hash`, so replicas running different tables can be told apart.
+    pub fn digest(&self) -> u32 {
+        struct Fnv(u32);
+        impl fmt::Write for Fnv {
+            fn write_str(&mut self, text: &str) -> fmt::Result {
+                for byte in text.bytes() {
+                    self.0 = (self.0 ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+                }
+                Ok(())
+            }
+        }
+        let mut digest = Fnv(0x811C_9DC5);
+        // Every part but the hasher (its key is a secret, or random per process).
+        let _ = fmt::Write::write_fmt(
+            &mut digest,
+            format_args!(
+                "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}",
+                self.rules,
+                self.classified,
+                self.routes,
+                self.costs,
+                self.skip,
+                self.exempt,
+                self.ipv6_prefix
+            ),
+        );
+        digest.0
+    }
+
     /// The rule called `name`.
     pub fn rule(&self, name: &str) -> Option<&Rule> {
         self.rules.iter().find(|rule| &*rule.name == name)

@@ -61,6 +61,11 @@ pub trait Store: Send + Sync + 'static {
     fn purge_idle(&self) -> usize {
         0
     }
+
+    /// This store for another rule table of `rules` (`rules[i].id == i`), what a reload
+    /// swaps in: every rule whose name and policy are unchanged keeps its clients' budgets,
+    /// every other starts afresh. Connections, breakers and counters carry on.
+    fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store>;
 }
 
 /// A store's answer: at once, or after a wait. A future, so callers `.await` it either way.

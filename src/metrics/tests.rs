@@ -28,7 +28,46 @@ fn metrics(vars: &[(&str, &str)]) -> (Metrics, Slots) {
         connections: Arc::new(slots.connections.clone()),
         requests: Arc::new(slots.requests.clone()),
     };
-    (Metrics::new(&config.gate.rules, limiter, load), slots)
+    let metrics = Metrics::new(limiter, load);
+    // As the gate does: the table's series exist (at zero) from the first scrape.
+    let _series = metrics.series(&config.gate.rules);
+    (metrics, slots)
+}
+
+/// The rule table of `vars` (beside a backend).
+fn table(vars: &[(&str, &str)]) -> crate::limit::RuleTable {
+    let mut all = vec![("BACKEND_URL", "http://127.0.0.1:9")];
+    all.extend_from_slice(vars);
+    Config::from_vars(all).unwrap().gate.rules
+}
+
+#[test]
+fn a_reloaded_table_counts_on_into_the_series_of_the_same_rule_names() {
+    let (metrics, _) = metrics(&[]);
+    let before = metrics.series(&table(&[("ROUTES", "/api/*=token_bucket:5:1,name=api")]));
+    let after = metrics.series(&table(&[(
+        "ROUTES",
+        "/new/*=token_bucket:5:1,name=new;/api/*=token_bucket:9:1,name=api",
+    )]));
+    let (api_before, api_after) = (before.rule(0).unwrap(), after.rule(1).unwrap());
+    api_before.request(Outcome::Allowed);
+    api_after.request(Outcome::Allowed);
+    metrics.response(Some(api_before), 200);
+    metrics.response(Some(api_after), 200);
+    after.rule(0).unwrap().request(Outcome::Allowed);
+    let text = metrics.encode(Format::Prometheus).unwrap();
+    let allowed = |rule: &str| {
+        sample(
+            &text,
+            &format!(r#"tollgate_requests_total{{rule="{rule}",decision="allowed"}}"#),
+        )
+    };
+    assert_eq!(allowed("api"), Some(2.0), "one series per rule name:\n{text}");
+    assert_eq!(allowed("new"), Some(1.0));
+    assert_eq!(
+        sample(&text, r#"tollgate_responses_total{rule="api",code="200"}"#),
+        Some(2.0)
+    );
 }
 
 /// The value of the sample `series` (`name{labels}`) in `text`, if it is there.
@@ -48,7 +87,7 @@ fn families(text: &str) -> Vec<(&str, &str)> {
 #[test]
 fn metric_names_are_exactly_what_is_exported() {
     let (metrics, _) = metrics(&[]);
-    metrics.response(Some(0), 200);
+    metrics.response(None, 200);
     let text = metrics.encode(Format::Prometheus).unwrap();
     let mut exported: Vec<&str> = families(&text).into_iter().map(|(name, _)| name).collect();
     exported.sort_unstable();
@@ -191,18 +230,9 @@ fn accept_chooses_the_format() {
 #[test]
 fn status_codes_are_exported_as_sent_and_only_those() {
     let (metrics, _) = metrics(&[("ROUTES", "/api/*=token_bucket:5:1,name=api")]);
-    let rules: Vec<String> = Config::from_vars([
-        ("BACKEND_URL", "http://127.0.0.1:9"),
-        ("ROUTES", "/api/*=token_bucket:5:1,name=api"),
-    ])
-    .unwrap()
-    .gate
-    .rules
-    .rules()
-    .iter()
-    .map(|rule| rule.name.to_string())
-    .collect();
-    let api = rules.iter().position(|name| name == "api").unwrap() as u16;
+    let table = table(&[("ROUTES", "/api/*=token_bucket:5:1,name=api")]);
+    let series = metrics.series(&table);
+    let api = series.rule(table.rule("api").unwrap().id).unwrap();
     metrics.response(Some(api), 200);
     metrics.response(Some(api), 200);
     metrics.response(Some(api), 429);
@@ -210,8 +240,8 @@ fn status_codes_are_exported_as_sent_and_only_those() {
     metrics.response(Some(api), 600);
     metrics.response(Some(api), 100);
     metrics.response(None, 400);
-    // An id past the table (none is made) is not counted anywhere.
-    metrics.response(Some(u16::MAX), 200);
+    // An id past the table has no series.
+    assert!(series.rule(u16::MAX).is_none());
     let text = metrics.encode(Format::Prometheus).unwrap();
     let code = |rule: &str, code: &str| {
         sample(
@@ -236,9 +266,11 @@ fn status_codes_are_exported_as_sent_and_only_those() {
 #[test]
 fn latency_histograms_are_by_rule_and_decisions_start_at_5_microseconds() {
     let (metrics, _) = metrics(&[]);
-    metrics.decision(0, Duration::from_micros(3));
-    metrics.decision(0, Duration::from_micros(30));
-    metrics.backend_response(0, 204, Duration::from_millis(2));
+    let series = metrics.series(&table(&[]));
+    let first = series.rule(0).unwrap();
+    first.decision(Duration::from_micros(3));
+    first.decision(Duration::from_micros(30));
+    first.backend_response(204, Duration::from_millis(2));
     let text = metrics.encode(Format::Prometheus).unwrap();
     let rule = label_value(
         &Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9")])

@@ -54,7 +54,7 @@ use crate::gate::tunnels::TunnelSlot;
 use crate::gate::{self, Gate, Refused};
 use crate::limit::{Decision, Mode, Rule};
 use crate::limit_headers::{self, HeaderStyle};
-use crate::metrics::{BodyBytes, CountedBody, Metrics};
+use crate::metrics::{BodyBytes, CountedBody, Metrics, RuleSeries};
 use crate::outcome::{BackendFailure, Outcome};
 use crate::refusal::Refusals;
 use crate::server::{Arrival, Door, Peer};
@@ -399,8 +399,9 @@ enum Budget<'a> {
 struct RequestContext<'a> {
     /// `X-Request-Id`.
     id: &'a HeaderValue,
-    /// The rule it was classified under (`None` before classification).
-    rule: Option<u16>,
+    /// The metric series of the rule it was classified under (`None` before
+    /// classification).
+    rule: Option<Arc<RuleSeries>>,
 }
 
 impl RequestContext<'_> {
@@ -425,11 +426,11 @@ impl Door for Proxy {
         // The rule it is classified under, once it is: its response is counted by it.
         let mut context = RequestContext { id: &id, rule: None };
         let (mut response, by) = self.respond(request, arrival, &mut context, started).await;
-        let rule = context.rule;
+        let rule = context.rule.take();
         if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
             cors.apply(response.headers_mut(), origin);
         }
-        self.metrics.response(rule, response.status().as_u16());
+        self.metrics.response(rule.as_deref(), response.status().as_u16());
         response.headers_mut().insert(&X_REQUEST_ID, id);
         response
     }
@@ -513,7 +514,7 @@ impl Proxy {
         // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
         // the other.
         if self.underscore_headers == headers::UnderscoreHeaders::Forward
-            && let Some(name) = headers::underscore_alias(request.headers(), self.gate.key_headers())
+            && let Some(name) = headers::underscore_alias(request.headers(), self.gate.key_headers().iter())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
             let refusal = refuse(&reason, request.uri().path(), peer, context);
@@ -535,7 +536,7 @@ impl Proxy {
             }
             Err(Refused::Tunnels(limit)) => return (response::too_many_upgrades(limit), AnsweredBy::Gateway),
         };
-        context.rule = Some(verdict.rule.id);
+        context.rule = verdict.series().cloned();
         let outcome = verdict.outcome;
         // Captured only when a line about this request will be written (the request moves on
         // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
@@ -546,12 +547,14 @@ impl Proxy {
         let (mut response, by) = if outcome.forwards() {
             // The backend gets the request id too, so its logs and ours can be joined.
             request.headers_mut().insert(&X_REQUEST_ID, id.clone());
+            // Taken first: the rest of `to` borrows the verdict.
+            let tunnel = verdict.tunnel.take();
             let to = Forwarding {
                 connection: arrival.connection,
                 client: verdict.client,
                 rewritten: verdict.rewritten.as_deref(),
                 sent: verdict.decided,
-                tunnel: verdict.tunnel.take(),
+                tunnel,
                 upgrade,
                 budget: match verdict
                     .decision
@@ -560,7 +563,7 @@ impl Proxy {
                 {
                     _ if !self.forward_headers => Budget::Untold,
                     Some(decision) if verdict.mode == Mode::Enforce => {
-                        Budget::Decided(verdict.rule, decision)
+                        Budget::Decided(verdict.rule(), decision)
                     }
                     _ => Budget::Unknown,
                 },
@@ -576,7 +579,7 @@ impl Proxy {
                 .and_then(crate::limit::Verdict::decision)
             {
                 Some(decision) => {
-                    response::too_many_requests(&self.refusals, request.headers(), verdict.rule, decision)
+                    response::too_many_requests(&self.refusals, request.headers(), verdict.rule(), decision)
                 }
                 None => response::store_unavailable(),
             };
@@ -595,7 +598,7 @@ impl Proxy {
     fn log(
         &self,
         context: &RequestContext<'_>,
-        verdict: &gate::Verdict<'_>,
+        verdict: &gate::Verdict,
         response: &Response<ResponseBody>,
         summary: &RequestSummary,
         started: Instant,
@@ -639,7 +642,7 @@ impl Proxy {
                     %peer,
                     host,
                     user_agent,
-                    rule = %verdict.rule.name,
+                    rule = %verdict.rule().name,
                     decision = outcome.as_str(),
                     status,
                     retry_after_s,
@@ -655,7 +658,7 @@ impl Proxy {
                 %peer,
                 host,
                 user_agent,
-                rule = %verdict.rule.name,
+                rule = %verdict.rule().name,
                 decision = outcome.as_str(),
                 status,
                 latency_us,
@@ -667,7 +670,7 @@ impl Proxy {
     /// After the answer: the rate-limit headers of an enforced decision (a shadow rule is
     /// invisible to clients). They tell the decision as it was made: a refund shows on the
     /// next response.
-    fn rate_limit_headers(&self, verdict: &gate::Verdict<'_>, response: &mut Response<ResponseBody>) {
+    fn rate_limit_headers(&self, verdict: &gate::Verdict, response: &mut Response<ResponseBody>) {
         if verdict.mode == Mode::Enforce
             && let Some(decision) = verdict
                 .decision
@@ -675,7 +678,7 @@ impl Proxy {
                 .and_then(crate::limit::Verdict::decision)
         {
             self.header_style
-                .set(response.headers_mut(), verdict.rule, decision);
+                .set(response.headers_mut(), verdict.rule(), decision);
         }
     }
 
@@ -692,12 +695,13 @@ impl Proxy {
         // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
-        let rule = context.rule.unwrap_or_default();
-        let bytes = self.metrics.body_bytes(rule);
+        let series = context.rule.as_deref();
+        let bytes = series.and_then(RuleSeries::body_bytes);
         match self.try_forward(request, to, bytes).await {
             Ok(mut response) => {
-                self.metrics
-                    .backend_response(rule, response.status().as_u16(), sent.elapsed());
+                if let Some(series) = series {
+                    series.backend_response(response.status().as_u16(), sent.elapsed());
+                }
                 *response.version_mut() = version;
                 (response, AnsweredBy::Backend)
             }
@@ -729,8 +733,8 @@ impl Proxy {
                 return;
             }
         };
-        if let Some(rule) = context.rule {
-            self.metrics.backend_error(rule, failure);
+        if let Some(series) = &context.rule {
+            series.backend_error(failure);
         }
         if let Some(suppressed) = self.failure_log.admit() {
             if suppressed > 0 {

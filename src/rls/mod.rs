@@ -168,6 +168,7 @@ impl RateLimitService {
             .map(|limit| match limit.allowance {
                 config::Allowance::Unlimited => Ok(None),
                 config::Allowance::Rate { .. } => gate
+                    .current()
                     .rule(&limit.rule)
                     .cloned()
                     .map(Some)
@@ -200,6 +201,8 @@ impl RateLimitService {
     pub async fn check(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         validate(request)?;
         let plans = self.plan(request);
+        // Its rules by name in the table in force: a reload of RULES_FILE moves rule ids.
+        let generation = self.gate.current();
         let mut statuses = Vec::with_capacity(plans.len());
         for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
             let status = match plan {
@@ -212,11 +215,18 @@ impl RateLimitService {
                     limit_remaining: u32::MAX,
                     ..Default::default()
                 },
-                Plan::Decide(limit, rule, cost) => {
-                    let key = self.gate.key_of(&client_name(&request.domain, descriptor));
-                    let keyed = self.gate.decide_key(rule, key, *cost).await;
-                    status(limit, keyed.decision, keyed.outcome.forwards())
-                }
+                Plan::Decide(limit, rule, cost) => match generation.rule(&rule.name) {
+                    Some(rule) => {
+                        let key = generation.key_of(&client_name(&request.domain, descriptor));
+                        let keyed = self.gate.decide_key(&generation, rule, key, *cost).await;
+                        status(limit, keyed.decision, keyed.outcome.forwards())
+                    }
+                    // Every table the configuration builds holds RLS_CONFIG's rules.
+                    None => DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..Default::default()
+                    },
+                },
             };
             statuses.push(status);
         }

@@ -7,7 +7,7 @@ use http::StatusCode;
 
 use crate::support::{Backend, free_ports, get, redis::wait_for};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_tollgate");
+pub(crate) const BINARY: &str = env!("CARGO_BIN_EXE_tollgate");
 
 /// Run the binary with exactly `vars` in its environment, in an empty directory.
 fn run(vars: &[(&str, &str)], args: &[&str]) -> Output {
@@ -244,10 +244,10 @@ fn a_dot_env_file_is_read_and_the_environment_wins() {
 
 /// The binary serving on a free loopback port with `vars` (and nothing else) in its environment.
 pub(crate) struct Running {
-    child: std::process::Child,
+    pub(crate) child: std::process::Child,
     pub(crate) addr: std::net::SocketAddr,
     /// Its admin listener's port.
-    admin_port: u16,
+    pub(crate) admin_port: u16,
     /// Where its stdout (the log) goes.
     log: tempfile::NamedTempFile,
 }
@@ -341,7 +341,7 @@ async fn sighup_is_logged_and_ignored_and_sigterm_still_drains() {
             .unwrap()
             .success()
     );
-    let said = "SIGHUP received: reloading the configuration is not supported yet; nothing changed";
+    let said = "SIGHUP received: nothing to reload without RULES_FILE";
     for _ in 0..250 {
         if tollgate.log().contains(said) {
             break;
@@ -462,7 +462,12 @@ async fn redis_over_tls_with_a_private_ca() {
         "decided by redis over TLS"
     );
     assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(redis.cli(&["--scan"]).trim(), "tollgate:{general:127.0.0.1}:tb");
+    let key = crate::support::redis::key_of(
+        &[("MAX_TOKENS", "2"), ("REFILL_RATE", "0.01")],
+        "general",
+        "127.0.0.1",
+    );
+    assert_eq!(redis.cli(&["--scan"]).trim(), key);
 }
 
 /// The faults of `faults.rs`, over TLS: a Redis killed gives the fail mode, at once once the

@@ -17,6 +17,7 @@ mod operator;
 mod proxy;
 mod redis;
 mod refusals;
+mod reload;
 mod rls;
 mod rules;
 mod sentinel;

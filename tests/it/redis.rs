@@ -117,8 +117,20 @@ async fn keys_are_hash_tagged_and_all_expire() {
     }
     let mut keys: Vec<String> = redis.cli(&["--scan"]).lines().map(str::to_owned).collect();
     keys.sort();
+    // Each key ends in its policy's fingerprint: 8 hex digits.
+    let unprinted: Vec<&str> = keys
+        .iter()
+        .map(|key| {
+            let (key, fingerprint) = key.rsplit_once(':').unwrap();
+            assert!(
+                fingerprint.len() == 8 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{key}"
+            );
+            key
+        })
+        .collect();
     assert_eq!(
-        keys,
+        unprinted,
         [
             "ttl-fw:{auth:127.0.0.1}:fw",
             "ttl-fw:{general:127.0.0.1}:fw",
@@ -140,7 +152,10 @@ async fn keys_are_hash_tagged_and_all_expire() {
     }
     // Token bucket keys live until the bucket is full again: 10 s for the general rule
     // (one token at 0.1/s), 100 s for auth (one token at 0.01/s); sliding windows two windows.
-    let ttl = |key: &str| redis.cli(&["TTL", key]).trim().parse::<i64>().unwrap();
+    let ttl = |key: &str| {
+        let key = keys.iter().find(|full| full.starts_with(key)).unwrap();
+        redis.cli(&["TTL", key]).trim().parse::<i64>().unwrap()
+    };
     assert!((1..=10).contains(&ttl("ttl-tb:{general:127.0.0.1}:tb")));
     assert!((99..=100).contains(&ttl("ttl-tb:{auth:127.0.0.1}:tb")));
     assert!((60..=120).contains(&ttl("ttl-sw:{general:127.0.0.1}:sw")));

@@ -330,6 +330,24 @@ macro_rules! algorithms {
                 match self { $(Policy::$variant(_) => <$algorithm as Algorithm>::KEY_SUFFIX),+ }
             }
 
+            /// A digest of the algorithm and its numbers (FNV-1a of [`Policy`]'s text), the
+            /// same in every replica: part of each Redis key, so a rule whose numbers change
+            /// on a reload starts afresh rather than reading a state kept under others.
+            pub fn fingerprint(&self) -> u32 {
+                struct Fnv(u32);
+                impl fmt::Write for Fnv {
+                    fn write_str(&mut self, text: &str) -> fmt::Result {
+                        for byte in text.bytes() {
+                            self.0 = (self.0 ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+                        }
+                        Ok(())
+                    }
+                }
+                let mut digest = Fnv(0x811C_9DC5);
+                let _ = fmt::Write::write_fmt(&mut digest, format_args!("{self}"));
+                digest.0
+            }
+
             /// Every algorithm's script, in the order of [`Policy::script_index`].
             pub fn scripts() -> impl Iterator<Item = &'static LuaScript> {
                 [$(<$algorithm as Algorithm>::script()),+].into_iter()

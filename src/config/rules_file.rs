@@ -1,0 +1,729 @@
+//! `RULES_FILE`: the rule table's settings in TOML, point for point what the environment
+//! says in variables, so the table can live in a ConfigMap and be reloaded without a restart.
+//!
+//! ```toml
+//! auth_paths = ["/login", "/signup"]     # AUTH_PATHS
+//! skip_paths = ["/healthz"]              # SKIP_PATHS
+//! exempt = ["10.0.0.0/8"]                # EXEMPT
+//! costs = { "/export" = 5 }              # COSTS
+//! shadow = false                         # SHADOW_MODE
+//! ipv6_prefix = 64                       # IPV6_PREFIX
+//!
+//! [general]
+//! limits = "token_bucket:100:10"         # LIMITS
+//! key = "ip"                             # KEY_BY
+//! fail = "open"                          # FAIL_MODE
+//!
+//! [auth]
+//! limits = "token_bucket:5:0.01"         # AUTH_LIMITS
+//! key = "ip"                             # AUTH_KEY_BY
+//! count = "failures"                     # AUTH_COUNT
+//! fail = "closed"                        # AUTH_FAIL_MODE
+//!
+//! [[routes]]                             # one ROUTES entry each, in order
+//! name = "api"
+//! path = "/api/*"
+//! limits = "token_bucket:20:10"
+//! key = "header:X-API-Key"
+//! cost = 2
+//! method = ["GET", "HEAD"]
+//! shadow = true
+//! count = "failures"
+//! fail = "local"
+//! ```
+//!
+//! The file is translated into the variables it stands for, which the environment's parsers
+//! then read, so both mean exactly the same. What only the file can get wrong is checked
+//! here (an unknown key, with the likely one; a wrong type); what the parsers find wrong is
+//! located afterwards ([`RulesFile::locate`]): every error names the file, the line and the
+//! setting. A setting given in both the file and the environment is an error naming both.
+
+use std::ops::Range;
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::ConfigError;
+use crate::suggest;
+use crate::variables::{self as vars, Var};
+
+/// The largest rules file read: a table is kilobytes; more is a mistake or an attack.
+const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A rules file, read and translated.
+#[derive(Debug, Clone)]
+pub(crate) struct RulesFile {
+    /// The path, as `RULES_FILE` names it.
+    path: String,
+    /// The variables it sets, each with where.
+    pub(crate) vars: Vec<(Var, String, Origin)>,
+    /// Each list entry it sets (a route, an auth path, ...), with where: an error about one
+    /// entry is located at its own line.
+    entries: Vec<(Var, String, Origin)>,
+}
+
+/// Where in the file a setting is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// 1-based.
+    line: usize,
+    /// The setting's name in the file (`routes[2].limits`, `auth_paths`).
+    setting: String,
+}
+
+/// The top-level settings, each the variable it stands for and how its value is written.
+const TOP: &[(&str, Var, Kind)] = &[
+    ("auth_paths", vars::AUTH_PATHS, Kind::List(",")),
+    ("skip_paths", vars::SKIP_PATHS, Kind::List(",")),
+    ("exempt", vars::EXEMPT, Kind::List(",")),
+    ("costs", vars::COSTS, Kind::Costs),
+    ("shadow", vars::SHADOW_MODE, Kind::Flag),
+    ("ipv6_prefix", vars::IPV6_PREFIX, Kind::Number),
+];
+
+/// `[general]`.
+const GENERAL: &[(&str, Var, Kind)] = &[
+    ("limits", vars::LIMITS, Kind::Text),
+    ("key", vars::KEY_BY, Kind::Text),
+    ("fail", vars::FAIL_MODE, Kind::Text),
+];
+
+/// `[auth]`.
+const AUTH: &[(&str, Var, Kind)] = &[
+    ("limits", vars::AUTH_LIMITS, Kind::Text),
+    ("key", vars::AUTH_KEY_BY, Kind::Text),
+    ("count", vars::AUTH_COUNT, Kind::Text),
+    ("fail", vars::AUTH_FAIL_MODE, Kind::Text),
+];
+
+/// The keys of a `[[routes]]` table: `path` and `limits` required, the rest its options.
+const ROUTE_KEYS: &[&str] = &[
+    "path", "limits", "name", "key", "cost", "method", "shadow", "count", "fail",
+];
+
+/// How a setting's value is written in TOML.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// A string.
+    Text,
+    /// A boolean.
+    Flag,
+    /// A whole number.
+    Number,
+    /// An array of strings, joined with the separator for the variable.
+    List(&'static str),
+    /// A table of path patterns to whole numbers.
+    Costs,
+}
+
+impl RulesFile {
+    /// `RULES_FILE`'s file, read and translated; `None` when unset.
+    pub(crate) fn load(path: Option<&str>) -> Result<Option<RulesFile>, ConfigError> {
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        let error = |location: String, problem: String| ConfigError::File {
+            var: vars::RULES_FILE.name,
+            location,
+            problem,
+        };
+        let size = std::fs::metadata(path)
+            .map_err(|e| error(path.to_owned(), format!("cannot be read: {e}")))?
+            .len();
+        if size > MAX_FILE_BYTES {
+            return Err(error(
+                path.to_owned(),
+                format!("{size} bytes; a rules file is at most {MAX_FILE_BYTES}"),
+            ));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| error(path.to_owned(), format!("cannot be read as UTF-8 text: {e}")))?;
+        RulesFile::parse(path, &text).map(Some)
+    }
+
+    /// Translate `text`, the file at `path`.
+    pub(crate) fn parse(path: &str, text: &str) -> Result<RulesFile, ConfigError> {
+        let mut file = RulesFile {
+            path: path.to_owned(),
+            vars: Vec::new(),
+            entries: Vec::new(),
+        };
+        let table = DeTable::parse(text).map_err(|e| {
+            let line = e.span().map_or(1, |span| line_of(text, span.start));
+            file.error(line, "", e.message().to_owned())
+        })?;
+        let reader = Reader { file: &file, text };
+        let mut routes = Vec::new();
+        let mut found = Vec::new();
+        for (key, value) in table.get_ref() {
+            let name = key.get_ref().as_ref();
+            let line = line_of(text, key.span().start);
+            match name {
+                "general" | "auth" => {
+                    let settings = if name == "general" { GENERAL } else { AUTH };
+                    let DeValue::Table(section) = value.get_ref() else {
+                        return Err(reader
+                            .file
+                            .error(line, name, format!("expected a table: [{name}]")));
+                    };
+                    for (key, value) in section {
+                        let setting = format!("{name}.{}", key.get_ref());
+                        let known = settings
+                            .iter()
+                            .find(|(known, ..)| *known == key.get_ref().as_ref());
+                        let Some((_, var, kind)) = known else {
+                            let names = settings.iter().map(|(name, ..)| *name);
+                            return Err(reader.unknown(key, &setting, names));
+                        };
+                        found.push(reader.setting(*var, *kind, &setting, value)?);
+                    }
+                }
+                "routes" => {
+                    let DeValue::Array(array) = value.get_ref() else {
+                        return Err(reader.file.error(line, name, "expected [[routes]] tables".into()));
+                    };
+                    for (index, route) in array.iter().enumerate() {
+                        routes.push(reader.route(index, route)?);
+                    }
+                }
+                _ => {
+                    let Some((_, var, kind)) = TOP.iter().find(|(known, ..)| *known == name) else {
+                        let names = TOP
+                            .iter()
+                            .map(|(name, ..)| *name)
+                            .chain(["general", "auth", "routes"]);
+                        return Err(reader.unknown(key, name, names));
+                    };
+                    found.push(reader.setting(*var, *kind, name, value)?);
+                }
+            }
+        }
+        for (var, value, origin, entries) in found {
+            file.entries
+                .extend(entries.into_iter().map(|(entry, origin)| (var, entry, origin)));
+            file.vars.push((var, value, origin));
+        }
+        if let Some((_, origin)) = routes.first() {
+            let origin = origin.clone();
+            let value = routes
+                .iter()
+                .map(|(entry, _)| entry.as_str())
+                .collect::<Vec<_>>()
+                .join(";");
+            file.entries.extend(
+                routes
+                    .into_iter()
+                    .map(|(entry, origin)| (vars::ROUTES, entry, origin)),
+            );
+            file.vars.push((vars::ROUTES, value, origin));
+        }
+        Ok(file)
+    }
+
+    /// The variables of the environment (`vars`) with the file's added; a variable set both
+    /// ways is an error naming both.
+    pub(crate) fn merge(&self, env: &[(String, String)]) -> Result<Vec<(String, String)>, ConfigError> {
+        for (var, _, origin) in &self.vars {
+            let set = env
+                .iter()
+                .any(|(name, value)| name == var.name && !value.trim().is_empty());
+            if set {
+                return Err(ConfigError::Conflict(format!(
+                    "{} is set in the environment and {} in RULES_FILE {} (line {}): set it in one place",
+                    var.name, origin.setting, self.path, origin.line
+                )));
+            }
+        }
+        let mut merged = env.to_vec();
+        merged.extend(
+            self.vars
+                .iter()
+                .map(|(var, value, _)| (var.name.to_owned(), value.clone())),
+        );
+        Ok(merged)
+    }
+
+    /// `error`, from a parser of the variables, located in the file when what it is about
+    /// came from there: the file, the line, the setting, then the parser's own words.
+    pub(crate) fn locate(&self, error: ConfigError) -> ConfigError {
+        let origin = match &error {
+            ConfigError::Entry { var, entry, .. } => self
+                .entries
+                .iter()
+                .find(|(held, text, _)| held.name == *var && text == entry)
+                .or_else(|| self.vars.iter().find(|(held, ..)| held.name == *var))
+                .map(|(_, _, origin)| origin),
+            ConfigError::Invalid { var, .. }
+            | ConfigError::Missing { var, .. }
+            | ConfigError::InvalidSecret { var, .. } => self
+                .vars
+                .iter()
+                .find(|(held, ..)| held.name == *var)
+                .map(|(_, _, origin)| origin),
+            // A conflict names variables in its words: the first of the file's it names.
+            ConfigError::Conflict(words) => self
+                .vars
+                .iter()
+                .find(|(held, ..)| mentions(words, held.name))
+                .map(|(_, _, origin)| origin),
+            ConfigError::File { .. } => None,
+        };
+        match origin {
+            Some(origin) => self.error(origin.line, &origin.setting, error.to_string()),
+            None => error,
+        }
+    }
+
+    fn error(&self, line: usize, setting: &str, problem: String) -> ConfigError {
+        let location = match setting {
+            "" => format!("{}:{line}", self.path),
+            setting => format!("{}:{line}: {setting}", self.path),
+        };
+        ConfigError::File {
+            var: vars::RULES_FILE.name,
+            location,
+            problem,
+        }
+    }
+}
+
+/// Whether `words` name the variable `name` (as a whole word: `LIMITS` is not in `AUTH_LIMITS`).
+fn mentions(words: &str, name: &str) -> bool {
+    words
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|word| word == name)
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// One setting's value in the variables' words, where it is, and its list entries with theirs.
+type Found = (Var, String, Origin, Vec<(String, Origin)>);
+
+/// Reads values out of the parsed file, naming where each is.
+struct Reader<'a> {
+    file: &'a RulesFile,
+    text: &'a str,
+}
+
+impl Reader<'_> {
+    fn origin(&self, span: Range<usize>, setting: &str) -> Origin {
+        Origin {
+            line: line_of(self.text, span.start),
+            setting: setting.to_owned(),
+        }
+    }
+
+    fn fail(&self, span: Range<usize>, setting: &str, problem: String) -> ConfigError {
+        self.file.error(line_of(self.text, span.start), setting, problem)
+    }
+
+    /// An unknown key, with the likely one.
+    fn unknown<'n>(
+        &self,
+        key: &Spanned<toml::de::DeString<'_>>,
+        setting: &str,
+        names: impl Iterator<Item = &'n str> + Clone,
+    ) -> ConfigError {
+        let name = key.get_ref().as_ref();
+        let hint = match suggest::closest(name, names.clone(), 3) {
+            Some(near) => format!("; did you mean {near:?}?"),
+            None => String::new(),
+        };
+        let variable = vars::ALL.iter().any(|var| var.name.eq_ignore_ascii_case(name));
+        let live = if variable {
+            format!(
+                " ({} is read from the environment at start only: a rules file holds the rule table, \
+                 which is what reloads)",
+                name.to_ascii_uppercase()
+            )
+        } else {
+            String::new()
+        };
+        let known: Vec<&str> = names.collect();
+        self.fail(
+            key.span(),
+            setting,
+            format!(
+                "unknown setting {name:?}{live}{hint} (known here: {})",
+                known.join(", ")
+            ),
+        )
+    }
+
+    /// One setting of `kind`, as its variable writes it.
+    fn setting(
+        &self,
+        var: Var,
+        kind: Kind,
+        setting: &str,
+        value: &Spanned<DeValue<'_>>,
+    ) -> Result<Found, ConfigError> {
+        let origin = self.origin(value.span(), setting);
+        let mut entries = Vec::new();
+        let text = match (kind, value.get_ref()) {
+            (Kind::Text, DeValue::String(text)) => {
+                let text = self.entry_text(value.span(), setting, text)?;
+                if setting.ends_with(".limits") {
+                    self.limits(value.span(), setting, &text)?;
+                }
+                text
+            }
+            (Kind::Flag, DeValue::Boolean(flag)) => flag.to_string(),
+            (Kind::Number, DeValue::Integer(_)) => self.number(setting, value)?.to_string(),
+            (Kind::List(separator), DeValue::Array(items)) => {
+                let mut texts = Vec::new();
+                for (index, item) in items.iter().enumerate() {
+                    let at = format!("{setting}[{index}]");
+                    let DeValue::String(text) = item.get_ref() else {
+                        return Err(self.fail(item.span(), &at, "expected a string".into()));
+                    };
+                    let text = self.entry_text(item.span(), &at, text)?;
+                    entries.push((text.clone(), self.origin(item.span(), &at)));
+                    texts.push(text);
+                }
+                texts.join(separator)
+            }
+            (Kind::Costs, DeValue::Table(costs)) => {
+                let mut texts = Vec::new();
+                for (pattern, cost) in costs {
+                    let at = format!("{setting}.{:?}", pattern.get_ref().as_ref());
+                    let pattern = self.entry_text(pattern.span(), &at, pattern.get_ref())?;
+                    let entry = format!("{pattern}={}", self.number(&at, cost)?);
+                    entries.push((entry.clone(), self.origin(cost.span(), &at)));
+                    texts.push(entry);
+                }
+                texts.join(";")
+            }
+            (kind, _) => {
+                let expected = match kind {
+                    Kind::Text => "a string",
+                    Kind::Flag => "true or false",
+                    Kind::Number => "a whole number",
+                    Kind::List(_) => "an array of strings, e.g. [\"/login\", \"/signup\"]",
+                    Kind::Costs => "a table of path patterns to costs, e.g. { \"/export\" = 5 }",
+                };
+                return Err(self.fail(value.span(), setting, format!("expected {expected}")));
+            }
+        };
+        Ok((var, text, origin, entries))
+    }
+
+    /// A limit, checked here so that its error names its own line.
+    fn limits(&self, span: Range<usize>, setting: &str, text: &str) -> Result<(), ConfigError> {
+        super::rules::parse_limit(text)
+            .map(drop)
+            .map_err(|why| self.fail(span, setting, why))
+    }
+
+    /// A whole number of at least 0.
+    fn number(&self, setting: &str, value: &Spanned<DeValue<'_>>) -> Result<u64, ConfigError> {
+        match value.get_ref() {
+            DeValue::Integer(integer) => {
+                u64::from_str_radix(integer.as_str(), integer.radix()).map_err(|_| {
+                    self.fail(
+                        value.span(),
+                        setting,
+                        "expected a whole number of at least 0".into(),
+                    )
+                })
+            }
+            _ => Err(self.fail(value.span(), setting, "expected a whole number".into())),
+        }
+    }
+
+    /// A string that becomes (part of) one entry of a variable: the separators of the
+    /// variables (`,` `;` `=`) and whitespace would change what it means there.
+    fn entry_text(&self, span: Range<usize>, setting: &str, text: &str) -> Result<String, ConfigError> {
+        let text = text.trim();
+        if let Some(bad) = text.chars().find(|c| c.is_whitespace() || [',', ';'].contains(c)) {
+            return Err(self.fail(
+                span,
+                setting,
+                format!(
+                    "{text:?} holds {bad:?}, which no setting here can hold; use a list for several values"
+                ),
+            ));
+        }
+        if text.is_empty() {
+            return Err(self.fail(span, setting, "expected a value, not an empty string".into()));
+        }
+        Ok(text.to_owned())
+    }
+
+    /// One `[[routes]]` table as its `ROUTES` entry, and where it starts.
+    fn route(&self, index: usize, route: &Spanned<DeValue<'_>>) -> Result<(String, Origin), ConfigError> {
+        let at = format!("routes[{index}]");
+        let DeValue::Table(table) = route.get_ref() else {
+            return Err(self.fail(route.span(), &at, "expected a table: [[routes]]".into()));
+        };
+        let mut fields: Vec<(&str, String)> = Vec::new();
+        // Where the table starts: its first key in the file (the map is sorted by name).
+        let start = table.keys().map(|key| key.span().start).min();
+        for (key, value) in table {
+            let name = key.get_ref().as_ref();
+            let setting = format!("{at}.{name}");
+            let text = match name {
+                "path" | "limits" | "name" | "key" | "count" | "fail" => match value.get_ref() {
+                    DeValue::String(text) => {
+                        if name == "path" && text.contains('=') {
+                            return Err(self.fail(
+                                value.span(),
+                                &setting,
+                                format!("{text:?} holds '=', which no path pattern can"),
+                            ));
+                        }
+                        let text = self.entry_text(value.span(), &setting, text)?;
+                        if name == "limits" {
+                            self.limits(value.span(), &setting, &text)?;
+                        }
+                        text
+                    }
+                    _ => return Err(self.fail(value.span(), &setting, "expected a string".into())),
+                },
+                "cost" => match self.number(&setting, value)? {
+                    0 => {
+                        return Err(self.fail(
+                            value.span(),
+                            &setting,
+                            "expected a whole number of at least 1".into(),
+                        ));
+                    }
+                    cost => cost.to_string(),
+                },
+                "shadow" => match value.get_ref() {
+                    DeValue::Boolean(flag) => flag.to_string(),
+                    _ => return Err(self.fail(value.span(), &setting, "expected true or false".into())),
+                },
+                "method" => {
+                    let methods = match value.get_ref() {
+                        DeValue::String(text) => vec![self.entry_text(value.span(), &setting, text)?],
+                        DeValue::Array(items) => {
+                            let mut methods = Vec::new();
+                            for item in items.iter() {
+                                let DeValue::String(text) = item.get_ref() else {
+                                    return Err(self.fail(
+                                        item.span(),
+                                        &setting,
+                                        "expected method names, e.g. [\"GET\", \"HEAD\"]".into(),
+                                    ));
+                                };
+                                methods.push(self.entry_text(item.span(), &setting, text)?);
+                            }
+                            methods
+                        }
+                        _ => {
+                            return Err(self.fail(
+                                value.span(),
+                                &setting,
+                                "expected method names, e.g. [\"GET\", \"HEAD\"]".into(),
+                            ));
+                        }
+                    };
+                    if methods.is_empty() {
+                        return Err(self.fail(value.span(), &setting, "expected at least one method".into()));
+                    }
+                    methods.join("|")
+                }
+                _ => return Err(self.unknown(key, &setting, ROUTE_KEYS.iter().copied())),
+            };
+            fields.push((name, text));
+        }
+        let origin = self.origin(start.map_or(route.span(), |start| start..start), &at);
+        let field = |name: &str| {
+            fields
+                .iter()
+                .find(|(held, _)| *held == name)
+                .map(|(_, text)| text.as_str())
+        };
+        let missing = |name: &str| {
+            self.file.error(
+                origin.line,
+                &at,
+                format!(
+                    "{name} is required, e.g. {name} = {}",
+                    match name {
+                        "path" => "\"/api/*\"",
+                        _ => "\"token_bucket:20:10\"",
+                    }
+                ),
+            )
+        };
+        let path = field("path").ok_or_else(|| missing("path"))?;
+        let limits = field("limits").ok_or_else(|| missing("limits"))?;
+        let mut entry = format!("{path}={limits}");
+        for (name, text) in &fields {
+            match *name {
+                "path" | "limits" => {}
+                "shadow" if text == "true" => entry.push_str(",shadow"),
+                "shadow" => {}
+                _ => entry.push_str(&format!(",{name}={text}")),
+            }
+        }
+        Ok((entry, origin))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RulesFile, String> {
+        RulesFile::parse("rules.toml", text).map_err(|error| error.to_string())
+    }
+
+    fn vars(text: &str) -> Vec<(&'static str, String)> {
+        parse(text)
+            .unwrap()
+            .vars
+            .into_iter()
+            .map(|(var, value, _)| (var.name, value))
+            .collect()
+    }
+
+    #[test]
+    fn every_setting_becomes_the_variable_it_stands_for() {
+        let file = r#"
+auth_paths = ["/login", "/signup"]
+skip_paths = ["/healthz"]
+exempt = ["10.0.0.0/8", "key:abc"]
+costs = { "/export" = 5, "/search/*" = 2 }
+shadow = true
+ipv6_prefix = 56
+
+[general]
+limits = "token_bucket:100:10"
+key = "header:X-API-Key"
+fail = "local"
+
+[auth]
+limits = "fixed_window:5:60"
+key = "ip"
+count = "failures"
+fail = "closed"
+
+[[routes]]
+path = "/api/*"
+limits = "token_bucket:20:10"
+name = "api"
+key = "ip+header:X-API-Key"
+cost = 2
+method = ["GET", "HEAD"]
+shadow = true
+count = "failures"
+fail = "open"
+
+[[routes]]
+path = "/upload"
+limits = "sliding_window:10:60"
+method = "POST"
+shadow = false
+"#;
+        let mut got = vars(file);
+        got.sort();
+        let mut expected = vec![
+            ("AUTH_PATHS", "/login,/signup".to_owned()),
+            ("SKIP_PATHS", "/healthz".into()),
+            ("EXEMPT", "10.0.0.0/8,key:abc".into()),
+            ("COSTS", "/export=5;/search/*=2".into()),
+            ("SHADOW_MODE", "true".into()),
+            ("IPV6_PREFIX", "56".into()),
+            ("LIMITS", "token_bucket:100:10".into()),
+            ("KEY_BY", "header:X-API-Key".into()),
+            ("FAIL_MODE", "local".into()),
+            ("AUTH_LIMITS", "fixed_window:5:60".into()),
+            ("AUTH_KEY_BY", "ip".into()),
+            ("AUTH_COUNT", "failures".into()),
+            ("AUTH_FAIL_MODE", "closed".into()),
+            (
+                "ROUTES",
+                "/api/*=token_bucket:20:10,cost=2,count=failures,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST".into(),
+            ),
+        ];
+        expected.sort();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn an_unknown_key_names_the_file_the_line_and_the_likely_name() {
+        let error =
+            parse("auth_paths = [\"/login\"]\n\n[general]\nlimit = \"token_bucket:1:1\"\n").unwrap_err();
+        assert!(error.contains("rules.toml:4: general.limit"), "{error}");
+        assert!(error.contains("did you mean \"limits\""), "{error}");
+        let error =
+            parse("[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:1:1\"\ncots = 2\n").unwrap_err();
+        assert!(error.contains("rules.toml:4: routes[0].cots"), "{error}");
+        assert!(error.contains("did you mean \"cost\""), "{error}");
+        // A variable that is not the table's: said so.
+        let error = parse("port = 8080\n").unwrap_err();
+        assert!(
+            error.contains("read from the environment at start only"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn wrong_types_and_values_name_where_they_are() {
+        for (text, location, words) in [
+            ("shadow = \"yes\"\n", "rules.toml:1: shadow", "true or false"),
+            (
+                "auth_paths = \"/login\"\n",
+                "rules.toml:1: auth_paths",
+                "an array",
+            ),
+            (
+                "auth_paths = [\"/login /signup\"]\n",
+                "rules.toml:1: auth_paths[0]",
+                "holds ' '",
+            ),
+            (
+                "[[routes]]\npath = \"/a\"\n",
+                "rules.toml:2: routes[0]",
+                "limits is required",
+            ),
+            (
+                "[[routes]]\nlimits = \"token_bucket:1:1\"\ncost = 0\npath = \"/a\"\n",
+                "rules.toml:3: routes[0].cost",
+                "at least 1",
+            ),
+            (
+                "[[routes]]\npath = \"/a,b\"\nlimits = \"token_bucket:1:1\"\n",
+                "rules.toml:2: routes[0].path",
+                "holds ','",
+            ),
+            ("[general\n", "rules.toml:1", ""),
+            (
+                "costs = { \"/x\" = -1 }\n",
+                "rules.toml:1: costs.\"/x\"",
+                "whole number",
+            ),
+        ] {
+            let error = parse(text).unwrap_err();
+            assert!(
+                error.contains(location) && error.contains(words),
+                "{text:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_setting_in_both_the_file_and_the_environment_is_an_error_naming_both() {
+        let file = RulesFile::parse("rules.toml", "\n[auth]\nkey = \"ip\"\n").unwrap();
+        let error = file
+            .merge(&[("AUTH_KEY_BY".into(), "header:X-Key".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("AUTH_KEY_BY") && error.contains("auth.key") && error.contains("line 3"),
+            "{error}"
+        );
+        // Empty counts as unset, as everywhere.
+        assert!(file.merge(&[("AUTH_KEY_BY".into(), " ".into())]).is_ok());
+    }
+}
