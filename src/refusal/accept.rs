@@ -88,8 +88,8 @@ pub(crate) fn choose<'a>(values: impl Iterator<Item = &'a HeaderValue>, default:
         (weight, matched == Match::Exact, DenyFormat::ALL[index] == default)
     };
     let mut best = None;
-    for index in 0..found.len() {
-        if found[index].1 > 0 && best.is_none_or(|best| rank(index) > rank(best)) {
+    for (index, &(_, weight)) in found.iter().enumerate() {
+        if weight > 0 && best.is_none_or(|best| rank(index) > rank(best)) {
             best = Some(index);
         }
     }

@@ -70,13 +70,17 @@ impl DenyFormat {
         }
     }
 
-    /// The `Content-Type` of its body.
+    /// The `Content-Type` of its body: a constant, checked when compiled rather than at each
+    /// refusal as `HeaderValue::from_static` does when called.
     pub(crate) fn content_type(self) -> HeaderValue {
-        HeaderValue::from_static(match self {
-            DenyFormat::Json => "application/json",
-            DenyFormat::Problem => "application/problem+json",
-            DenyFormat::Text => "text/plain; charset=utf-8",
-        })
+        const JSON: HeaderValue = HeaderValue::from_static("application/json");
+        const PROBLEM: HeaderValue = HeaderValue::from_static("application/problem+json");
+        const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+        match self {
+            DenyFormat::Json => JSON,
+            DenyFormat::Problem => PROBLEM,
+            DenyFormat::Text => TEXT,
+        }
     }
 }
 
@@ -232,8 +236,9 @@ impl Refusals {
     /// its `Content-Type`, and `Cache-Control: no-store` when caches could store it unasked.
     pub(crate) fn set_headers(&self, headers: &mut HeaderMap, format: DenyFormat) {
         headers.insert(header::CONTENT_TYPE, format.content_type());
+        const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
         if self.no_store {
-            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            headers.insert(header::CACHE_CONTROL, NO_STORE);
         }
     }
 }
