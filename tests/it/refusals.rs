@@ -124,6 +124,7 @@ async fn redis_refusals_are_shaped_alike() {
     let url = redis.url();
     let mut vars = vec![
         ("REDIS_URL", url.as_str()),
+        ("REDIS_TIMEOUT_MS", "2000"),
         ("DENY_STATUS", "403"),
         ("DENY_FORMAT", "text"),
     ];
@@ -364,7 +365,9 @@ async fn the_backend_sees_the_budget_in_memory() {
 async fn the_backend_sees_the_budget_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    the_backend_sees_the_budget_the_client_is_told(&[("REDIS_URL", url.as_str())]).await;
+    // A loaded machine must not turn a decision into FAIL_MODE=open's none.
+    let store = [("REDIS_URL", url.as_str()), ("REDIS_TIMEOUT_MS", "2000")];
+    the_backend_sees_the_budget_the_client_is_told(&store).await;
 }
 
 #[tokio::test]
