@@ -13,8 +13,8 @@
 //!   carries `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of the descriptor
 //!   nearest its limit (one over it, if any), the headers that service sends with
 //!   `LIMIT_RESPONSE_HEADERS_ENABLED=true`. An `OVER_LIMIT` answer carries the refusal's body
-//!   (`raw_body`, in `DENY_FORMAT`, with its `Content-Type` among the response headers, which
-//!   Envoy takes over its own), for the same limit; Envoy writes the status itself (its
+//!   (`raw_body`, in `DENY_FORMAT`, with its `Content-Type` among the response headers), for
+//!   the same limit; Envoy writes the status itself (its
 //!   filter's `rate_limited_status`, which should be `DENY_STATUS` for a problem body's
 //!   `status` to be true). With `FORWARD_RATELIMIT_HEADERS`, an `OK` answer carries the draft
 //!   `RateLimit-Policy` and `RateLimit` of that limit as `request_headers_to_add`, for Envoy to
@@ -250,7 +250,7 @@ impl RateLimitService {
 
     /// What the status nearest its limit (under `rule`) adds: on a refusal, the body Envoy
     /// sends (`raw_body`, in `DENY_FORMAT`: Envoy's request carries no `Accept` to choose by)
-    /// and its `Content-Type`, which Envoy takes over its own; on an allowed request with
+    /// and its `Content-Type`; on an allowed request with
     /// `FORWARD_RATELIMIT_HEADERS`, the draft fields for Envoy to set on the request it
     /// forwards.
     fn shape(&self, response: &mut RateLimitResponse, status: &DescriptorStatus, rule: &Rule, over: bool) {
