@@ -104,7 +104,12 @@ pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitS
     let Some(table) = &config.rls else {
         return Ok(None);
     };
-    Ok(Some(RateLimitService::new(gate, table.clone())?))
+    let service = RateLimitService::new(gate, table.clone())?;
+    // Envoy's refusals shaped as the other doors' (the decision listener's settings).
+    Ok(Some(match &config.decide {
+        Some(decide) => service.shaped(decide.refusals.clone(), decide.forward_headers),
+        None => service,
+    }))
 }
 
 #[cfg(feature = "testing")]

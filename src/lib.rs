@@ -70,6 +70,7 @@ pub(crate) mod limit_headers;
 pub(crate) mod metrics;
 pub(crate) mod outcome;
 pub(crate) mod proxy;
+pub(crate) mod refusal;
 pub(crate) mod rls;
 pub(crate) mod server;
 mod suggest;

@@ -57,6 +57,12 @@ pub const AUTH_ALGORITHM: Var = Var::unset("AUTH_ALGORITHM");
 pub const AUTH_PATHS: Var = Var::new("AUTH_PATHS", "/login,/signup,/reset-password");
 /// Which rate-limit headers answers carry (default `legacy`).
 pub const RATE_LIMIT_HEADERS: Var = Var::new("RATE_LIMIT_HEADERS", "legacy");
+/// The status of a rate-limit refusal (default `429`).
+pub const DENY_STATUS: Var = Var::new("DENY_STATUS", "429");
+/// The body of a rate-limit refusal when the client's `Accept` prefers none (default `json`).
+pub const DENY_FORMAT: Var = Var::new("DENY_FORMAT", "json");
+/// The draft `RateLimit` fields on forwarded requests, for the backend (default `false`).
+pub const FORWARD_RATELIMIT_HEADERS: Var = Var::new("FORWARD_RATELIMIT_HEADERS", "false");
 /// `text` or `json` log lines (default `text`).
 pub const LOG_FORMAT: Var = Var::new("LOG_FORMAT", "text");
 /// Which requests get an `info` line (default `denied`).
@@ -242,6 +248,9 @@ pub const ALL: &[Var] = &[
     AUTH_ALGORITHM,
     AUTH_PATHS,
     RATE_LIMIT_HEADERS,
+    DENY_STATUS,
+    DENY_FORMAT,
+    FORWARD_RATELIMIT_HEADERS,
     LOG_FORMAT,
     ACCESS_LOG,
     RUST_LOG,

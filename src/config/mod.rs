@@ -52,6 +52,7 @@ use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
+use crate::refusal::{self, DenyFormat, Refusals};
 use crate::rls::DescriptorTable;
 use crate::server::ServerSettings;
 use crate::server::limits::PerClientCap;
@@ -456,6 +457,15 @@ impl Config {
             "legacy, draft, both or none",
             HeaderStyle::parse,
         )?;
+        let refusals = {
+            let value = env.value(vars::DENY_STATUS);
+            let status = refusal::parse_status(value)
+                .map_err(|expected| ConfigError::invalid(vars::DENY_STATUS.name, value, &expected))?;
+            let format = env.parse(vars::DENY_FORMAT, "json, problem or text", DenyFormat::parse)?;
+            // RATE_LIMIT_HEADERS=none reveals nothing about the limits, the rule's name included.
+            Refusals::new(status, format, headers != HeaderStyle::None)
+        };
+        let forward_headers = env.flag(vars::FORWARD_RATELIMIT_HEADERS)?;
         let log_format = env.parse(vars::LOG_FORMAT, "text or json", |s| match s {
             "text" => Some(LogFormat::Text),
             "json" => Some(LogFormat::Json),
@@ -559,6 +569,8 @@ impl Config {
                     listen: SocketAddr::new(bind, decide_port),
                     token,
                     headers,
+                    refusals: refusals.clone(),
+                    forward_headers,
                     body_timeout: body_idle_timeout,
                 })
             }
@@ -582,6 +594,8 @@ impl Config {
             proxy: backend.map(|backend| ProxySettings {
                 backend,
                 headers,
+                refusals,
+                forward_headers,
                 access_log,
                 backend_timeout,
                 backend_idle_timeout,
@@ -706,6 +720,21 @@ impl fmt::Display for Config {
         )?;
         if let Some(rls) = &self.rls {
             writeln!(f, "envoy rls:        {rls}")?;
+        }
+        let refusals = match (&self.proxy, &self.decide) {
+            (Some(proxy), _) => Some((&proxy.refusals, proxy.forward_headers)),
+            (None, Some(decide)) => Some((&decide.refusals, decide.forward_headers)),
+            (None, None) => None,
+        };
+        if let Some((refusals, forward_headers)) = refusals {
+            writeln!(
+                f,
+                "refusals:         {} {} (unless Accept prefers another of json, problem, text); \
+                 RateLimit fields to the backend: {}",
+                refusals.status().as_u16(),
+                refusals.format().as_str(),
+                if forward_headers { "yes" } else { "no" }
+            )?;
         }
         if let Some(proxy) = &self.proxy {
             writeln!(f, "headers:          {}", proxy.headers.as_str())?;

@@ -1585,3 +1585,55 @@ fn the_state_file_is_off_unless_set_saved_every_minute_and_refused_with_redis() 
         ["STATE_SAVE_INTERVAL_S is set but not used: it goes with STATE_FILE"]
     );
 }
+
+#[test]
+fn refusals_and_the_backends_budget_are_configured_for_every_door() {
+    let config = parse(&[("DECIDE_PORT", "8081")]).unwrap();
+    let proxy = config.proxy.as_ref().unwrap();
+    assert_eq!(proxy.refusals.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(proxy.refusals.format(), crate::refusal::DenyFormat::Json);
+    assert!(!proxy.forward_headers);
+    let config = parse(&[
+        ("DECIDE_PORT", "8081"),
+        ("DENY_STATUS", "503"),
+        ("DENY_FORMAT", "problem"),
+        ("FORWARD_RATELIMIT_HEADERS", "true"),
+    ])
+    .unwrap();
+    // The proxy and the decision endpoints refuse alike.
+    for (refusals, forward) in [
+        (
+            &config.proxy.as_ref().unwrap().refusals,
+            config.proxy.as_ref().unwrap().forward_headers,
+        ),
+        (
+            &config.decide.as_ref().unwrap().refusals,
+            config.decide.as_ref().unwrap().forward_headers,
+        ),
+    ] {
+        assert_eq!(refusals.status().as_u16(), 503);
+        assert_eq!(refusals.format(), crate::refusal::DenyFormat::Problem);
+        assert!(forward);
+    }
+    assert!(
+        config
+            .to_string()
+            .contains("refusals:         503 problem (unless Accept prefers another of json, problem, text); RateLimit fields to the backend: yes"),
+        "{config}"
+    );
+    for (vars, says) in [
+        (&[("DENY_STATUS", "204")][..], "DENY_STATUS=\"204\" is invalid"),
+        (&[("DENY_STATUS", "401")], "WWW-Authenticate"),
+        (
+            &[("DENY_FORMAT", "html")],
+            "DENY_FORMAT=\"html\" is invalid: expected json, problem or text",
+        ),
+        (
+            &[("FORWARD_RATELIMIT_HEADERS", "1")],
+            "FORWARD_RATELIMIT_HEADERS=\"1\"",
+        ),
+    ] {
+        let error = error(vars);
+        assert!(error.contains(says), "{vars:?}: {error}");
+    }
+}

@@ -16,6 +16,7 @@ mod ingress;
 mod operator;
 mod proxy;
 mod redis;
+mod refusals;
 mod reload;
 mod rls;
 mod rules;
