@@ -719,7 +719,7 @@ mod tests {
             "path",
             "ip+path",
             "header:x-api-key+query:tenant",
-            "path+ip+cookie:__Host-id",
+            "ip+path+cookie:__Host-id",
             "query:filter[]",
         ] {
             assert_eq!(KeyBy::parse(value).unwrap().to_string(), value);
@@ -728,6 +728,8 @@ mod tests {
             KeyBy::parse("header:X-Api-Key").unwrap().to_string(),
             "header:x-api-key"
         );
+        // The address is written first, wherever it was.
+        assert_eq!(KeyBy::parse("path+ip").unwrap().to_string(), "ip+path");
         let by = KeyBy::parse("ip+header:X-API-Key+query:tenant").unwrap();
         assert!(by.has_ip());
         assert_eq!(by.headers().map(HeaderName::as_str).collect::<Vec<_>>(), ["x-api-key"]);

@@ -574,3 +574,60 @@ async fn header_keys_in_redis_are_the_digest_of_the_value_alone() {
     );
     gateway.stop().await;
 }
+
+async fn over_http2(store: Store) -> Vec<(u16, Option<u64>)> {
+    use http_body_util::Empty;
+    use hyper::client::conn::http2;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let redis = redis_for(store);
+    let backend = Backend::start().await;
+    let mut vars = BUDGET.to_vec();
+    vars.push(("KEY_BY", "ip+host+cookie:session"));
+    let gateway = Gateway::start(&backend.url(), &borrowed(&with_store(store, &redis, &vars))).await;
+    let stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    let (mut sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut seen_all = Vec::new();
+    // :authority names the host; the cookie-string comes split into fields (RFC 9113 8.2.3).
+    for (authority, cookies) in [
+        ("app.example", &["session=s1"][..]),
+        ("APP.example:80", &["theme=dark", "session=s1"][..]),
+        ("other.example", &["session=s1"][..]),
+    ] {
+        let mut request = http::Request::get(format!("http://{authority}/"));
+        for cookie in cookies {
+            request = request.header("cookie", *cookie);
+        }
+        let response = sender
+            .send_request(request.body(Empty::<Bytes>::new()).unwrap())
+            .await
+            .unwrap();
+        let remaining = response
+            .headers()
+            .get("x-ratelimit-remaining")
+            .map(|value| value.to_str().unwrap().parse().unwrap());
+        seen_all.push((response.status().as_u16(), remaining));
+    }
+    // The same client over HTTP/1.1, its Host the same host: the same budget.
+    let reply = get_from(
+        gateway.addr,
+        ip("127.0.0.1"),
+        "/",
+        &[("host", "app.example"), ("cookie", "session=s1")],
+    )
+    .await;
+    seen_all.push(seen(&reply));
+    gateway.stop().await;
+    seen_all
+}
+
+#[tokio::test]
+async fn http2_requests_are_keyed_by_their_authority_and_split_cookies() {
+    on_both_stores!(
+        over_http2,
+        vec![(200, Some(1)), (200, Some(0)), (200, Some(1)), (429, Some(0))]
+    );
+}
