@@ -710,9 +710,21 @@ fn bad_route_entries_stop_startup_naming_the_entry() {
             "is taken",
         ),
         ("ROUTES", "/a=token_bucket:5:1;/a=gcra:1:1", "can never match"),
-        ("ROUTES", "/a=token_bucket:5:1,key=body:x", "key=body:x: \"body:x\" is not a key source"),
-        ("ROUTES", "/a=token_bucket:5:1,key=ip+ip", "key=ip+ip: ip is named twice"),
-        ("KEY_BY", "ip+query:a&b", "\"query:a&b\": \"a&b\" is not a query parameter name"),
+        (
+            "ROUTES",
+            "/a=token_bucket:5:1,key=body:x",
+            "key=body:x: \"body:x\" is not a key source",
+        ),
+        (
+            "ROUTES",
+            "/a=token_bucket:5:1,key=ip+ip",
+            "key=ip+ip: ip is named twice",
+        ),
+        (
+            "KEY_BY",
+            "ip+query:a&b",
+            "\"query:a&b\": \"a&b\" is not a query parameter name",
+        ),
         ("KEY_BY", "cookie:a=b", "\"a=b\" is not a cookie name"),
         ("AUTH_KEY_BY", "ip+", "\"ip+\" has an empty part"),
         ("KEY_BY", "path+path", "path is named twice"),
@@ -761,14 +773,27 @@ fn header_keys_need_a_shared_secret_with_redis() {
 
 #[test]
 fn every_key_read_from_requests_needs_a_shared_secret_with_redis() {
-    for key_by in ["cookie:session", "query:tenant", "host", "path", "ip+path", "header:a+query:b"] {
+    for key_by in [
+        "cookie:session",
+        "query:tenant",
+        "host",
+        "path",
+        "ip+path",
+        "header:a+query:b",
+    ] {
         let message = error(&[("KEY_BY", key_by), ("REDIS_ADDR", "db:6379")]);
-        assert!(message.starts_with("KEY_HASH_SECRET is required"), "{key_by}: {message}");
+        assert!(
+            message.starts_with("KEY_HASH_SECRET is required"),
+            "{key_by}: {message}"
+        );
         let message = error(&[
             ("ROUTES", &format!("/a=gcra:5:1,key={key_by}")),
             ("REDIS_ADDR", "db:6379"),
         ]);
-        assert!(message.starts_with("KEY_HASH_SECRET is required"), "{key_by}: {message}");
+        assert!(
+            message.starts_with("KEY_HASH_SECRET is required"),
+            "{key_by}: {message}"
+        );
     }
     parse(&[("KEY_BY", "ip"), ("REDIS_ADDR", "db:6379")]).unwrap();
     let config = parse(&[
@@ -779,7 +804,10 @@ fn every_key_read_from_requests_needs_a_shared_secret_with_redis() {
         ("EXEMPT", "key:batch"),
     ])
     .unwrap();
-    assert_eq!(general(&config).key_by.to_string(), "ip+header:x-api-key+query:tenant");
+    assert_eq!(
+        general(&config).key_by.to_string(),
+        "ip+header:x-api-key+query:tenant"
+    );
     assert_eq!(auth(&config).key_by.to_string(), "cookie:session");
     // The exempt value, as the one rule keyed by one source (the cookie) digests it; the rule
     // keyed by several is one digest of them all, which no single value names.
@@ -814,14 +842,28 @@ fn key_sources_a_client_chooses_alone_are_warned_about_and_header_host_points_to
         warned.len() == 1 && warned[0].contains("key=path: every client shares one budget per path"),
         "{warned:?}"
     );
-    for quiet in ["ip+host", "ip+path", "cookie:session", "query:tenant", "header:X-API-Key+host"] {
+    for quiet in [
+        "ip+host",
+        "ip+path",
+        "cookie:session",
+        "query:tenant",
+        "header:X-API-Key+host",
+    ] {
         assert!(warnings(&[("KEY_BY", quiet)]).is_empty(), "{quiet}");
     }
     // A credential-free header among sources is still warned about; a certain one refused.
     assert_eq!(warnings(&[("KEY_BY", "ip+query:t+header:User-Agent")]).len(), 1);
-    for refused in ["header:Host", "query:t+header:X-Forwarded-For", "header:Cookie", "path+header:user-agent+header:host"] {
+    for refused in [
+        "header:Host",
+        "query:t+header:X-Forwarded-For",
+        "header:Cookie",
+        "path+header:user-agent+header:host",
+    ] {
         let message = error(&[("KEY_BY", refused)]);
-        assert!(message.contains("a header that identifies a client"), "{refused}: {message}");
+        assert!(
+            message.contains("a header that identifies a client"),
+            "{refused}: {message}"
+        );
     }
     let message = error(&[("KEY_BY", "header:Host")]);
     assert!(message.contains("the host source reads both"), "{message}");

@@ -218,13 +218,15 @@ fn is_query_name(name: &str) -> bool {
 /// empty value is none. One pass over the query, and nothing allocated unless the value is
 /// encoded: a query of many parameters costs its length, which the request head's bound caps.
 pub fn query_value<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
-    query.split('&').find_map(|pair| {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        form_decode(key.as_bytes())
-            .eq(name.bytes())
-            .then(|| decoded(value.as_bytes(), true))
-    })
-    .filter(|value| !value.is_empty())
+    query
+        .split('&')
+        .find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            form_decode(key.as_bytes())
+                .eq(name.bytes())
+                .then(|| decoded(value.as_bytes(), true))
+        })
+        .filter(|value| !value.is_empty())
 }
 
 /// The value of the first cookie called `name` in `lines` (every `Cookie` line, in order:
@@ -631,7 +633,10 @@ mod tests {
         let other = KeyHasher::from_secret("another secret");
         assert_ne!(key, ClientKey::new(&by, addr(), Some(value), &other));
         // Without the header: the address.
-        assert_eq!(ClientKey::new(&by, addr(), None, &hasher).to_string(), "192.0.2.1");
+        assert_eq!(
+            ClientKey::new(&by, addr(), None, &hasher).to_string(),
+            "192.0.2.1"
+        );
         let both = KeyBy::parse("ip+header:x-api-key").unwrap();
         let key = ClientKey::new(&both, addr(), Some(&[b"k"]), &hasher).to_string();
         assert!(key.starts_with("192.0.2.1+key:"), "{key}");
@@ -676,7 +681,10 @@ mod tests {
         framed.extend_from_slice(b"cookie:id");
         framed.extend_from_slice(&1u64.to_le_bytes());
         framed.push(b'v');
-        assert_eq!(key("cookie:id", &[b"v"]), ClientKey::Header(hasher.digest(&framed)));
+        assert_eq!(
+            key("cookie:id", &[b"v"]),
+            ClientKey::Header(hasher.digest(&framed))
+        );
         assert!(http::HeaderValue::from_bytes(&framed).is_err());
         // The same values, the same key; with ip, the address and the digest.
         assert_eq!(
@@ -732,7 +740,10 @@ mod tests {
         assert_eq!(KeyBy::parse("path+ip").unwrap().to_string(), "ip+path");
         let by = KeyBy::parse("ip+header:X-API-Key+query:tenant").unwrap();
         assert!(by.has_ip());
-        assert_eq!(by.headers().map(HeaderName::as_str).collect::<Vec<_>>(), ["x-api-key"]);
+        assert_eq!(
+            by.headers().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["x-api-key"]
+        );
         assert_eq!(by.single(), None);
         assert_eq!(KeyBy::parse("ip+host").unwrap().single(), Some(&Source::Host));
         // The table's digest of the three forms there were is what it was.
@@ -741,7 +752,10 @@ mod tests {
             format!("{:?}", KeyBy::parse("ip+header:X-A").unwrap()),
             "IpAndHeader(\"x-a\")"
         );
-        assert_eq!(format!("{:?}", KeyBy::parse("ip+path").unwrap()), "KeyBy(\"ip+path\")");
+        assert_eq!(
+            format!("{:?}", KeyBy::parse("ip+path").unwrap()),
+            "KeyBy(\"ip+path\")"
+        );
     }
 
     #[test]
@@ -760,7 +774,10 @@ mod tests {
             ("+path", "has an empty part"),
             ("ip+body:x", "\"body:x\" is not a key source"),
             ("IP", "\"IP\" is not a key source"),
-            ("ip+path+host+query:a+query:b+query:c+query:d+query:e+query:f", "at most 8 parts"),
+            (
+                "ip+path+host+query:a+query:b+query:c+query:d+query:e+query:f",
+                "at most 8 parts",
+            ),
         ] {
             let error = KeyBy::parse(value).unwrap_err();
             assert!(error.contains(expected), "{value}: {error}");
@@ -795,7 +812,10 @@ mod tests {
         assert_eq!(query("tenant=a=b", "tenant").as_deref(), Some("a=b"));
         assert_eq!(query_value("tenant=%FF", "tenant").as_deref(), Some(&[0xFF][..]));
         // Not allocated when nothing is encoded.
-        assert!(matches!(query_value("tenant=acme", "tenant"), Some(Cow::Borrowed(_))));
+        assert!(matches!(
+            query_value("tenant=acme", "tenant"),
+            Some(Cow::Borrowed(_))
+        ));
     }
 
     #[test]
@@ -818,14 +838,26 @@ mod tests {
     #[test]
     fn cookies_are_read_from_every_line_and_the_first_wins() {
         assert_eq!(cookie(&["session=abc"], "session").as_deref(), Some("abc"));
-        assert_eq!(cookie(&["a=1; session=abc; b=2"], "session").as_deref(), Some("abc"));
+        assert_eq!(
+            cookie(&["a=1; session=abc; b=2"], "session").as_deref(),
+            Some("abc")
+        );
         // HTTP/2 splits a cookie-string into lines; their order is kept.
         assert_eq!(cookie(&["a=1", "session=abc"], "session").as_deref(), Some("abc"));
-        assert_eq!(cookie(&["session=one", "session=two"], "session").as_deref(), Some("one"));
-        assert_eq!(cookie(&["session=one; session=two"], "session").as_deref(), Some("one"));
+        assert_eq!(
+            cookie(&["session=one", "session=two"], "session").as_deref(),
+            Some("one")
+        );
+        assert_eq!(
+            cookie(&["session=one; session=two"], "session").as_deref(),
+            Some("one")
+        );
         // Lenient as servers are: no space, extra spaces, a pair without '='.
         assert_eq!(cookie(&["a=1;session=abc"], "session").as_deref(), Some("abc"));
-        assert_eq!(cookie(&[" junk ;  session = abc ; "], "session").as_deref(), Some("abc"));
+        assert_eq!(
+            cookie(&[" junk ;  session = abc ; "], "session").as_deref(),
+            Some("abc")
+        );
         // Quotes and escapes are spellings: one value.
         assert_eq!(cookie(&["session=\"abc\""], "session").as_deref(), Some("abc"));
         assert_eq!(cookie(&["session=%61bc"], "session").as_deref(), Some("abc"));

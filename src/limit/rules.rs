@@ -459,7 +459,12 @@ impl RuleTable {
             }
         }
         let values: [&[u8]; MAX_SOURCES] = std::array::from_fn(|i| &*read[i]);
-        Ok(ClientKey::new(by, ip, Some(&values[..sources.len()]), &self.hasher))
+        Ok(ClientKey::new(
+            by,
+            ip,
+            Some(&values[..sources.len()]),
+            &self.hasher,
+        ))
     }
 
     /// The rules a request on `pattern` can be classified under: each route overlapping it, in
@@ -503,12 +508,19 @@ fn source_value<'h>(source: &Source, head: &RequestHead<'h>) -> Result<Option<Co
 
 /// The value of `name`, sent once: none when absent or empty, an error when sent twice or as
 /// a comma list (which a proxy may have merged from two lines).
-fn one_header<'h>(headers: &'h HeaderMap, name: &http::HeaderName) -> Result<Option<&'h [u8]>, ClassifyError> {
+fn one_header<'h>(
+    headers: &'h HeaderMap,
+    name: &http::HeaderName,
+) -> Result<Option<&'h [u8]>, ClassifyError> {
     let mut values = headers.get_all(name).iter();
     match (values.next(), values.next()) {
         (Some(_), Some(_)) => Err(ClassifyError::RepeatedKeyHeader(name.clone())),
-        (Some(value), None) if value.as_bytes().contains(&b',') => Err(ClassifyError::ListKeyHeader(name.clone())),
-        (value, _) => Ok(value.map(|value| value.as_bytes()).filter(|value| !value.is_empty())),
+        (Some(value), None) if value.as_bytes().contains(&b',') => {
+            Err(ClassifyError::ListKeyHeader(name.clone()))
+        }
+        (value, _) => Ok(value
+            .map(|value| value.as_bytes())
+            .filter(|value| !value.is_empty())),
     }
 }
 

@@ -21,7 +21,11 @@ enum Store {
 }
 
 /// `vars` for `store` (with Redis, `redis`'s address and the shared secret).
-fn with_store<'a>(store: Store, redis: &'a Option<RedisServer>, vars: &[(&'a str, &'a str)]) -> Vec<(String, String)> {
+fn with_store<'a>(
+    store: Store,
+    redis: &'a Option<RedisServer>,
+    vars: &[(&'a str, &'a str)],
+) -> Vec<(String, String)> {
     let mut all: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     if let (Store::Redis, Some(redis)) = (store, redis) {
         all.push(("REDIS_ADDR".into(), redis.addr()));
@@ -185,8 +189,8 @@ async fn paths_per_client(store: Store) -> Vec<(u16, Option<u64>)> {
         let keys = redis.cli(&["--scan"]);
         assert_eq!(keys.lines().count(), 3, "{keys}");
         assert!(
-            keys.lines().all(|key| key.starts_with("tollgate:{general:127.0.0.")
-                && key.contains("+key:")),
+            keys.lines()
+                .all(|key| key.starts_with("tollgate:{general:127.0.0.") && key.contains("+key:")),
             "{keys}"
         );
     }
@@ -232,7 +236,9 @@ async fn missing_sources(store: Store) -> Vec<(u16, Option<u64>)> {
         ("/", &[][..]),
         ("/", &key[..]),
     ] {
-        seen_all.push(seen(&get_from(gateway.addr, ip("127.0.0.1"), target, headers).await));
+        seen_all.push(seen(
+            &get_from(gateway.addr, ip("127.0.0.1"), target, headers).await,
+        ));
     }
     gateway.stop().await;
     seen_all
@@ -261,7 +267,13 @@ async fn hosts(store: Store) -> Vec<(u16, Option<u64>)> {
     vars.push(("KEY_BY", "ip+host"));
     let gateway = Gateway::start(&backend.url(), &borrowed(&with_store(store, &redis, &vars))).await;
     let mut seen_all = Vec::new();
-    for host in ["a.example", "A.Example:80", "a.example.", "b.example", "a.example:8080"] {
+    for host in [
+        "a.example",
+        "A.Example:80",
+        "a.example.",
+        "b.example",
+        "a.example:8080",
+    ] {
         let reply = get_from(gateway.addr, ip("127.0.0.1"), "/", &[("host", host)]).await;
         seen_all.push(seen(&reply));
     }
@@ -359,7 +371,9 @@ async fn forward_auth_reads_cookies_and_refuses_two_forwarded_hosts() {
         forward_auth(&gateway, "/", "app.example", &cookie).await.status,
         forward_auth(&gateway, "/", "app.example", &cookie).await.status,
         forward_auth(&gateway, "/", "app.example", &cookie).await.status,
-        forward_auth(&gateway, "/", "app.example", &[("cookie", "session=s2")]).await.status,
+        forward_auth(&gateway, "/", "app.example", &[("cookie", "session=s2")])
+            .await
+            .status,
     ];
     assert_eq!(statuses.map(|s| s.as_u16()), [200, 200, 429, 200]);
     let twice = forward_auth(&gateway, "/", "a.example", &[("x-forwarded-host", "b.example")]).await;
@@ -387,7 +401,10 @@ async fn check_sources(store: Store) -> Vec<(u16, Option<u64>)> {
     let redis = redis_for(store);
     let mut vars = BUDGET.to_vec();
     vars.push(("KEY_BY", "query:tenant"));
-    vars.push(("ROUTES", "/site=fixed_window:1:60,key=ip+host+cookie:id,name=site"));
+    vars.push((
+        "ROUTES",
+        "/site=fixed_window:1:60,key=ip+host+cookie:id,name=site",
+    ));
     let gateway = Gateway::start_decide(None, &borrowed(&with_store(store, &redis, &vars))).await;
     let mut seen_all = Vec::new();
     for body in [
@@ -433,7 +450,10 @@ async fn the_admin_names_single_source_clients_by_value_and_composite_ones_by_di
             ("MAX_TOKENS", "2"),
             ("REFILL_RATE", "0.001"),
             ("KEY_BY", "query:tenant"),
-            ("ROUTES", "/both=token_bucket:2:0.001,key=ip+header:X-API-Key+query:tenant,name=both"),
+            (
+                "ROUTES",
+                "/both=token_bucket:2:0.001,key=ip+header:X-API-Key+query:tenant,name=both",
+            ),
             ("ADMIN_TOKEN", "an admin token of sixteen"),
         ],
     )
@@ -507,7 +527,13 @@ async fn exempt_keys_name_the_value_of_a_rules_one_source() {
     )
     .await;
     for _ in 0..3 {
-        let reply = get_from(gateway.addr, ip("127.0.0.1"), "/", &[("cookie", "session=batch-job")]).await;
+        let reply = get_from(
+            gateway.addr,
+            ip("127.0.0.1"),
+            "/",
+            &[("cookie", "session=batch-job")],
+        )
+        .await;
         assert_eq!(seen(&reply), (200, None));
     }
     gateway.stop().await;
@@ -527,7 +553,14 @@ async fn binary(store: Store) -> Vec<(u16, Option<u64>)> {
     let vars = with_store(store, &redis, &vars);
     let tollgate = Running::start(&borrowed(&vars));
     let mut seen_all = Vec::new();
-    for target in ["/a?tenant=t1", "/a?tenant=t1", "/a?tenant=t2", "/b?tenant=t1", "/a", "/b"] {
+    for target in [
+        "/a?tenant=t1",
+        "/a?tenant=t1",
+        "/a?tenant=t2",
+        "/b?tenant=t1",
+        "/a",
+        "/b",
+    ] {
         seen_all.push(seen(&get_from(tollgate.addr, ip("127.0.0.1"), target, &[]).await));
     }
     assert!(tollgate.terminate().await.success());
@@ -565,11 +598,18 @@ async fn header_keys_in_redis_are_the_digest_of_the_value_alone() {
         ],
     )
     .await;
-    get_from(gateway.addr, ip("127.0.0.1"), "/", &[("x-api-key", "sk_live_4242")]).await;
+    get_from(
+        gateway.addr,
+        ip("127.0.0.1"),
+        "/",
+        &[("x-api-key", "sk_live_4242")],
+    )
+    .await;
     let digest = tollgate::limit::KeyHasher::from_secret(SECRET).digest(b"sk_live_4242");
     let keys = redis.cli(&["--scan"]);
     assert!(
-        keys.trim().starts_with(&format!("tollgate:{{general:key:{digest}}}:tb:")),
+        keys.trim()
+            .starts_with(&format!("tollgate:{{general:key:{digest}}}:tb:")),
         "{keys}"
     );
     gateway.stop().await;
