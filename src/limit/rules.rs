@@ -451,6 +451,14 @@ impl RuleTable {
     /// digested together, or the address alone when any is missing.
     fn key(&self, by: &KeyBy, ip: ClientIp, head: &RequestHead<'_>) -> Result<ClientKey, ClassifyError> {
         let sources = by.sources();
+        // One header, the most common key but the address: read in place, as before there
+        // were other sources, without the array of values below.
+        if let [Source::Header(name)] = sources {
+            return Ok(match one_header(head.headers, name)? {
+                Some(value) => ClientKey::new(by, ip, Some(&[value]), &self.hasher),
+                None => ClientKey::Ip(ip),
+            });
+        }
         let mut read: [Cow<'_, [u8]>; MAX_SOURCES] = Default::default();
         for (slot, source) in read.iter_mut().zip(sources) {
             match source_value(source, head)? {
