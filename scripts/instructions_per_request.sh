@@ -7,6 +7,8 @@
 #
 # usage: scripts/instructions_per_request.sh BINARY [N1 N2]   (default 2000 12000)
 # With BENCH_REFUSED=1 every request but the first is refused (429): the cost of a refusal.
+# BENCH_HEADER="name: value" adds a header to every request (e.g. "accept: */*"); the gateway's
+# other settings (DENY_FORMAT, FORWARD_RATELIMIT_HEADERS, ...) come from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary=${1:?usage: scripts/instructions_per_request.sh BINARY [N1 N2]}
@@ -24,11 +26,13 @@ total() { # requests
     valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$binary" >/dev/null 2>&1 &
   local gateway=$!
   for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:18091/ && break; sleep 0.3; done
-  h2load --h1 -n "$1" -c 8 http://127.0.0.1:18091/ >/dev/null || true
+  local header=()
+  [ -n "${BENCH_HEADER:-}" ] && header=(-H "$BENCH_HEADER")
+  h2load --h1 -n "$1" -c 8 "${header[@]}" http://127.0.0.1:18091/ >/dev/null || true
   kill -TERM "$gateway"; wait "$gateway" 2>/dev/null || true
   kill "$backend"; wait "$backend" 2>/dev/null || true
   awk '/^(summary|totals):/ {print $2; exit}' "$work/cg.out"
 }
 first=$(total "$n1")
 second=$(total "$n2")
-echo "$binary$([ "${BENCH_REFUSED:-0}" = 1 ] && echo " (refused)"): $first instructions at $n1 requests, $second at $n2: $(( (second - first) / (n2 - n1) )) per request"
+echo "$binary$([ "${BENCH_REFUSED:-0}" = 1 ] && echo " (refused)")${BENCH_HEADER:+ ($BENCH_HEADER)}: $first instructions at $n1 requests, $second at $n2: $(( (second - first) / (n2 - n1) )) per request"

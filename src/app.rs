@@ -15,7 +15,8 @@ use crate::config::{Config, StoreConfig};
 use crate::decide::Decide;
 use crate::gate::Gate;
 use crate::gate::identity::ClientIdentity;
-use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
+use crate::limit::state_file::{self, Persistence, SaveStats, StateFileSettings};
+use crate::limit::{Guard, KeyHasher, Limiter, MemoryStore, RedisStore, Rule, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
@@ -55,6 +56,9 @@ pub enum ServeError {
     /// Envoy's rate limit service could not be built from the rule table.
     #[error("envoy rls: {0}")]
     Rls(#[from] RlsError),
+    /// `STATE_FILE` cannot be written where it is.
+    #[error("STATE_FILE: {0}")]
+    StateFile(#[from] state_file::StateFileError),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -70,6 +74,28 @@ pub(crate) fn limiter(config: &Config) -> Result<Limiter, StoreError> {
     })
 }
 
+/// `STATE_FILE` for `store`, built for `rules` (header keys digested by `hasher`): refuse to
+/// start when the file's directory cannot take it (found at deploy time, not at the first
+/// restart that should have kept the budgets), read the file into the store (anything wrong
+/// with it is logged and ignored), and save every `STATE_SAVE_INTERVAL_S` from now on. The
+/// caller saves once more after the drain ([`Persistence::save_on_shutdown`]) and aborts the
+/// periodic task. Call before the listeners accept.
+pub(crate) async fn restore_state(
+    settings: &StateFileSettings,
+    store: &MemoryStore,
+    rules: &[Rule],
+    hasher: &KeyHasher,
+    stats: Arc<SaveStats>,
+) -> Result<(Persistence, tokio::task::JoinHandle<()>), ServeError> {
+    // A file created and removed: quick enough for startup, before anything is served.
+    state_file::check_writable(&settings.path)?;
+    let persistence =
+        Persistence::new(settings.clone(), store.clone(), rules, hasher.fingerprint()).with_stats(stats);
+    persistence.load().await;
+    let periodic = tokio::spawn(persistence.clone().save_periodically());
+    Ok((persistence, periodic))
+}
+
 /// Envoy's rate limit service of `config` (`None` without `RLS_CONFIG`), deciding through
 /// `gate`, which must be built from `config.gate` (whose table holds the descriptors' rules).
 /// The decision listener routes `application/grpc` requests to its
@@ -78,7 +104,12 @@ pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitS
     let Some(table) = &config.rls else {
         return Ok(None);
     };
-    Ok(Some(RateLimitService::new(gate, table.clone())?))
+    let service = RateLimitService::new(gate, table.clone())?;
+    // Envoy's refusals shaped as the other doors' (the decision listener's settings).
+    Ok(Some(match &config.decide {
+        Some(decide) => service.shaped(decide.refusals.clone(), decide.forward_headers),
+        None => service,
+    }))
 }
 
 #[cfg(feature = "testing")]
@@ -106,6 +137,26 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The decision endpoints' (`BIND`, `DECIDE_PORT`): required when `DECIDE_PORT` is set.
     pub decide: Option<TcpListener>,
+    /// SIGHUPs from the moment of binding on, for `RULES_FILE`'s reloads (made by [`bind`]
+    /// when there is a rules file; `None`: [`serve_on`] listens from when it starts).
+    pub hangup: Option<Hangup>,
+}
+
+/// SIGHUPs received since it was made: a client can connect as soon as a listener is bound,
+/// and an operator's SIGHUP from then on must be a reload, not lost.
+pub struct Hangup(tokio::signal::unix::Signal);
+
+impl Hangup {
+    /// Listen for SIGHUP from now on.
+    pub fn listen() -> std::io::Result<Hangup> {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map(Hangup)
+    }
+}
+
+impl std::fmt::Debug for Hangup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hangup")
+    }
 }
 
 /// Bind every listener `config` asks for: the proxy's (`BIND`, `PORT`) when it has a backend,
@@ -130,7 +181,20 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServeError> {
         None => None,
     };
     let admin = Some(bind_one(config.admin.address, "ADMIN_BIND, ADMIN_PORT").await?);
-    Ok(Listeners { proxy, admin, decide })
+    let hangup = match config.reloads_rules() {
+        true => Hangup::listen()
+            .map_err(|error| {
+                tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
+            })
+            .ok(),
+        false => None,
+    };
+    Ok(Listeners {
+        proxy,
+        admin,
+        decide,
+        hangup,
+    })
 }
 
 /// Serve proxied traffic on `listener` (no admin listener) until `shutdown` completes, then
@@ -158,7 +222,7 @@ pub async fn serve_with_admin(
     let listeners = Listeners {
         proxy: Some(listener),
         admin: Some(admin),
-        decide: None,
+        ..Listeners::default()
     };
     serve_on(listeners, config, shutdown).await
 }
@@ -171,7 +235,12 @@ pub async fn serve_on(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let Listeners { proxy, admin, decide } = listeners;
+    let Listeners {
+        proxy,
+        admin,
+        decide,
+        hangup,
+    } = listeners;
     let proxy = wanted(
         proxy,
         config.proxy.is_some(),
@@ -204,6 +273,21 @@ pub async fn serve_on(
         requests: Arc::new(capacity.requests.clone()),
     };
     let metrics = Arc::new(Metrics::new(limiter.clone(), load));
+    // Before anything listens: the budgets saved by the last run, so a client limited before
+    // the restart is limited from the first request after it.
+    let persistence = match (limiter.memory(), &config.store.state_file) {
+        (Some(store), Some(settings)) => Some(
+            restore_state(
+                settings,
+                store,
+                config.gate.rules.rules(),
+                config.gate.rules.hasher(),
+                metrics.state_saves(),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
@@ -233,13 +317,23 @@ pub async fn serve_on(
         .rules_file
         .as_ref()
         .map(|_| {
-            // Installed now, before the listeners accept: a SIGHUP from then on is a reload.
-            let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .map_err(|error| {
-                    tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
-                })
-                .ok();
-            tokio::spawn(watch_rules(Arc::new(config.clone()), hangup, gate.clone(), metrics.clone()))
+            // Installed by `bind`, or now, before the listeners accept: a SIGHUP from then on
+            // is a reload.
+            let hangup = hangup.or_else(|| {
+                Hangup::listen()
+                    .map_err(|error| {
+                        tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
+                    })
+                    .ok()
+            });
+            let saver = persistence.as_ref().map(|(saver, _)| saver.clone());
+            tokio::spawn(watch_rules(
+                Arc::new(config.clone()),
+                hangup,
+                gate.clone(),
+                metrics.clone(),
+                saver,
+            ))
         });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
@@ -350,6 +444,11 @@ pub async fn serve_on(
         watcher.abort();
     }
     tokio::join!(drain(proxy_drain), drain(decide_drain));
+    // After the drain: the budgets as the last requests left them.
+    if let Some((persistence, periodic)) = persistence {
+        periodic.abort();
+        persistence.save_on_shutdown().await;
+    }
     if let Some(admin) = admin {
         admin.abort();
     }
@@ -394,15 +493,20 @@ async fn drain<D: Door>(accepted: Option<(Drain, Server<D>)>) {
 /// SIGHUPs is read as the few reloads it takes to catch up.
 async fn watch_rules(
     config: Arc<Config>,
-    mut hangup: Option<tokio::signal::unix::Signal>,
+    mut hangup: Option<Hangup>,
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
+    saver: Option<Persistence>,
 ) {
     let Some(settings) = config.rules_file.clone() else {
         return;
     };
     let read = |path: String| async move { tokio::fs::read(&path).await.ok() };
-    let mut seen = read(settings.path.clone()).await;
+    // The bytes the table in force was built from: any other bytes are a change.
+    let mut seen = Some(settings.loaded.to_vec());
+    // What `.env` said when the configuration was read: a later change to it is named, as a
+    // reload does not read it.
+    let mut dot_env = settings.dot_env.to_vec();
     let mut tick = settings.interval.map(|interval| {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -410,7 +514,7 @@ async fn watch_rules(
     });
     loop {
         let cause = tokio::select! {
-            Some(()) = async { hangup.as_mut()?.recv().await } => "SIGHUP",
+            Some(()) = async { hangup.as_mut()?.0.recv().await } => "SIGHUP",
             Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
                 let now = read(settings.path.clone()).await;
                 if now == seen {
@@ -425,6 +529,15 @@ async fn watch_rules(
             let config = config.clone();
             tokio::task::spawn_blocking(move || config.reload_rules()).await
         };
+        let now = crate::config::read_dot_env();
+        for (name, _) in now.iter().filter(|entry| !dot_env.contains(entry)) {
+            tracing::warn!(
+                variable = %name,
+                "{name} changed in .env: the environment and .env are read at start only, and a \
+                 reload reads RULES_FILE alone; restart to apply it"
+            );
+        }
+        dot_env = now;
         match reloaded {
             Ok(Ok(table)) if table.digest() == gate.current().digest() => {
                 metrics.config_reload(true);
@@ -432,6 +545,11 @@ async fn watch_rules(
             }
             Ok(Ok(table)) => {
                 let swapped = gate.swap(table);
+                // STATE_FILE saves the table in force: its rules, and the store's view of them.
+                let generation = gate.current();
+                if let (Some(saver), Some(store)) = (&saver, generation.limiter().memory()) {
+                    saver.follow(store.clone(), generation.rules());
+                }
                 metrics.config_reload(true);
                 tracing::info!(
                     file = %settings.path,

@@ -43,7 +43,8 @@
 //!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
 //!   and the stores behind one trait ([`limit::Store`], which the gate's [`limit::Limiter`]
 //!   holds): the memory store, and the guard ([`limit::Guard`]: breakers and fail modes)
-//!   generic over a store that can fail ([`limit::Remote`]), the Redis store.
+//!   generic over a store that can fail ([`limit::Remote`]), the Redis store; and
+//!   [`limit::state_file`], the memory store saved to `STATE_FILE` and read back at start.
 //! - `outcome`: what became of a request, a backend exchange or a connection, as the doors
 //!   and the `metrics` both name it.
 //! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
@@ -69,6 +70,7 @@ pub(crate) mod limit_headers;
 pub(crate) mod metrics;
 pub(crate) mod outcome;
 pub(crate) mod proxy;
+pub(crate) mod refusal;
 pub(crate) mod rls;
 pub(crate) mod server;
 mod suggest;
@@ -78,7 +80,7 @@ pub mod testing;
 pub mod variables;
 
 pub use admin::healthcheck;
-pub use app::{Listeners, ServeError, bind, serve, serve_on, serve_with_admin};
+pub use app::{Hangup, Listeners, ServeError, bind, serve, serve_on, serve_with_admin};
 pub use config::{Config, ConfigError};
 pub use server::raise_fd_limit;
 pub use telemetry::{TelemetryError, check_log_filter, init_logging};

@@ -72,11 +72,20 @@ async fn main() -> ExitCode {
         if let Err(error) = tollgate::check_log_filter() {
             return fail(&format!("configuration error: {error}"));
         }
-        let warnings: String = config
+        let mut warnings: String = config
             .warnings()
             .iter()
             .map(|warning| format!("warning: {warning}\n"))
             .collect();
+        // The machine this runs on may not be the one that serves, so this is a warning here;
+        // serving stops at it.
+        if let Some(state_file) = config.state_file()
+            && let Err(error) = tollgate::limit::state_file::check_writable(&state_file.path)
+        {
+            warnings.push_str(&format!(
+                "warning: STATE_FILE: {error} (tollgate would refuse to start here)\n"
+            ));
+        }
         // A closed pipe (`| head -1`) is not an error worth a panic.
         let _ = writeln!(std::io::stdout(), "configuration ok\n{warnings}{config}");
         return ExitCode::SUCCESS;

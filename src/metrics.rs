@@ -33,6 +33,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::limit::guard::RedisErrorKind;
+use crate::limit::state_file::SaveStats;
 use crate::limit::{Limiter, RuleTable};
 use crate::outcome::{BackendFailure, Outcome, Rejection};
 
@@ -65,6 +66,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_build_info",
     "tollgate_config_reloads_total",
     "tollgate_config_hash",
+    "tollgate_state_saves_total",
+    "tollgate_state_save_duration_seconds",
+    "tollgate_state_file_bytes",
 ];
 
 /// The `rule` label of responses to requests refused before any rule was found for them
@@ -233,6 +237,8 @@ pub struct Metrics {
     /// `tollgate_config_hash`: the loaded rule table's digest (a gauge, so a dashboard sees
     /// which replicas run which table).
     config_hash: Gauge,
+    /// What `STATE_FILE`'s saves did (all zero without one), read at scrape time.
+    state_saves: Arc<SaveStats>,
 }
 
 /// The families of the per-rule series.
@@ -467,6 +473,8 @@ impl Metrics {
             "A digest of the rule table in force (32 bits): replicas with the same value enforce the same rules",
             config_hash.clone(),
         );
+        let state_saves = Arc::<SaveStats>::default();
+        registry.register_collector(Box::new(StateFileCollector(state_saves.clone())));
 
         Metrics {
             families: Families {
@@ -485,6 +493,7 @@ impl Metrics {
             client_connections_unread,
             client_streams_unread,
             client_connections_refused,
+            state_saves,
             client_connections_rejected,
             config_reloads,
             config_hash,
@@ -592,6 +601,11 @@ impl Metrics {
     /// The counter of HTTP/2 streams given up by `SEND_TIMEOUT_MS`, for the server.
     pub fn client_streams_unread(&self) -> Counter {
         self.client_streams_unread.clone()
+    }
+
+    /// What `STATE_FILE`'s saves did, for the saver to count into.
+    pub fn state_saves(&self) -> Arc<SaveStats> {
+        self.state_saves.clone()
     }
 
     /// The exposition in `format`, for `/metrics`.
@@ -830,6 +844,39 @@ impl Collector for StoreCollector {
             MetricType::Gauge,
         )?;
         ConstGauge::new(1i64).encode(build.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)
+    }
+}
+
+/// Reads what `STATE_FILE`'s saves did at scrape time.
+#[derive(Debug)]
+struct StateFileCollector(Arc<SaveStats>);
+
+impl Collector for StateFileCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let stats = &self.0;
+        let mut saves = encoder.encode_descriptor(
+            "state_saves",
+            "Saves of the memory store to STATE_FILE (periodic and on shutdown), by result",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, count) in [("ok", &stats.ok), ("error", &stats.failed)] {
+            ConstCounter::new(count.load(Ordering::Relaxed))
+                .encode(saves.encode_family(&[("result", result)])?)?;
+        }
+        let seconds = ConstGauge::new(stats.last_duration_us.load(Ordering::Relaxed) as f64 / 1e6);
+        seconds.encode(encoder.encode_descriptor(
+            "state_save_duration_seconds",
+            "How long the last good save of STATE_FILE took (0 before the first)",
+            None,
+            seconds.metric_type(),
+        )?)?;
+        gauge(
+            &mut encoder,
+            "state_file_bytes",
+            "The size of STATE_FILE as last saved (0 before the first save)",
+            i64::try_from(stats.last_bytes.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
+        )
     }
 }
 

@@ -57,6 +57,12 @@ pub const AUTH_ALGORITHM: Var = Var::unset("AUTH_ALGORITHM");
 pub const AUTH_PATHS: Var = Var::new("AUTH_PATHS", "/login,/signup,/reset-password");
 /// Which rate-limit headers answers carry (default `legacy`).
 pub const RATE_LIMIT_HEADERS: Var = Var::new("RATE_LIMIT_HEADERS", "legacy");
+/// The status of a rate-limit refusal (default `429`).
+pub const DENY_STATUS: Var = Var::new("DENY_STATUS", "429");
+/// The body of a rate-limit refusal when the client's `Accept` prefers none (default `json`).
+pub const DENY_FORMAT: Var = Var::new("DENY_FORMAT", "json");
+/// The draft `RateLimit` fields on forwarded requests, for the backend (default `false`).
+pub const FORWARD_RATELIMIT_HEADERS: Var = Var::new("FORWARD_RATELIMIT_HEADERS", "false");
 /// `text` or `json` log lines (default `text`).
 pub const LOG_FORMAT: Var = Var::new("LOG_FORMAT", "text");
 /// Which requests get an `info` line (default `denied`).
@@ -127,6 +133,10 @@ pub const KEY_HASH_SECRET: Var = Var::unset("KEY_HASH_SECRET");
 pub const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
 /// Client states held per rule in memory (default `100000`).
 pub const MAX_KEYS: Var = Var::new("MAX_KEYS", "100000");
+/// Where the memory store is saved, to be read back at start (unset: off).
+pub const STATE_FILE: Var = Var::unset("STATE_FILE");
+/// How often the state file is saved while serving, in seconds; 0: on shutdown only (default `60`).
+pub const STATE_SAVE_INTERVAL_S: Var = Var::new("STATE_SAVE_INTERVAL_S", "60");
 
 // --- the listener: TLS and the PROXY protocol
 
@@ -239,6 +249,9 @@ pub const ALL: &[Var] = &[
     AUTH_ALGORITHM,
     AUTH_PATHS,
     RATE_LIMIT_HEADERS,
+    DENY_STATUS,
+    DENY_FORMAT,
+    FORWARD_RATELIMIT_HEADERS,
     LOG_FORMAT,
     ACCESS_LOG,
     RUST_LOG,
@@ -262,6 +275,8 @@ pub const ALL: &[Var] = &[
     KEY_HASH_SECRET,
     TRUSTED_PROXIES,
     MAX_KEYS,
+    STATE_FILE,
+    STATE_SAVE_INTERVAL_S,
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     TLS_RELOAD_INTERVAL_MS,

@@ -52,6 +52,7 @@ use crate::proxy::headers::UnderscoreHeaders;
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
+use crate::refusal::{self, DenyFormat, Refusals};
 use crate::rls::DescriptorTable;
 use crate::server::ServerSettings;
 use crate::server::limits::PerClientCap;
@@ -161,6 +162,22 @@ pub(crate) struct RulesFileSettings {
     /// The environment the configuration was read from (the file's settings not added): a
     /// reload reads the file again beside it.
     pub(crate) environment: Arc<Vec<(String, String)>>,
+    /// The file's bytes this configuration was built from: the watcher reloads when they
+    /// change.
+    pub(crate) loaded: Arc<Vec<u8>>,
+    /// What `.env` set when this configuration was read ([`read_dot_env`]).
+    pub(crate) dot_env: Arc<Vec<(String, String)>>,
+}
+/// The tollgate variables `.env` in the working directory sets now (none when it is missing or
+/// unreadable), for the warning about changes a reload does not apply.
+pub(crate) fn read_dot_env() -> Vec<(String, String)> {
+    let Ok(entries) = dotenvy::from_path_iter(".env") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|(name, _)| VARIABLES.contains(&name.as_str()))
+        .collect()
 }
 
 impl fmt::Debug for RulesFileSettings {
@@ -220,6 +237,11 @@ impl Config {
         self.server.shutdown_timeout
     }
 
+    /// `STATE_FILE` and `STATE_SAVE_INTERVAL_S`; `None` when unset.
+    pub fn state_file(&self) -> Option<&crate::limit::state_file::StateFileSettings> {
+        self.store.state_file.as_ref()
+    }
+
     /// The compiled rule table: what classifies a request head into rule, key, cost and mode.
     pub fn rule_table(&self) -> &crate::limit::RuleTable {
         &self.gate.rules
@@ -272,6 +294,8 @@ impl Config {
         let mut config = Self::from_env_reader(&Env::new(merged)).map_err(|error| file.locate(error))?;
         if let Some(settings) = &mut config.rules_file {
             settings.environment = Arc::new(environment);
+            settings.loaded = Arc::new(file.bytes);
+            settings.dot_env = Arc::new(read_dot_env());
         }
         Ok(config)
     }
@@ -405,6 +429,8 @@ impl Config {
             path: path.to_owned(),
             interval: (!rules_reload.is_zero()).then_some(rules_reload),
             environment: Arc::default(),
+            loaded: Arc::default(),
+            dot_env: Arc::default(),
         });
         let max_keys = env.parse(vars::MAX_KEYS, "a whole number from 1 to 1000000000", |s| {
             s.parse::<usize>()
@@ -412,6 +438,7 @@ impl Config {
                 .filter(|&keys| keys <= MAX_MAX_KEYS)
                 .and_then(NonZeroUsize::new)
         })?;
+        let state_file = store::state_file(env, &store)?;
         // Every rule has room for MAX_KEYS clients, and its index is written at startup.
         let rule_count = rules.rules().len();
         if max_keys.get().saturating_mul(rule_count) > MAX_MAX_KEYS {
@@ -430,6 +457,15 @@ impl Config {
             "legacy, draft, both or none",
             HeaderStyle::parse,
         )?;
+        let refusals = {
+            let value = env.value(vars::DENY_STATUS);
+            let status = refusal::parse_status(value)
+                .map_err(|expected| ConfigError::invalid(vars::DENY_STATUS.name, value, &expected))?;
+            let format = env.parse(vars::DENY_FORMAT, "json, problem or text", DenyFormat::parse)?;
+            // RATE_LIMIT_HEADERS=none reveals nothing about the limits, the rule's name included.
+            Refusals::new(status, format, headers != HeaderStyle::None)
+        };
+        let forward_headers = env.flag(vars::FORWARD_RATELIMIT_HEADERS)?;
         let log_format = env.parse(vars::LOG_FORMAT, "text or json", |s| match s {
             "text" => Some(LogFormat::Text),
             "json" => Some(LogFormat::Json),
@@ -533,6 +569,8 @@ impl Config {
                     listen: SocketAddr::new(bind, decide_port),
                     token,
                     headers,
+                    refusals: refusals.clone(),
+                    forward_headers,
                     body_timeout: body_idle_timeout,
                 })
             }
@@ -556,6 +594,8 @@ impl Config {
             proxy: backend.map(|backend| ProxySettings {
                 backend,
                 headers,
+                refusals,
+                forward_headers,
                 access_log,
                 backend_timeout,
                 backend_idle_timeout,
@@ -575,6 +615,7 @@ impl Config {
             store: StoreSettings {
                 kind: store,
                 max_keys,
+                state_file,
             },
             admin: AdminSettings {
                 address: admin,
@@ -680,6 +721,21 @@ impl fmt::Display for Config {
         if let Some(rls) = &self.rls {
             writeln!(f, "envoy rls:        {rls}")?;
         }
+        let refusals = match (&self.proxy, &self.decide) {
+            (Some(proxy), _) => Some((&proxy.refusals, proxy.forward_headers)),
+            (None, Some(decide)) => Some((&decide.refusals, decide.forward_headers)),
+            (None, None) => None,
+        };
+        if let Some((refusals, forward_headers)) = refusals {
+            writeln!(
+                f,
+                "refusals:         {} {} (unless Accept prefers another of json, problem, text); \
+                 RateLimit fields to the backend: {}",
+                refusals.status().as_u16(),
+                refusals.format().as_str(),
+                if forward_headers { "yes" } else { "no" }
+            )?;
+        }
         if let Some(proxy) = &self.proxy {
             writeln!(f, "headers:          {}", proxy.headers.as_str())?;
             writeln!(
@@ -735,11 +791,17 @@ impl fmt::Display for Config {
             )?;
         }
         match &self.store.kind {
-            StoreConfig::Memory => write!(
-                f,
-                "store:            memory (at most {} client states per rule)",
-                self.store.max_keys
-            ),
+            StoreConfig::Memory => {
+                write!(
+                    f,
+                    "store:            memory (at most {} client states per rule)",
+                    self.store.max_keys
+                )?;
+                match &self.store.state_file {
+                    Some(state_file) => write!(f, "\nstate file:       {state_file}"),
+                    None => write!(f, "\nstate file:       off (budgets start full after a restart)"),
+                }
+            }
             StoreConfig::Redis(redis) => {
                 writeln!(f, "store:            {redis}")?;
                 // Each rule's own (FAIL_MODE, AUTH_FAIL_MODE, a route's fail=), in table order.

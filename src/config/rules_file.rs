@@ -60,6 +60,8 @@ pub(crate) struct RulesFile {
     /// Each list entry it sets (a route, an auth path, ...), with where: an error about one
     /// entry is located at its own line.
     entries: Vec<(Var, String, Origin)>,
+    /// The bytes read, for telling a later change of the file from none.
+    pub(crate) bytes: Vec<u8>,
 }
 
 /// Where in the file a setting is.
@@ -138,7 +140,9 @@ impl RulesFile {
         }
         let text = std::fs::read_to_string(path)
             .map_err(|e| error(path.to_owned(), format!("cannot be read as UTF-8 text: {e}")))?;
-        RulesFile::parse(path, &text).map(Some)
+        let mut file = RulesFile::parse(path, &text)?;
+        file.bytes = text.into_bytes();
+        Ok(Some(file))
     }
 
     /// Translate `text`, the file at `path`.
@@ -147,6 +151,7 @@ impl RulesFile {
             path: path.to_owned(),
             vars: Vec::new(),
             entries: Vec::new(),
+            bytes: Vec::new(),
         };
         let table = DeTable::parse(text).map_err(|e| {
             let line = e.span().map_or(1, |span| line_of(text, span.start));

@@ -7,8 +7,11 @@ use super::ConfigError;
 use super::env::{Env, entries};
 use crate::limit::redis::redact_url;
 use crate::limit::settings::{RedisConfig, StoreConfig};
+use crate::limit::state_file::StateFileSettings;
 use crate::limit::{GuardSettings, RedisTarget};
 use crate::variables as vars;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` and
 /// `REDIS_SENTINELS` is set.
@@ -132,6 +135,43 @@ pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             failure_threshold,
             probe_interval: env.millis(vars::REDIS_PROBE_INTERVAL_MS)?,
         },
+    }))
+}
+
+/// The most `STATE_SAVE_INTERVAL_S` may be: a day. A save that rare loses a day of budgets to a
+/// crash, and a larger number is more likely a mistake (milliseconds) than a wish.
+pub(crate) const MAX_SAVE_INTERVAL_S: u64 = 24 * 3600;
+
+/// `STATE_FILE` (and with it `STATE_SAVE_INTERVAL_S`), for the memory store. With Redis it is
+/// an error rather than a warning: budgets already survive a restart there, and what the
+/// operator who set it expects (a file that keeps them) would silently not exist, not even for
+/// `FAIL_MODE=local`'s store, which is not saved.
+pub(crate) fn state_file(env: &Env, store: &StoreConfig) -> Result<Option<StateFileSettings>, ConfigError> {
+    let Some(path) = env.get(vars::STATE_FILE) else {
+        return Ok(None);
+    };
+    if let StoreConfig::Redis(_) = store {
+        return Err(ConfigError::Conflict(
+            "STATE_FILE saves the memory store, but a Redis variable selects Redis, where budgets \
+             already survive a restart (and FAIL_MODE=local's store is not saved): unset STATE_FILE"
+                .into(),
+        ));
+    }
+    if path.ends_with('/') || Path::new(path).file_name().is_none() {
+        return Err(ConfigError::invalid(
+            vars::STATE_FILE.name,
+            path,
+            "the path of a file (its directory must exist and be writable), e.g. /var/lib/tollgate/state",
+        ));
+    }
+    let interval = env.parse(
+        vars::STATE_SAVE_INTERVAL_S,
+        "a whole number of seconds up to 86400 (a day), 0 to save only on shutdown",
+        |s| s.parse::<u64>().ok().filter(|s| *s <= MAX_SAVE_INTERVAL_S),
+    )?;
+    Ok(Some(StateFileSettings {
+        path: PathBuf::from(path),
+        save_interval: (interval > 0).then(|| Duration::from_secs(interval)),
     }))
 }
 

@@ -946,6 +946,7 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
             ("BACKEND_URL", "https://api.internal"),
             ("BACKEND_CA_FILE", "/etc/tollgate/ca.pem"),
             ("BACKEND_TLS_SERVER_NAME", "api.example.com"),
+            ("STATE_FILE", "/var/lib/tollgate/state"),
         ],
     ];
     let mut read = BTreeSet::new();
@@ -1647,4 +1648,109 @@ fn admin_token_is_a_secret_of_16_characters_or_more() {
     let kept = parse(&[("ADMIN_TOKEN", token)]).unwrap().admin.token.unwrap();
     assert!(kept.matches(token.as_bytes()));
     assert!(!kept.matches(b"an-admin-token-of-some-lengt"));
+}
+
+#[test]
+fn the_state_file_is_off_unless_set_saved_every_minute_and_refused_with_redis() {
+    let state_file = |vars: &[(&str, &str)]| parse(vars).unwrap().store.state_file;
+    assert_eq!(state_file(&[]), None);
+    let on = state_file(&[("STATE_FILE", "/var/lib/tollgate/state")]).unwrap();
+    assert_eq!(on.path, std::path::Path::new("/var/lib/tollgate/state"));
+    assert_eq!(on.save_interval, Some(Duration::from_secs(60)));
+    assert_eq!(
+        on.to_string(),
+        "/var/lib/tollgate/state (read at start; saved every 60 s and on shutdown)"
+    );
+    let shutdown_only = state_file(&[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "0")]).unwrap();
+    assert_eq!(shutdown_only.save_interval, None);
+    let shown = parse(&[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "0")])
+        .unwrap()
+        .to_string();
+    assert!(
+        shown.contains("state file:       state (read at start; saved on shutdown only)"),
+        "{shown}"
+    );
+    assert!(parse(&[]).unwrap().to_string().contains("state file:       off"));
+    for (vars, expected) in [
+        (
+            &[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "1m")][..],
+            "STATE_SAVE_INTERVAL_S=\"1m\" is invalid",
+        ),
+        (
+            &[("STATE_FILE", "state"), ("STATE_SAVE_INTERVAL_S", "86401")],
+            "STATE_SAVE_INTERVAL_S=\"86401\" is invalid",
+        ),
+        (
+            &[("STATE_FILE", "/var/lib/tollgate/")],
+            "STATE_FILE=\"/var/lib/tollgate/\" is invalid",
+        ),
+        (
+            &[("STATE_FILE", "state"), ("REDIS_ADDR", "db:6379")],
+            "STATE_FILE saves the memory store, but a Redis variable selects Redis",
+        ),
+        // Checked even when not read.
+        (
+            &[("STATE_SAVE_INTERVAL_S", "often")],
+            "STATE_SAVE_INTERVAL_S=\"often\" is invalid",
+        ),
+    ] {
+        let error = error(vars);
+        assert!(error.contains(expected), "{vars:?}: {error}");
+    }
+    assert_eq!(
+        warnings(&[("STATE_SAVE_INTERVAL_S", "10")]),
+        ["STATE_SAVE_INTERVAL_S is set but not used: it goes with STATE_FILE"]
+    );
+}
+
+#[test]
+fn refusals_and_the_backends_budget_are_configured_for_every_door() {
+    let config = parse(&[("DECIDE_PORT", "8081")]).unwrap();
+    let proxy = config.proxy.as_ref().unwrap();
+    assert_eq!(proxy.refusals.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(proxy.refusals.format(), crate::refusal::DenyFormat::Json);
+    assert!(!proxy.forward_headers);
+    let config = parse(&[
+        ("DECIDE_PORT", "8081"),
+        ("DENY_STATUS", "503"),
+        ("DENY_FORMAT", "problem"),
+        ("FORWARD_RATELIMIT_HEADERS", "true"),
+    ])
+    .unwrap();
+    // The proxy and the decision endpoints refuse alike.
+    for (refusals, forward) in [
+        (
+            &config.proxy.as_ref().unwrap().refusals,
+            config.proxy.as_ref().unwrap().forward_headers,
+        ),
+        (
+            &config.decide.as_ref().unwrap().refusals,
+            config.decide.as_ref().unwrap().forward_headers,
+        ),
+    ] {
+        assert_eq!(refusals.status().as_u16(), 503);
+        assert_eq!(refusals.format(), crate::refusal::DenyFormat::Problem);
+        assert!(forward);
+    }
+    assert!(
+        config
+            .to_string()
+            .contains("refusals:         503 problem (unless Accept prefers another of json, problem, text); RateLimit fields to the backend: yes"),
+        "{config}"
+    );
+    for (vars, says) in [
+        (&[("DENY_STATUS", "204")][..], "DENY_STATUS=\"204\" is invalid"),
+        (&[("DENY_STATUS", "401")], "WWW-Authenticate"),
+        (
+            &[("DENY_FORMAT", "html")],
+            "DENY_FORMAT=\"html\" is invalid: expected json, problem or text",
+        ),
+        (
+            &[("FORWARD_RATELIMIT_HEADERS", "1")],
+            "FORWARD_RATELIMIT_HEADERS=\"1\"",
+        ),
+    ] {
+        let error = error(vars);
+        assert!(error.contains(says), "{vars:?}: {error}");
+    }
 }

@@ -91,6 +91,8 @@ pub(crate) fn check_unused(
             readers
         } else if REDIS_ONLY.contains(&name) || name == "REDIS_CALLS_IN_FLIGHT" {
             vec![vec![("REDIS_ADDR", "127.0.0.1:6379")]]
+        } else if name == "STATE_SAVE_INTERVAL_S" {
+            vec![vec![("STATE_FILE", "tollgate.state")]]
         } else {
             // Nothing else goes unread; if something does, it has no check of its own here.
             continue;
@@ -201,6 +203,9 @@ fn unused(env: &Env, name: &str) -> String {
             "{name} is set but not used: the store is in memory; Redis settings apply once \
              REDIS_ADDR, REDIS_URL, REDIS_CLUSTER_NODES or REDIS_SENTINELS is set"
         );
+    }
+    if name == "STATE_SAVE_INTERVAL_S" {
+        return format!("{name} is set but not used: it goes with STATE_FILE");
     }
     if SENTINEL_ONLY.contains(&name) {
         return format!("{name} is set but not used: it goes with REDIS_SENTINELS");

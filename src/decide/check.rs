@@ -9,6 +9,8 @@
 //! `{"allowed", "rule", "limit", "remaining", "reset_after_ms", "retry_after_s", "outcome"}`
 //! with the rate-limit headers as well; a bad body gets `400` with a JSON error naming the
 //! field. With `DECIDE_TOKEN` set, `Authorization: Bearer <token>` is required (`401`).
+//! `DENY_STATUS` and `DENY_FORMAT` do not change this answer: it is the decision, not the
+//! refusal, and the caller that acts on it writes its own.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

@@ -16,8 +16,16 @@
 //! keyed by the proxy's own address, every client would share one budget.
 //!
 //! Allowed: `200` with the rate-limit headers (the proxy may copy them onto the request or
-//! the response). Refused: `429` with `Retry-After` and the rate-limit headers, or the status
-//! `?status=` names (`401` or `403`: nginx's `auth_request` takes only 2xx, 401 and 403).
+//! the response); with `FORWARD_RATELIMIT_HEADERS=true` the draft `RateLimit` and
+//! `RateLimit-Policy` among them whatever `RATE_LIMIT_HEADERS` says, for the proxy to set on
+//! the request it forwards. Refused: `DENY_STATUS` (default `429`) with `Retry-After` and the
+//! rate-limit headers, or the status `?status=` names (`401`, `403` or `429`), and a body in
+//! the format the original request's `Accept` prefers, else `DENY_FORMAT` (`json` is the
+//! constant `{"error":"rate limit exceeded"}`). nginx's `auth_request` takes only 2xx, 401 and
+//! 403 from here and answers 500 for anything else, and never passes this body on: behind it,
+//! set `DENY_STATUS=403` or call with `?status=403` (or `401`). Traefik and Caddy pass the
+//! status, the body and its `Content-Type` on to the client. `FAIL_MODE=closed` with Redis
+//! down answers `503`, or the `401` or `403` asked for, so nginx passes it on too.
 //! A request costs what the rule table prices it at; `count=failures` has no refund here,
 //! since the backend's answer is never seen.
 
@@ -28,11 +36,13 @@ use http::header::{self, HeaderName};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
-use super::{Decide, DecideBody, error, full, json};
+use super::{Decide, DecideBody, error, full};
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::gate::{Head, Refused};
-use crate::limit_headers::{integer_value, retry_after_secs};
+use crate::limit::Mode;
+use crate::limit_headers::{integer_value, retry_after_secs, set_draft};
 use crate::outcome::Outcome;
+use crate::refusal::DenyFormat;
 
 /// Where it is served.
 pub const PATH: &str = "/v1/forward-auth";
@@ -203,7 +213,8 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             None,
         );
     }
-    let refusal = match refusal_status(request.uri().query()) {
+    let refusals = &door.settings.refusals;
+    let refusal = match refusal_status(request.uri().query(), refusals.status()) {
         Ok(status) => status,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem, Some("status")),
     };
@@ -242,20 +253,40 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             response
         }
         Outcome::FailClosed => {
-            let status = if refusal == StatusCode::TOO_MANY_REQUESTS {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                refusal
+            // nginx's auth_request passes 401 and 403 on, and answers 500 for anything else.
+            let status = match refusal {
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => refusal,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
             };
             error(status, "rate-limit store unavailable", None)
         }
-        // A constant body: a flood of refusals is the case to make cheap.
-        _ => json(refusal, Bytes::from_static(LIMITED)),
+        _ => {
+            let (format, body) = match (refusals.negotiate(headers), decision) {
+                (format, Some(decision)) if format != DenyFormat::Json => {
+                    let retry_after = retry_after_secs(decision.retry_after);
+                    (
+                        format,
+                        refusals.body(format, refusal, &verdict.rule().name, retry_after),
+                    )
+                }
+                // A constant body: a flood of refusals is the case to make cheap.
+                _ => (DenyFormat::Json, Bytes::from_static(LIMITED)),
+            };
+            let mut response = Response::new(full(body));
+            *response.status_mut() = refusal;
+            refusals.set_headers(response.headers_mut(), format);
+            response
+        }
     };
     if let Some(decision) = decision {
         door.settings
             .headers
             .set(response.headers_mut(), verdict.rule(), decision);
+        // For the calling proxy to copy onto the request it forwards (Traefik's
+        // authResponseHeaders, nginx's auth_request_set), whatever the client is told.
+        if door.settings.forward_headers && verdict.outcome.forwards() && verdict.mode == Mode::Enforce {
+            set_draft(response.headers_mut(), verdict.rule(), decision);
+        }
         if !verdict.outcome.forwards() {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -277,11 +308,11 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     response
 }
 
-/// The status of a refusal: `429`, or what `?status=` names (`401`, `403` or `429`). Other
-/// parameters are not ours and are passed over: Caddy's `forward_auth` appends the original
-/// request's query to the URI it calls.
-fn refusal_status(query: Option<&str>) -> Result<StatusCode, String> {
-    let mut status = StatusCode::TOO_MANY_REQUESTS;
+/// The status of a refusal: `deny` (`DENY_STATUS`), or what `?status=` names (`401`, `403` or
+/// `429`). Other parameters are not ours and are passed over: Caddy's `forward_auth` appends
+/// the original request's query to the URI it calls.
+fn refusal_status(query: Option<&str>, deny: StatusCode) -> Result<StatusCode, String> {
+    let mut status = deny;
     for pair in query.unwrap_or("").split('&') {
         let Some(value) = pair.strip_prefix("status=") else {
             continue;
@@ -301,12 +332,16 @@ fn refusal_status(query: Option<&str>) -> Result<StatusCode, String> {
 /// Traefik and Caddy do not), so the budget would be the real header's and the backend's key
 /// the alias's.
 fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
-    headers
+    let mut aliases = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))
+        .peekable();
+    aliases.peek()?;
+    let generation = door.gate.current();
+    aliases
         .find(|name| {
             let dashed = name.as_str().replace('_', "-");
-            door.gate.key_headers().iter().any(|key| key.as_str() == dashed)
+            generation.key_headers().any(|key| key.as_str() == dashed)
         })
         .map(|name| name.as_str().to_owned())
 }
@@ -430,15 +465,32 @@ mod tests {
     }
 
     #[test]
-    fn the_refusal_status_is_429_401_or_403() {
-        assert_eq!(refusal_status(None), Ok(StatusCode::TOO_MANY_REQUESTS));
-        assert_eq!(refusal_status(Some("status=403")), Ok(StatusCode::FORBIDDEN));
-        assert_eq!(refusal_status(Some("status=401")), Ok(StatusCode::UNAUTHORIZED));
+    fn the_refusal_status_is_deny_status_or_401_403_429() {
+        let deny = StatusCode::TOO_MANY_REQUESTS;
+        assert_eq!(refusal_status(None, deny), Ok(StatusCode::TOO_MANY_REQUESTS));
         assert_eq!(
-            refusal_status(Some("page=2&status=403")),
+            refusal_status(Some("status=403"), deny),
             Ok(StatusCode::FORBIDDEN)
         );
-        assert_eq!(refusal_status(Some("page=2")), Ok(StatusCode::TOO_MANY_REQUESTS));
-        assert!(refusal_status(Some("status=200")).is_err());
+        assert_eq!(
+            refusal_status(Some("status=401"), deny),
+            Ok(StatusCode::UNAUTHORIZED)
+        );
+        assert_eq!(
+            refusal_status(Some("page=2&status=403"), deny),
+            Ok(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(
+            refusal_status(Some("page=2"), deny),
+            Ok(StatusCode::TOO_MANY_REQUESTS)
+        );
+        assert!(refusal_status(Some("status=200"), deny).is_err());
+        // DENY_STATUS is the default; ?status= still names one for this proxy.
+        let deny = StatusCode::FORBIDDEN;
+        assert_eq!(refusal_status(None, deny), Ok(StatusCode::FORBIDDEN));
+        assert_eq!(
+            refusal_status(Some("status=429"), deny),
+            Ok(StatusCode::TOO_MANY_REQUESTS)
+        );
     }
 }

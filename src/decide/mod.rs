@@ -31,6 +31,7 @@ use crate::gate::Gate;
 use crate::limit::KeyHasher;
 use crate::limit::key::Digest;
 use crate::limit_headers::HeaderStyle;
+use crate::refusal::Refusals;
 use crate::server::{Arrival, Door};
 use crate::telemetry::throttle::LogThrottle;
 
@@ -46,6 +47,13 @@ pub struct DecideSettings {
     pub token: Option<Token>,
     /// `RATE_LIMIT_HEADERS`: which rate-limit headers the answers carry, as the proxy's do.
     pub headers: HeaderStyle,
+    /// `DENY_STATUS` and `DENY_FORMAT`: a forward-auth refusal's status (unless `?status=`
+    /// names one) and body, as the proxy's.
+    pub(crate) refusals: Refusals,
+    /// `FORWARD_RATELIMIT_HEADERS`: a forward-auth `200` carries the draft `RateLimit` and
+    /// `RateLimit-Policy` fields whatever `RATE_LIMIT_HEADERS` says, for the calling proxy to
+    /// copy onto the request it forwards.
+    pub(crate) forward_headers: bool,
     /// `BODY_IDLE_TIMEOUT_MS`: how long a `/v1/check` body may take to arrive whole.
     pub body_timeout: Duration,
 }

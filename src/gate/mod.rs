@@ -99,6 +99,11 @@ impl Generation {
         &self.limiter
     }
 
+    /// The headers some rule keys its budgets by, each once.
+    pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.rules.key_headers()
+    }
+
     /// Rule `id`'s metric series.
     pub fn series(&self, id: u16) -> Option<&Arc<RuleSeries>> {
         self.series.rule(id)
@@ -439,11 +444,6 @@ impl Gate {
     pub fn trusts(&self, peer: IpAddr) -> bool {
         self.identity.is_trusted(peer)
     }
-
-    /// The headers some rule of the table in force keys its budgets by, each once.
-    pub fn key_headers(&self) -> Vec<http::HeaderName> {
-        self.current().rules.key_headers().into_iter().cloned().collect()
-    }
 }
 
 impl Generation {
@@ -518,5 +518,109 @@ impl Generation {
             .rule(rule)
             .ok_or_else(|| ClientError::UnknownRule(rule.to_owned()))?;
         Ok((found, self.client_key(found, client)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+
+    fn config(routes: &str) -> Config {
+        Config::from_vars([("BACKEND_URL", "http://127.0.0.1:9"), ("ROUTES", routes)]).unwrap()
+    }
+
+    fn gate(config: &Config) -> Gate {
+        let limiter = crate::app::limiter(config).unwrap();
+        let load = crate::metrics::Load {
+            connections: Arc::new(crate::server::limits::ConnectionSlots::new(1)),
+            requests: Arc::new(crate::server::limits::ConnectionSlots::new(1)),
+        };
+        let metrics = Arc::new(Metrics::new(limiter.clone(), load));
+        Gate::new(config.gate.clone(), limiter, metrics)
+    }
+
+    fn head<'a>(path: &'a str, headers: &'a HeaderMap) -> Head<'a> {
+        Head {
+            method: &Method::POST,
+            path,
+            query: None,
+            authority: None,
+            headers,
+            peer: IpAddr::from([192, 0, 2, 1]),
+            upgrade: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_decided_before_a_swap_is_settled_under_the_table_it_started_with() {
+        let before = config(
+            "/login2=token_bucket:2:0.001,name=login2,count=failures;/api=token_bucket:5:0.001,name=api",
+        );
+        let gate = gate(&before);
+        let headers = HeaderMap::new();
+        let in_flight = gate.decide(&head("/login2", &headers)).await.unwrap();
+        assert_eq!(in_flight.rule().name.as_ref(), "login2");
+        // A route comes first now: every id moves, and login2 has other numbers.
+        let after = config(
+            "/new=token_bucket:1:0.001,name=new;/login2=token_bucket:9:0.001,name=login2;/api=token_bucket:5:0.001,name=api",
+        );
+        let swapped = gate.swap(after.gate.rules.clone());
+        assert_eq!(swapped.added, ["new"]);
+        assert_eq!(swapped.changed, ["login2"]);
+        assert!(swapped.kept.contains(&"api".to_owned()) && swapped.kept.contains(&"general".to_owned()));
+        assert_ne!(swapped.digest, before.gate.rules.digest());
+        // Settled after the swap: refunded to the table it was decided under, the old login2.
+        assert_eq!(in_flight.generation.digest(), before.gate.rules.digest());
+        let old = in_flight.generation.clone();
+        let rule = in_flight.rule().clone();
+        let key = in_flight.key;
+        assert_eq!(old.limiter().inspect(&rule, key).await.unwrap().remaining, 1);
+        gate.settle(&in_flight, 200).await;
+        assert_eq!(
+            old.limiter().inspect(&rule, key).await.unwrap().remaining,
+            2,
+            "refunded there"
+        );
+        // The new table's login2 starts afresh with its own numbers; api kept its budget.
+        let now = gate.decide(&head("/login2", &headers)).await.unwrap();
+        assert_eq!(
+            now.decision
+                .and_then(|d| d.decision().copied())
+                .unwrap()
+                .remaining,
+            8
+        );
+        assert_eq!(now.rule().id, 1, "the id of the table in force");
+    }
+
+    #[tokio::test]
+    async fn a_kept_rule_shares_its_budgets_between_the_tables_old_and_new() {
+        let before = config("/api=token_bucket:3:0.001,name=api");
+        let gate = gate(&before);
+        let headers = HeaderMap::new();
+        let first = gate.decide(&head("/api", &headers)).await.unwrap();
+        gate.swap(
+            config("/x=token_bucket:1:1,name=x;/api=token_bucket:3:0.001,name=api")
+                .gate
+                .rules,
+        );
+        let second = gate.decide(&head("/api", &headers)).await.unwrap();
+        let remaining = |verdict: &Verdict| {
+            verdict
+                .decision
+                .and_then(|d| d.decision().copied())
+                .unwrap()
+                .remaining
+        };
+        assert_eq!(
+            (remaining(&first), remaining(&second)),
+            (2, 1),
+            "one budget across the swap"
+        );
+        // And a request still under the old table spends from the same one.
+        let old = first.generation.clone();
+        let decided = old.limiter().check(first.rule(), first.key, 1).await;
+        assert_eq!(decided.decision().unwrap().remaining, 0);
     }
 }

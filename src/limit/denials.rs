@@ -8,6 +8,12 @@
 //! decision, and asks Redis again only once the time has come. It never admits anything: a
 //! miss or an expired entry asks Redis.
 //!
+//! An entry is trusted for [`RECHECK_AFTER`] at most, however far its retry time: then Redis is
+//! asked again (and refuses again, spending nothing). A reset on another replica (the admin's
+//! `DELETE /v1/clients/RULE/KEY`) gives the client its budget back in Redis, where this
+//! replica cannot see it; so it reaches every replica within that second, at the cost of one
+//! call a second per refused client, not one per request.
+//!
 //! The entry's deadline is measured from the moment the request was *sent* to Redis, before
 //! Redis read its clock, so it falls at or before the true retry time: the cache never refuses
 //! a request after Redis would have admitted it. Entries are bounded (shards of LRU maps),
@@ -32,6 +38,8 @@ const SHARDS: usize = 16;
 struct Denial {
     /// Refused until then (for requests of at least `cost`).
     until: Instant,
+    /// Answered from here until then: `until`, or [`RECHECK_AFTER`] after it was sent if sooner.
+    recheck: Instant,
     /// The budget is entirely back then (for `X-RateLimit-Reset`).
     reset: Instant,
     /// The cost of the refused request: a cheaper one may fit sooner.
@@ -70,7 +78,7 @@ impl DenialCache {
         let shard = self.shard(&key);
         let denial = *shard.peek(&key)?;
         let now = Instant::now();
-        if now >= denial.until || cost < denial.cost {
+        if now >= denial.recheck || cost < denial.cost {
             return None;
         }
         drop(shard);
@@ -92,8 +100,10 @@ impl DenialCache {
             return;
         }
         let key = (rule.id, client);
+        let until = sent + decision.retry_after;
         let denial = Denial {
-            until: sent + decision.retry_after,
+            until,
+            recheck: until.min(sent + RECHECK_AFTER),
             reset: sent + decision.reset_after,
             cost,
             limit: decision.limit,
@@ -117,6 +127,10 @@ impl DenialCache {
         self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// Longest a denial is answered from here before Redis is asked again: how soon a reset on
+/// another replica reaches this one.
+pub const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// A denial that ends sooner than this is not worth an entry: the next request would find it
 /// expired anyway.
@@ -180,6 +194,30 @@ mod tests {
             "at the retry time, ask Redis"
         );
         assert_eq!(cache.hits(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_denial_is_asked_again_after_a_second_so_a_reset_elsewhere_is_seen() {
+        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
+        let rule = rule(Count::All);
+        cache.remember(
+            &rule,
+            client(),
+            1,
+            &denied(Duration::from_secs(3600)),
+            Instant::now(),
+        );
+        tokio::time::advance(RECHECK_AFTER - Duration::from_millis(1)).await;
+        let decision = cache.check(&rule, client(), 1).expect("still answered here");
+        assert!(
+            decision.retry_after > Duration::from_secs(3598),
+            "the retry time Redis gave"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            cache.check(&rule, client(), 1).is_none(),
+            "a second on: ask Redis"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -619,7 +619,7 @@ impl<S: Remote> Store for Guard<S> {
 
     /// Forget the client everywhere this replica knows it: its cached denial and its local
     /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica. Other
-    /// replicas' cached denials run out by their retry time, as they would after a refund.
+    /// replicas ask Redis again within [`RECHECK_AFTER`](super::denials::RECHECK_AFTER).
     fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
         let inner = &*self.inner;
         inner.denials.forget(rule, client);

@@ -341,6 +341,18 @@ impl ClientIp {
     }
 }
 
+impl ClientIp {
+    /// The address, host bits beyond [`prefix`](ClientIp::prefix) cleared.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// 32 for IPv4; the IPv6 prefix length otherwise.
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+}
+
 /// `203.0.113.7`, `2001:db8::1` (a single IPv6 address) or `2001:db8:1:2::/64`.
 impl fmt::Display for ClientIp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -375,6 +387,16 @@ impl Digest {
         let high = u64::from_str_radix(&text[..16], 16).ok()?;
         let low = u64::from_str_radix(&text[16..], 16).ok()?;
         Some(Digest([high, low]))
+    }
+
+    /// The digest whose [`to_bytes`](Digest::to_bytes) are `bytes` (one read back from a file).
+    pub fn from_bytes(bytes: [u8; 16]) -> Digest {
+        let [a, b] = [&bytes[..8], &bytes[8..]].map(|half| {
+            let mut word = [0; 8];
+            word.copy_from_slice(half);
+            u64::from_le_bytes(word)
+        });
+        Digest([a, b])
     }
 }
 
@@ -559,6 +581,15 @@ impl KeyHasher {
 }
 
 /// The key is a secret: never printed.
+impl KeyHasher {
+    /// A digest of a fixed label: equal for two hashers exactly when they digest every value
+    /// alike (in practice), so a state file can tell whether the header keys it holds still
+    /// mean the same clients. Tells nothing of the key (SipHash is a keyed PRF).
+    pub fn fingerprint(&self) -> [u8; 16] {
+        self.digest(b"tollgate key-hasher fingerprint").to_bytes()
+    }
+}
+
 impl fmt::Debug for KeyHasher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("KeyHasher(***)")

@@ -321,6 +321,54 @@ impl MemoryStore {
         purged
     }
 
+    /// Hand every client state held to `visit`: its rule's id, the client, the state, and
+    /// whether its last request was refused. One shard at a time, each locked only while its
+    /// own clients are visited (what saving the store to a file reads, `limit::state_file`).
+    pub fn visit_states(&self, mut visit: impl FnMut(u16, &ClientKey, &State, bool)) {
+        for (id, rule) in self.inner.rules.iter().enumerate() {
+            // At most u16::MAX + 1 rules: ids are 16 bits.
+            let id = id as u16;
+            for shard in rule.shards.iter() {
+                let table = lock(shard);
+                for entry in &table.entries {
+                    visit(id, &entry.client, &entry.state, entry.refused);
+                }
+            }
+        }
+    }
+
+    /// Hold `state` for `client` under the rule with id `rule`, as a decision would have left
+    /// it (a state read back from a file, `limit::state_file`): replacing the client's state
+    /// if held, otherwise inserting it, evicting as a new client does when the shard is full,
+    /// so the `MAX_KEYS` bound stays exact. Returns false, holding nothing, for a rule the
+    /// store was not built for.
+    pub fn restore(&self, rule: u16, client: ClientKey, state: State, refused: bool) -> bool {
+        let Some(shards) = self.inner.rules.get(usize::from(rule)) else {
+            return false;
+        };
+        let shared = &*self.inner.shared;
+        let hash = shared.hasher.hash_one(client);
+        let mut table = shards.shard(hash);
+        table.tick = table.tick.wrapping_add(1);
+        let seen = table.tick;
+        if let Some(position) = table.find(hash, &client) {
+            let entry = &mut table.entries[position];
+            (entry.state, entry.refused, entry.seen) = (state, refused, seen);
+            return true;
+        }
+        if table.entries.len() >= table.capacity && table.evict(shared, shards.policy, self.now_us()) {
+            shared.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        let entry = Entry {
+            client,
+            state,
+            refused,
+            seen,
+        };
+        table.insert(hash, entry);
+        true
+    }
+
     /// How many client states are held.
     pub fn len(&self) -> usize {
         self.shards().map(|shard| lock(shard).entries.len()).sum()
@@ -669,6 +717,10 @@ impl Store for MemoryStore {
 
     fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store> {
         Arc::new(MemoryStore::for_rules(self, rules))
+    }
+
+    fn memory(&self) -> Option<&MemoryStore> {
+        Some(self)
     }
 }
 

@@ -24,6 +24,7 @@ pub mod rules;
 pub mod sentinel;
 pub mod settings;
 pub mod slots;
+pub mod state_file;
 pub mod store;
 
 use std::sync::Arc;
@@ -138,6 +139,11 @@ impl Limiter {
     /// Forget the clients whose budget is entirely back (the server's periodic purge).
     pub fn purge_idle(&self) -> usize {
         self.store.purge_idle()
+    }
+
+    /// The memory store, if that is the store (see [`Store::memory`]).
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        self.store.memory()
     }
 
     /// This limiter for another table's `rules` (see [`Store::for_rules`]).

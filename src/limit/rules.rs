@@ -283,14 +283,12 @@ impl RuleTable {
     }
 
     /// The headers some rule keys its budgets by, each once.
-    pub fn key_headers(&self) -> Vec<&http::HeaderName> {
-        let mut names: Vec<&http::HeaderName> = Vec::new();
-        for name in self.rules.iter().flat_map(|rule| rule.key_by.headers()) {
-            if !names.contains(&name) {
-                names.push(name);
-            }
-        }
-        names
+    pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        let all = || self.rules.iter().flat_map(|rule| rule.key_by.headers());
+        all()
+            .enumerate()
+            .filter(move |(i, name)| all().take(*i).all(|earlier| earlier != *name))
+            .map(|(_, name)| name)
     }
 
     /// Every rule, by id: those paths classify into (the general rule last of them), then the
@@ -320,31 +318,11 @@ impl RuleTable {
     /// process, has the same one. Logged at start and on each reload, and exported as
     /// `tollgate_config_hash`, so replicas running different tables can be told apart.
     pub fn digest(&self) -> u32 {
-        struct Fnv(u32);
-        impl fmt::Write for Fnv {
-            fn write_str(&mut self, text: &str) -> fmt::Result {
-                for byte in text.bytes() {
-                    self.0 = (self.0 ^ u32::from(byte)).wrapping_mul(0x0100_0193);
-                }
-                Ok(())
-            }
-        }
-        let mut digest = Fnv(0x811C_9DC5);
         // Every part but the hasher (its key is a secret, or random per process).
-        let _ = fmt::Write::write_fmt(
-            &mut digest,
-            format_args!(
-                "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}",
-                self.rules,
-                self.classified,
-                self.routes,
-                self.costs,
-                self.skip,
-                self.exempt,
-                self.ipv6_prefix
-            ),
-        );
-        digest.0
+        super::algorithm::fnv1a(format_args!(
+            "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}",
+            self.rules, self.classified, self.routes, self.costs, self.skip, self.exempt, self.ipv6_prefix
+        ))
     }
 
     /// The rule called `name`.

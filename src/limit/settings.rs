@@ -6,6 +6,7 @@ use std::fmt;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use super::state_file::StateFileSettings;
 use super::{GuardSettings, RedisTarget};
 
 /// Where budgets live, and how many clients memory holds.
@@ -16,6 +17,9 @@ pub struct StoreSettings {
     /// `MAX_KEYS`: the most client states held in memory per rule (the memory store, or
     /// `FAIL_MODE=local`'s).
     pub max_keys: NonZeroUsize,
+    /// `STATE_FILE` and `STATE_SAVE_INTERVAL_S`: where the memory store is saved and read back
+    /// at start; `None` when unset (and always with Redis, which keeps budgets itself).
+    pub state_file: Option<StateFileSettings>,
 }
 
 /// Which store holds client budgets.

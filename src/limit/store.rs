@@ -66,6 +66,11 @@ pub trait Store: Send + Sync + 'static {
     /// swaps in: every rule whose name and policy are unchanged keeps its clients' budgets,
     /// every other starts afresh. Connections, breakers and counters carry on.
     fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store>;
+
+    /// The memory store, if this is one (what `STATE_FILE` saves).
+    fn memory(&self) -> Option<&super::MemoryStore> {
+        None
+    }
 }
 
 /// A store's answer: at once, or after a wait. A future, so callers `.await` it either way.

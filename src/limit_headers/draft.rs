@@ -1,7 +1,9 @@
 //! The IETF `RateLimit-Policy` and `RateLimit` header fields, sent with `RATE_LIMIT_HEADERS=draft`.
 //!
 //! Written to [draft-ietf-httpapi-ratelimit-headers-11][draft] (23 May 2026), a work in progress
-//! whose syntax has changed between revisions. Both fields are Structured Field Lists (RFC 9651)
+//! whose syntax has changed between revisions. The current revision is -12 (20 November 2026),
+//! whose text could not be read to compare when this was last checked; these fields stay -11's
+//! until it is. The same fields go on forwarded requests with `FORWARD_RATELIMIT_HEADERS`. Both fields are Structured Field Lists (RFC 9651)
 //! of Items whose value is the policy name as an sf-string; tollgate sends one Item per field,
 //! the rule that decided the request:
 //!
@@ -32,6 +34,14 @@ pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Largest sf-integer (RFC 9651 section 3.3.1): 15 decimal digits.
 const MAX_INTEGER: u64 = 999_999_999_999_999;
 
+/// Remove both fields: a client's own on a request forwarded with `FORWARD_RATELIMIT_HEADERS`
+/// that has no decision of ours to carry (an exempt client, a skipped path), so the backend
+/// never reads a budget the client wrote.
+pub(crate) fn remove(headers: &mut HeaderMap) {
+    headers.remove(&RATELIMIT_POLICY);
+    headers.remove(&RATELIMIT);
+}
+
 /// Set both fields for one policy, replacing any the backend sent.
 ///
 /// `name` is the policy name (the rule's name), `quota` is `q`, `window_secs` is `w`, `remaining`
@@ -46,19 +56,31 @@ pub(crate) fn set(
     remaining: u64,
     reset_secs: u64,
 ) {
-    headers.remove(&RATELIMIT_POLICY);
-    headers.remove(&RATELIMIT);
+    remove(headers);
+    let (policy, rate_limit) = fields(name, quota, window_secs, remaining, reset_secs);
+    if let Some(value) = policy {
+        headers.insert(&RATELIMIT_POLICY, value);
+    }
+    if let Some(value) = rate_limit {
+        headers.insert(&RATELIMIT, value);
+    }
+}
+
+/// The values of `RateLimit-Policy` and `RateLimit` for one policy (see [`set`]), each `None`
+/// when it cannot be serialized.
+pub(crate) fn fields(
+    name: &str,
+    quota: u64,
+    window_secs: u64,
+    remaining: u64,
+    reset_secs: u64,
+) -> (Option<HeaderValue>, Option<HeaderValue>) {
     let policy = match window_secs {
         // `w` MUST be non-zero (draft section 3.1.3) but is OPTIONAL: leave it out.
         0 => item(name, &[("q", quota)]),
         window => item(name, &[("q", quota), ("w", window)]),
     };
-    if let Some(value) = policy {
-        headers.insert(&RATELIMIT_POLICY, value);
-    }
-    if let Some(value) = item(name, &[("r", remaining), ("t", reset_secs)]) {
-        headers.insert(&RATELIMIT, value);
-    }
+    (policy, item(name, &[("r", remaining), ("t", reset_secs)]))
 }
 
 /// One List member: the name as an sf-string, then `;key=integer` parameters.

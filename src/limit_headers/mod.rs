@@ -66,15 +66,22 @@ impl HeaderStyle {
             set_rate_limit_headers(headers, decision);
         }
         if matches!(self, HeaderStyle::Draft | HeaderStyle::Both) {
-            let t = if decision.allowed {
-                ceil_secs(decision.reset_after)
-            } else {
-                retry_after_secs(decision.retry_after)
-            };
-            let window = ceil_secs(rule.policy.window());
-            draft::set(headers, &rule.name, decision.limit, window, decision.remaining, t);
+            set_draft(headers, rule, decision);
         }
     }
+}
+
+/// Set the draft's `RateLimit-Policy` and `RateLimit` for `decision` under `rule`, replacing
+/// any there: on a response as `RATE_LIMIT_HEADERS=draft` asks, or on the request forwarded to
+/// the backend (`FORWARD_RATELIMIT_HEADERS`), the same values either way.
+pub(crate) fn set_draft(headers: &mut HeaderMap, rule: &Rule, decision: &Decision) {
+    let t = if decision.allowed {
+        ceil_secs(decision.reset_after)
+    } else {
+        retry_after_secs(decision.retry_after)
+    };
+    let window = ceil_secs(rule.policy.window());
+    draft::set(headers, &rule.name, decision.limit, window, decision.remaining, t);
 }
 
 /// `X-RateLimit-Limit`.

@@ -52,10 +52,11 @@ use tokio::time::Instant;
 
 use crate::gate::tunnels::TunnelSlot;
 use crate::gate::{self, Gate, Refused};
-use crate::limit::Mode;
+use crate::limit::{Decision, Mode, Rule};
 use crate::limit_headers::{self, HeaderStyle};
 use crate::metrics::{BodyBytes, CountedBody, Metrics, RuleSeries};
 use crate::outcome::{BackendFailure, Outcome};
+use crate::refusal::Refusals;
 use crate::server::{Arrival, Door, Peer};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
@@ -72,6 +73,11 @@ pub(crate) struct ProxySettings {
     pub backend: Backend,
     /// `RATE_LIMIT_HEADERS`: which rate-limit headers responses carry.
     pub headers: HeaderStyle,
+    /// `DENY_STATUS` and `DENY_FORMAT`: the status and body of a rate-limit refusal.
+    pub refusals: Refusals,
+    /// `FORWARD_RATELIMIT_HEADERS`: an allowed request reaches the backend with the draft
+    /// `RateLimit` and `RateLimit-Policy` fields its client is told, the client's own removed.
+    pub forward_headers: bool,
     /// `ACCESS_LOG`: which requests get an `info` line.
     pub access_log: AccessLog,
     /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers once the
@@ -256,6 +262,10 @@ pub(crate) struct Proxy {
     gate: Arc<Gate>,
     /// `RATE_LIMIT_HEADERS`.
     header_style: HeaderStyle,
+    /// `DENY_STATUS` and `DENY_FORMAT`.
+    refusals: Refusals,
+    /// `FORWARD_RATELIMIT_HEADERS`.
+    forward_headers: bool,
     /// `BACKEND_TIMEOUT_MS`.
     backend_timeout: Duration,
     /// `BODY_IDLE_TIMEOUT_MS`.
@@ -369,6 +379,20 @@ struct Forwarding<'a> {
     tunnel: Option<TunnelSlot>,
     /// It asks for an upgrade (read once, before the gate took a tunnel's place for it).
     upgrade: bool,
+    /// What the backend is told of the client's budget (`FORWARD_RATELIMIT_HEADERS`).
+    budget: Budget<'a>,
+}
+
+/// What a forwarded request tells the backend of its client's budget.
+#[derive(Clone, Copy)]
+enum Budget<'a> {
+    /// Nothing: `FORWARD_RATELIMIT_HEADERS=false`, and the request's fields pass as they came.
+    Untold,
+    /// The draft fields of the enforced decision that let it through, the client's replaced.
+    Decided(&'a Rule, &'a Decision),
+    /// No decision to tell (exempt, skipped, shadowed, the store unavailable): the client's
+    /// fields are removed, so the backend never reads a budget the client wrote.
+    Unknown,
 }
 
 /// What the log lines and metrics of one request need to know, wherever they are written.
@@ -432,6 +456,8 @@ impl Proxy {
             backend: config.backend.clone(),
             gate,
             header_style: config.headers,
+            refusals: config.refusals.clone(),
+            forward_headers: config.forward_headers,
             backend_timeout: config.backend_timeout,
             body_idle_timeout: config.body_idle_timeout,
             body_min_rate: config.body_min_rate,
@@ -488,7 +514,8 @@ impl Proxy {
         // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
         // the other.
         if self.underscore_headers == headers::UnderscoreHeaders::Forward
-            && let Some(name) = headers::underscore_alias(request.headers(), self.gate.key_headers().iter())
+            && let Some(name) =
+                headers::underscore_alias(request.headers(), self.gate.current().key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
             let refusal = refuse(&reason, request.uri().path(), peer, context);
@@ -523,13 +550,26 @@ impl Proxy {
         let (mut response, by) = if outcome.forwards() {
             // The backend gets the request id too, so its logs and ours can be joined.
             request.headers_mut().insert(&X_REQUEST_ID, id.clone());
+            // Taken first: the rest of `to` borrows the verdict.
+            let tunnel = verdict.tunnel.take();
             let to = Forwarding {
                 connection: arrival.connection,
                 client: verdict.client,
                 rewritten: verdict.rewritten.as_deref(),
                 sent: verdict.decided,
-                tunnel: verdict.tunnel.take(),
+                tunnel,
                 upgrade,
+                budget: match verdict
+                    .decision
+                    .as_ref()
+                    .and_then(crate::limit::Verdict::decision)
+                {
+                    _ if !self.forward_headers => Budget::Untold,
+                    Some(decision) if verdict.mode == Mode::Enforce => {
+                        Budget::Decided(verdict.rule(), decision)
+                    }
+                    _ => Budget::Unknown,
+                },
             };
             // Boxed: the backend exchange's state is most of a request's future, and hyper
             // moves the request's future by value several times before polling it; boxed, it
@@ -541,7 +581,9 @@ impl Proxy {
                 .as_ref()
                 .and_then(crate::limit::Verdict::decision)
             {
-                Some(decision) => response::too_many_requests(decision),
+                Some(decision) => {
+                    response::too_many_requests(&self.refusals, request.headers(), verdict.rule(), decision)
+                }
                 None => response::store_unavailable(),
             };
             (refusal, AnsweredBy::Gateway)
@@ -724,6 +766,7 @@ impl Proxy {
             sent,
             tunnel: tunnel_slot,
             upgrade,
+            budget,
         } = to;
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
 
@@ -743,6 +786,12 @@ impl Proxy {
             tls: connection.tls,
         };
         headers::set_forwarded(&mut parts.headers, &hop);
+        // The budget as the client is told it, never as the client wrote it.
+        match budget {
+            Budget::Untold => {}
+            Budget::Decided(rule, decision) => limit_headers::set_draft(&mut parts.headers, rule, decision),
+            Budget::Unknown => limit_headers::draft::remove(&mut parts.headers),
+        }
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
         // backend's own clients would send. An https backend always gets its own: the name
         // its certificate and SNI are for (the client's is in X-Forwarded-Host).

@@ -2,26 +2,31 @@
 //! rate-limit headers it adds to every decided response are [`crate::limit_headers`]'s.
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
 use super::{ProxyError, ResponseBody};
-use crate::limit::Decision;
+use crate::limit::{Decision, Rule};
 use crate::limit_headers::{integer_value, retry_after_secs};
+use crate::refusal::Refusals;
 
-/// `429 Too Many Requests` with `Retry-After` and a JSON body saying the same.
-pub(crate) fn too_many_requests(decision: &Decision) -> Response<ResponseBody> {
-    const START: &str = r#"{"error":"rate limit exceeded","retry_after":"#;
+/// A rate-limit refusal: `DENY_STATUS` (`429 Too Many Requests` by default) with
+/// `Retry-After` and a body saying the same, in the format the client's `Accept` (its request's
+/// `headers`) prefers of ours, else `DENY_FORMAT` (see [`crate::refusal`]); `rule` decided it.
+pub(crate) fn too_many_requests(
+    refusals: &Refusals,
+    headers: &HeaderMap,
+    rule: &Rule,
+    decision: &Decision,
+) -> Response<ResponseBody> {
     let retry_after = retry_after_secs(decision.retry_after);
-    // Without `format!`: this is every refused request's answer.
-    let mut digits = itoa::Buffer::new();
-    let digits = digits.format(retry_after);
-    let mut body = String::with_capacity(START.len() + digits.len() + 1);
-    body.push_str(START);
-    body.push_str(digits);
-    body.push('}');
-    let mut response = json(StatusCode::TOO_MANY_REQUESTS, body);
+    let format = refusals.negotiate(headers);
+    // Without `format!` or serde_json: this is every refused request's answer.
+    let body = refusals.body(format, refusals.status(), &rule.name, retry_after);
+    let mut response = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
+    *response.status_mut() = refusals.status();
+    refusals.set_headers(response.headers_mut(), format);
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, integer_value(retry_after));
@@ -124,7 +129,8 @@ mod tests {
             reset_after: Duration::from_secs(500),
             at_us: 0,
         };
-        let mut response = too_many_requests(&decision);
+        let rule = general_rule();
+        let mut response = too_many_requests(&Refusals::default(), &HeaderMap::new(), &rule, &decision);
         set_rate_limit_headers(response.headers_mut(), &decision);
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "100");
@@ -142,5 +148,66 @@ mod tests {
             .unwrap();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
         assert!((now + 500..=now + 501).contains(&reset));
+        assert_eq!(response.headers()["content-type"], "application/json");
+    }
+
+    fn general_rule() -> Rule {
+        let policy = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+            capacity: 5,
+            interval_us: 1_000_000,
+        });
+        Rule::new(0, "general", policy)
+    }
+
+    fn refusal(refusals: &Refusals, accept: Option<&str>) -> (Response<ResponseBody>, String) {
+        let decision = Decision {
+            allowed: false,
+            limit: 5,
+            remaining: 0,
+            retry_after: Duration::from_secs(3),
+            reset_after: Duration::from_secs(5),
+            at_us: 0,
+        };
+        let mut headers = HeaderMap::new();
+        if let Some(accept) = accept {
+            headers.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
+        }
+        let mut response = too_many_requests(refusals, &headers, &general_rule(), &decision);
+        let body = futures_util::FutureExt::now_or_never(response.body_mut().collect())
+            .unwrap()
+            .unwrap()
+            .to_bytes();
+        (response, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn a_refusal_has_the_configured_status_and_the_negotiated_body() {
+        use crate::refusal::DenyFormat;
+        let refusals = Refusals::new(StatusCode::SERVICE_UNAVAILABLE, DenyFormat::Text, true);
+        let (response, body) = refusal(&refusals, None);
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["retry-after"], "3");
+        assert_eq!(response.headers()["content-type"], "text/plain; charset=utf-8");
+        assert_eq!(
+            body,
+            "rate limit exceeded (policy \"general\"); retry after 3 s\n"
+        );
+
+        let (response, body) = refusal(&refusals, Some("application/problem+json"));
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["status"], 503);
+        assert_eq!(problem["retry-after"], 3);
+        assert!(response.headers().get("cache-control").is_none());
+
+        let (response, body) = refusal(&refusals, Some("*/*"));
+        assert_eq!(response.headers()["content-type"], "text/plain; charset=utf-8");
+        assert!(body.starts_with("rate limit exceeded"));
+
+        let cacheable = Refusals::new(StatusCode::NOT_FOUND, DenyFormat::Json, true);
+        let (response, body) = refusal(&cacheable, Some("application/json"));
+        assert_eq!(response.status(), 404);
+        assert_eq!(response.headers()["cache-control"], "no-store");
+        assert_eq!(body, r#"{"error":"rate limit exceeded","retry_after":3}"#);
     }
 }

@@ -12,7 +12,13 @@
 //!   entries. `overall_code` is `OVER_LIMIT` if any descriptor is. `response_headers_to_add`
 //!   carries `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of the descriptor
 //!   nearest its limit (one over it, if any), the headers that service sends with
-//!   `LIMIT_RESPONSE_HEADERS_ENABLED=true`.
+//!   `LIMIT_RESPONSE_HEADERS_ENABLED=true`. An `OVER_LIMIT` answer carries the refusal's body
+//!   (`raw_body`, in `DENY_FORMAT`, with its `Content-Type` among the response headers), for
+//!   the same limit; Envoy writes the status itself (its
+//!   filter's `rate_limited_status`, which should be `DENY_STATUS` for a problem body's
+//!   `status` to be true). With `FORWARD_RATELIMIT_HEADERS`, an `OK` answer carries the draft
+//!   `RateLimit-Policy` and `RateLimit` of that limit as `request_headers_to_add`, for Envoy to
+//!   set on the request it forwards.
 //!
 //! An unknown domain, a descriptor that matches nothing, a replaced limit: `OK`, no limit. An
 //! `unlimited` limit: `OK`, never counted. `shadow_mode` (or `SHADOW_MODE`): counted, `OK`.
@@ -37,6 +43,7 @@ use tonic::{Request, Response, Status};
 
 use crate::gate::Gate;
 use crate::limit::{Rule, Verdict};
+use crate::refusal::Refusals;
 pub(crate) use config::DescriptorTable;
 
 /// The generated protocol: Envoy's messages and the tonic server, from `proto/`.
@@ -134,6 +141,11 @@ pub struct RateLimitService {
     /// Each limit's rule, by [`config::LimitId`]; `None` for an unlimited one. Resolved once,
     /// so a decision never looks a rule up by name.
     rules: Vec<Option<Rule>>,
+    /// `DENY_FORMAT` (and `DENY_STATUS`, which a problem body states): the `raw_body` Envoy
+    /// sends with its refusal.
+    refusals: Refusals,
+    /// `FORWARD_RATELIMIT_HEADERS`: the draft fields as `request_headers_to_add`.
+    forward_headers: bool,
 }
 
 /// One descriptor's way to its answer.
@@ -163,7 +175,21 @@ impl RateLimitService {
                     .ok_or_else(|| RlsError::MissingRule(limit.rule.to_string())),
             })
             .collect::<Result<_, _>>()?;
-        Ok(RateLimitService { gate, table, rules })
+        Ok(RateLimitService {
+            gate,
+            table,
+            rules,
+            refusals: Refusals::default(),
+            forward_headers: false,
+        })
+    }
+
+    /// This service with refusals shaped as `refusals` say, and the budget told to the backend
+    /// when `forward_headers` (`FORWARD_RATELIMIT_HEADERS`).
+    pub(crate) fn shaped(mut self, refusals: Refusals, forward_headers: bool) -> RateLimitService {
+        self.refusals = refusals;
+        self.forward_headers = forward_headers;
+        self
     }
 
     /// The tonic server of this service: a `tower::Service` of HTTP/2 requests.
@@ -207,13 +233,64 @@ impl RateLimitService {
         let over = statuses
             .iter()
             .any(|status| status.code == Code::OverLimit as i32);
-        let response_headers_to_add = headers(&statuses);
-        Ok(RateLimitResponse {
+        let nearest = nearest(&statuses);
+        let mut response = RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-            statuses,
-            response_headers_to_add,
+            response_headers_to_add: nearest.map(|index| headers(&statuses[index])).unwrap_or_default(),
             ..Default::default()
-        })
+        };
+        if let Some(index) = nearest
+            && let Plan::Decide(_, rule, _) = plans[index]
+        {
+            self.shape(&mut response, &statuses[index], rule, over);
+        }
+        response.statuses = statuses;
+        Ok(response)
+    }
+
+    /// What the status nearest its limit (under `rule`) adds: on a refusal, the body Envoy
+    /// sends (`raw_body`, in `DENY_FORMAT`: Envoy's request carries no `Accept` to choose by)
+    /// and its `Content-Type`; on an allowed request with
+    /// `FORWARD_RATELIMIT_HEADERS`, the draft fields for Envoy to set on the request it
+    /// forwards.
+    fn shape(&self, response: &mut RateLimitResponse, status: &DescriptorStatus, rule: &Rule, over: bool) {
+        let reset = status.duration_until_reset.as_ref().map_or(0, |reset| {
+            u64::try_from(reset.seconds).unwrap_or(0) + u64::from(reset.nanos > 0)
+        });
+        let header = |key: &str, value: &http::HeaderValue| HeaderValue {
+            key: key.to_owned(),
+            value: value.to_str().unwrap_or_default().to_owned(),
+            raw_value: Vec::new(),
+        };
+        if over {
+            let format = self.refusals.format();
+            let body = self
+                .refusals
+                .body(format, self.refusals.status(), &rule.name, reset.max(1));
+            response.raw_body = body.to_vec();
+            response
+                .response_headers_to_add
+                .push(header("content-type", &format.content_type()));
+        } else if self.forward_headers {
+            let limit = status
+                .current_limit
+                .as_ref()
+                .map_or(0, |limit| u64::from(limit.requests_per_unit));
+            let window = rule.policy.window();
+            let window = window.as_secs() + u64::from(window.subsec_nanos() > 0);
+            let (policy, rate_limit) = crate::limit_headers::draft::fields(
+                &rule.name,
+                limit,
+                window,
+                u64::from(status.limit_remaining),
+                reset,
+            );
+            let fields = [("RateLimit-Policy", policy), ("RateLimit", rate_limit)];
+            response.request_headers_to_add = fields
+                .iter()
+                .filter_map(|(key, value)| value.as_ref().map(|value| header(key, value)))
+                .collect();
+        }
     }
 
     /// What each descriptor comes to: its limit, unless another matched limit replaces it.
@@ -362,20 +439,23 @@ fn duration(duration: Duration) -> prost_types::Duration {
     }
 }
 
-/// `RateLimit-Limit`, `-Remaining` and `-Reset` of the status nearest its limit: the last one
-/// over it if any is, else the one with the least remaining (the first of equals), as
-/// envoyproxy/ratelimit picks it; none when no descriptor had a limit decided.
-fn headers(statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+/// The status nearest its limit: the last one over it if any is, else the one with the least
+/// remaining (the first of equals), as envoyproxy/ratelimit picks it; none when no descriptor
+/// had a limit decided.
+fn nearest(statuses: &[DescriptorStatus]) -> Option<usize> {
     let decided = statuses
         .iter()
-        .filter(|status| status.current_limit.is_some() && status.duration_until_reset.is_some());
-    let nearest = decided
+        .enumerate()
+        .filter(|(_, status)| status.current_limit.is_some() && status.duration_until_reset.is_some());
+    decided
         .clone()
-        .rfind(|status| status.code == Code::OverLimit as i32)
-        .or_else(|| decided.min_by_key(|status| status.limit_remaining));
-    let Some(status) = nearest else {
-        return Vec::new();
-    };
+        .rfind(|(_, status)| status.code == Code::OverLimit as i32)
+        .or_else(|| decided.min_by_key(|(_, status)| status.limit_remaining))
+        .map(|(index, _)| index)
+}
+
+/// `RateLimit-Limit`, `-Remaining` and `-Reset` of `status` (the [`nearest`]).
+fn headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
     let limit = status
         .current_limit
         .as_ref()

@@ -2,13 +2,15 @@
 //! stores (memory, and a real Redis shared by two replicas), the list of clients refused most
 //! under a flood of distinct keys, and the token in front of them all.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use crate::support::{Backend, Gateway, RedisServer, get_from};
+use crate::support::{Backend, Gateway, RedisServer, get, get_from};
 
 const TOKEN: &str = "admin-token-for-the-tests";
 
@@ -233,6 +235,61 @@ async fn admin_operations_on_redis_read_without_writing_and_reset_for_every_repl
         .admin(Method::GET, "/v1/clients/general/127.0.0.1", Some(TOKEN))
         .await;
     assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "{}", down.text());
+    a.stop().await;
+    b.stop().await;
+    backend.stop().await;
+}
+
+#[tokio::test]
+async fn a_reset_on_one_replica_reaches_the_denial_cache_of_another_within_a_second() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    let vars = [
+        ("REDIS_URL", url.as_str()),
+        ("MAX_TOKENS", "2"),
+        // The next token in 1000 s: a denial another replica would remember that long.
+        ("REFILL_RATE", "0.001"),
+        ("ADMIN_TOKEN", TOKEN),
+    ];
+    let a = Gateway::start_with_admin(&backend.url(), &vars).await;
+    let b = Gateway::start_with_admin(&backend.url(), &vars).await;
+    for _ in 0..2 {
+        assert_eq!(get(b.addr, "/").await.status, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        assert_eq!(get(b.addr, "/").await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let metrics = b.admin_get("/metrics").await;
+    assert!(
+        !metrics.text().contains("tollgate_cached_denials_total 0\n"),
+        "b answers from its denial cache: {}",
+        metrics.text()
+    );
+    let reset = a
+        .admin(Method::DELETE, "/v1/clients/general/127.0.0.1", Some(TOKEN))
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{}", reset.text());
+    // b asks Redis again within RECHECK_AFTER (1 s), and finds the whole budget.
+    let mut answered = Vec::new();
+    for _ in 0..40 {
+        let status = get(b.addr, "/").await.status;
+        answered.push(status.as_u16());
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        answered.last(),
+        Some(&200),
+        "b still refuses after 4 s: {answered:?}"
+    );
+    assert!(
+        answered.len() <= 20,
+        "b took {} tries: {answered:?}",
+        answered.len()
+    );
     a.stop().await;
     b.stop().await;
     backend.stop().await;

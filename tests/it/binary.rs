@@ -254,11 +254,24 @@ pub(crate) struct Running {
 
 impl Running {
     pub(crate) fn start(vars: &[(&str, &str)]) -> Running {
+        Running::start_in(std::path::Path::new("."), vars)
+    }
+
+    /// Send it SIGHUP.
+    pub(crate) fn hangup(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+        assert!(sent.success(), "kill -HUP {pid}");
+    }
+
+    /// [`Running::start`] with `dir` as the working directory (where `.env` is read).
+    pub(crate) fn start_in(dir: &std::path::Path, vars: &[(&str, &str)]) -> Running {
         let [port, admin_port] = free_ports();
         let log = tempfile::NamedTempFile::new().unwrap();
         // Another build may be put under the same tests (see tests/it/bypass.rs).
         let binary = std::env::var("TOLLGATE_UNDER_TEST").unwrap_or_else(|_| BINARY.to_owned());
         let child = Command::new(binary)
+            .current_dir(dir)
             .env_clear()
             .env("BIND", "127.0.0.1")
             .env("PORT", port.to_string())
@@ -333,14 +346,7 @@ async fn sighup_is_logged_and_ignored_and_sigterm_still_drains() {
     let addr = tollgate.addr;
     let in_flight = tokio::spawn(async move { get(addr, "/slow/700").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pid = tollgate.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    tollgate.hangup();
     let said = "SIGHUP received: nothing to reload without RULES_FILE";
     for _ in 0..250 {
         if tollgate.log().contains(said) {
@@ -462,7 +468,12 @@ async fn redis_over_tls_with_a_private_ca() {
         "decided by redis over TLS"
     );
     assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(redis.cli(&["--scan"]).trim(), "tollgate:{general:127.0.0.1}:tb");
+    let key = crate::support::redis::key_of(
+        &[("MAX_TOKENS", "2"), ("REFILL_RATE", "0.01")],
+        "general",
+        "127.0.0.1",
+    );
+    assert_eq!(redis.cli(&["--scan"]).trim(), key);
 }
 
 /// The faults of `faults.rs`, over TLS: a Redis killed gives the fail mode, at once once the

@@ -936,7 +936,11 @@ async fn redis_error_replies_get_the_fail_mode_and_count_as_script_errors() {
 
     // A key of the wrong type where a client's bucket should be: WRONGTYPE for that client
     // alone, everyone else decided as usual; once it is gone, that client is decided again.
-    let key = "tollgate:{general:127.0.0.60}:tb";
+    let key = &crate::support::redis::key_of(
+        &[("MAX_TOKENS", "100"), ("REFILL_RATE", "0.01")],
+        "general",
+        "127.0.0.60",
+    );
     assert_eq!(redis.cli(&["LPUSH", key, "not-a-bucket"]).trim(), "1");
     assert_answered_by_the_fail_mode(&gateways, &backend, client(60), "WRONGTYPE").await;
     assert_decided(&gateways, client(61), "another client beside a WRONGTYPE key").await;
@@ -985,7 +989,15 @@ async fn one_key_of_the_wrong_type_does_not_open_the_breaker_for_everyone() {
     .await;
     assert_eq!(
         redis
-            .cli(&["LPUSH", "tollgate:{general:127.0.0.70}:tb", "x"])
+            .cli(&[
+                "LPUSH",
+                &crate::support::redis::key_of(
+                    &[("MAX_TOKENS", "100"), ("REFILL_RATE", "0.01")],
+                    "general",
+                    "127.0.0.70"
+                ),
+                "x",
+            ])
             .trim(),
         "1"
     );

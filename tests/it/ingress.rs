@@ -14,11 +14,17 @@ use crate::support::{Backend, Gateway, Reply, free_port, get_from};
 
 /// The decision service the proxies ask: two requests per client, then refused for long.
 async fn decision_service() -> Gateway {
-    let vars = [
+    decision_service_with(&[]).await
+}
+
+/// The same, with `extra` settings.
+async fn decision_service_with(extra: &[(&str, &str)]) -> Gateway {
+    let mut vars = vec![
         ("TRUSTED_PROXIES", "127.0.0.1"),
         ("MAX_TOKENS", "2"),
         ("REFILL_RATE", "0.001"),
     ];
+    vars.extend_from_slice(extra);
     Gateway::start_decide(None, &vars).await
 }
 
@@ -78,6 +84,11 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 }
 
 fn nginx(decide: SocketAddr, backend: &Backend) -> Proxy {
+    nginx_calling(decide, backend, "/v1/forward-auth?status=403")
+}
+
+/// nginx asking `target` (the forward-auth path and query) of the decision service.
+fn nginx_calling(decide: SocketAddr, backend: &Backend, target: &str) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let backend = backend.url();
@@ -98,7 +109,7 @@ http {{
 {site}
 }}
 "#,
-        site = nginx_site(port, decide, &backend)
+        site = nginx_site(port, decide, &backend, target)
     );
     let file = write(dir.path(), "nginx.conf", &config);
     let mut command = Command::new("nginx");
@@ -113,8 +124,8 @@ http {{
     Proxy::start(command, SocketAddr::from(([127, 0, 0, 1], port)), dir)
 }
 
-/// The `server` block of docs/operations.md's nginx setup, on `port`.
-fn nginx_site(port: u16, decide: SocketAddr, backend: &str) -> String {
+/// The `server` block of docs/operations.md's nginx setup, on `port`, asking `target`.
+fn nginx_site(port: u16, decide: SocketAddr, backend: &str, target: &str) -> String {
     format!(
         r#"    server {{
         listen 127.0.0.1:{port};
@@ -135,7 +146,7 @@ fn nginx_site(port: u16, decide: SocketAddr, backend: &str) -> String {
 
         location = /_tollgate {{
             internal;
-            proxy_pass http://{decide}/v1/forward-auth?status=403;
+            proxy_pass http://{decide}{target};
             proxy_pass_request_body off;
             proxy_set_header Content-Length "";
             proxy_set_header X-Original-URI $request_uri;
@@ -188,6 +199,11 @@ fn caddy(decide: SocketAddr, backend: &Backend) -> Proxy {
 }
 
 fn traefik(decide: SocketAddr, backend: &Backend) -> Proxy {
+    traefik_copying(decide, backend, "[X-RateLimit-Limit, X-RateLimit-Remaining]")
+}
+
+/// Traefik copying `headers` (a YAML list) from the decision onto the forwarded request.
+fn traefik_copying(decide: SocketAddr, backend: &Backend, headers: &str) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let routes = format!(
@@ -202,7 +218,7 @@ fn traefik(decide: SocketAddr, backend: &Backend) -> Proxy {
     tollgate:
       forwardAuth:
         address: "http://{decide}/v1/forward-auth"
-        authResponseHeaders: [X-RateLimit-Limit, X-RateLimit-Remaining]
+        authResponseHeaders: {headers}
   services:
     app:
       loadBalancer:
@@ -305,5 +321,61 @@ async fn traefik_forward_auth_limits_through_forward_auth() {
     proxy.ready([127, 0, 0, 9].into()).await;
     limits_each_client(&proxy, &backend, false).await;
     assert!(backend.last().headers.get("x-ratelimit-remaining").is_some());
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn nginx_auth_request_works_with_deny_status_403_alone() {
+    // DENY_STATUS=403 instead of ?status=403 on the URL: the setup above, unchanged otherwise.
+    let backend = Backend::start().await;
+    let gateway = decision_service_with(&[("DENY_STATUS", "403")]).await;
+    let proxy = nginx_calling(gateway.decide.unwrap(), &backend, "/v1/forward-auth");
+    proxy.ready([127, 0, 0, 9].into()).await;
+    limits_each_client(&proxy, &backend, true).await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn traefik_forwards_the_budget_to_the_backend_and_the_problem_body_to_the_client() {
+    let backend = Backend::start().await;
+    let gateway =
+        decision_service_with(&[("FORWARD_RATELIMIT_HEADERS", "true"), ("DENY_FORMAT", "problem")]).await;
+    let proxy = traefik_copying(gateway.decide.unwrap(), &backend, "[RateLimit, RateLimit-Policy]");
+    proxy.ready([127, 0, 0, 9].into()).await;
+    let client: IpAddr = [127, 0, 0, 4].into();
+    let forged = [
+        ("ratelimit", r#""general";r=1000;t=1"#),
+        ("ratelimit-policy", r#""general";q=1000;w=1"#),
+    ];
+    for remaining in [1, 0] {
+        let reply = get_from(proxy.addr, client, "/api/items", &forged).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "{}\n{}",
+            reply.text(),
+            proxy.output()
+        );
+        // Traefik sets the decision's fields on the request, the client's own replaced.
+        let seen = backend.last().headers;
+        let rate_limit: Vec<_> = seen.get_all("ratelimit").iter().collect();
+        assert_eq!(rate_limit.len(), 1, "{seen:?}");
+        let rate_limit = rate_limit[0].to_str().unwrap();
+        assert!(
+            rate_limit.starts_with(&format!(r#""general";r={remaining};t="#)),
+            "{rate_limit}"
+        );
+        assert_eq!(seen["ratelimit-policy"], r#""general";q=2;w=2000"#);
+    }
+    // Traefik passes a refusal on as it came: status, Retry-After, problem body and type.
+    let refused = get_from(proxy.addr, client, "/api/items", &[("accept", "*/*")]).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("content-type"), Some("application/problem+json"));
+    let body: serde_json::Value = serde_json::from_slice(&refused.body).unwrap();
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["retry-after"], refused.number("retry-after"));
     gateway.stop().await;
 }

@@ -73,17 +73,6 @@ path = "/api/*"
 limits = "token_bucket:5:0.001"
 "#;
 
-fn hangup(tollgate: &Running) {
-    let pid = tollgate.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
-
 /// `tollgate_config_reloads_total{result}` on the admin listener.
 async fn reloads(tollgate: &Running, result: &str) -> u64 {
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
@@ -119,7 +108,7 @@ async fn kept_and_changed(tollgate: &Running, rules: &RulesFile) {
     assert_eq!(statuses(tollgate, "/", 4).await, [200, 200, 200, 429]);
     assert_eq!(statuses(tollgate, "/api/x", 3).await, [200, 200, 429]);
     rules.write(AFTER);
-    hangup(tollgate);
+    tollgate.hangup();
     await_reloads(tollgate, "ok", 1).await;
     assert_eq!(
         statuses(tollgate, "/", 1).await,
@@ -201,7 +190,7 @@ async fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
     assert_eq!(statuses(&tollgate, "/api/x", 3).await, [200, 200, 429]);
     let broken = BEFORE.replace("token_bucket:2:0.001", "token_bucket:two:0.001");
     rules.write(&broken);
-    hangup(&tollgate);
+    tollgate.hangup();
     await_reloads(&tollgate, "error", 1).await;
     let log = tollgate.log();
     let line = log
@@ -221,7 +210,7 @@ async fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
     assert_eq!(reloads(&tollgate, "ok").await, 0);
     // A file that does not parse, and one that is gone: the same.
     rules.write("[general\nlimits = ");
-    hangup(&tollgate);
+    tollgate.hangup();
     await_reloads(&tollgate, "error", 2).await;
     assert_eq!(statuses(&tollgate, "/api/x", 1).await, [429]);
     assert!(tollgate.child.try_wait().unwrap().is_none(), "still serving");
@@ -229,6 +218,17 @@ async fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
 
 #[tokio::test]
 async fn a_storm_of_sighups_under_load_fails_no_request_and_loses_no_budget() {
+    storm(&[]).await;
+}
+
+#[tokio::test]
+async fn a_storm_of_sighups_under_load_on_redis_fails_no_request_and_loses_no_budget() {
+    let redis = RedisServer::start();
+    storm(&[("REDIS_URL", &redis.url())]).await;
+}
+
+/// Four clients under load while fifty SIGHUPs reload the table, half of them a rewritten file.
+async fn storm(store: &[(&str, &str)]) {
     let backend = Backend::start().await;
     let rules = RulesFile::new(
         r#"
@@ -241,11 +241,14 @@ path = "/api/*"
 limits = "token_bucket:40:0.001"
 "#,
     );
-    let tollgate = Arc::new(Running::start(&[
-        ("BACKEND_URL", &backend.url()),
+    let url = backend.url();
+    let mut vars = vec![
+        ("BACKEND_URL", url.as_str()),
         ("RULES_FILE", rules.path()),
         ("RULES_RELOAD_INTERVAL_MS", "0"),
-    ]));
+    ];
+    vars.extend_from_slice(store);
+    let tollgate = Arc::new(Running::start(&vars));
     let (allowed, refused, failed) = (
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
@@ -278,7 +281,7 @@ limits = "token_bucket:40:0.001"
                 std::fs::read_to_string(rules.path()).unwrap()
             ));
         }
-        hangup(&tollgate);
+        tollgate.hangup();
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     for client in clients {
@@ -332,4 +335,42 @@ async fn a_setting_in_both_the_file_and_the_environment_stops_startup_naming_bot
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("3 tokens"), "{stdout}");
+}
+
+#[tokio::test]
+async fn a_changed_dot_env_is_named_in_a_warning_as_it_is_not_applied_live() {
+    let backend = Backend::start().await;
+    let rules = RulesFile::new(BEFORE);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".env"),
+        "SHUTDOWN_TIMEOUT_MS=5000\nLOG_FORMAT=text\n",
+    )
+    .unwrap();
+    let tollgate = Running::start_in(
+        dir.path(),
+        &[
+            ("BACKEND_URL", &backend.url()),
+            ("RULES_FILE", rules.path()),
+            ("RULES_RELOAD_INTERVAL_MS", "0"),
+        ],
+    );
+    std::fs::write(
+        dir.path().join(".env"),
+        "SHUTDOWN_TIMEOUT_MS=9000\nLOG_FORMAT=text\n",
+    )
+    .unwrap();
+    tollgate.hangup();
+    await_reloads(&tollgate, "ok", 1).await;
+    let log = tollgate.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("changed in .env"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(
+        warnings[0].contains("SHUTDOWN_TIMEOUT_MS") && warnings[0].contains("restart"),
+        "{log}"
+    );
+    assert!(!warnings[0].contains("9000"), "values are never shown: {log}");
 }

@@ -413,3 +413,70 @@ async fn a_client_generated_from_the_protos_is_answered_on_the_decide_port() {
     assert_eq!(check.status, http::StatusCode::OK, "{}", check.text());
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn an_over_limit_answer_carries_the_refusal_and_an_ok_one_the_budget_for_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let shaped = [
+        ("DECIDE_PORT", "8081"),
+        ("DENY_FORMAT", "problem"),
+        ("FORWARD_RATELIMIT_HEADERS", "true"),
+    ];
+    let shaped_service = service(&config(dir.path(), &shaped));
+    let api: &[(&str, &str)] = &[("path", "/api/items")];
+    let added = |response: &RateLimitResponse, name: &str| {
+        response
+            .request_headers_to_add
+            .iter()
+            .find(|header| header.key == name)
+            .map(|header| header.value.clone())
+    };
+    let mut policy_name = String::new();
+    for remaining in [1, 0] {
+        let allowed = ask(&shaped_service, "edge", &[api]).await;
+        assert_eq!(code_of(&allowed), Code::Ok);
+        assert!(allowed.raw_body.is_empty());
+        // The draft fields of the api limit (2 a day), for Envoy to set on the forwarded request.
+        let policy = added(&allowed, "RateLimit-Policy").expect("RateLimit-Policy to add");
+        assert!(policy.ends_with(";q=2;w=86400"), "{policy}");
+        policy_name = policy.split('"').nth(1).unwrap().to_owned();
+        let rate_limit = added(&allowed, "RateLimit").expect("RateLimit to add");
+        assert!(
+            rate_limit.starts_with(&format!("\"{policy_name}\";r={remaining};t=")),
+            "{rate_limit}"
+        );
+    }
+    let refused = ask(&shaped_service, "edge", &[api]).await;
+    assert_eq!(code_of(&refused), Code::OverLimit);
+    assert!(refused.request_headers_to_add.is_empty());
+    assert_eq!(header(&refused, "content-type"), Some("application/problem+json"));
+    let body: serde_json::Value = serde_json::from_slice(&refused.raw_body).unwrap();
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated-policies"], serde_json::json!([policy_name]));
+    let reset: u64 = header(&refused, "RateLimit-Reset").unwrap().parse().unwrap();
+    assert_eq!(body["retry-after"], reset.max(1));
+
+    // Unshaped (DENY_FORMAT's default): the JSON body, and nothing for the backend.
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&config(dir.path(), &[("DECIDE_PORT", "8081")]));
+    for _ in 0..2 {
+        assert!(
+            ask(&service, "edge", &[api])
+                .await
+                .request_headers_to_add
+                .is_empty()
+        );
+    }
+    let refused = ask(&service, "edge", &[api]).await;
+    assert_eq!(header(&refused, "content-type"), Some("application/json"));
+    let body: serde_json::Value = serde_json::from_slice(&refused.raw_body).unwrap();
+    assert_eq!(body["error"], "rate limit exceeded");
+}
+
+fn code_of(response: &RateLimitResponse) -> Code {
+    Code::try_from(response.overall_code).unwrap()
+}

@@ -73,7 +73,15 @@ async fn two_gateways_share_one_exact_budget_on_the_master_the_sentinels_name() 
         assert_eq!(allowed(&addrs, client, 60).await, 5, "{client}");
     }
     // On the master, and replicated to the replica.
-    let key = "tollgate:{general:127.0.0.20}:tb";
+    let key = &crate::support::redis::key_of(
+        &[
+            ("MAX_TOKENS", "5"),
+            ("REFILL_RATE", "0.0001"),
+            ("ROUTES", LOAD_ROUTE),
+        ],
+        "general",
+        "127.0.0.20",
+    );
     assert_eq!(group.servers[0].cli(&["EXISTS", key]).trim(), "1");
     wait_for(
         || group.servers[1].cli(&["EXISTS", key]).trim() == "1",

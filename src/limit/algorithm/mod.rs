@@ -334,18 +334,7 @@ macro_rules! algorithms {
             /// same in every replica: part of each Redis key, so a rule whose numbers change
             /// on a reload starts afresh rather than reading a state kept under others.
             pub fn fingerprint(&self) -> u32 {
-                struct Fnv(u32);
-                impl fmt::Write for Fnv {
-                    fn write_str(&mut self, text: &str) -> fmt::Result {
-                        for byte in text.bytes() {
-                            self.0 = (self.0 ^ u32::from(byte)).wrapping_mul(0x0100_0193);
-                        }
-                        Ok(())
-                    }
-                }
-                let mut digest = Fnv(0x811C_9DC5);
-                let _ = fmt::Write::write_fmt(&mut digest, format_args!("{self}"));
-                digest.0
+                fnv1a(format_args!("{self}"))
             }
 
             /// Every algorithm's script, in the order of [`Policy::script_index`].
@@ -425,6 +414,24 @@ macro_rules! algorithms {
             }
         }
     };
+}
+
+/// FNV-1a (32 bits) of `text` as written: a digest that is the same in every process and
+/// version of Rust, for names of things (a policy, a rule table), never for secrets.
+pub(crate) fn fnv1a(text: fmt::Arguments<'_>) -> u32 {
+    struct Fnv(u32);
+    impl fmt::Write for Fnv {
+        fn write_str(&mut self, text: &str) -> fmt::Result {
+            for byte in text.bytes() {
+                self.0 = (self.0 ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+            }
+            Ok(())
+        }
+    }
+    let mut digest = Fnv(0x811C_9DC5);
+    // Writing to the digest cannot fail.
+    let _ = fmt::Write::write_fmt(&mut digest, text);
+    digest.0
 }
 
 algorithms! {

@@ -78,7 +78,12 @@ impl Gateway {
             let stop = async {
                 let _ = stop.await;
             };
-            let listeners = tollgate::Listeners { proxy, admin, decide };
+            let listeners = tollgate::Listeners {
+                proxy,
+                admin,
+                decide,
+                hangup: None,
+            };
             tollgate::serve_on(listeners, config, stop)
                 .await
                 .expect("serve failed");
