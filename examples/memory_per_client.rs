@@ -68,7 +68,7 @@ fn run() -> Result<(), String> {
             "ipv6" => IpAddr::V6(Ipv6Addr::from(0x2001_0db8_u128 << 96 | u128::from(n) << 64)).into(),
             "header" => {
                 let ip = ClientIp::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 64);
-                ClientKey::new(&by_header, ip, Some(&n.to_le_bytes()), &hasher)
+                ClientKey::new(&by_header, ip, Some(&[&n.to_le_bytes()]), &hasher)
             }
             other => return Err(format!("key kind {other:?}: ip, ipv6 or header")),
         })

@@ -18,8 +18,10 @@
 //! [`Gate`], which names the rule and the client as requests do:
 //!
 //! - `GET /v1/clients/RULE/KEY`: what the client has left under the rule, spending nothing.
-//!   `KEY` as logs write it: an address, `key:VALUE` with the header's raw value, or
-//!   `IP+key:VALUE`; percent-encoded where it (or a rule named by its pattern) holds a `/`.
+//!   `KEY` as logs write it: an address, `key:VALUE` with the raw value of the rule's one key
+//!   source (a header's, a cookie's, ...), or `IP+key:VALUE`; under a rule keyed by several
+//!   sources, `VALUE` is the digest as logs print it. Percent-encoded where it (or a rule named
+//!   by its pattern) holds a `/`.
 //! - `DELETE /v1/clients/RULE/KEY`: give it its whole budget back (in Redis, for every
 //!   replica).
 //! - `GET /v1/limited?top=N`: per rule, the clients refused most in the last minute, from a
@@ -317,7 +319,7 @@ async fn operate(
             tracing::warn!(%peer, %method, rule, client, %error, "admin operation failed");
             let status = match error {
                 ClientError::UnknownRule(_) => StatusCode::NOT_FOUND,
-                ClientError::BadKey(_) => StatusCode::BAD_REQUEST,
+                ClientError::BadKey(_) | ClientError::NotADigest(..) => StatusCode::BAD_REQUEST,
                 ClientError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
             text(status, &format!("{error}\n"))

@@ -126,7 +126,8 @@ pub const KEY_BY: Var = Var::new("KEY_BY", "ip");
 pub const AUTH_KEY_BY: Var = Var::new("AUTH_KEY_BY", "ip");
 /// IPv6 clients grouped by this prefix (default `64`).
 pub const IPV6_PREFIX: Var = Var::new("IPV6_PREFIX", "64");
-/// The key of header-key digests (required with Redis and header keys).
+/// The key of the digests of key values read from requests (required with Redis and any key
+/// but `ip`).
 pub const KEY_HASH_SECRET: Var = Var::unset("KEY_HASH_SECRET");
 /// Peers whose `X-Forwarded-For` is believed (default empty).
 pub const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");

@@ -178,6 +178,8 @@ fn rule_table(config: &Config, vars: &[(String, String)]) {
             let head = RequestHead {
                 method,
                 path: &path,
+                query: None,
+                authority: None,
                 headers: &headers,
                 client_ip: IpAddr::from([192, 0, 2, 1]),
             };

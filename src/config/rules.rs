@@ -11,7 +11,8 @@
 //!
 //! `A:B` are capacity and refill rate for `token_bucket`/`gcra`, and limit and window seconds
 //! for `sliding_window`, `fixed_window` and `sliding_log`. Options: `name=NAME` (default: the
-//! pattern), `key=ip|header:NAME|ip+header:NAME` (default `KEY_BY`), `cost=N` (default 1),
+//! pattern), `key=SOURCE[+SOURCE...]` (`ip`, `header:NAME`, `cookie:NAME`, `query:NAME`, `host`,
+//! `path`; default `KEY_BY`), `cost=N` (default 1),
 //! `method=GET|POST` (default every method), `shadow`, `count=failures`, and
 //! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide). No entry may
 //! contain whitespace: `AUTH_PATHS="/login /signup"` is an error, not one odd path.
@@ -23,7 +24,7 @@ use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
 use crate::limit::FailMode;
 use crate::limit::algorithm::{ParameterError, Policy};
-use crate::limit::key::{KeyBy, KeyHasher};
+use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source};
 use crate::limit::pattern::PathPattern;
 use crate::limit::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
 
@@ -228,9 +229,9 @@ pub(crate) fn parse(
         })
         .collect::<Result<_, _>>()?;
 
-    let header_keys = rules.iter().any(|rule| rule.key_by.header().is_some());
-    let hasher = key_hasher(env, header_keys, shared_store)?;
-    let exempt = parse_exemptions(env, &hasher, header_keys)?;
+    let digested_keys = rules.iter().any(|rule| rule.key_by.digests());
+    let hasher = key_hasher(env, digested_keys, shared_store)?;
+    let exempt = parse_exemptions(env, &hasher, &rules)?;
 
     RuleTable::new(rules, routes, costs, skip, exempt, ipv6_prefix, hasher).map_err(|error| match error {
         TableError::CostAboveCapacity {
@@ -361,30 +362,28 @@ fn takes_all_of(earlier: &Route, later: &Route) -> bool {
     methods && earlier.pattern.covers(&later.pattern)
 }
 
-/// `KEY_BY` or `AUTH_KEY_BY`, checked by [`key_header_problem`].
+/// `KEY_BY` or `AUTH_KEY_BY`, checked by [`key_problem`].
 fn key_by_variable(env: &Env, var: Var, warnings: &mut Vec<String>) -> Result<KeyBy, ConfigError> {
-    let key_by = env.parse(
-        var,
-        "ip, header:NAME or ip+header:NAME (e.g. header:X-API-Key)",
-        |s| KeyBy::parse(s).ok(),
-    )?;
-    match key_header_problem(&key_by) {
+    let value = env.value(var);
+    let key_by = KeyBy::parse(value)
+        .map_err(|why| ConfigError::invalid(var.name, value, &format!("{KEY_BY_FORMS}; {why}")))?;
+    match key_problem(&key_by) {
         None => {}
-        Some(KeyHeaderProblem::Certain(why)) => {
+        Some(KeyProblem::Certain(why)) => {
             return Err(ConfigError::invalid(
                 var.name,
-                env.get(var).unwrap_or_default(),
+                value,
                 &format!("a header that identifies a client ({why})"),
             ));
         }
-        Some(KeyHeaderProblem::Suspicious(why)) => warnings.push(format!("{}={key_by}: {why}", var.name)),
+        Some(KeyProblem::Suspicious(why)) => warnings.push(format!("{}={key_by}: {why}", var.name)),
     }
     Ok(key_by)
 }
 
-/// What is wrong with keying budgets by a header.
+/// What is wrong with keying budgets by some source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyHeaderProblem {
+enum KeyProblem {
     /// It is never a client's identity: the gateway rewrites or drops it, or every request
     /// carries a new one.
     Certain(&'static str),
@@ -393,11 +392,38 @@ enum KeyHeaderProblem {
     Suspicious(&'static str),
 }
 
-/// A header key is only as good as the backend's check of its value: a forged API key gets a
-/// fresh budget and a 401. These headers carry no credential, so a forged one gets a fresh
-/// budget and a 200.
-fn key_header_problem(key_by: &KeyBy) -> Option<KeyHeaderProblem> {
-    let name = key_by.header()?.as_str();
+/// A key is only as good as the backend's check of its value: a forged API key gets a fresh
+/// budget and a 401. Some headers carry no credential, so a forged one gets a fresh budget and
+/// a 200; `host` or `path` alone are not a client at all, but a budget every client shares. The
+/// first certain problem of any source, else the first suspicious one.
+fn key_problem(key_by: &KeyBy) -> Option<KeyProblem> {
+    let problems = key_by.headers().filter_map(|name| header_problem(name.as_str()));
+    let alone = match (key_by.has_ip(), key_by.sources()) {
+        (false, [Source::Host]) => Some(KeyProblem::Suspicious(
+            "every client shares one budget per host, and any client sends the Host (HTTP/2 \
+             :authority) it likes: a new one is a fresh budget unless the backend refuses hosts it \
+             does not serve; ip+host gives each client a budget per host",
+        )),
+        (false, [Source::Path]) => Some(KeyProblem::Suspicious(
+            "every client shares one budget per path, and a client that asks for another path \
+             gets a fresh one; ip+path gives each client a budget per path",
+        )),
+        _ => None,
+    };
+    let mut problems = problems.chain(alone);
+    let first = problems.next()?;
+    match first {
+        KeyProblem::Certain(_) => Some(first),
+        KeyProblem::Suspicious(_) => Some(
+            problems
+                .find(|problem| matches!(problem, KeyProblem::Certain(_)))
+                .unwrap_or(first),
+        ),
+    }
+}
+
+/// What is wrong with keying budgets by the header `name`, if anything.
+fn header_problem(name: &str) -> Option<KeyProblem> {
     let certain = match name {
         "x-forwarded-for" | "x-forwarded-host" | "x-forwarded-proto" | "x-real-ip" | "forwarded" => Some(
             "the gateway rewrites this one for the backend, and any client sends what it likes in it; \
@@ -416,8 +442,12 @@ fn key_header_problem(key_by: &KeyBy) -> Option<KeyHeaderProblem> {
              any client sends a new value for a fresh budget",
         ),
         "host" => Some(
-            "any client sends the Host (HTTP/2 :authority) it likes and most backends answer \
-             whatever it says, so each new value is a fresh budget",
+            "HTTP/2 requests name their host in :authority, not Host, and any client sends the \
+             host it likes; the host source reads both (ip+host for a budget per client and host)",
+        ),
+        "cookie" => Some(
+            "a Cookie line holds every cookie, and HTTP/2 splits it into several; \
+             key by the one that names the client, cookie:NAME",
         ),
         "x-request-id" | "content-length" | "content-type" | "date" | "range" => {
             Some("it describes the request, not the client: every request may carry a new one")
@@ -425,7 +455,7 @@ fn key_header_problem(key_by: &KeyBy) -> Option<KeyHeaderProblem> {
         _ => None,
     };
     if let Some(why) = certain {
-        return Some(KeyHeaderProblem::Certain(why));
+        return Some(KeyProblem::Certain(why));
     }
     let credential_free = [
         "user-agent",
@@ -438,12 +468,10 @@ fn key_header_problem(key_by: &KeyBy) -> Option<KeyHeaderProblem> {
         "pragma",
         "dnt",
     ];
-    credential_free
-        .contains(&name)
-        .then_some(KeyHeaderProblem::Suspicious(
-            "it carries no credential, so a client that changes it gets a fresh budget; key by one \
+    credential_free.contains(&name).then_some(KeyProblem::Suspicious(
+        "it carries no credential, so a client that changes it gets a fresh budget; key by one \
          the backend checks (an API key, Authorization)",
-        ))
+    ))
 }
 
 /// One `ROUTES` entry: its route (rule index filled in by the caller) and its rule.
@@ -476,11 +504,12 @@ fn parse_route(
                 )));
             }
             Some(("key", key)) => {
-                rule.key_by = KeyBy::parse(key).map_err(|why| bad(format!("key: expected {why}")))?;
-                match key_header_problem(&rule.key_by) {
+                rule.key_by = KeyBy::parse(key)
+                    .map_err(|why| bad(format!("key={key}: {why}; expected {KEY_BY_FORMS}")))?;
+                match key_problem(&rule.key_by) {
                     None => {}
-                    Some(KeyHeaderProblem::Certain(why)) => return Err(bad(format!("key {key:?}: {why}"))),
-                    Some(KeyHeaderProblem::Suspicious(why)) => {
+                    Some(KeyProblem::Certain(why)) => return Err(bad(format!("key {key:?}: {why}"))),
+                    Some(KeyProblem::Suspicious(why)) => {
                         warnings.push(format!("ROUTES entry for {pattern}: key={key}: {why}"))
                     }
                 }
@@ -541,20 +570,22 @@ fn is_rule_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-/// The keyed hash for header keys. Replicas sharing Redis must agree on it, so there it comes
-/// from `KEY_HASH_SECRET`; alone, a random key per process does (or the secret, if given).
-fn key_hasher(env: &Env, header_keys: bool, shared_store: bool) -> Result<KeyHasher, ConfigError> {
+/// The keyed hash for keys digested from requests. Replicas sharing Redis must agree on it, so
+/// there it comes from `KEY_HASH_SECRET`; alone, a random key per process does (or the secret,
+/// if given).
+fn key_hasher(env: &Env, digested_keys: bool, shared_store: bool) -> Result<KeyHasher, ConfigError> {
     match env.get(vars::KEY_HASH_SECRET) {
         Some(secret) if secret.len() < MIN_SECRET_LEN => Err(ConfigError::InvalidSecret {
             var: vars::KEY_HASH_SECRET.name,
             expected: format!("at least {MIN_SECRET_LEN} characters, e.g. from `openssl rand -hex 32`"),
         }),
         Some(secret) => Ok(KeyHasher::from_secret(secret)),
-        None if header_keys && shared_store => Err(ConfigError::Missing {
+        None if digested_keys && shared_store => Err(ConfigError::Missing {
             var: vars::KEY_HASH_SECRET.name,
-            expected: "with Redis and header keys (KEY_BY or a route's key=header:...), every replica \
-                       must digest header values alike: set the same secret of 16+ characters on each, \
-                       e.g. from `openssl rand -hex 32`",
+            expected: "with Redis and keys read from requests (KEY_BY, AUTH_KEY_BY or a route's key= \
+                       naming header:, cookie:, query:, host or path), every replica must digest their \
+                       values alike: set the same secret of 16+ characters on each, e.g. from \
+                       `openssl rand -hex 32`",
         }),
         None => KeyHasher::random().map_err(|error| {
             ConfigError::Conflict(format!(
@@ -565,19 +596,32 @@ fn key_hasher(env: &Env, header_keys: bool, shared_store: bool) -> Result<KeyHas
     }
 }
 
-/// `EXEMPT`: CIDRs or addresses, and `key:VALUE` header values (stored only as digests).
-fn parse_exemptions(env: &Env, hasher: &KeyHasher, header_keys: bool) -> Result<Exemptions, ConfigError> {
+/// `EXEMPT`: CIDRs or addresses, and `key:VALUE` raw values (stored only as digests: one for
+/// each source some rule is keyed by alone, besides the address, as that rule digests it).
+fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[Rule]) -> Result<Exemptions, ConfigError> {
+    let mut single: Vec<&Source> = Vec::new();
+    for source in rules.iter().filter_map(|rule| rule.key_by.single()) {
+        if !single.contains(&source) {
+            single.push(source);
+        }
+    }
     let mut exempt = Exemptions::default();
     for entry in list(env, vars::EXEMPT, &[','])? {
         if let Some(value) = entry.strip_prefix("key:") {
-            if !header_keys {
+            if single.is_empty() {
                 return Err(ConfigError::entry(
                     vars::EXEMPT.name,
                     "key:***",
-                    "key: entries need a rule keyed by a header (KEY_BY=header:NAME or a route's key=)",
+                    "key: entries need a rule keyed by one source besides ip (KEY_BY=header:NAME, \
+                     cookie:NAME, query:NAME, host or path, or a route's key=)",
                 ));
             }
-            exempt.keys.push(hasher.digest(value.as_bytes()));
+            for source in &single {
+                let digest = hasher.digest_of(std::slice::from_ref(*source), &[value.as_bytes()]);
+                if !exempt.keys.contains(&digest) {
+                    exempt.keys.push(digest);
+                }
+            }
         } else {
             let network: IpNet = parse_network(entry).ok_or_else(|| {
                 ConfigError::entry(

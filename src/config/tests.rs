@@ -26,6 +26,8 @@ fn classify(config: &Config, method: &str, path: &str) -> (String, Mode, u64) {
     let head = RequestHead {
         method: &Method::from_bytes(method.as_bytes()).unwrap(),
         path,
+        query: None,
+        authority: None,
         headers: &HeaderMap::new(),
         client_ip: "192.0.2.1".parse().unwrap(),
     };
@@ -708,13 +710,30 @@ fn bad_route_entries_stop_startup_naming_the_entry() {
             "is taken",
         ),
         ("ROUTES", "/a=token_bucket:5:1;/a=gcra:1:1", "can never match"),
-        ("ROUTES", "/a=token_bucket:5:1,key=cookie:x", "key"),
+        (
+            "ROUTES",
+            "/a=token_bucket:5:1,key=body:x",
+            "key=body:x: \"body:x\" is not a key source",
+        ),
+        (
+            "ROUTES",
+            "/a=token_bucket:5:1,key=ip+ip",
+            "key=ip+ip: ip is named twice",
+        ),
+        (
+            "KEY_BY",
+            "ip+query:a&b",
+            "\"query:a&b\": \"a&b\" is not a query parameter name",
+        ),
+        ("KEY_BY", "cookie:a=b", "\"a=b\" is not a cookie name"),
+        ("AUTH_KEY_BY", "ip+", "\"ip+\" has an empty part"),
+        ("KEY_BY", "path+path", "path is named twice"),
         ("COSTS", "/heavy", "expected PATTERN=N"),
         ("COSTS", "/heavy=0", "expected PATTERN=N"),
         ("COSTS", "/heavy=11", "rule \"general\", which holds at most 10"),
         ("COSTS", "/login=6", "rule \"auth\", which holds at most 5"),
         ("EXEMPT", "10.0.0.0/33", "expected a CIDR"),
-        ("EXEMPT", "key:abc", "need a rule keyed by a header"),
+        ("EXEMPT", "key:abc", "need a rule keyed by one source besides ip"),
         ("SKIP_PATHS", "health", "start with"),
         ("AUTH_PATHS", "/login /signup", "whitespace"),
     ];
@@ -732,10 +751,10 @@ fn bad_route_entries_stop_startup_naming_the_entry() {
 fn header_keys_need_a_shared_secret_with_redis() {
     let config = parse(&[("KEY_BY", "header:X-API-Key")]).unwrap();
     assert_eq!(general(&config).key_by, KeyBy::parse("header:x-api-key").unwrap());
-    assert_eq!(auth(&config).key_by, KeyBy::Ip, "logins stay keyed by address");
+    assert_eq!(auth(&config).key_by, KeyBy::ip(), "logins stay keyed by address");
     let config = parse(&[("AUTH_KEY_BY", "ip+header:X-Device")]).unwrap();
     assert_eq!(auth(&config).key_by, KeyBy::parse("ip+header:x-device").unwrap());
-    assert_eq!(general(&config).key_by, KeyBy::Ip);
+    assert_eq!(general(&config).key_by, KeyBy::ip());
     let message = error(&[("KEY_BY", "header:X-API-Key"), ("REDIS_ADDR", "db:6379")]);
     assert!(message.starts_with("KEY_HASH_SECRET is required"), "{message}");
     let message = error(&[("KEY_HASH_SECRET", "short-secret")]);
@@ -750,6 +769,104 @@ fn header_keys_need_a_shared_secret_with_redis() {
         ("EXEMPT", "key:internal-batch-job"),
     ])
     .unwrap();
+}
+
+#[test]
+fn every_key_read_from_requests_needs_a_shared_secret_with_redis() {
+    for key_by in [
+        "cookie:session",
+        "query:tenant",
+        "host",
+        "path",
+        "ip+path",
+        "header:a+query:b",
+    ] {
+        let message = error(&[("KEY_BY", key_by), ("REDIS_ADDR", "db:6379")]);
+        assert!(
+            message.starts_with("KEY_HASH_SECRET is required"),
+            "{key_by}: {message}"
+        );
+        let message = error(&[
+            ("ROUTES", &format!("/a=gcra:5:1,key={key_by}")),
+            ("REDIS_ADDR", "db:6379"),
+        ]);
+        assert!(
+            message.starts_with("KEY_HASH_SECRET is required"),
+            "{key_by}: {message}"
+        );
+    }
+    parse(&[("KEY_BY", "ip"), ("REDIS_ADDR", "db:6379")]).unwrap();
+    let config = parse(&[
+        ("KEY_BY", "ip+header:X-API-Key+query:tenant"),
+        ("AUTH_KEY_BY", "cookie:session"),
+        ("REDIS_ADDR", "db:6379"),
+        ("KEY_HASH_SECRET", "0123456789abcdef0123"),
+        ("EXEMPT", "key:batch"),
+    ])
+    .unwrap();
+    assert_eq!(
+        general(&config).key_by.to_string(),
+        "ip+header:x-api-key+query:tenant"
+    );
+    assert_eq!(auth(&config).key_by.to_string(), "cookie:session");
+    // The exempt value, as the one rule keyed by one source (the cookie) digests it; the rule
+    // keyed by several is one digest of them all, which no single value names.
+    let mut headers = HeaderMap::new();
+    headers.insert("cookie", "session=batch".parse().unwrap());
+    headers.insert("x-api-key", "batch".parse().unwrap());
+    let head = |path| RequestHead {
+        method: &Method::GET,
+        path,
+        query: Some("tenant=batch"),
+        authority: None,
+        headers: &headers,
+        client_ip: "192.0.2.1".parse().unwrap(),
+    };
+    let rules = &config.gate.rules;
+    assert_eq!(rules.classify(&head("/login")).unwrap().mode, Mode::Exempt);
+    assert_eq!(rules.classify(&head("/")).unwrap().mode, Mode::Enforce);
+    // Not for a table whose only keyed rules have several sources.
+    let message = error(&[("KEY_BY", "header:a+query:b"), ("EXEMPT", "key:batch")]);
+    assert!(message.contains("need a rule keyed by one source"), "{message}");
+}
+
+#[test]
+fn key_sources_a_client_chooses_alone_are_warned_about_and_header_host_points_to_host() {
+    let warned = warnings(&[("KEY_BY", "host")]);
+    assert!(
+        warned.len() == 1 && warned[0].starts_with("KEY_BY=host: every client shares one budget per host"),
+        "{warned:?}"
+    );
+    let warned = warnings(&[("ROUTES", "/items/*=gcra:5:1,key=path")]);
+    assert!(
+        warned.len() == 1 && warned[0].contains("key=path: every client shares one budget per path"),
+        "{warned:?}"
+    );
+    for quiet in [
+        "ip+host",
+        "ip+path",
+        "cookie:session",
+        "query:tenant",
+        "header:X-API-Key+host",
+    ] {
+        assert!(warnings(&[("KEY_BY", quiet)]).is_empty(), "{quiet}");
+    }
+    // A credential-free header among sources is still warned about; a certain one refused.
+    assert_eq!(warnings(&[("KEY_BY", "ip+query:t+header:User-Agent")]).len(), 1);
+    for refused in [
+        "header:Host",
+        "query:t+header:X-Forwarded-For",
+        "header:Cookie",
+        "path+header:user-agent+header:host",
+    ] {
+        let message = error(&[("KEY_BY", refused)]);
+        assert!(
+            message.contains("a header that identifies a client"),
+            "{refused}: {message}"
+        );
+    }
+    let message = error(&[("KEY_BY", "header:Host")]);
+    assert!(message.contains("the host source reads both"), "{message}");
 }
 
 #[test]

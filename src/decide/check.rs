@@ -2,9 +2,10 @@
 //! costly (a batch job, a queue consumer, a proxy of its own).
 //!
 //! The body names the client directly, `{"rule": "NAME", "key": "VALUE", "cost": N}` (the
-//! key is digested as a header key is, with `KEY_HASH_SECRET`), or describes a request for the
-//! rule table to classify as the proxy would: `{"method": "GET", "path": "/login",
-//! "client_ip": "203.0.113.7", "headers": {...}}`. The answer is `200` whether allowed or not,
+//! key is digested as the rule's one key source would digest that value, with
+//! `KEY_HASH_SECRET`), or describes a request for the rule table to classify as the proxy
+//! would: `{"method": "GET", "path": "/login?tenant=a", "client_ip": "203.0.113.7",
+//! "headers": {...}}` (the query and the `host`, `cookie` headers read by keys as the proxy's). The answer is `200` whether allowed or not,
 //! `{"allowed", "rule", "limit", "remaining", "reset_after_ms", "retry_after_s", "outcome"}`
 //! with the rate-limit headers as well; a bad body gets `400` with a JSON error naming the
 //! field. With `DECIDE_TOKEN` set, `Authorization: Bearer <token>` is required (`401`).
@@ -47,7 +48,8 @@ pub struct Question {
     pub cost: Option<u64>,
     /// Classified: the method (default `GET`).
     pub method: Option<String>,
-    /// Classified: the path (a query is ignored, as rules match paths).
+    /// Classified: the path, with its query if any (read by `query:NAME` keys; rules match
+    /// the path alone).
     pub path: Option<String>,
     /// Classified: the client's address.
     pub client_ip: Option<String>,
@@ -164,6 +166,8 @@ pub enum Ask<'r> {
         method: Method,
         /// The path, without its query: starts with `/`, or is `*`.
         path: String,
+        /// The query, if the path had one.
+        query: Option<String>,
         /// The client's address.
         client: IpAddr,
         /// Its headers.
@@ -225,7 +229,10 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
                 .path
                 .as_deref()
                 .ok_or_else(|| BadBody::field("path", "a path is required, such as /login"))?;
-            let path = path.split_once('?').map_or(path, |(path, _)| path);
+            let (path, query) = match path.split_once('?') {
+                Some((path, query)) => (path, Some(query.to_owned())),
+                None => (path, None),
+            };
             if !path.starts_with('/') && path != "*" {
                 return Err(BadBody::field("path", "a path starts with /"));
             }
@@ -241,6 +248,7 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
             Ok(Ask::Classified {
                 method,
                 path: path.to_owned(),
+                query,
                 client,
                 headers,
             })
@@ -253,21 +261,22 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
     let generation = door.gate.current();
     match ask(body, generation.rules())? {
         Ask::Named { rule, key, cost } => {
-            let keyed = door
-                .gate
-                .decide_key(&generation, rule, generation.key_of(key.as_bytes()), cost)
-                .await;
+            let key = generation.named_key(rule, key.as_bytes());
+            let keyed = door.gate.decide_key(&generation, rule, key, cost).await;
             Ok(respond(door, rule, keyed.decision.decision(), keyed.outcome))
         }
         Ask::Classified {
             method,
             path,
+            query,
             client,
             headers,
         } => {
             let head = Head {
                 method: &method,
                 path: &path,
+                query: query.as_deref(),
+                authority: None,
                 headers: &headers,
                 peer: client,
                 upgrade: false,

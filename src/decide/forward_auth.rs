@@ -4,11 +4,12 @@
 //!
 //! The original request is read from the headers those proxies send: its method from
 //! `X-Forwarded-Method` (nginx: `X-Original-Method`, as commonly configured; else this
-//! request's own method), its target from `X-Forwarded-Uri` (nginx: `X-Original-URI`), its
-//! client from `X-Forwarded-For`; `X-Forwarded-Host` names it in the log. Every other header
-//! (an API key a rule is keyed by) is the original request's, as these proxies copy them. The
-//! path goes through the proxy's own canonicalisation, so a path backends could read two ways
-//! is refused here as it is there.
+//! request's own method), its target from `X-Forwarded-Uri` (nginx: `X-Original-URI`), with
+//! its query (for `query:NAME` keys), its client from `X-Forwarded-For`, its host from
+//! `X-Forwarded-Host` (for `host` keys; else this request's `Host`, which nginx copies). Every
+//! other header (an API key, the `Cookie` lines) is the original request's, as these proxies
+//! copy them. The path goes through the proxy's own canonicalisation, so a path backends could
+//! read two ways is refused here as it is there.
 //!
 //! The caller is the TCP peer, so the client address it forwards is believed only when the
 //! peer is one of `TRUSTED_PROXIES`; a call from any other peer is refused (`403`, logged):
@@ -67,6 +68,10 @@ pub struct Original {
     pub method: Method,
     /// Its target's path, as sent (canonicalised by the gate).
     pub path: String,
+    /// Its target's query, as sent, if it had one.
+    pub query: Option<String>,
+    /// Its host, from `X-Forwarded-Host`, if sent.
+    pub host: Option<String>,
 }
 
 /// Why the original request cannot be read from the headers.
@@ -91,6 +96,9 @@ pub enum Unreadable {
     /// The method is not a method.
     #[error("{0} is not an HTTP method")]
     Method(&'static str),
+    /// `X-Forwarded-Host` is not text.
+    #[error("X-Forwarded-Host is not a host name")]
+    Host,
     /// No client address was forwarded.
     #[error(
         "no X-Forwarded-For header: the client's address is unknown, and keyed by the proxy's own every client would share one budget"
@@ -141,20 +149,35 @@ pub fn original(headers: &HeaderMap, own: &Method) -> Result<Original, Unreadabl
         ],
     )?
     .ok_or(Unreadable::NoTarget)?;
-    let path = target_path(target).map_err(|problem| Unreadable::Target {
+    let (path, query) = target_path(target).map_err(|problem| Unreadable::Target {
         header: label,
         problem,
     })?;
+    let mut hosts = headers.get_all(&X_FORWARDED_HOST).iter();
+    let host = match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => return Err(Unreadable::Repeated("X-Forwarded-Host")),
+        (host, _) => match host.map(|host| host.to_str()) {
+            Some(Ok(host)) => Some(host.to_owned()),
+            Some(Err(_)) => return Err(Unreadable::Host),
+            None => None,
+        },
+    };
     if headers.get(&X_FORWARDED_FOR).is_none() {
         return Err(Unreadable::NoClient);
     }
-    Ok(Original { method, path })
+    Ok(Original {
+        method,
+        path,
+        query,
+        host,
+    })
 }
 
-/// The path of an origin-form target (`/a/b?q`) or `*`, as the proxy would have received it.
-fn target_path(target: &[u8]) -> Result<String, &'static str> {
+/// The path and query of an origin-form target (`/a/b?q`) or `*`, as the proxy would have
+/// received them.
+fn target_path(target: &[u8]) -> Result<(String, Option<String>), &'static str> {
     if target == b"*" {
-        return Ok("*".into());
+        return Ok(("*".into(), None));
     }
     if target.first() != Some(&b'/') {
         return Err("it does not start with /");
@@ -165,7 +188,7 @@ fn target_path(target: &[u8]) -> Result<String, &'static str> {
         return Err("it holds a # (fragments are never sent)");
     }
     let uri = Uri::try_from(target).map_err(|_| "it is not a valid URI path")?;
-    Ok(uri.path().to_owned())
+    Ok((uri.path().to_owned(), uri.query().map(str::to_owned)))
 }
 
 /// Answer one call from `peer`.
@@ -210,6 +233,8 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     let head = Head {
         method: &original.method,
         path: &original.path,
+        query: original.query.as_deref(),
+        authority: original.host.as_deref(),
         headers,
         peer: peer_ip,
         upgrade: false,
@@ -272,7 +297,7 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     if !verdict.outcome.forwards() {
         tracing::debug!(
             client = %verdict.client,
-            host = headers.get(&X_FORWARDED_HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
+            host = original.host.as_deref().unwrap_or(""),
             method = %original.method,
             path = %original.path,
             rule = %verdict.rule().name,
@@ -347,19 +372,27 @@ mod tests {
             original(&sent, &Method::GET),
             Ok(Original {
                 method: Method::POST,
-                path: "/login".into()
+                path: "/login".into(),
+                query: Some("next=/".into()),
+                host: None,
             })
         );
     }
 
     #[test]
     fn nginx_headers_name_it_too_and_the_method_defaults_to_the_calls_own() {
-        let sent = headers(&[("x-original-uri", "/api/x"), ("x-forwarded-for", "203.0.113.7")]);
+        let sent = headers(&[
+            ("x-original-uri", "/api/x?tenant=a%62"),
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-host", "Example.com"),
+        ]);
         assert_eq!(
             original(&sent, &Method::PUT),
             Ok(Original {
                 method: Method::PUT,
-                path: "/api/x".into()
+                path: "/api/x".into(),
+                query: Some("tenant=a%62".into()),
+                host: Some("Example.com".into()),
             })
         );
     }
@@ -399,6 +432,15 @@ mod tests {
                 },
             ),
             (vec![("x-forwarded-uri", "/login")], Unreadable::NoClient),
+            (
+                vec![
+                    ("x-forwarded-uri", "/a"),
+                    ("x-forwarded-host", "a.example"),
+                    ("x-forwarded-host", "b.example"),
+                    ("x-forwarded-for", "1.2.3.4"),
+                ],
+                Unreadable::Repeated("X-Forwarded-Host"),
+            ),
             (
                 vec![
                     ("x-forwarded-uri", "/a"),

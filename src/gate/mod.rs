@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use crate::limit::refused::{Counted, RefusedClients};
 use crate::limit::{
-    ClientIp, ClientKey, Count, Decision, Limiter, Mode, RequestHead, Rule, RuleTable, StoreError,
+    ClientIp, ClientKey, Count, Decision, Digest, Limiter, Mode, RequestHead, Rule, RuleTable, StoreError,
     Verdict as StoreVerdict,
 };
 use crate::metrics::{Metrics, RuleSeries, TableSeries};
@@ -119,6 +119,12 @@ pub(crate) enum ClientError {
     /// The client is not written as logs write it.
     #[error("{0:?} is not a client: an IP address, key:VALUE or IP+key:VALUE")]
     BadKey(String),
+    /// A `key:` of a rule keyed by several sources that is not a digest as logs write it.
+    #[error(
+        "{0:?} is not a client of a rule keyed by several sources ({1}): its key is one digest of \
+         them all, so name it as logs and /v1/limited print it, key:<32 hex digits> or IP+key:<32 hex digits>"
+    )]
+    NotADigest(String, String),
     /// The store could not be asked (Redis down, its breaker open).
     #[error("the store could not be asked: {0}")]
     Store(#[from] StoreError),
@@ -131,7 +137,12 @@ pub struct Head<'a> {
     pub method: &'a Method,
     /// The path as sent, without the query (`Uri::path`), or `*` (`OPTIONS *`).
     pub path: &'a str,
-    /// The request headers (`X-Forwarded-For`, header keys).
+    /// The query as sent, after the `?` (`Uri::query`), for `query:NAME` keys.
+    pub query: Option<&'a str>,
+    /// The host the target names, if it names one (HTTP/2's `:authority`, an absolute-form
+    /// target; forward-auth's `X-Forwarded-Host`): the `host` key, before the `Host` header.
+    pub authority: Option<&'a str>,
+    /// The request headers (`X-Forwarded-For`, `Host`, header and cookie keys).
     pub headers: &'a HeaderMap,
     /// The TCP peer.
     pub peer: IpAddr,
@@ -314,6 +325,8 @@ impl Gate {
             .classify(&RequestHead {
                 method: head.method,
                 path: &path.canonical,
+                query: head.query,
+                authority: head.authority,
                 headers: head.headers,
                 client_ip: client,
             })
@@ -445,33 +458,54 @@ impl Generation {
         }
     }
 
-    /// Digests a client's own name (a JSON API key, a descriptor's entries) into a
-    /// [`ClientKey`], with the key every replica shares (`KEY_HASH_SECRET`).
+    /// Digests a client's own name (a descriptor's entries) into a [`ClientKey`], with the key
+    /// every replica shares (`KEY_HASH_SECRET`).
     pub fn key_of(&self, value: &[u8]) -> ClientKey {
         ClientKey::Header(self.rules.hasher().digest(value))
     }
 
-    /// The client written `text` as logs write it, under this table's keys: an address
-    /// (`203.0.113.7`, or an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX`),
-    /// `key:VALUE` with the header's raw value (digested with `KEY_HASH_SECRET`, as a
-    /// request's), or `IP+key:VALUE`.
-    fn client_key(&self, text: &str) -> Result<ClientKey, ClientError> {
+    /// The key a door that names the client (the JSON API's `{"rule", "key"}`) means by
+    /// `value` under `rule`: as a request whose source held `value` is keyed, when the rule is
+    /// keyed by one source besides the address (so `{"key": "acme"}` under `query:tenant`
+    /// spends what `?tenant=acme` spends); else the digest of `value` alone, a name of its own.
+    pub fn named_key(&self, rule: &Rule, value: &[u8]) -> ClientKey {
+        let hasher = self.rules.hasher();
+        match rule.key_by.single() {
+            Some(source) => ClientKey::Header(hasher.digest_of(std::slice::from_ref(source), &[value])),
+            None => ClientKey::Header(hasher.digest(value)),
+        }
+    }
+
+    /// The client written `text` as logs write it, under `rule`: an address (`203.0.113.7`, or
+    /// an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX`), `key:VALUE` or
+    /// `IP+key:VALUE`. Under a rule keyed by one source besides the address, `VALUE` is that
+    /// source's raw value (a header's, a cookie's, ...), digested as a request's is; under one
+    /// keyed by several, whose key is one digest of them all, it is that digest, 32 hex digits
+    /// as logs and `/v1/limited` print it.
+    fn client_key(&self, rule: &Rule, text: &str) -> Result<ClientKey, ClientError> {
         let prefix = self.rules.ipv6_prefix();
         let ip = |text: &str| {
             // A network as logs write it: its address, grouped by the prefix as any address.
             let address = text.split_once('/').map_or(text, |(address, _)| address);
             address.parse::<IpAddr>().ok().map(|ip| ClientIp::new(ip, prefix))
         };
+        let digest = |value: &str| match rule.key_by.sources() {
+            [] | [_] => Ok(self.named_key(rule, value.as_bytes()).digest()),
+            _ => Digest::parse(value)
+                .map(Some)
+                .ok_or_else(|| ClientError::NotADigest(text.to_owned(), rule.key_by.to_string())),
+        };
         if let Some(value) = text.strip_prefix("key:") {
-            return Ok(self.key_of(value.as_bytes()));
+            return digest(value)?
+                .map(ClientKey::Header)
+                .ok_or_else(|| ClientError::BadKey(text.to_owned()));
         }
         if let Some((address, value)) = text.split_once("+key:")
             && let Some(ip) = ip(address)
         {
-            return Ok(ClientKey::IpAndHeader(
-                ip,
-                self.rules.hasher().digest(value.as_bytes()),
-            ));
+            return digest(value)?
+                .map(|digest| ClientKey::IpAndHeader(ip, digest))
+                .ok_or_else(|| ClientError::BadKey(text.to_owned()));
         }
         ip(text)
             .map(ClientKey::Ip)
@@ -483,7 +517,7 @@ impl Generation {
         let found = self
             .rule(rule)
             .ok_or_else(|| ClientError::UnknownRule(rule.to_owned()))?;
-        Ok((found, self.client_key(client)?))
+        Ok((found, self.client_key(found, client)?))
     }
 }
 
@@ -510,6 +544,8 @@ mod tests {
         Head {
             method: &Method::POST,
             path,
+            query: None,
+            authority: None,
             headers,
             peer: IpAddr::from([192, 0, 2, 1]),
             upgrade: false,

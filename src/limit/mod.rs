@@ -32,7 +32,7 @@ use std::time::Duration;
 
 pub use algorithm::{Policy, State};
 pub use guard::{FailMode, Guard, GuardSettings, Remote};
-pub use key::{ClientIp, ClientKey, KeyBy, KeyHasher};
+pub use key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher, Source};
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisTarget, StoreError};
 pub use rules::{Count, Match, Mode, RequestHead, Rule, RuleTable};

@@ -12,6 +12,7 @@
 //! They come after the general rule, their ids continuing, so the stores and the metrics,
 //! which keep arrays by rule id, know them from startup.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -21,7 +22,9 @@ use ipnet::IpNet;
 
 use super::algorithm::Policy;
 use super::guard::FailMode;
-use super::key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher};
+use super::key::{
+    ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value, query_value,
+};
 use super::pattern::PathPattern;
 
 /// A named budget: the algorithm that enforces it and how requests are filed under it.
@@ -54,7 +57,7 @@ impl Rule {
             id,
             name: name.into(),
             policy,
-            key_by: KeyBy::Ip,
+            key_by: KeyBy::ip(),
             cost: 1,
             shadow: false,
             count: Count::All,
@@ -98,7 +101,8 @@ impl Route {
 pub struct Exemptions {
     /// Client networks.
     pub networks: Vec<IpNet>,
-    /// Digests of header values (`key:VALUE`), compared with the request's keyed header.
+    /// Digests of `key:VALUE` entries, as each rule keyed by one source (besides the address)
+    /// would digest that value: compared with a request's key.
     pub keys: Vec<Digest>,
 }
 
@@ -129,9 +133,14 @@ impl Mode {
 pub struct RequestHead<'a> {
     /// The request method.
     pub method: &'a Method,
-    /// The path in canonical form (`gate::path`).
+    /// The path in canonical form (`gate::path`): what rules match, and the `path` key source.
     pub path: &'a str,
-    /// The request headers (for header keys).
+    /// The raw query, after the `?` (for `query:NAME` keys).
+    pub query: Option<&'a str>,
+    /// The host the target names, when it names one (HTTP/2's `:authority`, an absolute-form
+    /// target, forward-auth's `X-Forwarded-Host`): the `host` key source, before `Host`.
+    pub authority: Option<&'a str>,
+    /// The request headers (for header and cookie keys, and `Host`).
     pub headers: &'a HeaderMap,
     /// The client address, after `TRUSTED_PROXIES`.
     pub client_ip: IpAddr,
@@ -275,13 +284,11 @@ impl RuleTable {
 
     /// The headers some rule keys its budgets by, each once.
     pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
-        self.rules.iter().enumerate().filter_map(|(i, rule)| {
-            let name = rule.key_by.header()?;
-            let first = self.rules[..i]
-                .iter()
-                .all(|earlier| earlier.key_by.header() != Some(name));
-            first.then_some(name)
-        })
+        let all = || self.rules.iter().flat_map(|rule| rule.key_by.headers());
+        all()
+            .enumerate()
+            .filter(move |(i, name)| all().take(*i).all(|earlier| earlier != *name))
+            .map(|(_, name)| name)
     }
 
     /// Every rule, by id: those paths classify into (the general rule last of them), then the
@@ -395,22 +402,11 @@ impl RuleTable {
                 mode: Mode::Exempt,
             });
         }
-        let header = match rule.key_by.header() {
-            None => None,
-            Some(name) => {
-                let mut values = head.headers.get_all(name).iter();
-                match (values.next(), values.next()) {
-                    (Some(_), Some(_)) => return Err(ClassifyError::RepeatedKeyHeader(name.clone())),
-                    (Some(value), None) if value.as_bytes().contains(&b',') => {
-                        return Err(ClassifyError::ListKeyHeader(name.clone()));
-                    }
-                    (value, _) => value
-                        .map(|value| value.as_bytes())
-                        .filter(|value| !value.is_empty()),
-                }
-            }
+        let key = match rule.key_by.digests() {
+            // The default, `ip`: nothing to read.
+            false => ClientKey::Ip(ip),
+            true => self.key(&rule.key_by, ip, head)?,
         };
-        let key = ClientKey::new(&rule.key_by, ip, header, &self.hasher);
         let mode = match (key.digest(), rule.shadow) {
             (Some(digest), _) if self.exempt.keys.contains(&digest) => Mode::Exempt,
             (_, true) => Mode::Shadow,
@@ -429,6 +425,34 @@ impl RuleTable {
         })
     }
 
+    /// The key of a rule keyed `by` (some source besides the address): every source's value
+    /// digested together, or the address alone when any is missing.
+    fn key(&self, by: &KeyBy, ip: ClientIp, head: &RequestHead<'_>) -> Result<ClientKey, ClassifyError> {
+        let sources = by.sources();
+        // One header, the most common key but the address: read in place, as before there
+        // were other sources, without the array of values below.
+        if let [Source::Header(name)] = sources {
+            return Ok(match one_header(head.headers, name)? {
+                Some(value) => ClientKey::new(by, ip, Some(&[value]), &self.hasher),
+                None => ClientKey::Ip(ip),
+            });
+        }
+        let mut read: [Cow<'_, [u8]>; MAX_SOURCES] = Default::default();
+        for (slot, source) in read.iter_mut().zip(sources) {
+            match source_value(source, head)? {
+                Some(value) => *slot = value,
+                None => return Ok(ClientKey::Ip(ip)),
+            }
+        }
+        let values: [&[u8]; MAX_SOURCES] = std::array::from_fn(|i| &*read[i]);
+        Ok(ClientKey::new(
+            by,
+            ip,
+            Some(&values[..sources.len()]),
+            &self.hasher,
+        ))
+    }
+
     /// The rules a request on `pattern` can be classified under: each route overlapping it, in
     /// order, up to one that takes all of it for every method (or else the general rule).
     /// Startup only.
@@ -444,6 +468,45 @@ impl RuleTable {
         }
         rules.push(self.general());
         rules
+    }
+}
+
+/// What `head` holds for `source`: `None` when it is absent or empty (the request is then keyed
+/// by its address), an error when it could be read two ways.
+fn source_value<'h>(source: &Source, head: &RequestHead<'h>) -> Result<Option<Cow<'h, [u8]>>, ClassifyError> {
+    Ok(match source {
+        Source::Header(name) => one_header(head.headers, name)?.map(Cow::Borrowed),
+        Source::Cookie(name) => cookie_value(
+            head.headers
+                .get_all(http::header::COOKIE)
+                .iter()
+                .map(|line| line.as_bytes()),
+            name,
+        ),
+        Source::Query(name) => head.query.and_then(|query| query_value(query, name)),
+        Source::Host => match head.authority {
+            Some(authority) => host_value(authority.as_bytes()),
+            None => one_header(head.headers, &http::header::HOST)?.and_then(host_value),
+        },
+        Source::Path => Some(Cow::Borrowed(head.path.as_bytes())),
+    })
+}
+
+/// The value of `name`, sent once: none when absent or empty, an error when sent twice or as
+/// a comma list (which a proxy may have merged from two lines).
+fn one_header<'h>(
+    headers: &'h HeaderMap,
+    name: &http::HeaderName,
+) -> Result<Option<&'h [u8]>, ClassifyError> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(_), Some(_)) => Err(ClassifyError::RepeatedKeyHeader(name.clone())),
+        (Some(value), None) if value.as_bytes().contains(&b',') => {
+            Err(ClassifyError::ListKeyHeader(name.clone()))
+        }
+        (value, _) => Ok(value
+            .map(|value| value.as_bytes())
+            .filter(|value| !value.is_empty())),
     }
 }
 

@@ -525,6 +525,8 @@ impl Proxy {
         let head = gate::Head {
             method: request.method(),
             path: request.uri().path(),
+            query: request.uri().query(),
+            authority: request.uri().authority().map(|authority| authority.as_str()),
             headers: request.headers(),
             peer: peer.ip(),
             upgrade,

@@ -308,7 +308,7 @@ impl DescriptorTable {
                         window_ms: unit.seconds() * 1_000,
                     }),
                     // Unused: the door names the key (the descriptor's entries).
-                    key_by: KeyBy::Ip,
+                    key_by: KeyBy::ip(),
                     cost: 1,
                     shadow: limit.shadow || shadow,
                     count: Count::All,

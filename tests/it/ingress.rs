@@ -151,6 +151,7 @@ fn nginx_site(port: u16, decide: SocketAddr, backend: &str, target: &str) -> Str
             proxy_set_header Content-Length "";
             proxy_set_header X-Original-URI $request_uri;
             proxy_set_header X-Original-Method $request_method;
+            proxy_set_header X-Forwarded-Host $host;
             # The edge proxy: the client is the peer, whatever it wrote itself.
             proxy_set_header X-Forwarded-For $remote_addr;
         }}

@@ -13,6 +13,7 @@ mod decide;
 mod faults;
 mod http2;
 mod ingress;
+mod keys;
 mod operator;
 mod proxy;
 mod redis;
