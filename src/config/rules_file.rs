@@ -129,17 +129,18 @@ impl RulesFile {
             location,
             problem,
         };
-        let size = std::fs::metadata(path)
-            .map_err(|e| error(path.to_owned(), format!("cannot be read: {e}")))?
-            .len();
-        if size > MAX_FILE_BYTES {
+        let file =
+            std::fs::File::open(path).map_err(|e| error(path.to_owned(), format!("cannot be read: {e}")))?;
+        // Read one byte past the bound, so a file that grows while read is refused too.
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_FILE_BYTES + 1), &mut text)
+            .map_err(|e| error(path.to_owned(), format!("cannot be read as UTF-8 text: {e}")))?;
+        if text.len() as u64 > MAX_FILE_BYTES {
             return Err(error(
                 path.to_owned(),
-                format!("{size} bytes; a rules file is at most {MAX_FILE_BYTES}"),
+                format!("more than {MAX_FILE_BYTES} bytes; a rules file is at most that"),
             ));
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| error(path.to_owned(), format!("cannot be read as UTF-8 text: {e}")))?;
         let mut file = RulesFile::parse(path, &text)?;
         file.bytes = text.into_bytes();
         Ok(Some(file))
@@ -715,6 +716,22 @@ shadow = false
                 "{text:?}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn a_missing_huge_or_binary_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let load = |path: &str| RulesFile::load(Some(path)).unwrap_err().to_string();
+        let missing = path("missing.toml");
+        assert!(load(&missing).contains(&format!("RULES_FILE: {missing}: cannot be read")));
+        let huge = path("huge.toml");
+        std::fs::write(&huge, vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
+        assert!(load(&huge).contains("a rules file is at most"), "{}", load(&huge));
+        let binary = path("binary.toml");
+        std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();
+        assert!(load(&binary).contains("UTF-8"));
+        assert!(RulesFile::load(None).unwrap().is_none());
     }
 
     #[test]
