@@ -501,9 +501,17 @@ async fn watch_rules(
     let Some(settings) = config.rules_file.clone() else {
         return;
     };
-    let read = |path: String| async move { tokio::fs::read(&path).await.ok() };
+    let read = |path: String| async move {
+        tokio::task::spawn_blocking(move || crate::config::rules_file::read_bounded(&path).ok())
+            .await
+            .ok()
+            .flatten()
+    };
     // The bytes the table in force was built from: any other bytes are a change.
     let mut seen = Some(settings.loaded.to_vec());
+    // Changed bytes seen once: reloaded when the next read agrees, so a file written in place
+    // is not put in force half written.
+    let mut pending: Option<Option<Vec<u8>>> = None;
     // What `.env` said when the configuration was read: a later change to it is named, as a
     // reload does not read it.
     let mut dot_env = settings.dot_env.to_vec();
@@ -518,13 +526,18 @@ async fn watch_rules(
             Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
                 let now = read(settings.path.clone()).await;
                 if now == seen {
+                    pending = None;
                     continue;
                 }
-                seen = now;
+                if pending.as_ref() != Some(&now) {
+                    pending = Some(now);
+                    continue;
+                }
                 "the file changed"
             }
             else => return,
         };
+        pending = None;
         let reloaded = {
             let config = config.clone();
             tokio::task::spawn_blocking(move || config.reload_rules()).await
@@ -538,12 +551,26 @@ async fn watch_rules(
             );
         }
         dot_env = now;
+        let reloaded = reloaded.map(|reloaded| {
+            reloaded.map(|(table, bytes)| {
+                // What the table was built from, whichever way the reload came.
+                seen = Some(bytes.to_vec());
+                table
+            })
+        });
         match reloaded {
-            Ok(Ok(table)) if table.digest() == gate.current().digest() => {
+            Ok(Ok(table)) if table.decides_like(gate.current().table()) => {
                 metrics.config_reload(true);
                 tracing::info!(file = %settings.path, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
             }
             Ok(Ok(table)) => {
+                if table.ipv6_prefix() != gate.current().table().ipv6_prefix() {
+                    tracing::warn!(
+                        ipv6_prefix = table.ipv6_prefix(),
+                        "IPV6_PREFIX changed: the rules group IPv6 clients by the new prefix, while \
+                         MAX_UPGRADES_PER_CLIENT keeps the one it started with until a restart"
+                    );
+                }
                 let swapped = gate.swap(table);
                 // STATE_FILE saves the table in force: its rules, and the store's view of them.
                 let generation = gate.current();

@@ -554,12 +554,51 @@ impl Metrics {
         TableSeries { rules }
     }
 
+    /// Stop exporting the series of the rules called `names`, which a reload removed: the
+    /// series of the rule names any table has had would otherwise grow without bound. A
+    /// request still in flight under the old table counts into counters no longer exported;
+    /// a name that comes back starts from zero, which Prometheus reads as a counter reset.
+    pub fn retire(&self, names: &[String]) {
+        let families = &self.families;
+        for name in names {
+            let rule = label_value(name);
+            for outcome in Outcome::ALL {
+                families.requests.remove(&DecisionLabels {
+                    rule: rule.clone(),
+                    decision: outcome.as_str(),
+                });
+            }
+            for class in STATUS_CLASSES {
+                families.backend_responses.remove(&ClassLabels {
+                    rule: rule.clone(),
+                    class,
+                });
+            }
+            for failure in BackendFailure::ALL {
+                families.errors.remove(&CauseLabels {
+                    rule: rule.clone(),
+                    cause: failure.as_str(),
+                });
+            }
+            let labelled = RuleLabels { rule: rule.clone() };
+            families.request_bytes.remove(&labelled);
+            families.response_bytes.remove(&labelled);
+            families.decision_seconds.remove(&labelled);
+            families.backend_seconds.remove(&labelled);
+            self.responses
+                .rows
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|(label, _)| *label != rule);
+        }
+    }
+
     /// From now on, the store's state is read from `limiter` (a reloaded table's).
     pub fn set_limiter(&self, limiter: Limiter) {
         self.limiter.store(Arc::new(limiter));
     }
 
-    /// A reload of the rule table succeeded (`ok`) or changed nothing (`!ok`).
+    /// A reload of the rule table succeeded (`ok`), or failed and changed nothing (`!ok`).
     pub fn config_reload(&self, ok: bool) {
         self.config_reloads[usize::from(!ok)].inc();
     }

@@ -22,6 +22,9 @@ pub(crate) const MAX_MILLIS: u64 = 365 * 24 * 3600 * 1000;
 pub(crate) struct Env {
     vars: HashMap<String, String>,
     read: RefCell<BTreeSet<&'static str>>,
+    /// A reload's: the header-key hasher the running table digests with, kept when
+    /// `KEY_HASH_SECRET` is unset (a fresh random one would give every client a new key).
+    inherited_hasher: Option<crate::limit::KeyHasher>,
 }
 
 impl Env {
@@ -40,7 +43,19 @@ impl Env {
         Env {
             vars,
             read: RefCell::default(),
+            inherited_hasher: None,
         }
+    }
+
+    /// This environment, digesting keys with `hasher` unless `KEY_HASH_SECRET` says otherwise.
+    pub(crate) fn inheriting(mut self, hasher: Option<crate::limit::KeyHasher>) -> Env {
+        self.inherited_hasher = hasher;
+        self
+    }
+
+    /// The hasher a reload keeps, if this is a reload's environment.
+    pub(crate) fn inherited_hasher(&self) -> Option<&crate::limit::KeyHasher> {
+        self.inherited_hasher.as_ref()
     }
 
     /// The trimmed value of `var`, if set and not empty.

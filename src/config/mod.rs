@@ -278,6 +278,20 @@ impl Config {
         K: Into<String>,
         V: Into<String>,
     {
+        Self::from_vars_inheriting(vars, None)
+    }
+
+    /// [`Config::from_vars`], digesting keys with `hasher` (a reload's: the running table's)
+    /// when `KEY_HASH_SECRET` is unset.
+    fn from_vars_inheriting<I, K, V>(
+        vars: I,
+        hasher: Option<crate::limit::KeyHasher>,
+    ) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
         let environment: Vec<(String, String)> = vars
             .into_iter()
             .map(|(name, value)| (name.into(), value.into()))
@@ -288,10 +302,11 @@ impl Config {
             .find(|(name, value)| name == vars::RULES_FILE.name && !value.trim().is_empty())
             .map(|(_, value)| value.trim().to_owned());
         let Some(file) = RulesFile::load(path.as_deref())? else {
-            return Self::from_env_reader(&Env::new(environment));
+            return Self::from_env_reader(&Env::new(environment).inheriting(hasher));
         };
         let merged = file.merge(&environment)?;
-        let mut config = Self::from_env_reader(&Env::new(merged)).map_err(|error| file.locate(error))?;
+        let mut config = Self::from_env_reader(&Env::new(merged).inheriting(hasher))
+            .map_err(|error| file.locate(error))?;
         if let Some(settings) = &mut config.rules_file {
             settings.environment = Arc::new(environment);
             settings.loaded = Arc::new(file.bytes);
@@ -301,9 +316,10 @@ impl Config {
     }
 
     /// The rule table again, with `RULES_FILE` read anew beside the environment read at start:
-    /// what a reload puts in force. The whole configuration is validated as at start, so a
-    /// table the process could not have started with is refused too.
-    pub(crate) fn reload_rules(&self) -> Result<crate::limit::RuleTable, ConfigError> {
+    /// what a reload puts in force, and the file's bytes it was built from. The whole
+    /// configuration is validated as at start, so a table the process could not have started
+    /// with is refused too; keys are digested as the running table digests them.
+    pub(crate) fn reload_rules(&self) -> Result<(crate::limit::RuleTable, Arc<Vec<u8>>), ConfigError> {
         let Some(settings) = &self.rules_file else {
             return Err(ConfigError::Missing {
                 var: vars::RULES_FILE.name,
@@ -316,8 +332,12 @@ impl Config {
             .iter()
             .filter(|(name, _)| name != vars::RLS_CONFIG.name)
             .cloned();
-        let config = Config::from_vars(environment)?;
-        config
+        let config = Config::from_vars_inheriting(environment, Some(self.gate.rules.hasher().clone()))?;
+        let bytes = config
+            .rules_file
+            .as_ref()
+            .map_or_else(Arc::default, |file| file.loaded.clone());
+        let table = config
             .gate
             .rules
             .with_named(self.gate.rules.named().to_vec())
@@ -325,7 +345,8 @@ impl Config {
                 ConfigError::Conflict(format!(
                     "the reloaded rule table cannot hold RLS_CONFIG's rules: {error}"
                 ))
-            })
+            })?;
+        Ok((table, bytes))
     }
 
     /// Parse, then check the variables this configuration does not read: a malformed one is

@@ -587,6 +587,8 @@ fn key_hasher(env: &Env, digested_keys: bool, shared_store: bool) -> Result<KeyH
                        values alike: set the same secret of 16+ characters on each, e.g. from \
                        `openssl rand -hex 32`",
         }),
+        // A reload's: the running table's random key, so every client keeps its key.
+        None if let Some(hasher) = env.inherited_hasher() => Ok(hasher.clone()),
         None => KeyHasher::random().map_err(|error| {
             ConfigError::Conflict(format!(
                 "cannot read the operating system's random source for KEY_HASH_SECRET's default ({error}); \

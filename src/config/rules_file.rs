@@ -118,6 +118,21 @@ enum Kind {
     Costs,
 }
 
+/// The bytes of the file at `path`, at most [`MAX_FILE_BYTES`]: one byte past the bound is read,
+/// so a file that grows while read is refused too. The error says why, without the path.
+pub(crate) fn read_bounded(path: &str) -> Result<Vec<u8>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_FILE_BYTES + 1), &mut bytes)
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "more than {MAX_FILE_BYTES} bytes; a rules file is at most that"
+        ));
+    }
+    Ok(bytes)
+}
+
 impl RulesFile {
     /// `RULES_FILE`'s file, read and translated; `None` when unset.
     pub(crate) fn load(path: Option<&str>) -> Result<Option<RulesFile>, ConfigError> {
@@ -158,12 +173,21 @@ impl RulesFile {
             let line = e.span().map_or(1, |span| line_of(text, span.start));
             file.error(line, "", e.message().to_owned())
         })?;
-        let reader = Reader { file: &file, text };
+        let reader = Reader {
+            file: &file,
+            text,
+            lines: text
+                .bytes()
+                .enumerate()
+                .filter(|(_, b)| *b == b'\n')
+                .map(|(at, _)| at)
+                .collect(),
+        };
         let mut routes = Vec::new();
         let mut found = Vec::new();
         for (key, value) in table.get_ref() {
             let name = key.get_ref().as_ref();
-            let line = line_of(text, key.span().start);
+            let line = reader.line(key.span().start);
             match name {
                 "general" | "auth" => {
                     let settings = if name == "general" { GENERAL } else { AUTH };
@@ -316,18 +340,28 @@ type Found = (Var, String, Origin, Vec<(String, Origin)>);
 struct Reader<'a> {
     file: &'a RulesFile,
     text: &'a str,
+    /// The offset of every newline, in order: a setting's line is found by binary search, not
+    /// by counting from the start for each of thousands of entries.
+    lines: Vec<usize>,
 }
 
 impl Reader<'_> {
+    /// The 1-based line of byte `offset`.
+    fn line(&self, offset: usize) -> usize {
+        self.lines
+            .partition_point(|&newline| newline < offset.min(self.text.len()))
+            + 1
+    }
+
     fn origin(&self, span: Range<usize>, setting: &str) -> Origin {
         Origin {
-            line: line_of(self.text, span.start),
+            line: self.line(span.start),
             setting: setting.to_owned(),
         }
     }
 
     fn fail(&self, span: Range<usize>, setting: &str, problem: String) -> ConfigError {
-        self.file.error(line_of(self.text, span.start), setting, problem)
+        self.file.error(self.line(span.start), setting, problem)
     }
 
     /// An unknown key, with the likely one.

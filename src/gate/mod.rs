@@ -61,6 +61,8 @@ pub struct Gate {
     tunnels: Tunnels,
     /// Counts decisions.
     metrics: Arc<Metrics>,
+    /// One swap at a time: each builds on the table in force, so two at once would lose one.
+    swapping: std::sync::Mutex<()>,
 }
 
 /// One rule table and everything kept by rule id for it: a request holds the generation it
@@ -89,9 +91,9 @@ impl Generation {
         self.rules.rule(name)
     }
 
-    /// The table's digest.
-    pub fn digest(&self) -> u32 {
-        self.digest
+    /// The compiled table.
+    pub fn table(&self) -> &RuleTable {
+        &self.rules
     }
 
     /// The limiter of this table.
@@ -258,6 +260,7 @@ impl Gate {
             identity: ClientIdentity::new(settings.trusted_proxies),
             tunnels: Tunnels::new(settings.max_upgrades_per_client, ipv6_prefix),
             metrics,
+            swapping: std::sync::Mutex::new(()),
         }
     }
 
@@ -270,6 +273,10 @@ impl Gate {
     /// name and policy are unchanged; requests decided before keep the table they started
     /// under. Returns what changed, rule by rule.
     pub fn swap(&self, rules: RuleTable) -> Swapped {
+        let _one_at_a_time = self
+            .swapping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let old = self.current();
         let limiter = old.limiter.for_rules(rules.rules());
         let kept = |rule: &Rule| {
@@ -299,6 +306,7 @@ impl Gate {
             limiter,
         };
         swapped.digest = generation.digest;
+        self.metrics.retire(&swapped.removed);
         self.metrics.set_limiter(generation.limiter.clone());
         self.metrics.set_config_hash(generation.digest);
         self.current.store(Arc::new(generation));
@@ -571,7 +579,7 @@ mod tests {
         assert!(swapped.kept.contains(&"api".to_owned()) && swapped.kept.contains(&"general".to_owned()));
         assert_ne!(swapped.digest, before.gate.rules.digest());
         // Settled after the swap: refunded to the table it was decided under, the old login2.
-        assert_eq!(in_flight.generation.digest(), before.gate.rules.digest());
+        assert_eq!(in_flight.generation.table().digest(), before.gate.rules.digest());
         let old = in_flight.generation.clone();
         let rule = in_flight.rule().clone();
         let key = in_flight.key;

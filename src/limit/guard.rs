@@ -209,8 +209,8 @@ pub struct GuardSettings {
 /// single Redis, one per master for a Redis Cluster (so a dead master hands the fail mode to
 /// its own slots only). Cheap to clone; clones share the breakers.
 pub struct Guard<S: Remote = RedisStore> {
-    /// Shared with clones and, weakly, with the probe and slot-map tasks (which end when the
-    /// last clone goes).
+    /// Shared with clones; its [`Shared`] part also with the guards of later rule tables and,
+    /// weakly, with the probe and slot-map tasks (which end when the last guard goes).
     inner: Arc<Inner<S>>,
 }
 
@@ -222,6 +222,9 @@ impl<S: Remote> Clone for Guard<S> {
     }
 }
 
+/// Each rule's name and fail mode, in table order.
+type FailModes = Arc<[(Arc<str>, FailMode)]>;
+
 /// One rule table's view of the guard: what changes with the table. The rest is [`Shared`].
 struct Inner<S> {
     /// What every table's view shares: the store, its breakers and counters.
@@ -229,14 +232,11 @@ struct Inner<S> {
     /// Decides for the rules that fail `local` while Redis cannot; `None` when none does.
     local: Option<MemoryStore>,
     /// Each rule's name and fail mode, in table order.
-    fail_modes: Arc<[(Arc<str>, FailMode)]>,
+    fail_modes: FailModes,
     /// Denials repeated without asking Redis until their retry time (by rule id, so one per
     /// table: another table's ids mean other rules).
     denials: DenialCache,
 }
-
-/// Each rule's name and fail mode, in table order.
-type FailModes = Arc<[(Arc<str>, FailMode)]>;
 
 /// What outlives a rule table: the store, its breakers, its counters, and the tasks that
 /// watch them (which hold it weakly, and end when the last view goes).
@@ -619,7 +619,8 @@ impl<S: Remote> Store for Guard<S> {
 
     /// Forget the client everywhere this replica knows it: its cached denial and its local
     /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica. Other
-    /// replicas ask Redis again within [`RECHECK_AFTER`](super::denials::RECHECK_AFTER).
+    /// replicas ask Redis again within [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), and so
+    /// does this one for a denial a request in flight remembers after the reset.
     fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
         let inner = &*self.inner;
         inner.denials.forget(rule, client);

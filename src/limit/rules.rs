@@ -325,6 +325,19 @@ impl RuleTable {
         ))
     }
 
+    /// Whether `other` decides every request as this table does: the parts [`digest`](Self::digest)
+    /// covers, compared whole rather than by a 32-bit digest.
+    pub fn decides_like(&self, other: &RuleTable) -> bool {
+        self.rules == other.rules
+            && self.classified == other.classified
+            && self.routes == other.routes
+            && self.costs == other.costs
+            && self.skip == other.skip
+            && self.exempt == other.exempt
+            && self.ipv6_prefix == other.ipv6_prefix
+            && self.hasher == other.hasher
+    }
+
     /// The rule called `name`.
     pub fn rule(&self, name: &str) -> Option<&Rule> {
         self.rules.iter().find(|rule| &*rule.name == name)

@@ -353,3 +353,18 @@ fn label_values_are_escaped_once_at_start() {
     assert_eq!(label_value(r"a\b"), r"a\\b");
     assert_eq!(label_value("general"), "general");
 }
+
+#[test]
+fn the_series_of_a_rule_a_reload_removed_are_no_longer_exported() {
+    let (metrics, _) = metrics(&[]);
+    let series = metrics.series(&table(&[("ROUTES", "/old/*=token_bucket:5:1,name=old")]));
+    let old = series.rule(0).unwrap();
+    old.request(Outcome::Allowed);
+    metrics.response(Some(old), 200);
+    let before = metrics.encode(Format::Prometheus).unwrap();
+    assert!(before.contains(r#"rule="old""#), "{before}");
+    metrics.retire(&["old".to_owned()]);
+    let after = metrics.encode(Format::Prometheus).unwrap();
+    assert!(!after.contains(r#"rule="old""#), "{after}");
+    assert!(after.contains(r#"rule="general""#), "the others stay");
+}

@@ -374,3 +374,32 @@ async fn a_changed_dot_env_is_named_in_a_warning_as_it_is_not_applied_live() {
     );
     assert!(!warnings[0].contains("9000"), "values are never shown: {log}");
 }
+
+#[tokio::test]
+async fn clients_keyed_by_a_header_keep_their_budgets_across_a_reload_without_a_secret() {
+    // No KEY_HASH_SECRET: the process digests header values with a random key of its own,
+    // which a reload must keep, or every API key would come back with a full budget.
+    let backend = Backend::start().await;
+    let rules = RulesFile::new("[general]\nlimits = \"token_bucket:2:0.001\"\nkey = \"header:X-API-Key\"\n");
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("RULES_FILE", rules.path()),
+        ("RULES_RELOAD_INTERVAL_MS", "0"),
+    ]);
+    let from = std::net::IpAddr::from([127, 0, 0, 1]);
+    let key = [("x-api-key", "tenant-7")];
+    let send = || async {
+        crate::support::get_from(tollgate.addr, from, "/", &key)
+            .await
+            .status
+            .as_u16()
+    };
+    assert_eq!((send().await, send().await, send().await), (200, 200, 429));
+    rules.write(
+        "[general]\nlimits = \"token_bucket:2:0.001\"\nkey = \"header:X-API-Key\"\n\n[[routes]]\npath = \"/other\"\nlimits = \"token_bucket:1:1\"\n",
+    );
+    tollgate.hangup();
+    await_reloads(&tollgate, "ok", 1).await;
+    assert!(tollgate.log().contains("kept=auth,general"), "{}", tollgate.log());
+    assert_eq!(send().await, 429, "the same key, still limited");
+}
