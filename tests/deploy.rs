@@ -525,8 +525,15 @@ fn kubernetes_environment() -> Vec<(String, String)> {
     let mut vars = kubernetes_variables(&manifest);
     // The rules file where the pod has it mounted: here, a copy of the ConfigMap's.
     if let Some((_, path)) = vars.iter_mut().find(|(name, _)| name == "RULES_FILE") {
-        let copy = std::env::temp_dir().join(format!("tollgate-deploy-{}-rules.toml", std::process::id()));
-        std::fs::write(&copy, kubernetes_rules(&manifest)).unwrap();
+        // Written once per run: the tests run in parallel, and one must never read another's
+        // half-written copy.
+        static COPY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+        let copy = COPY.get_or_init(|| {
+            let copy =
+                std::env::temp_dir().join(format!("tollgate-deploy-{}-rules.toml", std::process::id()));
+            std::fs::write(&copy, kubernetes_rules(&manifest)).unwrap();
+            copy
+        });
         *path = copy.display().to_string();
     }
     vars
