@@ -147,9 +147,16 @@ pub struct Listeners {
 pub struct Hangup(tokio::signal::unix::Signal);
 
 impl Hangup {
-    /// Listen for SIGHUP from now on.
-    pub fn listen() -> std::io::Result<Hangup> {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map(Hangup)
+    /// Listen for SIGHUP from now on; `None`, said in a warning, when the handler cannot be
+    /// installed (the file's changes are still read).
+    pub fn listen() -> Option<Hangup> {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(signal) => Some(Hangup(signal)),
+            Err(error) => {
+                tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
+                None
+            }
+        }
     }
 }
 
@@ -182,11 +189,7 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServeError> {
     };
     let admin = Some(bind_one(config.admin.address, "ADMIN_BIND, ADMIN_PORT").await?);
     let hangup = match config.reloads_rules() {
-        true => Hangup::listen()
-            .map_err(|error| {
-                tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
-            })
-            .ok(),
+        true => Hangup::listen(),
         false => None,
     };
     Ok(Listeners {
@@ -313,28 +316,19 @@ pub async fn serve_on(
             }
         })
     };
-    let reloads = config
-        .rules_file
-        .as_ref()
-        .map(|_| {
-            // Installed by `bind`, or now, before the listeners accept: a SIGHUP from then on
-            // is a reload.
-            let hangup = hangup.or_else(|| {
-                Hangup::listen()
-                    .map_err(|error| {
-                        tracing::warn!(%error, "cannot install a SIGHUP handler: RULES_FILE reloads when it changes only");
-                    })
-                    .ok()
-            });
-            let saver = persistence.as_ref().map(|(saver, _)| saver.clone());
-            tokio::spawn(watch_rules(
-                Arc::new(config.clone()),
-                hangup,
-                gate.clone(),
-                metrics.clone(),
-                saver,
-            ))
-        });
+    let reloads = config.rules_file.as_ref().map(|_| {
+        // Installed by `bind`, or now, before the listeners accept: a SIGHUP from then on
+        // is a reload.
+        let hangup = hangup.or_else(Hangup::listen);
+        let saver = persistence.as_ref().map(|(saver, _)| saver.clone());
+        tokio::spawn(watch_rules(
+            Arc::new(config.clone()),
+            hangup,
+            gate.clone(),
+            metrics.clone(),
+            saver,
+        ))
+    });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
     let (entry, certificate_watcher) = Listener::new(
         &config.server.listener,

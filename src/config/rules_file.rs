@@ -169,20 +169,16 @@ impl RulesFile {
             entries: Vec::new(),
             bytes: Vec::new(),
         };
-        let table = DeTable::parse(text).map_err(|e| {
-            let line = e.span().map_or(1, |span| line_of(text, span.start));
-            file.error(line, "", e.message().to_owned())
-        })?;
+        let lines: Vec<usize> = memchr::memchr_iter(b'\n', text.as_bytes()).collect();
         let reader = Reader {
             file: &file,
             text,
-            lines: text
-                .bytes()
-                .enumerate()
-                .filter(|(_, b)| *b == b'\n')
-                .map(|(at, _)| at)
-                .collect(),
+            lines,
         };
+        let table = DeTable::parse(text).map_err(|e| {
+            let line = e.span().map_or(1, |span| reader.line(span.start));
+            reader.file.error(line, "", e.message().to_owned())
+        })?;
         let mut routes = Vec::new();
         let mut found = Vec::new();
         for (key, value) in table.get_ref() {
@@ -322,15 +318,6 @@ fn mentions(words: &str, name: &str) -> bool {
     words
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .any(|word| word == name)
-}
-
-/// The 1-based line of byte `offset` in `text`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
 }
 
 /// One setting's value in the variables' words, where it is, and its list entries with theirs.

@@ -76,8 +76,6 @@ pub struct Generation {
     series: TableSeries,
     /// The clients refused most, per rule, in bounded memory: the admin's `/v1/limited`.
     refused: RefusedClients,
-    /// A digest of the table (see [`RuleTable::digest`]), in the logs and the metrics.
-    digest: u32,
 }
 
 impl Generation {
@@ -250,11 +248,10 @@ impl Gate {
         let generation = Generation {
             series: metrics.series(&settings.rules),
             refused: RefusedClients::new(settings.rules.rules().len()),
-            digest: settings.rules.digest(),
             rules: settings.rules,
             limiter,
         };
-        metrics.set_config_hash(generation.digest);
+        metrics.set_config_hash(generation.rules.digest());
         Gate {
             current: ArcSwap::from_pointee(generation),
             identity: ClientIdentity::new(settings.trusted_proxies),
@@ -279,16 +276,13 @@ impl Gate {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let old = self.current();
         let limiter = old.limiter.for_rules(rules.rules());
-        let kept = |rule: &Rule| {
-            old.rules
-                .rules()
-                .iter()
-                .any(|held| held.name == rule.name && held.policy == rule.policy)
+        let mut swapped = Swapped {
+            digest: rules.digest(),
+            ..Swapped::default()
         };
-        let mut swapped = Swapped::default();
         for rule in rules.rules() {
             match old.rule(&rule.name) {
-                Some(_) if kept(rule) => swapped.kept.push(rule.name.to_string()),
+                Some(held) if held.same_budget(rule) => swapped.kept.push(rule.name.to_string()),
                 Some(_) => swapped.changed.push(rule.name.to_string()),
                 None => swapped.added.push(rule.name.to_string()),
             }
@@ -301,14 +295,12 @@ impl Gate {
         let generation = Generation {
             series: self.metrics.series(&rules),
             refused: old.refused.for_rules(old.rules(), rules.rules()),
-            digest: rules.digest(),
             rules,
             limiter,
         };
-        swapped.digest = generation.digest;
         self.metrics.retire(&swapped.removed);
         self.metrics.set_limiter(generation.limiter.clone());
-        self.metrics.set_config_hash(generation.digest);
+        self.metrics.set_config_hash(swapped.digest);
         self.current.store(Arc::new(generation));
         swapped
     }

@@ -97,10 +97,10 @@ struct Shared {
 
 /// One rule's clients: `shards_per_rule` shards; a key lives in exactly one, chosen by its hash.
 struct RuleShards {
-    /// The rule's name and policy: a table's rule of the same name and policy shares these.
-    name: Arc<str>,
-    /// What purging and eviction judge states by.
-    policy: Policy,
+    /// The rule they were made for: a later table's rule of the same budget
+    /// ([`Rule::same_budget`]) shares them; its policy is what purging and eviction judge
+    /// states by.
+    rule: Rule,
     /// The shards.
     shards: Box<[Shard]>,
 }
@@ -186,7 +186,7 @@ impl MemoryStore {
             .iter()
             .map(|rule| {
                 kept.iter()
-                    .find(|held| held.name == rule.name && held.policy == rule.policy)
+                    .find(|held| rule.same_budget(&held.rule))
                     .cloned()
                     .unwrap_or_else(|| Arc::new(RuleShards::new(&shared, rule)))
             })
@@ -243,7 +243,7 @@ impl MemoryStore {
         let mut state = rule.policy.fresh_state();
         let decision = rule.policy.check(&mut state, now_us, cost);
         if decision.allowed {
-            if table.entries.len() >= table.capacity && table.evict(shared, shards.policy, now_us) {
+            if table.entries.len() >= table.capacity && table.evict(shared, shards.rule.policy, now_us) {
                 shared.evictions.fetch_add(1, Ordering::Relaxed);
             }
             let seen = table.tick;
@@ -311,7 +311,7 @@ impl MemoryStore {
                 let mut table = lock(shard);
                 // From the end, so the entry a removal moves into the hole was already judged.
                 for position in (0..table.entries.len()).rev() {
-                    if rule.policy.idle_at(&table.entries[position].state) <= now_us {
+                    if rule.rule.policy.idle_at(&table.entries[position].state) <= now_us {
                         table.remove(position, hasher);
                         purged += 1;
                     }
@@ -356,7 +356,7 @@ impl MemoryStore {
             (entry.state, entry.refused, entry.seen) = (state, refused, seen);
             return true;
         }
-        if table.entries.len() >= table.capacity && table.evict(shared, shards.policy, self.now_us()) {
+        if table.entries.len() >= table.capacity && table.evict(shared, shards.rule.policy, self.now_us()) {
             shared.evictions.fetch_add(1, Ordering::Relaxed);
         }
         let entry = Entry {
@@ -419,8 +419,7 @@ impl RuleShards {
             })
             .collect();
         RuleShards {
-            name: rule.name.clone(),
-            policy: rule.policy,
+            rule: rule.clone(),
             shards,
         }
     }

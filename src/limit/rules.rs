@@ -51,6 +51,13 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// Whether `other` is this rule's budget again, in another table: the same name and the
+    /// same policy. A reload keeps such a rule's clients (their states, in memory and in
+    /// Redis); any other rule starts afresh.
+    pub fn same_budget(&self, other: &Rule) -> bool {
+        self.name == other.name && self.policy == other.policy
+    }
+
     /// A rule keyed by IP, costing 1, enforced, counting every request, failing open.
     pub fn new(id: u16, name: &str, policy: Policy) -> Rule {
         Rule {
