@@ -271,7 +271,7 @@ impl CasFloor {
 fn contended(c: &mut Criterion) {
     let mut group = c.benchmark_group("contended");
     let rule = token_bucket();
-    let Policy::TokenBucket(bucket) = rule.policy else {
+    let Policy::TokenBucket(bucket) = *rule.limits.first() else {
         unreachable!("token_bucket() is a token bucket")
     };
     for threads in [1usize, 2] {

@@ -300,11 +300,18 @@ async fn operate(
             serde_json::json!({
                 "rule": &*rule.name,
                 "client": key.to_string(),
-                "algorithm": rule.policy.name(),
+                "algorithm": rule.limits.first().name(),
                 "limit": decision.limit,
                 "remaining": decision.remaining,
                 "reset_after_ms": decision.reset_after.as_millis() as u64,
-                "limited": decision.remaining < rule.cost,
+                "limited": decision.parts().iter().any(|part| part.remaining < rule.cost),
+                "limits": rule.limits.iter().zip(decision.parts()).map(|(policy, part)| serde_json::json!({
+                    "algorithm": policy.name(),
+                    "limit": policy.limit(),
+                    "window_s": policy.window().as_secs_f64(),
+                    "remaining": part.remaining,
+                    "reset_after_ms": part.reset_after().as_millis() as u64,
+                })).collect::<Vec<_>>(),
             })
         }),
         Method::DELETE => gate.reset(&rule, &client).await.map(|(rule, key)| {

@@ -167,7 +167,7 @@ fn rule_table(config: &Config, vars: &[(String, String)]) {
             "two rules named {:?}",
             rule.name
         );
-        assert!(rule.cost >= 1 && rule.cost <= rule.policy.limit(), "{rule:?}");
+        assert!(rule.cost >= 1 && rule.cost <= rule.limits.capacity(), "{rule:?}");
     }
     // Every request is priced within the capacity of the rule it falls under: what the table
     // checks for COSTS at startup through PathPattern::covers and overlaps.
@@ -188,11 +188,11 @@ fn rule_table(config: &Config, vars: &[(String, String)]) {
                 .classify(&head)
                 .unwrap_or_else(|error| panic!("{method} {path}: {error}"));
             assert!(
-                matched.cost >= 1 && matched.cost <= matched.rule.policy.limit(),
+                matched.cost >= 1 && matched.cost <= matched.rule.limits.capacity(),
                 "{method} {path} costs {} under rule {:?} of capacity {}\nvars: {vars:?}",
                 matched.cost,
                 matched.rule.name,
-                matched.rule.policy.limit()
+                matched.rule.limits.capacity()
             );
         }
     }
@@ -776,7 +776,7 @@ pub fn check_body(body: &[u8]) {
         Ok(Ask::Named { rule, key, cost }) => {
             assert!(rules.iter().any(|known| std::ptr::eq(known, rule)));
             assert!(!key.is_empty() && key.len() <= MAX_KEY, "{key:?}");
-            assert!((1..=rule.policy.limit()).contains(&cost), "{cost}");
+            assert!((1..=rule.limits.capacity()).contains(&cost), "{cost}");
         }
         Ok(Ask::Classified { path, .. }) => {
             assert!(path.starts_with('/') || path == "*", "{path:?}");

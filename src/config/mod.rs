@@ -700,9 +700,9 @@ impl fmt::Display for Config {
                 self.gate.rules.digest()
             )?;
         }
-        writeln!(f, "general rule:     {}", self.gate.rules.general().policy)?;
+        writeln!(f, "general rule:     {}", self.gate.rules.general().limits)?;
         if let Some(auth) = self.gate.rules.rule("auth") {
-            writeln!(f, "auth rule:        {}", auth.policy)?;
+            writeln!(f, "auth rule:        {}", auth.limits)?;
         }
         writeln!(f, "auth paths:       {}", self.gate.rules.paths_of("auth"))?;
         writeln!(f, "{}", self.gate.rules)?;

@@ -3,10 +3,12 @@
 //! `SHADOW_MODE`, `AUTH_COUNT`, and with Redis `FAIL_MODE` and `AUTH_FAIL_MODE`, compiled into
 //! one [`RuleTable`].
 //!
-//! `ROUTES` is `;`-separated entries, each `PATTERN=ALGORITHM:A:B[,OPTION...]`:
+//! `ROUTES` is `;`-separated entries, each `PATTERN=LIMITS[,OPTION...]`, `LIMITS` one
+//! `ALGORITHM:A:B` or several joined by `+`, all enforced:
 //!
 //! ```text
 //! ROUTES="/api/export/*=token_bucket:5:0.1;/search=fixed_window:100:60,method=GET|HEAD,key=header:X-API-Key"
+//! ROUTES="/api/*=token_bucket:20:10+fixed_window:10000:86400,name=api"
 //! ```
 //!
 //! `A:B` are capacity and refill rate for `token_bucket`/`gcra`, and limit and window seconds
@@ -23,7 +25,7 @@ use ipnet::IpNet;
 use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
 use crate::limit::FailMode;
-use crate::limit::algorithm::{ParameterError, Policy};
+use crate::limit::algorithm::{Limits, ParameterError, Policy};
 use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source};
 use crate::limit::pattern::PathPattern;
 use crate::limit::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
@@ -60,18 +62,23 @@ pub(crate) fn parse(
     let general_limits = limits_variable(env, vars::LIMITS, false)?;
     let algorithm = match (env.get(vars::ALGORITHM), &general_limits) {
         (Some(algorithm), _) => algorithm,
-        (None, Some(policy)) => policy.name(),
+        (None, Some(limits)) => limits.first().name(),
         (None, None) => env.value(vars::ALGORITHM),
     };
-    let general_policy = match general_limits {
-        Some(policy) => policy,
-        None => policy_from_variables(env, vars::ALGORITHM, algorithm, false)?,
+    let general_limits = match general_limits {
+        Some(limits) => limits,
+        None => Limits::one(policy_from_variables(env, vars::ALGORITHM, algorithm, false)?),
     };
-    let auth_policy = match limits_variable(env, vars::AUTH_LIMITS, true)? {
-        Some(policy) => policy,
+    let auth_limits = match limits_variable(env, vars::AUTH_LIMITS, true)? {
+        Some(limits) => limits,
         None => {
             let auth_algorithm = env.get(vars::AUTH_ALGORITHM).unwrap_or(algorithm);
-            policy_from_variables(env, vars::AUTH_ALGORITHM, auth_algorithm, true)?
+            Limits::one(policy_from_variables(
+                env,
+                vars::AUTH_ALGORITHM,
+                auth_algorithm,
+                true,
+            )?)
         }
     };
     // Read with Redis only: the memory store never fails, and an unread FAIL_MODE is warned
@@ -91,7 +98,7 @@ pub(crate) fn parse(
     let defaults = Rule {
         id: 0,
         name: "".into(),
-        policy: general_policy,
+        limits: general_limits,
         key_by,
         cost: 1,
         shadow,
@@ -193,7 +200,7 @@ pub(crate) fn parse(
     rules.push(Rule {
         id: auth_index as u16,
         name: "auth".into(),
-        policy: auth_policy,
+        limits: auth_limits,
         count: auth_count,
         key_by: auth_key_by,
         fail_mode: auth_fail_mode,
@@ -273,14 +280,14 @@ fn list<'a>(env: &'a Env, var: Var, separators: &'a [char]) -> Result<Vec<&'a st
     ))
 }
 
-/// `LIMITS` or `AUTH_LIMITS` (`auth`): the rule's limit written as a route's is
-/// (`token_bucket:100:10`), instead of its algorithm and number variables; setting both ways
-/// is an error naming both.
-fn limits_variable(env: &Env, var: Var, auth: bool) -> Result<Option<Policy>, ConfigError> {
+/// `LIMITS` or `AUTH_LIMITS` (`auth`): the rule's limits written as a route's are
+/// (`token_bucket:100:10`, or several joined by `+`), instead of its algorithm and number
+/// variables; setting both ways is an error naming both.
+fn limits_variable(env: &Env, var: Var, auth: bool) -> Result<Option<Limits>, ConfigError> {
     let Some(spec) = env.get(var) else {
         return Ok(None);
     };
-    let policy = parse_limit(spec).map_err(|why| ConfigError::invalid(var.name, spec, &why))?;
+    let limits = parse_limits(spec).map_err(|why| ConfigError::invalid(var.name, spec, &why))?;
     let algorithm = if auth {
         vars::AUTH_ALGORITHM
     } else {
@@ -300,7 +307,23 @@ fn limits_variable(env: &Env, var: Var, auth: bool) -> Result<Option<Policy>, Co
             if auth { "auth" } else { "general" }
         )));
     }
-    Ok(Some(policy))
+    Ok(Some(limits))
+}
+
+/// A limit list, one limit or several joined by `+`
+/// (`token_bucket:20:10+fixed_window:10000:86400`), as `ROUTES`, `LIMITS` and the rules file
+/// write it: every limit is enforced. The error names the limit that is wrong.
+pub(crate) fn parse_limits(spec: &str) -> Result<Limits, String> {
+    let parts: Vec<&str> = spec.split('+').collect();
+    let mut policies = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let policy = parse_limit(part).map_err(|why| match parts.len() {
+            1 => why,
+            _ => format!("limit {part:?}: {why}"),
+        })?;
+        policies.push(policy);
+    }
+    Limits::new(policies).map_err(|why| why.to_string())
 }
 
 /// One limit, `ALGORITHM:A:B` (`token_bucket:5:0.1`, `fixed_window:100:60`), as `ROUTES`,
@@ -488,10 +511,10 @@ fn parse_route(
     let pattern = PathPattern::parse(pattern).map_err(|why| bad(format!("pattern: {why}")))?;
     let mut options = rest.split(',');
     let spec = options.next().unwrap_or_default();
-    let policy = parse_limit(spec).map_err(bad)?;
+    let limits = parse_limits(spec).map_err(bad)?;
     let mut rule = Rule {
         name: pattern.to_string().into(),
-        policy,
+        limits,
         ..defaults.clone()
     };
     let mut methods = None;
@@ -548,11 +571,11 @@ fn parse_route(
             }
         }
     }
-    if rule.cost > rule.policy.limit() {
+    if rule.cost > rule.limits.capacity() {
         return Err(bad(format!(
             "cost {} is above the rule's capacity of {}: no request could ever pass",
             rule.cost,
-            rule.policy.limit()
+            rule.limits.capacity()
         )));
     }
     let route = Route {

@@ -10,7 +10,7 @@
 //! ipv6_prefix = 64                       # IPV6_PREFIX
 //!
 //! [general]
-//! limits = "token_bucket:100:10"         # LIMITS
+//! limits = "token_bucket:100:10"         # LIMITS (a list: "a+b", or ["a", "b"])
 //! key = "ip"                             # KEY_BY
 //! fail = "open"                          # FAIL_MODE
 //!
@@ -23,7 +23,7 @@
 //! [[routes]]                             # one ROUTES entry each, in order
 //! name = "api"
 //! path = "/api/*"
-//! limits = "token_bucket:20:10"
+//! limits = ["token_bucket:20:10", "fixed_window:10000:86400"]
 //! key = "header:X-API-Key"
 //! cost = 2
 //! method = ["GET", "HEAD"]
@@ -85,14 +85,14 @@ const TOP: &[(&str, Var, Kind)] = &[
 
 /// `[general]`.
 const GENERAL: &[(&str, Var, Kind)] = &[
-    ("limits", vars::LIMITS, Kind::Text),
+    ("limits", vars::LIMITS, Kind::Limits),
     ("key", vars::KEY_BY, Kind::Text),
     ("fail", vars::FAIL_MODE, Kind::Text),
 ];
 
 /// `[auth]`.
 const AUTH: &[(&str, Var, Kind)] = &[
-    ("limits", vars::AUTH_LIMITS, Kind::Text),
+    ("limits", vars::AUTH_LIMITS, Kind::Limits),
     ("key", vars::AUTH_KEY_BY, Kind::Text),
     ("count", vars::AUTH_COUNT, Kind::Text),
     ("fail", vars::AUTH_FAIL_MODE, Kind::Text),
@@ -116,6 +116,9 @@ enum Kind {
     List(&'static str),
     /// A table of path patterns to whole numbers.
     Costs,
+    /// A limit list: a string (`"token_bucket:20:10+fixed_window:10000:86400"`) or an array
+    /// of limits (`["token_bucket:20:10", "fixed_window:10000:86400"]`), joined with `+`.
+    Limits,
 }
 
 /// The bytes of the file at `path`, at most [`MAX_FILE_BYTES`]: one byte past the bound is read,
@@ -395,13 +398,8 @@ impl Reader<'_> {
         let origin = self.origin(value.span(), setting);
         let mut entries = Vec::new();
         let text = match (kind, value.get_ref()) {
-            (Kind::Text, DeValue::String(text)) => {
-                let text = self.entry_text(value.span(), setting, text)?;
-                if setting.ends_with(".limits") {
-                    self.limits(value.span(), setting, &text)?;
-                }
-                text
-            }
+            (Kind::Text, DeValue::String(text)) => self.entry_text(value.span(), setting, text)?,
+            (Kind::Limits, _) => self.limit_list(setting, value)?,
             (Kind::Flag, DeValue::Boolean(flag)) => flag.to_string(),
             (Kind::Number, DeValue::Integer(_)) => self.number(setting, value)?.to_string(),
             (Kind::List(separator), DeValue::Array(items)) => {
@@ -431,6 +429,9 @@ impl Reader<'_> {
             (kind, _) => {
                 let expected = match kind {
                     Kind::Text => "a string",
+                    Kind::Limits => {
+                        "a limit list, e.g. \"token_bucket:20:10+fixed_window:10000:86400\" or [\"token_bucket:20:10\", \"fixed_window:10000:86400\"]"
+                    }
                     Kind::Flag => "true or false",
                     Kind::Number => "a whole number",
                     Kind::List(_) => "an array of strings, e.g. [\"/login\", \"/signup\"]",
@@ -442,11 +443,34 @@ impl Reader<'_> {
         Ok((var, text, origin, entries))
     }
 
-    /// A limit, checked here so that its error names its own line.
-    fn limits(&self, span: Range<usize>, setting: &str, text: &str) -> Result<(), ConfigError> {
-        super::rules::parse_limit(text)
-            .map(drop)
-            .map_err(|why| self.fail(span, setting, why))
+    /// A limit list (see [`Kind::Limits`]) as `LIMITS` writes it, each limit checked here so
+    /// that its error names its own line.
+    fn limit_list(&self, setting: &str, value: &Spanned<DeValue<'_>>) -> Result<String, ConfigError> {
+        let text = match value.get_ref() {
+            DeValue::String(text) => self.entry_text(value.span(), setting, text)?,
+            DeValue::Array(items) if !items.is_empty() => {
+                let mut texts = Vec::with_capacity(items.len());
+                for (index, item) in items.iter().enumerate() {
+                    let at = format!("{setting}[{index}]");
+                    let DeValue::String(text) = item.get_ref() else {
+                        return Err(self.fail(item.span(), &at, "expected a string".into()));
+                    };
+                    let text = self.entry_text(item.span(), &at, text)?;
+                    super::rules::parse_limit(&text).map_err(|why| self.fail(item.span(), &at, why))?;
+                    texts.push(text);
+                }
+                texts.join("+")
+            }
+            _ => {
+                return Err(self.fail(
+                    value.span(),
+                    setting,
+                    "expected a limit list, e.g. \"token_bucket:20:10+fixed_window:10000:86400\" or [\"token_bucket:20:10\", \"fixed_window:10000:86400\"]".into(),
+                ));
+            }
+        };
+        super::rules::parse_limits(&text).map_err(|why| self.fail(value.span(), setting, why))?;
+        Ok(text)
     }
 
     /// A whole number of at least 0.
@@ -497,7 +521,8 @@ impl Reader<'_> {
             let name = key.get_ref().as_ref();
             let setting = format!("{at}.{name}");
             let text = match name {
-                "path" | "limits" | "name" | "key" | "count" | "fail" => match value.get_ref() {
+                "limits" => self.limit_list(&setting, value)?,
+                "path" | "name" | "key" | "count" | "fail" => match value.get_ref() {
                     DeValue::String(text) => {
                         if name == "path" && text.contains('=') {
                             return Err(self.fail(
@@ -506,11 +531,7 @@ impl Reader<'_> {
                                 format!("{text:?} holds '=', which no path pattern can"),
                             ));
                         }
-                        let text = self.entry_text(value.span(), &setting, text)?;
-                        if name == "limits" {
-                            self.limits(value.span(), &setting, &text)?;
-                        }
-                        text
+                        self.entry_text(value.span(), &setting, text)?
                     }
                     _ => return Err(self.fail(value.span(), &setting, "expected a string".into())),
                 },
@@ -651,6 +672,10 @@ path = "/upload"
 limits = "sliding_window:10:60"
 method = "POST"
 shadow = false
+
+[[routes]]
+path = "/search"
+limits = ["token_bucket:5:1", "fixed_window:1000:86400"]
 "#;
         let mut got = vars(file);
         got.sort();
@@ -670,7 +695,7 @@ shadow = false
             ("AUTH_FAIL_MODE", "closed".into()),
             (
                 "ROUTES",
-                "/api/*=token_bucket:20:10,cost=2,count=failures,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST".into(),
+                "/api/*=token_bucket:20:10,cost=2,count=failures,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST;/search=token_bucket:5:1+fixed_window:1000:86400".into(),
             ),
         ];
         expected.sort();
@@ -725,6 +750,21 @@ shadow = false
                 "holds ','",
             ),
             ("[general\n", "rules.toml:1", ""),
+            (
+                "[general]\nlimits = [\"token_bucket:5:1\",\n  \"fixed_window:0:60\"]\n",
+                "rules.toml:3: general.limits[1]",
+                "limit",
+            ),
+            (
+                "[general]\nlimits = \"token_bucket:5:1+token_bucket:5:1\"\n",
+                "rules.toml:2: general.limits",
+                "written twice",
+            ),
+            (
+                "[auth]\nlimits = []\n",
+                "rules.toml:2: auth.limits",
+                "a limit list",
+            ),
             (
                 "costs = { \"/x\" = -1 }\n",
                 "rules.toml:1: costs.\"/x\"",

@@ -66,14 +66,14 @@ fn defaults_match_the_go_service() {
     let config = parse(&[]).unwrap();
     assert_eq!(config.server.listen, "0.0.0.0:8080".parse().unwrap());
     assert_eq!(
-        general(&config).policy,
+        *general(&config).limits.first(),
         Policy::TokenBucket(TokenBucket {
             capacity: 10,
             interval_us: 1_000_000
         })
     );
     assert_eq!(
-        auth(&config).policy,
+        *auth(&config).limits.first(),
         Policy::TokenBucket(TokenBucket {
             capacity: 5,
             interval_us: 100_000_000
@@ -106,14 +106,14 @@ fn sliding_window_reads_only_its_own_variables() {
     .unwrap();
     assert!(!config.read.contains("MAX_TOKENS"));
     assert_eq!(
-        general(&config).policy,
+        *general(&config).limits.first(),
         Policy::SlidingWindow(SlidingWindow {
             limit: 100,
             window_ms: 500
         })
     );
     assert_eq!(
-        auth(&config).policy,
+        *auth(&config).limits.first(),
         Policy::SlidingWindow(SlidingWindow {
             limit: 3,
             window_ms: 60_000
@@ -622,14 +622,14 @@ fn every_algorithm_is_accepted_for_either_rule() {
     ])
     .unwrap();
     assert_eq!(
-        general(&config).policy,
+        *general(&config).limits.first(),
         Policy::FixedWindow(FixedWindow {
             limit: 100,
             window_ms: 1_000
         })
     );
     assert_eq!(
-        auth(&config).policy,
+        *auth(&config).limits.first(),
         Policy::SlidingLog(SlidingLog {
             limit: 3,
             window_ms: 60_000
@@ -637,11 +637,11 @@ fn every_algorithm_is_accepted_for_either_rule() {
     );
     // gcra is the token bucket, read from the same variables.
     let config = parse(&[("ALGORITHM", "gcra"), ("MAX_TOKENS", "7")]).unwrap();
-    assert_eq!(general(&config).policy.name(), "token_bucket");
-    assert_eq!(general(&config).policy.limit(), 7);
+    assert_eq!(general(&config).limits.first().name(), "token_bucket");
+    assert_eq!(general(&config).limits.first().limit(), 7);
     // AUTH_ALGORITHM defaults to ALGORITHM.
     let config = parse(&[("ALGORITHM", "sliding_window")]).unwrap();
-    assert_eq!(auth(&config).policy.name(), "sliding_window");
+    assert_eq!(auth(&config).limits.first().name(), "sliding_window");
     assert!(error(&[("ALGORITHM", "sliding_log"), ("LIMIT", "20000")]).contains("10000"));
 }
 
@@ -1752,5 +1752,70 @@ fn refusals_and_the_backends_budget_are_configured_for_every_door() {
     ] {
         let error = error(vars);
         assert!(error.contains(says), "{vars:?}: {error}");
+    }
+}
+
+#[test]
+fn limit_lists_join_limits_with_a_plus_wherever_a_rule_has_numbers() {
+    let config = parse(&[
+        ("LIMITS", "token_bucket:20:10+fixed_window:10000:86400"),
+        ("AUTH_LIMITS", "sliding_log:5:60+fixed_window:20:3600"),
+        (
+            "ROUTES",
+            "/api/*=gcra:5:1+sliding_window:100:60+fixed_window:1000:86400,name=api",
+        ),
+    ])
+    .unwrap();
+    let names =
+        |rule: &crate::limit::Rule| rule.limits.iter().map(|policy| policy.name()).collect::<Vec<_>>();
+    assert_eq!(names(general(&config)), ["token_bucket", "fixed_window"]);
+    assert_eq!(names(auth(&config)), ["sliding_log", "fixed_window"]);
+    let api = config.rule_table().rule("api").unwrap();
+    assert_eq!(names(api), ["token_bucket", "sliding_window", "fixed_window"]);
+    assert_eq!(api.limits.capacity(), 5, "the smallest limit");
+}
+
+#[test]
+fn a_wrong_limit_list_names_the_limit_and_what_is_wrong() {
+    for (vars, words) in [
+        (
+            &[("LIMITS", "token_bucket:20:10+fixed_window:0:86400")][..],
+            &["LIMITS", "limit \"fixed_window:0:86400\"", "whole number"][..],
+        ),
+        (
+            &[("LIMITS", "token_bucket:20:10+leaky:1:1")],
+            &["LIMITS", "unknown algorithm \"leaky\""],
+        ),
+        (
+            &[("AUTH_LIMITS", "fixed_window:5:60+fixed_window:5:60")],
+            &["AUTH_LIMITS", "written twice"],
+        ),
+        (
+            &[("ROUTES", "/a=token_bucket:1:1+")],
+            &["ROUTES", "/a=token_bucket:1:1+", "expected ALGORITHM:A:B"],
+        ),
+        (
+            &[(
+                "LIMITS",
+                "fixed_window:1:1+fixed_window:2:1+fixed_window:3:1+fixed_window:4:1+fixed_window:5:1+fixed_window:6:1+fixed_window:7:1",
+            )],
+            &["LIMITS", "7 limits, more than the 6 one rule holds"],
+        ),
+        (
+            &[
+                ("LIMITS", "token_bucket:20:10+fixed_window:10000:86400"),
+                ("MAX_TOKENS", "5"),
+            ],
+            &["LIMITS", "MAX_TOKENS"],
+        ),
+        (
+            &[("ROUTES", "/a=token_bucket:5:1+fixed_window:2:60,cost=3")],
+            &["cost 3 is above the rule's capacity of 2"],
+        ),
+    ] {
+        let message = error(vars);
+        for word in words {
+            assert!(message.contains(word), "{vars:?}: {message}");
+        }
     }
 }

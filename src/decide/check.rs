@@ -96,6 +96,27 @@ pub struct Answer<'a> {
     /// What became of it, as the metrics and logs name it (`allowed`, `limited`, `shadow`,
     /// `exempt`, `fail_open`, `fail_closed`, ...).
     pub outcome: &'static str,
+    /// A rule of several limits: each one's part, in the order written (left out for a rule
+    /// of one, whose part the fields above are).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Vec<LimitAnswer>>,
+}
+
+/// One limit's part of an [`Answer`].
+#[derive(Debug, serde::Serialize)]
+pub struct LimitAnswer {
+    /// Its name in the draft headers (`api.1`).
+    pub name: String,
+    /// Its algorithm.
+    pub algorithm: &'static str,
+    /// Its capacity or per-window limit.
+    pub limit: u64,
+    /// Whether it allowed the request.
+    pub allowed: bool,
+    /// Whole units left under it.
+    pub remaining: u64,
+    /// Milliseconds until its budget is entirely back.
+    pub reset_after_ms: u64,
 }
 
 /// Parse a body into a [`Question`].
@@ -207,7 +228,7 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
                 Some(key) => key,
             };
             let cost = question.cost.unwrap_or(rule.cost);
-            let limit = rule.policy.limit();
+            let limit = rule.limits.capacity();
             if cost == 0 || cost > limit {
                 return Err(BadBody::field(
                     "cost",
@@ -339,6 +360,21 @@ fn respond(
             .filter(|_| !allowed)
             .map(|decision| crate::limit_headers::retry_after_secs(decision.retry_after)),
         outcome: outcome.as_str(),
+        limits: decision.filter(|_| rule.limits.len() > 1).map(|decision| {
+            rule.limits
+                .iter()
+                .zip(decision.parts())
+                .enumerate()
+                .map(|(i, (policy, part))| LimitAnswer {
+                    name: format!("{}.{}", rule.name, i + 1),
+                    algorithm: policy.name(),
+                    limit: policy.limit(),
+                    allowed: part.allowed,
+                    remaining: part.remaining,
+                    reset_after_ms: part.reset_after().as_millis() as u64,
+                })
+                .collect()
+        }),
     };
     // Serializing a struct of numbers and strings cannot fail.
     let body = serde_json::to_string(&answer).unwrap_or_default();

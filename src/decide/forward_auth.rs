@@ -42,7 +42,7 @@ use crate::gate::{Head, Refused};
 use crate::limit::Mode;
 use crate::limit_headers::{integer_value, retry_after_secs, set_draft};
 use crate::outcome::Outcome;
-use crate::refusal::DenyFormat;
+use crate::refusal::{DenyFormat, Violated};
 
 /// Where it is served.
 pub const PATH: &str = "/v1/forward-auth";
@@ -266,7 +266,12 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
                     let retry_after = retry_after_secs(decision.retry_after);
                     (
                         format,
-                        refusals.body(format, refusal, &verdict.rule().name, retry_after),
+                        refusals.body(
+                            format,
+                            refusal,
+                            Violated::of(verdict.rule(), decision),
+                            retry_after,
+                        ),
                     )
                 }
                 // A constant body: a flood of refusals is the case to make cheap.

@@ -40,12 +40,12 @@ struct Denial {
     until: Instant,
     /// Answered from here until then: `until`, or [`RECHECK_AFTER`] after it was sent if sooner.
     recheck: Instant,
-    /// The budget is entirely back then (for `X-RateLimit-Reset`).
-    reset: Instant,
+    /// When the request was sent: the decision's waits are counted from then.
+    sent: Instant,
     /// The cost of the refused request: a cheaper one may fit sooner.
     cost: u64,
-    /// The rule's limit, as the decision reported it.
-    limit: u64,
+    /// What Redis decided (every limit's part, for the headers).
+    decision: Decision,
 }
 
 type Shard = Mutex<LruCache<(u16, ClientKey), Denial>>;
@@ -83,15 +83,11 @@ impl DenialCache {
         }
         drop(shard);
         self.hits.fetch_add(1, Ordering::Relaxed);
-        Some(Decision {
-            allowed: false,
-            limit: denial.limit,
-            remaining: 0,
-            retry_after: denial.until - now,
-            reset_after: denial.reset.saturating_duration_since(now),
-            // Not counted anywhere, so there is nothing a refund could find.
-            at_us: 0,
-        })
+        let mut decision = denial.decision.aged(now - denial.sent);
+        decision.retry_after = denial.until - now;
+        // Not counted anywhere, so there is nothing a refund could find.
+        decision.at_us = 0;
+        Some(decision)
     }
 
     /// Remember `decision`, a denial Redis gave a request of `cost` sent at `sent`.
@@ -104,9 +100,9 @@ impl DenialCache {
         let denial = Denial {
             until,
             recheck: until.min(sent + RECHECK_AFTER),
-            reset: sent + decision.reset_after,
+            sent,
             cost,
-            limit: decision.limit,
+            decision: *decision,
         };
         self.shard(&key).put(key, denial);
     }
@@ -139,8 +135,8 @@ const MIN_WORTH_CACHING: Duration = Duration::from_millis(1);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::Policy;
     use crate::limit::algorithm::TokenBucket;
+    use crate::limit::{LimitDecision, Policy};
 
     fn rule(count: Count) -> Rule {
         let mut rule = Rule::new(
@@ -156,14 +152,14 @@ mod tests {
     }
 
     fn denied(retry_after: Duration) -> Decision {
-        Decision {
+        Decision::one(LimitDecision {
             allowed: false,
             limit: 5,
             remaining: 0,
             retry_after,
             reset_after: Duration::from_secs(5),
             at_us: 0,
-        }
+        })
     }
 
     fn client() -> ClientKey {

@@ -176,8 +176,13 @@ pub trait Remote: Send + Sync + 'static {
         key: &'a str,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
 
-    /// Forget the client of `key`, for every replica sharing the store.
-    fn reset_key<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+    /// Forget the client of `key` under every limit of `rule`, for every replica sharing the
+    /// store.
+    fn reset_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// True for a store cut into partitions (a Redis Cluster's masters) that fail alone, each
     /// then getting a breaker of its own from [`slot_map`](Self::slot_map).
@@ -634,7 +639,7 @@ impl<S: Remote> Store for Guard<S> {
             return Decide::ready(Err(StoreError::BreakerOpen));
         }
         Decide::Pending(Box::pin(async move {
-            let reset = shared.store.reset_key(&key).await;
+            let reset = shared.store.reset_key(rule, &key).await;
             if let Err(error) = &reset {
                 self.record_failure(&breaker, error);
             }

@@ -42,7 +42,8 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::limit::{
-    ClientKey, Decide, Decision, Policy, Rule, State, Store, StoreError, StoreStats, Verdict,
+    ClientKey, Decide, Decision, LimitDecision, MAX_LIMITS, Policy, Rule, State, Store, StoreError,
+    StoreStats, Verdict,
 };
 
 /// Most shards a store is cut into: enough that 2 to 64 cores rarely meet on a lock.
@@ -62,13 +63,13 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
-/// One rule table's view of the store: each rule's shards, by rule id. A store built for the
-/// next table ([`MemoryStore::for_rules`]) holds the same shards for every rule whose name and
-/// policy did not change, so a reload keeps those budgets, and requests still deciding under
-/// the old table meet the new one's in the same shards.
+/// One rule table's view of the store: each rule's limits' shards, by rule id. A store built
+/// for the next table ([`MemoryStore::for_rules`]) holds the same shards for every limit whose
+/// rule name and policy did not change, so a reload keeps those budgets, and requests still
+/// deciding under the old table meet the new one's in the same shards.
 struct Inner {
-    /// Each rule's clients, by rule id.
-    rules: Box<[Arc<RuleShards>]>,
+    /// Each rule's budgets, by rule id.
+    rules: Box<[RuleBudgets]>,
     /// What every table's view shares.
     shared: Arc<Shared>,
 }
@@ -95,12 +96,27 @@ struct Shared {
     shards_made: AtomicU64,
 }
 
-/// One rule's clients: `shards_per_rule` shards; a key lives in exactly one, chosen by its hash.
-struct RuleShards {
-    /// The rule they were made for: a later table's rule of the same budget
-    /// ([`Rule::same_budget`]) shares them; its policy is what purging and eviction judge
-    /// states by.
-    rule: Rule,
+/// One rule's budgets: each of its limits' clients, in the rule's order.
+///
+/// A rule of several limits decides a client under all of them at once, holding the client's
+/// shard of each; they are locked in the order of their addresses (`lock_order`), which is
+/// the same in every table that shares them, so two decisions (one under the table before a
+/// reload that reordered the limits, one under the table after) never wait on each other.
+struct RuleBudgets {
+    /// Each limit's clients, in the rule's order.
+    limits: Box<[Arc<LimitShards>]>,
+    /// Positions in `limits`, by the address of their shards.
+    lock_order: Box<[usize]>,
+}
+
+/// One limit's clients: `shards_per_rule` shards; a key lives in exactly one, chosen by its
+/// hash (the same one in each limit of a rule).
+struct LimitShards {
+    /// The name of the rule they were made for: a later table's rule of that name with the
+    /// same limit shares them.
+    rule: Arc<str>,
+    /// The limit: what purging and eviction judge states by.
+    policy: Policy,
     /// The shards.
     shards: Box<[Shard]>,
 }
@@ -164,14 +180,14 @@ impl MemoryStore {
         MemoryStore::of(shared, rules, &[])
     }
 
-    /// This store for another table of `rules` (`rules[i].id == i`): a rule of the same name
-    /// and policy as one of this store's keeps its clients (the same shards, shared), every
-    /// other starts empty. Clocks, bounds and counters carry on.
+    /// This store for another table of `rules` (`rules[i].id == i`): each limit of a rule of
+    /// the same name with the same policy as one of this store's keeps its clients (the same
+    /// shards, shared), every other starts empty. Clocks, bounds and counters carry on.
     pub fn for_rules(&self, rules: &[Rule]) -> MemoryStore {
         MemoryStore::of(self.inner.shared.clone(), rules, &self.inner.rules)
     }
 
-    fn of(shared: Arc<Shared>, rules: &[Rule], kept: &[Arc<RuleShards>]) -> MemoryStore {
+    fn of(shared: Arc<Shared>, rules: &[Rule], kept: &[RuleBudgets]) -> MemoryStore {
         // A table has a rule at least (the general rule); a store for none still answers.
         let fallback = [Rule::new(
             0,
@@ -185,10 +201,23 @@ impl MemoryStore {
         let rules = rules
             .iter()
             .map(|rule| {
-                kept.iter()
-                    .find(|held| rule.same_budget(&held.rule))
-                    .cloned()
-                    .unwrap_or_else(|| Arc::new(RuleShards::new(&shared, rule)))
+                let limits: Box<[Arc<LimitShards>]> = rule
+                    .limits
+                    .iter()
+                    .map(|policy| {
+                        kept.iter()
+                            .flat_map(|held| held.limits.iter())
+                            .find(|held| held.rule == rule.name && held.policy == *policy)
+                            .cloned()
+                            .unwrap_or_else(|| Arc::new(LimitShards::new(&shared, &rule.name, *policy)))
+                    })
+                    .collect();
+                let mut lock_order: Vec<usize> = (0..limits.len()).collect();
+                lock_order.sort_by_key(|&i| Arc::as_ptr(&limits[i]) as usize);
+                RuleBudgets {
+                    limits,
+                    lock_order: lock_order.into_boxed_slice(),
+                }
             })
             .collect();
         MemoryStore {
@@ -196,14 +225,17 @@ impl MemoryStore {
         }
     }
 
-    /// Whether `rule` (by id) holds the same shards here as in `other`: its budgets were
-    /// kept from one table to the next.
+    /// Whether every limit of `rule` (by id) holds the same shards here as in `other`: its
+    /// budgets were kept from one table to the next.
     pub fn shares_rule_with(&self, other: &MemoryStore, rule: u16) -> bool {
-        other
-            .inner
-            .rules
-            .iter()
-            .any(|held| std::ptr::eq(&**held, self.rule_shards(rule)))
+        self.budgets(rule).limits.iter().all(|limit| {
+            other
+                .inner
+                .rules
+                .iter()
+                .flat_map(|held| held.limits.iter())
+                .any(|held| Arc::ptr_eq(held, limit))
+        })
     }
 
     /// Microseconds since the Unix epoch on the store's clock.
@@ -228,22 +260,27 @@ impl MemoryStore {
     fn decide(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: impl FnOnce() -> u64) -> Decision {
         let shared = &*self.inner.shared;
         let hash = shared.hasher.hash_one(client);
-        let shards = self.rule_shards(rule.id);
-        let mut table = shards.shard(hash);
+        let budgets = self.budgets(rule.id);
+        // The caller's rule decides (the store's own is the same, but for tests that ask
+        // with other numbers); the shards' policy judges what to purge and evict.
+        let ([limit], [policy]) = (&*budgets.limits, &*rule.limits) else {
+            return self.decide_all(rule, budgets, client, hash, cost, now_us);
+        };
+        let mut table = limit.shard(hash);
         let now_us = now_us();
         table.tick = table.tick.wrapping_add(1);
         if let Some(position) = table.find(hash, &client) {
             let tick = table.tick;
             let entry = &mut table.entries[position];
             entry.seen = tick;
-            let decision = rule.policy.check(&mut entry.state, now_us, cost);
+            let decision = policy.check(&mut entry.state, now_us, cost);
             entry.refused = !decision.allowed;
-            return decision;
+            return Decision::one(decision);
         }
-        let mut state = rule.policy.fresh_state();
-        let decision = rule.policy.check(&mut state, now_us, cost);
+        let mut state = policy.fresh_state();
+        let decision = policy.check(&mut state, now_us, cost);
         if decision.allowed {
-            if table.entries.len() >= table.capacity && table.evict(shared, shards.rule.policy, now_us) {
+            if table.entries.len() >= table.capacity && table.evict(shared, limit.policy, now_us) {
                 shared.evictions.fetch_add(1, Ordering::Relaxed);
             }
             let seen = table.tick;
@@ -255,49 +292,146 @@ impl MemoryStore {
             };
             table.insert(hash, entry);
         }
-        decision
+        Decision::one(decision)
     }
 
-    /// Give back `cost` taken by an allowed request counted at `at_us` (see
-    /// [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)).
+    /// Decide under a rule of several limits, in one step: the client's shard of each held
+    /// (in [`RuleBudgets::lock_order`]), each limit decided, and when one refuses, the cost
+    /// each other took given back at once, so a refused request spends nothing in any. A
+    /// client new to a limit gets its entry only when the request goes through.
+    fn decide_all(
+        &self,
+        rule: &Rule,
+        budgets: &RuleBudgets,
+        client: ClientKey,
+        hash: u64,
+        cost: u64,
+        now_us: impl FnOnce() -> u64,
+    ) -> Decision {
+        let shared = &*self.inner.shared;
+        let limits = &budgets.limits[..budgets.limits.len().min(rule.limits.len()).min(MAX_LIMITS)];
+        let mut tables: [Option<MutexGuard<'_, Table>>; MAX_LIMITS] = Default::default();
+        for &i in budgets.lock_order.iter().filter(|&&i| i < limits.len()) {
+            tables[i] = Some(limits[i].shard(hash));
+        }
+        let now_us = now_us();
+        // Each limit's decision, and where its state is: an entry's position, or a fresh
+        // state not held yet.
+        let mut parts = [LimitDecision::default(); MAX_LIMITS];
+        let mut fresh: [Option<State>; MAX_LIMITS] = Default::default();
+        let mut positions = [None::<usize>; MAX_LIMITS];
+        for (i, (policy, table)) in rule.limits.iter().zip(tables.iter_mut()).enumerate() {
+            let Some(table) = table else { continue };
+            table.tick = table.tick.wrapping_add(1);
+            let decision = match table.find(hash, &client) {
+                Some(position) => {
+                    let tick = table.tick;
+                    let entry = &mut table.entries[position];
+                    entry.seen = tick;
+                    positions[i] = Some(position);
+                    policy.check(&mut entry.state, now_us, cost)
+                }
+                None => {
+                    let mut state = policy.fresh_state();
+                    let decision = policy.check(&mut state, now_us, cost);
+                    fresh[i] = Some(state);
+                    decision
+                }
+            };
+            parts[i] = decision;
+        }
+        let allowed = parts[..limits.len()].iter().all(|part| part.allowed);
+        for (i, ((limit, policy), table)) in limits
+            .iter()
+            .zip(rule.limits.iter())
+            .zip(tables.iter_mut())
+            .enumerate()
+        {
+            let (Some(table), part) = (table, &mut parts[i]) else {
+                continue;
+            };
+            match (positions[i], fresh[i].take()) {
+                (Some(position), _) => {
+                    let entry = &mut table.entries[position];
+                    if !allowed && part.allowed {
+                        // Allowed here, refused by another: as if never asked.
+                        policy.refund(&mut entry.state, part.at_us, cost);
+                        *part = policy.peek(&entry.state, now_us);
+                    } else {
+                        entry.refused = !part.allowed;
+                    }
+                }
+                (None, Some(state)) if allowed => {
+                    if table.entries.len() >= table.capacity && table.evict(shared, limit.policy, now_us) {
+                        shared.evictions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let seen = table.tick;
+                    table.insert(
+                        hash,
+                        Entry {
+                            client,
+                            state,
+                            refused: false,
+                            seen,
+                        },
+                    );
+                }
+                (None, _) if part.allowed => *part = policy.peek(&policy.fresh_state(), now_us),
+                (None, _) => {}
+            }
+        }
+        Decision::of(&parts[..limits.len()])
+    }
+
+    /// Give back `cost` taken by an allowed request counted at `at_us`, in each limit of
+    /// `rule` (see [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)).
     pub fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
         let hash = self.inner.shared.hasher.hash_one(client);
-        let mut table = self.rule_shards(rule.id).shard(hash);
-        // A refund is not a sighting, so it leaves the stamp alone.
-        if let Some(position) = table.find(hash, &client) {
-            rule.policy
-                .refund(&mut table.entries[position].state, at_us, cost);
+        for (limit, policy) in self.budgets(rule.id).limits.iter().zip(rule.limits.iter()) {
+            let mut table = limit.shard(hash);
+            // A refund is not a sighting, so it leaves the stamp alone.
+            if let Some(position) = table.find(hash, &client) {
+                policy.refund(&mut table.entries[position].state, at_us, cost);
+            }
         }
     }
 
     /// What `client` has left under `rule` at `now_us`, spending nothing and leaving the
-    /// entry's stamps alone (an inspection is not a sighting).
+    /// entries' stamps alone (an inspection is not a sighting).
     pub fn inspect_at(&self, rule: &Rule, client: ClientKey, now_us: u64) -> Decision {
         let hash = self.inner.shared.hasher.hash_one(client);
-        let table = self.rule_shards(rule.id).shard(hash);
-        match table.find(hash, &client) {
-            Some(position) => rule.policy.peek(&table.entries[position].state, now_us),
-            None => rule.policy.peek(&rule.policy.fresh_state(), now_us),
+        let mut parts = [LimitDecision::default(); MAX_LIMITS];
+        let limits = self.budgets(rule.id).limits.iter().zip(rule.limits.iter());
+        let mut held = 0;
+        for (part, (limit, policy)) in parts.iter_mut().zip(limits) {
+            let table = limit.shard(hash);
+            *part = match table.find(hash, &client) {
+                Some(position) => policy.peek(&table.entries[position].state, now_us),
+                None => policy.peek(&policy.fresh_state(), now_us),
+            };
+            held += 1;
         }
+        Decision::of(&parts[..held])
     }
 
-    /// Forget `client`'s state under `rule`: its next request finds the whole budget.
-    /// Returns whether there was one.
+    /// Forget `client`'s state under each limit of `rule`: its next request finds the whole
+    /// budget. Returns whether there was one.
     pub fn reset(&self, rule: &Rule, client: ClientKey) -> bool {
         let hasher = &self.inner.shared.hasher;
         let hash = hasher.hash_one(client);
-        let mut table = self.rule_shards(rule.id).shard(hash);
-        match table.find(hash, &client) {
-            Some(position) => {
+        let mut held = false;
+        for limit in self.budgets(rule.id).limits.iter() {
+            let mut table = limit.shard(hash);
+            if let Some(position) = table.find(hash, &client) {
                 table.remove(position, hasher);
-                true
+                held = true;
             }
-            None => false,
         }
+        held
     }
 
-    /// Forget every client whose budget under its rule is entirely back, as of now. Returns
-    /// how many were dropped.
+    /// Forget every client state whose budget under its limit is entirely back, as of now.
+    /// Returns how many were dropped.
     pub fn purge_idle(&self) -> usize {
         self.purge_idle_at(self.now_us())
     }
@@ -306,12 +440,12 @@ impl MemoryStore {
     pub fn purge_idle_at(&self, now_us: u64) -> usize {
         let hasher = &self.inner.shared.hasher;
         let mut purged = 0;
-        for rule in self.inner.rules.iter() {
-            for shard in rule.shards.iter() {
+        for limit in self.inner.rules.iter().flat_map(|rule| rule.limits.iter()) {
+            for shard in limit.shards.iter() {
                 let mut table = lock(shard);
                 // From the end, so the entry a removal moves into the hole was already judged.
                 for position in (0..table.entries.len()).rev() {
-                    if rule.rule.policy.idle_at(&table.entries[position].state) <= now_us {
+                    if limit.policy.idle_at(&table.entries[position].state) <= now_us {
                         table.remove(position, hasher);
                         purged += 1;
                     }
@@ -321,29 +455,37 @@ impl MemoryStore {
         purged
     }
 
-    /// Hand every client state held to `visit`: its rule's id, the client, the state, and
-    /// whether its last request was refused. One shard at a time, each locked only while its
-    /// own clients are visited (what saving the store to a file reads, `limit::state_file`).
-    pub fn visit_states(&self, mut visit: impl FnMut(u16, &ClientKey, &State, bool)) {
+    /// Hand every client state held to `visit`: its rule's id, the limit's position in the
+    /// rule, the client, the state, and whether its last request was refused. One shard at a
+    /// time, each locked only while its own clients are visited (what saving the store to a
+    /// file reads, `limit::state_file`).
+    pub fn visit_states(&self, mut visit: impl FnMut(u16, usize, &ClientKey, &State, bool)) {
         for (id, rule) in self.inner.rules.iter().enumerate() {
             // At most u16::MAX + 1 rules: ids are 16 bits.
             let id = id as u16;
-            for shard in rule.shards.iter() {
-                let table = lock(shard);
-                for entry in &table.entries {
-                    visit(id, &entry.client, &entry.state, entry.refused);
+            for (position, limit) in rule.limits.iter().enumerate() {
+                for shard in limit.shards.iter() {
+                    let table = lock(shard);
+                    for entry in &table.entries {
+                        visit(id, position, &entry.client, &entry.state, entry.refused);
+                    }
                 }
             }
         }
     }
 
-    /// Hold `state` for `client` under the rule with id `rule`, as a decision would have left
-    /// it (a state read back from a file, `limit::state_file`): replacing the client's state
-    /// if held, otherwise inserting it, evicting as a new client does when the shard is full,
-    /// so the `MAX_KEYS` bound stays exact. Returns false, holding nothing, for a rule the
-    /// store was not built for.
-    pub fn restore(&self, rule: u16, client: ClientKey, state: State, refused: bool) -> bool {
-        let Some(shards) = self.inner.rules.get(usize::from(rule)) else {
+    /// Hold `state` for `client` under limit `limit` (its position) of the rule with id
+    /// `rule`, as a decision would have left it (a state read back from a file,
+    /// `limit::state_file`): replacing the client's state if held, otherwise inserting it,
+    /// evicting as a new client does when the shard is full, so the `MAX_KEYS` bound stays
+    /// exact. Returns false, holding nothing, for a rule or limit the store was not built for.
+    pub fn restore(&self, rule: u16, limit: usize, client: ClientKey, state: State, refused: bool) -> bool {
+        let Some(shards) = self
+            .inner
+            .rules
+            .get(usize::from(rule))
+            .and_then(|rule| rule.limits.get(limit))
+        else {
             return false;
         };
         let shared = &*self.inner.shared;
@@ -356,7 +498,7 @@ impl MemoryStore {
             (entry.state, entry.refused, entry.seen) = (state, refused, seen);
             return true;
         }
-        if table.entries.len() >= table.capacity && table.evict(shared, shards.rule.policy, self.now_us()) {
+        if table.entries.len() >= table.capacity && table.evict(shared, shards.policy, self.now_us()) {
             shared.evictions.fetch_add(1, Ordering::Relaxed);
         }
         let entry = Entry {
@@ -384,22 +526,27 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Every shard, rule by rule.
+    /// Every shard, rule by rule, limit by limit.
     fn shards(&self) -> impl Iterator<Item = &Shard> {
-        self.inner.rules.iter().flat_map(|rule| rule.shards.iter())
+        self.inner
+            .rules
+            .iter()
+            .flat_map(|rule| rule.limits.iter())
+            .flat_map(|limit| limit.shards.iter())
     }
 
-    /// The shards of rule `id`. A rule the store was not built for (none is, but nothing
-    /// here may panic) shares the last rule's shards.
-    fn rule_shards(&self, id: u16) -> &RuleShards {
+    /// The budgets of rule `id`. A rule the store was not built for (none is, but nothing
+    /// here may panic) shares the last rule's budgets.
+    fn budgets(&self, id: u16) -> &RuleBudgets {
         let rules = &self.inner.rules;
         &rules[usize::from(id).min(rules.len() - 1)]
     }
 }
 
-impl RuleShards {
-    /// Empty shards for `rule`, their capacities adding up to `MAX_KEYS`.
-    fn new(shared: &Shared, rule: &Rule) -> RuleShards {
+impl LimitShards {
+    /// Empty shards for `policy` of the rule called `rule`, their capacities adding up to
+    /// `MAX_KEYS`.
+    fn new(shared: &Shared, rule: &Arc<str>, policy: Policy) -> LimitShards {
         let (max_keys, count) = (shared.max_keys, shared.shards_per_rule);
         let shards = (0..count)
             .map(|i| {
@@ -418,8 +565,9 @@ impl RuleShards {
                 }))
             })
             .collect();
-        RuleShards {
+        LimitShards {
             rule: rule.clone(),
+            policy,
             shards,
         }
     }
@@ -727,8 +875,9 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
     use crate::limit::Policy;
-    use crate::limit::algorithm::{SlidingWindow, TokenBucket};
+    use crate::limit::algorithm::{FixedWindow, Limits, SlidingWindow, TokenBucket};
     use std::net::{IpAddr, Ipv4Addr};
+    use std::time::Duration;
 
     const GENERAL: u16 = 0;
     const AUTH: u16 = 1;
@@ -805,12 +954,12 @@ mod tests {
         assert!(store.check_at(&general, ip(1), 1, 0).allowed);
         assert!(store.check_at(&auth, ip(1), 1, 0).allowed);
         // A route comes first now (ids move), auth gets other numbers, general is as it was.
-        let route = Rule::new(0, "api", general.policy);
+        let route = Rule::new(0, "api", general.limits.clone());
         let general_after = Rule {
             id: 2,
             ..general.clone()
         };
-        let auth_after = Rule::new(1, "auth", rule(AUTH, 5).policy);
+        let auth_after = Rule::new(1, "auth", rule(AUTH, 5).limits);
         let next = store.for_rules(&[route.clone(), auth_after.clone(), general_after.clone()]);
         assert!(!next.check_at(&general_after, ip(1), 1, 0).allowed, "budget kept");
         assert!(
@@ -927,7 +1076,7 @@ mod tests {
         // overflow into the next, the last into the first, and churn keeps moving them.
         let store = store(1);
         let capacity = 3 * SLOTS;
-        *lock(&store.inner.rules[0].shards[0]) = Table {
+        *lock(&store.inner.rules[0].limits[0].shards[0]) = Table {
             entries: Vec::with_capacity(capacity),
             index: Index {
                 buckets: vec![Bucket::FREE; 3].into_boxed_slice(),
@@ -946,7 +1095,7 @@ mod tests {
         assert_eq!(store.len(), capacity);
         assert_consistent(&store, &[3]);
         // Every entry held is still found: a second request spends its last token.
-        let held: Vec<ClientKey> = lock(&store.inner.rules[0].shards[0])
+        let held: Vec<ClientKey> = lock(&store.inner.rules[0].limits[0].shards[0])
             .entries
             .iter()
             .map(|entry| entry.client)
@@ -1044,5 +1193,131 @@ mod tests {
         assert!(!store.reset(&general, ip(1)), "nothing left to reset");
         assert_eq!(store.inspect_at(&general, ip(1), now).remaining, 3);
         assert!(store.check_at(&general, ip(1), 1, now).allowed);
+    }
+
+    /// A burst of 3 tokens refilling 1/s and a quota of 5 per 100 s: a rule of two limits.
+    fn two_limits(id: u16, name: &str) -> Rule {
+        let burst = Policy::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        });
+        let quota = Policy::FixedWindow(FixedWindow {
+            limit: 5,
+            window_ms: 100_000,
+        });
+        Rule::new(id, name, Limits::new(vec![burst, quota]).unwrap())
+    }
+
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn every_limit_must_allow_and_a_refusal_spends_in_none() {
+        let rule = two_limits(0, "api");
+        let store = MemoryStore::new(NonZeroUsize::new(100).unwrap(), std::slice::from_ref(&rule));
+        let at = 1_000 * 100 * S;
+        // The burst refuses the fourth at once; the quota had room, and keeps it.
+        for n in 0..3 {
+            let decision = store.check_at(&rule, ip(1), 1, at);
+            assert!(decision.allowed, "request {n}");
+            assert_eq!(decision.parts()[0].remaining, 2 - n);
+            assert_eq!(decision.parts()[1].remaining, 4 - n);
+        }
+        let refused = store.check_at(&rule, ip(1), 1, at);
+        assert!(!refused.allowed);
+        assert_eq!(
+            refused.retry_after,
+            Duration::from_secs(1),
+            "the burst's retry time"
+        );
+        assert_eq!(refused.limit, 3, "described: the limit that refused");
+        assert_eq!(
+            (refused.parts()[0].allowed, refused.parts()[1].allowed),
+            (false, true)
+        );
+        assert_eq!(refused.parts()[1].remaining, 2, "the quota spent nothing on it");
+        // Two more pass as the burst refills; then the quota refuses, until its window ends.
+        assert!(store.check_at(&rule, ip(1), 1, at + S).allowed);
+        let last = store.check_at(&rule, ip(1), 1, at + 2 * S);
+        assert!(last.allowed);
+        assert_eq!(
+            (last.limit, last.remaining),
+            (5, 0),
+            "described: the closest to exhaustion"
+        );
+        let over = store.check_at(&rule, ip(1), 1, at + 3 * S);
+        assert!(!over.allowed);
+        assert_eq!(
+            over.retry_after,
+            Duration::from_secs(97),
+            "the quota's window ends at 100 s"
+        );
+        assert!(
+            over.parts()[0].allowed && over.parts()[0].remaining == 1,
+            "the burst gave its token back"
+        );
+        // Both refuse: the later retry time is the rule's.
+        for _ in 0..2 {
+            assert!(!store.check_at(&rule, ip(1), 1, at + 3 * S).allowed);
+        }
+        let inspected = store.inspect_at(&rule, ip(1), at + 3 * S);
+        assert_eq!(
+            inspected.parts()[0].remaining,
+            1,
+            "refusals left the burst as it was"
+        );
+        assert_eq!(inspected.parts()[1].remaining, 0);
+        assert!(
+            store.check_at(&rule, ip(1), 1, at + 100 * S).allowed,
+            "a new window"
+        );
+    }
+
+    #[test]
+    fn a_refused_first_request_leaves_no_entry_in_any_limit() {
+        let rule = two_limits(0, "api");
+        let store = MemoryStore::new(NonZeroUsize::new(100).unwrap(), std::slice::from_ref(&rule));
+        assert!(
+            !store.check_at(&rule, ip(1), 4, 0).allowed,
+            "above the burst's capacity"
+        );
+        assert!(store.is_empty());
+        assert_eq!(store.inspect_at(&rule, ip(1), 0).parts()[1].remaining, 5);
+    }
+
+    #[test]
+    fn each_limit_keeps_its_budget_across_tables_by_its_own_policy() {
+        let rule = two_limits(0, "api");
+        let store = MemoryStore::new(NonZeroUsize::new(100).unwrap(), std::slice::from_ref(&rule));
+        for _ in 0..3 {
+            assert!(store.check_at(&rule, ip(1), 1, 0).allowed);
+        }
+        // The limits reordered, and a third added: the two kept, the new one fresh.
+        let third = Policy::SlidingWindow(SlidingWindow {
+            limit: 100,
+            window_ms: 1_000,
+        });
+        let reordered = Rule::new(
+            0,
+            "api",
+            Limits::new(vec![rule.limits[1], third, rule.limits[0]]).unwrap(),
+        );
+        let next = store.for_rules(std::slice::from_ref(&reordered));
+        let decision = next.inspect_at(&reordered, ip(1), 0);
+        let remaining: Vec<u64> = decision.parts().iter().map(|part| part.remaining).collect();
+        assert_eq!(remaining, [2, 100, 0]);
+        assert!(
+            !next.check_at(&reordered, ip(1), 1, 0).allowed,
+            "the burst still refuses"
+        );
+        // Decisions under the old order and the new one at once never wait on each other.
+        std::thread::scope(|scope| {
+            for (store, rule) in [(&store, &rule), (&next, &reordered)] {
+                scope.spawn(move || {
+                    for n in 0..20_000u32 {
+                        store.check_at(rule, ip(n % 7), 1, u64::from(n) * S);
+                    }
+                });
+            }
+        });
     }
 }

@@ -30,7 +30,7 @@ pub mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use algorithm::{Policy, State};
+pub use algorithm::{Limits, Policy, State};
 pub use guard::{FailMode, Guard, GuardSettings, Remote};
 pub use key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher, Source};
 pub use memory::MemoryStore;
@@ -38,22 +38,199 @@ pub use redis::{RedisStore, RedisTarget, StoreError};
 pub use rules::{Count, Match, Mode, RequestHead, Rule, RuleTable};
 pub use store::{BreakerStats, Decide, Store, StoreStats};
 
-/// The outcome of asking a store about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the request may go through.
+/// Most limits one rule holds (`token_bucket:20:10+fixed_window:10000:86400` is two): a
+/// decision carries each one's part inline, so it stays a plain value that allocates nothing.
+pub const MAX_LIMITS: usize = 6;
+
+/// What one limit of a rule says of one request: what an [`algorithm`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LimitDecision {
+    /// Whether this limit lets the request through.
     pub allowed: bool,
-    /// The rule's capacity or per-window limit (`X-RateLimit-Limit`).
+    /// The limit's capacity or per-window limit.
     pub limit: u64,
-    /// Whole units left after this request; 0 when denied (`X-RateLimit-Remaining`).
+    /// Whole units left after this request; 0 when denied.
     pub remaining: u64,
     /// When denied, how long until the same request would be allowed; zero when allowed.
     pub retry_after: Duration,
-    /// How long until the budget is entirely back (`X-RateLimit-Reset` is now plus this).
+    /// How long until the budget is entirely back.
     pub reset_after: Duration,
     /// When the request was counted, in microseconds since the Unix epoch on the deciding
     /// store's clock: what a refund hands back to find what to give back.
     pub at_us: u64,
+}
+
+/// The outcome of asking a store about one request, under every limit of its rule.
+///
+/// The fields describe the rule as a whole, as the legacy headers and `Retry-After` tell it:
+/// allowed only when every limit allows; when refused, `retry_after` is the latest of the
+/// refusing limits' retry times and the numbers are that limit's; when allowed, they are the
+/// limit closest to exhaustion's (the fewest units left, then the latest reset). [`parts`]
+/// holds each limit's own, for the draft headers, which list every policy.
+///
+/// [`parts`]: Decision::parts
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may go through: every limit allowed it.
+    pub allowed: bool,
+    /// The described limit's capacity or per-window limit (`X-RateLimit-Limit`).
+    pub limit: u64,
+    /// Whole units left under it after this request; 0 when denied (`X-RateLimit-Remaining`).
+    pub remaining: u64,
+    /// When denied, how long until the same request would be allowed by every limit; zero
+    /// when allowed.
+    pub retry_after: Duration,
+    /// How long until the described limit's budget is entirely back (`X-RateLimit-Reset` is
+    /// now plus this).
+    pub reset_after: Duration,
+    /// When the request was counted, in microseconds since the Unix epoch on the deciding
+    /// store's clock: what a refund hands back to find what to give back.
+    pub at_us: u64,
+    /// How many of `each` are the rule's limits, in the order written.
+    len: u8,
+    /// Each limit's part, by its position in the rule.
+    each: [Part; MAX_LIMITS],
+}
+
+/// One limit's part of a [`Decision`]: what the draft headers say of its policy. Times are
+/// kept in microseconds, so a decision of [`MAX_LIMITS`] parts stays small to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    /// Whether this limit allowed the request.
+    pub allowed: bool,
+    /// Whole units left under this limit (after the request, when it went through; as they
+    /// are, when the request was refused: a refused request spends nothing in any limit).
+    pub remaining: u64,
+    /// Zero when this limit allowed the request; else µs until it would.
+    retry_after_us: u64,
+    /// µs until this limit's budget is entirely back.
+    reset_after_us: u64,
+}
+
+impl Decision {
+    /// The decision of a rule of one limit.
+    pub const fn one(decision: LimitDecision) -> Decision {
+        let mut each = [Part::NONE; MAX_LIMITS];
+        each[0] = Part::of(&decision);
+        Decision {
+            allowed: decision.allowed,
+            limit: decision.limit,
+            remaining: decision.remaining,
+            retry_after: decision.retry_after,
+            reset_after: decision.reset_after,
+            at_us: decision.at_us,
+            len: 1,
+            each,
+        }
+    }
+
+    /// The decision of a rule whose limits said `parts`, in order (at least one, at most
+    /// [`MAX_LIMITS`]; more are ignored). A part that allowed a request refused by another
+    /// must say what the limit has with nothing spent: the stores give its cost back first.
+    pub fn of(parts: &[LimitDecision]) -> Decision {
+        let parts = &parts[..parts.len().min(MAX_LIMITS)];
+        let Some(first) = parts.first() else {
+            // No limit refuses: a rule has one at least, so this is never reached.
+            return Decision::one(LimitDecision {
+                allowed: true,
+                limit: 0,
+                remaining: 0,
+                retry_after: Duration::ZERO,
+                reset_after: Duration::ZERO,
+                at_us: 0,
+            });
+        };
+        let allowed = parts.iter().all(|part| part.allowed);
+        let described = if allowed {
+            parts
+                .iter()
+                .min_by_key(|part| (part.remaining, std::cmp::Reverse(part.reset_after)))
+        } else {
+            parts
+                .iter()
+                .filter(|part| !part.allowed)
+                .max_by_key(|part| part.retry_after)
+        }
+        .unwrap_or(first);
+        let mut each = [Part::NONE; MAX_LIMITS];
+        for (slot, part) in each.iter_mut().zip(parts) {
+            *slot = Part::of(part);
+        }
+        Decision {
+            allowed,
+            limit: described.limit,
+            remaining: if allowed { described.remaining } else { 0 },
+            retry_after: if allowed {
+                Duration::ZERO
+            } else {
+                described.retry_after
+            },
+            reset_after: described.reset_after,
+            at_us: first.at_us,
+            // At most MAX_LIMITS, which fits.
+            len: parts.len() as u8,
+            each,
+        }
+    }
+
+    /// Each limit's part, in the order the rule writes its limits.
+    pub fn parts(&self) -> &[Part] {
+        &self.each[..usize::from(self.len)]
+    }
+
+    /// The same decision seen `elapsed` later: every wait shorter by it (a cached denial).
+    pub fn aged(&self, elapsed: Duration) -> Decision {
+        let mut aged = *self;
+        aged.retry_after = aged.retry_after.saturating_sub(elapsed);
+        aged.reset_after = aged.reset_after.saturating_sub(elapsed);
+        let elapsed = micros(elapsed);
+        for part in &mut aged.each[..usize::from(self.len)] {
+            part.retry_after_us = part.retry_after_us.saturating_sub(elapsed);
+            part.reset_after_us = part.reset_after_us.saturating_sub(elapsed);
+        }
+        aged
+    }
+}
+
+impl Part {
+    /// No limit's: what the places beyond a rule's limits hold.
+    const NONE: Part = Part {
+        allowed: false,
+        remaining: 0,
+        retry_after_us: 0,
+        reset_after_us: 0,
+    };
+
+    const fn of(decision: &LimitDecision) -> Part {
+        Part {
+            allowed: decision.allowed,
+            remaining: decision.remaining,
+            retry_after_us: if decision.allowed {
+                0
+            } else {
+                micros(decision.retry_after)
+            },
+            reset_after_us: micros(decision.reset_after),
+        }
+    }
+
+    /// Zero when this limit allowed the request; else how long until it would.
+    pub fn retry_after(&self) -> Duration {
+        Duration::from_micros(self.retry_after_us)
+    }
+
+    /// How long until this limit's budget is entirely back.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_micros(self.reset_after_us)
+    }
+}
+
+/// A wait in whole microseconds (the stores' unit: nothing finer is ever decided).
+const fn micros(duration: Duration) -> u64 {
+    duration
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(duration.subsec_micros() as u64)
 }
 
 /// What the proxy acts on: a decision, or what the fail mode says when Redis cannot decide.

@@ -39,7 +39,7 @@ use crate::limit::guard::Remote;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
 use crate::limit::slots::SlotMap;
-use crate::limit::{ClientKey, Decision, Rule};
+use crate::limit::{ClientKey, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
 
 /// Why the store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -214,6 +214,10 @@ enum Turn {
 type BatchReply = Result<redis::Value, StoreError>;
 
 /// What a script answered.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "read where it is returned, once per call, never stored: boxing would allocate per decision"
+)]
 enum Answer {
     /// It decided.
     Decided(Decision),
@@ -221,24 +225,66 @@ enum Answer {
     Expired(u64),
 }
 
-/// One decision waiting to be sent.
-struct Waiting {
-    /// The rule's algorithm ([`Policy::script_index`](crate::limit::Policy::script_index)).
+/// One decision, as the [`batch_script`] is asked it.
+struct Ask {
+    /// The first limit's algorithm ([`Policy::script_index`](crate::limit::Policy::script_index)).
     algorithm: usize,
-    /// The script's first two arguments and the cost.
+    /// Its script's first two arguments, and the cost.
     arguments: [u64; 3],
-    /// The client's key.
+    /// The client's key under the first limit.
     key: String,
+    /// A rule of several limits: each further limit's algorithm, arguments and key (empty,
+    /// allocating nothing, for a rule of one).
+    more: Vec<(usize, [u64; 2], String)>,
     /// The pinned clock, for tests; `None` reads Redis `TIME`.
     now_us: Option<u64>,
+    /// `""` to decide; the decision's time in µs to refund.
+    refund_at_us: Option<u64>,
+    /// The deadline on the Redis clock, as estimated when it was asked; `None` with a pinned
+    /// clock.
+    redis_deadline: Option<u64>,
+}
+
+impl Ask {
+    /// `cost` of `rule` for the client whose key under the rule's first limit is `key`.
+    fn new(rule: &Rule, key: String, cost: u64, now_us: Option<u64>, redis_deadline: Option<u64>) -> Ask {
+        let (_, [first, second]) = rule.limits.first().script();
+        let more = rule.limits[1..]
+            .iter()
+            .map(|policy| {
+                (
+                    policy.script_index(),
+                    policy.script().1,
+                    limit_key(rule, &key, policy),
+                )
+            })
+            .collect();
+        Ask {
+            algorithm: rule.limits.first().script_index(),
+            arguments: [first, second, cost],
+            key,
+            more,
+            now_us,
+            refund_at_us: None,
+            redis_deadline,
+        }
+    }
+
+    /// How many keys it asks about: one per limit.
+    fn keys(&self) -> usize {
+        1 + self.more.len()
+    }
+}
+
+/// One decision waiting to be sent.
+struct Waiting {
+    /// What is asked.
+    ask: Ask,
     /// Where the reply goes, with the key.
     reply: tokio::sync::oneshot::Sender<(String, BatchReply)>,
     /// `REDIS_TIMEOUT_MS` from when it was queued: the batch that carries it must answer by
     /// then, waiting included, as a decision sent alone would.
     deadline: tokio::time::Instant,
-    /// `deadline` on the Redis clock, as estimated when it was queued; `None` with a pinned
-    /// clock.
-    redis_deadline: Option<u64>,
 }
 
 /// A decision call's place among the `REDIS_CALLS_IN_FLIGHT`. When it ends (the call came
@@ -453,48 +499,55 @@ impl RedisStore {
     /// What the client of `key` has left under `rule`, on the Redis clock, spending nothing:
     /// the [`peek_script`], routed by the key (on a cluster, to its master).
     pub async fn inspect_key(&self, rule: &Rule, key: &str) -> Result<Decision, StoreError> {
-        let [first, second] = rule.policy.script().1;
-        let index = rule.policy.script_index();
+        let keys = limit_keys(rule, key);
         let command = |name: &str, script: &str| {
             let mut cmd = redis::cmd(name);
-            cmd.arg(script).arg(1).arg(key).arg(index).arg(first).arg(second);
+            cmd.arg(script).arg(keys.len()).arg(&keys);
+            for policy in rule.limits.iter() {
+                let [first, second] = policy.script().1;
+                cmd.arg(policy.script_index()).arg(first).arg(second);
+            }
             cmd
         };
-        let reply = self.bounded(self.evaluate(peek_script(), command)).await?;
+        let reply = match self.bounded(self.evaluate(peek_script(), command)).await? {
+            // One decision per limit: a rule of one reads as a single script's reply.
+            redis::Value::Array(mut replies) if replies.len() == 1 && rule.limits.len() == 1 => {
+                replies.remove(0)
+            }
+            reply => reply,
+        };
         match answer_of(rule, &reply)? {
             Answer::Decided(decision) => Ok(decision),
             Answer::Expired(_) => Err(StoreError::Expired),
         }
     }
 
-    /// Forget the client of `key`: `DEL`, so every replica's next decision finds the whole
-    /// budget. Every key of one client and rule shares a hash tag, so one node holds it.
-    pub async fn reset_key(&self, key: &str) -> Result<(), StoreError> {
-        let _deleted: u64 = self.bounded(self.query(redis::cmd("DEL").arg(key))).await?;
+    /// Forget the client of `key` under every limit of `rule`: one `DEL`, so every replica's
+    /// next decision finds the whole budget. Every key of one client and rule shares a hash
+    /// tag, so one node holds them all.
+    pub async fn reset_key(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
+        let keys = limit_keys(rule, key);
+        let _deleted: u64 = self.bounded(self.query(redis::cmd("DEL").arg(&keys))).await?;
         Ok(())
     }
 
-    /// The key of one client under one rule: `{prefix}{rule:client}:{algorithm}:{numbers}`,
-    /// `numbers` the policy's [`fingerprint`](crate::limit::Policy::fingerprint) in hex (a
-    /// rule whose numbers change starts afresh). The braces are a Redis Cluster hash tag, so
-    /// every key of one client and rule lives on one node.
+    /// The key of one client under one rule's first limit:
+    /// `{prefix}{rule:client}:{algorithm}:{numbers}`, `numbers` the policy's
+    /// [`fingerprint`](crate::limit::Policy::fingerprint) in hex (a limit whose numbers change
+    /// starts afresh). The braces are a Redis Cluster hash tag, so every key of one client and
+    /// rule lives on one node; the key under each further limit is this one with the limit's
+    /// own last two parts (`limit_keys`).
     pub fn key(&self, rule: &Rule, client: ClientKey) -> String {
-        let suffix = rule.policy.key_suffix();
+        let policy = rule.limits.first();
         // Room for the longest client key (an IPv6 prefix and a digest) in one allocation.
-        let mut key = String::with_capacity(self.prefix.len() + rule.name.len() + suffix.len() + 96);
+        let mut key = String::with_capacity(self.prefix.len() + rule.name.len() + LIMIT_PART + 96);
         key.push_str(&self.prefix);
         key.push('{');
         key.push_str(&rule.name);
         key.push(':');
         client.push_to(&mut key);
-        key.push_str("}:");
-        key.push_str(suffix);
-        key.push(':');
-        let fingerprint = rule.policy.fingerprint();
-        for shift in (0..8).rev() {
-            let digit = (fingerprint >> (shift * 4)) & 0xF;
-            key.push(char::from_digit(digit, 16).unwrap_or('0'));
-        }
+        key.push('}');
+        push_limit_part(&mut key, policy);
         key
     }
 
@@ -562,9 +615,21 @@ impl RedisStore {
         // No deadline: a refund Redis runs late gives back what it would have on time (the
         // cost of a request that was counted, from the state that still remembers it), and
         // the client is owed it (docs/reliability.md).
-        self.bounded(self.run_script(rule, key, cost, now_us, Some(at_us), None))
-            .await
-            .map(drop)
+        if rule.limits.len() == 1 {
+            return self
+                .bounded(self.run_script(rule, key, cost, now_us, Some(at_us), None))
+                .await
+                .map(drop);
+        }
+        let mut ask = Ask::new(rule, key.to_owned(), cost, now_us, None);
+        ask.refund_at_us = Some(at_us);
+        let reply = self.bounded(self.run_asks(std::slice::from_ref(&ask))).await?;
+        match reply {
+            redis::Value::Array(replies) => replies
+                .into_iter()
+                .try_for_each(|reply| reply_of_one(reply).map(drop)),
+            other => Err(StoreError::Reply(format!("{other:?}"))),
+        }
     }
 
     /// Decide, telling the script when the caller stops waiting on `clock`'s estimate of the
@@ -621,6 +686,22 @@ impl RedisStore {
         redis_deadline: Option<u64>,
     ) -> Result<(String, redis::Value), StoreError> {
         match self.turn(rule, key, cost, now_us, deadline, redis_deadline) {
+            Turn::Now(slot, key) if rule.limits.len() > 1 => {
+                let ask = Ask::new(rule, key, cost, now_us, redis_deadline);
+                let reply = match tokio::time::timeout_at(deadline, self.run_asks(std::slice::from_ref(&ask)))
+                    .await
+                {
+                    Ok(Ok(redis::Value::Array(replies))) => group_reply(replies),
+                    Ok(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
+                    Ok(Err(error)) => Err(StoreError::from(error)),
+                    Err(_) => {
+                        self.timed_out();
+                        Err(StoreError::Timeout(self.timeout))
+                    }
+                };
+                drop(slot);
+                Ok((ask.key, reply?))
+            }
             Turn::Now(slot, key) => {
                 let reply = match tokio::time::timeout_at(
                     deadline,
@@ -670,15 +751,10 @@ impl RedisStore {
             return Turn::Now(Some(CallSlot { store: self.clone() }), key);
         }
         let (reply, waiting) = tokio::sync::oneshot::channel();
-        let (_, [first, second]) = rule.policy.script();
         state.waiting.push(Waiting {
-            algorithm: rule.policy.script_index(),
-            arguments: [first, second, cost],
-            key,
-            now_us,
+            ask: Ask::new(rule, key, cost, now_us, redis_deadline),
             reply,
             deadline,
-            redis_deadline,
         });
         Turn::Later(waiting)
     }
@@ -690,10 +766,15 @@ impl RedisStore {
         // By the first deadline among them (they are queued in order): none waits longer
         // than REDIS_TIMEOUT_MS in all.
         let deadline = batch.iter().map(|waiting| waiting.deadline).min();
-        let call = self.run_batch(&batch);
+        let (asks, senders): (Vec<Ask>, Vec<_>) = batch
+            .into_iter()
+            .map(|waiting| (waiting.ask, waiting.reply))
+            .unzip();
+        let keys: usize = asks.iter().map(Ask::keys).sum();
+        let call = self.run_asks(&asks);
         let replies =
             match tokio::time::timeout_at(deadline.unwrap_or_else(tokio::time::Instant::now), call).await {
-                Ok(Ok(redis::Value::Array(replies))) if replies.len() == batch.len() => Ok(replies),
+                Ok(Ok(redis::Value::Array(replies))) if replies.len() == keys => Ok(replies),
                 Ok(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
                 Ok(Err(error)) => Err(StoreError::from(error)),
                 Err(_) => {
@@ -703,42 +784,65 @@ impl RedisStore {
             };
         match replies {
             Ok(replies) => {
-                for (waiting, reply) in batch.into_iter().zip(replies) {
-                    let _ = waiting.reply.send((waiting.key, reply_of_one(reply)));
+                let mut replies = replies.into_iter();
+                for (reply_to, ask) in senders.into_iter().zip(asks) {
+                    let reply = match ask.more.len() {
+                        0 => replies
+                            .next()
+                            .map_or_else(|| Err(StoreError::Reply("no reply".into())), reply_of_one),
+                        more => group_reply(replies.by_ref().take(1 + more).collect()),
+                    };
+                    let _ = reply_to.send((ask.key, reply));
                 }
             }
             Err(error) => {
-                for waiting in batch {
-                    let _ = waiting.reply.send((waiting.key, Err(error.clone())));
+                for (reply_to, ask) in senders.into_iter().zip(asks) {
+                    let _ = reply_to.send((ask.key, Err(error.clone())));
                 }
             }
         }
     }
 
-    /// `EVALSHA` of [`batch_script`] for `batch` (after `NOSCRIPT`, `EVAL` with its text).
-    /// The batch is given up at its first decision's deadline, so every decision in it is
-    /// given that deadline on the Redis clock too.
-    async fn run_batch(&self, batch: &[Waiting]) -> redis::RedisResult<redis::Value> {
+    /// `EVALSHA` of [`batch_script`] for `asks` (after `NOSCRIPT`, `EVAL` with its text): a
+    /// batch of decisions, or a decision or refund under a rule of several limits. A batch is
+    /// given up at its first decision's deadline, so every decision in it is given that
+    /// deadline on the Redis clock too.
+    async fn run_asks(&self, asks: &[Ask]) -> redis::RedisResult<redis::Value> {
         let script = batch_script();
-        let redis_deadline = batch.iter().filter_map(|waiting| waiting.redis_deadline).min();
+        let keys: usize = asks.iter().map(Ask::keys).sum();
+        let redis_deadline = asks.iter().filter_map(|ask| ask.redis_deadline).min();
         let command = |name: &str, script: &str| {
-            let mut cmd = redis::Cmd::with_capacity(3 + batch.len() * 8, script.len() + batch.len() * 180);
-            cmd.arg(name).arg(script).arg(batch.len());
-            for waiting in batch {
-                cmd.arg(&waiting.key);
+            let mut cmd = redis::Cmd::with_capacity(3 + keys * 9, script.len() + keys * 200);
+            cmd.arg(name).arg(script).arg(keys);
+            for ask in asks {
+                cmd.arg(&ask.key);
+                for (_, _, key) in &ask.more {
+                    cmd.arg(key);
+                }
             }
-            for waiting in batch {
-                let [first, second, cost] = waiting.arguments;
-                cmd.arg(waiting.algorithm).arg(first).arg(second).arg(cost);
-                match waiting.now_us {
-                    Some(now_us) => cmd.arg(now_us),
-                    None => cmd.arg(""),
-                };
-                cmd.arg("");
-                match (waiting.redis_deadline, redis_deadline) {
-                    (Some(_), Some(first)) => cmd.arg(first),
-                    _ => cmd.arg(""),
-                };
+            for ask in asks {
+                let [first, second, cost] = ask.arguments;
+                let limits = std::iter::once((ask.algorithm, [first, second])).chain(
+                    ask.more
+                        .iter()
+                        .map(|&(algorithm, arguments, _)| (algorithm, arguments)),
+                );
+                for (i, (algorithm, [first, second])) in limits.enumerate() {
+                    cmd.arg(algorithm).arg(first).arg(second).arg(cost);
+                    match ask.now_us {
+                        Some(now_us) => cmd.arg(now_us),
+                        None => cmd.arg(""),
+                    };
+                    match ask.refund_at_us {
+                        Some(at_us) => cmd.arg(at_us),
+                        None => cmd.arg(""),
+                    };
+                    match (ask.redis_deadline, redis_deadline) {
+                        (Some(_), Some(first)) => cmd.arg(first),
+                        _ => cmd.arg(""),
+                    };
+                    cmd.arg(if i == ask.more.len() { "1" } else { "0" });
+                }
             }
             cmd
         };
@@ -778,7 +882,7 @@ impl RedisStore {
         refund_at_us: Option<u64>,
         deadline_us: Option<u64>,
     ) -> redis::RedisResult<redis::Value> {
-        let (script, [first, second]) = rule.policy.script();
+        let (script, [first, second]) = rule.limits.first().script();
         let command = |name: &str, script: &str| {
             let mut cmd = redis::Cmd::with_capacity(10, script.len() + key.len() + 6 * 20);
             cmd.arg(name)
@@ -847,9 +951,45 @@ fn reply_of_one(reply: redis::Value) -> BatchReply {
     )))
 }
 
-/// What a script's reply says: a decision (five non-negative integers), or that the call had
-/// expired (`-1` and the Redis time).
+/// The entries of one request under a rule of several limits, one per limit: the first
+/// error among them, or all of them, as one reply.
+fn group_reply(replies: Vec<redis::Value>) -> BatchReply {
+    let replies: Result<Vec<redis::Value>, StoreError> = replies.into_iter().map(reply_of_one).collect();
+    replies.map(redis::Value::Array)
+}
+
+/// What a script's reply says: a decision (five non-negative integers; under a rule of several
+/// limits, an array of those, one per limit), or that the call had expired (`-1` and the Redis
+/// time; under several limits, any of them expired: the deadline is the same for all).
 fn answer_of(rule: &Rule, reply: &redis::Value) -> Result<Answer, StoreError> {
+    if rule.limits.len() == 1 {
+        return Ok(match limit_answer(rule.limits.first(), reply)? {
+            Ok(decision) => Answer::Decided(Decision::one(decision)),
+            Err(redis_us) => Answer::Expired(redis_us),
+        });
+    }
+    let unexpected = || StoreError::Reply(format!("{reply:?}"));
+    let redis::Value::Array(replies) = reply else {
+        return Err(unexpected());
+    };
+    if replies.len() != rule.limits.len() {
+        return Err(unexpected());
+    }
+    let mut parts = [LimitDecision::default(); MAX_LIMITS];
+    for ((part, policy), reply) in parts.iter_mut().zip(rule.limits.iter()).zip(replies) {
+        match limit_answer(policy, reply)? {
+            Ok(decision) => *part = decision,
+            Err(redis_us) => return Ok(Answer::Expired(redis_us)),
+        }
+    }
+    Ok(Answer::Decided(Decision::of(
+        &parts[..rule.limits.len().min(MAX_LIMITS)],
+    )))
+}
+
+/// One algorithm's reply under `policy`: its decision, or the Redis time (µs) at which it
+/// found the call's deadline passed.
+fn limit_answer(policy: &Policy, reply: &redis::Value) -> Result<Result<LimitDecision, u64>, StoreError> {
     let unexpected = || StoreError::Reply(format!("{reply:?}"));
     let redis::Value::Array(fields) = reply else {
         return Err(unexpected());
@@ -860,18 +1000,57 @@ fn answer_of(rule: &Rule, reply: &redis::Value) -> Result<Answer, StoreError> {
     };
     let [allowed, remaining, retry_after_us, reset_after_us, at_us] = fields.as_slice() else {
         return match fields.as_slice() {
-            [redis::Value::Int(-1), redis_us] => Ok(Answer::Expired(number(redis_us)?)),
+            [redis::Value::Int(-1), redis_us] => Ok(Err(number(redis_us)?)),
             _ => Err(unexpected()),
         };
     };
-    Ok(Answer::Decided(Decision {
+    Ok(Ok(LimitDecision {
         allowed: number(allowed)? == 1,
-        limit: rule.policy.limit(),
+        limit: policy.limit(),
         remaining: number(remaining)?,
         retry_after: Duration::from_micros(number(retry_after_us)?),
         reset_after: Duration::from_micros(number(reset_after_us)?),
         at_us: number(at_us)?,
     }))
+}
+
+/// The longest last two parts of a key (`:` and the algorithm's suffix, `:` and 8 hex
+/// digits): room kept for them.
+const LIMIT_PART: usize = 24;
+
+/// Write the last two parts of a key under `policy`: `:{algorithm}:{fingerprint in hex}`.
+fn push_limit_part(key: &mut String, policy: &Policy) {
+    key.push(':');
+    key.push_str(policy.key_suffix());
+    key.push(':');
+    let fingerprint = policy.fingerprint();
+    for shift in (0..8).rev() {
+        let digit = (fingerprint >> (shift * 4)) & 0xF;
+        key.push(char::from_digit(digit, 16).unwrap_or('0'));
+    }
+}
+
+/// The key under `policy` of the client whose key under `rule`'s first limit is `first`:
+/// the same up to the hash tag's end, then the limit's own last two parts.
+fn limit_key(rule: &Rule, first: &str, policy: &Policy) -> String {
+    // The first limit's parts: `:`, its suffix, `:`, 8 digits.
+    let tail = rule.limits.first().key_suffix().len() + 10;
+    let base = &first[..first.len().saturating_sub(tail)];
+    let mut key = String::with_capacity(base.len() + LIMIT_PART);
+    key.push_str(base);
+    push_limit_part(&mut key, policy);
+    key
+}
+
+/// The client's key under each of `rule`'s limits, in order, from its key under the first.
+fn limit_keys(rule: &Rule, first: &str) -> Vec<String> {
+    std::iter::once(first.to_owned())
+        .chain(
+            rule.limits[1..]
+                .iter()
+                .map(|policy| limit_key(rule, first, policy)),
+        )
+        .collect()
 }
 
 /// TLS is rustls with the ring provider; trusted roots are the system's (or `SSL_CERT_FILE`).
@@ -925,8 +1104,12 @@ impl Remote for RedisStore {
         RedisStore::inspect_key(self, rule, key)
     }
 
-    fn reset_key<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        RedisStore::reset_key(self, key)
+    fn reset_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        RedisStore::reset_key(self, rule, key)
     }
 
     fn is_cluster(&self) -> bool {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use http::{HeaderMap, Method};
 use ipnet::IpNet;
 
-use super::algorithm::Policy;
+use super::algorithm::Limits;
 use super::guard::FailMode;
 use super::key::{
     ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value, query_value,
@@ -35,8 +35,9 @@ pub struct Rule {
     /// `general`, `auth`, or the route's own name: part of every Redis key, log line and
     /// rate-limit header, so it must stay stable across restarts.
     pub name: Arc<str>,
-    /// The algorithm and its numbers.
-    pub policy: Policy,
+    /// The limits, each an algorithm and its numbers: a request goes through only when every
+    /// one allows it.
+    pub limits: Limits,
     /// What budgets are keyed by.
     pub key_by: KeyBy,
     /// What one request costs unless `COSTS` says otherwise.
@@ -52,18 +53,19 @@ pub struct Rule {
 
 impl Rule {
     /// Whether `other` is this rule's budget again, in another table: the same name and the
-    /// same policy. A reload keeps such a rule's clients (their states, in memory and in
-    /// Redis); any other rule starts afresh.
+    /// same limits. A reload keeps such a rule's clients (their states, in memory and in
+    /// Redis); any other rule starts afresh, but for each of its limits a limit of the same
+    /// name and policy had (the stores keep budgets by rule name and policy).
     pub fn same_budget(&self, other: &Rule) -> bool {
-        self.name == other.name && self.policy == other.policy
+        self.name == other.name && self.limits == other.limits
     }
 
     /// A rule keyed by IP, costing 1, enforced, counting every request, failing open.
-    pub fn new(id: u16, name: &str, policy: Policy) -> Rule {
+    pub fn new(id: u16, name: &str, limits: impl Into<Limits>) -> Rule {
         Rule {
             id,
             name: name.into(),
-            policy,
+            limits: limits.into(),
             key_by: KeyBy::ip(),
             cost: 1,
             shadow: false,
@@ -258,12 +260,12 @@ impl RuleTable {
             if let Some(rule) = table
                 .reachable(pattern)
                 .into_iter()
-                .find(|rule| rule.policy.limit() < *cost)
+                .find(|rule| rule.limits.capacity() < *cost)
             {
                 return Err(TableError::CostAboveCapacity {
                     entry,
                     rule: rule.name.to_string(),
-                    capacity: rule.policy.limit(),
+                    capacity: rule.limits.capacity(),
                 });
             }
         }
@@ -586,7 +588,7 @@ pub fn describe(rule: &Rule) -> String {
     };
     format!(
         "{}: {} (key {}, cost {}, {mode}{count})",
-        rule.name, rule.policy, rule.key_by, rule.cost
+        rule.name, rule.limits, rule.key_by, rule.cost
     )
 }
 

@@ -3,10 +3,11 @@
 //! listeners accept.
 //!
 //! Only two methods of the store are used, [`MemoryStore::visit_states`] to save and
-//! [`MemoryStore::restore`] to load, so the store's layout is its own business. A rule's
-//! clients are restored only when a rule of the same **name** has the same **policy**
-//! (algorithm and numbers) now; rule ids are positions in the table and move when routes are
-//! added, so they are never matched. Every algorithm's state holds absolute times on the
+//! [`MemoryStore::restore`] to load, so the store's layout is its own business. Each limit of
+//! a rule is a section of its own, and its clients are restored only when a rule of the same
+//! **name** has a limit of the same **policy** (algorithm and numbers) now (a rule that gained
+//! a daily quota keeps its burst limit's budgets); rule ids are positions in the table and
+//! move when routes are added, so they are never matched. Every algorithm's state holds absolute times on the
 //! store's clock (microseconds since the Unix epoch), so a restored state has the downtime
 //! counted with no arithmetic here: a token bucket has refilled over it, a window that ended
 //! is over. States whose budget is entirely back by the time they are read are not restored.
@@ -18,8 +19,10 @@
 //!
 //! ```text
 //! magic "TOLLGATE" (8) | version u32 | body length u64 | CRC-32 (IEEE) of the body u32 | body
-//! body:    saved at (µs since the epoch) u64 | key-hasher fingerprint [16] | rule count u32 | rules
-//! rule:    name length u16 | name (UTF-8) | algorithm u8 | first number u64 | second u64
+//! body:    saved at (µs since the epoch) u64 | key-hasher fingerprint [16] | section count u32
+//!          | sections
+//! section: one limit of one rule (a rule of several limits has several, of one name):
+//!          name length u16 | name (UTF-8) | algorithm u8 | first number u64 | second u64
 //!          | client count u64 | clients
 //! client:  refused u8 (0, 1) | key: 0 ip | 1 header digest [16] | 2 ip and digest [16]
 //!          (ip: 4 + 4 bytes | 6 + 16 bytes, then the prefix u8) | the algorithm's state
@@ -345,11 +348,30 @@ fn encode_at(
     fingerprint: [u8; 16],
     now: impl FnOnce() -> u64,
 ) -> (Vec<u8>, u64) {
-    let mut sections: Vec<(u64, Vec<u8>)> = rules.iter().map(|_| (0, Vec::new())).collect();
-    store.visit_states(|rule, key, state, refused| {
-        let rule = usize::from(rule);
-        if let (Some(policy), Some((count, out))) =
-            (rules.get(rule).map(|r| &r.policy), sections.get_mut(rule))
+    // A section per limit of each rule: the rule's name, the limit, its clients.
+    let limits: Vec<(&Rule, &Policy)> = rules
+        .iter()
+        .flat_map(|rule| rule.limits.iter().map(move |policy| (rule, policy)))
+        .collect();
+    // Where each rule's first section is.
+    let firsts: Vec<usize> = rules
+        .iter()
+        .scan(0, |next, rule| {
+            let first = *next;
+            *next += rule.limits.len();
+            Some(first)
+        })
+        .collect();
+    let mut sections: Vec<(u64, Vec<u8>)> = limits.iter().map(|_| (0, Vec::new())).collect();
+    store.visit_states(|rule, limit, key, state, refused| {
+        let Some(section) = firsts
+            .get(usize::from(rule))
+            .map(|first| first + limit)
+            .filter(|_| rules[usize::from(rule)].limits.len() > limit)
+        else {
+            return;
+        };
+        if let (Some((_, policy)), Some((count, out))) = (limits.get(section), sections.get_mut(section))
             && put_client(out, policy, key, state, refused)
         {
             *count += 1;
@@ -357,20 +379,20 @@ fn encode_at(
     });
     // After the visit: every state copied was decided at or before this time.
     let saved_at = now();
-    let clients = rules
+    let clients = limits
         .iter()
         .zip(&sections)
-        .filter(|(rule, _)| (1..=MAX_NAME_LEN).contains(&rule.name.len()))
+        .filter(|((rule, _), _)| (1..=MAX_NAME_LEN).contains(&rule.name.len()))
         .map(|(_, (count, _))| count)
         .sum();
     let size = ENVELOPE_LEN
         + 8
         + 16
         + 4
-        + rules
+        + limits
             .iter()
             .zip(&sections)
-            .map(|(rule, (_, out))| MIN_SECTION_LEN + rule.name.len() + out.len())
+            .map(|((rule, _), (_, out))| MIN_SECTION_LEN + rule.name.len() + out.len())
             .sum::<usize>();
     let mut file = Vec::with_capacity(size);
     file.extend_from_slice(&MAGIC);
@@ -380,17 +402,17 @@ fn encode_at(
     put_u64(&mut file, saved_at);
     file.extend_from_slice(&fingerprint);
     let saved = || {
-        rules
+        limits
             .iter()
             .zip(&sections)
-            .filter(|(rule, _)| (1..=MAX_NAME_LEN).contains(&rule.name.len()))
+            .filter(|((rule, _), _)| (1..=MAX_NAME_LEN).contains(&rule.name.len()))
     };
     file.extend_from_slice(&(saved().count() as u32).to_le_bytes());
-    for (rule, (count, out)) in saved() {
+    for ((rule, policy), (count, out)) in saved() {
         let name = rule.name.as_bytes();
         file.extend_from_slice(&(name.len() as u16).to_le_bytes());
         file.extend_from_slice(name);
-        let (code, first, second) = policy_code(&rule.policy);
+        let (code, first, second) = policy_code(policy);
         file.push(code);
         put_u64(&mut file, first);
         put_u64(&mut file, second);
@@ -602,23 +624,23 @@ fn decode(file: &[u8]) -> Result<Contents<'_>, DecodeError> {
     };
     let saved_at = reader.u64()?;
     let fingerprint = reader.array()?;
-    let rule_count = reader.u32()? as usize;
-    if rule_count > reader.left() / MIN_SECTION_LEN {
+    let section_count = reader.u32()? as usize;
+    if section_count > reader.left() / MIN_SECTION_LEN {
         return Err(reader.corrupt("more rules declared than the file can hold"));
     }
-    let mut sections = Vec::with_capacity(rule_count);
-    let mut names = HashSet::with_capacity(rule_count);
-    for _ in 0..rule_count {
+    let mut sections = Vec::with_capacity(section_count);
+    let mut names = HashSet::with_capacity(section_count);
+    for _ in 0..section_count {
         let len = usize::from(reader.u16()?);
         if len == 0 {
             return Err(reader.corrupt("an empty rule name"));
         }
         let name =
             std::str::from_utf8(reader.take(len)?).map_err(|_| reader.corrupt("a rule name not UTF-8"))?;
-        if !names.insert(name) {
-            return Err(reader.corrupt("a rule saved twice"));
-        }
         let (code, first, second) = (reader.u8()?, reader.u64()?, reader.u64()?);
+        if !names.insert((name, code, first, second)) {
+            return Err(reader.corrupt("a limit of a rule saved twice"));
+        }
         let policy = policy_of(code, first, second).ok_or_else(|| reader.corrupt("an unknown algorithm"))?;
         let count = reader.u64()?;
         if count > (reader.left() / MIN_CLIENT_LEN) as u64 {
@@ -679,19 +701,20 @@ pub fn restore_from(
             dropped_because: None,
         };
         let rule = rules.iter().find(|rule| &*rule.name == section.name);
-        match rule {
-            None => {
+        let limit = rule.and_then(|rule| rule.limits.iter().position(|policy| *policy == section.policy));
+        match (rule, limit) {
+            (None, _) => {
                 report.dropped = section.count;
                 report.dropped_because = Some("no rule of this name now".into());
             }
-            Some(rule) if rule.policy != section.policy => {
+            (Some(rule), None) => {
                 report.dropped = section.count;
                 report.dropped_because = Some(format!(
                     "its limits changed (saved {}, now {})",
-                    section.policy, rule.policy
+                    section.policy, rule.limits
                 ));
             }
-            Some(rule) => {
+            (Some(rule), Some(limit)) => {
                 let mut reader = Reader {
                     bytes: section.clients,
                     at: 0,
@@ -702,9 +725,9 @@ pub fn restore_from(
                     if header_keyed && !same_hasher {
                         loaded.foreign_header_keys += 1;
                         report.dropped += 1;
-                    } else if rule.policy.is_idle(&state, now_us) {
+                    } else if section.policy.is_idle(&state, now_us) {
                         report.dropped += 1;
-                    } else if store.restore(rule.id, key, state, refused) {
+                    } else if store.restore(rule.id, limit, key, state, refused) {
                         report.restored += 1;
                     } else {
                         report.dropped += 1;

@@ -4,12 +4,16 @@
 //! whose syntax has changed between revisions. The current revision is -12 (20 November 2026),
 //! whose text could not be read to compare when this was last checked; these fields stay -11's
 //! until it is. The same fields go on forwarded requests with `FORWARD_RATELIMIT_HEADERS`. Both fields are Structured Field Lists (RFC 9651)
-//! of Items whose value is the policy name as an sf-string; tollgate sends one Item per field,
-//! the rule that decided the request:
+//! of Items whose value is the policy name as an sf-string. A rule of one limit is one Item per
+//! field, named as the rule; a rule of several limits lists each, in the order written, named
+//! `RULE.1`, `RULE.2`, ...:
 //!
 //! ```text
 //! RateLimit-Policy: "general";q=100;w=60
 //! RateLimit: "general";r=42;t=3
+//!
+//! RateLimit-Policy: "api.1";q=20;w=2, "api.2";q=10000;w=86400
+//! RateLimit: "api.1";r=19;t=1, "api.2";r=9999;t=86400
 //! ```
 //!
 //! - `q` is the quota and `w` the window in seconds (draft section 3.1). `w` MUST be non-zero
@@ -75,16 +79,73 @@ pub(crate) fn fields(
     remaining: u64,
     reset_secs: u64,
 ) -> (Option<HeaderValue>, Option<HeaderValue>) {
-    let policy = match window_secs {
-        // `w` MUST be non-zero (draft section 3.1.3) but is OPTIONAL: leave it out.
-        0 => item(name, &[("q", quota)]),
-        window => item(name, &[("q", quota), ("w", window)]),
+    let policy = Policy {
+        name,
+        quota,
+        window_secs,
+        remaining,
+        reset_secs,
     };
-    (policy, item(name, &[("r", remaining), ("t", reset_secs)]))
+    (
+        policy
+            .quota_item()
+            .and_then(|value| HeaderValue::from_str(&value).ok()),
+        policy
+            .service_item()
+            .and_then(|value| HeaderValue::from_str(&value).ok()),
+    )
+}
+
+/// One policy of a rule of several limits, as the fields list it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy<'a> {
+    /// Its name: unique among the policies of one response.
+    pub name: &'a str,
+    /// `q`.
+    pub quota: u64,
+    /// `w`, in whole seconds (0: left out).
+    pub window_secs: u64,
+    /// `r`.
+    pub remaining: u64,
+    /// `t`, in whole seconds.
+    pub reset_secs: u64,
+}
+
+impl Policy<'_> {
+    /// Its member of `RateLimit-Policy`.
+    fn quota_item(&self) -> Option<String> {
+        match self.window_secs {
+            // `w` MUST be non-zero (draft section 3.1.3) but is OPTIONAL: leave it out.
+            0 => item(self.name, &[("q", self.quota)]),
+            window => item(self.name, &[("q", self.quota), ("w", window)]),
+        }
+    }
+
+    /// Its member of `RateLimit`.
+    fn service_item(&self) -> Option<String> {
+        item(self.name, &[("r", self.remaining), ("t", self.reset_secs)])
+    }
+}
+
+/// Set both fields for several policies (a rule of several limits), one List member each in
+/// the given order, replacing any the backend sent. A field with a member that cannot be
+/// serialized is not sent (RFC 9651 fails the whole List).
+pub(crate) fn set_all(headers: &mut HeaderMap, policies: &[Policy<'_>]) {
+    remove(headers);
+    let list = |member: fn(&Policy<'_>) -> Option<String>| {
+        let members: Option<Vec<String>> = policies.iter().map(member).collect();
+        members.and_then(|members| HeaderValue::from_str(&members.join(", ")).ok())
+    };
+    if let Some(value) = list(|policy| policy.quota_item()) {
+        headers.insert(&RATELIMIT_POLICY, value);
+    }
+    if let Some(value) = list(|policy| policy.service_item()) {
+        headers.insert(&RATELIMIT, value);
+    }
 }
 
 /// One List member: the name as an sf-string, then `;key=integer` parameters.
-fn item(name: &str, params: &[(&str, u64)]) -> Option<HeaderValue> {
+fn item(name: &str, params: &[(&str, u64)]) -> Option<String> {
     let mut value = sf_string(name)?;
     for &(key, number) in params {
         if number > MAX_INTEGER {
@@ -95,7 +156,7 @@ fn item(name: &str, params: &[(&str, u64)]) -> Option<HeaderValue> {
         value.push('=');
         value.push_str(itoa::Buffer::new().format(number));
     }
-    HeaderValue::from_str(&value).ok()
+    Some(value)
 }
 
 /// RFC 9651 section 3.3.3: printable ASCII (0x20-0x7E) in double quotes, with `"` and `\`

@@ -71,17 +71,43 @@ impl HeaderStyle {
     }
 }
 
-/// Set the draft's `RateLimit-Policy` and `RateLimit` for `decision` under `rule`, replacing
-/// any there: on a response as `RATE_LIMIT_HEADERS=draft` asks, or on the request forwarded to
+/// Set the draft's `RateLimit-Policy` and `RateLimit` for `decision` under `rule` (every limit
+/// of it, see [`draft`]), replacing any there: on a response as `RATE_LIMIT_HEADERS=draft` asks, or on the request forwarded to
 /// the backend (`FORWARD_RATELIMIT_HEADERS`), the same values either way.
 pub(crate) fn set_draft(headers: &mut HeaderMap, rule: &Rule, decision: &Decision) {
-    let t = if decision.allowed {
-        ceil_secs(decision.reset_after)
-    } else {
-        retry_after_secs(decision.retry_after)
-    };
-    let window = ceil_secs(rule.policy.window());
-    draft::set(headers, &rule.name, decision.limit, window, decision.remaining, t);
+    if let [policy] = &*rule.limits {
+        let t = if decision.allowed {
+            ceil_secs(decision.reset_after)
+        } else {
+            retry_after_secs(decision.retry_after)
+        };
+        let window = ceil_secs(policy.window());
+        draft::set(headers, &rule.name, decision.limit, window, decision.remaining, t);
+        return;
+    }
+    // Each limit: the same `t` as one limit's, by its own part (a limit that refused says
+    // its retry time; one that allowed, when it is entirely back).
+    let names: Vec<String> = (1..=rule.limits.len())
+        .map(|i| format!("{}.{i}", rule.name))
+        .collect();
+    let policies: Vec<draft::Policy<'_>> = rule
+        .limits
+        .iter()
+        .zip(decision.parts())
+        .zip(&names)
+        .map(|((policy, part), name)| draft::Policy {
+            name,
+            quota: policy.limit(),
+            window_secs: ceil_secs(policy.window()),
+            remaining: part.remaining,
+            reset_secs: if part.allowed {
+                ceil_secs(part.reset_after())
+            } else {
+                retry_after_secs(part.retry_after())
+            },
+        })
+        .collect();
+    draft::set_all(headers, &policies);
 }
 
 /// `X-RateLimit-Limit`.

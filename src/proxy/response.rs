@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Full};
 use super::{ProxyError, ResponseBody};
 use crate::limit::{Decision, Rule};
 use crate::limit_headers::{integer_value, retry_after_secs};
-use crate::refusal::Refusals;
+use crate::refusal::{Refusals, Violated};
 
 /// A rate-limit refusal: `DENY_STATUS` (`429 Too Many Requests` by default) with
 /// `Retry-After` and a body saying the same, in the format the client's `Accept` (its request's
@@ -23,7 +23,12 @@ pub(crate) fn too_many_requests(
     let retry_after = retry_after_secs(decision.retry_after);
     let format = refusals.negotiate(headers);
     // Without `format!` or serde_json: this is every refused request's answer.
-    let body = refusals.body(format, refusals.status(), &rule.name, retry_after);
+    let body = refusals.body(
+        format,
+        refusals.status(),
+        Violated::of(rule, decision),
+        retry_after,
+    );
     let mut response = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
     *response.status_mut() = refusals.status();
     refusals.set_headers(response.headers_mut(), format);
@@ -117,18 +122,19 @@ mod tests {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::*;
+    use crate::limit::LimitDecision;
     use crate::limit_headers::set_rate_limit_headers;
 
     #[test]
     fn a_429_says_when_to_come_back() {
-        let decision = Decision {
+        let decision = Decision::one(LimitDecision {
             allowed: false,
             limit: 5,
             remaining: 0,
             retry_after: Duration::from_millis(99_500),
             reset_after: Duration::from_secs(500),
             at_us: 0,
-        };
+        });
         let rule = general_rule();
         let mut response = too_many_requests(&Refusals::default(), &HeaderMap::new(), &rule, &decision);
         set_rate_limit_headers(response.headers_mut(), &decision);
@@ -160,14 +166,14 @@ mod tests {
     }
 
     fn refusal(refusals: &Refusals, accept: Option<&str>) -> (Response<ResponseBody>, String) {
-        let decision = Decision {
+        let decision = Decision::one(LimitDecision {
             allowed: false,
             limit: 5,
             remaining: 0,
             retry_after: Duration::from_secs(3),
             reset_after: Duration::from_secs(5),
             at_us: 0,
-        };
+        });
         let mut headers = HeaderMap::new();
         if let Some(accept) = accept {
             headers.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());

@@ -25,6 +25,8 @@
 pub(crate) mod accept;
 
 use bytes::Bytes;
+
+use crate::limit::{Decision, MAX_LIMITS, Rule};
 use http::StatusCode;
 use http::header::{self, HeaderMap, HeaderValue};
 
@@ -183,12 +185,12 @@ impl Refusals {
     }
 
     /// The body of a refusal in `format` with `status` (the door's, which may differ from
-    /// `DENY_STATUS`), under the rule `policy`, `retry_after` whole seconds from now.
+    /// `DENY_STATUS`), of the `policies` that refused, `retry_after` whole seconds from now.
     pub(crate) fn body(
         &self,
         format: DenyFormat,
         status: StatusCode,
-        policy: &str,
+        policies: Violated<'_>,
         retry_after: u64,
     ) -> Bytes {
         let mut digits = itoa::Buffer::new();
@@ -203,13 +205,18 @@ impl Refusals {
                 body.push('}');
             }
             DenyFormat::Problem => {
-                body = String::with_capacity(self.problem_start.len() + policy.len() + 48);
+                body = String::with_capacity(self.problem_start.len() + policies.len() + 48);
                 body.push_str(&self.problem_start);
                 body.push_str(status.as_str());
                 body.push(',');
                 if self.names_policy {
                     body.push_str(r#""violated-policies":["#);
-                    push_json_string(&mut body, policy);
+                    policies.each(|i, policy| {
+                        if i > 0 {
+                            body.push(',');
+                        }
+                        push_json_string(&mut body, policy);
+                    });
                     body.push_str("],");
                 }
                 body.push_str(r#""retry-after":"#);
@@ -217,12 +224,19 @@ impl Refusals {
                 body.push('}');
             }
             DenyFormat::Text => {
-                body = String::with_capacity(policy.len() + 48);
+                body = String::with_capacity(policies.len() + 48);
                 body.push_str("rate limit exceeded");
                 if self.names_policy {
-                    body.push_str(" (policy \"");
-                    body.push_str(policy);
-                    body.push_str("\")");
+                    body.push_str(" (policy ");
+                    policies.each(|i, policy| {
+                        if i > 0 {
+                            body.push_str(", ");
+                        }
+                        body.push('"');
+                        body.push_str(policy);
+                        body.push('"');
+                    });
+                    body.push(')');
                 }
                 body.push_str("; retry after ");
                 body.push_str(seconds);
@@ -239,6 +253,66 @@ impl Refusals {
         const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
         if self.no_store {
             headers.insert(header::CACHE_CONTROL, NO_STORE);
+        }
+    }
+}
+
+/// The policies a refusal names: those that refused, named as the draft headers name them
+/// (the rule's name for a rule of one limit; `RULE.N` for the N-th of a rule of several).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Violated<'a> {
+    /// The rule's name.
+    rule: &'a str,
+    /// A rule of several limits: which refused, a bit each by position; `None` for a rule of
+    /// one limit.
+    refusing: Option<u8>,
+}
+
+impl<'a> Violated<'a> {
+    /// The rule `rule` of one limit (or a door that knows no more than the rule).
+    pub(crate) fn rule(rule: &'a str) -> Violated<'a> {
+        Violated { rule, refusing: None }
+    }
+
+    /// The limits of `rule` that refused `decision`.
+    pub(crate) fn of(rule: &'a Rule, decision: &Decision) -> Violated<'a> {
+        if rule.limits.len() == 1 {
+            return Violated::rule(&rule.name);
+        }
+        let refusing = decision
+            .parts()
+            .iter()
+            .enumerate()
+            .filter(|(_, part)| !part.allowed)
+            .fold(0u8, |bits, (i, _)| bits | (1 << i));
+        Violated {
+            rule: &rule.name,
+            refusing: Some(refusing),
+        }
+    }
+
+    /// About how long the names are, for a body's capacity.
+    fn len(&self) -> usize {
+        match self.refusing {
+            None => self.rule.len(),
+            Some(bits) => bits.count_ones() as usize * (self.rule.len() + 4),
+        }
+    }
+
+    /// Hand each name to `write`, with its place among them.
+    fn each(&self, mut write: impl FnMut(usize, &str)) {
+        match self.refusing {
+            None => write(0, self.rule),
+            Some(bits) => {
+                let mut name = String::with_capacity(self.rule.len() + 3);
+                for (n, i) in (0..MAX_LIMITS).filter(|i| bits & (1 << i) != 0).enumerate() {
+                    name.clear();
+                    name.push_str(self.rule);
+                    name.push('.');
+                    name.push_str(itoa::Buffer::new().format(i + 1));
+                    write(n, &name);
+                }
+            }
         }
     }
 }
@@ -269,7 +343,7 @@ mod tests {
     use super::*;
 
     fn body(refusals: &Refusals, format: DenyFormat, policy: &str, retry_after: u64) -> String {
-        let bytes = refusals.body(format, refusals.status(), policy, retry_after);
+        let bytes = refusals.body(format, refusals.status(), Violated::rule(policy), retry_after);
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
@@ -307,7 +381,12 @@ mod tests {
             serde_json::from_str(&body(&refusals, DenyFormat::Problem, "auth", 60)).unwrap();
         assert_eq!(value["status"], 503);
         // A door that refuses with another status (forward-auth's ?status=403) says that one.
-        let other = refusals.body(DenyFormat::Problem, StatusCode::FORBIDDEN, "auth", 60);
+        let other = refusals.body(
+            DenyFormat::Problem,
+            StatusCode::FORBIDDEN,
+            Violated::rule("auth"),
+            60,
+        );
         let value: serde_json::Value = serde_json::from_slice(&other).unwrap();
         assert_eq!(value["status"], 403);
         assert_eq!(value["violated-policies"], serde_json::json!(["auth"]));

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::yaml::{self, Node, Value};
-use crate::limit::algorithm::{FixedWindow, Policy};
+use crate::limit::algorithm::{FixedWindow, Limits, Policy};
 use crate::limit::{Count, FailMode, KeyBy, Rule};
 use crate::suggest::closest;
 
@@ -303,10 +303,10 @@ impl DescriptorTable {
                 Some(Rule {
                     id: 0,
                     name: limit.rule.clone(),
-                    policy: Policy::FixedWindow(FixedWindow {
+                    limits: Limits::one(Policy::FixedWindow(FixedWindow {
                         limit: u64::from(requests_per_unit),
                         window_ms: unit.seconds() * 1_000,
-                    }),
+                    })),
                     // Unused: the door names the key (the descriptor's entries).
                     key_by: KeyBy::ip(),
                     cost: 1,
@@ -761,7 +761,7 @@ mod tests {
         // Characters other than [A-Za-z0-9-_.*] are percent-encoded: `/` and `=` only separate.
         assert_eq!(&*rules[0].name, "rls/edge/path=%2Fapi%20v1");
         assert_eq!(
-            rules[0].policy,
+            *rules[0].limits.first(),
             Policy::FixedWindow(FixedWindow {
                 limit: 7,
                 window_ms: 60_000

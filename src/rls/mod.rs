@@ -43,7 +43,7 @@ use tonic::{Request, Response, Status};
 
 use crate::gate::Gate;
 use crate::limit::{Rule, Verdict};
-use crate::refusal::Refusals;
+use crate::refusal::{Refusals, Violated};
 pub(crate) use config::DescriptorTable;
 
 /// The generated protocol: Envoy's messages and the tonic server, from `proto/`.
@@ -264,9 +264,12 @@ impl RateLimitService {
         };
         if over {
             let format = self.refusals.format();
-            let body = self
-                .refusals
-                .body(format, self.refusals.status(), &rule.name, reset.max(1));
+            let body = self.refusals.body(
+                format,
+                self.refusals.status(),
+                Violated::rule(&rule.name),
+                reset.max(1),
+            );
             response.raw_body = body.to_vec();
             response
                 .response_headers_to_add
@@ -276,7 +279,7 @@ impl RateLimitService {
                 .current_limit
                 .as_ref()
                 .map_or(0, |limit| u64::from(limit.requests_per_unit));
-            let window = rule.policy.window();
+            let window = rule.limits.first().window();
             let window = window.as_secs() + u64::from(window.subsec_nanos() > 0);
             let (policy, rate_limit) = crate::limit_headers::draft::fields(
                 &rule.name,

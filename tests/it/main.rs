@@ -14,6 +14,7 @@ mod faults;
 mod http2;
 mod ingress;
 mod keys;
+mod limits;
 mod operator;
 mod proxy;
 mod redis;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use http::StatusCode;
 use tollgate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, batch_script};
-use tollgate::limit::{MemoryStore, Policy, RedisStore, RedisTarget, Rule};
+use tollgate::limit::{Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
 
 use crate::support::{Backend, Gateway, RedisServer, get, get_from};
 
@@ -219,20 +219,44 @@ fn differential_policies() -> Vec<Policy> {
     policies
 }
 
-/// 400 decisions (and some refunds) for client `n` under `policy`, pseudo-random times and
-/// costs from `seed`, each decided by `store` and by a memory store: they must agree.
-async fn agree_with_memory(store: &RedisStore, policy: Policy, n: usize, seed: u64) {
+/// Rules of two and three limits, every algorithm beside every other: a burst limit and a
+/// longer quota, as people write them.
+fn differential_lists() -> Vec<Limits> {
+    let policies = differential_policies();
+    let mut lists = Vec::new();
+    for (i, first) in policies.iter().enumerate().step_by(2) {
+        for second in policies.iter().skip(i % 3 + 1).step_by(4) {
+            if first != second {
+                lists.push(Limits::new(vec![*first, *second]).unwrap());
+            }
+        }
+    }
+    lists.push(Limits::new(vec![policies[0], policies[4], policies[9]]).unwrap());
+    lists
+}
+
+/// 400 decisions (and some refunds) for client `n` under `limits`, pseudo-random times and
+/// costs from `seed`, each decided by `store` and by a memory store: they must agree, every
+/// limit's part included.
+async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usize, seed: u64) {
     let mut sequence = Sequence(seed);
-    let rule = Rule::new(0, "general", policy);
+    let limits: Limits = limits.into();
+    let policy = limits.clone();
+    let rule = Rule::new(0, "general", limits);
     let memory = MemoryStore::new(100.try_into().unwrap(), std::slice::from_ref(&rule));
     let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
     let client = client.into();
     // A realistic wall-clock time, so the script's numbers are as large as in production.
     let mut now_us = 1_764_000_000_000_000 + sequence.next(1_000_000_000);
-    let step = match policy {
-        Policy::TokenBucket(tb) => tb.interval_us,
-        other => other.window().as_micros() as u64 / other.limit(),
-    };
+    // The quickest limit's pace: the others refuse now and then too.
+    let step = policy
+        .iter()
+        .map(|policy| match policy {
+            Policy::TokenBucket(tb) => tb.interval_us,
+            other => other.window().as_micros() as u64 / other.limit(),
+        })
+        .min()
+        .unwrap_or(1);
     for i in 0..400 {
         now_us += sequence.next(2 * step);
         if i % 17 == 16 {
@@ -246,6 +270,7 @@ async fn agree_with_memory(store: &RedisStore, policy: Policy, n: usize, seed: u
             actual, expected,
             "{policy:?}, step {i}, now {now_us}, cost {cost}"
         );
+
         // Now and then an allowed request is refunded (`count=failures`): both must give
         // back the same.
         if expected.allowed && sequence.next(3) == 0 {
@@ -265,6 +290,39 @@ async fn redis_and_memory_make_identical_decisions() {
     for (n, policy) in differential_policies().into_iter().enumerate() {
         agree_with_memory(&store, policy, n, 0x9E37_79B9_7F4A_7C15 + n as u64).await;
     }
+}
+
+/// Rules of several limits: every limit decided in one script call, a refused request
+/// spending nothing in any, as the memory store decides it.
+#[tokio::test]
+async fn redis_and_memory_agree_on_rules_of_several_limits() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&RedisTarget::Single(redis.url()), "diff:", Duration::from_secs(5)).unwrap();
+    for (n, limits) in differential_lists().into_iter().enumerate() {
+        agree_with_memory(&store, limits, n, 0x2545_F491_4F6C_DD1D + n as u64).await;
+    }
+}
+
+/// The same, every client at once: requests of several limits batched with each other.
+#[tokio::test]
+async fn rules_of_several_limits_sent_together_agree_with_memory_too() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&RedisTarget::Single(redis.url()), "diff:", Duration::from_secs(5)).unwrap();
+    let lists = differential_lists();
+    let clients = lists.len();
+    join_all(
+        lists
+            .into_iter()
+            .enumerate()
+            .map(|(n, limits)| agree_with_memory(&store, limits, n, 0x5851_F42D_4C95_7F2D + n as u64)),
+    )
+    .await;
+    let decisions = 400 * clients as u64;
+    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    assert!(
+        calls < decisions,
+        "{calls} script calls for {decisions} decisions: nothing was sent together"
+    );
 }
 
 /// The same sequences, every client's at once: past `MAX_CALLS_IN_FLIGHT` calls out, the
@@ -494,7 +552,9 @@ async fn a_script_run_past_its_deadline_changes_nothing() {
             .arg(1)
             .arg(now)
             .arg("")
-            .arg(deadline);
+            .arg(deadline)
+            // Each the last (and only) limit of its request.
+            .arg(1);
     }
     let Array(replies) = batch.query_async::<redis::Value>(&mut connection).await.unwrap() else {
         panic!("not a batch reply");

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::sliding_window::{parse_limit_and_window, window_parameters};
 use super::{Algorithm, LuaScript, ParameterError, US_PER_MS};
-use crate::limit::Decision;
+use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/fixed_window.lua")));
@@ -58,7 +58,7 @@ impl Algorithm for FixedWindow {
         Ok(FixedWindow { limit, window_ms })
     }
 
-    fn check(&self, state: &mut FixedWindowState, now_us: u64, cost: u64) -> Decision {
+    fn check(&self, state: &mut FixedWindowState, now_us: u64, cost: u64) -> LimitDecision {
         let w = self.window_ms;
         // A clock that stepped back (or a request that read the clock just before another)
         // must not erase newer counts: never place `now` before the stored window.
@@ -74,7 +74,7 @@ impl Algorithm for FixedWindow {
                 window,
                 count: count + cost,
             };
-            return Decision {
+            return LimitDecision {
                 allowed: true,
                 limit: self.limit,
                 remaining: self.limit - state.count,
@@ -85,7 +85,7 @@ impl Algorithm for FixedWindow {
         }
         // Denied, counting nothing. The count starts over when the window ends, which is when
         // the request fits (or, costing more than the limit, the honest bound to report).
-        Decision {
+        LimitDecision {
             allowed: false,
             limit: self.limit,
             remaining: 0,

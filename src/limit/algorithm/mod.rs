@@ -24,7 +24,7 @@ pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, WindowState};
 pub use token_bucket::TokenBucket;
 
-use crate::limit::Decision;
+use crate::limit::LimitDecision;
 
 /// An algorithm's Lua script: its source, and the SHA1 `EVALSHA` names it by.
 #[derive(Debug)]
@@ -54,13 +54,21 @@ impl LuaScript {
     }
 }
 
-/// One script that decides several requests in one call, each with its own algorithm: every
-/// algorithm's script (`scripts/*.lua`, unchanged) wrapped as a Lua function of its `KEYS` and
-/// `ARGV`, run in turn for each key. For the i-th key `ARGV` holds seven values from
-/// `(i - 1) * 7 + 1`: the algorithm's [`Policy::script_index`] and its script's six
-/// arguments. One `TIME` serves every decision that does not pin its clock. A decision that
-/// fails (a key of the wrong type, say) is its own entry, the error's text, and not the
-/// call's: the others in the call are decided all the same.
+/// One script that decides several requests in one call, each under one limit or several:
+/// every algorithm's script (`scripts/*.lua`, unchanged) wrapped as a Lua function of its
+/// `KEYS` and `ARGV`, run in turn for each key. For the i-th key `ARGV` holds eight values
+/// from `(i - 1) * 8 + 1`: the algorithm's [`Policy::script_index`], its script's six
+/// arguments, and `1` when the key is the last of its request's (a request under a rule of
+/// several limits has a key for each, one after the other; `0` before the last). The reply
+/// has an entry per key. One `TIME` serves every decision that does not pin its clock.
+///
+/// A request of several limits is decided in one step: when any limit refuses it (or fails),
+/// every limit that allowed it refunds its cost at once (the time it counted it at, as its
+/// reply says) and its entry is what it has left then (its script run with a cost of 0 at the
+/// same now), so a refused request spends nothing
+/// in any limit, exactly as the memory store decides. A decision that fails (a key of the
+/// wrong type, say) is its own entry, the error's text, and not the call's: the others in the
+/// call are decided all the same.
 pub fn batch_script() -> &'static LuaScript {
     static BATCH: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
         let mut source = String::from("local algorithms = {}\n");
@@ -78,12 +86,13 @@ pub fn batch_script() -> &'static LuaScript {
 }
 
 /// One script that reads a client's budget without spending any of it, for the admin's
-/// `GET /v1/clients/RULE/KEY`: the algorithm's own script (the same functions as
-/// [`batch_script`], so one definition still serves memory and Redis) run with a cost of 0
-/// between a `DUMP` of the key and its `RESTORE` (or `DEL`, for a key that was not there), so
-/// nothing the script tidied or created outlives the call. `KEYS[1]` the client's key;
-/// `ARGV` the algorithm's [`Policy::script_index`] and its two parameters. The reply is a
-/// decision's, as the algorithm's script gives it.
+/// `GET /v1/clients/RULE/KEY`: for each of the rule's limits, the algorithm's own script (the
+/// same functions as [`batch_script`], so one definition still serves memory and Redis) run
+/// with a cost of 0 between a `DUMP` of the key and its `RESTORE` (or `DEL`, for a key that was
+/// not there), so nothing the script tidied or created outlives the call. `KEYS` the client's
+/// key under each limit; for the i-th, `ARGV` from `(i - 1) * 3 + 1` the algorithm's
+/// [`Policy::script_index`] and its two parameters. The reply has a decision for each key, as
+/// the algorithm's script gives it.
 pub fn peek_script() -> &'static LuaScript {
     static PEEK: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
         let mut source = String::from("local algorithms = {}\n");
@@ -101,25 +110,42 @@ pub fn peek_script() -> &'static LuaScript {
 
 /// The body of [`peek_script`], after the algorithms' functions.
 const PEEK_BODY: &str = r#"
-local snapshot = redis.call('DUMP', KEYS[1])
-local ttl = redis.call('PTTL', KEYS[1])
-local reply = algorithms[tonumber(ARGV[1])]({KEYS[1]}, {ARGV[2], ARGV[3], '0', '', '', ''})
-if snapshot then
-  -- PTTL -1: no expiry (RESTORE's 0); a key about to expire keeps a millisecond.
-  if ttl == -1 then ttl = 0 elseif ttl < 1 then ttl = 1 end
-  redis.call('RESTORE', KEYS[1], ttl, snapshot, 'REPLACE')
-else
-  redis.call('DEL', KEYS[1])
+local replies = {}
+for i = 1, #KEYS do
+  local at = (i - 1) * 3
+  local snapshot = redis.call('DUMP', KEYS[i])
+  local ttl = redis.call('PTTL', KEYS[i])
+  replies[i] = algorithms[tonumber(ARGV[at + 1])]({KEYS[i]}, {ARGV[at + 2], ARGV[at + 3], '0', '', '', ''})
+  if snapshot then
+    -- PTTL -1: no expiry (RESTORE's 0); a key about to expire keeps a millisecond.
+    if ttl == -1 then ttl = 0 elseif ttl < 1 then ttl = 1 end
+    redis.call('RESTORE', KEYS[i], ttl, snapshot, 'REPLACE')
+  else
+    redis.call('DEL', KEYS[i])
+  end
 end
-return reply
+return replies
 "#;
 
 /// The loop of [`batch_script`], after the algorithms' functions.
 const BATCH_LOOP: &str = r#"
 local clock
 local replies = {}
+local nows = {}
+local group = {}
+local function call(i, cost, now, refund_at, deadline)
+  local at = (i - 1) * 8
+  local ok, reply = pcall(algorithms[tonumber(ARGV[at + 1])], {KEYS[i]},
+    {ARGV[at + 2], ARGV[at + 3], cost, now, refund_at, deadline})
+  if ok then
+    return reply
+  elseif type(reply) == 'table' and reply.err then
+    return reply.err
+  end
+  return tostring(reply)
+end
 for i = 1, #KEYS do
-  local at = (i - 1) * 7
+  local at = (i - 1) * 8
   local now = ARGV[at + 5]
   if now == '' then
     if not clock then
@@ -128,14 +154,35 @@ for i = 1, #KEYS do
     end
     now = clock
   end
-  local ok, reply = pcall(algorithms[tonumber(ARGV[at + 1])], {KEYS[i]},
-    {ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], now, ARGV[at + 6], ARGV[at + 7]})
-  if ok then
-    replies[i] = reply
-  elseif type(reply) == 'table' and reply.err then
-    replies[i] = reply.err
-  else
-    replies[i] = tostring(reply)
+  replies[i] = call(i, ARGV[at + 4], now, ARGV[at + 6], ARGV[at + 7])
+  nows[i] = now
+  group[#group + 1] = i
+  if ARGV[at + 8] == '1' then
+    -- The request's last limit. Unless every limit allowed it, each that did gives its cost
+    -- back at once and says what it has left: a refused request spends nothing in any.
+    if #group > 1 and ARGV[at + 6] == '' then
+      local refused = false
+      for _, k in ipairs(group) do
+        local reply = replies[k]
+        if type(reply) ~= 'table' or reply[1] ~= 1 then
+          refused = true
+        end
+      end
+      if refused then
+        for _, k in ipairs(group) do
+          local reply = replies[k]
+          if type(reply) == 'table' and reply[1] == 1 then
+            local given = call(k, ARGV[(k - 1) * 8 + 4], nows[k], reply[5], '')
+            if type(given) == 'table' or given == 1 then
+              replies[k] = call(k, '0', nows[k], '', '')
+            else
+              replies[k] = given
+            end
+          end
+        end
+      end
+    end
+    group = {}
   end
 end
 return replies
@@ -186,7 +233,7 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// Decide a request of `cost` at `now_us`, updating `state` when it is allowed. A denial
     /// consumes nothing: the state may only be tidied (expired entries dropped), never changed
     /// in a way a later decision could see.
-    fn check(&self, state: &mut Self::State, now_us: u64, cost: u64) -> Decision;
+    fn check(&self, state: &mut Self::State, now_us: u64, cost: u64) -> LimitDecision;
 
     /// Give back `cost` taken by an allowed request decided at `at_us`, as if it had never
     /// been made (as far as the state still remembers it).
@@ -368,7 +415,7 @@ macro_rules! algorithms {
 
             /// See [`Algorithm::check`]. A state of another algorithm (impossible unless the
             /// rule table changed) counts as a client never seen.
-            pub fn check(&self, state: &mut State, now_us: u64, cost: u64) -> Decision {
+            pub fn check(&self, state: &mut State, now_us: u64, cost: u64) -> LimitDecision {
                 match (self, &mut *state) {
                     $((Policy::$variant(a), State::$variant(s)) => return a.check(s, now_us, cost),)+
                     #[allow(unreachable_patterns)]
@@ -380,7 +427,7 @@ macro_rules! algorithms {
 
             /// What `state` has left at `now_us`, spending nothing: the decision of a request
             /// of cost 0 on a copy (`remaining`, `reset_after`), for the admin's inspection.
-            pub fn peek(&self, state: &State, now_us: u64) -> Decision {
+            pub fn peek(&self, state: &State, now_us: u64) -> LimitDecision {
                 self.check(&mut state.clone(), now_us, 0)
             }
 
@@ -414,6 +461,86 @@ macro_rules! algorithms {
             }
         }
     };
+}
+
+/// A rule's limits: one policy or several, every one enforced (written joined by `+`:
+/// `token_bucket:20:10+fixed_window:10000:86400`, a burst limit and a daily quota). A request
+/// goes through only when each allows it, and a refused one spends nothing in any. From one
+/// to [`MAX_LIMITS`](crate::limit::MAX_LIMITS), no policy twice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits(Box<[Policy]>);
+
+/// Why a list of policies is not a rule's limits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    /// An empty list.
+    #[error("no limit: a rule has one at least")]
+    Empty,
+    /// More than a rule holds.
+    #[error("{0} limits, more than the {max} one rule holds", max = crate::limit::MAX_LIMITS)]
+    TooMany(usize),
+    /// The same policy twice: it would be counted twice for one budget.
+    #[error("the limit ({0}) is written twice")]
+    Repeated(String),
+}
+
+impl Limits {
+    /// The limits of a rule of one policy.
+    pub fn one(policy: Policy) -> Limits {
+        Limits(Box::new([policy]))
+    }
+
+    /// The limits `policies`, in order: what the draft headers list and the stores decide.
+    pub fn new(policies: Vec<Policy>) -> Result<Limits, LimitsError> {
+        match policies.len() {
+            0 => return Err(LimitsError::Empty),
+            n if n > crate::limit::MAX_LIMITS => return Err(LimitsError::TooMany(n)),
+            _ => {}
+        }
+        for (i, policy) in policies.iter().enumerate() {
+            if policies[..i].contains(policy) {
+                return Err(LimitsError::Repeated(policy.to_string()));
+            }
+        }
+        Ok(Limits(policies.into_boxed_slice()))
+    }
+
+    /// The first limit, as written.
+    pub fn first(&self) -> &Policy {
+        // Never empty: `new` refuses an empty list.
+        &self.0[0]
+    }
+
+    /// The smallest limit: the most one request can ever cost and still go through.
+    pub fn capacity(&self) -> u64 {
+        self.0.iter().map(Policy::limit).min().unwrap_or(0)
+    }
+}
+
+impl From<Policy> for Limits {
+    fn from(policy: Policy) -> Limits {
+        Limits::one(policy)
+    }
+}
+
+impl std::ops::Deref for Limits {
+    type Target = [Policy];
+
+    fn deref(&self) -> &[Policy] {
+        &self.0
+    }
+}
+
+impl fmt::Display for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, policy) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" + ")?;
+            }
+            write!(f, "{policy}")?;
+        }
+        Ok(())
+    }
 }
 
 /// FNV-1a (32 bits) of `text` as written: a digest that is the same in every process and

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use super::sliding_window::{parse_limit_and_window, window_parameters};
 use super::{Algorithm, LuaScript, ParameterError, US_PER_MS};
-use crate::limit::Decision;
+use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/sliding_log.lua")));
@@ -78,7 +78,7 @@ impl Algorithm for SlidingLog {
         Ok(SlidingLog { limit, window_ms })
     }
 
-    fn check(&self, state: &mut SlidingLogState, now_us: u64, cost: u64) -> Decision {
+    fn check(&self, state: &mut SlidingLogState, now_us: u64, cost: u64) -> LimitDecision {
         let window = self.window_ms * US_PER_MS;
         let log = &mut state.log;
         // A clock that stepped back must not log a request before an older one (the log stays
@@ -89,7 +89,7 @@ impl Algorithm for SlidingLog {
         let reset_us = log
             .back()
             .map_or(0, |&newest| (newest + window).saturating_sub(now_us));
-        let denied = |retry_after_us: u64| Decision {
+        let denied = |retry_after_us: u64| LimitDecision {
             allowed: false,
             limit: self.limit,
             remaining: 0,
@@ -114,7 +114,7 @@ impl Algorithm for SlidingLog {
             log.pop_front();
         }
         log.extend(iter::repeat_n(at_us, cost as usize));
-        Decision {
+        LimitDecision {
             allowed: true,
             limit: self.limit,
             remaining: self.limit - log.len() as u64,

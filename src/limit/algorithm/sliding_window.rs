@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{Algorithm, LuaScript, Parameter, ParameterError, US_PER_MS, parse_count, parse_window_ms};
-use crate::limit::Decision;
+use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/sliding_window.lua")));
@@ -101,7 +101,7 @@ impl SlidingWindow {
         state: Option<WindowState>,
         now_us: u64,
         cost: u64,
-    ) -> (Decision, Option<WindowState>) {
+    ) -> (LimitDecision, Option<WindowState>) {
         let w = self.window_ms;
         // A clock that stepped back (or a request that read the clock just before another)
         // must not erase newer counts: never place `now` before the stored window.
@@ -123,7 +123,7 @@ impl SlidingWindow {
 
         if previous_weight + (current + cost) * w <= budget {
             let current = current + cost;
-            let decision = Decision {
+            let decision = LimitDecision {
                 allowed: true,
                 limit: self.limit,
                 remaining: (budget - previous_weight - current * w) / w,
@@ -152,7 +152,7 @@ impl SlidingWindow {
             // Never allowed; the honest bound to report is a full reset.
             reset_at
         };
-        let decision = Decision {
+        let decision = LimitDecision {
             allowed: false,
             limit: self.limit,
             remaining: 0,
@@ -181,7 +181,7 @@ impl Algorithm for SlidingWindow {
         Ok(SlidingWindow { limit, window_ms })
     }
 
-    fn check(&self, state: &mut WindowState, now_us: u64, cost: u64) -> Decision {
+    fn check(&self, state: &mut WindowState, now_us: u64, cost: u64) -> LimitDecision {
         let (decision, next) = self.decide(Some(*state), now_us, cost);
         if let Some(next) = next {
             *state = next;
@@ -231,7 +231,7 @@ mod tests {
         }
     }
 
-    fn run(sw: &SlidingWindow, state: &mut Option<WindowState>, now_ms: u64, n: usize) -> Vec<Decision> {
+    fn run(sw: &SlidingWindow, state: &mut Option<WindowState>, now_ms: u64, n: usize) -> Vec<LimitDecision> {
         (0..n)
             .map(|_| {
                 let (d, next) = sw.decide(*state, now_ms * MS, 1);

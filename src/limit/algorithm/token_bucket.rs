@@ -16,7 +16,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{Algorithm, EXACT_LIMIT, LuaScript, Parameter, ParameterError, parse_count};
-use crate::limit::Decision;
+use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/token_bucket.lua")));
@@ -34,12 +34,12 @@ impl TokenBucket {
     /// One decision. `tat` is the stored theoretical arrival time (`None` for a client seen
     /// for the first time, which starts with a full bucket); returns the decision and the TAT
     /// to store, which is `None` when the request is denied: a denial consumes nothing.
-    pub fn decide(&self, tat: Option<u64>, now_us: u64, cost: u64) -> (Decision, Option<u64>) {
+    pub fn decide(&self, tat: Option<u64>, now_us: u64, cost: u64) -> (LimitDecision, Option<u64>) {
         let tat = tat.map_or(now_us, |tat| tat.max(now_us));
         let tau = self.capacity * self.interval_us;
         let new_tat = tat + cost * self.interval_us;
         if new_tat - now_us > tau {
-            let decision = Decision {
+            let decision = LimitDecision {
                 allowed: false,
                 limit: self.capacity,
                 remaining: 0,
@@ -49,7 +49,7 @@ impl TokenBucket {
             };
             return (decision, None);
         }
-        let decision = Decision {
+        let decision = LimitDecision {
             allowed: true,
             limit: self.capacity,
             remaining: (tau - (new_tat - now_us)) / self.interval_us,
@@ -123,7 +123,7 @@ impl Algorithm for TokenBucket {
         Duration::from_micros(self.capacity * self.interval_us)
     }
 
-    fn check(&self, tat: &mut u64, now_us: u64, cost: u64) -> Decision {
+    fn check(&self, tat: &mut u64, now_us: u64, cost: u64) -> LimitDecision {
         let (decision, next) = self.decide(Some(*tat), now_us, cost);
         if let Some(next) = next {
             *tat = next;

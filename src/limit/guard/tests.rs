@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::*;
-use crate::limit::Policy;
 use crate::limit::algorithm::TokenBucket;
+use crate::limit::{LimitDecision, Policy};
 
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -60,14 +60,14 @@ impl FailingStore {
     }
 }
 
-const ALLOWED: Decision = Decision {
+const ALLOWED: Decision = Decision::one(LimitDecision {
     allowed: true,
     limit: 10,
     remaining: 9,
     retry_after: Duration::ZERO,
     reset_after: Duration::from_secs(1),
     at_us: 1,
-};
+});
 
 impl Remote for FailingStore {
     const NAME: &'static str = "failing";
@@ -110,7 +110,11 @@ impl Remote for FailingStore {
         std::future::ready(self.reply())
     }
 
-    fn reset_key<'a>(&'a self, _key: &'a str) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+    fn reset_key<'a>(
+        &'a self,
+        _rule: &'a Rule,
+        _key: &'a str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
         std::future::ready(self.reply().map(drop))
     }

@@ -69,9 +69,12 @@ fn base() -> u64 {
 /// Every state held, by rule name and client.
 fn held(store: &MemoryStore, rules: &[Rule]) -> BTreeMap<(String, String), (State, bool)> {
     let mut states = BTreeMap::new();
-    store.visit_states(|rule, key, state, refused| {
+    store.visit_states(|rule, limit, key, state, refused| {
         let name = rules[usize::from(rule)].name.to_string();
-        states.insert((name, key.to_string()), (state.clone(), refused));
+        states.insert(
+            (format!("{name}/{limit}"), key.to_string()),
+            (state.clone(), refused),
+        );
     });
     states
 }
@@ -99,7 +102,7 @@ fn busy_at(t0: u64) -> (MemoryStore, Vec<Rule>, u64) {
     for rule in &rules {
         for (n, key) in keys.iter().enumerate() {
             // The first key spends everything and is refused; the others spend one each.
-            let requests = if n == 0 { rule.policy.limit() + 1 } else { 1 };
+            let requests = if n == 0 { rule.limits.capacity() + 1 } else { 1 };
             for i in 0..requests {
                 store.check_at(rule, *key, 1, t0 + i * 1_000);
             }
@@ -123,7 +126,7 @@ fn every_algorithm_and_key_round_trips_matched_by_name_not_id() {
     let reordered: Vec<Rule> = reordered
         .into_iter()
         .enumerate()
-        .map(|(id, rule)| Rule::new(id as u16, &rule.name, rule.policy))
+        .map(|(id, rule)| Rule::new(id as u16, &rule.name, rule.limits.clone()))
         .collect();
     let restored = store(&reordered, 1_000);
     let loaded = restore_from(&file, &restored, &reordered, FINGERPRINT, t0 + 5_000).unwrap();
@@ -277,6 +280,48 @@ fn a_rule_whose_limits_changed_or_that_was_renamed_is_dropped_and_the_rest_resto
             .contains("no rule of this name")
     );
     assert_eq!(restored.len(), 4);
+}
+
+/// A rule of several limits is a section per limit: each limit's clients come back to the
+/// limit of the same policy, wherever it now stands in the list; a limit gone is dropped,
+/// one added starts afresh.
+#[test]
+fn each_limit_of_a_rule_is_saved_and_restored_by_its_own_policy() {
+    let t0 = base();
+    let (burst, quota, daily) = (
+        token_bucket(3, 60 * S),
+        fixed_window(10, 3_600),
+        sliding_log(50, 86_400),
+    );
+    let rule = |limits: Vec<Policy>| Rule::new(0, "api", crate::limit::Limits::new(limits).unwrap());
+    let before = [rule(vec![burst, quota])];
+    let saved = store(&before, 1_000);
+    for n in 0..4 {
+        assert!(saved.check_at(&before[0], ip(n), 2, t0 + u64::from(n)).allowed);
+    }
+    let (file, clients) = encode_at(&saved, &before, FINGERPRINT, || t0 + 5_000);
+    assert_eq!(clients, 8, "4 clients under each of 2 limits");
+    // Reordered, the burst kept, the hourly quota gone, a daily one added.
+    let after = [rule(vec![daily, burst])];
+    let restored = store(&after, 1_000);
+    let loaded = restore_from(&file, &restored, &after, FINGERPRINT, t0 + 5_000).unwrap();
+    let fate: Vec<(u64, u64)> = loaded
+        .rules
+        .iter()
+        .map(|rule| (rule.restored, rule.dropped))
+        .collect();
+    assert_eq!(
+        fate,
+        [(4, 0), (0, 4)],
+        "the burst's section restored, the quota's dropped"
+    );
+    let decision = restored.inspect_at(&after[0], ip(0), t0 + 5_000);
+    let remaining: Vec<u64> = decision.parts().iter().map(|part| part.remaining).collect();
+    assert_eq!(
+        remaining,
+        [50, 1],
+        "the daily limit afresh, the burst as it was saved"
+    );
 }
 
 #[test]
@@ -438,7 +483,7 @@ fn checked_but_impossible_contents_are_refused() {
     let load = |file: Vec<u8>| restore_from(&file, &store(&rules, 10), &rules, FINGERPRINT, 51 * S);
     let one = |client: &[u8]| {
         let mut body = body(50 * S, 1);
-        section(&mut body, "general", &rules[0].policy, 1);
+        section(&mut body, "general", rules[0].limits.first(), 1);
         body.extend_from_slice(client);
         sealed(&body)
     };

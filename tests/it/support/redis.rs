@@ -486,20 +486,31 @@ impl Drop for SentinelGroup {
 }
 
 /// The Redis key the gateway configured by `vars` writes for `client` (as logs write it) under
-/// `rule`: `{KEY_PREFIX}{rule:client}:{algorithm}:{numbers}`, the numbers the rule's policy
-/// fingerprint, so a test can reach a key before the gateway has written it.
+/// `rule`'s first limit: `{KEY_PREFIX}{rule:client}:{algorithm}:{numbers}`, the numbers the
+/// limit's policy fingerprint, so a test can reach a key before the gateway has written it.
 pub fn key_of(vars: &[(&str, &str)], rule: &str, client: &str) -> String {
+    keys_of(vars, rule, client).remove(0)
+}
+
+/// The Redis keys the gateway configured by `vars` writes for `client` under each limit of
+/// `rule`, in the order the rule writes them.
+pub fn keys_of(vars: &[(&str, &str)], rule: &str, client: &str) -> Vec<String> {
     let mut all = vec![("BACKEND_URL", "http://127.0.0.1:9")];
     all.extend_from_slice(vars);
     let config = tollgate::Config::from_vars(all).unwrap();
-    let policy = config.rule_table().rule(rule).unwrap().policy;
+    let limits = config.rule_table().rule(rule).unwrap().limits.clone();
     let prefix = vars
         .iter()
         .find(|(name, _)| *name == "KEY_PREFIX")
         .map_or("tollgate:", |(_, prefix)| prefix);
-    format!(
-        "{prefix}{{{rule}:{client}}}:{}:{:08x}",
-        policy.key_suffix(),
-        policy.fingerprint()
-    )
+    limits
+        .iter()
+        .map(|policy| {
+            format!(
+                "{prefix}{{{rule}:{client}}}:{}:{:08x}",
+                policy.key_suffix(),
+                policy.fingerprint()
+            )
+        })
+        .collect()
 }
