@@ -316,7 +316,7 @@ pub async fn serve_on(
             }
         })
     };
-    let reloads = config.rules_file.as_ref().map(|_| {
+    let reloads = config.reload.as_ref().map(|_| {
         // Installed by `bind`, or now, before the listeners accept: a SIGHUP from then on
         // is a reload.
         let hangup = hangup.or_else(Hangup::listen);
@@ -358,7 +358,7 @@ pub async fn serve_on(
         },
         rules = %config.gate.rules.summary(),
         rules_digest = %format!("{:08x}", config.gate.rules.digest()),
-        rules_file = %config.rules_file.as_ref().map_or("-", |file| file.path.as_str()),
+        rules_files = %config.reload.as_ref().map_or_else(|| "-".to_owned(), |reload| reload.files()),
         headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
         access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),
@@ -492,20 +492,21 @@ async fn watch_rules(
     metrics: Arc<Metrics>,
     saver: Option<Persistence>,
 ) {
-    let Some(settings) = config.rules_file.clone() else {
+    let Some(settings) = config.reload.clone() else {
         return;
     };
-    let read = |path: String| async move {
-        tokio::task::spawn_blocking(move || crate::config::rules_file::read_bounded(&path).ok())
+    let read = |settings: crate::config::ReloadSettings| async move {
+        tokio::task::spawn_blocking(move || settings.read())
             .await
             .ok()
             .flatten()
     };
+    let files = settings.files();
     // The bytes the table in force was built from: any other bytes are a change.
-    let mut seen = Some(settings.loaded.to_vec());
+    let mut seen = Some(settings.loaded.clone());
     // Changed bytes seen once: reloaded when the next read agrees, so a file written in place
     // is not put in force half written.
-    let mut pending: Option<Option<Vec<u8>>> = None;
+    let mut pending: Option<Option<crate::config::Loaded>> = None;
     // What `.env` said when the configuration was read: a later change to it is named, as a
     // reload does not read it.
     let mut dot_env = settings.dot_env.to_vec();
@@ -518,7 +519,7 @@ async fn watch_rules(
         let cause = tokio::select! {
             Some(()) = async { hangup.as_mut()?.0.recv().await } => "SIGHUP",
             Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
-                let now = read(settings.path.clone()).await;
+                let now = read(settings.clone()).await;
                 if now == seen {
                     pending = None;
                     continue;
@@ -548,14 +549,14 @@ async fn watch_rules(
         let reloaded = reloaded.map(|reloaded| {
             reloaded.map(|(table, bytes)| {
                 // What the table was built from, whichever way the reload came.
-                seen = Some(bytes.to_vec());
+                seen = Some(bytes);
                 table
             })
         });
         match reloaded {
             Ok(Ok(table)) if table.decides_like(gate.current().table()) => {
                 metrics.config_reload(true);
-                tracing::info!(file = %settings.path, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
+                tracing::info!(file = %files, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
             }
             Ok(Ok(table)) => {
                 if table.ipv6_prefix() != gate.current().table().ipv6_prefix() {
@@ -573,7 +574,7 @@ async fn watch_rules(
                 }
                 metrics.config_reload(true);
                 tracing::info!(
-                    file = %settings.path,
+                    file = %files,
                     cause,
                     digest = %format!("{:08x}", swapped.digest),
                     kept = %swapped.kept.join(","),
@@ -585,11 +586,11 @@ async fn watch_rules(
             }
             Ok(Err(error)) => {
                 metrics.config_reload(false);
-                tracing::error!(file = %settings.path, cause, %error, "rules not reloaded: the rule table in force stays");
+                tracing::error!(file = %files, cause, %error, "rules not reloaded: the rule table in force stays");
             }
             Err(error) => {
                 metrics.config_reload(false);
-                tracing::error!(file = %settings.path, cause, %error, "rules not reloaded: the reload failed");
+                tracing::error!(file = %files, cause, %error, "rules not reloaded: the reload failed");
             }
         }
     }

@@ -66,6 +66,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_build_info",
     "tollgate_config_reloads_total",
     "tollgate_config_hash",
+    "tollgate_tier_header_untrusted_total",
     "tollgate_state_saves_total",
     "tollgate_state_save_duration_seconds",
     "tollgate_state_file_bytes",
@@ -237,6 +238,9 @@ pub struct Metrics {
     /// `tollgate_config_hash`: the loaded rule table's digest (a gauge, so a dashboard sees
     /// which replicas run which table).
     config_hash: Gauge,
+    /// `tollgate_tier_header_untrusted_total`: requests naming a tier (`TIER_HEADER`) from a
+    /// peer not in `TRUSTED_PROXIES`, whose header was ignored.
+    tier_header_untrusted: Counter,
     /// What `STATE_FILE`'s saves did (all zero without one), read at scrape time.
     state_saves: Arc<SaveStats>,
 }
@@ -473,6 +477,12 @@ impl Metrics {
             "A digest of the rule table in force (32 bits): replicas with the same value enforce the same rules",
             config_hash.clone(),
         );
+        let tier_header_untrusted = Counter::default();
+        registry.register(
+            "tier_header_untrusted",
+            "Requests naming a tier in TIER_HEADER from a peer not in TRUSTED_PROXIES: the header was ignored",
+            tier_header_untrusted.clone(),
+        );
         let state_saves = Arc::<SaveStats>::default();
         registry.register_collector(Box::new(StateFileCollector(state_saves.clone())));
 
@@ -497,6 +507,7 @@ impl Metrics {
             client_connections_rejected,
             config_reloads,
             config_hash,
+            tier_header_untrusted,
         }
     }
 
@@ -596,6 +607,11 @@ impl Metrics {
     /// From now on, the store's state is read from `limiter` (a reloaded table's).
     pub fn set_limiter(&self, limiter: Limiter) {
         self.limiter.store(Arc::new(limiter));
+    }
+
+    /// A request named a tier from a peer not trusted to: the header was ignored.
+    pub fn tier_header_untrusted(&self) {
+        self.tier_header_untrusted.inc();
     }
 
     /// A reload of the rule table succeeded (`ok`), or failed and changed nothing (`!ok`).

@@ -23,11 +23,13 @@ pub enum Outcome {
     LocalAllowed,
     /// Redis could not decide; this replica's own store refused it (`FAIL_MODE=local`).
     LocalLimited,
+    /// A `deny` override (`OVERRIDES_FILE`): refused without a decision.
+    Denied,
 }
 
 impl Outcome {
     /// Every outcome, in declaration order (`outcome as usize` indexes it).
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::Shadow,
@@ -36,12 +38,14 @@ impl Outcome {
         Outcome::FailClosed,
         Outcome::LocalAllowed,
         Outcome::LocalLimited,
+        Outcome::Denied,
     ];
 
     /// What the gateway does with a request matched in `mode` given the limiter's verdict
     /// (`None` for exempt requests, which are not decided).
     pub fn of(mode: Mode, verdict: Option<&Verdict>) -> Outcome {
         match (mode, verdict) {
+            (Mode::Deny, _) => Outcome::Denied,
             (Mode::Exempt, _) | (_, None) => Outcome::Exempt,
             (_, Some(Verdict::Decided(decision))) if decision.allowed => Outcome::Allowed,
             (Mode::Shadow, Some(Verdict::Decided(_))) => Outcome::Shadow,
@@ -59,7 +63,7 @@ impl Outcome {
     pub fn forwards(self) -> bool {
         !matches!(
             self,
-            Outcome::Limited | Outcome::LocalLimited | Outcome::FailClosed
+            Outcome::Limited | Outcome::LocalLimited | Outcome::FailClosed | Outcome::Denied
         )
     }
 
@@ -74,6 +78,7 @@ impl Outcome {
             Outcome::FailClosed => "fail_closed",
             Outcome::LocalAllowed => "local_fallback",
             Outcome::LocalLimited => "local_fallback_limited",
+            Outcome::Denied => "denied",
         }
     }
 }

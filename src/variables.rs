@@ -76,10 +76,19 @@ pub const RULES_FILE: Var = Var::unset("RULES_FILE");
 /// How often the rules file is read for changes, in milliseconds; `0`: on SIGHUP only
 /// (default `2000`).
 pub const RULES_RELOAD_INTERVAL_MS: Var = Var::new("RULES_RELOAD_INTERVAL_MS", "2000");
-/// The general rule's limit, `ALGORITHM:A:B` (unset: ALGORITHM and its numbers).
+/// The general rule's limits, `ALGORITHM:A:B`, several joined by `+` (unset: ALGORITHM and
+/// its numbers).
 pub const LIMITS: Var = Var::unset("LIMITS");
-/// The auth rule's limit, `ALGORITHM:A:B` (unset: AUTH_ALGORITHM and its numbers).
+/// The auth rule's limits, as `LIMITS` (unset: AUTH_ALGORITHM and its numbers).
 pub const AUTH_LIMITS: Var = Var::unset("AUTH_LIMITS");
+/// Per-client overrides: a file of `RULE CLIENT LIMITS|unlimited|deny` lines, reloaded as
+/// `RULES_FILE` is (unset: none).
+pub const OVERRIDES_FILE: Var = Var::unset("OVERRIDES_FILE");
+/// Tiers, `NAME=LIMITS;NAME=LIMITS`: the limits a request naming a tier in `TIER_HEADER` gets
+/// (unset: none).
+pub const TIERS: Var = Var::unset("TIERS");
+/// The header naming a request's tier, believed from `TRUSTED_PROXIES` only (unset: none).
+pub const TIER_HEADER: Var = Var::unset("TIER_HEADER");
 
 // --- token bucket
 
@@ -245,6 +254,9 @@ pub const ALL: &[Var] = &[
     RULES_RELOAD_INTERVAL_MS,
     LIMITS,
     AUTH_LIMITS,
+    OVERRIDES_FILE,
+    TIERS,
+    TIER_HEADER,
     ALGORITHM,
     AUTH_ALGORITHM,
     AUTH_PATHS,

@@ -182,6 +182,7 @@ fn rule_table(config: &Config, vars: &[(String, String)]) {
                 authority: None,
                 headers: &headers,
                 client_ip: IpAddr::from([192, 0, 2, 1]),
+                trusted: false,
             };
             let matched = config
                 .rule_table()

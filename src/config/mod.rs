@@ -22,6 +22,7 @@
 
 pub(crate) mod env;
 pub(crate) mod listener;
+pub(crate) mod overrides;
 pub(crate) mod rules;
 pub(crate) mod rules_file;
 pub(crate) mod store;
@@ -152,21 +153,56 @@ impl ConfigError {
     }
 }
 
-/// `RULES_FILE`: where the rule table's settings are, to reload them.
+/// `RULES_FILE` and `OVERRIDES_FILE`: the files the rule table is reloaded from.
 #[derive(Clone)]
-pub(crate) struct RulesFileSettings {
-    /// The file.
-    pub(crate) path: String,
-    /// `RULES_RELOAD_INTERVAL_MS`: how often it is read for changes; `None`: on SIGHUP only.
+pub(crate) struct ReloadSettings {
+    /// `RULES_FILE`, if set.
+    pub(crate) rules_file: Option<String>,
+    /// `OVERRIDES_FILE`, if set.
+    pub(crate) overrides_file: Option<String>,
+    /// `RULES_RELOAD_INTERVAL_MS`: how often they are read for changes; `None`: on SIGHUP only.
     pub(crate) interval: Option<Duration>,
-    /// The environment the configuration was read from (the file's settings not added): a
-    /// reload reads the file again beside it.
+    /// The environment the configuration was read from (the rules file's settings not
+    /// added): a reload reads the files again beside it.
     pub(crate) environment: Arc<Vec<(String, String)>>,
-    /// The file's bytes this configuration was built from: the watcher reloads when they
+    /// The files' bytes this configuration was built from: the watcher reloads when they
     /// change.
-    pub(crate) loaded: Arc<Vec<u8>>,
+    pub(crate) loaded: Loaded,
     /// What `.env` set when this configuration was read ([`read_dot_env`]).
     pub(crate) dot_env: Arc<Vec<(String, String)>>,
+}
+
+/// The bytes of the files a rule table was built from (empty for a file not set).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Loaded {
+    /// `RULES_FILE`'s.
+    pub(crate) rules: Arc<Vec<u8>>,
+    /// `OVERRIDES_FILE`'s.
+    pub(crate) overrides: Arc<Vec<u8>>,
+}
+
+impl ReloadSettings {
+    /// The files, as logs name them: `rules.toml,overrides.txt`.
+    pub(crate) fn files(&self) -> String {
+        let files: Vec<&str> = [&self.rules_file, &self.overrides_file]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        files.join(",")
+    }
+
+    /// Read the files as they are now (bounded as at start); `None` when one cannot be read.
+    pub(crate) fn read(&self) -> Option<Loaded> {
+        let read = |path: &Option<String>| match path {
+            Some(path) => rules_file::read_bounded(path).ok().map(Arc::new),
+            None => Some(Arc::default()),
+        };
+        Some(Loaded {
+            rules: read(&self.rules_file)?,
+            overrides: read(&self.overrides_file)?,
+        })
+    }
 }
 /// The tollgate variables `.env` in the working directory sets now (none when it is missing or
 /// unreadable), for the warning about changes a reload does not apply.
@@ -180,11 +216,12 @@ pub(crate) fn read_dot_env() -> Vec<(String, String)> {
         .collect()
 }
 
-impl fmt::Debug for RulesFileSettings {
+impl fmt::Debug for ReloadSettings {
     // The environment holds secrets: never printed.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RulesFileSettings")
-            .field("path", &self.path)
+        f.debug_struct("ReloadSettings")
+            .field("rules_file", &self.rules_file)
+            .field("overrides_file", &self.overrides_file)
             .field("interval", &self.interval)
             .finish_non_exhaustive()
     }
@@ -209,8 +246,9 @@ pub struct Config {
     /// `RLS_CONFIG`: Envoy's rate limit service's descriptors, whose limits are named rules of
     /// `gate.rules`; `None` when unset.
     pub(crate) rls: Option<Arc<DescriptorTable>>,
-    /// `RULES_FILE` and how often it is read for changes; `None` when unset.
-    pub(crate) rules_file: Option<RulesFileSettings>,
+    /// `RULES_FILE` and `OVERRIDES_FILE`, and how often they are read for changes; `None`
+    /// when neither is set.
+    pub(crate) reload: Option<ReloadSettings>,
     /// The log.
     pub(crate) log: LogSettings,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
@@ -227,9 +265,10 @@ impl Config {
         &self.warnings
     }
 
-    /// Whether the rule table reloads from `RULES_FILE` (on SIGHUP and when the file changes).
+    /// Whether the rule table reloads from `RULES_FILE` or `OVERRIDES_FILE` (on SIGHUP and
+    /// when a file changes).
     pub fn reloads_rules(&self) -> bool {
-        self.rules_file.is_some()
+        self.reload.is_some()
     }
 
     /// `SHUTDOWN_TIMEOUT_MS`: how long a drain waits for requests in flight.
@@ -301,15 +340,20 @@ impl Config {
             .rev()
             .find(|(name, value)| name == vars::RULES_FILE.name && !value.trim().is_empty())
             .map(|(_, value)| value.trim().to_owned());
-        let Some(file) = RulesFile::load(path.as_deref())? else {
-            return Self::from_env_reader(&Env::new(environment).inheriting(hasher));
+        let file = RulesFile::load(path.as_deref())?;
+        let mut config = match &file {
+            None => Self::from_env_reader(&Env::new(environment.clone()).inheriting(hasher))?,
+            Some(file) => {
+                let merged = file.merge(&environment)?;
+                Self::from_env_reader(&Env::new(merged).inheriting(hasher))
+                    .map_err(|error| file.locate(error))?
+            }
         };
-        let merged = file.merge(&environment)?;
-        let mut config = Self::from_env_reader(&Env::new(merged).inheriting(hasher))
-            .map_err(|error| file.locate(error))?;
-        if let Some(settings) = &mut config.rules_file {
+        if let Some(settings) = &mut config.reload {
             settings.environment = Arc::new(environment);
-            settings.loaded = Arc::new(file.bytes);
+            if let Some(file) = file {
+                settings.loaded.rules = Arc::new(file.bytes);
+            }
             settings.dot_env = Arc::new(read_dot_env());
         }
         Ok(config)
@@ -319,11 +363,11 @@ impl Config {
     /// what a reload puts in force, and the file's bytes it was built from. The whole
     /// configuration is validated as at start, so a table the process could not have started
     /// with is refused too; keys are digested as the running table digests them.
-    pub(crate) fn reload_rules(&self) -> Result<(crate::limit::RuleTable, Arc<Vec<u8>>), ConfigError> {
-        let Some(settings) = &self.rules_file else {
+    pub(crate) fn reload_rules(&self) -> Result<(crate::limit::RuleTable, Loaded), ConfigError> {
+        let Some(settings) = &self.reload else {
             return Err(ConfigError::Missing {
                 var: vars::RULES_FILE.name,
-                expected: "a rules file to reload the rule table from",
+                expected: "a rules file (or OVERRIDES_FILE) to reload the rule table from",
             });
         };
         // RLS_CONFIG is read at start only: its descriptors stay, and so do their rules.
@@ -334,9 +378,9 @@ impl Config {
             .cloned();
         let config = Config::from_vars_inheriting(environment, Some(self.gate.rules.hasher().clone()))?;
         let bytes = config
-            .rules_file
+            .reload
             .as_ref()
-            .map_or_else(Arc::default, |file| file.loaded.clone());
+            .map_or_else(Loaded::default, |settings| settings.loaded.clone());
         let table = config
             .gate
             .rules
@@ -412,6 +456,8 @@ impl Config {
         let store = store::parse(env)?;
         let mut rule_warnings = Vec::new();
         let rules = rules::parse(env, matches!(store, StoreConfig::Redis(_)), &mut rule_warnings)?;
+        let overrides_file = overrides::read(env)?;
+        let rules = overrides::apply(env, rules, overrides_file.as_ref(), &mut rule_warnings)?;
         let (rules, rls) = parse_rls(env, rules, matches!(store, StoreConfig::Redis(_)))?;
         let trusted_proxies = entries(env.value(vars::TRUSTED_PROXIES), &[','])
             .map(|entry| {
@@ -446,11 +492,18 @@ impl Config {
                     .map(Duration::from_millis)
             },
         )?;
-        let rules_file = env.get(vars::RULES_FILE).map(|path| RulesFileSettings {
-            path: path.to_owned(),
+        let reload = (env.is_set(vars::RULES_FILE) || overrides_file.is_some()).then(|| ReloadSettings {
+            rules_file: env.get(vars::RULES_FILE).map(str::to_owned),
+            overrides_file: overrides_file.as_ref().map(|file| file.path.clone()),
             interval: (!rules_reload.is_zero()).then_some(rules_reload),
             environment: Arc::default(),
-            loaded: Arc::default(),
+            loaded: Loaded {
+                rules: Arc::default(),
+                overrides: overrides_file
+                    .as_ref()
+                    .map(|file| file.bytes.clone())
+                    .unwrap_or_default(),
+            },
             dot_env: Arc::default(),
         });
         let max_keys = env.parse(vars::MAX_KEYS, "a whole number from 1 to 1000000000", |s| {
@@ -643,7 +696,7 @@ impl Config {
                 token: admin_token,
             },
             rls,
-            rules_file,
+            reload,
             log: LogSettings { format: log_format },
             #[cfg(test)]
             read,
@@ -688,11 +741,11 @@ impl fmt::Display for Config {
         }
         // The classified ones: a named rule (RLS_CONFIG's) has no paths and is listed by its door.
         let rules = self.gate.rules.classified();
-        if let Some(file) = &self.rules_file {
+        if let Some(file) = &self.reload {
             writeln!(
                 f,
                 "rules file:       {} (reloaded on SIGHUP{}; table digest {:08x})",
-                file.path,
+                file.files(),
                 file.interval.map_or_else(String::new, |every| format!(
                     " and when it changes, read every {} ms",
                     every.as_millis()

@@ -586,7 +586,7 @@ fn parse_route(
     Ok((route, rule))
 }
 
-fn is_rule_name(name: &str) -> bool {
+pub(crate) fn is_rule_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()

@@ -30,6 +30,7 @@ fn classify(config: &Config, method: &str, path: &str) -> (String, Mode, u64) {
         authority: None,
         headers: &HeaderMap::new(),
         client_ip: "192.0.2.1".parse().unwrap(),
+        trusted: false,
     };
     let matched = config.gate.rules.classify(&head).unwrap();
     (matched.rule.name.to_string(), matched.mode, matched.cost)
@@ -821,6 +822,7 @@ fn every_key_read_from_requests_needs_a_shared_secret_with_redis() {
         authority: None,
         headers: &headers,
         client_ip: "192.0.2.1".parse().unwrap(),
+        trusted: false,
     };
     let rules = &config.gate.rules;
     assert_eq!(rules.classify(&head("/login")).unwrap().mode, Mode::Exempt);
@@ -1818,4 +1820,132 @@ fn a_wrong_limit_list_names_the_limit_and_what_is_wrong() {
             assert!(message.contains(word), "{vars:?}: {message}");
         }
     }
+}
+
+/// An overrides file of `text`, under the system's temporary directory, named by `name`.
+fn overrides_file(name: &str, text: &str) -> String {
+    let path = std::env::temp_dir().join(format!("tollgate-overrides-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn overrides_and_tiers_become_variants_and_show_in_check_config() {
+    let path = overrides_file(
+        "shown",
+        "general key:sk_live_abc token_bucket:1000:100\n# a comment\n\ngeneral 10.0.0.0/8 unlimited\nauth 203.0.113.7 deny # at once\ngeneral 10.1.0.0/16 token_bucket:1000:100\n",
+    );
+    let config = parse(&[
+        ("OVERRIDES_FILE", &path),
+        ("KEY_BY", "header:X-API-Key"),
+        (
+            "TIERS",
+            "free=token_bucket:10:1;pro=token_bucket:100:10+fixed_window:100000:86400",
+        ),
+        ("TIER_HEADER", "X-Plan"),
+        ("TRUSTED_PROXIES", "10.0.0.1"),
+    ])
+    .unwrap();
+    let table = &config.gate.rules;
+    let names: Vec<&str> = table.variants().iter().map(|rule| &*rule.name).collect();
+    assert_eq!(
+        names,
+        ["general@free", "general@pro", "general@token_bucket:1000:100"],
+        "one variant per tier and rule (not auth), one per distinct limit list"
+    );
+    assert_eq!(table.overrides().entries().len(), 4);
+    let shown = config.to_string();
+    for words in [
+        "tiers:            named by x-plan",
+        "pro -> token_bucket: 100 tokens",
+        "overrides:        4",
+        "general key:*** (value not shown) -> general@token_bucket:1000:100",
+        "auth 203.0.113.7/32 -> deny",
+        "general 10.0.0.0/8 -> unlimited",
+    ] {
+        assert!(shown.contains(words), "{words:?} not in {shown}");
+    }
+    assert!(!shown.contains("sk_live_abc"), "a key's value is never shown");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn a_wrong_override_or_tier_names_the_file_the_line_and_what_is_wrong() {
+    for (name, text, words) in [
+        ("fields", "general 10.0.0.1\n", &[":1", "3 fields"][..]),
+        (
+            "rule",
+            "\nbilling 10.0.0.1 deny\n",
+            &[":2", "no rule is named \"billing\""],
+        ),
+        (
+            "client",
+            "general nobody deny\n",
+            &[":1", "not an address, a CIDR or key:VALUE"],
+        ),
+        (
+            "keyless",
+            "general key:secret-value deny\n",
+            &[":1", "keyed by one source", "key:***"],
+        ),
+        (
+            "limits",
+            "general 10.0.0.1 token_bucket:0:1\n",
+            &[":1", "capacity"],
+        ),
+        (
+            "twice",
+            "general 10.0.0.0/8 deny\ngeneral 10.0.0.0/8 unlimited\n",
+            &[":2", "line 1 already"],
+        ),
+        ("everyone", "general 0.0.0.0/0 deny\n", &[":1", "every client"]),
+    ] {
+        let path = overrides_file(name, text);
+        let message = error(&[("OVERRIDES_FILE", &path)]);
+        assert!(message.contains("OVERRIDES_FILE"), "{name}: {message}");
+        assert!(!message.contains("secret-value"), "{name}: {message}");
+        for word in words {
+            assert!(message.contains(word), "{name}: {word:?} not in {message}");
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+    assert!(error(&[("OVERRIDES_FILE", "/nonexistent/overrides")]).contains("cannot be read"));
+    for (vars, words) in [
+        (
+            &[("TIERS", "pro=token_bucket:100:10")][..],
+            &["TIERS", "TIER_HEADER", "go together"][..],
+        ),
+        (&[("TIER_HEADER", "X-Plan")], &["TIERS", "TIER_HEADER"]),
+        (
+            &[("TIERS", "Pro=token_bucket:100:10"), ("TIER_HEADER", "X-Plan")],
+            &["TIERS", "tier name"],
+        ),
+        (
+            &[
+                ("TIERS", "pro=token_bucket:1:1;pro=token_bucket:2:1"),
+                ("TIER_HEADER", "X-Plan"),
+            ],
+            &["named twice"],
+        ),
+        (
+            &[("TIERS", "pro=leaky:1:1"), ("TIER_HEADER", "X-Plan")],
+            &["TIERS", "unknown algorithm"],
+        ),
+        (
+            &[("TIERS", "pro=token_bucket:1:1"), ("TIER_HEADER", "X Plan")],
+            &["TIER_HEADER", "header name"],
+        ),
+    ] {
+        let message = error(vars);
+        for word in words {
+            assert!(message.contains(word), "{vars:?}: {word:?} not in {message}");
+        }
+    }
+    let warned = warnings(&[("TIERS", "pro=token_bucket:100:10"), ("TIER_HEADER", "X-Plan")]);
+    assert!(
+        warned
+            .iter()
+            .any(|line| line.contains("TRUSTED_PROXIES is empty")),
+        "{warned:?}"
+    );
 }

@@ -329,8 +329,12 @@ impl Gate {
                 authority: head.authority,
                 headers: head.headers,
                 client_ip: client,
+                trusted: self.identity.is_trusted(head.peer),
             })
             .map_err(|error| Refused::Ambiguous(error.to_string()))?;
+        if matched.untrusted_tier {
+            self.metrics.tier_header_untrusted();
+        }
         // Before any budget is spent: a refused upgrade costs none.
         let tunnel = match head.upgrade {
             true => self.tunnels.admit(client).map_err(|limit| {
@@ -340,7 +344,7 @@ impl Gate {
             false => None,
         };
         let (decision, decided) = match matched.mode {
-            Mode::Exempt => (None, Instant::now()),
+            Mode::Exempt | Mode::Deny => (None, Instant::now()),
             Mode::Enforce | Mode::Shadow => {
                 let asked = Instant::now();
                 let decision = generation

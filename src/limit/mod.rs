@@ -16,6 +16,7 @@ pub mod denials;
 pub mod guard;
 pub mod key;
 pub mod memory;
+pub mod overrides;
 pub mod pattern;
 pub mod redis;
 pub mod redis_clock;

@@ -25,6 +25,7 @@ use super::guard::FailMode;
 use super::key::{
     ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value, query_value,
 };
+use super::overrides::{Client, Override, Overrides};
 use super::pattern::PathPattern;
 
 /// A named budget: the algorithm that enforces it and how requests are filed under it.
@@ -122,8 +123,11 @@ pub enum Mode {
     Enforce,
     /// Decided and counted; denials are forwarded anyway (and logged).
     Shadow,
-    /// Not decided at all (`SKIP_PATHS`, `EXEMPT`): forwarded without rate-limit headers.
+    /// Not decided at all (`SKIP_PATHS`, `EXEMPT`, an `unlimited` override): forwarded
+    /// without rate-limit headers.
     Exempt,
+    /// Not decided: refused at once, without `Retry-After` (a `deny` override).
+    Deny,
 }
 
 impl Mode {
@@ -133,6 +137,7 @@ impl Mode {
             Mode::Enforce => "enforce",
             Mode::Shadow => "shadow",
             Mode::Exempt => "exempt",
+            Mode::Deny => "deny",
         }
     }
 }
@@ -153,6 +158,8 @@ pub struct RequestHead<'a> {
     pub headers: &'a HeaderMap,
     /// The client address, after `TRUSTED_PROXIES`.
     pub client_ip: IpAddr,
+    /// Whether the TCP peer is one of `TRUSTED_PROXIES` (whose `TIER_HEADER` is believed).
+    pub trusted: bool,
 }
 
 /// The outcome of classifying one request.
@@ -164,8 +171,11 @@ pub struct Match<'t> {
     pub key: ClientKey,
     /// How much of it this request costs.
     pub cost: u64,
-    /// Enforce, shadow or exempt.
+    /// Enforce, shadow, exempt or deny.
     pub mode: Mode,
+    /// The request named a tier (`TIER_HEADER`) but came from a peer not trusted to: the
+    /// header was ignored.
+    pub untrusted_tier: bool,
 }
 
 /// A request whose identity cannot be read one way only.
@@ -189,10 +199,15 @@ pub const MAX_RULES: usize = u16::MAX as usize + 1;
 #[derive(Debug, Clone)]
 pub struct RuleTable {
     /// Every rule: those paths classify into, in evaluation order of their first route, the
-    /// general rule last of them (at `classified - 1`); then the named rules, if any.
+    /// general rule last of them (at `classified - 1`); then the variants overrides and tiers
+    /// decide under; then the named rules, if any.
     rules: Vec<Rule>,
     /// How many of `rules` requests are classified into (the general rule included).
     classified: usize,
+    /// How many of `rules`, after the classified ones, are variants.
+    variants: usize,
+    /// `OVERRIDES_FILE` and `TIERS`.
+    overrides: Overrides,
     /// `ROUTES` then `AUTH_PATHS`, in order.
     routes: Vec<Route>,
     /// `COSTS`: the first matching entry prices the request.
@@ -248,6 +263,8 @@ impl RuleTable {
         );
         let table = RuleTable {
             classified: rules.len(),
+            variants: 0,
+            overrides: Overrides::default(),
             rules,
             routes,
             costs,
@@ -291,6 +308,41 @@ impl RuleTable {
         Ok(self)
     }
 
+    /// This table with the variants of its rules that `overrides` decide under (each
+    /// variant's id the next after the table's rules, in order, as the overrides name them).
+    /// Before any named rule is added.
+    pub fn with_overrides(
+        mut self,
+        variants: Vec<Rule>,
+        overrides: Overrides,
+    ) -> Result<RuleTable, TableError> {
+        debug_assert_eq!(self.rules.len(), self.classified + self.variants);
+        let total = self.rules.len() + variants.len();
+        if total > MAX_RULES {
+            return Err(TableError::TooManyRules(total));
+        }
+        for rule in variants {
+            if self.rule(&rule.name).is_some() {
+                return Err(TableError::DuplicateName(rule.name.to_string()));
+            }
+            debug_assert_eq!(usize::from(rule.id), self.rules.len());
+            self.rules.push(rule);
+            self.variants += 1;
+        }
+        self.overrides = overrides;
+        Ok(self)
+    }
+
+    /// The variants overrides and tiers decide under ([`RuleTable::with_overrides`]).
+    pub fn variants(&self) -> &[Rule] {
+        &self.rules[self.classified..self.classified + self.variants]
+    }
+
+    /// `OVERRIDES_FILE` and `TIERS`.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
     /// The headers some rule keys its budgets by, each once.
     pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
         let all = || self.rules.iter().flat_map(|rule| rule.key_by.headers());
@@ -313,7 +365,7 @@ impl RuleTable {
 
     /// The rules only a door that names them decides ([`RuleTable::with_named`]).
     pub fn named(&self) -> &[Rule] {
-        &self.rules[self.classified..]
+        &self.rules[self.classified + self.variants..]
     }
 
     /// The rule every request no route takes falls back to.
@@ -329,8 +381,16 @@ impl RuleTable {
     pub fn digest(&self) -> u32 {
         // Every part but the hasher (its key is a secret, or random per process).
         super::algorithm::fnv1a(format_args!(
-            "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}",
-            self.rules, self.classified, self.routes, self.costs, self.skip, self.exempt, self.ipv6_prefix
+            "{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
+            self.rules,
+            self.classified,
+            self.variants,
+            self.routes,
+            self.costs,
+            self.skip,
+            self.exempt,
+            self.ipv6_prefix,
+            self.overrides
         ))
     }
 
@@ -339,6 +399,8 @@ impl RuleTable {
     pub fn decides_like(&self, other: &RuleTable) -> bool {
         self.rules == other.rules
             && self.classified == other.classified
+            && self.variants == other.variants
+            && self.overrides == other.overrides
             && self.routes == other.routes
             && self.costs == other.costs
             && self.skip == other.skip
@@ -422,6 +484,7 @@ impl RuleTable {
                 key,
                 cost,
                 mode: Mode::Exempt,
+                untrusted_tier: false,
             });
         }
         let key = match rule.key_by.digests() {
@@ -429,21 +492,33 @@ impl RuleTable {
             false => ClientKey::Ip(ip),
             true => self.key(&rule.key_by, ip, head)?,
         };
-        let mode = match (key.digest(), rule.shadow) {
+        let mut mode = match (key.digest(), rule.shadow) {
             (Some(digest), _) if self.exempt.keys.contains(&digest) => Mode::Exempt,
             (_, true) => Mode::Shadow,
             (_, false) => Mode::Enforce,
         };
-        let cost = self
-            .costs
-            .iter()
-            .find(|(pattern, _)| pattern.matches(head.path))
-            .map_or(rule.cost, |(_, cost)| *cost);
+        let mut matched = rule;
+        let mut untrusted_tier = false;
+        if !self.overrides.is_empty() && mode != Mode::Exempt {
+            let found = self
+                .overrides
+                .find(rule.id, &key, head.client_ip, head.headers, head.trusted);
+            untrusted_tier = found.untrusted_tier;
+            match found.what {
+                None => {}
+                Some(Override::Limits(variant)) => {
+                    matched = self.rules.get(usize::from(variant)).unwrap_or(rule);
+                }
+                Some(Override::Unlimited) => mode = Mode::Exempt,
+                Some(Override::Deny) => mode = Mode::Deny,
+            }
+        }
         Ok(Match {
-            rule,
+            rule: matched,
             key,
             cost,
             mode,
+            untrusted_tier,
         })
     }
 
@@ -561,6 +636,51 @@ impl fmt::Display for RuleTable {
             .iter()
             .map(|(pattern, cost)| format!("{pattern}={cost}"))
             .collect();
+        if let Some((header, tiers)) = self.overrides.tiers() {
+            writeln!(
+                f,
+                "tiers:            named by {header} (believed from TRUSTED_PROXIES only; not the auth rule):"
+            )?;
+            for tier in tiers {
+                let limits = tier
+                    .variants
+                    .iter()
+                    .flatten()
+                    .filter_map(|id| self.rules.get(usize::from(*id)))
+                    .map(|variant| variant.limits.to_string())
+                    .next()
+                    .unwrap_or_default();
+                writeln!(f, "  {} -> {limits}", tier.name)?;
+            }
+        }
+        if !self.overrides.entries().is_empty() {
+            writeln!(
+                f,
+                "overrides:        {} (most specific first: key, then network):",
+                self.overrides.entries().len()
+            )?;
+            for entry in self.overrides.entries() {
+                let rule = self
+                    .rules
+                    .get(usize::from(entry.rule))
+                    .map_or("?", |rule| &*rule.name);
+                let client = match entry.client {
+                    Client::Network(network) => network.to_string(),
+                    Client::Key(_) => "key:*** (value not shown)".to_owned(),
+                };
+                let what = match entry.what {
+                    Override::Unlimited => "unlimited".to_owned(),
+                    Override::Deny => "deny (refused, no Retry-After)".to_owned(),
+                    Override::Limits(id) => self
+                        .rules
+                        .get(usize::from(id))
+                        .map_or_else(String::new, |variant| {
+                            format!("{}: {}", variant.name, variant.limits)
+                        }),
+                };
+                writeln!(f, "  {rule} {client} -> {what}")?;
+            }
+        }
         if !self.named().is_empty() {
             writeln!(
                 f,

@@ -584,6 +584,9 @@ impl Proxy {
                 Some(decision) => {
                     response::too_many_requests(&self.refusals, request.headers(), verdict.rule(), decision)
                 }
+                None if outcome == Outcome::Denied => {
+                    response::denied(&self.refusals, request.headers(), verdict.rule())
+                }
                 None => response::store_unavailable(),
             };
             (refusal, AnsweredBy::Gateway)

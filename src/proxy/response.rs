@@ -38,6 +38,17 @@ pub(crate) fn too_many_requests(
     response
 }
 
+/// `DENY_STATUS` for a client a `deny` override refuses: the refusal's body without a retry
+/// time, and no `Retry-After` (no wait would lift it).
+pub(crate) fn denied(refusals: &Refusals, headers: &HeaderMap, rule: &Rule) -> Response<ResponseBody> {
+    let format = refusals.negotiate(headers);
+    let body = refusals.denial(format, refusals.status(), Violated::rule(&rule.name));
+    let mut response = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
+    *response.status_mut() = refusals.status();
+    refusals.set_headers(response.headers_mut(), format);
+    response
+}
+
 /// `503` for `FAIL_MODE=closed` while the store cannot decide.
 pub(crate) fn store_unavailable() -> Response<ResponseBody> {
     let mut response = json(

@@ -193,15 +193,34 @@ impl Refusals {
         policies: Violated<'_>,
         retry_after: u64,
     ) -> Bytes {
+        self.write(format, status, policies, Some(retry_after))
+    }
+
+    /// The body of a refusal no wait would lift (a `deny` override): as [`Refusals::body`],
+    /// without a retry time.
+    pub(crate) fn denial(&self, format: DenyFormat, status: StatusCode, policies: Violated<'_>) -> Bytes {
+        self.write(format, status, policies, None)
+    }
+
+    fn write(
+        &self,
+        format: DenyFormat,
+        status: StatusCode,
+        policies: Violated<'_>,
+        retry_after: Option<u64>,
+    ) -> Bytes {
         let mut digits = itoa::Buffer::new();
-        let seconds = digits.format(retry_after);
+        let seconds = retry_after.map(|retry_after| digits.format(retry_after));
         let mut body;
         match format {
             DenyFormat::Json => {
-                const START: &str = r#"{"error":"rate limit exceeded","retry_after":"#;
-                body = String::with_capacity(START.len() + seconds.len() + 1);
+                const START: &str = r#"{"error":"rate limit exceeded""#;
+                body = String::with_capacity(START.len() + 24);
                 body.push_str(START);
-                body.push_str(seconds);
+                if let Some(seconds) = seconds {
+                    body.push_str(r#","retry_after":"#);
+                    body.push_str(seconds);
+                }
                 body.push('}');
             }
             DenyFormat::Problem => {
@@ -219,9 +238,18 @@ impl Refusals {
                     });
                     body.push_str("],");
                 }
-                body.push_str(r#""retry-after":"#);
-                body.push_str(seconds);
-                body.push('}');
+                match seconds {
+                    Some(seconds) => {
+                        body.push_str(r#""retry-after":"#);
+                        body.push_str(seconds);
+                        body.push('}');
+                    }
+                    // The members end with a comma: replace it.
+                    None => {
+                        body.pop();
+                        body.push('}');
+                    }
+                }
             }
             DenyFormat::Text => {
                 body = String::with_capacity(policies.len() + 48);
@@ -238,9 +266,12 @@ impl Refusals {
                     });
                     body.push(')');
                 }
-                body.push_str("; retry after ");
-                body.push_str(seconds);
-                body.push_str(" s\n");
+                if let Some(seconds) = seconds {
+                    body.push_str("; retry after ");
+                    body.push_str(seconds);
+                    body.push_str(" s");
+                }
+                body.push('\n');
             }
         }
         Bytes::from(body)

@@ -16,6 +16,7 @@ mod ingress;
 mod keys;
 mod limits;
 mod operator;
+mod overrides;
 mod proxy;
 mod redis;
 mod refusals;
