@@ -48,6 +48,16 @@ pub(crate) enum Full {
     Overall,
 }
 
+impl Full {
+    /// As the `queue` label of `tollgate_delay_queue_full_total` and logs name it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Full::Client => "client",
+            Full::Overall => "overall",
+        }
+    }
+}
+
 /// Who waits: a rule's name (kept across reloads, unlike its id) and the client's key there.
 type Waiter = (Arc<str>, ClientKey);
 

@@ -425,8 +425,12 @@ impl Gate {
         let Some(mut retry_after) = denied_within(&decision, delay) else {
             return decision;
         };
-        let Ok(_place) = self.delays.take(&rule.name, key) else {
-            return decision;
+        let _place = match self.delays.take(&rule.name, key) {
+            Ok(place) => place,
+            Err(full) => {
+                tracing::debug!(rule = %rule.name, queue = full.as_str(), "delay queue full: refused at once");
+                return decision;
+            }
         };
         let waiting = Instant::now();
         let decision = loop {
