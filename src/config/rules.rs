@@ -1,7 +1,7 @@
 //! The rule table parser: `ALGORITHM`, `AUTH_ALGORITHM` and their numbers, `ROUTES`,
 //! `AUTH_PATHS`, `KEY_BY`, `AUTH_KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
-//! `SHADOW_MODE`, `AUTH_COUNT`, `DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, and with Redis `FAIL_MODE` and `AUTH_FAIL_MODE`, compiled into
-//! one [`RuleTable`].
+//! `SHADOW_MODE`, `AUTH_COUNT`, `DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, and with Redis `FAIL_MODE`
+//! and `AUTH_FAIL_MODE`, compiled into one [`RuleTable`].
 //!
 //! `ROUTES` is `;`-separated entries, each `PATTERN=ALGORITHM:A:B[,OPTION...]`:
 //!
@@ -16,8 +16,8 @@
 //! `method=GET|POST` (default every method), `shadow`, `count=failures`,
 //! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide), and
 //! `delay=MS` (default `DELAY_MAX_MS`: how long a refused request may wait for its budget
-//! instead, 0 for not at all). No entry may
-//! contain whitespace: `AUTH_PATHS="/login /signup"` is an error, not one odd path.
+//! instead, 0 for not at all). No entry may contain whitespace: `AUTH_PATHS="/login /signup"`
+//! is an error, not one odd path.
 
 use crate::variables::{self as vars, Var};
 use ipnet::IpNet;
@@ -219,6 +219,13 @@ pub(crate) fn parse(
         name: "general".into(),
         ..defaults
     });
+    if shadow && (delay.is_some() || auth_delay.is_some()) {
+        warnings.push(
+            "DELAY_MAX_MS or AUTH_DELAY_MAX_MS changes nothing under SHADOW_MODE=true: a shadowed \
+             rule refuses nothing, so never waits"
+                .into(),
+        );
+    }
     for (rule, var) in rules[auth_index..]
         .iter()
         .zip([vars::AUTH_DELAY_MAX_MS, vars::DELAY_MAX_MS])
@@ -580,6 +587,12 @@ fn parse_route(
             rule.cost,
             rule.policy.limit()
         )));
+    }
+    if rule.shadow && rule.delay.is_some() && options_delay(rest) {
+        warnings.push(format!(
+            "ROUTES entry for {pattern}: delay= changes nothing: the route is shadowed, and a \
+             shadowed rule refuses nothing, so never waits"
+        ));
     }
     delayable(&rule).map_err(|why| match options_delay(rest) {
         true => bad(why),

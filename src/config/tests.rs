@@ -1875,3 +1875,22 @@ fn a_rules_files_delays_are_its_variables_and_a_bad_one_is_located_in_it() {
         "{message}"
     );
 }
+
+#[test]
+fn a_delay_on_a_shadowed_rule_is_warned_about() {
+    let warned = warnings(&[("ROUTES", "/a=token_bucket:1:1,shadow,delay=100")]);
+    assert!(
+        warned
+            .iter()
+            .any(|warning| warning.starts_with("ROUTES entry for /a: delay= changes nothing")),
+        "{warned:?}"
+    );
+    let warned = warnings(&[("SHADOW_MODE", "true"), ("DELAY_MAX_MS", "100")]);
+    assert!(
+        warned
+            .iter()
+            .any(|warning| warning.contains("changes nothing under SHADOW_MODE=true")),
+        "{warned:?}"
+    );
+    assert!(warnings(&[("DELAY_MAX_MS", "100")]).is_empty());
+}
