@@ -9,7 +9,9 @@
 //! 500 counters (100-599, and one for the rest) is made on its first response, and only the
 //! codes seen are exported. What the stores know (clients held, evictions, Redis errors, the
 //! breaker) and what the server holds open (connections, requests in flight) is read from them
-//! at scrape time by collectors, so nothing on the request path updates a gauge.
+//! at scrape time by collectors, so nothing on the request path updates a gauge but the
+//! requests waiting under a delay (`tollgate_delayed_requests`), set as places in the delay
+//! queue are taken and given back, off the path of every request not delayed.
 
 use std::fmt::{self, Write as _};
 use std::pin::Pin;
@@ -32,6 +34,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::gate::delay::DelayMetrics;
 use crate::limit::guard::RedisErrorKind;
 use crate::limit::state_file::SaveStats;
 use crate::limit::{Limiter, RuleTable};
@@ -70,6 +73,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_state_saves_total",
     "tollgate_state_save_duration_seconds",
     "tollgate_state_file_bytes",
+    "tollgate_delay_seconds",
+    "tollgate_delayed_requests",
+    "tollgate_delay_queue_full_total",
 ];
 
 /// The `rule` label of responses to requests refused before any rule was found for them
@@ -185,6 +191,11 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LimitLabels {
     limit: &'static str,
 }
@@ -243,6 +254,8 @@ pub struct Metrics {
     tier_header_untrusted: Counter,
     /// What `STATE_FILE`'s saves did (all zero without one), read at scrape time.
     state_saves: Arc<SaveStats>,
+    /// The delay queue's gauge and counters, handed to the gate.
+    delays: DelayMetrics,
 }
 
 /// The families of the per-rule series.
@@ -254,6 +267,7 @@ struct Families {
     response_bytes: Family<RuleLabels, Counter>,
     decision_seconds: Family<RuleLabels, Histogram, fn() -> Histogram>,
     backend_seconds: Family<RuleLabels, Histogram, fn() -> Histogram>,
+    delay_seconds: Family<RuleLabels, Histogram, fn() -> Histogram>,
 }
 
 /// One rule's series, what the request path counts into: each an atomic add.
@@ -265,6 +279,8 @@ pub struct RuleSeries {
     responses: Arc<StatusRow>,
     /// `tollgate_decision_duration_seconds`.
     decision_seconds: Histogram,
+    /// `tollgate_delay_seconds`: how long delayed requests waited.
+    delay_seconds: Histogram,
     /// The backend's series; `None` for a rule no request is forwarded under (an Envoy
     /// descriptor's, decided for a door that forwards nothing).
     forwarded: Option<ForwardedSeries>,
@@ -305,6 +321,11 @@ impl RuleSeries {
     /// A decision under this rule took `elapsed`.
     pub fn decision(&self, elapsed: Duration) {
         self.decision_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// A request under this rule waited `waited` under its delay before its last decision.
+    pub fn delayed(&self, waited: Duration) {
+        self.delay_seconds.observe(waited.as_secs_f64());
     }
 
     /// The backend answered a request under this rule with `status` after `elapsed`.
@@ -351,6 +372,11 @@ fn decision_histogram() -> Histogram {
 
 /// 1 ms to about 65 s.
 fn backend_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-3, 2.0, 17))
+}
+
+/// 1 ms to about 65 s: a delay is at most 60 s.
+fn delay_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-3, 2.0, 17))
 }
 
@@ -406,6 +432,35 @@ impl Metrics {
             "Time from forwarding a request to the backend's response headers, by rule",
             backend_seconds.clone(),
         );
+        let delay_seconds =
+            Family::<RuleLabels, Histogram, fn() -> Histogram>::new_with_constructor(delay_histogram);
+        registry.register(
+            "delay_seconds",
+            "Time requests refused within their rule's delay waited before their last decision (allowed, or refused again), by rule",
+            delay_seconds.clone(),
+        );
+        let delay_waiting = Gauge::default();
+        registry.register(
+            "delayed_requests",
+            "Requests waiting under a rule's delay now (at most DELAY_QUEUE)",
+            delay_waiting.clone(),
+        );
+        let delay_full = Family::<QueueLabels, Counter>::default();
+        registry.register(
+            "delay_queue_full",
+            "Requests refused at once though within their rule's delay, the delay queue being full: the client's (DELAY_QUEUE_PER_CLIENT) or the overall one (DELAY_QUEUE)",
+            delay_full.clone(),
+        );
+        // One statement each: the family's lock guard lives to the end of its statement.
+        let client_full = delay_full.get_or_create(&QueueLabels { queue: "client" }).clone();
+        let overall_full = delay_full
+            .get_or_create(&QueueLabels { queue: "overall" })
+            .clone();
+        let delays = DelayMetrics {
+            waiting: delay_waiting,
+            client_full,
+            overall_full,
+        };
         let backend_connections = Counter::default();
         registry.register(
             "backend_connections",
@@ -495,7 +550,9 @@ impl Metrics {
                 response_bytes,
                 decision_seconds,
                 backend_seconds,
+                delay_seconds,
             },
+            delays,
             responses,
             limiter,
             registry,
@@ -532,6 +589,7 @@ impl Metrics {
                     families.requests.get_or_create(&labels).clone()
                 });
                 let decision_seconds = families.decision_seconds.get_or_create(&labelled).clone();
+                let delay_seconds = families.delay_seconds.get_or_create(&labelled).clone();
                 // The backend's series for the rules requests are forwarded under.
                 let forwarded = (id < forwarded).then(|| ForwardedSeries {
                     backend_responses: STATUS_CLASSES.map(|class| {
@@ -558,6 +616,7 @@ impl Metrics {
                     requests,
                     responses: self.responses.row(&name),
                     decision_seconds,
+                    delay_seconds,
                     forwarded,
                 })
             })
@@ -595,6 +654,7 @@ impl Metrics {
             families.request_bytes.remove(&labelled);
             families.response_bytes.remove(&labelled);
             families.decision_seconds.remove(&labelled);
+            families.delay_seconds.remove(&labelled);
             families.backend_seconds.remove(&labelled);
             self.responses
                 .rows
@@ -602,6 +662,12 @@ impl Metrics {
                 .unwrap_or_else(PoisonError::into_inner)
                 .retain(|(label, _)| *label != rule);
         }
+    }
+
+    /// What the gate's delay queue counts into (`tollgate_delayed_requests`,
+    /// `tollgate_delay_queue_full_total`).
+    pub fn delays(&self) -> DelayMetrics {
+        self.delays.clone()
     }
 
     /// From now on, the store's state is read from `limiter` (a reloaded table's).

@@ -126,6 +126,15 @@ pub const SKIP_PATHS: Var = Var::unset("SKIP_PATHS");
 pub const SHADOW_MODE: Var = Var::new("SHADOW_MODE", "false");
 /// Which auth requests keep their cost (`all`, `failures`) (default `all`).
 pub const AUTH_COUNT: Var = Var::new("AUTH_COUNT", "all");
+/// How long a request refused by the general rule (and routes without `delay=`) may wait for
+/// its budget instead, in milliseconds; `0`: refused at once (default `0`).
+pub const DELAY_MAX_MS: Var = Var::new("DELAY_MAX_MS", "0");
+/// The same for the auth rule (default `0`).
+pub const AUTH_DELAY_MAX_MS: Var = Var::new("AUTH_DELAY_MAX_MS", "0");
+/// Most requests waiting under a delay at once, over every rule and client (default `1000`).
+pub const DELAY_QUEUE: Var = Var::new("DELAY_QUEUE", "1000");
+/// Most requests one client waits with at once under one rule's delay (default `4`).
+pub const DELAY_QUEUE_PER_CLIENT: Var = Var::new("DELAY_QUEUE_PER_CLIENT", "4");
 
 // --- client identity
 
@@ -281,6 +290,10 @@ pub const ALL: &[Var] = &[
     SKIP_PATHS,
     SHADOW_MODE,
     AUTH_COUNT,
+    DELAY_MAX_MS,
+    AUTH_DELAY_MAX_MS,
+    DELAY_QUEUE,
+    DELAY_QUEUE_PER_CLIENT,
     KEY_BY,
     AUTH_KEY_BY,
     IPV6_PREFIX,

@@ -45,6 +45,7 @@ use ipnet::IpNet;
 use crate::admin::AdminSettings;
 use crate::decide::{DecideSettings, Token};
 use crate::gate::GateSettings;
+use crate::gate::delay::DelayBounds;
 use crate::limit::RuleTable;
 use crate::limit_headers::HeaderStyle;
 use crate::proxy::body::MinRate;
@@ -608,6 +609,15 @@ impl Config {
                 })
             })
             .transpose()?;
+        let delay_queue = |var: Var| {
+            env.parse(var, "a whole number of at least 1", |s| {
+                s.parse::<u32>().ok().filter(|n| *n > 0)
+            })
+        };
+        let delay_bounds = DelayBounds {
+            overall: delay_queue(vars::DELAY_QUEUE)?,
+            per_client: delay_queue(vars::DELAY_QUEUE_PER_CLIENT)?,
+        };
         let upgrade_protocols = {
             let value = env.value(vars::UPGRADE_PROTOCOLS);
             UpgradeProtocols::parse(value).map_err(|error| {
@@ -685,6 +695,7 @@ impl Config {
                 rules,
                 trusted_proxies,
                 max_upgrades_per_client,
+                delay_bounds,
             },
             store: StoreSettings {
                 kind: store,
@@ -794,6 +805,14 @@ impl fmt::Display for Config {
         )?;
         if let Some(rls) = &self.rls {
             writeln!(f, "envoy rls:        {rls}")?;
+        }
+        if self.gate.rules.rules().iter().any(|rule| rule.delay.is_some()) {
+            let bounds = self.gate.delay_bounds;
+            writeln!(
+                f,
+                "delay queue:      at most {} requests waiting ({} per client and rule); past it, refused at once",
+                bounds.overall, bounds.per_client
+            )?;
         }
         let refusals = match (&self.proxy, &self.decide) {
             (Some(proxy), _) => Some((&proxy.refusals, proxy.forward_headers)),

@@ -1,7 +1,7 @@
 //! The rule table parser: `ALGORITHM`, `AUTH_ALGORITHM` and their numbers, `ROUTES`,
 //! `AUTH_PATHS`, `KEY_BY`, `AUTH_KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
-//! `SHADOW_MODE`, `AUTH_COUNT`, and with Redis `FAIL_MODE` and `AUTH_FAIL_MODE`, compiled into
-//! one [`RuleTable`].
+//! `SHADOW_MODE`, `AUTH_COUNT`, `DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, and with Redis `FAIL_MODE`
+//! and `AUTH_FAIL_MODE`, compiled into one [`RuleTable`].
 //!
 //! `ROUTES` is `;`-separated entries, each `PATTERN=LIMITS[,OPTION...]`, `LIMITS` one
 //! `ALGORITHM:A:B` or several joined by `+`, all enforced:
@@ -15,12 +15,15 @@
 //! for `sliding_window`, `fixed_window` and `sliding_log`. Options: `name=NAME` (default: the
 //! pattern), `key=SOURCE[+SOURCE...]` (`ip`, `header:NAME`, `cookie:NAME`, `query:NAME`, `host`,
 //! `path`; default `KEY_BY`), `cost=N` (default 1),
-//! `method=GET|POST` (default every method), `shadow`, `count=failures`, and
-//! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide). No entry may
-//! contain whitespace: `AUTH_PATHS="/login /signup"` is an error, not one odd path.
+//! `method=GET|POST` (default every method), `shadow`, `count=failures`,
+//! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide), and
+//! `delay=MS` (default `DELAY_MAX_MS`: how long a refused request may wait for its budget
+//! instead, 0 for not at all). No entry may contain whitespace: `AUTH_PATHS="/login /signup"`
+//! is an error, not one odd path.
 
 use crate::variables::{self as vars, Var};
 use ipnet::IpNet;
+use std::time::Duration;
 
 use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
@@ -35,6 +38,13 @@ const MAX_ROUTES: usize = 1_000;
 
 /// A `KEY_HASH_SECRET` shorter than this is refused: it must be hard to guess.
 const MIN_SECRET_LEN: usize = 16;
+
+/// Most milliseconds a request may be delayed (`DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, `delay=`): a
+/// minute. A longer wait outlives most clients' own timeouts, and holds a connection all along.
+const MAX_DELAY_MS: u64 = 60_000;
+
+/// What a delay is written as, for its errors.
+const DELAY_FORMS: &str = "a whole number of milliseconds from 0 (refused at once) to 60000";
 
 const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
 
@@ -58,6 +68,9 @@ pub(crate) fn parse(
         "failures" => Some(Count::Failures),
         _ => None,
     })?;
+
+    let delay = env.parse(vars::DELAY_MAX_MS, DELAY_FORMS, parse_delay)?;
+    let auth_delay = env.parse(vars::AUTH_DELAY_MAX_MS, DELAY_FORMS, parse_delay)?;
 
     let general_limits = limits_variable(env, vars::LIMITS, false)?;
     let algorithm = match (env.get(vars::ALGORITHM), &general_limits) {
@@ -104,6 +117,7 @@ pub(crate) fn parse(
         shadow,
         count: Count::All,
         fail_mode,
+        delay,
     };
 
     let mut rules: Vec<Rule> = Vec::new();
@@ -204,6 +218,7 @@ pub(crate) fn parse(
         count: auth_count,
         key_by: auth_key_by,
         fail_mode: auth_fail_mode,
+        delay: auth_delay,
         ..defaults.clone()
     });
     rules.push(Rule {
@@ -211,6 +226,20 @@ pub(crate) fn parse(
         name: "general".into(),
         ..defaults
     });
+    if shadow && (delay.is_some() || auth_delay.is_some()) {
+        warnings.push(
+            "DELAY_MAX_MS or AUTH_DELAY_MAX_MS changes nothing under SHADOW_MODE=true: a shadowed \
+             rule refuses nothing, so never waits"
+                .into(),
+        );
+    }
+    for (rule, var) in rules[auth_index..]
+        .iter()
+        .zip([vars::AUTH_DELAY_MAX_MS, vars::DELAY_MAX_MS])
+    {
+        delayable(rule)
+            .map_err(|why| ConfigError::Conflict(format!("{}={}: {why}", var.name, env.value(var))))?;
+    }
 
     let mut costs = Vec::new();
     let cost_entries = list(env, vars::COSTS, &[';', ','])?;
@@ -561,12 +590,16 @@ fn parse_route(
                     ));
                 }
             }
+            Some(("delay", ms)) => {
+                rule.delay =
+                    parse_delay(ms).ok_or_else(|| bad(format!("delay {ms:?}: expected {DELAY_FORMS}")))?;
+            }
             Some(("count", "failures")) => rule.count = Count::Failures,
             Some(("count", "all")) => rule.count = Count::All,
             None if option == "shadow" => rule.shadow = true,
             _ => {
                 return Err(bad(format!(
-                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures, fail= or shadow"
+                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures, fail=, delay= or shadow"
                 )));
             }
         }
@@ -578,12 +611,59 @@ fn parse_route(
             rule.limits.capacity()
         )));
     }
+    if rule.shadow && rule.delay.is_some() && options_delay(rest) {
+        warnings.push(format!(
+            "ROUTES entry for {pattern}: delay= changes nothing: the route is shadowed, and a \
+             shadowed rule refuses nothing, so never waits"
+        ));
+    }
+    delayable(&rule).map_err(|why| match options_delay(rest) {
+        true => bad(why),
+        false => bad(format!(
+            "{why} (the route inherits DELAY_MAX_MS; delay=0 turns it off here)"
+        )),
+    })?;
     let route = Route {
         pattern,
         methods,
         rule: 0,
     };
     Ok((route, rule))
+}
+
+/// A delay as written (`DELAY_MAX_MS`, `delay=`): `None` when it is not one of
+/// [`DELAY_FORMS`], `Some(None)` for 0 (no delay).
+fn parse_delay(ms: &str) -> Option<Option<Duration>> {
+    ms.parse::<u64>()
+        .ok()
+        .filter(|ms| *ms <= MAX_DELAY_MS)
+        .map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))
+}
+
+/// Whether the options of a `ROUTES` entry (after its pattern's `=`) set `delay=` themselves.
+fn options_delay(options: &str) -> bool {
+    options
+        .split(',')
+        .skip(1)
+        .any(|option| option.starts_with("delay="))
+}
+
+/// The one check of a rule's delay against its limits, made for every rule (general, auth,
+/// each route): a delayed request sleeps for its denial's retry time, so only limits whose
+/// retry times are exact can be waited for ([`Policy::exact_retry`]): every limit of the rule
+/// (the rule's retry time is the latest of its refusing limits'). The error says why; the
+/// caller names what set the delay.
+fn delayable(rule: &Rule) -> Result<(), String> {
+    let inexact = rule.limits.iter().find(|policy| !policy.exact_retry());
+    match (rule.delay, inexact) {
+        (Some(delay), Some(policy)) => Err(format!(
+            "rule {:?} would delay requests up to {} ms, but its limit ({policy}) has no exact retry \
+             time to wait for: a request could only poll; leave the delay off for this rule",
+            rule.name,
+            delay.as_millis(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn is_rule_name(name: &str) -> bool {

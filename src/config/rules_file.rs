@@ -13,12 +13,14 @@
 //! limits = "token_bucket:100:10"         # LIMITS (a list: "a+b", or ["a", "b"])
 //! key = "ip"                             # KEY_BY
 //! fail = "open"                          # FAIL_MODE
+//! delay = 500                            # DELAY_MAX_MS
 //!
 //! [auth]
 //! limits = "token_bucket:5:0.01"         # AUTH_LIMITS
 //! key = "ip"                             # AUTH_KEY_BY
 //! count = "failures"                     # AUTH_COUNT
 //! fail = "closed"                        # AUTH_FAIL_MODE
+//! delay = 0                              # AUTH_DELAY_MAX_MS
 //!
 //! [[routes]]                             # one ROUTES entry each, in order
 //! name = "api"
@@ -30,6 +32,7 @@
 //! shadow = true
 //! count = "failures"
 //! fail = "local"
+//! delay = 1500
 //! ```
 //!
 //! The file is translated into the variables it stands for, which the environment's parsers
@@ -88,6 +91,7 @@ const GENERAL: &[(&str, Var, Kind)] = &[
     ("limits", vars::LIMITS, Kind::Limits),
     ("key", vars::KEY_BY, Kind::Text),
     ("fail", vars::FAIL_MODE, Kind::Text),
+    ("delay", vars::DELAY_MAX_MS, Kind::Number),
 ];
 
 /// `[auth]`.
@@ -96,11 +100,12 @@ const AUTH: &[(&str, Var, Kind)] = &[
     ("key", vars::AUTH_KEY_BY, Kind::Text),
     ("count", vars::AUTH_COUNT, Kind::Text),
     ("fail", vars::AUTH_FAIL_MODE, Kind::Text),
+    ("delay", vars::AUTH_DELAY_MAX_MS, Kind::Number),
 ];
 
 /// The keys of a `[[routes]]` table: `path` and `limits` required, the rest its options.
 const ROUTE_KEYS: &[&str] = &[
-    "path", "limits", "name", "key", "cost", "method", "shadow", "count", "fail",
+    "path", "limits", "name", "key", "cost", "method", "shadow", "count", "fail", "delay",
 ];
 
 /// How a setting's value is written in TOML.
@@ -545,6 +550,8 @@ impl Reader<'_> {
                     }
                     cost => cost.to_string(),
                 },
+                // Milliseconds, bounded by the ROUTES parser (whose error is located here).
+                "delay" => self.number(&setting, value)?.to_string(),
                 "shadow" => match value.get_ref() {
                     DeValue::Boolean(flag) => flag.to_string(),
                     _ => return Err(self.fail(value.span(), &setting, "expected true or false".into())),
@@ -649,12 +656,14 @@ ipv6_prefix = 56
 limits = "token_bucket:100:10"
 key = "header:X-API-Key"
 fail = "local"
+delay = 500
 
 [auth]
 limits = "fixed_window:5:60"
 key = "ip"
 count = "failures"
 fail = "closed"
+delay = 0
 
 [[routes]]
 path = "/api/*"
@@ -666,6 +675,7 @@ method = ["GET", "HEAD"]
 shadow = true
 count = "failures"
 fail = "open"
+delay = 1500
 
 [[routes]]
 path = "/upload"
@@ -689,13 +699,15 @@ limits = ["token_bucket:5:1", "fixed_window:1000:86400"]
             ("LIMITS", "token_bucket:100:10".into()),
             ("KEY_BY", "header:X-API-Key".into()),
             ("FAIL_MODE", "local".into()),
+            ("DELAY_MAX_MS", "500".into()),
+            ("AUTH_DELAY_MAX_MS", "0".into()),
             ("AUTH_LIMITS", "fixed_window:5:60".into()),
             ("AUTH_KEY_BY", "ip".into()),
             ("AUTH_COUNT", "failures".into()),
             ("AUTH_FAIL_MODE", "closed".into()),
             (
                 "ROUTES",
-                "/api/*=token_bucket:20:10,cost=2,count=failures,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST;/search=token_bucket:5:1+fixed_window:1000:86400".into(),
+                "/api/*=token_bucket:20:10,cost=2,count=failures,delay=1500,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST;/search=token_bucket:5:1+fixed_window:1000:86400".into(),
             ),
         ];
         expected.sort();

@@ -1949,3 +1949,143 @@ fn a_wrong_override_or_tier_names_the_file_the_line_and_what_is_wrong() {
         "{warned:?}"
     );
 }
+
+#[test]
+fn delays_are_read_per_rule_and_routes_inherit_the_general_one() {
+    use std::time::Duration;
+    let none = parse(&[]).unwrap();
+    assert!(none.gate.rules.rules().iter().all(|rule| rule.delay.is_none()));
+    assert_eq!(
+        (none.gate.delay_bounds.overall, none.gate.delay_bounds.per_client),
+        (1000, 4)
+    );
+    let config = parse(&[
+        ("DELAY_MAX_MS", "500"),
+        ("AUTH_DELAY_MAX_MS", "2000"),
+        (
+            "ROUTES",
+            "/a=token_bucket:1:1,name=a;/b=fixed_window:5:1,name=b,delay=1500;/c=sliding_log:5:1,name=c,delay=0",
+        ),
+        ("DELAY_QUEUE", "50"),
+        ("DELAY_QUEUE_PER_CLIENT", "2"),
+    ])
+    .unwrap();
+    let delay = |name: &str| config.gate.rules.rule(name).unwrap().delay;
+    assert_eq!(delay("general"), Some(Duration::from_millis(500)));
+    assert_eq!(delay("auth"), Some(Duration::from_secs(2)));
+    assert_eq!(delay("a"), Some(Duration::from_millis(500)), "inherited");
+    assert_eq!(delay("b"), Some(Duration::from_millis(1500)));
+    assert_eq!(delay("c"), None, "delay=0 turns it off");
+    assert_eq!(
+        (
+            config.gate.delay_bounds.overall,
+            config.gate.delay_bounds.per_client
+        ),
+        (50, 2)
+    );
+    // --check-config says so, and the table's digest tells the two tables apart.
+    let text = config.to_string();
+    assert!(
+        text.contains("b: fixed_window: 5 requests per 1 s (key ip, cost 1, enforce, delays up to 1500 ms)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("delay queue:      at most 50 requests waiting (2 per client and rule)"),
+        "{text}"
+    );
+    assert!(!none.to_string().contains("delay queue"));
+    let undelayed = parse(&[("ROUTES", "/a=token_bucket:1:1,name=a")]).unwrap();
+    let delayed = parse(&[("ROUTES", "/a=token_bucket:1:1,name=a,delay=10")]).unwrap();
+    assert_ne!(undelayed.gate.rules.digest(), delayed.gate.rules.digest());
+    // Every algorithm today has an exact retry time, so each may be delayed.
+    for algorithm in ["token_bucket", "sliding_window", "fixed_window", "sliding_log"] {
+        let route = format!("/x={algorithm}:5:1,delay=100");
+        assert!(parse(&[("ROUTES", &route)]).is_ok(), "{algorithm}");
+    }
+}
+
+#[test]
+fn a_bad_delay_is_an_error_naming_its_variable_or_entry() {
+    for (vars, start) in [
+        (
+            &[("DELAY_MAX_MS", "60001")][..],
+            r#"DELAY_MAX_MS="60001" is invalid: expected a whole number of milliseconds from 0"#,
+        ),
+        (
+            &[("AUTH_DELAY_MAX_MS", "-1")],
+            r#"AUTH_DELAY_MAX_MS="-1" is invalid"#,
+        ),
+        (&[("DELAY_MAX_MS", "1.5")], r#"DELAY_MAX_MS="1.5" is invalid"#),
+        (
+            &[("DELAY_QUEUE", "0")],
+            r#"DELAY_QUEUE="0" is invalid: expected a whole number of at least 1"#,
+        ),
+        (
+            &[("DELAY_QUEUE_PER_CLIENT", "x")],
+            r#"DELAY_QUEUE_PER_CLIENT="x" is invalid"#,
+        ),
+    ] {
+        let message = error(vars);
+        assert!(message.starts_with(start), "{vars:?}: {message}");
+    }
+    let message = error(&[("ROUTES", "/a=token_bucket:1:1,delay=70000")]);
+    assert!(
+        message.starts_with(r#"ROUTES entry "/a=token_bucket:1:1,delay=70000" is invalid: delay "70000": expected a whole number of milliseconds"#),
+        "{message}"
+    );
+    let message = error(&[("ROUTES", "/a=token_bucket:1:1,delay")]);
+    assert!(message.contains("delay= or shadow"), "{message}");
+}
+
+#[test]
+fn a_rules_files_delays_are_its_variables_and_a_bad_one_is_located_in_it() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    let path_text = path.to_str().unwrap();
+    std::fs::write(
+        &path,
+        "[general]\ndelay = 250\n\n[auth]\ndelay = 100\n\n[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:1:1\"\nname = \"a\"\ndelay = 1500\n",
+    )
+    .unwrap();
+    let config = parse(&[("RULES_FILE", path_text)]).unwrap();
+    let delay = |name: &str| config.gate.rules.rule(name).unwrap().delay;
+    assert_eq!(delay("general"), Some(Duration::from_millis(250)));
+    assert_eq!(delay("auth"), Some(Duration::from_millis(100)));
+    assert_eq!(delay("a"), Some(Duration::from_millis(1500)));
+    std::fs::write(
+        &path,
+        "[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:1:1\"\ndelay = 60001\n",
+    )
+    .unwrap();
+    let message = error(&[("RULES_FILE", path_text)]);
+    assert!(
+        message.contains(&format!("{path_text}:2: routes[0]")) && message.contains("delay \"60001\""),
+        "{message}"
+    );
+    std::fs::write(&path, "[general]\ndelay = 60001\n").unwrap();
+    let message = error(&[("RULES_FILE", path_text)]);
+    assert!(
+        message.contains(&format!("{path_text}:2: general.delay")) && message.contains("DELAY_MAX_MS"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_delay_on_a_shadowed_rule_is_warned_about() {
+    let warned = warnings(&[("ROUTES", "/a=token_bucket:1:1,shadow,delay=100")]);
+    assert!(
+        warned
+            .iter()
+            .any(|warning| warning.starts_with("ROUTES entry for /a: delay= changes nothing")),
+        "{warned:?}"
+    );
+    let warned = warnings(&[("SHADOW_MODE", "true"), ("DELAY_MAX_MS", "100")]);
+    assert!(
+        warned
+            .iter()
+            .any(|warning| warning.contains("changes nothing under SHADOW_MODE=true")),
+        "{warned:?}"
+    );
+    assert!(warnings(&[("DELAY_MAX_MS", "100")]).is_empty());
+}

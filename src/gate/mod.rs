@@ -9,12 +9,23 @@
 //!   backend must get, or refused as one that backends could read two ways.
 //! - [`identity`]: the client address (the peer, or `X-Forwarded-For` from `TRUSTED_PROXIES`).
 //! - [`tunnels`]: `MAX_UPGRADES_PER_CLIENT`, the tunnels one client may hold open.
+//! - [`delay`]: `DELAY_QUEUE`, `DELAY_QUEUE_PER_CLIENT`, the places of requests waiting under a
+//!   rule's delay.
 //! - the rule table ([`crate::limit::RuleTable`]) and the limiter ([`crate::limit::Limiter`]):
 //!   which rule, key, cost and mode, and what the store says.
 //!
 //! A decision is counted in the metrics here (`tollgate_requests_total`, the decision's
 //! latency), once, whichever door asked.
+//!
+//! Delay instead of refuse (a rule's `delay`, nginx's `limit_req` `burst` without `nodelay`)
+//! is the gate's too, so every door waits alike: an enforced denial whose retry time is at most
+//! the rule's delay takes a place in the [`delay`] queue, sleeps for the retry time, and is
+//! decided again, its cost spent only then. Denied again (another request took the budget
+//! first), it sleeps again while its whole wait stays within the delay, and is refused
+//! otherwise, with the last decision. A full queue refuses at once. A shadow rule never
+//! waits (it refuses nothing), nor does a request Redis could not decide for.
 
+pub(crate) mod delay;
 pub mod identity;
 pub mod path;
 pub(crate) mod tunnels;
@@ -27,6 +38,8 @@ use arc_swap::ArcSwap;
 use http::{HeaderMap, Method};
 use ipnet::IpNet;
 use tokio::time::Instant;
+
+use delay::{DelayBounds, DelayQueue};
 
 use crate::limit::refused::{Counted, RefusedClients};
 use crate::limit::{
@@ -48,6 +61,8 @@ pub struct GateSettings {
     pub trusted_proxies: Vec<IpNet>,
     /// `MAX_UPGRADES_PER_CLIENT`: most tunnels one client address holds; `None`: unlimited.
     pub max_upgrades_per_client: Option<u32>,
+    /// `DELAY_QUEUE`, `DELAY_QUEUE_PER_CLIENT`: most requests waiting under a delay.
+    pub delay_bounds: DelayBounds,
 }
 
 /// Classification and decision, shared by every door.
@@ -59,6 +74,9 @@ pub struct Gate {
     identity: ClientIdentity,
     /// `MAX_UPGRADES_PER_CLIENT`.
     tunnels: Tunnels,
+    /// The places of requests waiting under a delay: the gate's, not a table's, so a reload
+    /// leaves the waiting in their places and the caps whole.
+    delays: DelayQueue,
     /// Counts decisions.
     metrics: Arc<Metrics>,
     /// One swap at a time: each builds on the table in force, so two at once would lose one.
@@ -256,6 +274,7 @@ impl Gate {
             current: ArcSwap::from_pointee(generation),
             identity: ClientIdentity::new(settings.trusted_proxies),
             tunnels: Tunnels::new(settings.max_upgrades_per_client, ipv6_prefix),
+            delays: DelayQueue::new(settings.delay_bounds, metrics.delays()),
             metrics,
             swapping: std::sync::Mutex::new(()),
         }
@@ -343,21 +362,14 @@ impl Gate {
             })?,
             false => None,
         };
-        let (decision, decided) = match matched.mode {
-            Mode::Exempt | Mode::Deny => (None, Instant::now()),
-            Mode::Enforce | Mode::Shadow => {
-                let asked = Instant::now();
-                let decision = generation
-                    .limiter
-                    .check(matched.rule, matched.key, matched.cost)
-                    .await;
-                let decided = Instant::now();
-                if let Some(series) = generation.series(matched.rule.id) {
-                    series.decision(decided - asked);
-                }
-                (Some(decision), decided)
-            }
+        let decision = match matched.mode {
+            Mode::Exempt | Mode::Deny => None,
+            Mode::Enforce | Mode::Shadow => Some(
+                self.check(&generation, matched.rule, matched.key, matched.cost, matched.mode)
+                    .await,
+            ),
         };
+        let decided = Instant::now();
         let outcome = Outcome::of(matched.mode, decision.as_ref());
         generation.count(matched.rule, matched.key, outcome);
         let rule = matched.rule.id;
@@ -383,14 +395,61 @@ impl Gate {
     /// metrics. `rule` must be one of `generation`'s ([`Generation::rule`]).
     pub async fn decide_key(&self, generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> Keyed {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
-        let asked = Instant::now();
-        let decision = generation.limiter.check(rule, key, cost).await;
-        if let Some(series) = generation.series(rule.id) {
-            series.decision(asked.elapsed());
-        }
+        let decision = self.check(generation, rule, key, cost, mode).await;
         let outcome = Outcome::of(mode, Some(&decision));
         generation.count(rule, key, outcome);
         Keyed { decision, outcome }
+    }
+
+    /// Ask `generation`'s limiter for `cost` of `key`'s budget under `rule`, each answer's
+    /// latency counted; under a rule with a delay, an enforced denial that clears within it
+    /// waits in the queue and is asked again (see the module's docs). Dropping the future
+    /// (the client went away) gives its place back.
+    async fn check(
+        &self,
+        generation: &Generation,
+        rule: &Rule,
+        key: ClientKey,
+        cost: u64,
+        mode: Mode,
+    ) -> StoreVerdict {
+        let series = generation.series(rule.id);
+        let ask = || async {
+            let asked = Instant::now();
+            let decision = generation.limiter.check(rule, key, cost).await;
+            if let Some(series) = series {
+                series.decision(asked.elapsed());
+            }
+            decision
+        };
+        let decision = ask().await;
+        let (Some(delay), Mode::Enforce) = (rule.delay, mode) else {
+            return decision;
+        };
+        let Some(mut retry_after) = denied_within(&decision, delay) else {
+            return decision;
+        };
+        let _place = match self.delays.take(&rule.name, key) {
+            Ok(place) => place,
+            Err(full) => {
+                tracing::debug!(rule = %rule.name, queue = full.as_str(), "delay queue full: refused at once");
+                return decision;
+            }
+        };
+        let waiting = Instant::now();
+        let decision = loop {
+            // At least a millisecond: a retry time rounded to zero must not spin.
+            tokio::time::sleep(retry_after.max(std::time::Duration::from_millis(1))).await;
+            let decision = ask().await;
+            match denied_within(&decision, delay.saturating_sub(waiting.elapsed())) {
+                Some(again) => retry_after = again,
+                None => break decision,
+            }
+        };
+        if let Some(series) = series {
+            series.delayed(waiting.elapsed());
+        }
+        decision
     }
 
     /// Give `client` its whole budget back under the rule called `rule` (for every replica,
@@ -448,6 +507,15 @@ impl Gate {
     pub fn trusts(&self, peer: IpAddr) -> bool {
         self.identity.is_trusted(peer)
     }
+}
+
+/// The retry time of `decision` when it is a denial that clears within `delay`: a store's (or
+/// the local fallback's) refusal, not a fail mode's.
+fn denied_within(decision: &StoreVerdict, delay: std::time::Duration) -> Option<std::time::Duration> {
+    decision
+        .decision()
+        .filter(|decision| !decision.allowed && decision.retry_after <= delay)
+        .map(|decision| decision.retry_after)
 }
 
 impl Generation {
@@ -542,6 +610,169 @@ mod tests {
         };
         let metrics = Arc::new(Metrics::new(limiter.clone(), load));
         Gate::new(config.gate.clone(), limiter, metrics)
+    }
+
+    /// A gate of `ROUTES=routes` plus `vars`.
+    fn delaying(routes: &str, vars: &[(&str, &str)]) -> Gate {
+        let mut all = vec![("BACKEND_URL", "http://127.0.0.1:9"), ("ROUTES", routes)];
+        all.extend_from_slice(vars);
+        gate(&Config::from_vars(all).unwrap())
+    }
+
+    /// The sample `series` of `gate`'s metrics (`name{labels}`), as a number.
+    fn sample(gate: &Gate, series: &str) -> f64 {
+        let text = gate.metrics.encode(crate::metrics::Format::Prometheus).unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+    }
+
+    fn remaining(verdict: &Verdict) -> u64 {
+        verdict
+            .decision
+            .and_then(|d| d.decision().copied())
+            .unwrap()
+            .remaining
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_within_the_delay_waits_its_retry_time_and_goes() {
+        let gate = delaying("/slow=token_bucket:1:1,name=slow,delay=1500", &[]);
+        let headers = HeaderMap::new();
+        let first = gate.decide(&head("/slow", &headers)).await.unwrap();
+        assert_eq!(first.outcome, Outcome::Allowed);
+        let started = Instant::now();
+        let second = gate.decide(&head("/slow", &headers)).await.unwrap();
+        assert_eq!(second.outcome, Outcome::Allowed, "after its wait");
+        assert_eq!(remaining(&second), 0, "the allowed decision's headers");
+        let waited = started.elapsed();
+        assert!(
+            waited >= std::time::Duration::from_secs(1) && waited < std::time::Duration::from_millis(1100),
+            "{waited:?}"
+        );
+        assert_eq!(sample(&gate, r#"tollgate_delay_seconds_count{rule="slow"}"#), 1.0);
+        assert_eq!(sample(&gate, "tollgate_delayed_requests"), 0.0);
+        assert_eq!(
+            sample(
+                &gate,
+                r#"tollgate_requests_total{rule="slow",decision="allowed"}"#
+            ),
+            2.0
+        );
+        assert_eq!(
+            sample(
+                &gate,
+                r#"tollgate_requests_total{rule="slow",decision="limited"}"#
+            ),
+            0.0
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_beyond_the_delay_a_shadow_rule_and_a_rule_without_one_answer_at_once() {
+        let gate = delaying(
+            "/far=token_bucket:1:0.5,name=far,delay=1500;/shadow=token_bucket:1:1,name=shadow,shadow,delay=1500;/now=token_bucket:1:1,name=now",
+            &[],
+        );
+        let headers = HeaderMap::new();
+        for (path, then) in [
+            ("/far", Outcome::Limited),
+            ("/shadow", Outcome::Shadow),
+            ("/now", Outcome::Limited),
+        ] {
+            assert_eq!(
+                gate.decide(&head(path, &headers)).await.unwrap().outcome,
+                Outcome::Allowed
+            );
+            let started = Instant::now();
+            let verdict = gate.decide(&head(path, &headers)).await.unwrap();
+            assert_eq!((path, verdict.outcome), (path, then));
+            assert_eq!(started.elapsed(), std::time::Duration::ZERO, "{path}");
+        }
+        assert_eq!(sample(&gate, r#"tollgate_delay_seconds_count{rule="far"}"#), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_waiting_for_one_token_one_goes_and_the_other_is_refused_when_its_delay_would_run_out() {
+        let gate = delaying("/slow=token_bucket:1:1,name=slow,delay=1500", &[]);
+        let headers = HeaderMap::new();
+        gate.decide(&head("/slow", &headers)).await.unwrap();
+        let started = Instant::now();
+        let timed = || async {
+            let verdict = gate.decide(&head("/slow", &headers)).await.unwrap();
+            (verdict.outcome, started.elapsed())
+        };
+        let (a, b) = tokio::join!(timed(), timed());
+        let mut outcomes = [a.0, b.0];
+        outcomes.sort_by_key(|outcome| outcome.as_str());
+        assert_eq!(outcomes, [Outcome::Allowed, Outcome::Limited]);
+        // Both woke at the token's time; the loser's next one (2 s) is past its 1.5 s.
+        for (_, waited) in [a, b] {
+            assert!(
+                waited >= std::time::Duration::from_secs(1)
+                    && waited < std::time::Duration::from_millis(1100),
+                "{waited:?}"
+            );
+        }
+        assert_eq!(sample(&gate, r#"tollgate_delay_seconds_count{rule="slow"}"#), 2.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_at_once_and_a_dropped_wait_gives_its_place_back() {
+        let gate = delaying(
+            "/slow=token_bucket:1:0.1,name=slow,delay=15000",
+            &[("DELAY_QUEUE_PER_CLIENT", "1")],
+        );
+        let headers = HeaderMap::new();
+        gate.decide(&head("/slow", &headers)).await.unwrap();
+        let slow = head("/slow", &headers);
+        // Boxed, so that dropping it drops the future itself, as hyper does.
+        let mut waiting = Box::pin(gate.decide(&slow));
+        tokio::select! {
+            _ = &mut waiting => panic!("a 10 s wait ended at once"),
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+        assert_eq!(sample(&gate, "tollgate_delayed_requests"), 1.0);
+        let started = Instant::now();
+        let refused = gate.decide(&head("/slow", &headers)).await.unwrap();
+        assert_eq!(refused.outcome, Outcome::Limited);
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO, "refused at once");
+        assert_eq!(
+            sample(&gate, r#"tollgate_delay_queue_full_total{queue="client"}"#),
+            1.0
+        );
+        // The waiting request's client goes away: its future is dropped, its place freed.
+        drop(waiting);
+        assert_eq!(sample(&gate, "tollgate_delayed_requests"), 0.0);
+        let mut next = Box::pin(gate.decide(&slow));
+        tokio::select! {
+            _ = &mut next => panic!("a 10 s wait ended at once"),
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+        assert_eq!(
+            sample(&gate, "tollgate_delayed_requests"),
+            1.0,
+            "the next one has the place"
+        );
+        assert_eq!(next.await.unwrap().outcome, Outcome::Allowed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_json_doors_decisions_wait_as_the_proxys_do() {
+        let gate = delaying("/slow=token_bucket:1:1,name=slow,delay=1500", &[]);
+        let generation = gate.current();
+        let rule = generation.rule("slow").unwrap().clone();
+        let key = generation.named_key(&rule, b"acme");
+        assert_eq!(
+            gate.decide_key(&generation, &rule, key, 1).await.outcome,
+            Outcome::Allowed
+        );
+        let started = Instant::now();
+        assert_eq!(
+            gate.decide_key(&generation, &rule, key, 1).await.outcome,
+            Outcome::Allowed
+        );
+        assert!(started.elapsed() >= std::time::Duration::from_secs(1));
     }
 
     fn head<'a>(path: &'a str, headers: &'a HeaderMap) -> Head<'a> {

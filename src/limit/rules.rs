@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderMap, Method};
 use ipnet::IpNet;
@@ -50,6 +51,10 @@ pub struct Rule {
     /// What the Redis guard does with a request of this rule when Redis cannot decide
     /// (`FAIL_MODE`, `AUTH_FAIL_MODE`, or a route's `fail=`); the memory store never fails.
     pub fail_mode: FailMode,
+    /// How long a request refused under this rule may wait for its budget instead
+    /// (`DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, or a route's `delay=`): a denial whose retry time
+    /// is at most this is held by the gate and decided again. `None`: refused at once.
+    pub delay: Option<Duration>,
 }
 
 impl Rule {
@@ -61,7 +66,8 @@ impl Rule {
         self.name == other.name && self.limits == other.limits
     }
 
-    /// A rule keyed by IP, costing 1, enforced, counting every request, failing open.
+    /// A rule keyed by IP, costing 1, enforced, counting every request, failing open, never
+    /// delayed.
     pub fn new(id: u16, name: &str, limits: impl Into<Limits>) -> Rule {
         Rule {
             id,
@@ -72,6 +78,7 @@ impl Rule {
             shadow: false,
             count: Count::All,
             fail_mode: FailMode::Open,
+            delay: None,
         }
     }
 }
@@ -699,15 +706,20 @@ impl fmt::Display for RuleTable {
     }
 }
 
-/// One rule in words: `auth: token_bucket: 5 tokens, ... (key ip, cost 1, enforce)`.
+/// One rule in words: `auth: token_bucket: 5 tokens, ... (key ip, cost 1, enforce)`, with
+/// `, delays up to 500 ms` under `delay=`.
 pub fn describe(rule: &Rule) -> String {
     let mode = if rule.shadow { "shadow" } else { "enforce" };
     let count = match rule.count {
         Count::All => "",
         Count::Failures => ", counts failures only",
     };
+    let delay = match rule.delay {
+        None => String::new(),
+        Some(delay) => format!(", delays up to {} ms", delay.as_millis()),
+    };
     format!(
-        "{}: {} (key {}, cost {}, {mode}{count})",
+        "{}: {} (key {}, cost {}, {mode}{count}{delay})",
         rule.name, rule.limits, rule.key_by, rule.cost
     )
 }

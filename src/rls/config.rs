@@ -313,6 +313,9 @@ impl DescriptorTable {
                     shadow: limit.shadow || shadow,
                     count: Count::All,
                     fail_mode,
+                    // Envoy holds the request while it waits for the answer: a descriptor's
+                    // limit answers at once.
+                    delay: None,
                 })
             })
             .collect()

@@ -10,6 +10,7 @@ mod bypass;
 mod cluster;
 mod connections;
 mod decide;
+mod delay;
 mod faults;
 mod http2;
 mod ingress;

@@ -567,3 +567,27 @@ algorithms! {
     FixedWindow(FixedWindow),
     SlidingLog(SlidingLog),
 }
+
+impl Policy {
+    /// Whether a denial's `retry_after` is exactly when the same request would pass, on a
+    /// budget no other request spends meanwhile: what `delay=` sleeps for, so a delayed request
+    /// wakes when it can go instead of polling. A limit kind with no such time (a cap on
+    /// requests in flight, freed when one ends rather than at an instant) says no, and a delay
+    /// on it is refused at start. Each algorithm's property tests retry at `now + retry_after`
+    /// and demand an allowed decision.
+    pub fn exact_retry(&self) -> bool {
+        match self {
+            // GCRA: the request fits once the theoretical arrival time has come within the
+            // tolerance, `new_tat - tau`, an integer of microseconds.
+            Policy::TokenBucket(_) => true,
+            // The weighted previous count shrinks linearly through the window: the instant it
+            // leaves room for `cost` is solved for exactly, in whole request-milliseconds.
+            Policy::SlidingWindow(_) => true,
+            // The count starts over at the window's end, an instant on the epoch's grid.
+            Policy::FixedWindow(_) => true,
+            // Room for `cost` opens when the entry that frees it leaves the log, at its own
+            // timestamp plus the window.
+            Policy::SlidingLog(_) => true,
+        }
+    }
+}
