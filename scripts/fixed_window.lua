@@ -8,7 +8,9 @@
 -- ARGV[2]  window length in milliseconds
 -- ARGV[3]  cost of this request
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
--- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost; "charge"
+--          to spend the cost whatever is left, into debt if need be (a cost the backend
+--          reported after the response)
 -- ARGV[6]  "" for no deadline; else the time (microseconds, on the Redis clock) after which
 --          the gateway has given up on this call: later, the script changes nothing and
 --          returns {-1, now_us} ("expired")
@@ -34,6 +36,23 @@ end
 
 local stored = redis.call('HMGET', KEYS[1], 'w', 'c')
 local sw, sc = tonumber(stored[1]), tonumber(stored[2])
+
+if ARGV[5] == 'charge' then
+  -- Charge: counted in the current window whatever is left, past the limit if need be; the
+  -- window's end forgives the debt, as it starts every count afresh.
+  local now_ms = math.floor(now / 1000)
+  if sw and sw * w > now_ms then
+    now_ms = sw * w
+  end
+  local window = math.floor(now_ms / w)
+  local count = cost
+  if sw == window and sc then
+    count = sc + cost
+  end
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
+  redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(((window + 1) * w * 1000 - now) / 1000000)))
+  return 1
+end
 
 if ARGV[5] ~= '' then
   -- Refund: only the window the request was counted in can give it back.

@@ -9,7 +9,9 @@
 -- ARGV[2]  window length in milliseconds
 -- ARGV[3]  cost of this request
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
--- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost; "charge"
+--          to spend the cost whatever is left, into debt if need be (a cost the backend
+--          reported after the response)
 -- ARGV[6]  "" for no deadline; else the time (microseconds, on the Redis clock) after which
 --          the gateway has given up on this call: later, the script changes nothing and
 --          returns {-1, now_us} ("expired")
@@ -34,7 +36,8 @@ if deadline and now > deadline then
   return {-1, now}
 end
 
-if ARGV[5] ~= '' then
+local charge = ARGV[5] == 'charge'
+if ARGV[5] ~= '' and not charge then
   -- Refund: take back up to cost entries logged at that time, newest first (an empty list
   -- is deleted by Redis itself).
   redis.call('LREM', key, -cost, string.format('%.0f', tonumber(ARGV[5])))
@@ -55,14 +58,19 @@ if newest then
   reset = math.max(0, newest + window - now)
 end
 
-if cost > limit then
+if charge then
+  -- Charge: logged whatever is left, past the limit if need be. More than a window's limit
+  -- of entries at one time holds requests back no longer than the limit does (they all
+  -- expire together), so no more are logged: the list stays bounded.
+  cost = math.min(cost, limit)
+elseif cost > limit then
   -- Never allowed; the honest bound to report is a full reset.
   return {0, 0, reset, reset, at}
 end
 -- Oldest first: the request fits once the first len + cost - limit entries have expired, and
 -- is held back by the last of them until it does. A denial writes nothing.
 local excess = len + cost - limit
-if excess > 0 then
+if excess > 0 and not charge then
   local blocker = tonumber(redis.call('LINDEX', key, excess - 1))
   if at < blocker + window then
     return {0, 0, blocker + window - now, reset, at}
@@ -90,4 +98,7 @@ while pushed < cost do
 end
 -- Keep the key exactly as long as it matters: until the newest entry expires.
 redis.call('EXPIRE', key, math.max(1, math.ceil((at + window - now) / 1000000)))
+if charge then
+  return 1
+end
 return {1, limit - redis.call('LLEN', key), 0, at + window - now, at}

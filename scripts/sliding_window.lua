@@ -7,7 +7,9 @@
 -- ARGV[2]  window length in milliseconds
 -- ARGV[3]  cost of this request
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
--- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost; "charge"
+--          to spend the cost whatever is left, into debt if need be (a cost the backend
+--          reported after the response)
 -- ARGV[6]  "" for no deadline; else the time (microseconds, on the Redis clock) after which
 --          the gateway has given up on this call: later, the script changes nothing and
 --          returns {-1, now_us} ("expired")
@@ -33,6 +35,28 @@ end
 
 local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
 local sw, sp, sc = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
+
+if ARGV[5] == 'charge' then
+  -- Charge: counted in the current window whatever is left, past the limit if need be; its
+  -- weight holds requests back until it has slid out.
+  local now_ms = math.floor(now / 1000)
+  if sw and sw * w > now_ms then
+    now_ms = sw * w
+  end
+  local window = math.floor(now_ms / w)
+  local previous, current = 0, 0
+  if sw and sp and sc then
+    if sw == window then
+      previous, current = sp, sc
+    elseif sw + 1 == window then
+      previous, current = sc, 0
+    end
+  end
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window),
+    'p', string.format('%.0f', previous), 'c', string.format('%.0f', current + cost))
+  redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(((window + 2) * w * 1000 - now) / 1000000)))
+  return 1
+end
 
 if ARGV[5] ~= '' then
   -- Refund: take the cost back from the window it was counted in, if still remembered.

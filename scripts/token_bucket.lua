@@ -7,7 +7,9 @@
 -- ARGV[2]  microseconds to refill one token
 -- ARGV[3]  cost of this request, in tokens
 -- ARGV[4]  now in microseconds, or "" to read the Redis clock (only tests pin it)
--- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost
+-- ARGV[5]  "" to decide; the decision's time in microseconds to refund its cost; "charge"
+--          to spend the cost whatever is left, into debt if need be (a cost the backend
+--          reported after the response)
 -- ARGV[6]  "" for no deadline; else the time (microseconds, on the Redis clock) after which
 --          the gateway has given up on this call: later, the script changes nothing and
 --          returns {-1, now_us} ("expired")
@@ -30,6 +32,18 @@ if deadline and now > deadline then
   return {-1, now}
 end
 local stored = tonumber(redis.call('GET', KEYS[1]))
+
+if ARGV[5] == 'charge' then
+  -- Charge: the TAT moves on by the cost from now or where it is, past the capacity if need
+  -- be: requests are refused until the debt has refilled.
+  local tat = stored
+  if not tat or tat < now then
+    tat = now
+  end
+  tat = tat + cost * interval
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'EX', math.max(1, math.ceil((tat - now) / 1000000)))
+  return 1
+end
 
 if ARGV[5] ~= '' then
   -- Refund: moving the TAT back by the cost undoes the request whenever it was made.

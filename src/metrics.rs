@@ -70,6 +70,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_config_reloads_total",
     "tollgate_config_hash",
     "tollgate_tier_header_untrusted_total",
+    "tollgate_response_cost_invalid_total",
     "tollgate_state_saves_total",
     "tollgate_state_save_duration_seconds",
     "tollgate_state_file_bytes",
@@ -252,6 +253,9 @@ pub struct Metrics {
     /// `tollgate_tier_header_untrusted_total`: requests naming a tier (`TIER_HEADER`) from a
     /// peer not in `TRUSTED_PROXIES`, whose header was ignored.
     tier_header_untrusted: Counter,
+    /// `tollgate_response_cost_invalid_total`: backend responses whose
+    /// `RESPONSE_COST_HEADER` was malformed, negative or repeated, and ignored.
+    response_cost_invalid: Counter,
     /// What `STATE_FILE`'s saves did (all zero without one), read at scrape time.
     state_saves: Arc<SaveStats>,
     /// The delay queue's gauge and counters, handed to the gate.
@@ -538,6 +542,12 @@ impl Metrics {
             "Requests naming a tier in TIER_HEADER from a peer not in TRUSTED_PROXIES: the header was ignored",
             tier_header_untrusted.clone(),
         );
+        let response_cost_invalid = Counter::default();
+        registry.register(
+            "response_cost_invalid",
+            "Backend responses whose RESPONSE_COST_HEADER was malformed, negative or repeated: ignored",
+            response_cost_invalid.clone(),
+        );
         let state_saves = Arc::<SaveStats>::default();
         registry.register_collector(Box::new(StateFileCollector(state_saves.clone())));
 
@@ -565,6 +575,7 @@ impl Metrics {
             config_reloads,
             config_hash,
             tier_header_untrusted,
+            response_cost_invalid,
         }
     }
 
@@ -673,6 +684,11 @@ impl Metrics {
     /// From now on, the store's state is read from `limiter` (a reloaded table's).
     pub fn set_limiter(&self, limiter: Limiter) {
         self.limiter.store(Arc::new(limiter));
+    }
+
+    /// A backend's `RESPONSE_COST_HEADER` could not be read: it was ignored.
+    pub fn response_cost_invalid(&self) {
+        self.response_cost_invalid.inc();
     }
 
     /// A request named a tier from a peer not trusted to: the header was ignored.

@@ -81,6 +81,9 @@ pub const RULES_RELOAD_INTERVAL_MS: Var = Var::new("RULES_RELOAD_INTERVAL_MS", "
 pub const LIMITS: Var = Var::unset("LIMITS");
 /// The auth rule's limits, as `LIMITS` (unset: AUTH_ALGORITHM and its numbers).
 pub const AUTH_LIMITS: Var = Var::unset("AUTH_LIMITS");
+/// A header of the backend's response saying what the request really cost (LLM tokens,
+/// bytes, rows): the difference from the cost charged is charged or refunded (unset: none).
+pub const RESPONSE_COST_HEADER: Var = Var::unset("RESPONSE_COST_HEADER");
 /// Per-client overrides: a file of `RULE CLIENT LIMITS|unlimited|deny` lines, reloaded as
 /// `RULES_FILE` is (unset: none).
 pub const OVERRIDES_FILE: Var = Var::unset("OVERRIDES_FILE");
@@ -263,6 +266,7 @@ pub const ALL: &[Var] = &[
     RULES_RELOAD_INTERVAL_MS,
     LIMITS,
     AUTH_LIMITS,
+    RESPONSE_COST_HEADER,
     OVERRIDES_FILE,
     TIERS,
     TIER_HEADER,

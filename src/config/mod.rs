@@ -541,6 +541,18 @@ impl Config {
             Refusals::new(status, format, headers != HeaderStyle::None)
         };
         let forward_headers = env.flag(vars::FORWARD_RATELIMIT_HEADERS)?;
+        let response_cost_header = env
+            .get(vars::RESPONSE_COST_HEADER)
+            .map(|name| {
+                http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                    ConfigError::invalid(
+                        vars::RESPONSE_COST_HEADER.name,
+                        name,
+                        "a header name, such as X-Tokens-Used",
+                    )
+                })
+            })
+            .transpose()?;
         let log_format = env.parse(vars::LOG_FORMAT, "text or json", |s| match s {
             "text" => Some(LogFormat::Text),
             "json" => Some(LogFormat::Json),
@@ -680,6 +692,7 @@ impl Config {
                 headers,
                 refusals,
                 forward_headers,
+                response_cost_header,
                 access_log,
                 backend_timeout,
                 backend_idle_timeout,
@@ -831,6 +844,12 @@ impl fmt::Display for Config {
         }
         if let Some(proxy) = &self.proxy {
             writeln!(f, "headers:          {}", proxy.headers.as_str())?;
+            if let Some(header) = &proxy.response_cost_header {
+                writeln!(
+                    f,
+                    "reported costs:   {header} (the difference from the cost charged, charged or refunded after the response)"
+                )?;
+            }
             writeln!(
                 f,
                 "request bodies:   cut after {} ms without data, {}",

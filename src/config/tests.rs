@@ -2089,3 +2089,17 @@ fn a_delay_on_a_shadowed_rule_is_warned_about() {
     );
     assert!(warnings(&[("DELAY_MAX_MS", "100")]).is_empty());
 }
+
+#[test]
+fn the_response_cost_header_is_a_header_name_and_shows_in_check_config() {
+    let message = error(&[("RESPONSE_COST_HEADER", "X Tokens Used")]);
+    assert!(
+        message.contains("RESPONSE_COST_HEADER") && message.contains("header name"),
+        "{message}"
+    );
+    let config = parse(&[("RESPONSE_COST_HEADER", "X-Tokens-Used")]).unwrap();
+    assert!(
+        config.to_string().contains("reported costs:   x-tokens-used"),
+        "{config}"
+    );
+}

@@ -485,21 +485,31 @@ impl Gate {
             .collect()
     }
 
-    /// After the answer (`status`): a success under `count=failures` gets its cost back.
-    pub async fn settle(&self, verdict: &Verdict, status: u16) {
+    /// After the answer (`status`): a success under `count=failures` gets its cost back;
+    /// else a cost the backend `reported` (`RESPONSE_COST_HEADER`) replaces the one charged
+    /// up front, the difference charged (into debt if need be) or given back, in the store
+    /// that decided. A request forwarded by a shadow rule's would-be refusal spent nothing
+    /// up front, so all it reported is charged.
+    pub async fn settle(&self, verdict: &Verdict, status: u16, reported: Option<u64>) {
         let Some(decision) = &verdict.decision else {
             return;
         };
         let rule = verdict.rule();
-        if rule.count == Count::Failures
-            && matches!(verdict.outcome, Outcome::Allowed | Outcome::LocalAllowed)
-            && status < 400
-        {
-            verdict
-                .generation
-                .limiter
-                .refund(rule, verdict.key, verdict.cost, decision)
-                .await;
+        let limiter = &verdict.generation.limiter;
+        let spent = matches!(verdict.outcome, Outcome::Allowed | Outcome::LocalAllowed);
+        if rule.count == Count::Failures && spent && status < 400 {
+            limiter.refund(rule, verdict.key, verdict.cost, decision).await;
+            return;
+        }
+        let charged = match verdict.outcome {
+            _ if spent => verdict.cost,
+            Outcome::Shadow => 0,
+            _ => return,
+        };
+        match reported {
+            Some(cost) if cost > charged => limiter.charge(rule, verdict.key, cost - charged, decision).await,
+            Some(cost) if cost < charged => limiter.refund(rule, verdict.key, charged - cost, decision).await,
+            _ => {}
         }
     }
 
@@ -811,7 +821,7 @@ mod tests {
         let rule = in_flight.rule().clone();
         let key = in_flight.key;
         assert_eq!(old.limiter().inspect(&rule, key).await.unwrap().remaining, 1);
-        gate.settle(&in_flight, 200).await;
+        gate.settle(&in_flight, 200, None).await;
         assert_eq!(
             old.limiter().inspect(&rule, key).await.unwrap().remaining,
             2,

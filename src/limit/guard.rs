@@ -169,6 +169,15 @@ pub trait Remote: Send + Sync + 'static {
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
+    /// Spend `cost` under `rule` for the client of `key` whatever is left, into debt if need
+    /// be (a cost the backend reported).
+    fn charge_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
     /// What the client of `key` has left under `rule`, spending nothing and changing nothing.
     fn inspect_key<'a>(
         &'a self,
@@ -597,6 +606,40 @@ impl<S: Remote> Store for Guard<S> {
             Verdict::DecidedLocally(decision) => {
                 if let Some(store) = self.local_store() {
                     store.refund(rule, client, cost, decision.at_us);
+                }
+                Decide::ready(())
+            }
+            Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
+        }
+    }
+
+    /// Charge a decision's client more, in the store that decided it, as [`Guard::refund`]
+    /// gives back: while the breaker is open nothing is charged (the request went through
+    /// already; erring toward the client, as the fail mode did).
+    fn charge<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        match *verdict {
+            Verdict::Decided(_) => {
+                let shared = &*self.inner.shared;
+                let key = shared.store.key(rule, client);
+                let breaker = shared.breaker(&key);
+                if breaker.is_open() {
+                    return Decide::ready(());
+                }
+                Decide::Pending(Box::pin(async move {
+                    if let Err(error) = shared.store.charge_key(rule, &key, cost).await {
+                        self.record_failure(&breaker, &error);
+                    }
+                }))
+            }
+            Verdict::DecidedLocally(_) => {
+                if let Some(store) = self.local_store() {
+                    store.charge(rule, client, cost);
                 }
                 Decide::ready(())
             }

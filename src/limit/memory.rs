@@ -396,6 +396,46 @@ impl MemoryStore {
         }
     }
 
+    /// Spend `cost` of `client`'s budget under every limit of `rule` now, whatever is left,
+    /// into debt if need be (see [`Algorithm::charge`](crate::limit::algorithm::Algorithm::charge)).
+    pub fn charge(&self, rule: &Rule, client: ClientKey, cost: u64) {
+        self.charge_at(rule, client, cost, self.now_us());
+    }
+
+    /// [`charge`](Self::charge) at an explicit time, for tests.
+    pub fn charge_at(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: u64) {
+        let shared = &*self.inner.shared;
+        let hash = shared.hasher.hash_one(client);
+        for (limit, policy) in self.budgets(rule.id).limits.iter().zip(rule.limits.iter()) {
+            let mut table = limit.shard(hash);
+            table.tick = table.tick.wrapping_add(1);
+            let seen = table.tick;
+            match table.find(hash, &client) {
+                Some(position) => {
+                    let entry = &mut table.entries[position];
+                    entry.seen = seen;
+                    policy.charge(&mut entry.state, now_us, cost);
+                }
+                None => {
+                    let mut state = policy.fresh_state();
+                    policy.charge(&mut state, now_us, cost);
+                    if table.entries.len() >= table.capacity && table.evict(shared, limit.policy, now_us) {
+                        shared.evictions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    table.insert(
+                        hash,
+                        Entry {
+                            client,
+                            state,
+                            refused: false,
+                            seen,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
     /// What `client` has left under `rule` at `now_us`, spending nothing and leaving the
     /// entries' stamps alone (an inspection is not a sighting).
     pub fn inspect_at(&self, rule: &Rule, client: ClientKey, now_us: u64) -> Decision {
@@ -842,6 +882,19 @@ impl Store for MemoryStore {
 
     fn inspect<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<Decision, StoreError>> {
         Decide::ready(Ok(self.inspect_at(rule, client, self.now_us())))
+    }
+
+    fn charge<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        if let Verdict::Decided(_) = verdict {
+            MemoryStore::charge(self, rule, client, cost);
+        }
+        Decide::ready(())
     }
 
     fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {

@@ -290,6 +290,18 @@ impl Limiter {
         self.store.refund(rule, client, cost, verdict)
     }
 
+    /// Spend `cost` more of what `client` has under `rule`, into debt if need be, in the store
+    /// that decided `verdict` (see [`Store::charge`]).
+    pub fn charge<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        self.store.charge(rule, client, cost, verdict)
+    }
+
     /// What `client` has left under `rule`, spending nothing (see [`Store::inspect`]).
     pub fn inspect<'a>(
         &'a self,

@@ -238,8 +238,8 @@ struct Ask {
     more: Vec<(usize, [u64; 2], String)>,
     /// The pinned clock, for tests; `None` reads Redis `TIME`.
     now_us: Option<u64>,
-    /// `""` to decide; the decision's time in µs to refund.
-    refund_at_us: Option<u64>,
+    /// To decide, refund or charge.
+    call: Call,
     /// The deadline on the Redis clock, as estimated when it was asked; `None` with a pinned
     /// clock.
     redis_deadline: Option<u64>,
@@ -265,7 +265,7 @@ impl Ask {
             key,
             more,
             now_us,
-            refund_at_us: None,
+            call: Call::Decide,
             redis_deadline,
         }
     }
@@ -273,6 +273,29 @@ impl Ask {
     /// How many keys it asks about: one per limit.
     fn keys(&self) -> usize {
         1 + self.more.len()
+    }
+}
+
+/// What a script call does: its `ARGV[5]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// Decide (`""`).
+    Decide,
+    /// Give back the cost of the decision made at this time, in µs (`count=failures`, or a
+    /// reported cost below the charged one).
+    Refund(u64),
+    /// Spend the cost whatever is left (`"charge"`: a reported cost above the charged one).
+    Charge,
+}
+
+impl Call {
+    /// Push it as the script's `ARGV[5]`.
+    fn arg(self, cmd: &mut redis::Cmd) {
+        match self {
+            Call::Decide => cmd.arg(""),
+            Call::Refund(at_us) => cmd.arg(at_us),
+            Call::Charge => cmd.arg("charge"),
+        };
     }
 }
 
@@ -473,13 +496,13 @@ impl RedisStore {
         cost: u64,
         at_us: u64,
     ) -> Result<(), StoreError> {
-        self.give_back(rule, &self.key(rule, client), cost, at_us, None)
+        self.give_back(rule, &self.key(rule, client), cost, Call::Refund(at_us), None)
             .await
     }
 
     /// [`refund`](Self::refund) on the client's [`key`](Self::key), made by the caller.
     pub async fn refund_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
-        self.give_back(rule, key, cost, at_us, None).await
+        self.give_back(rule, key, cost, Call::Refund(at_us), None).await
     }
 
     /// [`refund`](Self::refund) with the script's clock pinned to `now_us`, for tests.
@@ -492,8 +515,14 @@ impl RedisStore {
         at_us: u64,
         now_us: u64,
     ) -> Result<(), StoreError> {
-        self.give_back(rule, &self.key(rule, client), cost, at_us, Some(now_us))
-            .await
+        self.give_back(
+            rule,
+            &self.key(rule, client),
+            cost,
+            Call::Refund(at_us),
+            Some(now_us),
+        )
+        .await
     }
 
     /// What the client of `key` has left under `rule`, on the Redis clock, spending nothing:
@@ -604,25 +633,46 @@ impl RedisStore {
             .map_err(StoreError::Reply)
     }
 
+    /// Spend `cost` of the client of `key` under every limit of `rule` whatever is left, past
+    /// the limits if need be (a cost the backend reported, `RESPONSE_COST_HEADER`), on the
+    /// Redis clock, atomically.
+    pub async fn charge_key(&self, rule: &Rule, key: &str, cost: u64) -> Result<(), StoreError> {
+        self.give_back(rule, key, cost, Call::Charge, None).await
+    }
+
+    /// [`charge_key`](Self::charge_key) with the script's clock pinned to `now_us`, for tests.
+    #[doc(hidden)]
+    pub async fn charge_at(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        now_us: u64,
+    ) -> Result<(), StoreError> {
+        self.give_back(rule, &self.key(rule, client), cost, Call::Charge, Some(now_us))
+            .await
+    }
+
+    /// A refund or a charge (`call`) under every limit of `rule`.
     async fn give_back(
         &self,
         rule: &Rule,
         key: &str,
         cost: u64,
-        at_us: u64,
+        call: Call,
         now_us: Option<u64>,
     ) -> Result<(), StoreError> {
         // No deadline: a refund Redis runs late gives back what it would have on time (the
         // cost of a request that was counted, from the state that still remembers it), and
-        // the client is owed it (docs/reliability.md).
+        // the client is owed it (docs/reliability.md); a charge is a cost already incurred.
         if rule.limits.len() == 1 {
             return self
-                .bounded(self.run_script(rule, key, cost, now_us, Some(at_us), None))
+                .bounded(self.run_script(rule, key, cost, now_us, call, None))
                 .await
                 .map(drop);
         }
         let mut ask = Ask::new(rule, key.to_owned(), cost, now_us, None);
-        ask.refund_at_us = Some(at_us);
+        ask.call = call;
         let reply = self.bounded(self.run_asks(std::slice::from_ref(&ask))).await?;
         match reply {
             redis::Value::Array(replies) => replies
@@ -705,7 +755,7 @@ impl RedisStore {
             Turn::Now(slot, key) => {
                 let reply = match tokio::time::timeout_at(
                     deadline,
-                    self.run_script(rule, &key, cost, now_us, None, redis_deadline),
+                    self.run_script(rule, &key, cost, now_us, Call::Decide, redis_deadline),
                 )
                 .await
                 {
@@ -833,10 +883,7 @@ impl RedisStore {
                         Some(now_us) => cmd.arg(now_us),
                         None => cmd.arg(""),
                     };
-                    match ask.refund_at_us {
-                        Some(at_us) => cmd.arg(at_us),
-                        None => cmd.arg(""),
-                    };
+                    ask.call.arg(&mut cmd);
                     match (ask.redis_deadline, redis_deadline) {
                         (Some(_), Some(first)) => cmd.arg(first),
                         _ => cmd.arg(""),
@@ -879,7 +926,7 @@ impl RedisStore {
         key: &str,
         cost: u64,
         now_us: Option<u64>,
-        refund_at_us: Option<u64>,
+        call: Call,
         deadline_us: Option<u64>,
     ) -> redis::RedisResult<redis::Value> {
         let (script, [first, second]) = rule.limits.first().script();
@@ -896,10 +943,7 @@ impl RedisStore {
                 Some(now_us) => cmd.arg(now_us),
                 None => cmd.arg(""),
             };
-            match refund_at_us {
-                Some(at_us) => cmd.arg(at_us),
-                None => cmd.arg(""),
-            };
+            call.arg(&mut cmd);
             match deadline_us {
                 Some(deadline_us) => cmd.arg(deadline_us),
                 None => cmd.arg(""),
@@ -1094,6 +1138,15 @@ impl Remote for RedisStore {
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::refund_key(self, rule, key, cost, at_us)
+    }
+
+    fn charge_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        RedisStore::charge_key(self, rule, key, cost)
     }
 
     fn inspect_key<'a>(

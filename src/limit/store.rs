@@ -36,6 +36,17 @@ pub trait Store: Send + Sync + 'static {
         verdict: &Verdict,
     ) -> Decide<'a, ()>;
 
+    /// Spend `cost` more of `client`'s budget under every limit of `rule`, whatever is left,
+    /// into debt if need be (a cost the backend reported above the one charged, see
+    /// `RESPONSE_COST_HEADER`), in the store that made `verdict`.
+    fn charge<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()>;
+
     /// What `client` has left under `rule` now, spending nothing (the admin's `GET
     /// /v1/clients/RULE/KEY`): the decision a request of cost 0 would get. A client never
     /// seen has its whole budget. Fails when the store cannot be asked (Redis down, its

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::HeaderValue;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version, header};
 use http_body_util::BodyExt;
@@ -78,6 +78,8 @@ pub(crate) struct ProxySettings {
     /// `FORWARD_RATELIMIT_HEADERS`: an allowed request reaches the backend with the draft
     /// `RateLimit` and `RateLimit-Policy` fields its client is told, the client's own removed.
     pub forward_headers: bool,
+    /// `RESPONSE_COST_HEADER`: the backend's header saying what a request really cost.
+    pub response_cost_header: Option<HeaderName>,
     /// `ACCESS_LOG`: which requests get an `info` line.
     pub access_log: AccessLog,
     /// `BACKEND_TIMEOUT_MS`: how long to wait for the backend's response headers once the
@@ -266,6 +268,8 @@ pub(crate) struct Proxy {
     refusals: Refusals,
     /// `FORWARD_RATELIMIT_HEADERS`.
     forward_headers: bool,
+    /// `RESPONSE_COST_HEADER`.
+    response_cost_header: Option<HeaderName>,
     /// `BACKEND_TIMEOUT_MS`.
     backend_timeout: Duration,
     /// `BODY_IDLE_TIMEOUT_MS`.
@@ -458,6 +462,7 @@ impl Proxy {
             header_style: config.headers,
             refusals: config.refusals.clone(),
             forward_headers: config.forward_headers,
+            response_cost_header: config.response_cost_header.clone(),
             backend_timeout: config.backend_timeout,
             body_idle_timeout: config.body_idle_timeout,
             body_min_rate: config.body_min_rate,
@@ -591,7 +596,10 @@ impl Proxy {
             };
             (refusal, AnsweredBy::Gateway)
         };
-        self.gate.settle(&verdict, response.status().as_u16()).await;
+        let reported = self.reported_cost(response.headers_mut());
+        self.gate
+            .settle(&verdict, response.status().as_u16(), reported)
+            .await;
         self.rate_limit_headers(&verdict, &mut response);
         if let Some(summary) = logged {
             self.log(context, &verdict, &response, &summary, started);
@@ -671,6 +679,30 @@ impl Proxy {
                 "request"
             ),
         }
+    }
+
+    /// The cost the backend reported in `RESPONSE_COST_HEADER`, the header taken out of what
+    /// the client gets: a whole number below 2^50 in one field, else ignored and counted in
+    /// `tollgate_response_cost_invalid_total`.
+    fn reported_cost(&self, headers: &mut HeaderMap) -> Option<u64> {
+        let name = self.response_cost_header.as_ref()?;
+        let mut values = match headers.entry(name) {
+            http::header::Entry::Occupied(entry) => entry.remove_entry_mult().1,
+            http::header::Entry::Vacant(_) => return None,
+        };
+        let cost = match (values.next(), values.next()) {
+            (Some(value), None) => std::str::from_utf8(value.as_bytes())
+                .ok()
+                .map(str::trim)
+                .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|text| text.parse::<u64>().ok())
+                .filter(|cost| *cost < crate::limit::algorithm::EXACT_LIMIT),
+            _ => None,
+        };
+        if cost.is_none() {
+            self.metrics.response_cost_invalid();
+        }
+        cost
     }
 
     /// After the answer: the rate-limit headers of an enforced decision (a shadow rule is

@@ -9,6 +9,7 @@ mod binary;
 mod bypass;
 mod cluster;
 mod connections;
+mod costs;
 mod decide;
 mod delay;
 mod faults;

@@ -235,7 +235,7 @@ fn differential_lists() -> Vec<Limits> {
     lists
 }
 
-/// 400 decisions (and some refunds) for client `n` under `limits`, pseudo-random times and
+/// 400 decisions (and some refunds and charges) for client `n` under `limits`, pseudo-random times and
 /// costs from `seed`, each decided by `store` and by a memory store: they must agree, every
 /// limit's part included.
 async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usize, seed: u64) {
@@ -248,14 +248,17 @@ async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usi
     let client = client.into();
     // A realistic wall-clock time, so the script's numbers are as large as in production.
     let mut now_us = 1_764_000_000_000_000 + sequence.next(1_000_000_000);
-    // The quickest limit's pace: the others refuse now and then too.
+    // The slowest limit's pace, so it refuses now and then (the quicker ones do when a cost
+    // is above their capacity). Never quicker: the clock is pinned but Redis expires keys on
+    // its own, so pinned time must pass at least as fast as real time, or a key would expire
+    // while the window it counts is still open (on a loaded machine, a 1 s window's key did).
     let step = policy
         .iter()
         .map(|policy| match policy {
             Policy::TokenBucket(tb) => tb.interval_us,
             other => other.window().as_micros() as u64 / other.limit(),
         })
-        .min()
+        .max()
         .unwrap_or(1);
     for i in 0..400 {
         now_us += sequence.next(2 * step);
@@ -279,6 +282,13 @@ async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usi
                 .refund_at(&rule, client, cost, actual.at_us, now_us)
                 .await
                 .unwrap();
+        }
+        // Now and then the backend reports a cost above the one charged: both must charge
+        // it, into debt if need be, alike.
+        if sequence.next(11) == 0 {
+            let more = 1 + sequence.next(2 * policy.capacity());
+            memory.charge_at(&rule, client, more, now_us);
+            store.charge_at(&rule, client, more, now_us).await.unwrap();
         }
     }
 }

@@ -103,6 +103,18 @@ impl Algorithm for FixedWindow {
         }
     }
 
+    /// Counted in the current window, past the limit if need be: the window's end forgives
+    /// the debt, as it starts every count afresh.
+    fn charge(&self, state: &mut FixedWindowState, now_us: u64, cost: u64) {
+        let now_ms = (now_us / US_PER_MS).max(state.window * self.window_ms);
+        let window = now_ms / self.window_ms;
+        let count = if state.window == window { state.count } else { 0 };
+        *state = FixedWindowState {
+            window,
+            count: count.saturating_add(cost),
+        };
+    }
+
     /// Once its window is over, a state decides like no state at all.
     fn idle_at(&self, state: &FixedWindowState) -> u64 {
         (state.window + 1) * self.window_ms * US_PER_MS
@@ -129,6 +141,20 @@ mod tests {
             limit: 3,
             window_ms: 10_000,
         }
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_refuses_until_the_window_ends() {
+        let fw = window();
+        let mut state = FixedWindowState::default();
+        fw.charge(&mut state, 101 * SECOND, 7);
+        assert_eq!(state.count, 7);
+        let refused = fw.check(&mut state, 102 * SECOND, 1);
+        assert_eq!(refused.retry_after, Duration::from_secs(8));
+        assert!(
+            fw.check(&mut state, 110 * SECOND, 1).allowed,
+            "the window's end forgives it"
+        );
     }
 
     fn remaining(fw: &FixedWindow, state: &mut FixedWindowState, now_us: u64, n: usize) -> Vec<Option<u64>> {

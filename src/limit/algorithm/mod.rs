@@ -239,6 +239,12 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// been made (as far as the state still remembers it).
     fn refund(&self, state: &mut Self::State, at_us: u64, cost: u64);
 
+    /// Spend `cost` at `now_us` whatever is left, past the limit if need be (a cost the
+    /// backend reported after the response, `RESPONSE_COST_HEADER`): the budget goes into
+    /// debt, and requests are refused until the algorithm's own arithmetic has paid it back.
+    /// The script's `"charge"` mode, line for line.
+    fn charge(&self, state: &mut Self::State, now_us: u64, cost: u64);
+
     /// The time (µs) from which forgetting `state` changes no future decision: the budget is
     /// entirely back. The memory store purges states past it and, when full, evicts the one
     /// closest to it (it loses the least).
@@ -438,6 +444,17 @@ macro_rules! algorithms {
                     #[allow(unreachable_patterns)]
                     _ => {}
                 }
+            }
+
+            /// See [`Algorithm::charge`]; a state of another algorithm starts afresh first.
+            pub fn charge(&self, state: &mut State, now_us: u64, cost: u64) {
+                match (self, &mut *state) {
+                    $((Policy::$variant(a), State::$variant(s)) => return a.charge(s, now_us, cost),)+
+                    #[allow(unreachable_patterns)]
+                    _ => {}
+                }
+                *state = self.fresh_state();
+                self.charge(state, now_us, cost)
             }
 
             /// See [`Algorithm::idle_at`]; a state of another algorithm is idle already.

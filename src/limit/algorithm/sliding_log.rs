@@ -136,6 +136,18 @@ impl Algorithm for SlidingLog {
         log.drain(start..end);
     }
 
+    /// Logged past the limit if need be; no more than a window's limit at once (more, all
+    /// expiring together, would hold requests back no longer), so the log stays bounded.
+    fn charge(&self, state: &mut SlidingLogState, now_us: u64, cost: u64) {
+        let window = self.window_ms * US_PER_MS;
+        let log = &mut state.log;
+        let at_us = log.back().map_or(now_us, |&newest| newest.max(now_us));
+        while log.front().is_some_and(|&oldest| oldest + window <= at_us) {
+            log.pop_front();
+        }
+        log.extend(iter::repeat_n(at_us, cost.min(self.limit) as usize));
+    }
+
     /// When the newest entry leaves the window (an empty log is idle already).
     fn idle_at(&self, state: &SlidingLogState) -> u64 {
         state
@@ -169,6 +181,21 @@ mod tests {
             limit: 3,
             window_ms: 10_000,
         }
+    }
+
+    #[test]
+    fn a_charge_logs_past_the_limit_but_never_more_than_a_window_of_entries() {
+        let sl = log3();
+        let mut state = SlidingLogState::default();
+        sl.charge(&mut state, 100 * SECOND, 1_000_000);
+        assert_eq!(state.log.len(), 3, "bounded by the limit");
+        let refused = sl.check(&mut state, 105 * SECOND, 1);
+        assert_eq!(
+            refused.retry_after,
+            Duration::from_secs(5),
+            "until they expire together"
+        );
+        assert!(sl.check(&mut state, 110 * SECOND, 1).allowed);
     }
 
     fn logged(times: &[u64]) -> SlidingLogState {

@@ -200,6 +200,26 @@ impl Algorithm for SlidingWindow {
         }
     }
 
+    /// Counted in the current window, past the limit if need be: its weight holds requests
+    /// back until it has slid out.
+    fn charge(&self, state: &mut WindowState, now_us: u64, cost: u64) {
+        let w = self.window_ms;
+        let now_ms = (now_us / US_PER_MS).max(state.window * w);
+        let window = now_ms / w;
+        let (previous, current) = if state.window == window {
+            (state.previous, state.current)
+        } else if state.window + 1 == window {
+            (state.current, 0)
+        } else {
+            (0, 0)
+        };
+        *state = WindowState {
+            window,
+            previous,
+            current: current.saturating_add(cost),
+        };
+    }
+
     /// Two windows after the stored one, nothing it counted weighs any more.
     fn idle_at(&self, state: &WindowState) -> u64 {
         if state.previous == 0 && state.current == 0 {

@@ -137,6 +137,13 @@ impl Algorithm for TokenBucket {
         *tat = tat.saturating_sub(cost * self.interval_us);
     }
 
+    /// The TAT moves on by the cost from now or where it is, past `now + τ` if need be.
+    fn charge(&self, tat: &mut u64, now_us: u64, cost: u64) {
+        *tat = (*tat)
+            .max(now_us)
+            .saturating_add(cost.saturating_mul(self.interval_us));
+    }
+
     /// The TAT itself: the bucket is full from then on.
     fn idle_at(&self, tat: &u64) -> u64 {
         *tat
@@ -168,6 +175,18 @@ mod tests {
             capacity: 3,
             interval_us: SECOND,
         }
+    }
+
+    #[test]
+    fn a_charge_past_the_capacity_is_a_debt_refilled_before_anything_passes() {
+        let b = bucket();
+        let mut tat = 0;
+        b.charge(&mut tat, 100 * SECOND, 5);
+        // 5 tokens of a 3-token bucket: 2 in debt, so the next token is 3 s away.
+        let refused = b.check(&mut tat, 100 * SECOND, 1);
+        assert!(!refused.allowed);
+        assert_eq!(refused.retry_after, Duration::from_secs(3));
+        assert!(b.check(&mut tat, 103 * SECOND, 1).allowed, "paid back");
     }
 
     #[test]

@@ -101,6 +101,16 @@ impl Remote for FailingStore {
         std::future::ready(self.reply().map(drop))
     }
 
+    fn charge_key<'a>(
+        &'a self,
+        _rule: &'a Rule,
+        _key: &'a str,
+        _cost: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.control.calls.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(self.reply().map(drop))
+    }
+
     fn inspect_key<'a>(
         &'a self,
         _rule: &'a Rule,

@@ -1,6 +1,7 @@
 //! A backend that records what reached it.
 //!
 //! - `/status/NNN` answers with that status and no body;
+//! - `/cost/N[/M...]` answers 200 with an `X-Tokens-Used: N` field (one per value);
 //! - `/slow/MS` answers 200 after MS milliseconds;
 //! - `/bytes/N` answers 200 with N bytes, made as fast as they are taken;
 //! - every other path echoes the request body back (streaming) with status 200, and sends an
@@ -128,6 +129,16 @@ pub async fn answer(
             .ok()
             .and_then(|c| StatusCode::from_u16(c).ok())
             .unwrap();
+        return Ok(response);
+    }
+    if let Some(costs) = path.strip_prefix("/cost/") {
+        // A 200 reporting what it cost: one `X-Tokens-Used` field per `/`-separated value.
+        let mut response = Response::new(empty());
+        for cost in costs.split('/') {
+            response
+                .headers_mut()
+                .append("x-tokens-used", cost.parse().unwrap());
+        }
         return Ok(response);
     }
     if let Some(ms) = path.strip_prefix("/slow/") {
