@@ -36,7 +36,8 @@ const MAX_ROUTES: usize = 1_000;
 /// A `KEY_HASH_SECRET` shorter than this is refused: it must be hard to guess.
 const MIN_SECRET_LEN: usize = 16;
 
-const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
+/// Every algorithm name a limit may be written with, for messages.
+pub(crate) const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
 /// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.
