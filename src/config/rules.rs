@@ -46,7 +46,8 @@ const MAX_DELAY_MS: u64 = 60_000;
 /// What a delay is written as, for its errors.
 const DELAY_FORMS: &str = "a whole number of milliseconds from 0 (refused at once) to 60000";
 
-const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
+/// Every algorithm name a limit may be written with, for messages.
+pub(crate) const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
 /// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.

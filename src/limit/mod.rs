@@ -89,6 +89,9 @@ pub struct Decision {
     pub at_us: u64,
     /// How many of `each` are the rule's limits, in the order written.
     len: u8,
+    /// The position of the described limit (the one `limit`, `remaining` and `reset_after`
+    /// speak of) among the rule's limits.
+    described: u8,
     /// Each limit's part, by its position in the rule.
     each: [Part; MAX_LIMITS],
 }
@@ -121,6 +124,7 @@ impl Decision {
             reset_after: decision.reset_after,
             at_us: decision.at_us,
             len: 1,
+            described: 0,
             each,
         }
     }
@@ -142,17 +146,19 @@ impl Decision {
             });
         };
         let allowed = parts.iter().all(|part| part.allowed);
-        let described = if allowed {
+        let (index, described) = if allowed {
             parts
                 .iter()
-                .min_by_key(|part| (part.remaining, std::cmp::Reverse(part.reset_after)))
+                .enumerate()
+                .min_by_key(|(_, part)| (part.remaining, std::cmp::Reverse(part.reset_after)))
         } else {
             parts
                 .iter()
-                .filter(|part| !part.allowed)
-                .max_by_key(|part| part.retry_after)
+                .enumerate()
+                .filter(|(_, part)| !part.allowed)
+                .max_by_key(|(_, part)| part.retry_after)
         }
-        .unwrap_or(first);
+        .unwrap_or((0, first));
         let mut each = [Part::NONE; MAX_LIMITS];
         for (slot, part) in each.iter_mut().zip(parts) {
             *slot = Part::of(part);
@@ -170,6 +176,7 @@ impl Decision {
             at_us: first.at_us,
             // At most MAX_LIMITS, which fits.
             len: parts.len() as u8,
+            described: index as u8,
             each,
         }
     }
@@ -177,6 +184,13 @@ impl Decision {
     /// Each limit's part, in the order the rule writes its limits.
     pub fn parts(&self) -> &[Part] {
         &self.each[..usize::from(self.len)]
+    }
+
+    /// The position among the rule's limits (as written) of the limit that `limit`,
+    /// `remaining` and `reset_after` describe: for a caller that names its window or unit
+    /// (Envoy's rate limit service reports a unit).
+    pub fn described(&self) -> usize {
+        usize::from(self.described)
     }
 
     /// The same decision seen `elapsed` later: every wait shorter by it (a cached denial).
@@ -341,5 +355,41 @@ impl Limiter {
         Limiter {
             store: self.store.for_rules(rules),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(allowed: bool, limit: u64, remaining: u64, retry_secs: u64, reset_secs: u64) -> LimitDecision {
+        LimitDecision {
+            allowed,
+            limit,
+            remaining,
+            retry_after: Duration::from_secs(retry_secs),
+            reset_after: Duration::from_secs(reset_secs),
+            at_us: 0,
+        }
+    }
+
+    #[test]
+    fn the_described_limit_is_named_by_its_position() {
+        // Allowed: the fewest left, then the latest reset.
+        let allowed = Decision::of(&[
+            part(true, 20, 5, 0, 1),
+            part(true, 100, 5, 0, 900),
+            part(true, 9, 7, 0, 60),
+        ]);
+        assert_eq!((allowed.described(), allowed.limit), (1, 100));
+        // Refused: the refusing limit whose retry is latest.
+        let refused = Decision::of(&[
+            part(false, 20, 0, 2, 4),
+            part(true, 100, 50, 0, 900),
+            part(false, 9, 0, 30, 60),
+        ]);
+        assert_eq!((refused.described(), refused.limit), (2, 9));
+        assert_eq!(Decision::one(part(true, 3, 2, 0, 1)).described(), 0);
+        assert_eq!(refused.aged(Duration::from_secs(1)).described(), 2);
     }
 }

@@ -27,7 +27,22 @@
 //! `replaces` that names no limit of the domain, and two files with one domain (the service
 //! merges them only when told to).
 //!
-//! Each rate limit becomes one [`Rule`] (a fixed window of its unit), named
+//! tollgate extends `rate_limit` with two keys (a file without them means exactly what it means
+//! to that service, and makes the same rules it always made):
+//!
+//! - `algorithm: token_bucket|gcra|sliding_window|fixed_window|sliding_log`, with `unit` and
+//!   `requests_per_unit` (both required, at least 1): that algorithm's numbers derived from
+//!   them, read by `ROUTES`' parser. A token bucket holds `requests_per_unit` and refills
+//!   `requests_per_unit` each unit (`token_bucket:N:N/S`, `S` the unit's seconds); a window
+//!   algorithm allows `requests_per_unit` in each window of the unit (`ALGORITHM:N:S`).
+//! - `limits`: a limit list in `ROUTES`' syntax, one string joined by `+` or a list of strings
+//!   (`[token_bucket:20:10, fixed_window:10000:86400]`), every limit enforced.
+//!
+//! Refused, each naming its line: `limits` beside `unit`, `requests_per_unit` or `algorithm`
+//! (the list says every number itself), `algorithm` without `unit` or `requests_per_unit`,
+//! `unlimited` beside either, and whatever `ROUTES` refuses of the numbers.
+//!
+//! Each rate limit becomes one [`Rule`] (a fixed window of its unit, or its policies), named
 //! `rls/<domain>/<key>=<value>/<key>...` after its place in the tree, so the name is stable
 //! across restarts: it is part of the Redis key and the metrics' `rule` label.
 
@@ -39,7 +54,8 @@ use std::sync::Arc;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::yaml::{self, Node, Value};
-use crate::limit::algorithm::{FixedWindow, Limits, Policy};
+use crate::config::rules::{ALGORITHMS, parse_limit, parse_limits};
+use crate::limit::algorithm::{Algorithm, FixedWindow, Limits, Policy, TokenBucket};
 use crate::limit::{Count, FailMode, KeyBy, Rule};
 use crate::suggest::closest;
 
@@ -84,7 +100,8 @@ pub enum Unit {
 
 impl Unit {
     const NAMES: &'static str = "second, minute, hour, day, week, month or year";
-    const ALL: [Unit; 7] = [
+    /// Every unit, shortest first.
+    pub(crate) const ALL: [Unit; 7] = [
         Unit::Second,
         Unit::Minute,
         Unit::Hour,
@@ -130,17 +147,27 @@ impl Unit {
 }
 
 /// What a limit allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Allowance {
     /// `unlimited: true`: answered OK, never counted.
     Unlimited,
-    /// `requests_per_unit` in each `unit`.
+    /// `requests_per_unit` in each `unit`: a fixed window, as envoyproxy/ratelimit counts.
     Rate {
         /// Requests (hits) allowed in each window.
         requests_per_unit: u32,
         /// The window.
         unit: Unit,
     },
+    /// tollgate's extension: `algorithm` with `unit` and `requests_per_unit` (one policy of
+    /// that algorithm), or a `limits` list (each its own algorithm and numbers, all enforced).
+    Limits(Limits),
+}
+
+impl Allowance {
+    /// Whether requests under it are counted (it is a rule): every allowance but `unlimited`.
+    pub fn counted(&self) -> bool {
+        !matches!(self, Allowance::Unlimited)
+    }
 }
 
 /// One `rate_limit` of the tree.
@@ -293,20 +320,21 @@ impl DescriptorTable {
         self.limits
             .iter()
             .filter_map(|limit| {
-                let Allowance::Rate {
-                    requests_per_unit,
-                    unit,
-                } = limit.allowance
-                else {
-                    return None;
+                let limits = match &limit.allowance {
+                    Allowance::Unlimited => return None,
+                    Allowance::Rate {
+                        requests_per_unit,
+                        unit,
+                    } => Limits::one(Policy::FixedWindow(FixedWindow {
+                        limit: u64::from(*requests_per_unit),
+                        window_ms: unit.seconds() * 1_000,
+                    })),
+                    Allowance::Limits(limits) => limits.clone(),
                 };
                 Some(Rule {
                     id: 0,
                     name: limit.rule.clone(),
-                    limits: Limits::one(Policy::FixedWindow(FixedWindow {
-                        limit: u64::from(requests_per_unit),
-                        window_ms: unit.seconds() * 1_000,
-                    })),
+                    limits,
                     // Unused: the door names the key (the descriptor's entries).
                     key_by: KeyBy::ip(),
                     cost: 1,
@@ -325,7 +353,7 @@ impl DescriptorTable {
     pub fn counted(&self) -> usize {
         self.limits
             .iter()
-            .filter(|limit| matches!(limit.allowance, Allowance::Rate { .. }))
+            .filter(|limit| limit.allowance.counted())
             .count()
     }
 }
@@ -375,7 +403,15 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "shadow_mode",
     "detailed_metric",
 ];
-const RATE_LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+const RATE_LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "limits",
+];
 const REPLACES_KEYS: &[&str] = &["name"];
 
 impl FileReader<'_> {
@@ -628,36 +664,109 @@ impl FileReader<'_> {
             }
             _ => None,
         };
-        let allowance = match (unlimited, unit, requests) {
-            (true, Some((_, line)), _) => {
+        // tollgate's extension: an algorithm for the unit's numbers, or a list of limits.
+        let algorithm = match entries.get("algorithm") {
+            Some(node) if !node.is_null() => {
+                Some((self.algorithm(node, &format!("{path}.algorithm"))?, node.line))
+            }
+            _ => None,
+        };
+        let limits = match entries.get("limits") {
+            Some(node) if !node.is_null() => {
+                Some((self.limit_list(node, &format!("{path}.limits"))?, node.line))
+            }
+            _ => None,
+        };
+        let allowance = match (unlimited, unit, requests, limits) {
+            (true, Some((_, line)), _, _) => {
                 return Err(self.fail(
                     line,
                     &format!("{path}.unit"),
                     "should not specify rate limit unit when unlimited",
                 ));
             }
-            (true, None, Some((_, line))) => {
+            (true, None, Some((_, line)), _) => {
                 return Err(self.fail(
                     line,
                     &format!("{path}.requests_per_unit"),
                     "should not specify requests_per_unit when unlimited",
                 ));
             }
-            (true, None, None) => Allowance::Unlimited,
-            (false, None, _) => {
+            (true, None, None, limits) => {
+                let beside = [
+                    ("algorithm", algorithm.as_ref().map(|(_, line)| *line)),
+                    ("limits", limits.map(|(_, line)| line)),
+                ];
+                if let Some((key, Some(line))) = beside.into_iter().find(|(_, line)| line.is_some()) {
+                    return Err(self.fail(
+                        line,
+                        &format!("{path}.{key}"),
+                        format!(
+                            "should not specify {key} when unlimited: an unlimited limit is never counted"
+                        ),
+                    ));
+                }
+                Allowance::Unlimited
+            }
+            (false, unit, requests, Some((limits, _))) => {
+                let beside = [
+                    ("unit", unit.map(|(_, line)| line)),
+                    ("requests_per_unit", requests.map(|(_, line)| line)),
+                    ("algorithm", algorithm.as_ref().map(|(_, line)| *line)),
+                ];
+                if let Some((key, Some(line))) = beside.into_iter().find(|(_, line)| line.is_some()) {
+                    return Err(self.fail(
+                        line,
+                        &format!("{path}.{key}"),
+                        format!(
+                            "should not specify {key} beside limits: each limit of the list says its own \
+                             algorithm and numbers (ALGORITHM:A:B; fixed_window:10:60 is 10 a minute)"
+                        ),
+                    ));
+                }
+                Allowance::Limits(limits)
+            }
+            (false, None, _, None) => {
+                if let Some((algorithm, line)) = &algorithm {
+                    return Err(self.fail(
+                        *line,
+                        &format!("{path}.algorithm"),
+                        format!(
+                            "algorithm {algorithm} needs a unit ({}) and requests_per_unit, its numbers \
+                             derive from them (or write a limits list instead)",
+                            Unit::NAMES
+                        ),
+                    ));
+                }
                 return Err(self.fail(
                     node.line,
                     &path,
                     format!(
-                        "invalid rate limit unit \"\": a rate_limit needs a unit ({}) or unlimited: true",
+                        "invalid rate limit unit \"\": a rate_limit needs a unit ({}), unlimited: true or a limits list",
                         Unit::NAMES
                     ),
                 ));
             }
-            (false, Some((unit, _)), requests) => Allowance::Rate {
-                // As in that service, a missing number is 0: every hit is over the limit.
-                requests_per_unit: requests.map_or(0, |(n, _)| n),
-                unit,
+            (false, Some((unit, _)), requests, None) => match &algorithm {
+                None => Allowance::Rate {
+                    // As in that service, a missing number is 0: every hit is over the limit.
+                    requests_per_unit: requests.map_or(0, |(n, _)| n),
+                    unit,
+                },
+                Some((algorithm, line)) => {
+                    let policy = match requests {
+                        Some((requests_per_unit, line)) => derive(algorithm, requests_per_unit, unit)
+                            .map_err(|why| self.fail(line, &format!("{path}.requests_per_unit"), why))?,
+                        None => {
+                            return Err(self.fail(
+                                *line,
+                                &format!("{path}.algorithm"),
+                                format!("algorithm {algorithm} needs requests_per_unit, at least 1"),
+                            ));
+                        }
+                    };
+                    Allowance::Limits(Limits::one(policy))
+                }
             },
         };
         let name = match entries.get("name") {
@@ -694,7 +803,7 @@ impl FileReader<'_> {
                 replaces.push((replaced, item.line, here));
             }
         }
-        if matches!(allowance, Allowance::Rate { .. }) && self.table.counted() >= MAX_LIMITS {
+        if allowance.counted() && self.table.counted() >= MAX_LIMITS {
             return Err(self.fail(
                 node.line,
                 &path,
@@ -717,6 +826,61 @@ impl FileReader<'_> {
         Ok(id)
     }
 
+    /// `algorithm`: a name [`Policy::parse`] knows (`token_bucket`, `gcra`, ...), written as
+    /// `ROUTES` writes it.
+    fn algorithm(&self, node: &Node, path: &str) -> Result<String, RlsConfigError> {
+        let name = self.string(node, path)?;
+        if Policy::parameters(&name).is_some() {
+            return Ok(name);
+        }
+        let hint = closest(&name.to_ascii_lowercase(), Policy::NAMES.iter().copied(), 3)
+            .map_or_else(String::new, |known| format!("; did you mean {known:?}?"));
+        Err(self.fail(
+            node.line,
+            path,
+            format!("unknown algorithm {name:?}: expected {ALGORITHMS}{hint}"),
+        ))
+    }
+
+    /// `limits`: one string of limits joined by `+` (spaces around a `+` allowed), or a list of
+    /// strings, one limit each, in `ROUTES`' syntax and read by its parser; an error names the
+    /// item's own line.
+    fn limit_list(&self, node: &Node, path: &str) -> Result<Limits, RlsConfigError> {
+        let joined =
+            |parts: &mut dyn Iterator<Item = &str>| parts.map(str::trim).collect::<Vec<_>>().join("+");
+        let text = match &node.value {
+            Value::Scalar { text, .. } => joined(&mut text.split('+')),
+            Value::Sequence(items) if !items.is_empty() => {
+                let mut texts = Vec::with_capacity(items.len());
+                for (index, item) in items.iter().enumerate() {
+                    let here = format!("{path}[{index}]");
+                    let Value::Scalar { text, .. } = &item.value else {
+                        return Err(self.fail(
+                            item.line,
+                            &here,
+                            format!("expected one limit (ALGORITHM:A:B), found {}", item.kind()),
+                        ));
+                    };
+                    parse_limit(text.trim()).map_err(|why| self.fail(item.line, &here, why))?;
+                    texts.push(text.as_str());
+                }
+                joined(&mut texts.into_iter())
+            }
+            _ => {
+                return Err(self.fail(
+                    node.line,
+                    path,
+                    format!(
+                        "expected a limit list, e.g. \"token_bucket:20:10+fixed_window:10000:86400\" or \
+                         [token_bucket:20:10, fixed_window:10000:86400], found {}",
+                        node.kind()
+                    ),
+                ));
+            }
+        };
+        parse_limits(&text).map_err(|why| self.fail(node.line, path, why))
+    }
+
     /// Every `replaces` of the limits from `first` on names a limit of the same domain.
     fn check_replaces(&self, first: LimitId) -> Result<(), RlsConfigError> {
         let names: HashSet<&str> = self.table.limits[first..]
@@ -736,9 +900,34 @@ impl FileReader<'_> {
     }
 }
 
+/// The policy `algorithm` enforces for `requests_per_unit` in each `unit`, read by the parser of
+/// `ROUTES` from the numbers derived: for `token_bucket` (`gcra`) a capacity of
+/// `requests_per_unit`, refilled at `requests_per_unit` per unit (`token_bucket:N:N/S`, `S`
+/// the unit's seconds: a burst of `N`, then the unit's rate); for the windows (`fixed_window`,
+/// `sliding_window`, `sliding_log`) `requests_per_unit` in each window of the unit
+/// (`ALGORITHM:N:S`). The error says what was derived and why it is refused.
+fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy, String> {
+    let seconds = unit.seconds();
+    let token_bucket = algorithm == TokenBucket::NAME || TokenBucket::ALIASES.contains(&algorithm);
+    let second = if token_bucket {
+        // Display writes the shortest text that parses back to the same number.
+        (f64::from(requests_per_unit) / seconds as f64).to_string()
+    } else {
+        seconds.to_string()
+    };
+    let spec = format!("{algorithm}:{requests_per_unit}:{second}");
+    parse_limit(&spec).map_err(|why| {
+        format!(
+            "algorithm {algorithm} with {requests_per_unit} per {} is {spec}, which is refused: {why}",
+            unit.as_str()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::algorithm::{SlidingLog, SlidingWindow};
 
     fn refused(text: &str) -> RlsConfigError {
         DescriptorTable::parse([("test.yaml", text)]).expect_err("refused")
@@ -904,5 +1093,255 @@ mod tests {
         );
         let missing = DescriptorTable::load(&dir.path().join("missing.yaml")).unwrap_err();
         assert!(missing.problem.contains("cannot be read"), "{missing}");
+    }
+
+    /// The rules of the one file `text`, which must be valid.
+    fn rules_of(text: &str) -> Vec<Rule> {
+        DescriptorTable::parse([("test.yaml", text)])
+            .unwrap()
+            .rules(FailMode::Closed, false)
+    }
+
+    /// The limits of the first rule of `text`.
+    fn limits_of(text: &str) -> Limits {
+        rules_of(text).remove(0).limits
+    }
+
+    fn fixed(limit: u64, seconds: u64) -> Policy {
+        Policy::FixedWindow(FixedWindow {
+            limit,
+            window_ms: seconds * 1_000,
+        })
+    }
+
+    /// A file without `algorithm` or `limits` means what it means to envoyproxy/ratelimit, and
+    /// what it meant here before them: the same rule names and the same fixed windows, so the
+    /// same Redis keys and metrics labels.
+    #[test]
+    fn a_file_without_the_extension_makes_the_rules_it_always_made() {
+        let text = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n  - key: path\n    value: /api/*\n    descriptors:\n      - key: plan\n        value: gold\n        rate_limit: {unit: Hour, requests_per_unit: 600, name: gold}\n  - key: free\n    rate_limit: {unlimited: true}\n  - key: nothing\n    rate_limit: {unit: year}\n  - key: beta\n    shadow_mode: true\n    rate_limit: {unit: week, requests_per_unit: 4294967295}\n";
+        let rules = rules_of(text);
+        let expected = [
+            ("rls/edge/remote_address", fixed(10, 1), false),
+            ("rls/edge/path=%2Fapi%2F*/plan=gold", fixed(600, 3_600), false),
+            ("rls/edge/nothing", fixed(0, 365 * 86_400), false),
+            ("rls/edge/beta", fixed(u64::from(u32::MAX), 7 * 86_400), true),
+        ];
+        assert_eq!(rules.len(), expected.len());
+        for (rule, (name, policy, shadow)) in rules.iter().zip(expected) {
+            assert_eq!(&*rule.name, name);
+            assert_eq!(rule.limits, Limits::one(policy), "{name}");
+            assert_eq!(rule.limits.to_string(), policy.to_string());
+            assert_eq!((rule.cost, rule.shadow, rule.count), (1, shadow, Count::All));
+        }
+        // The last parts of the Redis key, `:fw:{fingerprint}`, as every release wrote them.
+        let parts: Vec<String> = rules
+            .iter()
+            .map(|rule| {
+                let policy = rule.limits.first();
+                format!("{}:{:08x}", policy.key_suffix(), policy.fingerprint())
+            })
+            .collect();
+        assert_eq!(
+            parts,
+            ["fw:ddf56364", "fw:150f3ba1", "fw:f277c188", "fw:699c34c3"]
+        );
+        // `algorithm: fixed_window` says what a plain limit says.
+        let plain = rules_of(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n",
+        );
+        let explicit = rules_of(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: fixed_window, unit: minute, requests_per_unit: 7}\n",
+        );
+        assert_eq!(plain, explicit);
+    }
+
+    #[test]
+    fn an_algorithm_derives_its_numbers_from_the_unit() {
+        let with = |algorithm: &str, unit: &str, requests: u32| {
+            limits_of(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      algorithm: {algorithm}\n      unit: {unit}\n      requests_per_unit: {requests}\n"
+            ))
+        };
+        // A burst of requests_per_unit, refilled at requests_per_unit a unit.
+        let bucket = Limits::one(Policy::TokenBucket(TokenBucket {
+            capacity: 10,
+            interval_us: 6_000_000,
+        }));
+        assert_eq!(with("token_bucket", "minute", 10), bucket);
+        assert_eq!(with("gcra", "minute", 10), bucket);
+        assert_eq!(
+            with("token_bucket", "day", 3),
+            Limits::one(Policy::TokenBucket(TokenBucket {
+                capacity: 3,
+                interval_us: 28_800_000_000,
+            }))
+        );
+        assert_eq!(
+            with("token_bucket", "second", 1_000_000),
+            Limits::one(Policy::TokenBucket(TokenBucket {
+                capacity: 1_000_000,
+                interval_us: 1,
+            }))
+        );
+        assert_eq!(
+            with("sliding_window", "hour", 100),
+            Limits::one(Policy::SlidingWindow(SlidingWindow {
+                limit: 100,
+                window_ms: 3_600_000,
+            }))
+        );
+        assert_eq!(
+            with("sliding_log", "second", 5),
+            Limits::one(Policy::SlidingLog(SlidingLog {
+                limit: 5,
+                window_ms: 1_000,
+            }))
+        );
+        assert_eq!(with("fixed_window", "day", 9), Limits::one(fixed(9, 86_400)));
+        // Each is exactly what ROUTES reads from the numbers derived.
+        assert_eq!(
+            with("token_bucket", "minute", 10),
+            parse_limits("token_bucket:10:0.16666666666666666").unwrap()
+        );
+        let table = DescriptorTable::parse([(
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 2}\n",
+        )])
+        .unwrap();
+        assert_eq!(table.counted(), 1);
+        assert!(matches!(table.limits[0].allowance, Allowance::Limits(_)));
+    }
+
+    #[test]
+    fn a_limits_list_is_read_by_the_routes_parser() {
+        let expected = parse_limits("token_bucket:20:10+fixed_window:10000:86400").unwrap();
+        for written in [
+            "limits: token_bucket:20:10+fixed_window:10000:86400",
+            "limits: \"token_bucket:20:10 + fixed_window:10000:86400\"",
+            "limits: [token_bucket:20:10, fixed_window:10000:86400]",
+            "limits:\n        - token_bucket:20:10\n        - fixed_window:10000:86400",
+        ] {
+            let text = format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      name: api\n      {written}\n"
+            );
+            let table = DescriptorTable::parse([("a.yaml", text.as_str())]).unwrap();
+            assert_eq!(table.limits[0].name.as_deref(), Some("api"));
+            let rules = table.rules(FailMode::Open, false);
+            assert_eq!(&*rules[0].name, "rls/d/k", "{written}");
+            assert_eq!(rules[0].limits, expected, "{written}");
+        }
+        // One limit alone is a list too.
+        assert_eq!(
+            limits_of("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {limits: sliding_window:5:60}\n"),
+            parse_limits("sliding_window:5:60").unwrap()
+        );
+    }
+
+    #[test]
+    fn what_the_extension_cannot_mean_is_refused_naming_its_line() {
+        let rate_limit = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n{body}");
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "      algorithm: token_bukket\n      unit: second\n      requests_per_unit: 1\n",
+                "test.yaml:5: descriptors[0].rate_limit.algorithm",
+                "unknown algorithm \"token_bukket\": expected token_bucket, gcra, sliding_window, fixed_window or sliding_log; did you mean \"token_bucket\"?",
+            ),
+            (
+                "      algorithm: token_bucket\n      requests_per_unit: 1\n",
+                "test.yaml:5: descriptors[0].rate_limit.algorithm",
+                "algorithm token_bucket needs a unit",
+            ),
+            (
+                "      algorithm: sliding_window\n      unit: minute\n",
+                "test.yaml:5: descriptors[0].rate_limit.algorithm",
+                "algorithm sliding_window needs requests_per_unit",
+            ),
+            (
+                "      algorithm: token_bucket\n      unit: minute\n      requests_per_unit: 0\n",
+                "test.yaml:7: descriptors[0].rate_limit.requests_per_unit",
+                "algorithm token_bucket with 0 per minute is token_bucket:0:0, which is refused: capacity \"0\"",
+            ),
+            (
+                "      algorithm: token_bucket\n      unit: second\n      requests_per_unit: 2000000\n",
+                "test.yaml:7: descriptors[0].rate_limit.requests_per_unit",
+                "tokens per second \"2000000\": expected tokens per second: a number above 0 and at most 1000000",
+            ),
+            (
+                "      algorithm: sliding_log\n      unit: second\n      requests_per_unit: 10001\n",
+                "test.yaml:7: descriptors[0].rate_limit.requests_per_unit",
+                "the sliding log keeps one timestamp per request",
+            ),
+            (
+                "      unit: second\n      limits: token_bucket:20:10\n",
+                "test.yaml:5: descriptors[0].rate_limit.unit",
+                "should not specify unit beside limits",
+            ),
+            (
+                "      limits: token_bucket:20:10\n      requests_per_unit: 3\n",
+                "test.yaml:6: descriptors[0].rate_limit.requests_per_unit",
+                "should not specify requests_per_unit beside limits",
+            ),
+            (
+                "      algorithm: token_bucket\n      limits: token_bucket:20:10\n",
+                "test.yaml:5: descriptors[0].rate_limit.algorithm",
+                "should not specify algorithm beside limits",
+            ),
+            (
+                "      unlimited: true\n      algorithm: token_bucket\n",
+                "test.yaml:6: descriptors[0].rate_limit.algorithm",
+                "should not specify algorithm when unlimited",
+            ),
+            (
+                "      unlimited: true\n      limits: [token_bucket:20:10]\n",
+                "test.yaml:6: descriptors[0].rate_limit.limits",
+                "should not specify limits when unlimited",
+            ),
+            (
+                "      limits:\n        - token_bucket:20:10\n        - fixed_window:ten:60\n",
+                "test.yaml:7: descriptors[0].rate_limit.limits[1]",
+                "requests per window \"ten\": expected a whole number of at least 1",
+            ),
+            (
+                "      limits:\n        - token_bucket:20:10\n        - {algorithm: fixed_window}\n",
+                "test.yaml:7: descriptors[0].rate_limit.limits[1]",
+                "expected one limit (ALGORITHM:A:B), found a mapping",
+            ),
+            (
+                "      limits: token_bucket:20:10+leaky:1:1\n",
+                "test.yaml:5: descriptors[0].rate_limit.limits",
+                "limit \"leaky:1:1\": unknown algorithm \"leaky\"",
+            ),
+            (
+                "      limits: [token_bucket:20:10, token_bucket:20:10]\n",
+                "test.yaml:5: descriptors[0].rate_limit.limits",
+                "is written twice",
+            ),
+            (
+                "      limits: [fixed_window:1:1, fixed_window:2:1, fixed_window:3:1, fixed_window:4:1, fixed_window:5:1, fixed_window:6:1, fixed_window:7:1]\n",
+                "test.yaml:5: descriptors[0].rate_limit.limits",
+                "7 limits, more than the 6 one rule holds",
+            ),
+            (
+                "      limits: []\n",
+                "test.yaml:5: descriptors[0].rate_limit.limits",
+                "expected a limit list",
+            ),
+            (
+                "      limits: {token_bucket: 20}\n",
+                "test.yaml:5: descriptors[0].rate_limit.limits",
+                "expected a limit list",
+            ),
+            (
+                "      limit: token_bucket:20:10\n",
+                "test.yaml:5: descriptors[0].rate_limit",
+                "did you mean \"limits\"?",
+            ),
+        ];
+        for (body, location, problem) in cases {
+            let error = refused(&rate_limit(body));
+            assert_eq!(error.location, *location, "{error}");
+            assert!(error.problem.contains(problem), "{error}");
+        }
     }
 }

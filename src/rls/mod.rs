@@ -3,7 +3,8 @@
 //! like the proxy is.
 //!
 //! - [`config`]: `RLS_CONFIG`, that service's YAML, into a validated [`DescriptorTable`]
-//!   whose every rate limit is a [`Rule`] of the gate's table (a fixed window of its unit).
+//!   whose every rate limit is a [`Rule`] of the gate's table (a fixed window of its unit, or
+//!   with tollgate's `algorithm` or `limits` keys any algorithm or a list of limits).
 //! - [`matcher`]: which limit one request descriptor falls under.
 //! - this module: the answer. Each descriptor of a request is matched; a matched limit whose
 //!   `name` another matched limit `replaces` is not applied; each remaining counted limit is
@@ -18,7 +19,13 @@
 //!   filter's `rate_limited_status`, which should be `DENY_STATUS` for a problem body's
 //!   `status` to be true). With `FORWARD_RATELIMIT_HEADERS`, an `OK` answer carries the draft
 //!   `RateLimit-Policy` and `RateLimit` of that limit as `request_headers_to_add`, for Envoy to
-//!   set on the request it forwards.
+//!   set on the request it forwards (every limit of a list, as the proxy lists them).
+//!
+//! A status's `current_limit` is the limit as written for a plain `unit` and
+//! `requests_per_unit`; for an `algorithm` or a list, the limit the decision describes (as the
+//! proxy's legacy headers do: the one closest to exhaustion, or the refusing one with the
+//! latest retry), its capacity or per-window limit in the unit nearest its window
+//! ([`nearest_unit`]). `limit_remaining` and `duration_until_reset` are that limit's.
 //!
 //! An unknown domain, a descriptor that matches nothing, a replaced limit: `OK`, no limit. An
 //! `unlimited` limit: `OK`, never counted. `shadow_mode` (or `SHADOW_MODE`): counted, `OK`.
@@ -42,7 +49,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::gate::Gate;
-use crate::limit::{Rule, Verdict};
+use crate::limit::{Decision, Rule, Verdict};
 use crate::refusal::{Refusals, Violated};
 pub(crate) use config::DescriptorTable;
 
@@ -165,9 +172,9 @@ impl RateLimitService {
         let rules = table
             .limits
             .iter()
-            .map(|limit| match limit.allowance {
-                config::Allowance::Unlimited => Ok(None),
-                config::Allowance::Rate { .. } => gate
+            .map(|limit| match limit.allowance.counted() {
+                false => Ok(None),
+                true => gate
                     .current()
                     .rule(&limit.rule)
                     .cloned()
@@ -204,7 +211,11 @@ impl RateLimitService {
         // Its rules by name in the table in force: a reload of RULES_FILE moves rule ids.
         let generation = self.gate.current();
         let mut statuses = Vec::with_capacity(plans.len());
+        // Each status's decision, when a store made one: what the refusal and the forwarded
+        // draft fields are built from.
+        let mut decisions = Vec::with_capacity(plans.len());
         for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
+            let mut decided = None;
             let status = match plan {
                 Plan::Free => DescriptorStatus {
                     code: Code::Ok as i32,
@@ -219,7 +230,8 @@ impl RateLimitService {
                     Some(rule) => {
                         let key = generation.key_of(&client_name(&request.domain, descriptor));
                         let keyed = self.gate.decide_key(&generation, rule, key, *cost).await;
-                        status(limit, keyed.decision, keyed.outcome.forwards())
+                        decided = keyed.decision.decision().copied();
+                        status(limit, rule, keyed.decision, keyed.outcome.forwards())
                     }
                     // Every table the configuration builds holds RLS_CONFIG's rules.
                     None => DescriptorStatus {
@@ -229,6 +241,7 @@ impl RateLimitService {
                 },
             };
             statuses.push(status);
+            decisions.push(decided);
         }
         let over = statuses
             .iter()
@@ -241,22 +254,21 @@ impl RateLimitService {
         };
         if let Some(index) = nearest
             && let Plan::Decide(_, rule, _) = plans[index]
+            && let Some(decision) = &decisions[index]
         {
-            self.shape(&mut response, &statuses[index], rule, over);
+            self.shape(&mut response, decision, rule, over);
         }
         response.statuses = statuses;
         Ok(response)
     }
 
-    /// What the status nearest its limit (under `rule`) adds: on a refusal, the body Envoy
-    /// sends (`raw_body`, in `DENY_FORMAT`: Envoy's request carries no `Accept` to choose by)
-    /// and its `Content-Type`; on an allowed request with
-    /// `FORWARD_RATELIMIT_HEADERS`, the draft fields for Envoy to set on the request it
-    /// forwards.
-    fn shape(&self, response: &mut RateLimitResponse, status: &DescriptorStatus, rule: &Rule, over: bool) {
-        let reset = status.duration_until_reset.as_ref().map_or(0, |reset| {
-            u64::try_from(reset.seconds).unwrap_or(0) + u64::from(reset.nanos > 0)
-        });
+    /// What the status nearest its limit (its `decision` under `rule`) adds: on a refusal, the
+    /// body Envoy sends (`raw_body`, in `DENY_FORMAT`: Envoy's request carries no `Accept` to
+    /// choose by, its `retry-after` the decision's) and its `Content-Type`; on an allowed request
+    /// with `FORWARD_RATELIMIT_HEADERS`, the draft fields for Envoy to set on the request it
+    /// forwards, exactly as the proxy sets them (every limit of a rule of several, `RULE.1`,
+    /// `RULE.2`, ...).
+    fn shape(&self, response: &mut RateLimitResponse, decision: &Decision, rule: &Rule, over: bool) {
         let header = |key: &str, value: &http::HeaderValue| HeaderValue {
             key: key.to_owned(),
             value: value.to_str().unwrap_or_default().to_owned(),
@@ -268,30 +280,18 @@ impl RateLimitService {
                 format,
                 self.refusals.status(),
                 Violated::rule(&rule.name),
-                reset.max(1),
+                crate::limit_headers::retry_after_secs(decision.retry_after).max(1),
             );
             response.raw_body = body.to_vec();
             response
                 .response_headers_to_add
                 .push(header("content-type", &format.content_type()));
         } else if self.forward_headers {
-            let limit = status
-                .current_limit
-                .as_ref()
-                .map_or(0, |limit| u64::from(limit.requests_per_unit));
-            let window = rule.limits.first().window();
-            let window = window.as_secs() + u64::from(window.subsec_nanos() > 0);
-            let (policy, rate_limit) = crate::limit_headers::draft::fields(
-                &rule.name,
-                limit,
-                window,
-                u64::from(status.limit_remaining),
-                reset,
-            );
-            let fields = [("RateLimit-Policy", policy), ("RateLimit", rate_limit)];
-            response.request_headers_to_add = fields
-                .iter()
-                .filter_map(|(key, value)| value.as_ref().map(|value| header(key, value)))
+            let mut fields = http::HeaderMap::new();
+            crate::limit_headers::set_draft(&mut fields, rule, decision);
+            response.request_headers_to_add = ["RateLimit-Policy", "RateLimit"]
+                .into_iter()
+                .filter_map(|key| fields.get(key).map(|value| header(key, value)))
                 .collect();
         }
     }
@@ -395,22 +395,38 @@ pub(crate) fn client_name(domain: &str, descriptor: &RateLimitDescriptor) -> Vec
     name
 }
 
-/// The status of a decided descriptor: `forwards` is whether the gate lets the request on
-/// (so `OK`; a shadow rule's refusals and `FAIL_MODE=open` do).
-fn status(limit: &config::Limit, verdict: Verdict, forwards: bool) -> DescriptorStatus {
+/// The status of a descriptor decided under `rule`: `forwards` is whether the gate lets the
+/// request on (so `OK`; a shadow rule's refusals and `FAIL_MODE=open` do).
+///
+/// `current_limit` is the limit as written for a plain `unit` and `requests_per_unit` (a fixed
+/// window). For an `algorithm` or a `limits` list it is the limit the decision describes (the
+/// one closest to exhaustion, or the refusing one with the latest retry, as the proxy's
+/// legacy headers describe it; the first limit when no store decided): its capacity or
+/// per-window limit as `requests_per_unit`, in the [`nearest_unit`] of its window.
+fn status(limit: &config::Limit, rule: &Rule, verdict: Verdict, forwards: bool) -> DescriptorStatus {
     let code = if forwards { Code::Ok } else { Code::OverLimit };
-    let current_limit = match limit.allowance {
+    let decision = verdict.decision();
+    let current_limit = match &limit.allowance {
         config::Allowance::Rate {
             requests_per_unit,
             unit,
         } => Some(CurrentLimit {
             name: limit.name.clone().unwrap_or_default(),
-            requests_per_unit,
-            unit: proto_unit(unit) as i32,
+            requests_per_unit: *requests_per_unit,
+            unit: proto_unit(*unit) as i32,
         }),
+        config::Allowance::Limits(_) => {
+            let described = decision.map_or(0, Decision::described);
+            let policy = rule.limits.get(described).unwrap_or(rule.limits.first());
+            Some(CurrentLimit {
+                name: limit.name.clone().unwrap_or_default(),
+                requests_per_unit: u32::try_from(policy.limit()).unwrap_or(u32::MAX),
+                unit: proto_unit(nearest_unit(policy.window())) as i32,
+            })
+        }
         config::Allowance::Unlimited => None,
     };
-    let (remaining, reset) = match verdict.decision() {
+    let (remaining, reset) = match decision {
         Some(decision) => (decision.remaining, Some(decision.reset_after)),
         None => (0, None),
     };
@@ -421,6 +437,26 @@ fn status(limit: &config::Limit, verdict: Verdict, forwards: bool) -> Descriptor
         duration_until_reset: reset.map(duration),
         quota: None,
     }
+}
+
+/// The unit nearest `window` (the time over which a policy's limit applies: a window, or the
+/// time to refill an empty bucket), on a ratio scale: a window is reported in the larger of two
+/// neighbouring units once it is past their geometric mean (a minute and an hour meet at
+/// 7.75 minutes, a second and a minute at 7.75 seconds), and in the smaller at it. A
+/// window of a whole unit is that unit; below a second is a second, beyond a year a year.
+pub(crate) fn nearest_unit(window: Duration) -> config::Unit {
+    let window = window.as_millis();
+    let squared = window.saturating_mul(window);
+    config::Unit::ALL
+        .windows(2)
+        .find(|pair| {
+            let (smaller, larger) = (
+                u128::from(pair[0].seconds()) * 1_000,
+                u128::from(pair[1].seconds()) * 1_000,
+            );
+            squared <= smaller * larger
+        })
+        .map_or(config::Unit::Year, |pair| pair[0])
 }
 
 fn proto_unit(unit: config::Unit) -> ProtoUnit {
@@ -477,4 +513,41 @@ fn headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
         header(REMAINING_HEADER, status.limit_remaining.to_string()),
         header(RESET_HEADER, reset.to_string()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use config::Unit;
+
+    #[test]
+    fn a_window_is_reported_in_the_unit_nearest_it_on_a_ratio_scale() {
+        let unit = |seconds: f64| nearest_unit(Duration::from_secs_f64(seconds));
+        for (seconds, expected) in [
+            (0.001, Unit::Second),
+            (1.0, Unit::Second),
+            (2.0, Unit::Second),
+            // A second and a minute meet at sqrt(60) = 7.746 s.
+            (7.745, Unit::Second),
+            (7.75, Unit::Minute),
+            (60.0, Unit::Minute),
+            // A minute and an hour at 464.76 s.
+            (464.0, Unit::Minute),
+            (465.0, Unit::Hour),
+            (10_000.0, Unit::Hour),
+            (17_635.0, Unit::Hour),
+            (17_640.0, Unit::Day),
+            (86_400.0, Unit::Day),
+            (7.0 * 86_400.0, Unit::Week),
+            (30.0 * 86_400.0, Unit::Month),
+            (365.0 * 86_400.0, Unit::Year),
+            (10_000.0 * 86_400.0, Unit::Year),
+        ] {
+            assert_eq!(unit(seconds), expected, "{seconds} s");
+        }
+        // Every unit is itself.
+        for whole in Unit::ALL {
+            assert_eq!(nearest_unit(Duration::from_secs(whole.seconds())), whole);
+        }
+    }
 }

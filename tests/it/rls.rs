@@ -317,6 +317,22 @@ fn redis_without_a_key_hash_secret_is_refused() {
     assert!(error.starts_with("RLS_CONFIG: "), "{error}");
     assert!(error.contains("edge.yaml:4: descriptors[0]"), "{error}");
     assert!(error.contains("did you mean \"rate_limit\"?"), "{error}");
+    // tollgate's extension, refused as precisely.
+    std::fs::write(
+        &file,
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: minute\n      limits: [token_bucket:20:10]\n",
+    )
+    .unwrap();
+    let error = Config::from_vars([
+        ("BACKEND_URL", "http://127.0.0.1:9"),
+        ("RLS_CONFIG", file.to_str().unwrap()),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("edge.yaml:5: descriptors[0].rate_limit.unit: should not specify unit beside limits"),
+        "{error}"
+    );
 }
 
 /// A Python client generated from `proto/` by grpcio-tools at test time: what Envoy (or any
@@ -346,16 +362,9 @@ except grpc.RpcError as e:
     print(e.code().name)
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_generated_from_the_protos_is_answered_on_the_decide_port() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("edge.yaml");
-    std::fs::write(&file, DESCRIPTORS).unwrap();
-    let file = file.display().to_string();
-    // The decision listener as deployed: a decision service alone, HTTP/1.1, h2c and gRPC on
-    // one port.
-    let gateway = crate::support::Gateway::start_decide(None, &[("RLS_CONFIG", &file)]).await;
-    let address = gateway.decide.unwrap();
+/// What `script` prints, run by python3 with the client generated from `proto/` by
+/// grpcio-tools (its directory the first argument) and `address` the second.
+async fn python_client(script: &str, address: std::net::SocketAddr) -> String {
     let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
     let stubs = tempfile::tempdir().unwrap();
     let generated = tokio::process::Command::new("python3")
@@ -378,18 +387,32 @@ async fn a_client_generated_from_the_protos_is_answered_on_the_decide_port() {
         String::from_utf8_lossy(&generated.stderr)
     );
     let run = tokio::process::Command::new("python3")
-        .args(["-c", PYTHON_CLIENT])
+        .args(["-c", script])
         .arg(stubs.path())
         .arg(address.to_string())
         .output()
         .await
         .unwrap();
-    let printed = String::from_utf8_lossy(&run.stdout);
+    let printed = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(
         run.status.success(),
         "{printed}\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    printed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_generated_from_the_protos_is_answered_on_the_decide_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("edge.yaml");
+    std::fs::write(&file, DESCRIPTORS).unwrap();
+    let file = file.display().to_string();
+    // The decision listener as deployed: a decision service alone, HTTP/1.1, h2c and gRPC on
+    // one port.
+    let gateway = crate::support::Gateway::start_decide(None, &[("RLS_CONFIG", &file)]).await;
+    let address = gateway.decide.unwrap();
+    let printed = python_client(PYTHON_CLIENT, address).await;
     assert_eq!(
         printed.lines().collect::<Vec<_>>(),
         [
@@ -479,4 +502,215 @@ async fn an_over_limit_answer_carries_the_refusal_and_an_ok_one_the_budget_for_t
 
 fn code_of(response: &RateLimitResponse) -> Code {
     Code::try_from(response.overall_code).unwrap()
+}
+
+/// tollgate's extension of `rate_limit`: an algorithm for the unit's numbers, and limit lists.
+/// The refill of a token bucket is slow (one a second at best) so no test depends on timing
+/// finer than a second; the windows are days.
+const EXTENDED: &str = "
+domain: edge
+descriptors:
+  - key: bucket
+    rate_limit: {algorithm: token_bucket, unit: minute, requests_per_unit: 30}
+  - key: tenant
+    rate_limit:
+      name: tenant
+      limits: [token_bucket:10:0.001, fixed_window:6:86400]
+  - key: slow
+    rate_limit: {algorithm: gcra, unit: day, requests_per_unit: 20}
+  - key: sliding
+    rate_limit: {algorithm: sliding_window, unit: day, requests_per_unit: 4}
+  - key: log
+    rate_limit: {algorithm: sliding_log, unit: day, requests_per_unit: 3}
+  - key: fixed
+    rate_limit: {algorithm: fixed_window, unit: day, requests_per_unit: 2}
+  - key: plain
+    rate_limit: {unit: day, requests_per_unit: 2}
+";
+
+fn extended_config(dir: &Path, extra: &[(&str, &str)]) -> Config {
+    let file = dir.join("extended.yaml");
+    std::fs::write(&file, EXTENDED).unwrap();
+    let file = file.display().to_string();
+    let mut vars = vec![
+        ("BACKEND_URL".to_owned(), "http://127.0.0.1:9".to_owned()),
+        ("RLS_CONFIG".to_owned(), file),
+        ("FORWARD_RATELIMIT_HEADERS".to_owned(), "true".to_owned()),
+        ("DECIDE_PORT".to_owned(), "8081".to_owned()),
+    ];
+    vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Config::from_vars(vars).unwrap()
+}
+
+/// What an answer says that does not depend on the clock: the overall code, each status's
+/// code, remaining and current limit, and the budget each forwarded draft field gives (`r`).
+fn timeless(response: &RateLimitResponse) -> String {
+    let statuses: Vec<String> = response
+        .statuses
+        .iter()
+        .map(|status| {
+            let limit = status
+                .current_limit
+                .as_ref()
+                .map(|limit| format!("{}/{}", limit.requests_per_unit, limit.unit));
+            format!("{:?} {} {limit:?}", code(status), status.limit_remaining)
+        })
+        .collect();
+    let budgets: Vec<String> = response
+        .request_headers_to_add
+        .iter()
+        .map(|header| {
+            header
+                .value
+                .split(", ")
+                .map(|member| member.split(";t=").next().unwrap_or(member))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .collect();
+    format!("{:?} {statuses:?} {budgets:?}", code_of(response))
+}
+
+/// The same requests through the memory store and through Redis: the same answers, limit by
+/// limit (each descriptor of several costs, one over the budget of some).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_and_list_answers_alike_in_memory_and_in_redis() {
+    let redis = RedisServer::start();
+    let addr = redis.addr();
+    let dir = tempfile::tempdir().unwrap();
+    let memory = service(&extended_config(dir.path(), &[]));
+    let shared = service(&extended_config(
+        dir.path(),
+        &[
+            ("REDIS_ADDR", addr.as_str()),
+            ("KEY_HASH_SECRET", "0123456789abcdef0123"),
+            ("REDIS_TIMEOUT_MS", "5000"),
+            ("FAIL_MODE", "closed"),
+        ],
+    ));
+    let (mut asked, mut allowed) = (0, 0);
+    for round in 0..4u64 {
+        for key in ["slow", "tenant", "sliding", "log", "fixed", "plain"] {
+            for hits in [1, 2, 5] {
+                let mut one = request("edge", &[&[(key, "client")]]);
+                one.descriptors[0].hits_addend = Some(hits + round);
+                let (in_memory, in_redis) = (
+                    memory.check(&one).await.unwrap(),
+                    shared.check(&one).await.unwrap(),
+                );
+                assert_eq!(
+                    timeless(&in_memory),
+                    timeless(&in_redis),
+                    "{key} x{}",
+                    hits + round
+                );
+                asked += 1;
+                allowed += usize::from(code_of(&in_memory) == Code::Ok);
+            }
+        }
+    }
+    // Of costs 1, 2, 5, then 2, 3, 6, ... each: slow 6 (20 in all), tenant 3 (the daily 6 is
+    // nearer), sliding 2, log 2, fixed 1 and plain 1.
+    assert_eq!((asked, allowed), (72, 15));
+    // Every limit of the list has its own key, under the rule's name.
+    let keys = redis.cli(&["--scan", "--pattern", "*rls/edge/tenant*"]);
+    assert_eq!(keys.lines().count(), 2, "{keys}");
+}
+
+/// The real binary, a client generated from the protos: a token bucket's burst and then its
+/// steady refill (one every 2 s, not a window's worth at once), and a list refused by its
+/// second limit with the first's budget unspent.
+const PYTHON_EXTENDED: &str = r#"
+import sys, time, grpc, json
+sys.path.insert(0, sys.argv[1])
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+stub = rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(sys.argv[2]))
+Code, Unit = rls_pb2.RateLimitResponse.Code, rls_pb2.RateLimitResponse.RateLimit.Unit
+def ask(key, hits=0):
+    d = ratelimit_pb2.RateLimitDescriptor(entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value="c")])
+    r = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[d], hits_addend=hits))
+    s = r.statuses[0]
+    return r, "%s %d %d %s" % (Code.Name(s.code), s.limit_remaining, s.current_limit.requests_per_unit,
+                               Unit.Name(s.current_limit.unit))
+burst = [ask("bucket") for _ in range(30)]
+print(burst[0][1]); print(burst[29][1])
+refused, said = ask("bucket")
+print(said, json.loads(refused.raw_body)["retry_after"], refused.statuses[0].duration_until_reset.seconds >= 57)
+time.sleep(2.3)
+print(ask("bucket")[1]); print(ask("bucket")[1])
+print(ask("tenant", 5)[1])
+print(ask("tenant", 5)[1])
+allowed, said = ask("tenant", 1)
+print(said, ";".join(h.key + "=" + h.value for h in allowed.request_headers_to_add))
+"#;
+
+async fn algorithms_through_the_binary(store: &[(&str, &str)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("extended.yaml");
+    std::fs::write(&file, EXTENDED).unwrap();
+    let file = file.display().to_string();
+    let [decide] = crate::support::free_ports();
+    let decide_port = decide.to_string();
+    let mut vars = vec![
+        ("BACKEND_URL", "http://127.0.0.1:9"),
+        ("RLS_CONFIG", file.as_str()),
+        ("DECIDE_PORT", decide_port.as_str()),
+        ("FORWARD_RATELIMIT_HEADERS", "true"),
+    ];
+    vars.extend_from_slice(store);
+    let tollgate = crate::binary::Running::start(&vars);
+    let address: std::net::SocketAddr = format!("127.0.0.1:{decide}").parse().unwrap();
+    crate::support::redis::wait_for(
+        || std::net::TcpStream::connect(address).is_ok(),
+        "the decide port to listen",
+    );
+    let printed = python_client(PYTHON_EXTENDED, address).await;
+    let tenant = "rls/edge/tenant";
+    assert_eq!(
+        printed.lines().take(7).collect::<Vec<_>>(),
+        [
+            // A burst of 30, a token bucket's capacity, in the unit nearest its refill time.
+            "OK 29 30 MINUTE",
+            "OK 0 30 MINUTE",
+            // Refused: retry when the next token is in (2 s), full again in a minute.
+            "OVER_LIMIT 0 30 MINUTE 2 True",
+            // 2 s later: one token, not a window's worth.
+            "OK 0 30 MINUTE",
+            "OVER_LIMIT 0 30 MINUTE",
+            // The list: the fixed window (6 a day) is nearest its end.
+            "OK 1 6 DAY",
+            // Refused by the daily window with the bucket (10, 10000 s to fill: HOUR) able to.
+            "OVER_LIMIT 0 6 DAY",
+        ]
+    );
+    // The refusal spent nothing in the bucket: 10 - 5 - 1 left, as the draft fields say.
+    let last = printed.lines().nth(7).unwrap_or_default();
+    assert!(
+        last.starts_with(&format!(
+            "OK 0 6 DAY RateLimit-Policy=\"{tenant}.1\";q=10;w=10000, \"{tenant}.2\";q=6;w=86400;\
+             RateLimit=\"{tenant}.1\";r=4;t="
+        )),
+        "{last}"
+    );
+    assert!(last.contains(&format!(", \"{tenant}.2\";r=0;t=")), "{last}");
+    tollgate.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn algorithms_and_lists_through_the_binary_in_memory() {
+    algorithms_through_the_binary(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn algorithms_and_lists_through_the_binary_in_redis() {
+    let redis = RedisServer::start();
+    let addr = redis.addr();
+    algorithms_through_the_binary(&[
+        ("REDIS_ADDR", addr.as_str()),
+        ("KEY_HASH_SECRET", "0123456789abcdef0123"),
+        ("REDIS_TIMEOUT_MS", "5000"),
+        ("FAIL_MODE", "closed"),
+    ])
+    .await;
 }
