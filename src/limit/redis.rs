@@ -482,6 +482,31 @@ impl RedisStore {
         self.give_back(rule, key, cost, at_us, None).await
     }
 
+    /// Renew the lease taken at `at_us` by the client of `key` under `rule`, a rule of one
+    /// concurrency limit (what the gate renews), for a request of `cost` still in flight: it
+    /// lasts its length from now, on the Redis clock. A lease expired or given back stays gone.
+    pub async fn renew_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
+        self.bounded(self.run_script(rule, key, cost, None, Some(Refund::Renew(at_us)), None))
+            .await
+            .map(drop)
+    }
+
+    /// [`renew_key`](Self::renew_key) with the script's clock pinned to `now_us`, for tests.
+    #[doc(hidden)]
+    pub async fn renew_at(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        at_us: u64,
+        now_us: u64,
+    ) -> Result<(), StoreError> {
+        let key = self.key(rule, client);
+        self.bounded(self.run_script(rule, &key, cost, Some(now_us), Some(Refund::Renew(at_us)), None))
+            .await
+            .map(drop)
+    }
+
     /// [`refund`](Self::refund) with the script's clock pinned to `now_us`, for tests.
     #[doc(hidden)]
     pub async fn refund_at(
@@ -617,7 +642,7 @@ impl RedisStore {
         // the client is owed it (docs/reliability.md).
         if rule.limits.len() == 1 {
             return self
-                .bounded(self.run_script(rule, key, cost, now_us, Some(at_us), None))
+                .bounded(self.run_script(rule, key, cost, now_us, Some(Refund::GiveBack(at_us)), None))
                 .await
                 .map(drop);
         }
@@ -879,7 +904,7 @@ impl RedisStore {
         key: &str,
         cost: u64,
         now_us: Option<u64>,
-        refund_at_us: Option<u64>,
+        refund: Option<Refund>,
         deadline_us: Option<u64>,
     ) -> redis::RedisResult<redis::Value> {
         let (script, [first, second]) = rule.limits.first().script();
@@ -896,8 +921,9 @@ impl RedisStore {
                 Some(now_us) => cmd.arg(now_us),
                 None => cmd.arg(""),
             };
-            match refund_at_us {
-                Some(at_us) => cmd.arg(at_us),
+            match refund {
+                Some(Refund::GiveBack(at_us)) => cmd.arg(at_us),
+                Some(Refund::Renew(at_us)) => cmd.arg(format!("r{at_us}")),
                 None => cmd.arg(""),
             };
             match deadline_us {
@@ -934,6 +960,17 @@ impl RedisStore {
             master.timed_out();
         }
     }
+}
+
+/// What a script call does instead of deciding (its `ARGV[5]`): give back what the request
+/// decided at that time took, or renew its lease (`r` and the time; only a concurrency
+/// limit's script has leases).
+#[derive(Debug, Clone, Copy)]
+enum Refund {
+    /// Give back: the decision's time.
+    GiveBack(u64),
+    /// Renew the lease named by the decision's time.
+    Renew(u64),
 }
 
 /// One decision's entry in a batch's reply: its script's reply, or the text of its error.
@@ -1094,6 +1131,16 @@ impl Remote for RedisStore {
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::refund_key(self, rule, key, cost, at_us)
+    }
+
+    fn renew_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        at_us: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        RedisStore::renew_key(self, rule, key, cost, at_us)
     }
 
     fn inspect_key<'a>(
