@@ -13,7 +13,7 @@ use tollgate::limit::algorithm::{Concurrent, FixedWindow, SlidingLog, TokenBucke
 use tollgate::limit::{Decision, Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
 
 use crate::binary::Running;
-use crate::support::{Backend, Gateway, RedisServer, Reply, get, read_head, request};
+use crate::support::{Backend, Gateway, RedisCluster, RedisServer, Reply, get, get_from, read_head, request};
 
 /// A deterministic pseudo-random sequence (xorshift), so a failure replays exactly.
 struct Sequence(u64);
@@ -364,5 +364,81 @@ async fn at_the_decision_api_a_place_is_held_for_its_whole_lease() {
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         assert_eq!(answer(check().await)["allowed"], true, "the lease ran out");
         gateway.stop().await;
+    }
+}
+
+/// On a Redis Cluster, beside a rate limit (one script call over both keys, on the client's
+/// master): two replicas share each client's places, whichever master holds them, and the
+/// places go back to the right key.
+#[tokio::test]
+async fn a_cluster_shares_places_across_replicas_and_masters() {
+    let cluster = RedisCluster::start();
+    let backend = Backend::start().await;
+    let seeds = cluster.seeds();
+    let vars = [
+        ("REDIS_CLUSTER_NODES", seeds.as_str()),
+        ("REDIS_TIMEOUT_MS", "5000"),
+        ("LIMITS", "token_bucket:100:100+concurrent:2"),
+    ];
+    let one = Gateway::start(&backend.url(), &vars).await;
+    let other = Gateway::start(&backend.url(), &vars).await;
+    let clients: Vec<IpAddr> = (2..=7).map(|n| format!("127.0.0.{n}").parse().unwrap()).collect();
+    let (one_addr, other_addr) = (one.addr, other.addr);
+    let held: Vec<_> = clients
+        .iter()
+        .flat_map(|&client| {
+            (0..2).map(move |_| {
+                tokio::spawn(async move { get_from(one_addr, client, "/slow/1500", &[]).await })
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for &client in &clients {
+        let refused = get_from(other_addr, client, "/", &[]).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{client}");
+    }
+    for reply in join_all(held).await {
+        assert_eq!(reply.unwrap().status, StatusCode::OK);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for &client in &clients {
+        let both = join_all((0..2).map(|_| get_from(other_addr, client, "/slow/200", &[]))).await;
+        for reply in both {
+            assert_eq!(reply.status, StatusCode::OK, "{client}: the places came back");
+        }
+    }
+    assert!(
+        cluster.masters_holding_keys() >= 2,
+        "the clients' keys are spread"
+    );
+}
+
+/// `count=failures` refunds a success's cost to the rule's rate limits, never its place: the
+/// place goes back only when the response ends, once.
+#[tokio::test]
+async fn count_failures_refunds_the_rates_and_leaves_the_places_to_the_response() {
+    let backend = Backend::start().await;
+    let redis = RedisServer::start();
+    let backend_url = backend.url();
+    let routes = "/slow/*=token_bucket:2:0.001+concurrent:1,count=failures";
+    for vars in on_each_store(&redis, &[("BACKEND_URL", &backend_url), ("ROUTES", routes)]) {
+        let tollgate = binary(&vars);
+        let addr = tollgate.addr;
+        let long = spawn_get(addr, "/slow/800");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Settled (a 200, refunded) but still streaming its response: the place is held.
+        assert_eq!(
+            get(addr, "/slow/1").await.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{vars:?}"
+        );
+        assert_eq!(long.await.unwrap().status, StatusCode::OK);
+        // Successes, one after the other: each refunded, so the 2-token bucket never runs out,
+        // and each gives its one place back.
+        for i in 0..4 {
+            let reply = allowed_within(addr, "/slow/1", Duration::from_millis(500)).await;
+            assert_eq!(reply.status, StatusCode::OK, "{vars:?}: success {i}");
+        }
+        drop(tollgate);
     }
 }
