@@ -28,7 +28,7 @@ use std::time::Duration;
 use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
 use crate::limit::FailMode;
-use crate::limit::algorithm::{Limits, ParameterError, Policy};
+use crate::limit::algorithm::{Algorithm, Concurrent, Limits, ParameterError, Policy};
 use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source};
 use crate::limit::pattern::PathPattern;
 use crate::limit::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
@@ -48,6 +48,9 @@ const DELAY_FORMS: &str = "a whole number of milliseconds from 0 (refused at onc
 
 /// Every algorithm name a limit may be written with, for messages.
 pub(crate) const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
+
+/// The kinds a limit list writes: the algorithms, and `concurrent`.
+const LIMIT_KINDS: &str = "token_bucket, gcra, sliding_window, fixed_window, sliding_log or concurrent";
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
 /// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.
@@ -76,7 +79,12 @@ pub(crate) fn parse(
     let general_limits = limits_variable(env, vars::LIMITS, false)?;
     let algorithm = match (env.get(vars::ALGORITHM), &general_limits) {
         (Some(algorithm), _) => algorithm,
-        (None, Some(limits)) => limits.first().name(),
+        // The auth rule's algorithm, unless AUTH_ALGORITHM names one: a concurrency limit is
+        // no algorithm, so the first that is (or the default).
+        (None, Some(limits)) => limits
+            .iter()
+            .find(|policy| !policy.is_concurrent())
+            .map_or_else(|| env.value(vars::ALGORITHM), |policy| policy.name()),
         (None, None) => env.value(vars::ALGORITHM),
     };
     let general_limits = match general_limits {
@@ -356,18 +364,25 @@ pub(crate) fn parse_limits(spec: &str) -> Result<Limits, String> {
     Limits::new(policies).map_err(|why| why.to_string())
 }
 
-/// One limit, `ALGORITHM:A:B` (`token_bucket:5:0.1`, `fixed_window:100:60`), as `ROUTES`,
-/// `LIMITS` and the rules file write it; the error says what is wrong and what is accepted.
+/// One limit, `ALGORITHM:A:B` (`token_bucket:5:0.1`, `fixed_window:100:60`) or
+/// `concurrent:N[:LEASE]`, as `ROUTES`, `LIMITS` and the rules file write it; the error says
+/// what is wrong and what is accepted.
 pub(crate) fn parse_limit(spec: &str) -> Result<Policy, String> {
-    let [algorithm, first, second] = spec.split(':').collect::<Vec<_>>()[..] else {
-        return Err(format!(
-            "expected ALGORITHM:A:B, e.g. token_bucket:5:0.1 or fixed_window:100:60, not {spec:?}"
-        ));
+    let (algorithm, first, second) = match spec.split(':').collect::<Vec<_>>()[..] {
+        [algorithm, first, second] => (algorithm, first, second),
+        // The lease is optional: `concurrent:10` holds leases of the default length.
+        [algorithm, first] if algorithm == Concurrent::NAME => (algorithm, first, ""),
+        _ => {
+            return Err(format!(
+                "expected ALGORITHM:A:B, e.g. token_bucket:5:0.1 or fixed_window:100:60, or \
+                 concurrent:N, not {spec:?}"
+            ));
+        }
     };
     match Policy::parse(algorithm, first, second) {
-        None => Err(format!("unknown algorithm {algorithm:?}; expected {ALGORITHMS}")),
+        None => Err(format!("unknown algorithm {algorithm:?}; expected {LIMIT_KINDS}")),
         Some(Err(ParameterError::Invalid { index, expected })) => {
-            let meaning = Policy::parameters(algorithm).map_or("", |p| p[index].meaning);
+            let meaning = Policy::meanings(algorithm).map_or("", |m| m[index]);
             Err(format!(
                 "{meaning} {:?}: expected {expected}",
                 [first, second][index]
@@ -387,6 +402,14 @@ fn policy_from_variables(
     auth: bool,
 ) -> Result<Policy, ConfigError> {
     let unknown = || ConfigError::invalid(algorithm_var.name, algorithm, ALGORITHMS);
+    if algorithm == Concurrent::NAME {
+        return Err(ConfigError::invalid(
+            algorithm_var.name,
+            algorithm,
+            "an algorithm; concurrent is a limit of a list: LIMITS=concurrent:N (or AUTH_LIMITS, \
+             ROUTES, the rules file), alone or joined to others by +",
+        ));
+    }
     let parameters = Policy::parameters(algorithm).ok_or_else(unknown)?;
     let [first, second] = parameters.map(|p| {
         let var = if auth { p.auth } else { p.general };

@@ -959,7 +959,7 @@ fn variables_is_every_name_the_parsers_read_plus_the_libraries_own() {
     let known: BTreeSet<&str> = VARIABLES.iter().copied().collect();
     assert_eq!(read, known);
     for algorithm in Policy::NAMES {
-        for parameter in Policy::parameters(algorithm).unwrap() {
+        for parameter in Policy::parameters(algorithm).into_iter().flatten() {
             assert!(VARIABLES.contains(&parameter.general.name), "{parameter:?}");
             assert!(VARIABLES.contains(&parameter.auth.name), "{parameter:?}");
         }
@@ -2102,4 +2102,75 @@ fn the_response_cost_header_is_a_header_name_and_shows_in_check_config() {
         config.to_string().contains("reported costs:   x-tokens-used"),
         "{config}"
     );
+}
+
+#[test]
+fn concurrent_is_a_limit_of_any_list_with_an_optional_lease() {
+    use crate::limit::algorithm::{Concurrent, concurrent::DEFAULT_LEASE_MS};
+    let config = parse(&[
+        ("LIMITS", "concurrent:10"),
+        ("AUTH_LIMITS", "sliding_log:5:60+concurrent:2:30"),
+        ("ROUTES", "/api/*=token_bucket:5:1+concurrent:3:0.5e1,name=api"),
+    ])
+    .unwrap();
+    assert_eq!(
+        general(&config).limits.first(),
+        &Policy::Concurrent(Concurrent {
+            places: 10,
+            lease_ms: DEFAULT_LEASE_MS
+        })
+    );
+    assert_eq!(
+        auth(&config).limits[1],
+        Policy::Concurrent(Concurrent {
+            places: 2,
+            lease_ms: 30_000
+        })
+    );
+    let api = config.rule_table().rule("api").unwrap();
+    assert_eq!(
+        api.limits[1],
+        Policy::Concurrent(Concurrent {
+            places: 3,
+            lease_ms: 5_000
+        })
+    );
+    assert!(!api.limits[1].exact_retry());
+    assert!(api.limits.first().exact_retry());
+    // LIMITS of concurrency alone: the auth rule keeps ALGORITHM's default, not concurrent.
+    let only = parse(&[("LIMITS", "concurrent:4")]).unwrap();
+    assert_eq!(auth(&only).limits.first().name(), "token_bucket");
+}
+
+#[test]
+fn a_wrong_concurrency_limit_names_the_variable_and_what_is_wrong() {
+    for (vars, words) in [
+        (
+            &[("LIMITS", "concurrent:0")][..],
+            &["LIMITS", "places \"0\"", "from 1 to 10000"][..],
+        ),
+        (&[("LIMITS", "concurrent:10001")], &["LIMITS", "from 1 to 10000"]),
+        (
+            &[("ROUTES", "/a=concurrent:2:0.5")],
+            &["ROUTES", "lease seconds \"0.5\"", "from 1 to 86400"],
+        ),
+        (&[("LIMITS", "concurrent")], &["LIMITS", "concurrent:N"]),
+        (
+            &[("LIMITS", "concurrent:1:2:3")],
+            &["LIMITS", "expected ALGORITHM:A:B"],
+        ),
+        (
+            &[("ALGORITHM", "concurrent")],
+            &["ALGORITHM", "LIMITS=concurrent:N"],
+        ),
+        (
+            &[("ROUTES", "/a=concurrent:2,cost=3")],
+            &["cost 3 is above the rule's capacity of 2"],
+        ),
+    ] {
+        let message = error(vars);
+        for word in words {
+            assert!(message.contains(word), "{vars:?}: {message}");
+        }
+    }
 }

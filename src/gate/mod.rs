@@ -43,8 +43,8 @@ use delay::{DelayBounds, DelayQueue};
 
 use crate::limit::refused::{Counted, RefusedClients};
 use crate::limit::{
-    ClientIp, ClientKey, Count, Decision, Digest, Limiter, Mode, RequestHead, Rule, RuleTable, StoreError,
-    Verdict as StoreVerdict,
+    ClientIp, ClientKey, Count, Decide, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule,
+    RuleTable, StoreError, Verdict as StoreVerdict,
 };
 use crate::metrics::{Metrics, RuleSeries, TableSeries};
 use crate::outcome::Outcome;
@@ -94,6 +94,193 @@ pub struct Generation {
     series: TableSeries,
     /// The clients refused most, per rule, in bounded memory: the admin's `/v1/limited`.
     refused: RefusedClients,
+    /// By rule id, what a rule with concurrency limits gives back apart from the others.
+    places: Box<[PlaceRules]>,
+}
+
+/// A rule's limits seen two ways, for a rule with concurrency limits: those places are given
+/// back when the response ends ([`Place`]), the others under `count=failures` (when a
+/// success is settled), never both for one limit.
+#[derive(Default)]
+struct PlaceRules {
+    /// Each concurrency limit, by its position in the rule, as a rule of that limit alone.
+    places: Vec<(usize, Rule)>,
+    /// The rule without its concurrency limits (`None` when it has no other); for a rule
+    /// without concurrency limits, `None` too, the rule itself serving.
+    rest: Option<Rule>,
+}
+
+impl PlaceRules {
+    /// What `rule` gives back, limit by limit.
+    fn of(rule: &Rule) -> PlaceRules {
+        if !rule.limits.iter().any(|policy| policy.is_concurrent()) {
+            return PlaceRules::default();
+        }
+        let places = rule
+            .limits
+            .iter()
+            .enumerate()
+            .filter(|(_, policy)| policy.is_concurrent())
+            .map(|(position, policy)| {
+                (
+                    position,
+                    Rule {
+                        limits: Limits::one(*policy),
+                        ..rule.clone()
+                    },
+                )
+            })
+            .collect();
+        let others: Vec<_> = rule
+            .limits
+            .iter()
+            .filter(|policy| !policy.is_concurrent())
+            .copied()
+            .collect();
+        let rest = Limits::new(others).ok().map(|limits| Rule {
+            limits,
+            ..rule.clone()
+        });
+        PlaceRules { places, rest }
+    }
+}
+
+/// An allowed request's places under its rule's concurrency limits (`concurrent:N`), given
+/// back once, when dropped: the door holds it until the response body has been sent or the
+/// client went away (the proxy's body drops it). A door that answers before the request
+/// happens takes none, and its leases run their full time.
+pub struct Place {
+    /// The table it was decided under, whose store holds the places.
+    generation: Arc<Generation>,
+    /// The rule's id in `generation`.
+    rule: u16,
+    /// Whose places.
+    key: ClientKey,
+    /// How many each limit holds: the request's cost.
+    cost: u64,
+    /// What the store said: which store, and each lease's name (its part's `at_us`).
+    decision: StoreVerdict,
+    /// Renews the leases every third of their length while the request goes on; stopped
+    /// when the place is given back.
+    renewal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Place {
+    /// Each lease the place holds: the rule of its limit alone, and the verdict naming it
+    /// (the decision with that limit's `at_us`), in the rule's order.
+    fn leases(generation: &Generation, rule: u16, decision: StoreVerdict) -> Vec<(usize, StoreVerdict)> {
+        let (Some(rules), Some(decided)) = (
+            generation.places.get(usize::from(rule)),
+            decision.decision().copied(),
+        ) else {
+            return Vec::new();
+        };
+        rules
+            .places
+            .iter()
+            .filter_map(|(position, _)| {
+                let mut lease = decided;
+                lease.at_us = decided.parts().get(*position)?.at_us;
+                Some((
+                    *position,
+                    match decision {
+                        StoreVerdict::DecidedLocally(_) => StoreVerdict::DecidedLocally(lease),
+                        _ => StoreVerdict::Decided(lease),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// Every third of the shortest lease, renew each lease of the place, until aborted.
+    async fn renew(
+        generation: Arc<Generation>,
+        rule: u16,
+        key: ClientKey,
+        cost: u64,
+        decision: StoreVerdict,
+    ) {
+        let Some(rules) = generation.places.get(usize::from(rule)) else {
+            return;
+        };
+        let Some(lease) = rules
+            .places
+            .iter()
+            .map(|(_, rule)| rule.limits.first().window())
+            .min()
+        else {
+            return;
+        };
+        let leases = Place::leases(&generation, rule, decision);
+        let mut every = tokio::time::interval_at(Instant::now() + lease / 3, lease / 3);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            for (position, lease) in &leases {
+                if let Some((_, rule)) = rules.places.iter().find(|(at, _)| at == position) {
+                    generation.limiter.renew(rule, key, cost, lease).await;
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Place")
+            .field("rule", &self.rule)
+            .field("key", &self.key)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Place {
+    /// Give each lease back to the store that decided it: at once in memory; with Redis, in a
+    /// task of its own (a drop cannot wait), which a runtime shutting down may never run, and
+    /// then the lease expires.
+    fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+        let Some(rules) = self.generation.places.get(usize::from(self.rule)) else {
+            return;
+        };
+        let mut waiting = Vec::new();
+        for (position, lease) in Place::leases(&self.generation, self.rule, self.decision) {
+            let Some((_, rule)) = rules.places.iter().find(|(at, _)| *at == position) else {
+                continue;
+            };
+            let given = self.generation.limiter.refund(rule, self.key, self.cost, &lease);
+            // A store that answered at once has given it back; one that waits on the network
+            // (whose future does nothing until polled) is asked again in a task.
+            if let Decide::Pending(_) = given {
+                waiting.push((position, lease));
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (generation, id, key, cost) = (
+            self.generation.clone(),
+            usize::from(self.rule),
+            self.key,
+            self.cost,
+        );
+        runtime.spawn(async move {
+            let Some(rules) = generation.places.get(id) else {
+                return;
+            };
+            for (position, lease) in waiting {
+                if let Some((_, rule)) = rules.places.iter().find(|(at, _)| *at == position) {
+                    generation.limiter.refund(rule, key, cost, &lease).await;
+                }
+            }
+        });
+    }
 }
 
 impl Generation {
@@ -264,6 +451,7 @@ impl Gate {
     pub fn new(settings: GateSettings, limiter: Limiter, metrics: Arc<Metrics>) -> Gate {
         let ipv6_prefix = settings.rules.ipv6_prefix();
         let generation = Generation {
+            places: settings.rules.rules().iter().map(PlaceRules::of).collect(),
             series: metrics.series(&settings.rules),
             refused: RefusedClients::new(settings.rules.rules().len()),
             rules: settings.rules,
@@ -312,6 +500,7 @@ impl Gate {
             }
         }
         let generation = Generation {
+            places: rules.rules().iter().map(PlaceRules::of).collect(),
             series: self.metrics.series(&rules),
             refused: old.refused.for_rules(old.rules(), rules.rules()),
             rules,
@@ -495,6 +684,13 @@ impl Gate {
             return;
         };
         let rule = verdict.rule();
+        // Concurrency places are given back when the response ends, by the place: what is
+        // refunded or charged here is the rule's rate limits' alone.
+        let rule = match verdict.generation.places.get(usize::from(verdict.rule)) {
+            Some(PlaceRules { rest: None, places }) if !places.is_empty() => return,
+            Some(PlaceRules { rest: Some(rest), .. }) => rest,
+            _ => rule,
+        };
         let limiter = &verdict.generation.limiter;
         let spent = matches!(verdict.outcome, Outcome::Allowed | Outcome::LocalAllowed);
         if rule.count == Count::Failures && spent && status < 400 {
@@ -511,6 +707,33 @@ impl Gate {
             Some(cost) if cost < charged => limiter.refund(rule, verdict.key, charged - cost, decision).await,
             _ => {}
         }
+    }
+
+    /// The places an allowed request holds under its rule's concurrency limits, for a door
+    /// that forwards it and can tell when its response ends: `None` when the rule has none,
+    /// or nothing was taken (the request was refused, exempt, or the store could not decide).
+    /// Held until dropped; a door that never asks leaves its leases to expire.
+    pub fn place(&self, verdict: &Verdict) -> Option<Place> {
+        let decision = verdict.decision?;
+        let places = verdict.generation.places.get(usize::from(verdict.rule))?;
+        if places.places.is_empty() || !decision.decision()?.allowed {
+            return None;
+        }
+        let renewal = tokio::spawn(Place::renew(
+            verdict.generation.clone(),
+            verdict.rule,
+            verdict.key,
+            verdict.cost,
+            decision,
+        ));
+        Some(Place {
+            generation: verdict.generation.clone(),
+            rule: verdict.rule,
+            key: verdict.key,
+            cost: verdict.cost,
+            decision,
+            renewal: Some(renewal),
+        })
     }
 
     /// Whether `peer` is one of `TRUSTED_PROXIES` (whose forwarding headers are kept).

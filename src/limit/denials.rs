@@ -95,6 +95,15 @@ impl DenialCache {
         if decision.allowed || rule.count == Count::Failures || decision.retry_after < MIN_WORTH_CACHING {
             return;
         }
+        // A concurrency place comes back when some request ends, not after the retry time.
+        let inexact = rule
+            .limits
+            .iter()
+            .zip(decision.parts())
+            .any(|(policy, part)| !part.allowed && !policy.exact_retry());
+        if inexact {
+            return;
+        }
         let key = (rule.id, client);
         let until = sent + decision.retry_after;
         let denial = Denial {

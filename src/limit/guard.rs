@@ -177,6 +177,17 @@ pub trait Remote: Send + Sync + 'static {
         key: &'a str,
         cost: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+    /// Renew the lease taken under `rule` (a rule of one concurrency limit) at `at_us` by the
+    /// client of `key`, a request of `cost` still in flight. A store without leases has none.
+    fn renew_key<'a>(
+        &'a self,
+        _rule: &'a Rule,
+        _key: &'a str,
+        _cost: u64,
+        _at_us: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        std::future::ready(Ok(()))
+    }
 
     /// What the client of `key` has left under `rule`, spending nothing and changing nothing.
     fn inspect_key<'a>(
@@ -606,6 +617,41 @@ impl<S: Remote> Store for Guard<S> {
             Verdict::DecidedLocally(decision) => {
                 if let Some(store) = self.local_store() {
                     store.refund(rule, client, cost, decision.at_us);
+                }
+                Decide::ready(())
+            }
+            Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
+        }
+    }
+
+    /// Renew the leases of a request still in flight at the store that decided it, as
+    /// [`refund`](Store::refund) gives back: not while the breaker is open (the lease then
+    /// expires, erring toward the client).
+    fn renew<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        match *verdict {
+            Verdict::Decided(decision) => {
+                let shared = &*self.inner.shared;
+                let key = shared.store.key(rule, client);
+                let breaker = shared.breaker(&key);
+                if breaker.is_open() {
+                    return Decide::ready(());
+                }
+                Decide::Pending(Box::pin(async move {
+                    let renewed = shared.store.renew_key(rule, &key, cost, decision.at_us);
+                    if let Err(error) = renewed.await {
+                        self.record_failure(&breaker, &error);
+                    }
+                }))
+            }
+            Verdict::DecidedLocally(decision) => {
+                if let Some(store) = self.local_store() {
+                    store.renew(rule, client, decision.at_us);
                 }
                 Decide::ready(())
             }

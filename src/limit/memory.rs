@@ -384,10 +384,21 @@ impl MemoryStore {
     }
 
     /// Give back `cost` taken by an allowed request counted at `at_us`, in each limit of
-    /// `rule` (see [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)).
+    /// `rule` (see [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)). `rule`
+    /// may hold only some of the limits of the rule of its id (the gate gives a concurrency
+    /// place back under a rule of that limit alone): each is found by its policy.
     pub fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
         let hash = self.inner.shared.hasher.hash_one(client);
-        for (limit, policy) in self.budgets(rule.id).limits.iter().zip(rule.limits.iter()) {
+        let budgets = self.budgets(rule.id);
+        let same = budgets.limits.len() == rule.limits.len();
+        for (i, policy) in rule.limits.iter().enumerate() {
+            let held = match same {
+                true => budgets.limits.get(i),
+                false => budgets.limits.iter().find(|limit| limit.policy == *policy),
+            };
+            let Some(limit) = held else {
+                continue;
+            };
             let mut table = limit.shard(hash);
             // A refund is not a sighting, so it leaves the stamp alone.
             if let Some(position) = table.find(hash, &client) {
@@ -406,7 +417,12 @@ impl MemoryStore {
     pub fn charge_at(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: u64) {
         let shared = &*self.inner.shared;
         let hash = shared.hasher.hash_one(client);
-        for (limit, policy) in self.budgets(rule.id).limits.iter().zip(rule.limits.iter()) {
+        let budgets = self.budgets(rule.id);
+        for policy in rule.limits.iter() {
+            // `rule` may hold only some of the limits of the rule of its id, as for `refund`.
+            let Some(limit) = budgets.limits.iter().find(|limit| limit.policy == *policy) else {
+                continue;
+            };
             let mut table = limit.shard(hash);
             table.tick = table.tick.wrapping_add(1);
             let seen = table.tick;
@@ -432,6 +448,36 @@ impl MemoryStore {
                         },
                     );
                 }
+            }
+        }
+    }
+
+    /// Renew the leases taken at `at_us` (a request still in flight) in each limit of `rule`
+    /// that has leases (see [`Algorithm::renew`](crate::limit::algorithm::Algorithm::renew)),
+    /// now; `rule` may hold only some of the limits of the rule of its id, as for [`refund`].
+    ///
+    /// [`refund`]: MemoryStore::refund
+    pub fn renew(&self, rule: &Rule, client: ClientKey, at_us: u64) {
+        self.renew_with(rule, client, at_us, || self.now_us());
+    }
+
+    /// [`renew`](Self::renew) at an explicit time on the store's clock, for tests.
+    pub fn renew_at(&self, rule: &Rule, client: ClientKey, at_us: u64, now_us: u64) {
+        self.renew_with(rule, client, at_us, || now_us);
+    }
+
+    fn renew_with(&self, rule: &Rule, client: ClientKey, at_us: u64, now_us: impl Fn() -> u64) {
+        let hash = self.inner.shared.hasher.hash_one(client);
+        let budgets = self.budgets(rule.id);
+        for policy in rule.limits.iter() {
+            let Some(limit) = budgets.limits.iter().find(|limit| limit.policy == *policy) else {
+                continue;
+            };
+            let mut table = limit.shard(hash);
+            // Read under the lock, as a decision reads it.
+            let now_us = now_us();
+            if let Some(position) = table.find(hash, &client) {
+                policy.renew(&mut table.entries[position].state, at_us, now_us);
             }
         }
     }
@@ -876,6 +922,19 @@ impl Store for MemoryStore {
     ) -> Decide<'a, ()> {
         if let Verdict::Decided(decision) = verdict {
             MemoryStore::refund(self, rule, client, cost, decision.at_us);
+        }
+        Decide::ready(())
+    }
+
+    fn renew<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        _cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        if let Verdict::Decided(decision) = verdict {
+            MemoryStore::renew(self, rule, client, decision.at_us);
         }
         Decide::ready(())
     }

@@ -109,6 +109,9 @@ pub struct Part {
     retry_after_us: u64,
     /// µs until this limit's budget is entirely back.
     reset_after_us: u64,
+    /// When this limit counted the request (its own `at_us`: a concurrency limit's is the
+    /// name of the lease it took, what giving the place back hands over).
+    pub at_us: u64,
 }
 
 impl Decision {
@@ -214,6 +217,7 @@ impl Part {
         remaining: 0,
         retry_after_us: 0,
         reset_after_us: 0,
+        at_us: 0,
     };
 
     const fn of(decision: &LimitDecision) -> Part {
@@ -226,6 +230,7 @@ impl Part {
                 micros(decision.retry_after)
             },
             reset_after_us: micros(decision.reset_after),
+            at_us: decision.at_us,
         }
     }
 
@@ -302,6 +307,17 @@ impl Limiter {
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.store.refund(rule, client, cost, verdict)
+    }
+
+    /// Renew the leases of an allowed request still in flight (see [`Store::renew`]).
+    pub fn renew<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        cost: u64,
+        verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        self.store.renew(rule, client, cost, verdict)
     }
 
     /// Spend `cost` more of what `client` has under `rule`, into debt if need be, in the store

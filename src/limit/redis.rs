@@ -286,6 +286,9 @@ enum Call {
     Refund(u64),
     /// Spend the cost whatever is left (`"charge"`: a reported cost above the charged one).
     Charge,
+    /// Renew the lease of the decision made at this time, in µs (`r` and the time: a request
+    /// still in flight under a concurrency limit).
+    Renew(u64),
 }
 
 impl Call {
@@ -295,6 +298,7 @@ impl Call {
             Call::Decide => cmd.arg(""),
             Call::Refund(at_us) => cmd.arg(at_us),
             Call::Charge => cmd.arg("charge"),
+            Call::Renew(at_us) => cmd.arg(format!("r{at_us}")),
         };
     }
 }
@@ -503,6 +507,31 @@ impl RedisStore {
     /// [`refund`](Self::refund) on the client's [`key`](Self::key), made by the caller.
     pub async fn refund_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
         self.give_back(rule, key, cost, Call::Refund(at_us), None).await
+    }
+
+    /// Renew the lease taken at `at_us` by the client of `key` under `rule`, a rule of one
+    /// concurrency limit (what the gate renews), for a request of `cost` still in flight: it
+    /// lasts its length from now, on the Redis clock. A lease expired or given back stays gone.
+    pub async fn renew_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
+        self.bounded(self.run_script(rule, key, cost, None, Call::Renew(at_us), None))
+            .await
+            .map(drop)
+    }
+
+    /// [`renew_key`](Self::renew_key) with the script's clock pinned to `now_us`, for tests.
+    #[doc(hidden)]
+    pub async fn renew_at(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: u64,
+        at_us: u64,
+        now_us: u64,
+    ) -> Result<(), StoreError> {
+        let key = self.key(rule, client);
+        self.bounded(self.run_script(rule, &key, cost, Some(now_us), Call::Renew(at_us), None))
+            .await
+            .map(drop)
     }
 
     /// [`refund`](Self::refund) with the script's clock pinned to `now_us`, for tests.
@@ -1147,6 +1176,16 @@ impl Remote for RedisStore {
         cost: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::charge_key(self, rule, key, cost)
+    }
+
+    fn renew_key<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        at_us: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        RedisStore::renew_key(self, rule, key, cost, at_us)
     }
 
     fn inspect_key<'a>(

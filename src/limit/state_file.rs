@@ -48,8 +48,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::limit::algorithm::{
-    FixedWindow, FixedWindowState, SlidingLog, SlidingLogState, SlidingWindow, TokenBucket, US_PER_MS,
-    WindowState,
+    Concurrent, FixedWindow, FixedWindowState, SlidingLog, SlidingLogState, SlidingWindow, TokenBucket,
+    US_PER_MS, WindowState,
 };
 use crate::limit::key::Digest;
 use crate::limit::{ClientIp, ClientKey, MemoryStore, Policy, Rule, State};
@@ -235,6 +235,8 @@ fn policy_code(policy: &Policy) -> (u8, u64, u64) {
         Policy::SlidingWindow(SlidingWindow { limit, window_ms }) => (2, limit, window_ms),
         Policy::FixedWindow(FixedWindow { limit, window_ms }) => (3, limit, window_ms),
         Policy::SlidingLog(SlidingLog { limit, window_ms }) => (4, limit, window_ms),
+        // Saved with no clients (see `put_client`).
+        Policy::Concurrent(Concurrent { places, lease_ms }) => (5, places, lease_ms),
     }
 }
 
@@ -256,6 +258,10 @@ fn policy_of(code: u8, first: u64, second: u64) -> Option<Policy> {
         4 => Policy::SlidingLog(SlidingLog {
             limit: first,
             window_ms: second,
+        }),
+        5 => Policy::Concurrent(Concurrent {
+            places: first,
+            lease_ms: second,
         }),
         _ => return None,
     })
@@ -280,7 +286,9 @@ fn put_ip(out: &mut Vec<u8>, ip: &ClientIp) {
 }
 
 /// Append one client; false (nothing written) for a state of another algorithm than the
-/// rule's, which a decision would treat as a client never seen.
+/// rule's, which a decision would treat as a client never seen, and for a concurrency
+/// limit's leases: they belong to requests of the process that saved them, which are over by
+/// the time the file is read.
 fn put_client(out: &mut Vec<u8>, policy: &Policy, key: &ClientKey, state: &State, refused: bool) -> bool {
     let state_matches = matches!(
         (policy, state),
@@ -309,6 +317,8 @@ fn put_client(out: &mut Vec<u8>, policy: &Policy, key: &ClientKey, state: &State
         }
     }
     match state {
+        // Refused above.
+        State::Concurrent(_) => {}
         State::TokenBucket(tat) => put_u64(out, *tat),
         State::FixedWindow(FixedWindowState { window, count }) => {
             put_u64(out, *window);
@@ -537,6 +547,9 @@ impl<'a> Reader<'a> {
                     previous,
                     current,
                 })
+            }
+            Policy::Concurrent(_) => {
+                return Err(self.corrupt("a concurrency limit's leases, which are never saved"));
             }
             Policy::SlidingLog(SlidingLog { limit, .. }) => {
                 let len = self.u32()? as usize;

@@ -46,6 +46,19 @@ pub trait Store: Send + Sync + 'static {
         cost: u64,
         verdict: &Verdict,
     ) -> Decide<'a, ()>;
+    /// Renew the leases an allowed request still in flight took (of `cost` places, decided as
+    /// `verdict` says) under `rule`'s concurrency limits: they last their length from now.
+    /// A store gives back nothing and renews only what it decided itself; a store without
+    /// leases has nothing to renew.
+    fn renew<'a>(
+        &'a self,
+        _rule: &'a Rule,
+        _client: ClientKey,
+        _cost: u64,
+        _verdict: &Verdict,
+    ) -> Decide<'a, ()> {
+        Decide::ready(())
+    }
 
     /// What `client` has left under `rule` now, spending nothing (the admin's `GET
     /// /v1/clients/RULE/KEY`): the decision a request of cost 0 would get. A client never

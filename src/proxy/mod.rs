@@ -552,6 +552,8 @@ impl Proxy {
         let logged = ((self.access_log.logs(outcome) && tracing::enabled!(tracing::Level::INFO))
             || tracing::enabled!(tracing::Level::DEBUG))
         .then(|| RequestSummary::of(&request, peer));
+        // The request's concurrency places, held until its response body has been sent.
+        let place = outcome.forwards().then(|| self.gate.place(&verdict)).flatten();
         let (mut response, by) = if outcome.forwards() {
             // The backend gets the request id too, so its logs and ours can be joined.
             request.headers_mut().insert(&X_REQUEST_ID, id.clone());
@@ -601,6 +603,9 @@ impl Proxy {
             .settle(&verdict, response.status().as_u16(), reported)
             .await;
         self.rate_limit_headers(&verdict, &mut response);
+        if let Some(place) = place {
+            response = response.map(|body| body::PlacedBody::new(body, place).boxed());
+        }
         if let Some(summary) = logged {
             self.log(context, &verdict, &response, &summary, started);
         }

@@ -8,6 +8,7 @@ mod backend;
 mod binary;
 mod bypass;
 mod cluster;
+mod concurrent;
 mod connections;
 mod costs;
 mod decide;

@@ -10,6 +10,7 @@
 //! Adding an algorithm is one Rust file and one Lua file, plus its line in the
 //! `algorithms!` list below, which generates [`Policy`] and [`State`].
 
+pub mod concurrent;
 pub mod fixed_window;
 pub mod sliding_log;
 pub mod sliding_window;
@@ -19,6 +20,7 @@ use crate::variables::Var;
 use std::fmt;
 use std::time::Duration;
 
+pub use concurrent::{Concurrent, ConcurrentState};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, WindowState};
@@ -202,8 +204,15 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     const NAME: &'static str;
     /// Other names accepted for the same algorithm.
     const ALIASES: &'static [&'static str] = &[];
-    /// The two numbers a rule of this algorithm is written with, in order.
-    const PARAMETERS: [Parameter; 2];
+    /// The two numbers a rule of this algorithm is written with, in order, and the variables
+    /// `ALGORITHM` (`AUTH_ALGORITHM`) reads them from; `None` for a kind only a limit list
+    /// writes (`concurrent`).
+    const PARAMETERS: Option<[Parameter; 2]>;
+    /// What each of the two numbers is, in a few words, for errors.
+    const MEANINGS: [&'static str; 2] = match Self::PARAMETERS {
+        Some([first, second]) => [first.meaning, second.meaning],
+        None => ["", ""],
+    };
     /// Last part of the Redis key, so two algorithms never read each other's state.
     const KEY_SUFFIX: &'static str;
 
@@ -244,6 +253,10 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// debt, and requests are refused until the algorithm's own arithmetic has paid it back.
     /// The script's `"charge"` mode, line for line.
     fn charge(&self, state: &mut Self::State, now_us: u64, cost: u64);
+    /// Renew the lease taken by the allowed request decided at `at_us`, as if taken at
+    /// `now_us`: what a limit whose count ends with the request ([`Concurrent`]) is told while
+    /// the request goes on. The rate algorithms have nothing to renew.
+    fn renew(&self, _state: &mut Self::State, _at_us: u64, _now_us: u64) {}
 
     /// The time (µs) from which forgetting `state` changes no future decision: the budget is
     /// entirely back. The memory store purges states past it and, when full, evicts the one
@@ -338,13 +351,26 @@ macro_rules! algorithms {
             pub const NAMES: &'static [&'static str] = &[$(<$algorithm as Algorithm>::NAME),+];
 
             /// The algorithm named `name` (or an alias), with its two parameters, as
-            /// [`Algorithm::PARAMETERS`]; `None` when no algorithm has that name.
+            /// [`Algorithm::PARAMETERS`]; `None` when no algorithm has that name, or it is
+            /// not read from variables.
             pub fn parameters(name: &str) -> Option<[Parameter; 2]> {
                 $(
                     if <$algorithm as Algorithm>::NAME == name
                         || <$algorithm as Algorithm>::ALIASES.contains(&name)
                     {
-                        return Some(<$algorithm as Algorithm>::PARAMETERS);
+                        return <$algorithm as Algorithm>::PARAMETERS;
+                    }
+                )+
+                None
+            }
+
+            /// What the two numbers of the algorithm named `name` are ([`Algorithm::MEANINGS`]).
+            pub fn meanings(name: &str) -> Option<[&'static str; 2]> {
+                $(
+                    if <$algorithm as Algorithm>::NAME == name
+                        || <$algorithm as Algorithm>::ALIASES.contains(&name)
+                    {
+                        return Some(<$algorithm as Algorithm>::MEANINGS);
                     }
                 )+
                 None
@@ -455,6 +481,15 @@ macro_rules! algorithms {
                 }
                 *state = self.fresh_state();
                 self.charge(state, now_us, cost)
+            }
+
+            /// See [`Algorithm::renew`]; a state of another algorithm is left alone.
+            pub fn renew(&self, state: &mut State, at_us: u64, now_us: u64) {
+                match (self, state) {
+                    $((Policy::$variant(a), State::$variant(s)) => a.renew(s, at_us, now_us),)+
+                    #[allow(unreachable_patterns)]
+                    _ => {}
+                }
             }
 
             /// See [`Algorithm::idle_at`]; a state of another algorithm is idle already.
@@ -583,6 +618,15 @@ algorithms! {
     SlidingWindow(SlidingWindow),
     FixedWindow(FixedWindow),
     SlidingLog(SlidingLog),
+    Concurrent(Concurrent),
+}
+
+impl Policy {
+    /// Whether this limit counts requests in flight ([`Concurrent`]): what the gate holds a
+    /// place of until the response ends, and gives back then.
+    pub fn is_concurrent(&self) -> bool {
+        matches!(self, Policy::Concurrent(_))
+    }
 }
 
 impl Policy {
@@ -605,6 +649,9 @@ impl Policy {
             // Room for `cost` opens when the entry that frees it leaves the log, at its own
             // timestamp plus the window.
             Policy::SlidingLog(_) => true,
+            // Places come back when requests end, which nobody knows in advance (its refusals
+            // say a second).
+            Policy::Concurrent(_) => false,
         }
     }
 }

@@ -42,8 +42,8 @@ pub(crate) const WINDOW_PARAMETERS: [Parameter; 2] = [
 /// from `LIMIT` and `WINDOW_SIZE`) defines alike.
 macro_rules! window_parameters {
     () => {
-        const PARAMETERS: [$crate::limit::algorithm::Parameter; 2] =
-            $crate::limit::algorithm::sliding_window::WINDOW_PARAMETERS;
+        const PARAMETERS: Option<[$crate::limit::algorithm::Parameter; 2]> =
+            Some($crate::limit::algorithm::sliding_window::WINDOW_PARAMETERS);
 
         fn script_arguments(&self) -> [u64; 2] {
             [self.limit, self.window_ms]

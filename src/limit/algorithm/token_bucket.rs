@@ -67,7 +67,7 @@ impl Algorithm for TokenBucket {
 
     const NAME: &'static str = "token_bucket";
     const ALIASES: &'static [&'static str] = &["gcra"];
-    const PARAMETERS: [Parameter; 2] = [
+    const PARAMETERS: Option<[Parameter; 2]> = Some([
         Parameter {
             meaning: "capacity",
             general: variables::MAX_TOKENS,
@@ -78,7 +78,7 @@ impl Algorithm for TokenBucket {
             general: variables::REFILL_RATE,
             auth: variables::AUTH_REFILL_RATE,
         },
-    ];
+    ]);
     const KEY_SUFFIX: &'static str = "tb";
 
     fn script() -> &'static LuaScript {

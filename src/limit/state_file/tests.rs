@@ -561,3 +561,33 @@ fn an_unwritable_place_is_an_error_naming_it() {
     let (saved, rules, _) = busy();
     assert!(save(&missing, &saved, &rules, FINGERPRINT).is_err());
 }
+
+#[test]
+fn places_in_flight_are_never_saved() {
+    let places = Policy::Concurrent(crate::limit::algorithm::Concurrent {
+        places: 2,
+        lease_ms: 60_000,
+    });
+    let rules = vec![Rule::new(
+        0,
+        "api",
+        crate::limit::Limits::new(vec![token_bucket(5, S), places]).unwrap(),
+    )];
+    let t0 = base();
+    let saved = store(&rules, 100);
+    assert!(saved.check_at(&rules[0], ip(1), 1, t0).allowed);
+    let (file, clients) = encode_at(&saved, &rules, FINGERPRINT, || t0);
+    assert_eq!(clients, 1, "the token bucket's state alone");
+    let restored = store(&rules, 100);
+    let loaded = restore_from(&file, &restored, &rules, FINGERPRINT, t0 + 1_000).unwrap();
+    assert_eq!(loaded.restored(), 1);
+    // Both places are free after the restart; the bucket still owes the token spent.
+    assert_eq!(
+        restored.inspect_at(&rules[0], ip(1), t0 + 1_000).parts()[1].remaining,
+        2
+    );
+    assert_eq!(
+        restored.inspect_at(&rules[0], ip(1), t0 + 1_000).parts()[0].remaining,
+        4
+    );
+}
