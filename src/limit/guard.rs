@@ -221,6 +221,18 @@ pub trait Remote: Send + Sync + 'static {
     fn slot_map(&self) -> impl Future<Output = Result<Option<SlotMap>, StoreError>> + Send + '_;
 }
 
+/// What is done to a decision after it was made ([`Guard`]'s `after`), with the cost it
+/// concerns.
+#[derive(Debug, Clone, Copy)]
+enum After {
+    /// Give back this much (`count=failures`, a reported cost below the one charged).
+    Refund(u64),
+    /// Renew the leases of a request of this cost still in flight.
+    Renew(u64),
+    /// Spend this much more, into debt if need be (a reported cost above the one charged).
+    Charge(u64),
+}
+
 /// The breaker's numbers (the fail modes are the rules' own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuardSettings {
@@ -504,6 +516,50 @@ impl<S: Remote> Guard<S> {
         }
     }
 
+    /// What is done to a decision after it was made (`after`), at the store that made it:
+    /// the remote unless its breaker is open (then nothing, as each caller says why), or the
+    /// local store; nothing for a fail mode's answer, which no store counted.
+    fn after<'a>(
+        &'a self,
+        rule: &'a Rule,
+        client: ClientKey,
+        verdict: &Verdict,
+        after: After,
+    ) -> Decide<'a, ()> {
+        match *verdict {
+            Verdict::Decided(decision) => {
+                let shared = &*self.inner.shared;
+                let key = shared.store.key(rule, client);
+                let breaker = shared.breaker(&key);
+                if breaker.is_open() {
+                    return Decide::ready(());
+                }
+                Decide::Pending(Box::pin(async move {
+                    let store = &shared.store;
+                    let done = match after {
+                        After::Refund(cost) => store.refund_key(rule, &key, cost, decision.at_us).await,
+                        After::Renew(cost) => store.renew_key(rule, &key, cost, decision.at_us).await,
+                        After::Charge(cost) => store.charge_key(rule, &key, cost).await,
+                    };
+                    if let Err(error) = done {
+                        self.record_failure(&breaker, &error);
+                    }
+                }))
+            }
+            Verdict::DecidedLocally(decision) => {
+                if let Some(store) = self.local_store() {
+                    match after {
+                        After::Refund(cost) => store.refund(rule, client, cost, decision.at_us),
+                        After::Renew(_) => store.renew(rule, client, decision.at_us),
+                        After::Charge(cost) => store.charge(rule, client, cost),
+                    }
+                }
+                Decide::ready(())
+            }
+            Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
+        }
+    }
+
     /// The memory store of the rules that fail `local`, if one does.
     fn local_store(&self) -> Option<&MemoryStore> {
         self.inner.local.as_ref()
@@ -599,29 +655,7 @@ impl<S: Remote> Store for Guard<S> {
         cost: u64,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
-        match *verdict {
-            Verdict::Decided(decision) => {
-                let shared = &*self.inner.shared;
-                let key = shared.store.key(rule, client);
-                let breaker = shared.breaker(&key);
-                if breaker.is_open() {
-                    return Decide::ready(());
-                }
-                Decide::Pending(Box::pin(async move {
-                    let refunded = shared.store.refund_key(rule, &key, cost, decision.at_us);
-                    if let Err(error) = refunded.await {
-                        self.record_failure(&breaker, &error);
-                    }
-                }))
-            }
-            Verdict::DecidedLocally(decision) => {
-                if let Some(store) = self.local_store() {
-                    store.refund(rule, client, cost, decision.at_us);
-                }
-                Decide::ready(())
-            }
-            Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
-        }
+        self.after(rule, client, verdict, After::Refund(cost))
     }
 
     /// Renew the leases of a request still in flight at the store that decided it, as
@@ -634,29 +668,7 @@ impl<S: Remote> Store for Guard<S> {
         cost: u64,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
-        match *verdict {
-            Verdict::Decided(decision) => {
-                let shared = &*self.inner.shared;
-                let key = shared.store.key(rule, client);
-                let breaker = shared.breaker(&key);
-                if breaker.is_open() {
-                    return Decide::ready(());
-                }
-                Decide::Pending(Box::pin(async move {
-                    let renewed = shared.store.renew_key(rule, &key, cost, decision.at_us);
-                    if let Err(error) = renewed.await {
-                        self.record_failure(&breaker, &error);
-                    }
-                }))
-            }
-            Verdict::DecidedLocally(decision) => {
-                if let Some(store) = self.local_store() {
-                    store.renew(rule, client, decision.at_us);
-                }
-                Decide::ready(())
-            }
-            Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
-        }
+        self.after(rule, client, verdict, After::Renew(cost))
     }
 
     /// Charge a decision's client more, in the store that decided it, as [`Guard::refund`]
@@ -669,28 +681,7 @@ impl<S: Remote> Store for Guard<S> {
         cost: u64,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
-        match *verdict {
-            Verdict::Decided(_) => {
-                let shared = &*self.inner.shared;
-                let key = shared.store.key(rule, client);
-                let breaker = shared.breaker(&key);
-                if breaker.is_open() {
-                    return Decide::ready(());
-                }
-                Decide::Pending(Box::pin(async move {
-                    if let Err(error) = shared.store.charge_key(rule, &key, cost).await {
-                        self.record_failure(&breaker, &error);
-                    }
-                }))
-            }
-            Verdict::DecidedLocally(_) => {
-                if let Some(store) = self.local_store() {
-                    store.charge(rule, client, cost);
-                }
-                Decide::ready(())
-            }
-            Verdict::FailOpen | Verdict::FailClosed => Decide::ready(()),
-        }
+        self.after(rule, client, verdict, After::Charge(cost))
     }
 
     /// Ask the remote, past the denial cache (which holds denials, not budgets); while the

@@ -87,6 +87,17 @@ pub fn parse(bytes: &[u8]) -> Result<Option<Header>, HeaderError> {
     {
         return Ok(None);
     }
+    // The line ends in CRLF (section 2.1); a bare LF is no end the specification knows, and
+    // the parser underneath reads an `UNKNOWN` line cut at one as complete while it reads
+    // the same bytes followed by more another way: refused, so one header is read one way.
+    if bytes.starts_with(b"PROXY ")
+        && let Some(end) = memchr::memchr(b'\n', &bytes[..bytes.len().min(MAX_V1)])
+        && (end == 0 || bytes[end - 1] != b'\r')
+    {
+        return Err(HeaderError::Malformed(
+            "a v1 line that does not end in CRLF".into(),
+        ));
+    }
     let parsed = HeaderResult::parse(bytes);
     if parsed.is_incomplete() {
         return match bytes.len() >= MAX_HEADER {
@@ -186,6 +197,24 @@ mod tests {
             parse(header).unwrap().unwrap().source,
             Some("[2001:db8::7]:5555".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn a_v1_line_ends_in_crlf_or_is_malformed() {
+        for line in [
+            &b"PROXY UNKNOWN \n"[..],
+            b"PROXY UNKNOWN\n",
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\n",
+        ] {
+            assert!(matches!(parse(line), Err(HeaderError::Malformed(_))), "{line:?}");
+            let mut longer = line.to_vec();
+            longer.extend_from_slice(b"GET / HTTP/1.1\r\n");
+            assert_eq!(
+                parse(&longer),
+                parse(line),
+                "{line:?}: read one way, whatever follows"
+            );
+        }
     }
 
     #[test]

@@ -71,13 +71,7 @@ async fn costs_on(store: &[(&str, &str)]) {
         "{:?}",
         spent.headers
     );
-    let metrics = gateway.admin_get("/metrics").await;
-    let invalid = metrics
-        .text()
-        .lines()
-        .find_map(|line| line.strip_prefix("tollgate_response_cost_invalid_total "))
-        .map(|count| count.trim().parse::<f64>().unwrap());
-    assert_eq!(invalid, Some(3.0), "{}", metrics.text());
+    assert_eq!(gateway.metric("tollgate_response_cost_invalid_total").await, 3.0);
 }
 
 #[tokio::test]

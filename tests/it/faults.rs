@@ -476,24 +476,11 @@ pub(crate) fn tally(samples: &[Sample]) -> std::collections::BTreeMap<Option<u16
     counts
 }
 
-/// One series of the gateway's `/metrics`, e.g. `tollgate_breaker_open`.
-async fn metric(gateway: &Gateway, series: &str) -> f64 {
-    let reply = gateway.admin_get("/metrics").await;
-    assert_eq!(reply.status, StatusCode::OK);
-    reply
-        .text()
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no series {series} in /metrics"))
-        .parse()
-        .unwrap()
-}
-
 /// Poll `/metrics` every 20 ms, for up to 10 s, until `series` reads `value`.
 async fn until_metric(gateway: &Gateway, series: &str, value: f64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let now = metric(gateway, series).await;
+        let now = gateway.metric(series).await;
         if now == value {
             return;
         }
@@ -587,7 +574,7 @@ async fn redis_killed_under_load_answers_only_200_or_429_and_is_exact_soon_after
     .await;
     let load = Load::start(gateway.addr, &clients(10, 13), LOAD_PATH);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 0.0);
+    assert_eq!(gateway.metric(BREAKER_OPEN).await, 0.0);
 
     redis.kill();
     until_metric(&gateway, BREAKER_OPEN, 1.0).await;
@@ -602,7 +589,7 @@ async fn redis_killed_under_load_answers_only_200_or_429_and_is_exact_soon_after
         "limiting resumed {:?} after redis accepted connections",
         decided - accepting
     );
-    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 0.0);
+    assert_eq!(gateway.metric(BREAKER_OPEN).await, 0.0);
 
     let samples = load.finish().await;
     assert_only_200_or_429(&samples);
@@ -617,7 +604,7 @@ async fn redis_killed_under_load_answers_only_200_or_429_and_is_exact_soon_after
         "the load was limited: {counts:?}"
     );
     assert_eq!(
-        metric(&gateway, LOAD_FAIL_OPEN).await,
+        gateway.metric(LOAD_FAIL_OPEN).await,
         undecided as f64,
         "every undecided answer is a fail_open"
     );
@@ -655,20 +642,20 @@ async fn redis_frozen_under_load_opens_the_breaker_and_costs_at_most_one_timeout
     let thawed = Instant::now();
 
     exact_budget_once_decided(gateway.addr, [127, 0, 0, 51].into(), 5, StatusCode::OK).await;
-    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 0.0);
+    assert_eq!(gateway.metric(BREAKER_OPEN).await, 0.0);
     let samples = load.finish().await;
     assert_only_200_or_429(&samples);
 
     // Before the breaker opened, each worker's request in flight waited for one timeout;
     // once it was open, none did: the timeouts are at least the threshold and at most the
     // threshold plus one per other worker, while the fail mode answered many more.
-    let timeouts = metric(&gateway, TIMEOUTS).await as usize;
+    let timeouts = gateway.metric(TIMEOUTS).await as usize;
     assert!(
         (THRESHOLD..THRESHOLD + workers.len()).contains(&timeouts),
         "{timeouts} timeouts with {} workers",
         workers.len()
     );
-    let fail_open = metric(&gateway, LOAD_FAIL_OPEN).await as usize;
+    let fail_open = gateway.metric(LOAD_FAIL_OPEN).await as usize;
     assert!(
         fail_open > 3 * timeouts,
         "{fail_open} answered by the fail mode, {timeouts} waited"
@@ -890,7 +877,7 @@ async fn assert_answered_by_the_fail_mode(
         (&gateways[0], StatusCode::OK, 1),
         (&gateways[1], StatusCode::SERVICE_UNAVAILABLE, 0),
     ] {
-        let errors = metric(gateway, SCRIPT_ERRORS).await;
+        let errors = gateway.metric(SCRIPT_ERRORS).await;
         let seen = backend.seen().len();
         let reply = get_from(gateway.addr, client, "/", &[]).await;
         assert_eq!(reply.status, expected, "{fault}");
@@ -900,18 +887,18 @@ async fn assert_answered_by_the_fail_mode(
         );
         assert_eq!(backend.seen().len(), seen + forwarded, "{fault}");
         assert_eq!(
-            metric(gateway, SCRIPT_ERRORS).await,
+            gateway.metric(SCRIPT_ERRORS).await,
             errors + 1.0,
             "{fault}: one script error"
         );
-        assert_eq!(metric(gateway, BREAKER_OPEN).await, 0.0, "{fault}");
+        assert_eq!(gateway.metric(BREAKER_OPEN).await, 0.0, "{fault}");
     }
 }
 
 /// Redis decided `client`'s request on both gateways, without a new error.
 async fn assert_decided(gateways: &[Gateway; 2], client: IpAddr, when: &str) {
     for gateway in gateways {
-        let errors = metric(gateway, SCRIPT_ERRORS).await;
+        let errors = gateway.metric(SCRIPT_ERRORS).await;
         let reply = get_from(gateway.addr, client, "/", &[]).await;
         assert_eq!(reply.status, StatusCode::OK, "{when}");
         assert!(
@@ -919,7 +906,7 @@ async fn assert_decided(gateways: &[Gateway; 2], client: IpAddr, when: &str) {
             "{when}: decided"
         );
         assert_eq!(
-            metric(gateway, SCRIPT_ERRORS).await,
+            gateway.metric(SCRIPT_ERRORS).await,
             errors,
             "{when}: no new error"
         );
@@ -1114,7 +1101,7 @@ async fn a_failed_over_master_is_followed_to_its_promoted_replica() {
         exact_budget(gateway.addr, *client, 3, "on the promoted replica").await;
     }
     until_metric(&gateway, BREAKER_OPEN, 0.0).await;
-    assert_eq!(metric(&gateway, "tollgate_redis_masters").await, 3.0);
+    assert_eq!(gateway.metric("tollgate_redis_masters").await, 3.0);
 }
 
 /// One master down: its breaker opens and its slots get the fail mode, fast; the breakers of
@@ -1148,7 +1135,7 @@ async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_
         "10 requests on the dead master's slots took {:?}",
         killed.elapsed()
     );
-    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 1.0, "one master's");
+    assert_eq!(gateway.metric(BREAKER_OPEN).await, 1.0, "one master's");
     let ready = gateway.admin_get("/readyz").await;
     assert_eq!(ready.status, StatusCode::OK, "the other slots are served");
     assert!(
@@ -1162,7 +1149,7 @@ async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_
         let reply = get_from(gateway.addr, dead[2], "/", &[]).await;
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "still dead");
     }
-    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 1.0, "still one master's");
+    assert_eq!(gateway.metric(BREAKER_OPEN).await, 1.0, "still one master's");
 
     // Back, empty, with its slots (nodes.conf survives): its probe closes its breaker and
     // every slot is exact again.
@@ -1171,6 +1158,6 @@ async fn a_dead_cluster_master_fails_only_its_own_slots_and_all_are_exact_after_
     for client in dead[3..].iter().take(3).chain(&live[3..4]) {
         exact_budget_once_decided(gateway.addr, *client, 3, StatusCode::SERVICE_UNAVAILABLE).await;
     }
-    assert_eq!(metric(&gateway, BREAKER_OPEN).await, 0.0);
-    assert_eq!(metric(&gateway, "tollgate_redis_masters").await, 3.0);
+    assert_eq!(gateway.metric(BREAKER_OPEN).await, 0.0);
+    assert_eq!(gateway.metric("tollgate_redis_masters").await, 3.0);
 }

@@ -153,17 +153,11 @@ async fn tiers_on(store: &[(&str, &str)]) {
     // From anywhere else the header is ignored, and counted.
     let direct = [("x-plan", "pro")];
     assert_eq!(passed(&gateway, "127.0.0.3", &direct, 3).await, (2, Some(2)));
-    let metrics = gateway.admin_get("/metrics").await;
-    let untrusted = metrics
-        .text()
-        .lines()
-        .find_map(|line| line.strip_prefix("tollgate_tier_header_untrusted_total "))
-        .map(|count| count.trim().parse::<f64>().unwrap());
-    assert_eq!(untrusted, Some(3.0), "{}", metrics.text());
-    assert!(
-        metrics.text().contains(r#"rule="general@pro""#),
-        "a variant's own series"
-    );
+    assert_eq!(gateway.metric("tollgate_tier_header_untrusted_total").await, 3.0);
+    let pro = gateway
+        .metric(r#"tollgate_requests_total{rule="general@pro",decision="allowed"}"#)
+        .await;
+    assert_eq!(pro, 4.0, "a variant's own series");
 }
 
 #[tokio::test]

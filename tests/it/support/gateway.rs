@@ -103,6 +103,20 @@ impl Gateway {
         super::get(self.admin.expect("started without an admin listener"), path).await
     }
 
+    /// One series of `/metrics` on the admin listener, e.g. `tollgate_breaker_open` or
+    /// `tollgate_requests_total{rule="general",decision="limited"}`.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let reply = self.admin_get("/metrics").await;
+        assert_eq!(reply.status, http::StatusCode::OK);
+        reply
+            .text()
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no series {series} in /metrics"))
+            .parse()
+            .unwrap()
+    }
+
     /// `method path` on the admin listener, with `Authorization: Bearer token` if given.
     pub async fn admin(&self, method: http::Method, path: &str, token: Option<&str>) -> super::Reply {
         let bearer = token.map(|token| format!("Bearer {token}"));
