@@ -168,18 +168,16 @@ pub struct Place {
 impl Place {
     /// Each lease the place holds: the rule of its limit alone, and the verdict naming it
     /// (the decision with that limit's `at_us`), in the rule's order.
-    fn leases(generation: &Generation, rule: u16, decision: StoreVerdict) -> Vec<(usize, StoreVerdict)> {
-        let (Some(rules), Some(decided)) = (
-            generation.places.get(usize::from(rule)),
-            decision.decision().copied(),
-        ) else {
+    fn leases(generation: &Generation, rule: u16, decision: &StoreVerdict) -> Vec<(usize, StoreVerdict)> {
+        let (Some(rules), Some(decided)) = (generation.places.get(usize::from(rule)), decision.decision())
+        else {
             return Vec::new();
         };
         rules
             .places
             .iter()
             .filter_map(|(position, _)| {
-                let mut lease = decided;
+                let mut lease = decided.clone();
                 lease.at_us = decided.parts().get(*position)?.at_us;
                 Some((
                     *position,
@@ -211,7 +209,7 @@ impl Place {
         else {
             return;
         };
-        let leases = Place::leases(&generation, rule, decision);
+        let leases = Place::leases(&generation, rule, &decision);
         let mut every = tokio::time::interval_at(Instant::now() + lease / 3, lease / 3);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -247,7 +245,7 @@ impl Drop for Place {
             return;
         };
         let mut waiting = Vec::new();
-        for (position, lease) in Place::leases(&self.generation, self.rule, self.decision) {
+        for (position, lease) in Place::leases(&self.generation, self.rule, &self.decision) {
             let Some((_, rule)) = rules.places.iter().find(|(at, _)| *at == position) else {
                 continue;
             };
@@ -411,7 +409,7 @@ pub struct Swapped {
 }
 
 /// What [`Gate::decide_key`] decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keyed {
     /// What the store (or the fail mode) said.
     pub decision: StoreVerdict,
@@ -537,7 +535,9 @@ impl Gate {
                 authority: head.authority,
                 headers: head.headers,
                 client_ip: client,
-                trusted: self.identity.is_trusted(head.peer),
+                // Read only by tiers: no lookup for a table without them.
+                trusted: generation.rules.overrides().tiers().is_some()
+                    && self.identity.is_trusted(head.peer),
             })
             .map_err(|error| Refused::Ambiguous(error.to_string()))?;
         if matched.untrusted_tier {
@@ -551,14 +551,30 @@ impl Gate {
             })?,
             false => None,
         };
-        let decision = match matched.mode {
-            Mode::Exempt | Mode::Deny => None,
-            Mode::Enforce | Mode::Shadow => Some(
-                self.check(&generation, matched.rule, matched.key, matched.cost, matched.mode)
-                    .await,
-            ),
+        let (decision, decided) = match matched.mode {
+            Mode::Exempt | Mode::Deny => (None, Instant::now()),
+            Mode::Enforce | Mode::Shadow => {
+                // As `check` does, written out: every request takes this way, and a future
+                // nested in it measured 200 instructions a request (docs/benchmarks.md,
+                // part 17).
+                let (rule, key, cost) = (matched.rule, matched.key, matched.cost);
+                let asked = Instant::now();
+                let decision = generation.limiter.check(rule, key, cost).await;
+                let decided = Instant::now();
+                if let Some(series) = generation.series(rule.id) {
+                    series.decision(decided - asked);
+                }
+                let (decision, decided) = match delayable(rule, matched.mode, &decision) {
+                    None => (decision, decided),
+                    Some((delay, retry_after)) => {
+                        Box::pin(self.wait(&generation, rule, key, cost, delay, retry_after))
+                            .await
+                            .unwrap_or((decision, decided))
+                    }
+                };
+                (Some(decision), decided)
+            }
         };
-        let decided = Instant::now();
         let outcome = Outcome::of(matched.mode, decision.as_ref());
         generation.count(matched.rule, matched.key, outcome);
         let rule = matched.rule.id;
@@ -584,7 +600,7 @@ impl Gate {
     /// metrics. `rule` must be one of `generation`'s ([`Generation::rule`]).
     pub async fn decide_key(&self, generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> Keyed {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
-        let decision = self.check(generation, rule, key, cost, mode).await;
+        let (decision, _) = self.check(generation, rule, key, cost, mode).await;
         let outcome = Outcome::of(mode, Some(&decision));
         generation.count(rule, key, outcome);
         Keyed { decision, outcome }
@@ -593,7 +609,7 @@ impl Gate {
     /// Ask `generation`'s limiter for `cost` of `key`'s budget under `rule`, each answer's
     /// latency counted; under a rule with a delay, an enforced denial that clears within it
     /// waits in the queue and is asked again (see the module's docs). Dropping the future
-    /// (the client went away) gives its place back.
+    /// (the client went away) gives its place back. Returns the decision and when it ended.
     async fn check(
         &self,
         generation: &Generation,
@@ -601,44 +617,64 @@ impl Gate {
         key: ClientKey,
         cost: u64,
         mode: Mode,
-    ) -> StoreVerdict {
-        let series = generation.series(rule.id);
-        let ask = || async {
-            let asked = Instant::now();
-            let decision = generation.limiter.check(rule, key, cost).await;
-            if let Some(series) = series {
-                series.decision(asked.elapsed());
-            }
-            decision
+    ) -> (StoreVerdict, Instant) {
+        let (decision, decided) = Gate::ask(generation, rule, key, cost).await;
+        let Some((delay, retry_after)) = delayable(rule, mode, &decision) else {
+            return (decision, decided);
         };
-        let decision = ask().await;
-        let (Some(delay), Mode::Enforce) = (rule.delay, mode) else {
-            return decision;
-        };
-        let Some(mut retry_after) = denied_within(&decision, delay) else {
-            return decision;
-        };
+        // Boxed, the rare way: its timer and queue place would make every request's future
+        // larger, and a request's future is moved several times before it is polled
+        // (docs/benchmarks.md, part 17).
+        Box::pin(self.wait(generation, rule, key, cost, delay, retry_after))
+            .await
+            .unwrap_or((decision, decided))
+    }
+
+    /// One decision, its latency counted in the rule's series: what it decided and when it
+    /// ended (one reading of the clock ends the decision and starts the backend's).
+    async fn ask(generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> (StoreVerdict, Instant) {
+        let asked = Instant::now();
+        let decision = generation.limiter.check(rule, key, cost).await;
+        let decided = Instant::now();
+        if let Some(series) = generation.series(rule.id) {
+            series.decision(decided - asked);
+        }
+        (decision, decided)
+    }
+
+    /// A denial clearing within `delay`, first in `retry_after`: wait for it in the queue and
+    /// ask again, while the wait stays within the delay. `None` when the queue is full (the
+    /// denial stands).
+    async fn wait(
+        &self,
+        generation: &Generation,
+        rule: &Rule,
+        key: ClientKey,
+        cost: u64,
+        delay: std::time::Duration,
+        mut retry_after: std::time::Duration,
+    ) -> Option<(StoreVerdict, Instant)> {
         let _place = match self.delays.take(&rule.name, key) {
             Ok(place) => place,
             Err(full) => {
                 tracing::debug!(rule = %rule.name, queue = full.as_str(), "delay queue full: refused at once");
-                return decision;
+                return None;
             }
         };
         let waiting = Instant::now();
         let decision = loop {
             // At least a millisecond: a retry time rounded to zero must not spin.
             tokio::time::sleep(retry_after.max(std::time::Duration::from_millis(1))).await;
-            let decision = ask().await;
-            match denied_within(&decision, delay.saturating_sub(waiting.elapsed())) {
+            let (decision, decided) = Gate::ask(generation, rule, key, cost).await;
+            match denied_within(&decision, delay.saturating_sub(decided - waiting)) {
                 Some(again) => retry_after = again,
-                None => break decision,
+                None => break (decision, decided),
             }
         };
-        if let Some(series) = series {
-            series.delayed(waiting.elapsed());
+        if let Some(series) = generation.series(rule.id) {
+            series.delayed(decision.1 - waiting);
         }
-        decision
+        Some(decision)
     }
 
     /// Give `client` its whole budget back under the rule called `rule` (for every replica,
@@ -714,17 +750,17 @@ impl Gate {
     /// or nothing was taken (the request was refused, exempt, or the store could not decide).
     /// Held until dropped; a door that never asks leaves its leases to expire.
     pub fn place(&self, verdict: &Verdict) -> Option<Place> {
-        let decision = verdict.decision?;
         let places = verdict.generation.places.get(usize::from(verdict.rule))?;
-        if places.places.is_empty() || !decision.decision()?.allowed {
+        if places.places.is_empty() || !verdict.decision.as_ref()?.decision()?.allowed {
             return None;
         }
+        let decision = verdict.decision.clone()?;
         let renewal = tokio::spawn(Place::renew(
             verdict.generation.clone(),
             verdict.rule,
             verdict.key,
             verdict.cost,
-            decision,
+            decision.clone(),
         ));
         Some(Place {
             generation: verdict.generation.clone(),
@@ -740,6 +776,19 @@ impl Gate {
     pub fn trusts(&self, peer: IpAddr) -> bool {
         self.identity.is_trusted(peer)
     }
+}
+
+/// Whether `decision` under `rule` (in `mode`) is to wait rather than be refused: an
+/// enforced denial clearing within the rule's delay; its delay and retry time.
+fn delayable(
+    rule: &Rule,
+    mode: Mode,
+    decision: &StoreVerdict,
+) -> Option<(std::time::Duration, std::time::Duration)> {
+    let (Some(delay), Mode::Enforce) = (rule.delay, mode) else {
+        return None;
+    };
+    denied_within(decision, delay).map(|retry_after| (delay, retry_after))
 }
 
 /// The retry time of `decision` when it is a denial that clears within `delay`: a store's (or
@@ -863,7 +912,8 @@ mod tests {
     fn remaining(verdict: &Verdict) -> u64 {
         verdict
             .decision
-            .and_then(|d| d.decision().copied())
+            .as_ref()
+            .and_then(|d| d.decision().cloned())
             .unwrap()
             .remaining
     }
@@ -1054,7 +1104,8 @@ mod tests {
         let now = gate.decide(&head("/login2", &headers)).await.unwrap();
         assert_eq!(
             now.decision
-                .and_then(|d| d.decision().copied())
+                .as_ref()
+                .and_then(|d| d.decision().cloned())
                 .unwrap()
                 .remaining,
             8
@@ -1077,7 +1128,8 @@ mod tests {
         let remaining = |verdict: &Verdict| {
             verdict
                 .decision
-                .and_then(|d| d.decision().copied())
+                .as_ref()
+                .and_then(|d| d.decision().cloned())
                 .unwrap()
                 .remaining
         };

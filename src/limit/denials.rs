@@ -34,7 +34,7 @@ use crate::limit::{ClientKey, Count, Decision, Rule};
 const SHARDS: usize = 16;
 
 /// One remembered denial.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Denial {
     /// Refused until then (for requests of at least `cost`).
     until: Instant,
@@ -76,7 +76,7 @@ impl DenialCache {
     pub fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Option<Decision> {
         let key = (rule.id, client);
         let shard = self.shard(&key);
-        let denial = *shard.peek(&key)?;
+        let denial = shard.peek(&key)?.clone();
         let now = Instant::now();
         if now >= denial.recheck || cost < denial.cost {
             return None;
@@ -111,7 +111,7 @@ impl DenialCache {
             recheck: until.min(sent + RECHECK_AFTER),
             sent,
             cost,
-            decision: *decision,
+            decision: decision.clone(),
         };
         self.shard(&key).put(key, denial);
     }

@@ -526,8 +526,9 @@ impl<S: Remote> Guard<S> {
         verdict: &Verdict,
         after: After,
     ) -> Decide<'a, ()> {
-        match *verdict {
+        match verdict {
             Verdict::Decided(decision) => {
+                let at_us = decision.at_us;
                 let shared = &*self.inner.shared;
                 let key = shared.store.key(rule, client);
                 let breaker = shared.breaker(&key);
@@ -537,8 +538,8 @@ impl<S: Remote> Guard<S> {
                 Decide::Pending(Box::pin(async move {
                     let store = &shared.store;
                     let done = match after {
-                        After::Refund(cost) => store.refund_key(rule, &key, cost, decision.at_us).await,
-                        After::Renew(cost) => store.renew_key(rule, &key, cost, decision.at_us).await,
+                        After::Refund(cost) => store.refund_key(rule, &key, cost, at_us).await,
+                        After::Renew(cost) => store.renew_key(rule, &key, cost, at_us).await,
                         After::Charge(cost) => store.charge_key(rule, &key, cost).await,
                     };
                     if let Err(error) = done {

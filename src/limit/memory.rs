@@ -1240,6 +1240,13 @@ mod tests {
     }
 
     #[test]
+    fn a_decision_stays_small_to_move() {
+        // Every request's future carries one: a rule of several limits keeps its parts
+        // behind a pointer (docs/benchmarks.md, part 17).
+        assert_eq!(std::mem::size_of::<Decision>(), 80);
+    }
+
+    #[test]
     fn a_flood_on_one_rule_never_evicts_another_rules_clients() {
         for max_keys in [1, 16, 1_000] {
             let store = store(max_keys);

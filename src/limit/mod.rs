@@ -69,8 +69,13 @@ pub struct LimitDecision {
 /// limit closest to exhaustion's (the fewest units left, then the latest reset). [`parts`]
 /// holds each limit's own, for the draft headers, which list every policy.
 ///
+/// A rule of one limit's decision is those fields alone (80 bytes, no allocation): every
+/// request's future carries it, and one holding every part inline (312 bytes) was copied
+/// there measurably (docs/benchmarks.md, part 17). A rule of several limits' parts are shared
+/// behind one allocation.
+///
 /// [`parts`]: Decision::parts
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     /// Whether the request may go through: every limit allowed it.
     pub allowed: bool,
@@ -87,17 +92,66 @@ pub struct Decision {
     /// When the request was counted, in microseconds since the Unix epoch on the deciding
     /// store's clock: what a refund hands back to find what to give back.
     pub at_us: u64,
-    /// How many of `each` are the rule's limits, in the order written.
-    len: u8,
     /// The position of the described limit (the one `limit`, `remaining` and `reset_after`
     /// speak of) among the rule's limits.
     described: u8,
-    /// Each limit's part, by its position in the rule.
-    each: [Part; MAX_LIMITS],
+    /// A rule of several limits: each limit's part, by its position in the rule; `None` for
+    /// a rule of one, whose part the fields above are.
+    several: Option<Arc<[Part]>>,
+}
+
+/// A decision's parts ([`Decision::parts`]): a slice of them.
+pub enum Parts<'a> {
+    /// A rule of one limit's, made from the decision's own fields.
+    One(Part),
+    /// A rule of several limits'.
+    Several(&'a [Part]),
+}
+
+impl<'a> IntoIterator for Parts<'a> {
+    type Item = Part;
+    type IntoIter = PartsIter<'a>;
+
+    fn into_iter(self) -> PartsIter<'a> {
+        match self {
+            Parts::One(part) => PartsIter::One(Some(part)),
+            Parts::Several(parts) => PartsIter::Several(parts.iter()),
+        }
+    }
+}
+
+/// The parts of a decision, one by one, by value.
+pub enum PartsIter<'a> {
+    /// The one part left to give, if not given yet.
+    One(Option<Part>),
+    /// The parts of a rule of several limits.
+    Several(std::slice::Iter<'a, Part>),
+}
+
+impl Iterator for PartsIter<'_> {
+    type Item = Part;
+
+    fn next(&mut self) -> Option<Part> {
+        match self {
+            PartsIter::One(part) => part.take(),
+            PartsIter::Several(parts) => parts.next().copied(),
+        }
+    }
+}
+
+impl std::ops::Deref for Parts<'_> {
+    type Target = [Part];
+
+    fn deref(&self) -> &[Part] {
+        match self {
+            Parts::One(part) => std::slice::from_ref(part),
+            Parts::Several(parts) => parts,
+        }
+    }
 }
 
 /// One limit's part of a [`Decision`]: what the draft headers say of its policy. Times are
-/// kept in microseconds, so a decision of [`MAX_LIMITS`] parts stays small to copy.
+/// kept in microseconds, as the stores decide them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Part {
     /// Whether this limit allowed the request.
@@ -117,8 +171,6 @@ pub struct Part {
 impl Decision {
     /// The decision of a rule of one limit.
     pub const fn one(decision: LimitDecision) -> Decision {
-        let mut each = [Part::NONE; MAX_LIMITS];
-        each[0] = Part::of(&decision);
         Decision {
             allowed: decision.allowed,
             limit: decision.limit,
@@ -126,9 +178,8 @@ impl Decision {
             retry_after: decision.retry_after,
             reset_after: decision.reset_after,
             at_us: decision.at_us,
-            len: 1,
             described: 0,
-            each,
+            several: None,
         }
     }
 
@@ -137,6 +188,9 @@ impl Decision {
     /// must say what the limit has with nothing spent: the stores give its cost back first.
     pub fn of(parts: &[LimitDecision]) -> Decision {
         let parts = &parts[..parts.len().min(MAX_LIMITS)];
+        if let [one] = parts {
+            return Decision::one(*one);
+        }
         let Some(first) = parts.first() else {
             // No limit refuses: a rule has one at least, so this is never reached.
             return Decision::one(LimitDecision {
@@ -162,10 +216,6 @@ impl Decision {
                 .max_by_key(|(_, part)| part.retry_after)
         }
         .unwrap_or((0, first));
-        let mut each = [Part::NONE; MAX_LIMITS];
-        for (slot, part) in each.iter_mut().zip(parts) {
-            *slot = Part::of(part);
-        }
         Decision {
             allowed,
             limit: described.limit,
@@ -178,15 +228,24 @@ impl Decision {
             reset_after: described.reset_after,
             at_us: first.at_us,
             // At most MAX_LIMITS, which fits.
-            len: parts.len() as u8,
             described: index as u8,
-            each,
+            several: Some(parts.iter().map(Part::of).collect()),
         }
     }
 
     /// Each limit's part, in the order the rule writes its limits.
-    pub fn parts(&self) -> &[Part] {
-        &self.each[..usize::from(self.len)]
+    pub fn parts(&self) -> Parts<'_> {
+        match &self.several {
+            Some(parts) => Parts::Several(parts),
+            None => Parts::One(Part::of(&LimitDecision {
+                allowed: self.allowed,
+                limit: self.limit,
+                remaining: self.remaining,
+                retry_after: self.retry_after,
+                reset_after: self.reset_after,
+                at_us: self.at_us,
+            })),
+        }
     }
 
     /// The position among the rule's limits (as written) of the limit that `limit`,
@@ -198,28 +257,27 @@ impl Decision {
 
     /// The same decision seen `elapsed` later: every wait shorter by it (a cached denial).
     pub fn aged(&self, elapsed: Duration) -> Decision {
-        let mut aged = *self;
+        let mut aged = self.clone();
         aged.retry_after = aged.retry_after.saturating_sub(elapsed);
         aged.reset_after = aged.reset_after.saturating_sub(elapsed);
         let elapsed = micros(elapsed);
-        for part in &mut aged.each[..usize::from(self.len)] {
-            part.retry_after_us = part.retry_after_us.saturating_sub(elapsed);
-            part.reset_after_us = part.reset_after_us.saturating_sub(elapsed);
+        if let Some(parts) = &self.several {
+            aged.several = Some(
+                parts
+                    .iter()
+                    .map(|part| Part {
+                        retry_after_us: part.retry_after_us.saturating_sub(elapsed),
+                        reset_after_us: part.reset_after_us.saturating_sub(elapsed),
+                        ..*part
+                    })
+                    .collect(),
+            );
         }
         aged
     }
 }
 
 impl Part {
-    /// No limit's: what the places beyond a rule's limits hold.
-    const NONE: Part = Part {
-        allowed: false,
-        remaining: 0,
-        retry_after_us: 0,
-        reset_after_us: 0,
-        at_us: 0,
-    };
-
     const fn of(decision: &LimitDecision) -> Part {
         Part {
             allowed: decision.allowed,
@@ -254,7 +312,7 @@ const fn micros(duration: Duration) -> u64 {
 }
 
 /// What the proxy acts on: a decision, or what the fail mode says when Redis cannot decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// The configured store answered.
     Decided(Decision),

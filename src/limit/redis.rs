@@ -34,7 +34,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::OnceCell;
 
-use crate::limit::algorithm::{LuaScript, batch_script, peek_script};
+use crate::limit::algorithm::{BATCH_CONTINUED, LuaScript, batch_script, peek_script};
 use crate::limit::guard::Remote;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
@@ -214,10 +214,6 @@ enum Turn {
 type BatchReply = Result<redis::Value, StoreError>;
 
 /// What a script answered.
-#[expect(
-    clippy::large_enum_variant,
-    reason = "read where it is returned, once per call, never stored: boxing would allocate per decision"
-)]
 enum Answer {
     /// It decided.
     Decided(Decision),
@@ -891,7 +887,7 @@ impl RedisStore {
         let keys: usize = asks.iter().map(Ask::keys).sum();
         let redis_deadline = asks.iter().filter_map(|ask| ask.redis_deadline).min();
         let command = |name: &str, script: &str| {
-            let mut cmd = redis::Cmd::with_capacity(3 + keys * 9, script.len() + keys * 200);
+            let mut cmd = redis::Cmd::with_capacity(3 + keys * 8, script.len() + keys * 200);
             cmd.arg(name).arg(script).arg(keys);
             for ask in asks {
                 cmd.arg(&ask.key);
@@ -907,7 +903,8 @@ impl RedisStore {
                         .map(|&(algorithm, arguments, _)| (algorithm, arguments)),
                 );
                 for (i, (algorithm, [first, second])) in limits.enumerate() {
-                    cmd.arg(algorithm).arg(first).arg(second).arg(cost);
+                    let continued = if i < ask.more.len() { BATCH_CONTINUED } else { 0 };
+                    cmd.arg(algorithm + continued).arg(first).arg(second).arg(cost);
                     match ask.now_us {
                         Some(now_us) => cmd.arg(now_us),
                         None => cmd.arg(""),
@@ -917,7 +914,6 @@ impl RedisStore {
                         (Some(_), Some(first)) => cmd.arg(first),
                         _ => cmd.arg(""),
                     };
-                    cmd.arg(if i == ask.more.len() { "1" } else { "0" });
                 }
             }
             cmd

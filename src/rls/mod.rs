@@ -230,7 +230,7 @@ impl RateLimitService {
                     Some(rule) => {
                         let key = generation.key_of(&client_name(&request.domain, descriptor));
                         let keyed = self.gate.decide_key(&generation, rule, key, *cost).await;
-                        decided = keyed.decision.decision().copied();
+                        decided = keyed.decision.decision().cloned();
                         status(limit, rule, keyed.decision, keyed.outcome.forwards())
                     }
                     // Every table the configuration builds holds RLS_CONFIG's rules.

@@ -65,7 +65,7 @@ async fn agree_with_memory(store: &RedisStore, limits: Limits, n: usize, seed: u
                 }
             }
             1 if !held.is_empty() => {
-                let (decision, cost) = held[sequence.next(held.len() as u64) as usize];
+                let (decision, cost) = held[sequence.next(held.len() as u64) as usize].clone();
                 for (position, places) in &places {
                     let at_us = decision.parts()[*position].at_us;
                     memory.renew_at(places, client, at_us, now_us);

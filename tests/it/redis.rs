@@ -562,9 +562,7 @@ async fn a_script_run_past_its_deadline_changes_nothing() {
             .arg(1)
             .arg(now)
             .arg("")
-            .arg(deadline)
-            // Each the last (and only) limit of its request.
-            .arg(1);
+            .arg(deadline);
     }
     let Array(replies) = batch.query_async::<redis::Value>(&mut connection).await.unwrap() else {
         panic!("not a batch reply");

@@ -58,11 +58,12 @@ impl LuaScript {
 
 /// One script that decides several requests in one call, each under one limit or several:
 /// every algorithm's script (`scripts/*.lua`, unchanged) wrapped as a Lua function of its
-/// `KEYS` and `ARGV`, run in turn for each key. For the i-th key `ARGV` holds eight values
-/// from `(i - 1) * 8 + 1`: the algorithm's [`Policy::script_index`], its script's six
-/// arguments, and `1` when the key is the last of its request's (a request under a rule of
-/// several limits has a key for each, one after the other; `0` before the last). The reply
-/// has an entry per key. One `TIME` serves every decision that does not pin its clock.
+/// `KEYS` and `ARGV`, run in turn for each key. For the i-th key `ARGV` holds seven values
+/// from `(i - 1) * 7 + 1`: the algorithm's [`Policy::script_index`] (plus
+/// [`BATCH_CONTINUED`] when another key of the same request follows: a request under a rule
+/// of several limits has a key for each, one after the other) and its script's six
+/// arguments; no argument more for a request of one limit, each of which Redis would parse.
+/// The reply has an entry per key. One `TIME` serves every decision that does not pin its clock.
 ///
 /// A request of several limits is decided in one step: when any limit refuses it (or fails),
 /// every limit that allowed it refunds its cost at once (the time it counted it at, as its
@@ -129,15 +130,30 @@ end
 return replies
 "#;
 
+/// Added to an algorithm's index in [`batch_script`]'s arguments when another key of the same
+/// request follows.
+pub const BATCH_CONTINUED: usize = 100;
+
 /// The loop of [`batch_script`], after the algorithms' functions.
 const BATCH_LOOP: &str = r#"
 local clock
 local replies = {}
-local nows = {}
-local group = {}
+-- The first key of the request being decided: a request's keys are consecutive.
+local first = 1
+local function now_of(i)
+  local now = ARGV[(i - 1) * 7 + 5]
+  if now ~= '' then
+    return now
+  end
+  if not clock then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return clock
+end
 local function call(i, cost, now, refund_at, deadline)
-  local at = (i - 1) * 8
-  local ok, reply = pcall(algorithms[tonumber(ARGV[at + 1])], {KEYS[i]},
+  local at = (i - 1) * 7
+  local ok, reply = pcall(algorithms[tonumber(ARGV[at + 1]) % 100], {KEYS[i]},
     {ARGV[at + 2], ARGV[at + 3], cost, now, refund_at, deadline})
   if ok then
     return reply
@@ -147,36 +163,27 @@ local function call(i, cost, now, refund_at, deadline)
   return tostring(reply)
 end
 for i = 1, #KEYS do
-  local at = (i - 1) * 8
-  local now = ARGV[at + 5]
-  if now == '' then
-    if not clock then
-      local t = redis.call('TIME')
-      clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
-    now = clock
-  end
-  replies[i] = call(i, ARGV[at + 4], now, ARGV[at + 6], ARGV[at + 7])
-  nows[i] = now
-  group[#group + 1] = i
-  if ARGV[at + 8] == '1' then
+  local at = (i - 1) * 7
+  replies[i] = call(i, ARGV[at + 4], now_of(i), ARGV[at + 6], ARGV[at + 7])
+  -- An index of 100 or more: another key of the same request follows.
+  if tonumber(ARGV[at + 1]) < 100 then
     -- The request's last limit. Unless every limit allowed it, each that did gives its cost
     -- back at once and says what it has left: a refused request spends nothing in any.
-    if #group > 1 and ARGV[at + 6] == '' then
+    if i > first and ARGV[at + 6] == '' then
       local refused = false
-      for _, k in ipairs(group) do
+      for k = first, i do
         local reply = replies[k]
         if type(reply) ~= 'table' or reply[1] ~= 1 then
           refused = true
         end
       end
       if refused then
-        for _, k in ipairs(group) do
+        for k = first, i do
           local reply = replies[k]
           if type(reply) == 'table' and reply[1] == 1 then
-            local given = call(k, ARGV[(k - 1) * 8 + 4], nows[k], reply[5], '')
+            local given = call(k, ARGV[(k - 1) * 7 + 4], now_of(k), reply[5], '')
             if type(given) == 'table' or given == 1 then
-              replies[k] = call(k, '0', nows[k], '', '')
+              replies[k] = call(k, '0', now_of(k), '', '')
             else
               replies[k] = given
             end
@@ -184,7 +191,7 @@ for i = 1, #KEYS do
         end
       end
     end
-    group = {}
+    first = i + 1
   end
 end
 return replies

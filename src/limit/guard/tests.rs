@@ -283,7 +283,7 @@ async fn each_rule_gets_its_own_fail_mode() {
     assert_eq!(breakers(&guard), OPEN);
     // `local`: this replica's own budget of 1, which a refund gives back to the local store.
     let first = guard.check(&rules[0], client(1), 1).await;
-    let Verdict::DecidedLocally(decision) = first else {
+    let Verdict::DecidedLocally(decision) = &first else {
         panic!("{first:?}");
     };
     assert!(decision.allowed);
@@ -295,7 +295,7 @@ async fn each_rule_gets_its_own_fail_mode() {
     guard.refund(&rules[0], client(1), 1, &first).await;
     let again = guard.check(&rules[0], client(1), 1).await;
     assert!(
-        matches!(again, Verdict::DecidedLocally(decision) if decision.allowed),
+        matches!(&again, Verdict::DecidedLocally(decision) if decision.allowed),
         "{again:?}"
     );
     assert_eq!(store.calls(), 1);
@@ -340,15 +340,15 @@ async fn a_denial_is_repeated_until_its_retry_time_without_asking() {
         retry_after: Duration::from_secs(2),
         ..ALLOWED
     };
-    store.answer(denial);
+    store.answer(denial.clone());
     assert_eq!(
         guard.check(&rules[0], client(1), 1).await,
-        Verdict::Decided(denial)
+        Verdict::Decided(denial.clone())
     );
     for _ in 0..5 {
         let cached = guard.check(&rules[0], client(1), 1).await;
         assert!(
-            matches!(cached, Verdict::Decided(decision) if !decision.allowed),
+            matches!(&cached, Verdict::Decided(decision) if !decision.allowed),
             "{cached:?}"
         );
     }
