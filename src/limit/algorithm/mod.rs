@@ -138,8 +138,7 @@ pub const BATCH_CONTINUED: usize = 100;
 const BATCH_LOOP: &str = r#"
 local clock
 local replies = {}
--- The first key of the request being decided: a request's keys are consecutive.
-local first = 1
+-- The key's `now`: pinned, or the one `TIME` of the call.
 local function now_of(i)
   local now = ARGV[(i - 1) * 7 + 5]
   if now ~= '' then
@@ -151,6 +150,7 @@ local function now_of(i)
   end
   return clock
 end
+-- The i-th key's algorithm with these arguments; a failure is the reply's text.
 local function call(i, cost, now, refund_at, deadline)
   local at = (i - 1) * 7
   local ok, reply = pcall(algorithms[tonumber(ARGV[at + 1]) % 100], {KEYS[i]},
@@ -162,34 +162,54 @@ local function call(i, cost, now, refund_at, deadline)
   end
   return tostring(reply)
 end
-for i = 1, #KEYS do
-  local at = (i - 1) * 7
-  replies[i] = call(i, ARGV[at + 4], now_of(i), ARGV[at + 6], ARGV[at + 7])
-  -- An index of 100 or more: another key of the same request follows.
-  if tonumber(ARGV[at + 1]) < 100 then
-    -- The request's last limit. Unless every limit allowed it, each that did gives its cost
-    -- back at once and says what it has left: a refused request spends nothing in any.
-    if i > first and ARGV[at + 6] == '' then
-      local refused = false
-      for k = first, i do
-        local reply = replies[k]
-        if type(reply) ~= 'table' or reply[1] ~= 1 then
-          refused = true
-        end
-      end
-      if refused then
-        for k = first, i do
-          local reply = replies[k]
-          if type(reply) == 'table' and reply[1] == 1 then
-            local given = call(k, ARGV[(k - 1) * 7 + 4], now_of(k), reply[5], '')
-            if type(given) == 'table' or given == 1 then
-              replies[k] = call(k, '0', now_of(k), '', '')
-            else
-              replies[k] = given
-            end
+-- A request of several limits, keys first to last: unless every limit allowed it, each that
+-- did gives its cost back at once and says what it has left, so a refused request spends
+-- nothing in any.
+local function settle(first, last)
+  for k = first, last do
+    local reply = replies[k]
+    if type(reply) ~= 'table' or reply[1] ~= 1 then
+      for j = first, last do
+        local allowed = replies[j]
+        if type(allowed) == 'table' and allowed[1] == 1 then
+          local given = call(j, ARGV[(j - 1) * 7 + 4], now_of(j), allowed[5], '')
+          if type(given) == 'table' or given == 1 then
+            replies[j] = call(j, '0', now_of(j), '', '')
+          else
+            replies[j] = given
           end
         end
       end
+      return
+    end
+  end
+end
+-- The first key of the request being decided: a request's keys are consecutive.
+local first = 1
+for i = 1, #KEYS do
+  local at = (i - 1) * 7
+  -- An index of 100 or more: another key of the same request follows.
+  local index = tonumber(ARGV[at + 1])
+  local continued = index >= 100
+  if continued then
+    index = index - 100
+  end
+  local now = ARGV[at + 5]
+  if now == '' then
+    now = now_of(i)
+  end
+  local ok, reply = pcall(algorithms[index], {KEYS[i]},
+    {ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], now, ARGV[at + 6], ARGV[at + 7]})
+  if ok then
+    replies[i] = reply
+  elseif type(reply) == 'table' and reply.err then
+    replies[i] = reply.err
+  else
+    replies[i] = tostring(reply)
+  end
+  if not continued then
+    if i > first and ARGV[at + 6] == '' then
+      settle(first, i)
     end
     first = i + 1
   end
