@@ -34,7 +34,6 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::gate::delay::DelayMetrics;
 use crate::limit::guard::RedisErrorKind;
 use crate::limit::state_file::SaveStats;
 use crate::limit::{Limiter, RuleTable};
@@ -78,6 +77,17 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_delayed_requests",
     "tollgate_delay_queue_full_total",
 ];
+
+/// What the delay queue (`gate::delay`) counts into: the requests waiting, and those refused for a full queue.
+#[derive(Debug, Clone, Default)]
+pub struct DelayMetrics {
+    /// `tollgate_delayed_requests`: places held now.
+    pub waiting: Gauge,
+    /// `tollgate_delay_queue_full_total{queue="client"}`.
+    pub client_full: Counter,
+    /// `tollgate_delay_queue_full_total{queue="overall"}`.
+    pub overall_full: Counter,
+}
 
 /// The `rule` label of responses to requests refused before any rule was found for them
 /// (malformed, or past the cap of requests in flight): no rule name can be this, as a name is

@@ -14,8 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
+use crate::metrics::DelayMetrics;
 
 use crate::limit::ClientKey;
 
@@ -26,17 +25,6 @@ pub struct DelayBounds {
     pub overall: u32,
     /// `DELAY_QUEUE_PER_CLIENT`: most requests one client waits with at once under one rule.
     pub per_client: u32,
-}
-
-/// What the queue counts into: the requests waiting, and those refused for a full queue.
-#[derive(Debug, Clone, Default)]
-pub struct DelayMetrics {
-    /// `tollgate_delayed_requests`: places held now.
-    pub waiting: Gauge,
-    /// `tollgate_delay_queue_full_total{queue="client"}`.
-    pub client_full: Counter,
-    /// `tollgate_delay_queue_full_total{queue="overall"}`.
-    pub overall_full: Counter,
 }
 
 /// Which cap refused a place.
