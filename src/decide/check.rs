@@ -366,7 +366,7 @@ fn respond(
                 .zip(decision.parts())
                 .enumerate()
                 .map(|(i, (policy, part))| LimitAnswer {
-                    name: format!("{}.{}", rule.name, i + 1),
+                    name: crate::limit::rules::limit_name(&rule.name, i),
                     algorithm: policy.name(),
                     limit: policy.limit(),
                     allowed: part.allowed,

@@ -280,17 +280,7 @@ impl MemoryStore {
         let mut state = policy.fresh_state();
         let decision = policy.check(&mut state, now_us, cost);
         if decision.allowed {
-            if table.entries.len() >= table.capacity && table.evict(shared, limit.policy, now_us) {
-                shared.evictions.fetch_add(1, Ordering::Relaxed);
-            }
-            let seen = table.tick;
-            let entry = Entry {
-                client,
-                state,
-                refused: false,
-                seen,
-            };
-            table.insert(hash, entry);
+            table.admit(shared, limit.policy, now_us, hash, client, state, false);
         }
         Decision::one(decision)
     }
@@ -362,19 +352,7 @@ impl MemoryStore {
                     }
                 }
                 (None, Some(state)) if allowed => {
-                    if table.entries.len() >= table.capacity && table.evict(shared, limit.policy, now_us) {
-                        shared.evictions.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let seen = table.tick;
-                    table.insert(
-                        hash,
-                        Entry {
-                            client,
-                            state,
-                            refused: false,
-                            seen,
-                        },
-                    );
+                    table.admit(shared, limit.policy, now_us, hash, client, state, false);
                 }
                 (None, _) if part.allowed => *part = policy.peek(&policy.fresh_state(), now_us),
                 (None, _) => {}
@@ -435,18 +413,7 @@ impl MemoryStore {
                 None => {
                     let mut state = policy.fresh_state();
                     policy.charge(&mut state, now_us, cost);
-                    if table.entries.len() >= table.capacity && table.evict(shared, limit.policy, now_us) {
-                        shared.evictions.fetch_add(1, Ordering::Relaxed);
-                    }
-                    table.insert(
-                        hash,
-                        Entry {
-                            client,
-                            state,
-                            refused: false,
-                            seen,
-                        },
-                    );
+                    table.admit(shared, limit.policy, now_us, hash, client, state, false);
                 }
             }
         }
@@ -584,16 +551,7 @@ impl MemoryStore {
             (entry.state, entry.refused, entry.seen) = (state, refused, seen);
             return true;
         }
-        if table.entries.len() >= table.capacity && table.evict(shared, shards.policy, self.now_us()) {
-            shared.evictions.fetch_add(1, Ordering::Relaxed);
-        }
-        let entry = Entry {
-            client,
-            state,
-            refused,
-            seen,
-        };
-        table.insert(hash, entry);
+        table.admit(shared, shards.policy, self.now_us(), hash, client, state, refused);
         true
     }
 
@@ -682,6 +640,38 @@ impl Table {
         let entries = &self.entries;
         self.index
             .find(hash, |position| entries[position].client == *client)
+    }
+
+    /// Hold `client`'s `state`, not held yet, stamped with the shard's tick: when the shard
+    /// is full, one of its clients is evicted first (see [`Table::evict`], judged by `policy`
+    /// at `now_us`) and counted, so the `MAX_KEYS` bound stays exact.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the eviction's judge and the entry's parts, each what a caller has at hand"
+    )]
+    fn admit(
+        &mut self,
+        shared: &Shared,
+        policy: Policy,
+        now_us: u64,
+        hash: u64,
+        client: ClientKey,
+        state: State,
+        refused: bool,
+    ) {
+        if self.entries.len() >= self.capacity && self.evict(shared, policy, now_us) {
+            shared.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        let seen = self.tick;
+        self.insert(
+            hash,
+            Entry {
+                client,
+                state,
+                refused,
+                seen,
+            },
+        );
     }
 
     /// Add an entry not held yet; the caller has made room.

@@ -83,6 +83,13 @@ impl Rule {
     }
 }
 
+/// The name of the limit at `position` (from 0) of the rule called `rule`, a rule of several
+/// limits, as the draft headers, refusal bodies and the JSON decision API name its policy:
+/// `api.1`, `api.2`, ...
+pub fn limit_name(rule: &str, position: usize) -> String {
+    format!("{rule}.{}", position + 1)
+}
+
 /// Which allowed requests keep spending the budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {

@@ -87,8 +87,8 @@ pub(crate) fn set_draft(headers: &mut HeaderMap, rule: &Rule, decision: &Decisio
     }
     // Each limit: the same `t` as one limit's, by its own part (a limit that refused says
     // its retry time; one that allowed, when it is entirely back).
-    let names: Vec<String> = (1..=rule.limits.len())
-        .map(|i| format!("{}.{i}", rule.name))
+    let names: Vec<String> = (0..rule.limits.len())
+        .map(|i| crate::limit::rules::limit_name(&rule.name, i))
         .collect();
     let policies: Vec<draft::Policy<'_>> = rule
         .limits

@@ -335,13 +335,8 @@ impl<'a> Violated<'a> {
         match self.refusing {
             None => write(0, self.rule),
             Some(bits) => {
-                let mut name = String::with_capacity(self.rule.len() + 3);
                 for (n, i) in (0..MAX_LIMITS).filter(|i| bits & (1 << i) != 0).enumerate() {
-                    name.clear();
-                    name.push_str(self.rule);
-                    name.push('.');
-                    name.push_str(itoa::Buffer::new().format(i + 1));
-                    write(n, &name);
+                    write(n, &crate::limit::rules::limit_name(self.rule, i));
                 }
             }
         }
