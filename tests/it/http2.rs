@@ -855,3 +855,33 @@ async fn one_address_holds_at_most_its_share_of_the_requests_in_flight() {
     assert_eq!(backend.seen().len(), 301, "the 503s never reached the backend");
     drop(held);
 }
+
+/// A peer in `TRUSTED_PROXIES` carries every client: its requests in flight are not capped
+/// per client, only by `MAX_CONNECTIONS` (40 here, a share of 30 otherwise).
+#[tokio::test]
+async fn a_trusted_proxy_s_requests_in_flight_are_not_capped_per_client() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("MAX_CONNECTIONS", "40"),
+            ("MAX_TOKENS", "100000"),
+            ("TRUSTED_PROXIES", "127.0.0.1/32"),
+        ],
+    )
+    .await;
+    let proxy = tokio::spawn(unread_streams(gateway.addr, 1, 40, "/slow/2000"));
+    let started = std::time::Instant::now();
+    while backend.seen().len() < 40 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{} forwarded",
+            backend.seen().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_in_flight(&gateway, 40.0).await;
+    let (statuses, held) = proxy.await.unwrap();
+    assert_eq!(count(&statuses, StatusCode::OK), 40, "{statuses:?}");
+    drop(held);
+}
