@@ -365,6 +365,10 @@ pub async fn serve_on(
         admin_operations = config.admin.token.is_some(),
         max_connections = capacity.max_connections,
         max_connections_per_client = %max_per_client.map_or_else(|| "off".into(), |max| max.to_string()),
+        max_requests_in_flight_per_client = %capacity
+            .max_requests_per_client(&config.server)
+            .map_or_else(|| "off".into(), |max| max.to_string()),
+        h2_max_concurrent_streams = config.server.h2_max_concurrent_streams,
         fd_limit = %capacity.fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
         header_read_timeout_ms = config.server.header_read_timeout.as_millis() as u64,
         idle_timeout_ms = config.server.idle_timeout.as_millis() as u64,

@@ -201,6 +201,10 @@ pub const SEND_TIMEOUT_MS: Var = Var::new("SEND_TIMEOUT_MS", "60000");
 pub const MAX_CONNECTIONS: Var = Var::unset("MAX_CONNECTIONS");
 /// Connections one client address may hold (unset: three quarters of MAX_CONNECTIONS).
 pub const MAX_CONNECTIONS_PER_CLIENT: Var = Var::unset("MAX_CONNECTIONS_PER_CLIENT");
+/// Requests in flight one client address may have (unset: three quarters of MAX_CONNECTIONS).
+pub const MAX_REQUESTS_IN_FLIGHT_PER_CLIENT: Var = Var::unset("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT");
+/// Streams one HTTP/2 connection may have open at once (default `200`).
+pub const H2_MAX_CONCURRENT_STREAMS: Var = Var::new("H2_MAX_CONCURRENT_STREAMS", "200");
 /// Tunnels one client address may hold (unset: unlimited).
 pub const MAX_UPGRADES_PER_CLIENT: Var = Var::unset("MAX_UPGRADES_PER_CLIENT");
 /// The `Upgrade` protocols forwarded (default `websocket`).
@@ -323,6 +327,8 @@ pub const ALL: &[Var] = &[
     SEND_TIMEOUT_MS,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_CLIENT,
+    MAX_REQUESTS_IN_FLIGHT_PER_CLIENT,
+    H2_MAX_CONCURRENT_STREAMS,
     MAX_UPGRADES_PER_CLIENT,
     UPGRADE_PROTOCOLS,
     UNDERSCORE_HEADERS,

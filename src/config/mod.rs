@@ -609,6 +609,24 @@ impl Config {
                 })
                 .transpose()?
                 .unwrap_or_default();
+        let max_requests_per_client = env
+            .get(vars::MAX_REQUESTS_IN_FLIGHT_PER_CLIENT)
+            .map(|value| {
+                PerClientCap::parse(value).ok_or_else(|| {
+                    ConfigError::invalid(
+                        vars::MAX_REQUESTS_IN_FLIGHT_PER_CLIENT.name,
+                        value,
+                        "a whole number, 0 for no cap per client (unset: three quarters of MAX_CONNECTIONS)",
+                    )
+                })
+            })
+            .transpose()?
+            .unwrap_or_default();
+        let h2_max_concurrent_streams = env.parse(
+            vars::H2_MAX_CONCURRENT_STREAMS,
+            "a whole number from 1 to 2147483647",
+            |s| s.parse::<u32>().ok().filter(|n| (1..=0x7fff_ffff).contains(n)),
+        )?;
         let max_upgrades_per_client = env
             .get(vars::MAX_UPGRADES_PER_CLIENT)
             .map(|value| {
@@ -685,6 +703,8 @@ impl Config {
                 send_timeout,
                 max_connections,
                 max_connections_per_client,
+                max_requests_per_client,
+                h2_max_concurrent_streams,
                 shutdown_timeout,
             },
             proxy: backend.map(|backend| ProxySettings {
@@ -859,10 +879,7 @@ impl fmt::Display for Config {
                     .map_or_else(|| "no minimum rate".to_owned(), |rate| format!("or below {rate}"))
             )?;
         }
-        let per_client = match (
-            self.server.max_connections_per_client,
-            self.server.max_connections,
-        ) {
+        let share = |cap: PerClientCap| match (cap, self.server.max_connections) {
             (PerClientCap::Off, _) => "no cap".to_owned(),
             (cap, Some(max)) => cap
                 .effective(max.get())
@@ -870,6 +887,7 @@ impl fmt::Display for Config {
             (PerClientCap::At(cap), None) => cap.to_string(),
             (PerClientCap::Default, None) => "three quarters of that".to_owned(),
         };
+        let per_client = share(self.server.max_connections_per_client);
         writeln!(
             f,
             "connections:      at most {} ({per_client} per client), first request within {} ms, \
@@ -889,6 +907,13 @@ impl fmt::Display for Config {
                 .as_ref()
                 .and_then(|proxy| proxy.upgrade_idle_timeout)
                 .map_or_else(|| "never".to_owned(), |idle| format!("{} ms", idle.as_millis()))
+        )?;
+        writeln!(
+            f,
+            "requests:         in flight at most as many ({} per client), {} streams per HTTP/2 \
+             connection",
+            share(self.server.max_requests_per_client),
+            self.server.h2_max_concurrent_streams
         )?;
         if let Some(proxy) = &self.proxy {
             writeln!(

@@ -1182,6 +1182,8 @@ fn connection_limits_and_timeouts() {
     );
     assert_eq!(defaults.gate.max_upgrades_per_client, None, "unlimited");
     assert_eq!(defaults.server.max_connections_per_client, PerClientCap::Default);
+    assert_eq!(defaults.server.max_requests_per_client, PerClientCap::Default);
+    assert_eq!(defaults.server.h2_max_concurrent_streams, 200);
     assert_eq!(
         defaults.proxy.as_ref().unwrap().upgrade_idle_timeout,
         Some(Duration::from_secs(3600))
@@ -1191,10 +1193,19 @@ fn connection_limits_and_timeouts() {
         ("SEND_TIMEOUT_MS", "2500"),
         ("MAX_CONNECTIONS", "5000"),
         ("MAX_CONNECTIONS_PER_CLIENT", "40"),
+        ("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "120"),
+        ("H2_MAX_CONCURRENT_STREAMS", "50"),
         ("MAX_UPGRADES_PER_CLIENT", "0"),
         ("UPGRADE_IDLE_TIMEOUT_MS", "0"),
     ])
     .unwrap();
+    assert_eq!(set.server.h2_max_concurrent_streams, 50);
+    assert!(
+        set.to_string().contains(
+            "requests:         in flight at most as many (120 per client), 50 streams per HTTP/2 connection"
+        ),
+        "{set}"
+    );
     assert_eq!(
         set.proxy.as_ref().unwrap().upgrade_idle_timeout,
         None,
@@ -1219,6 +1230,11 @@ fn connection_limits_and_timeouts() {
         ("MAX_UPGRADES_PER_CLIENT", "-1"),
         ("MAX_CONNECTIONS_PER_CLIENT", "-1"),
         ("MAX_CONNECTIONS_PER_CLIENT", "75%"),
+        ("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "-1"),
+        ("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "half"),
+        ("H2_MAX_CONCURRENT_STREAMS", "0"),
+        ("H2_MAX_CONCURRENT_STREAMS", "2147483648"),
+        ("H2_MAX_CONCURRENT_STREAMS", "many"),
         ("BODY_MIN_RATE", "-1"),
         ("BODY_MIN_RATE", "1k"),
         ("BODY_MIN_RATE_WINDOW_MS", "0"),
@@ -1382,6 +1398,27 @@ fn the_per_client_connection_cap_follows_max_connections_unless_set() {
         line(&[("MAX_CONNECTIONS", "1000")]).starts_with("connections:      at most 1000 (750 per client),")
     );
     assert!(line(&[("MAX_CONNECTIONS_PER_CLIENT", "0")]).contains("(no cap per client)"));
+    // Requests in flight: the same share of the same cap, set apart.
+    let requests = |vars: &[(&str, &str)]| {
+        let text = parse(vars).unwrap().to_string();
+        text.lines()
+            .find(|line| line.starts_with("requests:"))
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        requests(&[("MAX_CONNECTIONS", "1000")]),
+        "requests:         in flight at most as many (750 per client), 200 streams per HTTP/2 connection"
+    );
+    assert!(requests(&[]).contains("(three quarters of that per client)"));
+    assert!(requests(&[("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "0")]).contains("(no cap per client)"));
+    assert_eq!(
+        parse(&[("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "0")])
+            .unwrap()
+            .server
+            .max_requests_per_client,
+        PerClientCap::Off
+    );
     // Not below MAX_CONNECTIONS: no cap of its own.
     assert!(
         line(&[("MAX_CONNECTIONS", "10"), ("MAX_CONNECTIONS_PER_CLIENT", "10")])

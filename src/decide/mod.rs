@@ -153,12 +153,9 @@ impl Door for Decide {
     type Body = DecideBody;
 
     async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Response<DecideBody> {
-        if arrival.overloaded {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too many requests in flight (MAX_CONNECTIONS)",
-                None,
-            );
+        if let Some(overload) = arrival.overloaded {
+            let reason = format!("too many requests in flight ({})", overload.variable());
+            return error(StatusCode::SERVICE_UNAVAILABLE, &reason, None);
         }
         if let Some(rls) = &self.rls
             && request

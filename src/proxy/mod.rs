@@ -490,7 +490,7 @@ impl Proxy {
     ) -> (Response<ResponseBody>, AnsweredBy) {
         let peer = arrival.connection.address;
         let id = context.id;
-        if arrival.overloaded {
+        if let Some(overload) = arrival.overloaded {
             if let Some(suppressed) = self.overload_log.admit() {
                 if suppressed > 0 {
                     tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
@@ -498,7 +498,8 @@ impl Proxy {
                 tracing::warn!(
                     request_id = context.id(),
                     %peer,
-                    "MAX_CONNECTIONS requests already in flight: answered 503"
+                    "{} requests already in flight: answered 503",
+                    overload.variable()
                 );
             }
             return (response::overloaded(), AnsweredBy::Gateway);
