@@ -833,6 +833,135 @@ fn every_key_read_from_requests_needs_a_shared_secret_with_redis() {
 }
 
 #[test]
+fn exempt_keys_name_their_source_and_exempt_it_alone() {
+    let routes = "/site=gcra:5:1,key=ip+host,name=site;/api/*=gcra:5:1,key=header:X-API-Key,name=api;\
+                  /s=gcra:5:1,key=cookie:session,name=s;/p/*=gcra:5:1,key=path,name=p";
+    let config = parse(&[
+        ("KEY_BY", "query:tenant"),
+        ("ROUTES", routes),
+        (
+            "EXEMPT",
+            "10.0.0.0/8,query:tenant=acme,host=ACME.example:443,header:X-API-Key=abc==,\
+             cookie:session=batch,path=/p/open",
+        ),
+    ])
+    .unwrap();
+    let rules = &config.gate.rules;
+    let mode = |path: &str, query: Option<&str>, headers: &[(&str, &str)]| {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let head = RequestHead {
+            method: &Method::GET,
+            path,
+            query,
+            authority: None,
+            headers: &map,
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        rules.classify(&head).unwrap().mode
+    };
+    // Each value in its own source: exempt (the host as keys read it: lower case, no port).
+    assert_eq!(mode("/", Some("tenant=acme"), &[]), Mode::Exempt);
+    assert_eq!(mode("/site", None, &[("host", "acme.example")]), Mode::Exempt);
+    assert_eq!(mode("/api/x", None, &[("x-api-key", "abc==")]), Mode::Exempt);
+    assert_eq!(mode("/s", None, &[("cookie", "session=batch")]), Mode::Exempt);
+    assert_eq!(mode("/p/open", None, &[]), Mode::Exempt);
+    // The same values in another source: limited as any other.
+    assert_eq!(mode("/", Some("tenant=acme.example"), &[]), Mode::Enforce);
+    assert_eq!(mode("/site", None, &[("host", "acme")]), Mode::Enforce);
+    assert_eq!(mode("/api/x", None, &[("x-api-key", "acme")]), Mode::Enforce);
+    assert_eq!(mode("/s", None, &[("cookie", "session=abc==")]), Mode::Enforce);
+    assert_eq!(mode("/p/closed", None, &[]), Mode::Enforce);
+
+    // key:VALUE names the one source rules are keyed by alone, and none where there are two.
+    let config = parse(&[("KEY_BY", "ip+query:tenant"), ("EXEMPT", "key:acme")]).unwrap();
+    assert_eq!(
+        classify_query(&config, "tenant=acme"),
+        Mode::Exempt,
+        "the old spelling, one source"
+    );
+    for (vars, problem) in [
+        (
+            &[
+                ("KEY_BY", "query:tenant"),
+                ("ROUTES", "/s=gcra:5:1,key=ip+host"),
+                ("EXEMPT", "key:acme"),
+            ][..],
+            "name the source: host=VALUE or query:tenant=VALUE",
+        ),
+        (
+            &[("EXEMPT", "key:acme")],
+            "an exemption names its source: header:NAME=VALUE",
+        ),
+        (
+            &[("KEY_BY", "query:tenant"), ("EXEMPT", "header:X-API-Key=acme")],
+            "no rule is keyed by header:x-api-key alone (besides ip), so it would exempt nothing: \
+             the rules keyed by one source are keyed by query:tenant",
+        ),
+        (
+            &[("EXEMPT", "host=acme")],
+            "the rules keyed by one source are keyed by none",
+        ),
+        (
+            &[("KEY_BY", "query:tenant"), ("EXEMPT", "query:tenant=")],
+            "names no value",
+        ),
+        (
+            &[("KEY_BY", "ip+host"), ("EXEMPT", "host=:443")],
+            "names no value",
+        ),
+        (&[("KEY_BY", "ip+host"), ("EXEMPT", "key:")], "names no value"),
+        (
+            &[("KEY_BY", "ip+host"), ("EXEMPT", "ip+host=acme")],
+            "\"ip+host\" is not one key source",
+        ),
+        (
+            &[("KEY_BY", "host"), ("EXEMPT", "tenant=acme")],
+            "\"tenant\" is not one key source",
+        ),
+        (
+            &[("KEY_BY", "host"), ("EXEMPT", "bogus")],
+            "expected a CIDR, an address, or a key's value",
+        ),
+        (
+            &[
+                ("KEY_BY", "header:Authorization"),
+                ("EXEMPT", "header:Authorization=Bearer acme"),
+            ],
+            "EXEMPT entry \"header:Authorization=***\" is invalid: it contains whitespace",
+        ),
+    ] {
+        let message = error(vars);
+        assert!(
+            message.starts_with("EXEMPT") && message.contains(problem),
+            "{vars:?}: {message}"
+        );
+        assert!(!message.contains("acme"), "a value is never shown: {message}");
+    }
+}
+
+/// The mode of `GET /?query` from 192.0.2.1.
+fn classify_query(config: &Config, query: &str) -> Mode {
+    let headers = HeaderMap::new();
+    let head = RequestHead {
+        method: &Method::GET,
+        path: "/",
+        query: Some(query),
+        authority: None,
+        headers: &headers,
+        client_ip: "192.0.2.1".parse().unwrap(),
+        trusted: false,
+    };
+    config.gate.rules.classify(&head).unwrap().mode
+}
+
+#[test]
 fn key_sources_a_client_chooses_alone_are_warned_about_and_header_host_points_to_host() {
     let warned = warnings(&[("KEY_BY", "host")]);
     assert!(

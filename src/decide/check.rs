@@ -12,7 +12,6 @@
 //! `DENY_STATUS` and `DENY_FORMAT` do not change this answer: it is the decision, not the
 //! refusal, and the caller that acts on it writes its own.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderName, HeaderValue};
@@ -55,7 +54,35 @@ pub struct Question {
     pub client_ip: Option<String>,
     /// Classified: its headers (an API key a rule keys by, `X-Forwarded-For` when
     /// `client_ip` is a trusted proxy's).
-    pub headers: Option<BTreeMap<String, String>>,
+    pub headers: Option<Headers>,
+}
+
+/// The `headers` object of a described request, its members as sent: a name sent twice (in
+/// JSON, in another case, or with `_` for `-`) is kept twice, for [`header_map`] to refuse
+/// rather than one copy silently winning.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Headers(pub Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for Headers {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Headers, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = Headers;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of header names and string values")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Headers, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, String>()? {
+                    members.push(member);
+                }
+                Ok(Headers(members))
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
 }
 
 /// A body that cannot be answered: what is wrong, and with which field.
@@ -293,6 +320,12 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
             client,
             headers,
         } => {
+            if let Some(name) = super::forward_auth::underscore_alias(door, &headers) {
+                return Err(BadBody::field(
+                    "headers",
+                    format!("header {name} is a spelling of a key header that backends may read as it"),
+                ));
+            }
             let head = Head {
                 method: &method,
                 path: &path,
@@ -304,6 +337,7 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
             };
             let verdict = door.gate.decide(&head).await.map_err(|refused| match refused {
                 Refused::Ambiguous(reason) => BadBody::field("path", reason),
+                Refused::Headers(reason) => BadBody::field("headers", reason),
                 Refused::Tunnels(_) => BadBody::field("path", "no upgrade was asked for"),
             })?;
             let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
@@ -329,14 +363,31 @@ fn named_rule<'r>(rules: &'r [Rule], name: Option<&str>) -> Result<&'r Rule, Bad
     })
 }
 
-/// The `headers` object as a header map.
-fn header_map(headers: BTreeMap<String, String>) -> Result<HeaderMap, BadBody> {
+/// The `headers` object as a header map. Two members naming one header, to some backend, are
+/// refused: the same name twice, or two spellings equal but for case or `_` for `-`
+/// (`x_api_key` beside `x-api-key`: CGI, WSGI and Rack read both as `HTTP_X_API_KEY`), as
+/// forward-auth refuses them; which one the rules would read and which one the backend would
+/// is anybody's guess.
+fn header_map(headers: Headers) -> Result<HeaderMap, BadBody> {
     let mut map = HeaderMap::new();
-    for (name, value) in headers {
+    // By name as such a backend reads it: lower case, `_` for `-`.
+    let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for (name, value) in headers.0 {
         let header = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| BadBody::field("headers", format!("{name:?} is not a header name")))?;
         let value = HeaderValue::from_str(&value)
             .map_err(|_| BadBody::field("headers", format!("the value of {name:?} is not a header value")))?;
+        let read_as = header.as_str().replace('_', "-");
+        if let Some(earlier) = seen.get(&read_as) {
+            return Err(BadBody::field(
+                "headers",
+                format!(
+                    "{earlier:?} and {name:?} are one header to backends that ignore case and read '_' \
+                     as '-' (CGI, WSGI, Rack): send it once"
+                ),
+            ));
+        }
+        seen.insert(read_as, name);
         map.append(header, value);
     }
     Ok(map)
@@ -411,14 +462,46 @@ mod tests {
         )
         .unwrap();
         assert_eq!(classified.path.as_deref(), Some("/login"));
-        assert_eq!(classified.headers.unwrap()["x-api-key"], "k");
+        assert_eq!(classified.headers, Some(headers(&[("x-api-key", "k")])));
+    }
+
+    fn headers(members: &[(&str, &str)]) -> Headers {
+        Headers(
+            members
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
+        )
     }
 
     #[test]
     fn header_maps_refuse_what_is_not_a_header() {
-        let bad = BTreeMap::from([("bad name".to_owned(), "v".to_owned())]);
+        let bad = headers(&[("bad name", "v")]);
         assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
-        let bad = BTreeMap::from([("x".to_owned(), "a\nb".to_owned())]);
+        let bad = headers(&[("x", "a\nb")]);
         assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
+    }
+
+    #[test]
+    fn one_header_sent_twice_in_any_spelling_is_refused_naming_the_field() {
+        for twice in [
+            &[("x_api_key", "a"), ("x-api-key", "b")][..],
+            &[("x-api-key", "a"), ("X_API_KEY", "a")],
+            &[("X-API-Key", "a"), ("x-api-key", "b")],
+            &[("x-api-key", "a"), ("other", "c"), ("x-api-key", "b")],
+        ] {
+            let error = header_map(headers(twice)).unwrap_err();
+            assert_eq!(error.field, Some("headers"), "{twice:?}");
+            assert!(error.reason.contains("send it once"), "{}", error.reason);
+        }
+        // A name sent twice in the JSON is kept twice, not the last copy silently.
+        let question =
+            parse(br#"{"path":"/","client_ip":"192.0.2.1","headers":{"x-api-key":"a","x-api-key":"b"}}"#)
+                .unwrap();
+        let error = header_map(question.headers.unwrap()).unwrap_err();
+        assert_eq!(error.field, Some("headers"));
+        // Distinct headers, `_` or not, are each kept.
+        let map = header_map(headers(&[("x_a", "1"), ("x-b", "2"), ("Cookie", "a=1")])).unwrap();
+        assert_eq!(map.len(), 3);
     }
 }

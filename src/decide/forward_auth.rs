@@ -241,7 +241,9 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     };
     let verdict = match door.gate.decide(&head).await {
         Ok(verdict) => verdict,
-        Err(Refused::Ambiguous(reason)) => return error(StatusCode::BAD_REQUEST, &reason, None),
+        Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
+            return error(StatusCode::BAD_REQUEST, &reason, None);
+        }
         // Not asked for (upgrade is false); a tunnel is the ingress's to hold.
         Err(Refused::Tunnels(_)) => return error(refusal, "too many upgraded connections", None),
     };
@@ -336,7 +338,7 @@ fn refusal_status(query: Option<&str>, deny: StatusCode) -> Result<StatusCode, S
 /// it as that header, and the proxy in front forwards it (nginx drops such names by default,
 /// Traefik and Caddy do not), so the budget would be the real header's and the backend's key
 /// the alias's.
-fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
+pub(super) fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
     let mut aliases = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))

@@ -42,6 +42,7 @@ use tokio::time::Instant;
 use delay::{DelayBounds, DelayQueue};
 
 use crate::limit::refused::{Counted, RefusedClients};
+use crate::limit::rules::ClassifyError;
 use crate::limit::{
     ClientIp, ClientKey, Count, Decide, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule,
     RuleTable, StoreError, Verdict as StoreVerdict,
@@ -357,9 +358,12 @@ pub struct Head<'a> {
 /// Why the gate decided nothing: the request is refused before any budget is touched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {
-    /// The request could be read two ways (its path, or its key header): the reason, for a
-    /// `400`.
+    /// The request could be read two ways (its path, or a key's query parameter): the
+    /// reason, for a `400`.
     Ambiguous(String),
+    /// A header the decision reads is malformed or could be read two ways (`X-Forwarded-For`
+    /// from a trusted proxy, a key header, `TIER_HEADER`): the reason, for a `400`.
+    Headers(String),
     /// The client holds `MAX_UPGRADES_PER_CLIENT` tunnels already (the limit), for a `429`.
     Tunnels(u32),
 }
@@ -525,7 +529,10 @@ impl Gate {
         } else {
             path::parse(head.path).map_err(|error| Refused::Ambiguous(error.to_string()))?
         };
-        let client = self.identity.client(head.peer, head.headers);
+        let client = self
+            .identity
+            .client(head.peer, head.headers)
+            .map_err(|error| Refused::Headers(error.to_string()))?;
         let matched = generation
             .rules
             .classify(&RequestHead {
@@ -539,7 +546,10 @@ impl Gate {
                 trusted: generation.rules.overrides().tiers().is_some()
                     && self.identity.is_trusted(head.peer),
             })
-            .map_err(|error| Refused::Ambiguous(error.to_string()))?;
+            .map_err(|error| match error {
+                ClassifyError::RepeatedKeyParameter(_) => Refused::Ambiguous(error.to_string()),
+                _ => Refused::Headers(error.to_string()),
+            })?;
         if matched.untrusted_tier {
             self.metrics.tier_header_untrusted();
         }

@@ -26,7 +26,7 @@ use super::guard::FailMode;
 use super::key::{
     ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value, query_value,
 };
-use super::overrides::{Client, Override, Overrides};
+use super::overrides::{AmbiguousTier, Client, Override, Overrides};
 use super::pattern::PathPattern;
 
 /// A named budget: the algorithm that enforces it and how requests are filed under it.
@@ -125,9 +125,19 @@ impl Route {
 pub struct Exemptions {
     /// Client networks.
     pub networks: Vec<IpNet>,
-    /// Digests of `key:VALUE` entries, as each rule keyed by one source (besides the address)
-    /// would digest that value: compared with a request's key.
-    pub keys: Vec<Digest>,
+    /// `SOURCE=VALUE` entries: the source, and the value's digest as a rule keyed by that
+    /// source alone (besides the address) digests it. Compared with a request's key under
+    /// such a rule only: a value exempted as a query parameter is not exempted as a `Host`.
+    pub keys: Vec<(Source, Digest)>,
+}
+
+impl Exemptions {
+    /// Whether a request keyed `digest` under a rule keyed `by` is exempt.
+    fn exempts(&self, by: &KeyBy, digest: Digest) -> bool {
+        self.keys
+            .iter()
+            .any(|(source, exempt)| *exempt == digest && by.single() == Some(source))
+    }
 }
 
 /// How a matched request is treated.
@@ -204,6 +214,14 @@ pub enum ClassifyError {
     /// lines are.
     #[error("the {0} header holds a comma-separated list")]
     ListKeyHeader(http::HeaderName),
+    /// The query parameter budgets are keyed by came more than once (`&` or `;` separated,
+    /// as many frameworks split them): backends differ on which one they read (the first,
+    /// the last, all), so the request is refused rather than counted under either.
+    #[error("the query parameter {0} appears more than once (pairs split at & and ;)")]
+    RepeatedKeyParameter(Box<str>),
+    /// `TIER_HEADER`, from a trusted peer, named more than one tier.
+    #[error(transparent)]
+    Tier(#[from] AmbiguousTier),
 }
 
 /// Most rules one table holds: ids are 16 bits.
@@ -507,7 +525,7 @@ impl RuleTable {
             true => self.key(&rule.key_by, ip, head)?,
         };
         let mut mode = match (key.digest(), rule.shadow) {
-            (Some(digest), _) if self.exempt.keys.contains(&digest) => Mode::Exempt,
+            (Some(digest), _) if self.exempt.exempts(&rule.key_by, digest) => Mode::Exempt,
             (_, true) => Mode::Shadow,
             (_, false) => Mode::Enforce,
         };
@@ -516,7 +534,7 @@ impl RuleTable {
         if !self.overrides.is_empty() && mode != Mode::Exempt {
             let found = self
                 .overrides
-                .find(rule.id, &key, head.client_ip, head.headers, head.trusted);
+                .find(rule.id, &key, head.client_ip, head.headers, head.trusted)?;
             untrusted_tier = found.untrusted_tier;
             match found.what {
                 None => {}
@@ -594,7 +612,12 @@ fn source_value<'h>(source: &Source, head: &RequestHead<'h>) -> Result<Option<Co
                 .map(|line| line.as_bytes()),
             name,
         ),
-        Source::Query(name) => head.query.and_then(|query| query_value(query, name)),
+        Source::Query(name) => match head.query {
+            Some(query) => {
+                query_value(query, name).map_err(|_| ClassifyError::RepeatedKeyParameter(name.clone()))?
+            }
+            None => None,
+        },
         Source::Host => match head.authority {
             Some(authority) => host_value(authority.as_bytes()),
             None => one_header(head.headers, &http::header::HOST)?.and_then(host_value),
@@ -706,9 +729,8 @@ impl fmt::Display for RuleTable {
         let skip: Vec<String> = self.skip.iter().map(ToString::to_string).collect();
         writeln!(f, "skip paths:       {}", list_or_none(&skip))?;
         let mut exempt: Vec<String> = self.exempt.networks.iter().map(ToString::to_string).collect();
-        if !self.exempt.keys.is_empty() {
-            exempt.push(format!("{} key(s), values not shown", self.exempt.keys.len()));
-        }
+        // Each key by its source, its value never shown.
+        exempt.extend(self.exempt.keys.iter().map(|(source, _)| format!("{source}=***")));
         write!(f, "exempt:           {}", list_or_none(&exempt))
     }
 }

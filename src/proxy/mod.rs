@@ -539,7 +539,7 @@ impl Proxy {
         };
         let mut verdict = match self.gate.decide(&head).await {
             Ok(verdict) => verdict,
-            Err(Refused::Ambiguous(reason)) => {
+            Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
                 let refusal = refuse(&reason, request.uri().path(), peer, context);
                 return (refusal, AnsweredBy::Gateway);
             }

@@ -186,7 +186,7 @@ fn check_config_prints_the_whole_table_in_evaluation_order() {
         "   4. every other path -> general: token_bucket: 10 tokens",
         "costs:            /api/export/all=5",
         "skip paths:       /healthz",
-        "exempt:           10.0.0.0/8, 1 key(s), values not shown",
+        "exempt:           10.0.0.0/8, header:x-api-key=***",
     ];
     let mut rest = stdout.as_ref();
     for line in expected {

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::support::{Backend, Gateway, RedisServer, Reply, request};
+use crate::support::{Backend, Gateway, RedisServer, Reply, raw_status_line, request};
 
 const PROXY: [u8; 4] = [127, 0, 0, 1];
 
@@ -184,6 +184,108 @@ async fn forward_auth_refuses_an_underscore_spelling_of_a_key_header() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    gateway.stop().await;
+}
+
+/// From the calling proxy, an `X-Forwarded-For` element that is not an address where the
+/// client's should be is refused (`400`), on forward-auth and `/v1/check` alike, never read as
+/// the proxy (exempt here, as the docs' examples exempt the internal network); the client's
+/// own garbage left of its address changes nothing. An earlier version took the proxy for
+/// the client: every request allowed past an exhausted budget.
+#[tokio::test]
+async fn a_malformed_forwarded_for_never_makes_the_calling_proxy_the_client() {
+    let mut vars = LIMITS.to_vec();
+    vars.push(("EXEMPT", "127.0.0.1"));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    for _ in 0..2 {
+        let allowed = forward_auth(&gateway, PROXY, "", "/api", "203.0.113.7").await;
+        assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.text());
+    }
+    let limited = forward_auth(&gateway, PROXY, "", "/api", "203.0.113.7").await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let call = |forwarded_for: &[u8]| {
+        let mut request =
+            b"GET /v1/forward-auth HTTP/1.1\r\nHost: tollgate\r\nX-Forwarded-Uri: /api\r\nX-Forwarded-For: "
+                .to_vec();
+        request.extend_from_slice(forwarded_for);
+        request.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        let to = gateway.decide.unwrap();
+        async move { raw_status_line(to, &request).await }
+    };
+    for _ in 0..5 {
+        assert_eq!(call(b"\xff, 203.0.113.7").await, "HTTP/1.1 429 Too Many Requests");
+    }
+    for unreadable in [
+        &b"\xff"[..],
+        b"203.0.113.7, \xff",
+        b"unknown",
+        b"203.0.113.7, bogus",
+    ] {
+        assert_eq!(
+            call(unreadable).await,
+            "HTTP/1.1 400 Bad Request",
+            "{unreadable:?}"
+        );
+    }
+    // /v1/check, whose client_ip is the proxy's: its X-Forwarded-For walked the same way.
+    let describe = |forwarded_for: &str| {
+        serde_json::json!({
+            "path": "/api",
+            "client_ip": "127.0.0.1",
+            "headers": { "x-forwarded-for": forwarded_for },
+        })
+        .to_string()
+    };
+    let appended = json(&check(&gateway, &[], &describe("\u{ff}, 203.0.113.7")).await);
+    assert_eq!(
+        (appended["allowed"].as_bool(), appended["outcome"].as_str()),
+        (Some(false), Some("limited")),
+        "{appended}"
+    );
+    for unreadable in ["\u{ff}", "203.0.113.7, unknown"] {
+        let reply = check(&gateway, &[], &describe(unreadable)).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+        let error = json(&reply);
+        assert_eq!(error["field"], "headers", "{error}");
+        assert!(
+            error["error"].as_str().unwrap().contains("X-Forwarded-For"),
+            "{error}"
+        );
+    }
+    gateway.stop().await;
+}
+
+/// `/v1/check`'s `headers` naming one header twice to some backend (`x_api_key` beside
+/// `x-api-key`, two cases of one name, one name twice in the JSON) or an underscore spelling
+/// of a key header: `400` naming the field, as forward-auth refuses them. An earlier version
+/// read one copy (the JSON's last) and answered.
+#[tokio::test]
+async fn check_refuses_a_header_sent_twice_in_any_spelling() {
+    let mut vars = LIMITS.to_vec();
+    vars.push(("KEY_BY", "header:X-API-Key"));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    let describe =
+        |headers: &str| format!(r#"{{"path": "/api", "client_ip": "203.0.113.7", "headers": {headers}}}"#);
+    let victim = describe(r#"{"x-api-key": "victim"}"#);
+    for allowed in [true, true, false] {
+        assert_eq!(json(&check(&gateway, &[], &victim).await)["allowed"], allowed);
+    }
+    for headers in [
+        r#"{"x_api_key": "fresh-1", "x-api-key": "victim"}"#,
+        r#"{"x-api-key": "victim", "X_API_KEY": "fresh-2"}"#,
+        r#"{"X-API-Key": "fresh-3", "x-api-key": "victim"}"#,
+        r#"{"x-api-key": "fresh-4", "x-api-key": "victim"}"#,
+        r#"{"x_api_key": "victim"}"#,
+    ] {
+        let reply = check(&gateway, &[], &describe(headers)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{headers}: {}",
+            reply.text()
+        );
+        assert_eq!(json(&reply)["field"], "headers", "{headers}");
+    }
     gateway.stop().await;
 }
 

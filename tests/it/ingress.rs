@@ -89,9 +89,13 @@ fn nginx(decide: SocketAddr, backend: &Backend) -> Proxy {
 
 /// nginx asking `target` (the forward-auth path and query) of the decision service.
 fn nginx_calling(decide: SocketAddr, backend: &Backend, target: &str) -> Proxy {
-    let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let backend = backend.url();
+    nginx_serving(port, &nginx_site(port, decide, &backend.url(), target))
+}
+
+/// nginx serving `sites` (`server` blocks), the first of them on `port`.
+fn nginx_serving(port: u16, sites: &str) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
     let root = dir.path().display();
     let config = format!(
         r#"daemon off;
@@ -106,10 +110,9 @@ http {{
     fastcgi_temp_path {root}/fastcgi;
     uwsgi_temp_path {root}/uwsgi;
     scgi_temp_path {root}/scgi;
-{site}
+{sites}
 }}
-"#,
-        site = nginx_site(port, decide, &backend, target)
+"#
     );
     let file = write(dir.path(), "nginx.conf", &config);
     let mut command = Command::new("nginx");
@@ -377,5 +380,106 @@ async fn traefik_forwards_the_budget_to_the_backend_and_the_problem_body_to_the_
         "https://iana.org/assignments/http-problem-types#quota-exceeded"
     );
     assert_eq!(body["retry-after"], refused.number("retry-after"));
+    gateway.stop().await;
+}
+
+/// A request written byte by byte from `from` to `to`: its status line.
+async fn raw_status_line_from(to: SocketAddr, from: IpAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let mut stream = socket.connect(to).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).await.unwrap();
+    line.trim_end().to_owned()
+}
+
+/// nginx as Debian ships it (`proxy_params`: `X-Forwarded-For $proxy_add_x_forwarded_for`,
+/// the client's own header with its address appended), in front of tollgate's proxy and in
+/// front of a backend it asks forward-auth for with the same header; the proxy's own address
+/// exempt, as the docs' examples exempt the internal network. A client's `X-Forwarded-For:
+/// \xff` leaves it the client nginx appended, on both doors: an earlier version gave up on the
+/// line and took nginx for the client, every request allowed past an exhausted budget.
+#[tokio::test]
+async fn a_byte_in_the_clients_forwarded_for_never_makes_nginx_the_client() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_decide(
+        Some(&backend.url()),
+        &[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("EXEMPT", "127.0.0.1"),
+            ("MAX_TOKENS", "2"),
+            ("REFILL_RATE", "0.001"),
+        ],
+    )
+    .await;
+    let (front, auth) = (free_port(), free_port());
+    let sites = format!(
+        r#"    server {{
+        listen 127.0.0.1:{front};
+        location / {{
+            # Debian's /etc/nginx/proxy_params.
+            proxy_set_header Host $host;
+            proxy_set_header X-Real-IP $remote_addr;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_pass http://{proxy};
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{auth};
+        location / {{
+            auth_request /_tollgate;
+            error_page 403 = @tollgate_limited;
+            proxy_pass {backend};
+        }}
+        location = /_tollgate {{
+            internal;
+            proxy_pass http://{decide}/v1/forward-auth?status=403;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_set_header X-Original-Method $request_method;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        }}
+        location @tollgate_limited {{
+            return 429;
+        }}
+    }}"#,
+        proxy = gateway.addr,
+        decide = gateway.decide.unwrap(),
+        backend = backend.url(),
+    );
+    let nginx = nginx_serving(front, &sites);
+    nginx.ready([127, 0, 0, 9].into()).await;
+    let forged =
+        b"GET /api HTTP/1.1\r\nHost: app.example\r\nX-Forwarded-For: \xff\r\nConnection: close\r\n\r\n";
+    for (port, client) in [(front, [127, 0, 0, 2]), (auth, [127, 0, 0, 3])] {
+        let (to, client) = (SocketAddr::from(([127, 0, 0, 1], port)), IpAddr::from(client));
+        for _ in 0..2 {
+            let reply = get_from(to, client, "/api", &[]).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::OK,
+                "{}\n{}",
+                reply.text(),
+                nginx.output()
+            );
+        }
+        assert_eq!(
+            get_from(to, client, "/api", &[]).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        for _ in 0..20 {
+            let status = raw_status_line_from(to, client, forged).await;
+            assert!(
+                status.starts_with("HTTP/1.1 429"),
+                "port {port}: {status}\n{}",
+                nginx.output()
+            );
+        }
+    }
     gateway.stop().await;
 }
