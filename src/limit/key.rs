@@ -41,7 +41,8 @@ pub enum Source {
     Query(Box<str>),
     /// `host`: the host the request is for, lower case, without a default port.
     Host,
-    /// `path`: the canonical path, the one rules match.
+    /// `path`: the resource the canonical path names to the loosest reader, as rules match it:
+    /// without `PATH_INFO` after a script or an extension ([`crate::limit::pattern::resource`]).
     Path,
 }
 
