@@ -755,6 +755,29 @@ fn a_method_route_takes_every_reading_of_its_method() {
             "{method} {path} {overrides:?}"
         );
     }
+    // A `_method` query parameter (Symfony, Laravel), any of them, decoded.
+    for (query, expected) in [
+        ("_method=GET", "search"),
+        ("a=1&_method=%67et", "search"),
+        ("_method=PATCH&_method=get", "search"),
+        ("_method=PATCH", "general"),
+        ("method=GET", "general"),
+    ] {
+        let head = RequestHead {
+            method: &Method::POST,
+            path: "/search",
+            query: Some(query),
+            authority: None,
+            headers: &HeaderMap::new(),
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        assert_eq!(
+            rules.classify(&head).unwrap().rule.name.as_ref(),
+            expected,
+            "{query}"
+        );
+    }
     // As `--check-config` shows it.
     assert!(config.to_string().contains("/search GET|HEAD"), "{config}");
 }

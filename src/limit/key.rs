@@ -230,6 +230,17 @@ pub fn query_value<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
         .filter(|value| !value.is_empty())
 }
 
+/// Every value of a `name` parameter in `query`, decoded as [`query_value`] decodes it, in
+/// order: PHP believes the last, Express's `qs` all of them, others the first.
+pub fn query_values<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = Cow<'q, [u8]>> {
+    query.split('&').filter_map(move |pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        form_decode(key.as_bytes())
+            .eq(name.bytes())
+            .then(|| decoded(value.as_bytes(), true))
+    })
+}
+
 /// The value of the first cookie called `name` in `lines` (every `Cookie` line, in order:
 /// HTTP/2 may split one cookie-string into several, RFC 9113 section 8.2.3), read as RFC 6265
 /// section 5.4 writes a cookie-string, `name=value; name2=value2`, and leniently as servers

@@ -8,7 +8,8 @@
 //! spelled, so every spelling a backend would read as `/login` counts against `/login`, and
 //! as the scripts they name (`/wp-login.php/x` is `/wp-login.php` to PHP). Methods likewise:
 //! a route of some methods takes every request some backend runs as one of them, in any case,
-//! `HEAD` under `GET`, or named by a method-override header ([`reads_as_one_of`]).
+//! `HEAD` under `GET`, or named by a method-override header or a `_method` query parameter
+//! ([`reads_as_one_of`]).
 //!
 //! A table may also hold rules that no path classifies into ([`RuleTable::with_named`]): the
 //! budgets of a door that names its rule itself (an Envoy descriptor's limit, `RLS_CONFIG`).
@@ -27,7 +28,8 @@ use ipnet::IpNet;
 use super::algorithm::Limits;
 use super::guard::FailMode;
 use super::key::{
-    ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value, query_value,
+    ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value,
+    query_value, query_values,
 };
 use super::overrides::{Client, Override, Overrides};
 use super::pattern::{PathPattern, resource};
@@ -123,7 +125,7 @@ impl Route {
             && self
                 .methods
                 .as_ref()
-                .is_none_or(|methods| reads_as_one_of(head.method, head.headers, methods))
+                .is_none_or(|methods| reads_as_one_of(head.method, head.headers, head.query, methods))
     }
 }
 
@@ -136,13 +138,23 @@ pub const METHOD_OVERRIDE_HEADERS: [http::HeaderName; 3] = [
     http::HeaderName::from_static("x-method-override"),
 ];
 
-/// Whether some backend reads a request of `method` with `headers` as one of `methods` (upper
-/// case, as the configuration writes them): the method in any case (Werkzeug, Rack and others
-/// upper-case `get`), or the method an override header names (any element of any line, in any
-/// case: frameworks upper-case it, and which line or element one believes is its own). The
-/// common case, a listed method, costs one comparison; the headers are read only for a
-/// request whose own method is not listed.
-pub fn reads_as_one_of(method: &Method, headers: &HeaderMap, methods: &[Method]) -> bool {
+/// The query parameter through which Symfony and Laravel (for a `POST`), and Express's
+/// `method-override` configured so, read a request as another method: `?_method=DELETE`.
+pub const METHOD_OVERRIDE_PARAMETER: &str = "_method";
+
+/// Whether some backend reads a request of `method` with `headers` and `query` as one of
+/// `methods` (upper case, as the configuration writes them): the method in any case
+/// (Werkzeug, Rack and others upper-case `get`), or the method an override header names (any
+/// element of any line, in any case: frameworks upper-case it, and which line or element one
+/// believes is its own), or a `_method` query parameter names (any of them, decoded). The
+/// common case, a listed method, costs one comparison; the headers and the query are read
+/// only for a request whose own method is not listed.
+pub fn reads_as_one_of(
+    method: &Method,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    methods: &[Method],
+) -> bool {
     let listed = |name: &[u8]| {
         methods
             .iter()
@@ -156,6 +168,9 @@ pub fn reads_as_one_of(method: &Method, headers: &HeaderMap, methods: &[Method])
                     .split(|&byte| byte == b',')
                     .any(|element| listed(element.trim_ascii()))
             })
+        })
+        || query.is_some_and(|query| {
+            query_values(query, METHOD_OVERRIDE_PARAMETER).any(|value| listed(value.trim_ascii()))
         })
 }
 

@@ -535,6 +535,8 @@ async fn no_reader_runs_a_routes_method_past_its_exhausted_budget() {
         ("POST", "/search", "X-HTTP-Method: GET\r\n", "GET"),
         ("PUT", "/search", "X-Method-Override: GET\r\n", "GET"),
         ("POST", "/search", "X-HTTP-Method-Override: PATCH, GET\r\n", "GET"),
+        ("POST", "/search?_method=GET", "", "GET"),
+        ("POST", "/search?a=1&_method=%67et", "", "GET"),
         ("POST", "/items/1", "X-HTTP-Method-Override: DELETE\r\n", "DELETE"),
         ("POST", "/items/1", "X-HTTP-Method-Override: delete\r\n", "DELETE"),
         ("delete", "/items/1", "", "DELETE"),

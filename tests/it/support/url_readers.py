@@ -10,7 +10,8 @@ reader sees a path the gateway refused.
 
 It reads the method and the script as loose backends do too: Werkzeug, Rack and others
 upper-case the method (`get` is GET) and run a GET route for HEAD; Symfony, Rails (Rack) and
-Express honour `X-HTTP-Method-Override` (others `X-HTTP-Method`, `X-Method-Override`); PHP and
+Express honour `X-HTTP-Method-Override` (others `X-HTTP-Method`, `X-Method-Override`), Symfony
+and Laravel a `_method` query parameter; PHP and
 CGI run `/wp-login.php/x` as the script `/wp-login.php` with `PATH_INFO=/x`; Rails routes
 `/search.json` to `/search`. A HEAD is answered without a body, its readings in `X-Readings`.
 
@@ -20,7 +21,7 @@ usage: python3 url_readers.py PORT
 import json
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import parse_qs, unquote, urljoin, urlsplit
 
 # Extensions of scripts servers run with the rest of the path as PATH_INFO.
 SCRIPTS = {"php", "cgi", "pl", "aspx", "asmx", "jsp"}
@@ -46,6 +47,8 @@ class Readers(BaseHTTPRequestHandler):
         for name, value in self.headers.items():
             if name.lower().replace("_", "-") in OVERRIDES:
                 methods += [element.strip().upper() for element in value.split(",")]
+        # Symfony and Laravel read `_method` from the query of a POST too.
+        methods += [value.strip().upper() for value in parse_qs(split.query).get("_method", [])]
         # PHP's SCRIPT_NAME (Apache walks to the first segment that is a file), then Rails'
         # resource: the last segment without its format.
         segments = unquote(split.path).lower().split("/")
