@@ -211,6 +211,8 @@ pub const MAX_UPGRADES_PER_CLIENT: Var = Var::unset("MAX_UPGRADES_PER_CLIENT");
 pub const UPGRADE_PROTOCOLS: Var = Var::new("UPGRADE_PROTOCOLS", "websocket");
 /// What becomes of header names with `_` (default `drop`).
 pub const UNDERSCORE_HEADERS: Var = Var::new("UNDERSCORE_HEADERS", "drop");
+/// What becomes of method-override headers: `meter` or `strip` (default `meter`).
+pub const METHOD_OVERRIDE: Var = Var::new("METHOD_OVERRIDE", "meter");
 /// Origins the gateway's own answers allow (CORS) (default empty).
 pub const CORS_ALLOW_ORIGINS: Var = Var::new("CORS_ALLOW_ORIGINS", "");
 /// A tunnel idle this long is closed (0: never) (default `3600000`).
@@ -332,6 +334,7 @@ pub const ALL: &[Var] = &[
     MAX_UPGRADES_PER_CLIENT,
     UPGRADE_PROTOCOLS,
     UNDERSCORE_HEADERS,
+    METHOD_OVERRIDE,
     CORS_ALLOW_ORIGINS,
     UPGRADE_IDLE_TIMEOUT_MS,
     REDIS_ADDR,

@@ -50,7 +50,7 @@ use crate::limit::RuleTable;
 use crate::limit_headers::HeaderStyle;
 use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
-use crate::proxy::headers::UnderscoreHeaders;
+use crate::proxy::headers::{MethodOverride, UnderscoreHeaders};
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
@@ -659,6 +659,11 @@ impl Config {
             "drop (not forwarded, as nginx does) or forward",
             UnderscoreHeaders::parse,
         )?;
+        let method_override = env.parse(
+            vars::METHOD_OVERRIDE,
+            "meter (forwarded, and counted as the method it names too) or strip (removed)",
+            MethodOverride::parse,
+        )?;
         let cors = {
             let value = env.value(vars::CORS_ALLOW_ORIGINS);
             Cors::parse(value)
@@ -721,6 +726,7 @@ impl Config {
                 upgrade_idle_timeout,
                 upgrade_protocols,
                 underscore_headers,
+                method_override,
                 cors,
             }),
             decide,
@@ -918,9 +924,10 @@ impl fmt::Display for Config {
         if let Some(proxy) = &self.proxy {
             writeln!(
                 f,
-                "upgrades to:      {}; headers with '_': {}; CORS on own answers: {}",
+                "upgrades to:      {}; headers with '_': {}; method overrides: {}; CORS on own answers: {}",
                 proxy.upgrade_protocols.describe(),
                 proxy.underscore_headers.as_str(),
+                proxy.method_override.as_str(),
                 proxy
                     .cors
                     .as_ref()

@@ -15,7 +15,9 @@
 //! for `sliding_window`, `fixed_window` and `sliding_log`. Options: `name=NAME` (default: the
 //! pattern), `key=SOURCE[+SOURCE...]` (`ip`, `header:NAME`, `cookie:NAME`, `query:NAME`, `host`,
 //! `path`; default `KEY_BY`), `cost=N` (default 1),
-//! `method=GET|POST` (default every method), `shadow`, `count=failures`,
+//! `method=GET|POST` (default every method; `GET` takes `HEAD` too, and a request matches in
+//! any case of its method or under a method-override header, see `limit::rules`), `shadow`,
+//! `count=failures`,
 //! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide), and
 //! `delay=MS` (default `DELAY_MAX_MS`: how long a refused request may wait for its budget
 //! instead, 0 for not at all). No entry may contain whitespace: `AUTH_PATHS="/login /signup"`
@@ -597,8 +599,14 @@ fn parse_route(
                     .split('|')
                     .map(|method| http::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).ok())
                     .collect();
-                methods =
-                    Some(parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?);
+                let mut parsed =
+                    parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?;
+                // Flask, Django, Rails and Express run a GET route's handler for HEAD (nginx's
+                // `limit_except GET` covers HEAD too): a HEAD must not walk around it.
+                if parsed.contains(&http::Method::GET) && !parsed.contains(&http::Method::HEAD) {
+                    parsed.push(http::Method::HEAD);
+                }
+                methods = Some(parsed);
             }
             Some(("fail", mode)) => {
                 rule.fail_mode = FailMode::parse(mode)

@@ -676,6 +676,175 @@ fn routes_are_tried_in_order_before_auth_paths_and_the_general_rule() {
 }
 
 #[test]
+fn a_method_route_takes_every_reading_of_its_method() {
+    let config = parse(&[(
+        "ROUTES",
+        "/search=fixed_window:3:60,method=GET,name=search;/items/*=fixed_window:3:60,method=delete,name=delete",
+    )])
+    .unwrap();
+    let rules = &config.gate.rules;
+    let rule = |method: &str, path, overrides: &[(&str, &str)]| {
+        let mut headers = HeaderMap::new();
+        for (name, value) in overrides {
+            headers.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let head = RequestHead {
+            method: &Method::from_bytes(method.as_bytes()).unwrap(),
+            path,
+            query: None,
+            authority: None,
+            headers: &headers,
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        rules.classify(&head).unwrap().rule.name.to_string()
+    };
+    for (method, path, overrides, expected) in [
+        ("GET", "/search", &[][..], "search"),
+        ("get", "/search", &[], "search"),
+        ("gEt", "/search.json", &[], "search"),
+        // Flask, Rails, Express run a GET route for HEAD.
+        ("HEAD", "/search", &[], "search"),
+        ("POST", "/search", &[], "general"),
+        ("POST", "/search", &[("x-http-method-override", "GET")], "search"),
+        ("POST", "/search", &[("x-http-method", "get")], "search"),
+        ("PUT", "/search", &[("x-method-override", " Get ")], "search"),
+        (
+            "POST",
+            "/search",
+            &[("x-http-method-override", "PATCH, GET")],
+            "search",
+        ),
+        (
+            "POST",
+            "/search",
+            &[
+                ("x-http-method-override", "PATCH"),
+                ("x-http-method-override", "GET"),
+            ],
+            "search",
+        ),
+        (
+            "POST",
+            "/search",
+            &[("x-http-method-override", "PATCH")],
+            "general",
+        ),
+        ("DELETE", "/items/1", &[], "delete"),
+        ("delete", "/items/1", &[], "delete"),
+        (
+            "POST",
+            "/items/1",
+            &[("x-http-method-override", "DELETE")],
+            "delete",
+        ),
+        (
+            "POST",
+            "/items/1",
+            &[("x-http-method-override", "delete")],
+            "delete",
+        ),
+        ("POST", "/items/1", &[], "general"),
+    ] {
+        assert_eq!(
+            rule(method, path, overrides),
+            expected,
+            "{method} {path} {overrides:?}"
+        );
+    }
+    // A `_method` query parameter (Symfony, Laravel), any of them, decoded.
+    for (query, expected) in [
+        ("_method=GET", "search"),
+        ("a=1&_method=%67et", "search"),
+        ("_method=PATCH&_method=get", "search"),
+        ("_method=PATCH", "general"),
+        ("method=GET", "general"),
+    ] {
+        let head = RequestHead {
+            method: &Method::POST,
+            path: "/search",
+            query: Some(query),
+            authority: None,
+            headers: &HeaderMap::new(),
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        assert_eq!(
+            rules.classify(&head).unwrap().rule.name.as_ref(),
+            expected,
+            "{query}"
+        );
+    }
+    // As `--check-config` shows it.
+    assert!(config.to_string().contains("/search GET|HEAD"), "{config}");
+}
+
+#[test]
+fn a_segment_naming_a_script_is_matched_and_keyed_as_the_script() {
+    let config = parse(&[
+        ("AUTH_PATHS", "/wp-login.php,/admin"),
+        ("SKIP_PATHS", "/status.php"),
+        ("COSTS", "/export.php=3"),
+        ("KEY_BY", "ip+path"),
+    ])
+    .unwrap();
+    for (path, rule, mode, cost) in [
+        ("/wp-login.php", "auth", Mode::Enforce, 1),
+        ("/wp-login.php/x", "auth", Mode::Enforce, 1),
+        ("/wp-login.php/x/y.json", "auth", Mode::Enforce, 1),
+        ("/admin.cgi/x", "auth", Mode::Enforce, 1),
+        ("/admin.aspx/x", "auth", Mode::Enforce, 1),
+        ("/wp-login.phpx/y", "general", Mode::Enforce, 1),
+        ("/export.php/x", "general", Mode::Enforce, 3),
+        ("/status.php", "general", Mode::Exempt, 1),
+        // Skipped as itself only: what follows the script is the script's to route.
+        ("/status.php/admin", "general", Mode::Enforce, 1),
+    ] {
+        assert_eq!(
+            classify(&config, "POST", path),
+            (rule.to_owned(), mode, cost),
+            "{path}"
+        );
+    }
+    // `path` keys the resource: extension and PATH_INFO dropped.
+    let key = |path| {
+        let head = RequestHead {
+            method: &Method::GET,
+            path,
+            query: None,
+            authority: None,
+            headers: &HeaderMap::new(),
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        config.gate.rules.classify(&head).unwrap().key
+    };
+    for (same, as_) in [
+        ("/api/search.json", "/api/search"),
+        ("/api/search.a1", "/api/search"),
+        ("/x.php/a", "/x.php"),
+        ("/x.php/b", "/x"),
+        ("/a/b.cgi/c", "/a/b.pl/d"),
+    ] {
+        assert_eq!(key(same), key(as_), "{same} {as_}");
+    }
+    assert_ne!(key("/api/search"), key("/api/other"));
+    assert_ne!(key("/a/b"), key("/a/c.php"));
+}
+
+#[test]
+fn method_override_is_meter_or_strip() {
+    let proxy = |vars: &[(&str, &str)]| parse(vars).unwrap().proxy.unwrap().method_override;
+    assert_eq!(proxy(&[]), MethodOverride::Meter);
+    assert_eq!(proxy(&[("METHOD_OVERRIDE", "strip")]), MethodOverride::Strip);
+    let message = error(&[("METHOD_OVERRIDE", "forward")]);
+    assert!(message.contains("METHOD_OVERRIDE"), "{message}");
+}
+
+#[test]
 fn shadow_mode_and_failure_counting() {
     let config = parse(&[("SHADOW_MODE", "true"), ("AUTH_COUNT", "failures")]).unwrap();
     assert_eq!(classify(&config, "GET", "/x").1, Mode::Shadow);

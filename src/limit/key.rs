@@ -42,7 +42,8 @@ pub enum Source {
     Query(Box<str>),
     /// `host`: the host the request is for, lower case, without a default port.
     Host,
-    /// `path`: the canonical path, the one rules match.
+    /// `path`: the resource the canonical path names to the loosest reader, as rules match it:
+    /// without `PATH_INFO` after a script or an extension ([`crate::limit::pattern::resource`]).
     Path,
 }
 
@@ -240,6 +241,17 @@ pub fn query_value<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]
 /// A query parameter a key is read from, named more than once in the query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RepeatedParameter;
+
+/// Every value of a `name` parameter in `query`, decoded as [`query_value`] decodes it, in
+/// order: PHP believes the last, Express's `qs` all of them, others the first.
+pub fn query_values<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = Cow<'q, [u8]>> {
+    query.split(['&', ';']).filter_map(move |pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        form_decode(key.as_bytes())
+            .eq(name.bytes())
+            .then(|| decoded(value.as_bytes(), true))
+    })
+}
 
 /// The value of the first cookie called `name` in `lines` (every `Cookie` line, in order:
 /// HTTP/2 may split one cookie-string into several, RFC 9113 section 8.2.3), read as RFC 6265

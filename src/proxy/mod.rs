@@ -62,7 +62,7 @@ use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
 use cors::Cors;
-use headers::UnderscoreHeaders;
+use headers::{MethodOverride, UnderscoreHeaders};
 use request_id::{RequestIds, X_REQUEST_ID};
 use upgrades::UpgradeProtocols;
 
@@ -108,6 +108,9 @@ pub(crate) struct ProxySettings {
     /// `UNDERSCORE_HEADERS`: what becomes of request headers with `_` in their names, which
     /// CGI-style backends read as the `-` spelling (`X_API_Key` is `X-API-Key` to them).
     pub underscore_headers: UnderscoreHeaders,
+    /// `METHOD_OVERRIDE`: whether the method-override headers are metered (forwarded, and a
+    /// request matches routes of the method they name too) or removed before the decision.
+    pub method_override: MethodOverride,
     /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers (`429`, `503`, ...), so
     /// a browser application can read a refusal; `None` (unset or empty): none.
     pub cors: Option<Cors>,
@@ -294,6 +297,8 @@ pub(crate) struct Proxy {
     upgrade_protocols: upgrades::UpgradeProtocols,
     /// `UNDERSCORE_HEADERS`.
     underscore_headers: headers::UnderscoreHeaders,
+    /// `METHOD_OVERRIDE`.
+    method_override: MethodOverride,
     /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers; `None`: off.
     cors: Option<cors::Cors>,
 }
@@ -475,6 +480,7 @@ impl Proxy {
             failure_log: LogThrottle::new(),
             upgrade_protocols: config.upgrade_protocols.clone(),
             underscore_headers: config.underscore_headers,
+            method_override: config.method_override,
             cors: config.cors.clone(),
         }
     }
@@ -527,6 +533,8 @@ impl Proxy {
             let refusal = refuse(&reason, request.uri().path(), peer, context);
             return (refusal, AnsweredBy::Gateway);
         }
+        // Under `strip`, the backend reads the method the gate decides on, and no other.
+        self.method_override.apply(request.headers_mut());
         let upgrade = upgrades::is_upgrade(&request);
         let head = gate::Head {
             method: request.method(),

@@ -180,7 +180,7 @@ fn check_config_prints_the_whole_table_in_evaluation_order() {
         "rules, first match wins:",
         "   1. /api/export/* -> /api/export/*: token_bucket: 5 tokens, refill 0.1/s \
          (one token every 10000 ms) (key ip, cost 2, enforce)",
-        "   2. /search GET -> search: sliding_log: 100 requests per 60 s (exact rolling window) \
+        "   2. /search GET|HEAD -> search: sliding_log: 100 requests per 60 s (exact rolling window) \
          (key header:x-api-key, cost 1, shadow)",
         "   3. /login -> auth: fixed_window: 5 requests per 60 s (key ip, cost 1, enforce)",
         "   4. every other path -> general: token_bucket: 10 tokens",

@@ -290,6 +290,79 @@ async fn check_refuses_a_header_sent_twice_in_any_spelling() {
 }
 
 #[tokio::test]
+async fn every_door_reads_a_method_as_the_loosest_backend_does() {
+    let mut vars = LIMITS.to_vec();
+    vars.push((
+        "ROUTES",
+        "/items/*=fixed_window:1:3600,method=DELETE,name=delete;/wp-login.php=fixed_window:1:3600,name=wp",
+    ));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    let to = gateway.decide.unwrap();
+    let forward_auth =
+        |method: &'static str, uri: &'static str, extra: Option<(&'static str, &'static str)>| {
+            let mut headers = vec![
+                ("x-forwarded-method", method),
+                ("x-forwarded-uri", uri),
+                ("x-forwarded-for", "203.0.113.7"),
+            ];
+            headers.extend(extra);
+            async move {
+                request(
+                    to,
+                    IpAddr::from(PROXY),
+                    Method::GET,
+                    "/v1/forward-auth",
+                    &headers,
+                    Bytes::new(),
+                )
+                .await
+            }
+        };
+    let ratelimit = |reply: &Reply| reply.header("x-ratelimit-limit").map(str::to_owned);
+    // The DELETE route's one request, then every other reading of DELETE is refused by it.
+    let first = forward_auth("DELETE", "/items/1", None).await;
+    assert_eq!(
+        (first.status, ratelimit(&first).as_deref()),
+        (StatusCode::OK, Some("1"))
+    );
+    for (method, extra) in [
+        ("delete", None),
+        ("POST", Some(("x-http-method-override", "DELETE"))),
+        ("POST", Some(("x-http-method", "delete"))),
+    ] {
+        let reply = forward_auth(method, "/items/1", extra).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{method} {extra:?}");
+    }
+    // A backend reads the underscore spelling as the header: refused, as for a key header.
+    let alias = forward_auth("POST", "/items/1", Some(("x_http_method_override", "DELETE"))).await;
+    assert_eq!(alias.status, StatusCode::BAD_REQUEST, "{}", alias.text());
+    // PATH_INFO: /wp-login.php/x is the script /wp-login.php.
+    assert_eq!(
+        forward_auth("POST", "/wp-login.php", None).await.status,
+        StatusCode::OK
+    );
+    let path_info = forward_auth("POST", "/wp-login.php/x", None).await;
+    assert_eq!(path_info.status, StatusCode::TOO_MANY_REQUESTS);
+
+    // /v1/check classifies alike.
+    let described = r#"{"method": "post", "path": "/items/2", "client_ip": "203.0.113.8", "headers": {"x-http-method-override": "delete"}}"#;
+    let first = json(&check(&gateway, &[], described).await);
+    assert_eq!(
+        (first["rule"].as_str(), first["allowed"].as_bool()),
+        (Some("delete"), Some(true))
+    );
+    let lower = r#"{"method": "delete", "path": "/items/2", "client_ip": "203.0.113.8"}"#;
+    let second = json(&check(&gateway, &[], lower).await);
+    assert_eq!(
+        (second["rule"].as_str(), second["allowed"].as_bool()),
+        (Some("delete"), Some(false))
+    );
+    let script = r#"{"method": "POST", "path": "/wp-login.php/y", "client_ip": "203.0.113.8"}"#;
+    assert_eq!(json(&check(&gateway, &[], script).await)["rule"], "wp");
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn check_answers_a_named_client_whether_allowed_or_not() {
     let gateway = Gateway::start_decide(None, LIMITS).await;
     let body = r#"{"rule": "general", "key": "user-7"}"#;

@@ -260,6 +260,55 @@ async fn ip_and_path_give_each_client_a_budget_per_canonical_path() {
     );
 }
 
+async fn resources_per_client(store: Store) -> Vec<(u16, Option<u64>)> {
+    let redis = redis_for(store);
+    let backend = Backend::start().await;
+    let mut vars = BUDGET.to_vec();
+    vars.push(("ROUTES", "/api/*=token_bucket:2:0.001,key=ip+path,name=api"));
+    let gateway = Gateway::start(&backend.url(), &borrowed(&with_store(store, &redis, &vars))).await;
+    let mut seen_all = Vec::new();
+    for target in [
+        "/api/search",
+        "/api/search.json",
+        // What rule matching ignores, keying ignores: a format or any other extension (Rails
+        // routes each to /api/search), and what follows a script (PHP's PATH_INFO).
+        "/api/search.a1",
+        "/api/search.a2",
+        "/API/Search.XML",
+        "/api/search.php/x",
+        "/api/search.php/y",
+        // Another resource: a budget of its own.
+        "/api/searches",
+    ] {
+        seen_all.push(seen(&get_from(gateway.addr, ip("127.0.0.1"), target, &[]).await));
+    }
+    let forwarded: Vec<String> = backend.seen().iter().map(|seen| seen.uri.clone()).collect();
+    assert_eq!(
+        forwarded,
+        ["/api/search", "/api/search.json", "/api/searches"],
+        "forwarded as sent"
+    );
+    gateway.stop().await;
+    seen_all
+}
+
+#[tokio::test]
+async fn ip_and_path_give_one_budget_to_a_resource_whatever_its_extension_or_path_info() {
+    on_both_stores!(
+        resources_per_client,
+        vec![
+            (200, Some(1)),
+            (200, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
+            (200, Some(1)),
+        ]
+    );
+}
+
 async fn missing_sources(store: Store) -> Vec<(u16, Option<u64>)> {
     let redis = redis_for(store);
     let backend = Backend::start().await;
