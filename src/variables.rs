@@ -49,6 +49,8 @@ pub const DECIDE_PORT: Var = Var::unset("DECIDE_PORT");
 pub const DECIDE_TOKEN: Var = Var::unset("DECIDE_TOKEN");
 /// Envoy's rate limit service descriptors: a YAML file or a directory of them (unset: off).
 pub const RLS_CONFIG: Var = Var::unset("RLS_CONFIG");
+/// Whether files of one domain in RLS_CONFIG are merged (default `false`: refused).
+pub const RLS_MERGE_DOMAIN_CONFIG: Var = Var::new("RLS_MERGE_DOMAIN_CONFIG", "false");
 /// The general rule's algorithm (default `token_bucket`).
 pub const ALGORITHM: Var = Var::new("ALGORITHM", "token_bucket");
 /// The auth rule's algorithm (default: the value of ALGORITHM).
@@ -262,6 +264,7 @@ pub const ALL: &[Var] = &[
     DECIDE_PORT,
     DECIDE_TOKEN,
     RLS_CONFIG,
+    RLS_MERGE_DOMAIN_CONFIG,
     RULES_FILE,
     RULES_RELOAD_INTERVAL_MS,
     LIMITS,

@@ -939,6 +939,7 @@ fn parse_rls(
     rules: RuleTable,
     shared_store: bool,
 ) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
+    let merge = env.flag(vars::RLS_MERGE_DOMAIN_CONFIG)?;
     let Some(path) = env.get(vars::RLS_CONFIG) else {
         return Ok((rules, None));
     };
@@ -951,13 +952,14 @@ fn parse_rls(
                        same secret of 16+ characters on each, e.g. from `openssl rand -hex 32`",
         });
     }
-    let table = DescriptorTable::load(Path::new(path)).map_err(|error| ConfigError::File {
+    let table = DescriptorTable::load(Path::new(path), merge).map_err(|error| ConfigError::File {
         var: vars::RLS_CONFIG.name,
         location: error.location,
         problem: error.problem,
     })?;
     let general = rules.general();
-    let named = table.rules(general.fail_mode, general.shadow);
+    let mut named = table.rules(general.fail_mode, general.shadow);
+    named.extend(DescriptorTable::override_rules(general.fail_mode, general.shadow));
     let rules = rules
         .with_named(named)
         .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;
