@@ -75,8 +75,8 @@ pub const RUST_LOG: Var = Var::unset("RUST_LOG");
 /// The rules file (TOML): the rule table's settings, reloaded on SIGHUP and when it changes
 /// (unset: the environment alone).
 pub const RULES_FILE: Var = Var::unset("RULES_FILE");
-/// How often the rules file is read for changes, in milliseconds; `0`: on SIGHUP only
-/// (default `2000`).
+/// How often the rules file (and OVERRIDES_FILE, RLS_CONFIG) is read for changes, in
+/// milliseconds; `0`: on SIGHUP only (default `2000`).
 pub const RULES_RELOAD_INTERVAL_MS: Var = Var::new("RULES_RELOAD_INTERVAL_MS", "2000");
 /// The general rule's limits, `ALGORITHM:A:B`, several joined by `+` (unset: ALGORITHM and
 /// its numbers).

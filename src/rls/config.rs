@@ -295,10 +295,9 @@ pub struct RlsConfigError {
 }
 
 impl DescriptorTable {
-    /// Read `path`: one file, or every `*.yaml` and `*.yml` file of a directory (not its
-    /// subdirectories), in name order; files of one domain merged if `merge`
-    /// ([`DescriptorTable::parse_merging`]).
-    pub fn load(path: &Path, merge: bool) -> Result<DescriptorTable, RlsConfigError> {
+    /// The files `path` names: itself, or a directory's `*.yaml` and `*.yml` files in name
+    /// order.
+    fn files(path: &Path) -> Result<Vec<PathBuf>, RlsConfigError> {
         let whole = |problem: String| RlsConfigError {
             location: path.display().to_string(),
             problem,
@@ -329,6 +328,32 @@ impl DescriptorTable {
         } else {
             vec![path.to_path_buf()]
         };
+        Ok(files)
+    }
+
+    /// The bytes of every file `path` names, each with its name: what a reload compares to
+    /// see a change (a file added, removed or edited); `None` when one cannot be read.
+    pub(crate) fn snapshot(path: &Path) -> Option<Vec<u8>> {
+        let mut bytes = Vec::new();
+        for file in DescriptorTable::files(path).ok()? {
+            if std::fs::metadata(&file).ok()?.len() > MAX_FILE_BYTES {
+                return None;
+            }
+            let text = std::fs::read(&file).ok()?;
+            let name = file.display().to_string();
+            for part in [name.as_bytes(), text.as_slice()] {
+                bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(part);
+            }
+        }
+        Some(bytes)
+    }
+
+    /// Read `path`: one file, or every `*.yaml` and `*.yml` file of a directory (not its
+    /// subdirectories), in name order; files of one domain merged if `merge`
+    /// ([`DescriptorTable::parse_merging`]).
+    pub fn load(path: &Path, merge: bool) -> Result<DescriptorTable, RlsConfigError> {
+        let files = DescriptorTable::files(path)?;
         let mut texts = Vec::with_capacity(files.len());
         for file in &files {
             let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);

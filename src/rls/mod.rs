@@ -42,6 +42,10 @@
 //! a known domain: decided under its unit's override rule (`rls~override/UNIT`, one per unit in
 //! every table with `RLS_CONFIG`) with the request's numbers.
 //!
+//! A reload of `RLS_CONFIG` (with the rules: SIGHUP, or a file changed) swaps the descriptor
+//! tables whole ([`RateLimitService::reload`]) once the gate's table holds their rules; a
+//! request is answered under the tables it started with.
+//!
 //! Not supported: per-value metrics (`detailed_metric` and `value_to_metric` are accepted and
 //! change nothing), `quota` answers.
 
@@ -150,10 +154,23 @@ pub enum RlsError {
     MissingRule(String),
 }
 
-/// Envoy's rate limit service, deciding through the gate.
+/// Envoy's rate limit service, deciding through the gate. Its clones share the descriptor
+/// tables, so a reload ([`RateLimitService::reload`]) reaches the server serving them.
+#[derive(Clone)]
 pub struct RateLimitService {
     /// The one door to policy.
     gate: Arc<Gate>,
+    /// The descriptor tables in force, swapped whole by a reload of `RLS_CONFIG`.
+    tables: Arc<arc_swap::ArcSwap<Tables>>,
+    /// `DENY_FORMAT` (and `DENY_STATUS`, which a problem body states): the `raw_body` Envoy
+    /// sends with its refusal.
+    refusals: Refusals,
+    /// `FORWARD_RATELIMIT_HEADERS`: the draft fields as `request_headers_to_add`.
+    forward_headers: bool,
+}
+
+/// The descriptor trees and their rules: what one reload of `RLS_CONFIG` puts in force.
+struct Tables {
     /// The descriptor trees.
     table: Arc<DescriptorTable>,
     /// Each limit's rule, by [`config::LimitId`]; `None` for an unlimited one. Resolved once,
@@ -162,11 +179,35 @@ pub struct RateLimitService {
     /// The override rules ([`DescriptorTable::override_rules`]), one per unit: what a
     /// descriptor's own `limit` is decided under.
     overrides: Vec<Rule>,
-    /// `DENY_FORMAT` (and `DENY_STATUS`, which a problem body states): the `raw_body` Envoy
-    /// sends with its refusal.
-    refusals: Refusals,
-    /// `FORWARD_RATELIMIT_HEADERS`: the draft fields as `request_headers_to_add`.
-    forward_headers: bool,
+}
+
+impl Tables {
+    /// The tables of `table`, whose rules the gate's table in force must hold.
+    fn new(gate: &Gate, table: Arc<DescriptorTable>) -> Result<Tables, RlsError> {
+        let generation = gate.current();
+        let rules = table
+            .limits
+            .iter()
+            .map(|limit| match limit.allowance.counted() {
+                false => Ok(None),
+                true => generation
+                    .rule(&limit.rule)
+                    .cloned()
+                    .map(Some)
+                    .ok_or_else(|| RlsError::MissingRule(limit.rule.to_string())),
+            })
+            .collect::<Result<_, _>>()?;
+        // Tables built without them (none the configuration builds) leave overrides unapplied.
+        let overrides = config::Unit::ALL
+            .into_iter()
+            .filter_map(|unit| generation.rule(&config::override_rule(unit)).cloned())
+            .collect();
+        Ok(Tables {
+            table,
+            rules,
+            overrides,
+        })
+    }
 }
 
 /// One descriptor's way to its answer.
@@ -203,32 +244,21 @@ impl RateLimitService {
     /// The service of `table`, deciding through `gate`, whose rule table must hold the
     /// table's rules ([`DescriptorTable::rules`], added with `RuleTable::with_named`).
     pub fn new(gate: Arc<Gate>, table: Arc<DescriptorTable>) -> Result<RateLimitService, RlsError> {
-        let rules = table
-            .limits
-            .iter()
-            .map(|limit| match limit.allowance.counted() {
-                false => Ok(None),
-                true => gate
-                    .current()
-                    .rule(&limit.rule)
-                    .cloned()
-                    .map(Some)
-                    .ok_or_else(|| RlsError::MissingRule(limit.rule.to_string())),
-            })
-            .collect::<Result<_, _>>()?;
-        // Tables built without them (none the configuration builds) leave overrides unapplied.
-        let overrides = config::Unit::ALL
-            .into_iter()
-            .filter_map(|unit| gate.current().rule(&config::override_rule(unit)).cloned())
-            .collect();
+        let tables = Tables::new(&gate, table)?;
         Ok(RateLimitService {
             gate,
-            table,
-            rules,
-            overrides,
+            tables: Arc::new(arc_swap::ArcSwap::from_pointee(tables)),
             refusals: Refusals::default(),
             forward_headers: false,
         })
+    }
+
+    /// Put `table` in force (a reload of `RLS_CONFIG`), once the gate's table in force holds
+    /// its rules (the reloaded configuration's, swapped in first); an error swaps nothing.
+    pub(crate) fn reload(&self, table: Arc<DescriptorTable>) -> Result<(), RlsError> {
+        let tables = Tables::new(&self.gate, table)?;
+        self.tables.store(Arc::new(tables));
+        Ok(())
     }
 
     /// This service with refusals shaped as `refusals` say, and the budget told to the backend
@@ -247,7 +277,9 @@ impl RateLimitService {
     /// Answer one `ShouldRateLimit` request.
     pub async fn check(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         validate(request)?;
-        let plans = self.plan(request);
+        // One table for the whole request, whatever a reload swaps meanwhile.
+        let tables = self.tables.load_full();
+        let plans = tables.plan(request);
         // Its rules by name in the table in force: a reload of RULES_FILE moves rule ids.
         let generation = self.gate.current();
         let mut statuses = Vec::with_capacity(plans.len());
@@ -359,7 +391,9 @@ impl RateLimitService {
                 .collect();
         }
     }
+}
 
+impl Tables {
     /// The plan of a descriptor's own `limit`: `requests_per_unit` in each fixed window of
     /// `unit`, under that unit's override rule (in every table of a configuration with
     /// `RLS_CONFIG`).

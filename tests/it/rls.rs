@@ -894,3 +894,100 @@ async fn envoys_own_keys_through_the_binary_in_redis() {
     ])
     .await;
 }
+
+/// What each descriptor `key=c` of `keys` is answered, one ask each, in order:
+/// `KEY CODE REMAINING LIMIT`.
+fn python_asking(keys: &[&str]) -> String {
+    let keys = keys
+        .iter()
+        .map(|key| format!("{key:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"
+import sys, grpc
+sys.path.insert(0, sys.argv[1])
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+stub = rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(sys.argv[2]))
+for key in [{keys}]:
+    d = ratelimit_pb2.RateLimitDescriptor(entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value="c")])
+    s = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[d])).statuses[0]
+    print(key, rls_pb2.RateLimitResponse.Code.Name(s.code), s.limit_remaining, s.current_limit.requests_per_unit)
+"#
+    )
+}
+
+/// Until `tollgate_config_reloads_total{result="RESULT"}` is at least `count`.
+async fn reloads(tollgate: &crate::binary::Running, result: &str, count: u64) {
+    crate::reload::await_reloads(tollgate, result, count).await;
+}
+
+/// `RLS_CONFIG` reloads like `RULES_FILE`: on SIGHUP (`RULES_RELOAD_INTERVAL_MS=0`) and when a
+/// file changes; a bad file swaps nothing; a descriptor whose rule is unchanged keeps its
+/// budget, a changed one starts afresh; a file added to the directory is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_config_reloads_on_sighup_and_on_change_and_a_bad_file_swaps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("edge.yaml");
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    let one = "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: kept\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
+    write(one);
+    let directory = dir.path().display().to_string();
+    for interval in ["0", "100"] {
+        write(one);
+        let _ = std::fs::remove_file(dir.path().join("other.yaml"));
+        let [decide] = crate::support::free_ports();
+        let decide_port = decide.to_string();
+        let tollgate = crate::binary::Running::start(&[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("RLS_CONFIG", directory.as_str()),
+            ("DECIDE_PORT", decide_port.as_str()),
+            ("RULES_RELOAD_INTERVAL_MS", interval),
+        ]);
+        let address: std::net::SocketAddr = format!("127.0.0.1:{decide}").parse().unwrap();
+        crate::support::redis::wait_for(
+            || std::net::TcpStream::connect(address).is_ok(),
+            "the decide port to listen",
+        );
+        let reload = || {
+            if interval == "0" {
+                tollgate.hangup();
+            }
+        };
+        let asked = python_client(&python_asking(&["a", "a", "kept", "b"]), address).await;
+        assert_eq!(
+            asked, "a OK 0 1\na OVER_LIMIT 0 1\nkept OK 0 1\nb OK 0 0\n",
+            "{interval}"
+        );
+        // a's limit changed, b added, kept as it was.
+        write(
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 3}\n  - key: kept\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+        );
+        reload();
+        reloads(&tollgate, "ok", 1).await;
+        let asked = python_client(&python_asking(&["a", "kept", "b", "b"]), address).await;
+        assert_eq!(
+            asked, "a OK 2 3\nkept OVER_LIMIT 0 1\nb OK 0 1\nb OVER_LIMIT 0 1\n",
+            "{interval}"
+        );
+        // A bad file: refused, the descriptors in force stay.
+        write("domain: edge\ndescriptors:\n  - key: a\n    rate_limt: {unit: day, requests_per_unit: 3}\n");
+        reload();
+        reloads(&tollgate, "error", 1).await;
+        let asked = python_client(&python_asking(&["a", "b"]), address).await;
+        assert_eq!(asked, "a OK 1 3\nb OVER_LIMIT 0 1\n", "{interval}");
+        let log = tollgate.log();
+        assert!(log.contains("RLS_CONFIG") && log.contains("rate_limt"), "{log}");
+        // Mended, and a second file of another domain added to the directory: both read.
+        write(
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 3}\n  - key: c\n    rate_limit: {unit: day, requests_per_unit: 5}\n",
+        );
+        std::fs::write(dir.path().join("other.yaml"), "domain: other\n").unwrap();
+        reload();
+        reloads(&tollgate, "ok", 2).await;
+        let asked = python_client(&python_asking(&["a", "b", "c"]), address).await;
+        assert_eq!(asked, "a OK 0 3\nb OK 0 0\nc OK 4 5\n", "{interval}");
+        tollgate.terminate().await;
+    }
+}
