@@ -332,8 +332,8 @@ impl RateLimitService {
             statuses.push(status);
             decisions.push(decided);
         }
-        let refusing = refusing(&plans, &statuses);
-        let over = refusing.iter().any(|refuses| *refuses);
+        let refusing = Refusing::of(&plans, &statuses);
+        let over = (0..statuses.len()).any(|index| refusing.refuses(index));
         let nearest = nearest(&statuses, &refusing);
         let mut response = RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
@@ -576,20 +576,41 @@ pub(crate) fn client_name(
 /// `quota_mode` and some other quota descriptor of the request is within its own (as
 /// envoyproxy/ratelimit decides: `OVER_LIMIT` iff a rate limit descriptor is over, or every
 /// quota descriptor is).
-fn refusing(plans: &[Plan<'_>], statuses: &[DescriptorStatus]) -> Vec<bool> {
-    let over = |status: &DescriptorStatus| status.code == Code::OverLimit as i32;
-    let quotas = plans.iter().filter(|plan| plan.quota()).count();
-    let quotas_over = plans
-        .iter()
-        .zip(statuses)
-        .filter(|(plan, status)| plan.quota() && over(status))
-        .count();
-    let every_quota_over = quotas > 0 && quotas == quotas_over;
-    plans
-        .iter()
-        .zip(statuses)
-        .map(|(plan, status)| over(status) && (!plan.quota() || every_quota_over))
-        .collect()
+struct Refusing<'p, 's> {
+    plans: &'p [Plan<'s>],
+    statuses: &'p [DescriptorStatus],
+    /// Every quota descriptor of the request is over its limit (and there is one).
+    every_quota_over: bool,
+}
+
+impl<'p, 's> Refusing<'p, 's> {
+    fn of(plans: &'p [Plan<'s>], statuses: &'p [DescriptorStatus]) -> Self {
+        let quotas = plans.iter().filter(|plan| plan.quota()).count();
+        let quotas_over = plans
+            .iter()
+            .zip(statuses)
+            .filter(|(plan, status)| plan.quota() && over(status))
+            .count();
+        Refusing {
+            plans,
+            statuses,
+            every_quota_over: quotas > 0 && quotas == quotas_over,
+        }
+    }
+
+    /// Whether status `index` refuses the request.
+    fn refuses(&self, index: usize) -> bool {
+        self.statuses.get(index).is_some_and(over)
+            && self
+                .plans
+                .get(index)
+                .is_some_and(|plan| !plan.quota() || self.every_quota_over)
+    }
+}
+
+/// Whether `status` is over its limit.
+fn over(status: &DescriptorStatus) -> bool {
+    status.code == Code::OverLimit as i32
 }
 
 /// The answer's `dynamic_metadata`, when a descriptor within its limit has `metadata`: as
@@ -763,14 +784,14 @@ fn duration(duration: Duration) -> prost_types::Duration {
 /// The status nearest its limit: the last one that refuses the request ([`refusing`]) if any
 /// does, else the one with the least remaining (the first of equals), as envoyproxy/ratelimit
 /// picks it; none when no descriptor had a limit decided.
-fn nearest(statuses: &[DescriptorStatus], refusing: &[bool]) -> Option<usize> {
+fn nearest(statuses: &[DescriptorStatus], refusing: &Refusing<'_, '_>) -> Option<usize> {
     let decided = statuses
         .iter()
         .enumerate()
         .filter(|(_, status)| status.current_limit.is_some() && status.duration_until_reset.is_some());
     decided
         .clone()
-        .rfind(|(index, _)| refusing[*index])
+        .rfind(|(index, _)| refusing.refuses(*index))
         .or_else(|| decided.min_by_key(|(_, status)| status.limit_remaining))
         .map(|(index, _)| index)
 }
