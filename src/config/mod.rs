@@ -980,7 +980,7 @@ fn parse_rls(
     })?;
     let general = rules.general();
     let mut named = table.rules(general.fail_mode, general.shadow);
-    named.extend(DescriptorTable::override_rules(general.fail_mode, general.shadow));
+    named.push(DescriptorTable::override_rule(general.fail_mode, general.shadow));
     let rules = rules
         .with_named(named)
         .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;

@@ -489,27 +489,26 @@ impl DescriptorTable {
             .collect()
     }
 
-    /// The rules a descriptor's own `limit` (Envoy's per-request override) is decided under, one
-    /// per unit ([`override_rule`]): their numbers are the request's, the rule gives the id,
-    /// the name (the metrics' `rule` label and the Redis key's part) and the fail mode.
-    pub fn override_rules(fail_mode: FailMode, shadow: bool) -> Vec<Rule> {
-        Unit::ALL
-            .into_iter()
-            .map(|unit| Rule {
-                id: 0,
-                name: override_rule(unit).into(),
-                limits: Limits::one(Policy::FixedWindow(FixedWindow {
-                    limit: 0,
-                    window_ms: unit.seconds() * 1_000,
-                })),
-                key_by: KeyBy::ip(),
-                cost: 1,
-                shadow,
-                count: Count::All,
-                fail_mode,
-                delay: None,
-            })
-            .collect()
+    /// The rule a descriptor's own `limit` (Envoy's per-request override) is decided under,
+    /// [`OVERRIDE_RULE`]: the numbers are the request's (a fixed window of its unit), the rule
+    /// gives the id, the name (the metrics' `rule` label and the Redis key's part) and the fail
+    /// mode. One rule for every unit (the unit is part of the budget's key): one more table of
+    /// `MAX_KEYS` in memory, not seven.
+    pub fn override_rule(fail_mode: FailMode, shadow: bool) -> Rule {
+        Rule {
+            id: 0,
+            name: OVERRIDE_RULE.into(),
+            limits: Limits::one(Policy::FixedWindow(FixedWindow {
+                limit: 0,
+                window_ms: Unit::Second.seconds() * 1_000,
+            })),
+            key_by: KeyBy::ip(),
+            cost: 1,
+            shadow,
+            count: Count::All,
+            fail_mode,
+            delay: None,
+        }
     }
 
     /// How many limits are counted (are rules).
@@ -521,11 +520,9 @@ impl DescriptorTable {
     }
 }
 
-/// The name of the rule of a descriptor's `limit` override in `unit`: `rls~override/<unit>`
-/// (no domain's name, percent-encoded after `rls/`, can be it).
-pub(crate) fn override_rule(unit: Unit) -> String {
-    format!("rls~override/{}", unit.as_str())
-}
+/// The name of the rule of a descriptor's `limit` override (no domain's name, percent-encoded
+/// after `rls/`, can be it).
+pub(crate) const OVERRIDE_RULE: &str = "rls~override";
 
 /// The table in words, for `--check-config`.
 impl fmt::Display for DescriptorTable {

@@ -39,8 +39,8 @@
 //! `OVER_LIMIT` only when every quota descriptor of the request is over; the `metadata` of the
 //! descriptors within their limits goes in `dynamic_metadata`; an `OVER_LIMIT` answer carries
 //! `Retry-After`. A descriptor's own `limit` (Envoy's override) wins over the configured one in
-//! a known domain: decided under its unit's override rule (`rls~override/UNIT`, one per unit in
-//! every table with `RLS_CONFIG`) with the request's numbers.
+//! a known domain: decided under the override rule (`rls~override`, in every table with
+//! `RLS_CONFIG`; the unit part of the budget's key) with the request's numbers.
 //!
 //! A reload of `RLS_CONFIG` (with the rules: SIGHUP, or a file changed) swaps the descriptor
 //! tables whole ([`RateLimitService::reload`]) once the gate's table holds their rules; a
@@ -176,9 +176,10 @@ struct Tables {
     /// Each limit's rule, by [`config::LimitId`]; `None` for an unlimited one. Resolved once,
     /// so a decision never looks a rule up by name.
     rules: Vec<Option<Rule>>,
-    /// The override rules ([`DescriptorTable::override_rules`]), one per unit: what a
-    /// descriptor's own `limit` is decided under.
-    overrides: Vec<Rule>,
+    /// The override rule ([`DescriptorTable::override_rule`]): what a descriptor's own `limit`
+    /// is decided under; `None` in a table built without it (none the configuration builds),
+    /// which leaves overrides unapplied.
+    overrides: Option<Rule>,
 }
 
 impl Tables {
@@ -197,11 +198,7 @@ impl Tables {
                     .ok_or_else(|| RlsError::MissingRule(limit.rule.to_string())),
             })
             .collect::<Result<_, _>>()?;
-        // Tables built without them (none the configuration builds) leave overrides unapplied.
-        let overrides = config::Unit::ALL
-            .into_iter()
-            .filter_map(|unit| generation.rule(&config::override_rule(unit)).cloned())
-            .collect();
+        let overrides = generation.rule(config::OVERRIDE_RULE).cloned();
         Ok(Tables {
             table,
             rules,
@@ -318,7 +315,14 @@ impl RateLimitService {
                             id: base.id,
                             ..rule.clone()
                         };
-                        let key = generation.key_of(&client_name(&request.domain, descriptor, &[]));
+                        // One rule for every unit: the unit is part of the budget's key.
+                        let mut name = client_name(&request.domain, descriptor, &[]);
+                        if let config::Allowance::Rate { unit, .. } = &limit.allowance {
+                            let unit = unit.as_str().as_bytes();
+                            name.extend_from_slice(&(unit.len() as u64).to_le_bytes());
+                            name.extend_from_slice(unit);
+                        }
+                        let key = generation.key_of(&name);
                         let keyed = self.gate.decide_key(&generation, &rule, key, *cost).await;
                         decided = keyed.decision.decision().cloned();
                         status(limit, &rule, keyed.decision, keyed.outcome.forwards())
@@ -395,14 +399,9 @@ impl RateLimitService {
 
 impl Tables {
     /// The plan of a descriptor's own `limit`: `requests_per_unit` in each fixed window of
-    /// `unit`, under that unit's override rule (in every table of a configuration with
-    /// `RLS_CONFIG`).
+    /// `unit`, under the override rule (in every table of a configuration with `RLS_CONFIG`).
     fn override_plan(&self, requests_per_unit: u32, unit: config::Unit, cost: u64) -> Plan<'_> {
-        let Some(base) = self
-            .overrides
-            .iter()
-            .find(|rule| *rule.name == config::override_rule(unit))
-        else {
+        let Some(base) = &self.overrides else {
             return Plan::Free;
         };
         let limit = config::Limit {

@@ -784,6 +784,8 @@ print("quota", r.HasField("dynamic_metadata"), said)
 day = ratelimit_unit_pb2.RateLimitUnit.Value("DAY")
 for n in range(3):
     print("override", ask(descriptor([("path", "/api/special/v1")], (2, day)))[0])
+hour = ratelimit_unit_pb2.RateLimitUnit.Value("HOUR")
+print("override", ask(descriptor([("path", "/api/special/v1")], (2, hour)))[0])
 print("override", ask(descriptor([("unknown", "x")], (1, day)))[0])
 try:
     ask(descriptor([("path", "/x")], (1, 0)))
@@ -869,12 +871,14 @@ async fn envoy_keys_through_the_binary(store: &[(&str, &str)]) {
         "{}",
         lines[15]
     );
-    assert_eq!(lines[16], "override OK OK/0/1 retry=-");
+    // Another unit, another budget.
+    assert_eq!(lines[16], "override OK OK/1/2 retry=-");
+    assert_eq!(lines[17], "override OK OK/0/1 retry=-");
     assert_eq!(
-        lines[17],
+        lines[18],
         "INVALID_ARGUMENT descriptor 0: limit.unit 0 is not a unit: expected SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR"
     );
-    assert_eq!(lines.len(), 18, "{printed}");
+    assert_eq!(lines.len(), 19, "{printed}");
     tollgate.terminate().await;
 }
 
