@@ -20,7 +20,7 @@ use crate::limit::{Guard, KeyHasher, Limiter, MemoryStore, RedisStore, Rule, Sto
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
-use crate::rls::{RateLimitService, RlsError};
+use crate::rls::{DescriptorTable, RateLimitService, RlsError};
 use crate::server::listener::Listener;
 use crate::server::{Capacity, Door, Drain, Server, tls};
 
@@ -316,6 +316,8 @@ pub async fn serve_on(
             }
         })
     };
+    // Envoy's rate limit service: served on the decision listener, reloaded with the rules.
+    let rls_door = rls_service(&config, gate.clone())?;
     let reloads = config.reload.as_ref().map(|_| {
         // Installed by `bind`, or now, before the listeners accept: a SIGHUP from then on
         // is a reload.
@@ -327,6 +329,7 @@ pub async fn serve_on(
             gate.clone(),
             metrics.clone(),
             saver,
+            rls_door.clone(),
         ))
     });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
@@ -405,7 +408,7 @@ pub async fn serve_on(
         (server, listener)
     });
     // Envoy's rate limit service, on the decision listener beside the other doors.
-    let rls = rls_service(&config, gate.clone())?.map(RateLimitService::into_server);
+    let rls = rls_door.map(RateLimitService::into_server);
     if rls.is_some() && config.decide.is_none() {
         tracing::warn!("RLS_CONFIG is set but DECIDE_PORT is not: the rate limit service is not served");
     }
@@ -495,6 +498,7 @@ async fn watch_rules(
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
     saver: Option<Persistence>,
+    rls: Option<RateLimitService>,
 ) {
     let Some(settings) = config.reload.clone() else {
         return;
@@ -551,18 +555,28 @@ async fn watch_rules(
         }
         dot_env = now;
         let reloaded = reloaded.map(|reloaded| {
-            reloaded.map(|(table, bytes)| {
+            reloaded.map(|reloaded| {
                 // What the table was built from, whichever way the reload came.
-                seen = Some(bytes);
-                table
+                seen = Some(reloaded.loaded);
+                (reloaded.rules, reloaded.rls)
             })
         });
+        // Envoy's descriptors follow the rule table that holds their rules: put in force once
+        // it is (a descriptor's `replaces`, `quota_mode` or `metadata` may change alone).
+        let descriptors = |table: Option<Arc<DescriptorTable>>| {
+            if let (Some(rls), Some(table)) = (&rls, table)
+                && let Err(error) = rls.reload(table)
+            {
+                tracing::error!(%error, "RLS_CONFIG not reloaded: its descriptors in force stay");
+            }
+        };
         match reloaded {
-            Ok(Ok(table)) if table.decides_like(gate.current().table()) => {
+            Ok(Ok((table, rls_table))) if table.decides_like(gate.current().table()) => {
+                descriptors(rls_table);
                 metrics.config_reload(true);
                 tracing::info!(file = %files, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
             }
-            Ok(Ok(table)) => {
+            Ok(Ok((table, rls_table))) => {
                 if table.ipv6_prefix() != gate.current().table().ipv6_prefix() {
                     tracing::warn!(
                         ipv6_prefix = table.ipv6_prefix(),
@@ -571,6 +585,7 @@ async fn watch_rules(
                     );
                 }
                 let swapped = gate.swap(table);
+                descriptors(rls_table);
                 // STATE_FILE saves the table in force: its rules, and the store's view of them.
                 let generation = gate.current();
                 if let (Some(saver), Some(store)) = (&saver, generation.limiter().memory()) {

@@ -49,6 +49,8 @@ pub const DECIDE_PORT: Var = Var::unset("DECIDE_PORT");
 pub const DECIDE_TOKEN: Var = Var::unset("DECIDE_TOKEN");
 /// Envoy's rate limit service descriptors: a YAML file or a directory of them (unset: off).
 pub const RLS_CONFIG: Var = Var::unset("RLS_CONFIG");
+/// Whether files of one domain in RLS_CONFIG are merged (default `false`: refused).
+pub const RLS_MERGE_DOMAIN_CONFIG: Var = Var::new("RLS_MERGE_DOMAIN_CONFIG", "false");
 /// The general rule's algorithm (default `token_bucket`).
 pub const ALGORITHM: Var = Var::new("ALGORITHM", "token_bucket");
 /// The auth rule's algorithm (default: the value of ALGORITHM).
@@ -73,8 +75,8 @@ pub const RUST_LOG: Var = Var::unset("RUST_LOG");
 /// The rules file (TOML): the rule table's settings, reloaded on SIGHUP and when it changes
 /// (unset: the environment alone).
 pub const RULES_FILE: Var = Var::unset("RULES_FILE");
-/// How often the rules file is read for changes, in milliseconds; `0`: on SIGHUP only
-/// (default `2000`).
+/// How often the rules file (and OVERRIDES_FILE, RLS_CONFIG) is read for changes, in
+/// milliseconds; `0`: on SIGHUP only (default `2000`).
 pub const RULES_RELOAD_INTERVAL_MS: Var = Var::new("RULES_RELOAD_INTERVAL_MS", "2000");
 /// The general rule's limits, `ALGORITHM:A:B`, several joined by `+` (unset: ALGORITHM and
 /// its numbers).
@@ -268,6 +270,7 @@ pub const ALL: &[Var] = &[
     DECIDE_PORT,
     DECIDE_TOKEN,
     RLS_CONFIG,
+    RLS_MERGE_DOMAIN_CONFIG,
     RULES_FILE,
     RULES_RELOAD_INTERVAL_MS,
     LIMITS,

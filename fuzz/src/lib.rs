@@ -855,8 +855,13 @@ pub fn rls_config(text: &str, entries: &[(&str, &str)]) {
         return;
     };
     for domain in ["d", "edge", ""] {
-        if let Some(id) = matcher::find(&table, domain, entries.iter().copied()) {
+        if let Some(found) = matcher::find(&table, domain, entries.iter().copied()) {
+            let id = found.limit;
             assert!(id < table.limits.len(), "{id} of {}", table.limits.len());
+            // A shared entry is one of the descriptor's, matched by its pattern.
+            for (index, pattern) in &found.shared {
+                assert!(*index < entries.len() && pattern.contains('*'), "{found:?}");
+            }
         }
     }
     let rules = table.rules(tollgate::limit::FailMode::Open, false);

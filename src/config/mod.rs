@@ -161,6 +161,8 @@ pub(crate) struct ReloadSettings {
     pub(crate) rules_file: Option<String>,
     /// `OVERRIDES_FILE`, if set.
     pub(crate) overrides_file: Option<String>,
+    /// `RLS_CONFIG`, if set: Envoy's descriptors reload with the rules.
+    pub(crate) rls_config: Option<String>,
     /// `RULES_RELOAD_INTERVAL_MS`: how often they are read for changes; `None`: on SIGHUP only.
     pub(crate) interval: Option<Duration>,
     /// The environment the configuration was read from (the rules file's settings not
@@ -173,6 +175,17 @@ pub(crate) struct ReloadSettings {
     pub(crate) dot_env: Arc<Vec<(String, String)>>,
 }
 
+/// What a reload read: the rule table to put in force, what it was built from, and Envoy's
+/// descriptors (their rules in the table).
+pub(crate) struct Reloaded {
+    /// The rule table, `RLS_CONFIG`'s rules included.
+    pub(crate) rules: crate::limit::RuleTable,
+    /// The files' bytes.
+    pub(crate) loaded: Loaded,
+    /// `RLS_CONFIG`'s descriptors, when it is set.
+    pub(crate) rls: Option<Arc<DescriptorTable>>,
+}
+
 /// The bytes of the files a rule table was built from (empty for a file not set).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Loaded {
@@ -180,12 +193,14 @@ pub(crate) struct Loaded {
     pub(crate) rules: Arc<Vec<u8>>,
     /// `OVERRIDES_FILE`'s.
     pub(crate) overrides: Arc<Vec<u8>>,
+    /// `RLS_CONFIG`'s files, each with its name ([`DescriptorTable::snapshot`]).
+    pub(crate) rls: Arc<Vec<u8>>,
 }
 
 impl ReloadSettings {
     /// The files, as logs name them: `rules.toml,overrides.txt`.
     pub(crate) fn files(&self) -> String {
-        let files: Vec<&str> = [&self.rules_file, &self.overrides_file]
+        let files: Vec<&str> = [&self.rules_file, &self.overrides_file, &self.rls_config]
             .into_iter()
             .flatten()
             .map(String::as_str)
@@ -199,9 +214,14 @@ impl ReloadSettings {
             Some(path) => rules_file::read_bounded(path).ok().map(Arc::new),
             None => Some(Arc::default()),
         };
+        let rls = match &self.rls_config {
+            Some(path) => Arc::new(DescriptorTable::snapshot(Path::new(path))?),
+            None => Arc::default(),
+        };
         Some(Loaded {
             rules: read(&self.rules_file)?,
             overrides: read(&self.overrides_file)?,
+            rls,
         })
     }
 }
@@ -360,38 +380,30 @@ impl Config {
         Ok(config)
     }
 
-    /// The rule table again, with `RULES_FILE` read anew beside the environment read at start:
-    /// what a reload puts in force, and the file's bytes it was built from. The whole
-    /// configuration is validated as at start, so a table the process could not have started
-    /// with is refused too; keys are digested as the running table digests them.
-    pub(crate) fn reload_rules(&self) -> Result<(crate::limit::RuleTable, Loaded), ConfigError> {
+    /// The rule table again, with `RULES_FILE`, `OVERRIDES_FILE` and `RLS_CONFIG` read anew
+    /// beside the environment read at start: what a reload puts in force (the rules, and
+    /// Envoy's descriptors whose rules the table holds), and the files' bytes it was built
+    /// from. The whole configuration is validated as at start, so a table the process could
+    /// not have started with is refused too; keys are digested as the running table digests
+    /// them.
+    pub(crate) fn reload_rules(&self) -> Result<Reloaded, ConfigError> {
         let Some(settings) = &self.reload else {
             return Err(ConfigError::Missing {
                 var: vars::RULES_FILE.name,
-                expected: "a rules file (or OVERRIDES_FILE) to reload the rule table from",
+                expected: "a rules file (or OVERRIDES_FILE, or RLS_CONFIG) to reload the rule table from",
             });
         };
-        // RLS_CONFIG is read at start only: its descriptors stay, and so do their rules.
-        let environment = settings
-            .environment
-            .iter()
-            .filter(|(name, _)| name != vars::RLS_CONFIG.name)
-            .cloned();
+        let environment = settings.environment.iter().cloned();
         let config = Config::from_vars_inheriting(environment, Some(self.gate.rules.hasher().clone()))?;
         let bytes = config
             .reload
             .as_ref()
             .map_or_else(Loaded::default, |settings| settings.loaded.clone());
-        let table = config
-            .gate
-            .rules
-            .with_named(self.gate.rules.named().to_vec())
-            .map_err(|error| {
-                ConfigError::Conflict(format!(
-                    "the reloaded rule table cannot hold RLS_CONFIG's rules: {error}"
-                ))
-            })?;
-        Ok((table, bytes))
+        Ok(Reloaded {
+            rules: config.gate.rules,
+            loaded: bytes,
+            rls: config.rls,
+        })
     }
 
     /// Parse, then check the variables this configuration does not read: a malformed one is
@@ -493,9 +505,12 @@ impl Config {
                     .map(Duration::from_millis)
             },
         )?;
-        let reload = (env.is_set(vars::RULES_FILE) || overrides_file.is_some()).then(|| ReloadSettings {
+        let rls_config = env.get(vars::RLS_CONFIG).map(str::to_owned);
+        let reloads = env.is_set(vars::RULES_FILE) || overrides_file.is_some() || rls_config.is_some();
+        let reload = reloads.then(|| ReloadSettings {
             rules_file: env.get(vars::RULES_FILE).map(str::to_owned),
             overrides_file: overrides_file.as_ref().map(|file| file.path.clone()),
+            rls_config: rls_config.clone(),
             interval: (!rules_reload.is_zero()).then_some(rules_reload),
             environment: Arc::default(),
             loaded: Loaded {
@@ -503,6 +518,12 @@ impl Config {
                 overrides: overrides_file
                     .as_ref()
                     .map(|file| file.bytes.clone())
+                    .unwrap_or_default(),
+                // Read after the table was (a change between the two is one more reload).
+                rls: rls_config
+                    .as_deref()
+                    .and_then(|path| DescriptorTable::snapshot(Path::new(path)))
+                    .map(Arc::new)
                     .unwrap_or_default(),
             },
             dot_env: Arc::default(),
@@ -971,6 +992,7 @@ fn parse_rls(
     rules: RuleTable,
     shared_store: bool,
 ) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
+    let merge = env.flag(vars::RLS_MERGE_DOMAIN_CONFIG)?;
     let Some(path) = env.get(vars::RLS_CONFIG) else {
         return Ok((rules, None));
     };
@@ -983,13 +1005,14 @@ fn parse_rls(
                        same secret of 16+ characters on each, e.g. from `openssl rand -hex 32`",
         });
     }
-    let table = DescriptorTable::load(Path::new(path)).map_err(|error| ConfigError::File {
+    let table = DescriptorTable::load(Path::new(path), merge).map_err(|error| ConfigError::File {
         var: vars::RLS_CONFIG.name,
         location: error.location,
         problem: error.problem,
     })?;
     let general = rules.general();
-    let named = table.rules(general.fail_mode, general.shadow);
+    let mut named = table.rules(general.fail_mode, general.shadow);
+    named.push(DescriptorTable::override_rule(general.fail_mode, general.shadow));
     let rules = rules
         .with_named(named)
         .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;

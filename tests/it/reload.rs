@@ -85,7 +85,7 @@ async fn reloads(tollgate: &Running, result: &str) -> u64 {
 }
 
 /// Wait until `result` reloads number at least `count`.
-async fn await_reloads(tollgate: &Running, result: &str, count: u64) {
+pub(crate) async fn await_reloads(tollgate: &Running, result: &str, count: u64) {
     for _ in 0..500 {
         if reloads(tollgate, result).await >= count {
             return;
