@@ -9,7 +9,8 @@
 //! - this module: the answer. Each descriptor of a request is matched; a matched limit whose
 //!   `name` another matched limit `replaces` is not applied; each remaining counted limit is
 //!   decided through [`Gate::decide_key`], costing `hits_addend` (the descriptor's, else the
-//!   request's; 0 is 1, as that service reads it), keyed by the domain and the descriptor's
+//!   request's; 0 is 1, as that service reads it; one above the limit's capacity, up to
+//!   2^64 - 1, is `OVER_LIMIT` at once and spends nothing), keyed by the domain and the descriptor's
 //!   entries. `overall_code` is `OVER_LIMIT` if any descriptor is. `response_headers_to_add`
 //!   carries `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of the descriptor
 //!   nearest its limit (one over it, if any), the headers that service sends with
@@ -49,7 +50,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::gate::Gate;
-use crate::limit::{Decision, Rule, Verdict};
+use crate::limit::{Cost, Decision, Rule, Verdict};
 use crate::refusal::{Refusals, Violated};
 pub(crate) use config::DescriptorTable;
 
@@ -162,7 +163,7 @@ enum Plan<'s> {
     /// `unlimited`.
     Unlimited,
     /// Decided under the rule, at this cost.
-    Decide(&'s config::Limit, &'s Rule, u64),
+    Decide(&'s config::Limit, &'s Rule, Cost),
 }
 
 impl RateLimitService {
@@ -326,10 +327,14 @@ impl RateLimitService {
                 match &self.rules[id] {
                     None => Plan::Unlimited,
                     Some(rule) => {
+                        // 0 is 1; a number above every capacity (the descriptor's is a u64) is
+                        // over the limit at once, as Cost::MAX is: Envoy has no way to hear that
+                        // a descriptor's number is wrong but OVER_LIMIT, and an error would let
+                        // the request through by Envoy's default (`failure_mode_deny: false`).
                         let hits = descriptor
                             .hits_addend
-                            .map_or(u64::from(request.hits_addend), |hits| hits);
-                        Plan::Decide(limit, rule, hits.max(1))
+                            .map_or(Cost::from(request.hits_addend), Cost::saturating);
+                        Plan::Decide(limit, rule, hits.max(Cost::ONE))
                     }
                 }
             })
