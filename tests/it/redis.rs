@@ -439,6 +439,34 @@ async fn hostile_costs_agree_with_memory() {
     }
 }
 
+/// A bucket poisoned before the debt bound (a charge of 18446744073709 tokens used to store a
+/// TAT near 1.8e19, refusing the client for ever or failing every decision): the next decision
+/// tidies it to the bound, refuses within two refills, and the client passes after them.
+#[tokio::test]
+async fn a_bucket_poisoned_before_the_debt_bound_heals_within_two_refills() {
+    let redis = RedisServer::start();
+    let (store, rule) = token_bucket_on(&redis, "poisoned:", 10, 100_000);
+    let client: IpAddr = "192.0.2.200".parse().unwrap();
+    let key = store.key(&rule, client.into());
+    assert_eq!(redis.cli(&["SET", &key, "18446744073709000000000"]).trim(), "OK");
+    let now_us = 1_764_000_000_000_000;
+    let refused = store
+        .check_at(&rule, client.into(), Cost::ONE, now_us)
+        .await
+        .unwrap();
+    assert!(!refused.allowed);
+    // tau = 1 s: the TAT tidied to now + 2 s, one token in 1.1 s.
+    assert_eq!(refused.retry_after, Duration::from_micros(1_100_000));
+    assert_eq!(refused.reset_after, Duration::from_secs(2));
+    let ttl: u64 = redis.cli(&["TTL", &key]).trim().parse().unwrap();
+    assert!(ttl <= 2, "the key lives as long as the bound: {ttl}");
+    let healed = store
+        .check_at(&rule, client.into(), Cost::ONE, now_us + 1_100_000)
+        .await
+        .unwrap();
+    assert!(healed.allowed, "{healed:?}");
+}
+
 /// A store on `redis` under `prefix`, and a token-bucket rule for it.
 fn token_bucket_on(redis: &RedisServer, prefix: &str, capacity: u64, interval_us: u64) -> (RedisStore, Rule) {
     let store = RedisStore::new(&RedisTarget::Single(redis.url()), prefix, Duration::from_secs(5)).unwrap();
