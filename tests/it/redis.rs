@@ -235,6 +235,16 @@ fn differential_lists() -> Vec<Limits> {
     lists
 }
 
+/// Costs no budget holds, which the differential sequences draw now and then.
+const HOSTILE_COSTS: [u64; 6] = [
+    1 << 31,
+    u32::MAX as u64,
+    1 << 53,
+    i64::MAX as u64,
+    1 << 63,
+    u64::MAX,
+];
+
 /// 400 decisions (and some refunds and charges) for client `n` under `limits`, pseudo-random times and
 /// costs from `seed`, each decided by `store` and by a memory store: they must agree, every
 /// limit's part included.
@@ -266,7 +276,11 @@ async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usi
             // Now and then the clock steps back, as a wall clock may: both must agree.
             now_us -= sequence.next(4 * step);
         }
-        let cost = 1 + sequence.next(2);
+        // Now and then a hostile cost, as a door makes it: both must refuse it alike.
+        let cost = match sequence.next(13) {
+            0 => HOSTILE_COSTS[sequence.next(HOSTILE_COSTS.len() as u64) as usize],
+            _ => 1 + sequence.next(2),
+        };
         let expected = memory.check_at(&rule, client, Cost::saturating(cost), now_us);
         let actual = store
             .check_at(&rule, client, Cost::saturating(cost), now_us)
@@ -289,7 +303,10 @@ async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usi
         // Now and then the backend reports a cost above the one charged: both must charge
         // it, into debt if need be, alike.
         if sequence.next(11) == 0 {
-            let more = 1 + sequence.next(2 * policy.capacity());
+            let more = match sequence.next(5) {
+                0 => HOSTILE_COSTS[sequence.next(HOSTILE_COSTS.len() as u64) as usize],
+                _ => 1 + sequence.next(2 * policy.capacity()),
+            };
             memory.charge_at(&rule, client, Cost::saturating(more), now_us);
             store
                 .charge_at(&rule, client, Cost::saturating(more), now_us)
