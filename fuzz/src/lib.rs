@@ -797,7 +797,7 @@ pub fn check_body(body: &[u8]) {
         Ok(Ask::Named { rule, key, cost }) => {
             assert!(rules.iter().any(|known| std::ptr::eq(known, rule)));
             assert!(!key.is_empty() && key.len() <= MAX_KEY, "{key:?}");
-            assert!((1..=rule.limits.capacity()).contains(&cost), "{cost}");
+            assert!((1..=rule.limits.capacity()).contains(&cost.get()), "{cost}");
         }
         Ok(Ask::Classified { path, .. }) => {
             assert!(path.starts_with('/') || path == "*", "{path:?}");

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Decide, DecideBody, error, json};
 use crate::gate::{Head, Refused};
-use crate::limit::{Decision, Rule};
+use crate::limit::{Cost, Decision, Rule};
 use crate::outcome::Outcome;
 use crate::suggest::closest;
 
@@ -43,8 +43,10 @@ pub struct Question {
     pub rule: Option<String>,
     /// Named: whose budget.
     pub key: Option<String>,
-    /// Named: what it costs (default: the rule's own cost).
-    pub cost: Option<u64>,
+    /// Named: what it costs (default: the rule's own cost). Any JSON value, so that whatever is
+    /// wrong with it (a negative, a fraction, a number past 2^64, a string) is answered
+    /// naming the field.
+    pub cost: Option<serde_json::Value>,
     /// Classified: the method (default `GET`).
     pub method: Option<String>,
     /// Classified: the path, with its query if any (read by `query:NAME` keys; rules match
@@ -206,7 +208,7 @@ pub enum Ask<'r> {
         /// Whose budget: 1 to [`MAX_KEY`] bytes.
         key: String,
         /// 1 to the rule's capacity.
-        cost: u64,
+        cost: Cost,
     },
     /// `{"method", "path", "client_ip", "headers"}`.
     Classified {
@@ -254,17 +256,29 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
                 }
                 Some(key) => key,
             };
-            let cost = question.cost.unwrap_or(rule.cost);
             let limit = rule.limits.capacity();
-            if cost == 0 || cost > limit {
-                return Err(BadBody::field(
+            let out_of_range = |cost: &dyn std::fmt::Display| {
+                BadBody::field(
                     "cost",
                     format!(
-                        "cost {cost} is out of range: 1 to {limit}, the capacity of rule {:?}",
+                        "cost {cost} is out of range: a whole number from 1 to {limit}, the capacity \
+                         of rule {:?}",
                         &*rule.name
                     ),
-                ));
-            }
+                )
+            };
+            let cost = match &question.cost {
+                None => rule.cost,
+                Some(serde_json::Value::Number(number)) => {
+                    number.as_u64().ok_or_else(|| out_of_range(number))?
+                }
+                Some(other) => return Err(out_of_range(other)),
+            };
+            // A whole number of 1 to the capacity (below 2^50) is a cost; nothing else is.
+            let cost = match Cost::new(cost) {
+                Ok(cost) if (1..=limit).contains(&cost.get()) => cost,
+                _ => return Err(out_of_range(&cost)),
+            };
             Ok(Ask::Named { rule, key, cost })
         }
         (false, true) => {
@@ -444,8 +458,8 @@ mod tests {
     fn unknown_fields_and_wrong_types_are_named() {
         let error = parse(br#"{"rule":"general","kee":"x"}"#).unwrap_err();
         assert!(error.reason.contains("unknown field `kee`"), "{}", error.reason);
-        let error = parse(br#"{"rule":"general","key":"x","cost":-1}"#).unwrap_err();
-        assert!(error.reason.contains("invalid value"), "{}", error.reason);
+        let error = parse(br#"{"rule":"general","key":["x"]}"#).unwrap_err();
+        assert!(error.reason.contains("invalid type"), "{}", error.reason);
         let error = parse(b"not json").unwrap_err();
         assert!(error.reason.contains("not a JSON question"), "{}", error.reason);
     }
@@ -455,7 +469,7 @@ mod tests {
         let named = parse(br#"{"rule":"auth","key":"user-7","cost":2}"#).unwrap();
         assert_eq!(
             (named.rule.as_deref(), named.key.as_deref(), named.cost),
-            (Some("auth"), Some("user-7"), Some(2))
+            (Some("auth"), Some("user-7"), Some(serde_json::json!(2)))
         );
         let classified = parse(
             br#"{"method":"POST","path":"/login","client_ip":"203.0.113.7","headers":{"x-api-key":"k"}}"#,
@@ -472,6 +486,47 @@ mod tests {
                 .map(|(name, value)| (name.to_string(), value.to_string()))
                 .collect(),
         )
+    }
+
+    /// Costs are hostile numbers: whatever is not a whole number from 1 to the rule's capacity
+    /// (a capacity + 1, 2^31, 2^32 - 1, 2^53, 2^63 - 1, 2^63, 2^64 - 1, 2^64, a negative, a
+    /// fraction, a string) is a bad request naming `cost`.
+    #[test]
+    fn a_cost_is_a_whole_number_up_to_the_capacity_or_a_bad_request_naming_it() {
+        use crate::limit::Policy;
+        use crate::limit::algorithm::TokenBucket;
+        let policy = Policy::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        });
+        let rules = [Rule::new(0, "general", policy)];
+        let body = |cost: &str| format!(r#"{{"rule":"general","key":"k","cost":{cost}}}"#);
+        for cost in [
+            "0",
+            "4",
+            "2147483648",
+            "4294967295",
+            "9007199254740992",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-1",
+            "1.5",
+            "1e30",
+            "\"2\"",
+            "[]",
+        ] {
+            let bad = ask(body(cost).as_bytes(), &rules).unwrap_err();
+            assert_eq!(bad.field, Some("cost"), "{cost}: {bad:?}");
+            assert!(bad.reason.contains("from 1 to 3"), "{cost}: {bad:?}");
+        }
+        for cost in [1, 3] {
+            match ask(body(&cost.to_string()).as_bytes(), &rules) {
+                Ok(Ask::Named { cost: asked, .. }) => assert_eq!(asked.get(), cost),
+                other => panic!("{cost}: {other:?}"),
+            }
+        }
     }
 
     #[test]

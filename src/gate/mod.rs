@@ -44,7 +44,7 @@ use delay::{DelayBounds, DelayQueue};
 use crate::limit::refused::{Counted, RefusedClients};
 use crate::limit::rules::ClassifyError;
 use crate::limit::{
-    ClientIp, ClientKey, Count, Decide, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule,
+    ClientIp, ClientKey, Cost, Count, Decide, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule,
     RuleTable, StoreError, Verdict as StoreVerdict,
 };
 use crate::metrics::{Metrics, RuleSeries, TableSeries};
@@ -158,7 +158,7 @@ pub struct Place {
     /// Whose places.
     key: ClientKey,
     /// How many each limit holds: the request's cost.
-    cost: u64,
+    cost: Cost,
     /// What the store said: which store, and each lease's name (its part's `at_us`).
     decision: StoreVerdict,
     /// Renews the leases every third of their length while the request goes on; stopped
@@ -196,7 +196,7 @@ impl Place {
         generation: Arc<Generation>,
         rule: u16,
         key: ClientKey,
-        cost: u64,
+        cost: Cost,
         decision: StoreVerdict,
     ) {
         let Some(rules) = generation.places.get(usize::from(rule)) else {
@@ -378,7 +378,7 @@ pub struct Verdict {
     /// Whose budget.
     pub key: ClientKey,
     /// What it costs.
-    pub cost: u64,
+    pub cost: Cost,
     /// Enforced, shadowed, or exempt (not decided).
     pub mode: Mode,
     /// The client address the rules used (the peer, or from a trusted `X-Forwarded-For`).
@@ -567,7 +567,8 @@ impl Gate {
                 // As `check` does, written out: every request takes this way, and a future
                 // nested in it measured 200 instructions a request (docs/benchmarks.md,
                 // part 17).
-                let (rule, key, cost) = (matched.rule, matched.key, matched.cost);
+                // The table's costs are at most their rule's capacity: the saturation never bites.
+                let (rule, key, cost) = (matched.rule, matched.key, Cost::saturating(matched.cost));
                 let asked = Instant::now();
                 let decision = generation.limiter.check(rule, key, cost).await;
                 let decided = Instant::now();
@@ -588,7 +589,7 @@ impl Gate {
         let outcome = Outcome::of(matched.mode, decision.as_ref());
         generation.count(matched.rule, matched.key, outcome);
         let rule = matched.rule.id;
-        let (key, cost, mode) = (matched.key, matched.cost, matched.mode);
+        let (key, cost, mode) = (matched.key, Cost::saturating(matched.cost), matched.mode);
         Ok(Verdict {
             generation,
             rule,
@@ -608,7 +609,13 @@ impl Gate {
     /// the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
     /// limiter, denial cache, breaker and fail mode as [`Gate::decide`], counted in the same
     /// metrics. `rule` must be one of `generation`'s ([`Generation::rule`]).
-    pub async fn decide_key(&self, generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> Keyed {
+    pub async fn decide_key(
+        &self,
+        generation: &Generation,
+        rule: &Rule,
+        key: ClientKey,
+        cost: Cost,
+    ) -> Keyed {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
         let (decision, _) = self.check(generation, rule, key, cost, mode).await;
         let outcome = Outcome::of(mode, Some(&decision));
@@ -625,7 +632,7 @@ impl Gate {
         generation: &Generation,
         rule: &Rule,
         key: ClientKey,
-        cost: u64,
+        cost: Cost,
         mode: Mode,
     ) -> (StoreVerdict, Instant) {
         let (decision, decided) = Gate::ask(generation, rule, key, cost).await;
@@ -642,7 +649,12 @@ impl Gate {
 
     /// One decision, its latency counted in the rule's series: what it decided and when it
     /// ended (one reading of the clock ends the decision and starts the backend's).
-    async fn ask(generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> (StoreVerdict, Instant) {
+    async fn ask(
+        generation: &Generation,
+        rule: &Rule,
+        key: ClientKey,
+        cost: Cost,
+    ) -> (StoreVerdict, Instant) {
         let asked = Instant::now();
         let decision = generation.limiter.check(rule, key, cost).await;
         let decided = Instant::now();
@@ -660,7 +672,7 @@ impl Gate {
         generation: &Generation,
         rule: &Rule,
         key: ClientKey,
-        cost: u64,
+        cost: Cost,
         delay: std::time::Duration,
         mut retry_after: std::time::Duration,
     ) -> Option<(StoreVerdict, Instant)> {
@@ -725,7 +737,7 @@ impl Gate {
     /// up front, the difference charged (into debt if need be) or given back, in the store
     /// that decided. A request forwarded by a shadow rule's would-be refusal spent nothing
     /// up front, so all it reported is charged.
-    pub async fn settle(&self, verdict: &Verdict, status: u16, reported: Option<u64>) {
+    pub async fn settle(&self, verdict: &Verdict, status: u16, reported: Option<Cost>) {
         let Some(decision) = &verdict.decision else {
             return;
         };
@@ -745,12 +757,20 @@ impl Gate {
         }
         let charged = match verdict.outcome {
             _ if spent => verdict.cost,
-            Outcome::Shadow => 0,
+            Outcome::Shadow => Cost::ZERO,
             _ => return,
         };
         match reported {
-            Some(cost) if cost > charged => limiter.charge(rule, verdict.key, cost - charged, decision).await,
-            Some(cost) if cost < charged => limiter.refund(rule, verdict.key, charged - cost, decision).await,
+            Some(cost) if cost > charged => {
+                limiter
+                    .charge(rule, verdict.key, cost.saturating_sub(charged), decision)
+                    .await
+            }
+            Some(cost) if cost < charged => {
+                limiter
+                    .refund(rule, verdict.key, charged.saturating_sub(cost), decision)
+                    .await
+            }
             _ => {}
         }
     }
@@ -1057,12 +1077,12 @@ mod tests {
         let rule = generation.rule("slow").unwrap().clone();
         let key = generation.named_key(&rule, b"acme");
         assert_eq!(
-            gate.decide_key(&generation, &rule, key, 1).await.outcome,
+            gate.decide_key(&generation, &rule, key, Cost::ONE).await.outcome,
             Outcome::Allowed
         );
         let started = Instant::now();
         assert_eq!(
-            gate.decide_key(&generation, &rule, key, 1).await.outcome,
+            gate.decide_key(&generation, &rule, key, Cost::ONE).await.outcome,
             Outcome::Allowed
         );
         assert!(started.elapsed() >= std::time::Duration::from_secs(1));
@@ -1150,7 +1170,7 @@ mod tests {
         );
         // And a request still under the old table spends from the same one.
         let old = first.generation.clone();
-        let decided = old.limiter().check(first.rule(), first.key, 1).await;
+        let decided = old.limiter().check(first.rule(), first.key, Cost::ONE).await;
         assert_eq!(decided.decision().unwrap().remaining, 0);
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use lru::LruCache;
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Count, Decision, Rule};
+use crate::limit::{ClientKey, Cost, Count, Decision, Rule};
 
 /// Shards of the cache: as the memory store, a power of two.
 const SHARDS: usize = 16;
@@ -43,7 +43,7 @@ struct Denial {
     /// When the request was sent: the decision's waits are counted from then.
     sent: Instant,
     /// The cost of the refused request: a cheaper one may fit sooner.
-    cost: u64,
+    cost: Cost,
     /// What Redis decided (every limit's part, for the headers).
     decision: Decision,
 }
@@ -73,7 +73,7 @@ impl DenialCache {
     }
 
     /// The denial Redis would give this request now, if one is remembered.
-    pub fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Option<Decision> {
+    pub fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Option<Decision> {
         let key = (rule.id, client);
         let shard = self.shard(&key);
         let denial = shard.peek(&key)?.clone();
@@ -91,7 +91,7 @@ impl DenialCache {
     }
 
     /// Remember `decision`, a denial Redis gave a request of `cost` sent at `sent`.
-    pub fn remember(&self, rule: &Rule, client: ClientKey, cost: u64, decision: &Decision, sent: Instant) {
+    pub fn remember(&self, rule: &Rule, client: ClientKey, cost: Cost, decision: &Decision, sent: Instant) {
         if decision.allowed || rule.count == Count::Failures || decision.retry_after < MIN_WORTH_CACHING {
             return;
         }
@@ -180,22 +180,30 @@ mod tests {
         let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
         let rule = rule(Count::All);
         let sent = Instant::now();
-        cache.remember(&rule, client(), 2, &denied(Duration::from_secs(2)), sent);
+        cache.remember(
+            &rule,
+            client(),
+            Cost::saturating(2),
+            &denied(Duration::from_secs(2)),
+            sent,
+        );
         tokio::time::advance(Duration::from_millis(500)).await;
-        let decision = cache.check(&rule, client(), 2).expect("still refused");
+        let decision = cache
+            .check(&rule, client(), Cost::saturating(2))
+            .expect("still refused");
         assert!(!decision.allowed);
         assert_eq!(decision.retry_after, Duration::from_millis(1_500));
         assert!(
-            cache.check(&rule, client(), 3).is_some(),
+            cache.check(&rule, client(), Cost::saturating(3)).is_some(),
             "a costlier request too"
         );
         assert!(
-            cache.check(&rule, client(), 1).is_none(),
+            cache.check(&rule, client(), Cost::ONE).is_none(),
             "a cheaper one may fit: ask Redis"
         );
         tokio::time::advance(Duration::from_millis(1_500)).await;
         assert!(
-            cache.check(&rule, client(), 2).is_none(),
+            cache.check(&rule, client(), Cost::saturating(2)).is_none(),
             "at the retry time, ask Redis"
         );
         assert_eq!(cache.hits(), 2);
@@ -208,19 +216,21 @@ mod tests {
         cache.remember(
             &rule,
             client(),
-            1,
+            Cost::ONE,
             &denied(Duration::from_secs(3600)),
             Instant::now(),
         );
         tokio::time::advance(RECHECK_AFTER - Duration::from_millis(1)).await;
-        let decision = cache.check(&rule, client(), 1).expect("still answered here");
+        let decision = cache
+            .check(&rule, client(), Cost::ONE)
+            .expect("still answered here");
         assert!(
             decision.retry_after > Duration::from_secs(3598),
             "the retry time Redis gave"
         );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(
-            cache.check(&rule, client(), 1).is_none(),
+            cache.check(&rule, client(), Cost::ONE).is_none(),
             "a second on: ask Redis"
         );
     }
@@ -232,14 +242,14 @@ mod tests {
         cache.remember(
             &rule(Count::Failures),
             client(),
-            1,
+            Cost::ONE,
             &denied(Duration::from_secs(9)),
             sent,
         );
-        assert!(cache.check(&rule(Count::Failures), client(), 1).is_none());
+        assert!(cache.check(&rule(Count::Failures), client(), Cost::ONE).is_none());
         let mut allowed = denied(Duration::ZERO);
         allowed.allowed = true;
-        cache.remember(&rule(Count::All), client(), 1, &allowed, sent);
-        assert!(cache.check(&rule(Count::All), client(), 1).is_none());
+        cache.remember(&rule(Count::All), client(), Cost::ONE, &allowed, sent);
+        assert!(cache.check(&rule(Count::All), client(), Cost::ONE).is_none());
     }
 }

@@ -43,7 +43,7 @@ use crate::limit::denials::DenialCache;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::slots::{Master, SlotMap, key_slot};
 use crate::limit::store::{BreakerStats, Decide, Store, StoreStats};
-use crate::limit::{ClientKey, Decision, MemoryStore, RedisStore, Rule, StoreError, Verdict};
+use crate::limit::{ClientKey, Cost, Decision, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 use crate::telemetry::throttle::LogThrottle;
 
 /// What to do with a request when the store cannot decide.
@@ -122,6 +122,16 @@ impl RedisErrorKind {
         }
     }
 
+    /// Whether a failure of this kind says the store is unreachable (no answer in time, or
+    /// no connection): the only failures a circuit breaker counts. Redis's error replies and
+    /// replies no script could have meant are about what one call asked (a key of the wrong
+    /// type, a state written by something else), or answered at once (`OOM`, `READONLY`):
+    /// each such request gets its rule's fail mode, and no client's numbers can open the
+    /// breaker for every other client.
+    pub fn feeds_breaker(self) -> bool {
+        matches!(self, RedisErrorKind::Timeout | RedisErrorKind::Connection)
+    }
+
     fn of(error: &StoreError) -> RedisErrorKind {
         match error {
             StoreError::Timeout(_) | StoreError::Expired | StoreError::BreakerOpen => RedisErrorKind::Timeout,
@@ -155,7 +165,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         clock: &'a RedisClock,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
 
@@ -165,7 +175,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
@@ -175,7 +185,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
     /// Renew the lease taken under `rule` (a rule of one concurrency limit) at `at_us` by the
     /// client of `key`, a request of `cost` still in flight. A store without leases has none.
@@ -183,7 +193,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-        _cost: u64,
+        _cost: Cost,
         _at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         std::future::ready(Ok(()))
@@ -226,11 +236,11 @@ pub trait Remote: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy)]
 enum After {
     /// Give back this much (`count=failures`, a reported cost below the one charged).
-    Refund(u64),
+    Refund(Cost),
     /// Renew the leases of a request of this cost still in flight.
-    Renew(u64),
+    Renew(Cost),
     /// Spend this much more, into debt if need be (a reported cost above the one charged).
-    Charge(u64),
+    Charge(Cost),
 }
 
 /// The breaker's numbers (the fail modes are the rules' own).
@@ -567,7 +577,7 @@ impl<S: Remote> Guard<S> {
     }
 
     /// The rule's fail mode decides.
-    fn fall_back(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
+    fn fall_back(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: Cost) -> Verdict {
         breaker.degraded.fetch_add(1, Ordering::Relaxed);
         match (rule.fail_mode, &self.inner.local) {
             (FailMode::Open, _) => Verdict::FailOpen,
@@ -579,15 +589,17 @@ impl<S: Remote> Guard<S> {
         }
     }
 
-    /// Count a failed call, and open `breaker` at the threshold (unless Redis answered and
-    /// only one key is in trouble).
+    /// Count a failed call, and open `breaker` at the threshold when the store could not be
+    /// reached ([`RedisErrorKind::feeds_breaker`]: a timeout or a connection failure).
     fn record_failure(&self, breaker: &Arc<Breaker>, error: &StoreError) {
         let inner = &self.inner.shared;
-        inner.errors[RedisErrorKind::of(error) as usize].fetch_add(1, Ordering::Relaxed);
+        let kind = RedisErrorKind::of(error);
+        inner.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
         let node = breaker.node();
-        if error.is_about_one_key() {
-            // Redis answered: one key's trouble says nothing of its health, and an open
-            // breaker would hand every other client the fail mode too.
+        if !kind.feeds_breaker() {
+            // Redis answered: an error reply or a reply out of range is that call's trouble
+            // and says nothing of the store's health, and an open breaker would hand every
+            // other client the fail mode too.
             if let Some(suppressed) = inner.one_key_log.admit() {
                 if suppressed > 0 {
                     tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
@@ -616,7 +628,7 @@ impl<S: Remote> Store for Guard<S> {
     /// Ask the store, unless it has already refused this request until later (see
     /// [`DenialCache`]) or the breaker of the client's master is open: both answered at once,
     /// without an allocation.
-    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
+    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict> {
         let inner = &*self.inner;
         let shared = &*inner.shared;
         if let Some(denial) = inner.denials.check(rule, client, cost) {
@@ -653,7 +665,7 @@ impl<S: Remote> Store for Guard<S> {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.after(rule, client, verdict, After::Refund(cost))
@@ -666,7 +678,7 @@ impl<S: Remote> Store for Guard<S> {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.after(rule, client, verdict, After::Renew(cost))
@@ -679,7 +691,7 @@ impl<S: Remote> Store for Guard<S> {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.after(rule, client, verdict, After::Charge(cost))

@@ -39,7 +39,7 @@ use crate::limit::guard::Remote;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
 use crate::limit::slots::SlotMap;
-use crate::limit::{ClientKey, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
+use crate::limit::{ClientKey, Cost, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
 
 /// Why the store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -54,7 +54,10 @@ pub enum StoreError {
     /// reset; a decision takes the rule's fail mode instead).
     #[error("redis is not asked while its circuit breaker is open")]
     BreakerOpen,
-    /// A script answered with something other than five non-negative integers.
+    /// A script answered with something no script could have meant: other than five
+    /// non-negative integers, or numbers out of range (an `allowed` other than 0 or 1, more
+    /// remaining than the limit, a wait beyond [`MAX_WAIT_US`]). That key's trouble, not the
+    /// store's: it never counts toward the circuit breaker.
     #[error("redis script returned an unexpected reply: {0}")]
     Reply(String),
     /// Redis ran the call after its deadline on the Redis clock, and so decided nothing,
@@ -243,7 +246,7 @@ struct Ask {
 
 impl Ask {
     /// `cost` of `rule` for the client whose key under the rule's first limit is `key`.
-    fn new(rule: &Rule, key: String, cost: u64, now_us: Option<u64>, redis_deadline: Option<u64>) -> Ask {
+    fn new(rule: &Rule, key: String, cost: Cost, now_us: Option<u64>, redis_deadline: Option<u64>) -> Ask {
         let (_, [first, second]) = rule.limits.first().script();
         let more = rule.limits[1..]
             .iter()
@@ -257,7 +260,7 @@ impl Ask {
             .collect();
         Ask {
             algorithm: rule.limits.first().script_index(),
-            arguments: [first, second, cost],
+            arguments: [first, second, cost.get()],
             key,
             more,
             now_us,
@@ -448,7 +451,7 @@ impl RedisStore {
     }
 
     /// Decide a request of `cost` for `client` under `rule`, on the Redis clock.
-    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Result<Decision, StoreError> {
+    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Result<Decision, StoreError> {
         self.decide(rule, self.key(rule, client), cost, None, &self.clock)
             .await
     }
@@ -461,7 +464,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
         self.decide(rule, key, cost, None, clock).await
@@ -480,7 +483,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
         self.decide(rule, self.key(rule, client), cost, Some(now_us), &self.clock)
@@ -493,7 +496,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> Result<(), StoreError> {
         self.give_back(rule, &self.key(rule, client), cost, Call::Refund(at_us), None)
@@ -501,14 +504,14 @@ impl RedisStore {
     }
 
     /// [`refund`](Self::refund) on the client's [`key`](Self::key), made by the caller.
-    pub async fn refund_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
+    pub async fn refund_key(&self, rule: &Rule, key: &str, cost: Cost, at_us: u64) -> Result<(), StoreError> {
         self.give_back(rule, key, cost, Call::Refund(at_us), None).await
     }
 
     /// Renew the lease taken at `at_us` by the client of `key` under `rule`, a rule of one
     /// concurrency limit (what the gate renews), for a request of `cost` still in flight: it
     /// lasts its length from now, on the Redis clock. A lease expired or given back stays gone.
-    pub async fn renew_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
+    pub async fn renew_key(&self, rule: &Rule, key: &str, cost: Cost, at_us: u64) -> Result<(), StoreError> {
         self.bounded(self.run_script(rule, key, cost, None, Call::Renew(at_us), None))
             .await
             .map(drop)
@@ -520,7 +523,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
         now_us: u64,
     ) -> Result<(), StoreError> {
@@ -536,7 +539,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
         now_us: u64,
     ) -> Result<(), StoreError> {
@@ -661,7 +664,7 @@ impl RedisStore {
     /// Spend `cost` of the client of `key` under every limit of `rule` whatever is left, past
     /// the limits if need be (a cost the backend reported, `RESPONSE_COST_HEADER`), on the
     /// Redis clock, atomically.
-    pub async fn charge_key(&self, rule: &Rule, key: &str, cost: u64) -> Result<(), StoreError> {
+    pub async fn charge_key(&self, rule: &Rule, key: &str, cost: Cost) -> Result<(), StoreError> {
         self.give_back(rule, key, cost, Call::Charge, None).await
     }
 
@@ -671,7 +674,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         now_us: u64,
     ) -> Result<(), StoreError> {
         self.give_back(rule, &self.key(rule, client), cost, Call::Charge, Some(now_us))
@@ -683,7 +686,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: &str,
-        cost: u64,
+        cost: Cost,
         call: Call,
         now_us: Option<u64>,
     ) -> Result<(), StoreError> {
@@ -715,7 +718,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         mut key: String,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
@@ -755,7 +758,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         deadline: tokio::time::Instant,
         redis_deadline: Option<u64>,
@@ -799,7 +802,8 @@ impl RedisStore {
             Turn::Later(waiting) => {
                 match tokio::time::timeout_at(deadline + Duration::from_millis(1), waiting).await {
                     Ok(Ok((key, reply))) => Ok((key, reply?)),
-                    Ok(Err(_)) => Err(StoreError::Reply("the batch call was dropped".into())),
+                    // Dropped unsent: its deadline passed while it waited for a place.
+                    Ok(Err(_)) => Err(StoreError::Timeout(self.timeout)),
                     Err(_) => Err(StoreError::Timeout(self.timeout)),
                 }
             }
@@ -812,7 +816,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         deadline: tokio::time::Instant,
         redis_deadline: Option<u64>,
@@ -949,7 +953,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: &str,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         call: Call,
         deadline_us: Option<u64>,
@@ -963,7 +967,7 @@ impl RedisStore {
                 .arg(key)
                 .arg(first)
                 .arg(second)
-                .arg(cost);
+                .arg(cost.get());
             match now_us {
                 Some(now_us) => cmd.arg(now_us),
                 None => cmd.arg(""),
@@ -1073,15 +1077,32 @@ fn limit_answer(policy: &Policy, reply: &redis::Value) -> Result<Result<LimitDec
             _ => Err(unexpected()),
         };
     };
+    let allowed = match number(allowed)? {
+        0 => false,
+        1 => true,
+        _ => return Err(unexpected()),
+    };
+    let remaining = number(remaining)?;
+    let wait = |field: &redis::Value| {
+        number(field).and_then(|us| (us <= MAX_WAIT_US).then_some(us).ok_or_else(unexpected))
+    };
+    if remaining > policy.limit() {
+        return Err(unexpected());
+    }
     Ok(Ok(LimitDecision {
-        allowed: number(allowed)? == 1,
+        allowed,
         limit: policy.limit(),
-        remaining: number(remaining)?,
-        retry_after: Duration::from_micros(number(retry_after_us)?),
-        reset_after: Duration::from_micros(number(reset_after_us)?),
+        remaining,
+        retry_after: Duration::from_micros(wait(retry_after_us)?),
+        reset_after: Duration::from_micros(wait(reset_after_us)?),
         at_us: number(at_us)?,
     }))
 }
+
+/// The longest wait a script's reply may tell, in µs: 2^52, over 140 years, past anything
+/// the scripts can mean (a window or a refill is below 2^50 µs, and a debt at most one more),
+/// and a number Lua's doubles still hold exactly.
+pub const MAX_WAIT_US: u64 = 1 << 52;
 
 /// The longest last two parts of a key (`:` and the algorithm's suffix, `:` and 8 hex
 /// digits): room kept for them.
@@ -1149,7 +1170,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         clock: &'a RedisClock,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
         RedisStore::check_key(self, rule, key, cost, clock)
@@ -1159,7 +1180,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::refund_key(self, rule, key, cost, at_us)
@@ -1169,7 +1190,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::charge_key(self, rule, key, cost)
     }
@@ -1178,7 +1199,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::renew_key(self, rule, key, cost, at_us)
@@ -1235,6 +1256,35 @@ mod tests {
             tls: false,
         };
         assert!(!format!("{target:?}").contains("hunter2"));
+    }
+
+    /// A reply no script could have meant is refused, as that key's problem: a negative or
+    /// out-of-range number (what a wrapped cost used to make a script return).
+    #[test]
+    fn replies_out_of_range_are_not_decisions() {
+        use redis::Value::{Array, Int};
+        let policy = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        });
+        let reply = |fields: [i64; 5]| Array(fields.into_iter().map(Int).collect());
+        let decided = limit_answer(&policy, &reply([1, 2, 0, 1_000_000, 7])).unwrap();
+        assert_eq!(decided.map(|d| (d.allowed, d.remaining)), Ok((true, 2)));
+        let wait = MAX_WAIT_US as i64;
+        for fields in [
+            [0, 0, i64::MIN, 0, 7],
+            [2, 0, 0, 0, 7],
+            [1, 4, 0, 0, 7],
+            [0, 0, wait + 1, 0, 7],
+            [0, 0, 0, wait + 1, 7],
+            [0, 0, 0, 0, -1],
+        ] {
+            assert!(
+                matches!(limit_answer(&policy, &reply(fields)), Err(StoreError::Reply(_))),
+                "{fields:?}"
+            );
+        }
+        assert!(limit_answer(&policy, &reply([0, 0, wait, wait, 7])).is_ok());
     }
 
     #[tokio::test]

@@ -52,7 +52,7 @@ use tokio::time::Instant;
 
 use crate::gate::tunnels::TunnelSlot;
 use crate::gate::{self, Gate, Refused};
-use crate::limit::{Decision, Mode, Rule};
+use crate::limit::{Cost, Decision, Mode, Rule};
 use crate::limit_headers::{self, HeaderStyle};
 use crate::metrics::{BodyBytes, CountedBody, Metrics, RuleSeries};
 use crate::outcome::{BackendFailure, Outcome};
@@ -696,9 +696,10 @@ impl Proxy {
     }
 
     /// The cost the backend reported in `RESPONSE_COST_HEADER`, the header taken out of what
-    /// the client gets: a whole number below 2^50 in one field, else ignored and counted in
-    /// `tollgate_response_cost_invalid_total`.
-    fn reported_cost(&self, headers: &mut HeaderMap) -> Option<u64> {
+    /// the client gets: a whole number of at most 2^50 ([`Cost::MAX`]) in one field, else
+    /// ignored and counted in `tollgate_response_cost_invalid_total`. What the charge makes of
+    /// a large one is bounded by the algorithms (at most one capacity of debt).
+    fn reported_cost(&self, headers: &mut HeaderMap) -> Option<Cost> {
         let name = self.response_cost_header.as_ref()?;
         let mut values = match headers.entry(name) {
             http::header::Entry::Occupied(entry) => entry.remove_entry_mult().1,
@@ -710,7 +711,7 @@ impl Proxy {
                 .map(str::trim)
                 .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|text| text.parse::<u64>().ok())
-                .filter(|cost| *cost < crate::limit::algorithm::EXACT_LIMIT),
+                .and_then(|cost| Cost::new(cost).ok()),
             _ => None,
         };
         if cost.is_none() {

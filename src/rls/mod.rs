@@ -9,7 +9,8 @@
 //! - this module: the answer. Each descriptor of a request is matched; a matched limit whose
 //!   `name` another matched limit `replaces` is not applied; each remaining counted limit is
 //!   decided through [`Gate::decide_key`], costing `hits_addend` (the descriptor's, else the
-//!   request's; 0 is 1, as that service reads it), keyed by the domain and the descriptor's
+//!   request's; 0 is 1, as that service reads it; one above the limit's capacity, up to
+//!   2^64 - 1, is `OVER_LIMIT` at once and spends nothing), keyed by the domain and the descriptor's
 //!   entries. `overall_code` is `OVER_LIMIT` if any descriptor is. `response_headers_to_add`
 //!   carries `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of the descriptor
 //!   nearest its limit (one over it, if any), the headers that service sends with
@@ -60,7 +61,7 @@ use tonic::{Request, Response, Status};
 
 use crate::gate::Gate;
 use crate::limit::algorithm::{FixedWindow, Limits, Policy};
-use crate::limit::{Decision, Rule, Verdict};
+use crate::limit::{Cost, Decision, Rule, Verdict};
 use crate::refusal::{Refusals, Violated};
 pub(crate) use config::DescriptorTable;
 
@@ -215,10 +216,10 @@ enum Plan<'s> {
     Unlimited,
     /// Decided under the rule, at this cost, the entries a `share_threshold` wildcard matched
     /// keyed by its pattern.
-    Decide(&'s config::Limit, &'s Rule, u64, Vec<(usize, &'s str)>),
+    Decide(&'s config::Limit, &'s Rule, Cost, Vec<(usize, &'s str)>),
     /// The descriptor's own `limit` (Envoy's override): decided under the override rule of its
     /// unit with the request's numbers, at this cost.
-    Override(config::Limit, Rule, u64),
+    Override(config::Limit, Rule, Cost),
 }
 
 impl Plan<'_> {
@@ -400,7 +401,7 @@ impl RateLimitService {
 impl Tables {
     /// The plan of a descriptor's own `limit`: `requests_per_unit` in each fixed window of
     /// `unit`, under the override rule (in every table of a configuration with `RLS_CONFIG`).
-    fn override_plan(&self, requests_per_unit: u32, unit: config::Unit, cost: u64) -> Plan<'_> {
+    fn override_plan(&self, requests_per_unit: u32, unit: config::Unit, cost: Cost) -> Plan<'_> {
         let Some(base) = &self.overrides else {
             return Plan::Free;
         };
@@ -449,10 +450,14 @@ impl Tables {
             .into_iter()
             .zip(&request.descriptors)
             .map(|(found, descriptor)| {
+                // 0 is 1; a number above every capacity (the descriptor's is a u64) is over the
+                // limit at once, as Cost::MAX is: Envoy has no way to hear that a descriptor's
+                // number is wrong but OVER_LIMIT, and an error would let the request through by
+                // Envoy's default (`failure_mode_deny: false`).
                 let hits = descriptor
                     .hits_addend
-                    .map_or(u64::from(request.hits_addend), |hits| hits)
-                    .max(1);
+                    .map_or(Cost::from(request.hits_addend), Cost::saturating)
+                    .max(Cost::ONE);
                 // The descriptor's own limit wins over the configured one, whatever matched (or
                 // nothing did), in a known domain; as in that service, it is never shadowed
                 // nor replaced.

@@ -364,7 +364,7 @@ except grpc.RpcError as e:
 
 /// What `script` prints, run by python3 with the client generated from `proto/` by
 /// grpcio-tools (its directory the first argument) and `address` the second.
-async fn python_client(script: &str, address: std::net::SocketAddr) -> String {
+pub(crate) async fn python_client(script: &str, address: std::net::SocketAddr) -> String {
     let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
     let stubs = tempfile::tempdir().unwrap();
     let generated = tokio::process::Command::new("python3")

@@ -83,7 +83,7 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: String,
-        _cost: u64,
+        _cost: Cost,
         _clock: &'a RedisClock,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
@@ -94,7 +94,7 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-        _cost: u64,
+        _cost: Cost,
         _at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
@@ -105,7 +105,7 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-        _cost: u64,
+        _cost: Cost,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
         std::future::ready(self.reply().map(drop))
@@ -197,22 +197,28 @@ async fn the_threshold_opens_the_breaker_and_an_open_breaker_asks_nothing() {
     let rules = [rule(0, "general", FailMode::Open)];
     let (guard, store) = guarded(&rules, 3);
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     store.fail_with(timeout());
     for failures in 1..=3 {
         assert_eq!(breakers(&guard), CLOSED, "closed before failure {failures}");
-        assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailOpen);
+        assert_eq!(
+            guard.check(&rules[0], client(1), Cost::ONE).await,
+            Verdict::FailOpen
+        );
     }
     assert_eq!(breakers(&guard), OPEN);
     assert_eq!(store.calls(), 4);
     // Open: answered at once by the fail mode, the store not asked, refunds not sent.
     for n in 0..10 {
-        assert_eq!(guard.check(&rules[0], client(n), 1).await, Verdict::FailOpen);
+        assert_eq!(
+            guard.check(&rules[0], client(n), Cost::ONE).await,
+            Verdict::FailOpen
+        );
     }
     guard
-        .refund(&rules[0], client(1), 1, &Verdict::Decided(ALLOWED))
+        .refund(&rules[0], client(1), Cost::ONE, &Verdict::Decided(ALLOWED))
         .await;
     assert_eq!(store.calls(), 4);
     let stats = guard.stats();
@@ -228,11 +234,14 @@ async fn a_success_starts_the_count_of_failures_again() {
     for _ in 0..3 {
         store.fail_with(timeout());
         for _ in 0..2 {
-            assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailOpen);
+            assert_eq!(
+                guard.check(&rules[0], client(1), Cost::ONE).await,
+                Verdict::FailOpen
+            );
         }
         store.heal();
         assert_eq!(
-            guard.check(&rules[0], client(1), 1).await,
+            guard.check(&rules[0], client(1), Cost::ONE).await,
             Verdict::Decided(ALLOWED)
         );
     }
@@ -244,7 +253,10 @@ async fn the_first_answered_probe_closes_the_breaker() {
     let rules = [rule(0, "general", FailMode::Closed)];
     let (guard, store) = guarded(&rules, 1);
     store.fail_with(timeout());
-    assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailClosed);
+    assert_eq!(
+        guard.check(&rules[0], client(1), Cost::ONE).await,
+        Verdict::FailClosed
+    );
     assert_eq!(breakers(&guard), OPEN);
     // Each interval the probe asks once, and a failed probe leaves it open. (A timeout is not
     // a connection error, so it is not asked again at once.)
@@ -257,7 +269,7 @@ async fn the_first_answered_probe_closes_the_breaker() {
     assert_eq!(store.probes(), 4);
     assert_eq!(breakers(&guard), CLOSED);
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     assert_eq!(store.calls(), 2);
@@ -277,23 +289,29 @@ async fn each_rule_gets_its_own_fail_mode() {
     store.fail_with(timeout());
     // Before the breaker opens (the failed call) and after.
     for _ in 0..2 {
-        assert_eq!(guard.check(&rules[1], client(1), 1).await, Verdict::FailClosed);
-        assert_eq!(guard.check(&rules[2], client(1), 1).await, Verdict::FailOpen);
+        assert_eq!(
+            guard.check(&rules[1], client(1), Cost::ONE).await,
+            Verdict::FailClosed
+        );
+        assert_eq!(
+            guard.check(&rules[2], client(1), Cost::ONE).await,
+            Verdict::FailOpen
+        );
     }
     assert_eq!(breakers(&guard), OPEN);
     // `local`: this replica's own budget of 1, which a refund gives back to the local store.
-    let first = guard.check(&rules[0], client(1), 1).await;
+    let first = guard.check(&rules[0], client(1), Cost::ONE).await;
     let Verdict::DecidedLocally(decision) = &first else {
         panic!("{first:?}");
     };
     assert!(decision.allowed);
-    let Verdict::DecidedLocally(denied) = guard.check(&rules[0], client(1), 1).await else {
+    let Verdict::DecidedLocally(denied) = guard.check(&rules[0], client(1), Cost::ONE).await else {
         panic!("not decided locally");
     };
     assert!(!denied.allowed);
     assert_eq!(guard.stats().clients, 1);
-    guard.refund(&rules[0], client(1), 1, &first).await;
-    let again = guard.check(&rules[0], client(1), 1).await;
+    guard.refund(&rules[0], client(1), Cost::ONE, &first).await;
+    let again = guard.check(&rules[0], client(1), Cost::ONE).await;
     assert!(
         matches!(&again, Verdict::DecidedLocally(decision) if decision.allowed),
         "{again:?}"
@@ -323,11 +341,50 @@ async fn an_error_about_one_key_never_opens_the_breaker() {
     store.fail_with(error);
     for _ in 0..10 {
         // That client's request gets the fail mode; the breaker stays closed for the others.
-        assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailClosed);
+        assert_eq!(
+            guard.check(&rules[0], client(1), Cost::ONE).await,
+            Verdict::FailClosed
+        );
     }
     assert_eq!(store.calls(), 10);
     assert_eq!(breakers(&guard), CLOSED);
     assert_eq!(guard.stats().errors(RedisErrorKind::Script), 10);
+}
+
+/// Only a store that cannot be reached feeds the breaker (issue 26): an answer no script
+/// could have meant (a hostile cost's reply out of range, once) and an error reply Redis gave
+/// at once (`OOM`) are that request's fail mode, however many in a row; timeouts still open it.
+#[tokio::test(start_paused = true)]
+async fn only_timeouts_and_connection_failures_open_the_breaker() {
+    let rules = [rule(0, "general", FailMode::Closed)];
+    let (guard, store) = guarded(&rules, 3);
+    let oom = redis::parse_redis_value(b"-OOM command not allowed when used memory > 'maxmemory'\r\n")
+        .unwrap()
+        .extract_error()
+        .unwrap_err();
+    for error in [
+        StoreError::Reply("[Int(0), Int(0), Int(-9223372036854775808), Int(0), Int(1)]".into()),
+        StoreError::Redis(oom),
+    ] {
+        store.fail_with(error);
+        for _ in 0..10 {
+            assert_eq!(
+                guard.check(&rules[0], client(1), Cost::ONE).await,
+                Verdict::FailClosed
+            );
+        }
+        assert_eq!(breakers(&guard), CLOSED);
+    }
+    assert_eq!(guard.stats().errors(RedisErrorKind::Reply), 10);
+    assert_eq!(guard.stats().errors(RedisErrorKind::Script), 10);
+    store.fail_with(timeout());
+    for _ in 0..3 {
+        assert_eq!(
+            guard.check(&rules[0], client(1), Cost::ONE).await,
+            Verdict::FailClosed
+        );
+    }
+    assert_eq!(breakers(&guard), OPEN);
 }
 
 #[tokio::test(start_paused = true)]
@@ -342,11 +399,11 @@ async fn a_denial_is_repeated_until_its_retry_time_without_asking() {
     };
     store.answer(denial.clone());
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(denial.clone())
     );
     for _ in 0..5 {
-        let cached = guard.check(&rules[0], client(1), 1).await;
+        let cached = guard.check(&rules[0], client(1), Cost::ONE).await;
         assert!(
             matches!(&cached, Verdict::Decided(decision) if !decision.allowed),
             "{cached:?}"
@@ -357,12 +414,12 @@ async fn a_denial_is_repeated_until_its_retry_time_without_asking() {
     // Another client is asked about; so is this one after its retry time.
     store.heal();
     assert_eq!(
-        guard.check(&rules[0], client(2), 1).await,
+        guard.check(&rules[0], client(2), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     assert_eq!(store.calls(), 3);
