@@ -3,8 +3,11 @@
 //!
 //! Labels never carry a client key or address: they are a rule name (bounded by the rule
 //! table), a decision, a status class or code, or an error kind, so cardinality is fixed by
-//! the configuration. Per-request counters are created up front for every (rule, label) pair and
-//! kept in arrays indexed by rule id, so counting a request is one atomic add, and every series
+//! the configuration. The one exception, `tollgate_rls_descriptor_total`
+//! ([`DescriptorCounts`]), which an `RLS_CONFIG` limit asks for with `detailed_metric` or
+//! `value_to_metric`, carries values an Envoy client sent, and bounds its series. Per-request
+//! counters are created up front for every (rule, label) pair and kept in arrays indexed by
+//! rule id, so counting a request is one atomic add, and every series
 //! is visible (at zero) from the first scrape. Status codes are the exception: a rule's row of
 //! 500 counters (100-599, and one for the rest) is made on its first response, and only the
 //! codes seen are exported. What the stores know (clients held, evictions, Redis errors, the
@@ -13,10 +16,11 @@
 //! requests waiting under a delay (`tollgate_delayed_requests`), set as places in the delay
 //! queue are taken and given back, off the path of every request not delayed.
 
+use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use arc_swap::ArcSwap;
 use std::task::{Context, Poll};
@@ -76,6 +80,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_delay_seconds",
     "tollgate_delayed_requests",
     "tollgate_delay_queue_full_total",
+    "tollgate_rls_descriptor_total",
 ];
 
 /// What the delay queue (`gate::delay`) counts into: the requests waiting, and those refused for a full queue.
@@ -217,6 +222,13 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DescriptorLabels {
+    domain: String,
+    descriptor: String,
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabels {
     rule: String,
     cause: &'static str,
@@ -270,6 +282,8 @@ pub struct Metrics {
     state_saves: Arc<SaveStats>,
     /// The delay queue's gauge and counters, handed to the gate.
     delays: DelayMetrics,
+    /// `tollgate_rls_descriptor_total`, for the RLS door.
+    descriptors: Arc<DescriptorCounts>,
 }
 
 /// The families of the per-rule series.
@@ -560,6 +574,12 @@ impl Metrics {
         );
         let state_saves = Arc::<SaveStats>::default();
         registry.register_collector(Box::new(StateFileCollector(state_saves.clone())));
+        let descriptors = Arc::new(DescriptorCounts::new(MAX_DESCRIPTOR_SERIES));
+        registry.register(
+            "rls_descriptor",
+            "Envoy RLS descriptors decided under a limit with detailed_metric or value_to_metric, by domain, descriptor (its metric key, as envoyproxy/ratelimit builds it; (other) past the cap) and decision",
+            descriptors.family.clone(),
+        );
 
         Metrics {
             families: Families {
@@ -586,7 +606,13 @@ impl Metrics {
             config_hash,
             tier_header_untrusted,
             response_cost_invalid,
+            descriptors,
         }
+    }
+
+    /// `tollgate_rls_descriptor_total`, for the RLS door to count decided descriptors into.
+    pub fn descriptors(&self) -> Arc<DescriptorCounts> {
+        self.descriptors.clone()
     }
 
     /// The series of `table`'s rules, by rule id: a rule named as one of an earlier table's
@@ -763,6 +789,114 @@ impl Metrics {
             Format::OpenMetrics => text,
             Format::Prometheus => to_prometheus_text(&text),
         })
+    }
+}
+
+/// Most descriptors (pairs of `domain` and `descriptor` labels) `tollgate_rls_descriptor_total`
+/// keeps apart: a descriptor's label may hold what a client sent (`detailed_metric`,
+/// `value_to_metric`), so the series are bounded; the descriptors past it are counted under
+/// [`OTHER_DESCRIPTOR`] of their domain.
+pub(crate) const MAX_DESCRIPTOR_SERIES: usize = 1_000;
+
+/// The `descriptor` label of the descriptors past [`MAX_DESCRIPTOR_SERIES`]: no metric key can
+/// be it, as each starts with its domain and a `.`.
+pub(crate) const OTHER_DESCRIPTOR: &str = "(other)";
+
+/// `tollgate_rls_descriptor_total{domain, descriptor, decision}`: each descriptor's row of
+/// counters, one per decision, each made on the decision's first count. Only what a limit
+/// with `detailed_metric` or `value_to_metric` decides counts here, so a configuration
+/// without them never takes its lock.
+pub struct DescriptorCounts {
+    /// The exported family.
+    family: Family<DescriptorLabels, Counter>,
+    /// Each domain's descriptors' rows (the domain is one of `RLS_CONFIG`'s), and how many
+    /// rows there are besides the domains' [`OTHER_DESCRIPTOR`] ones.
+    rows: RwLock<DescriptorRows>,
+    /// The cap on rows ([`MAX_DESCRIPTOR_SERIES`]).
+    max: usize,
+}
+
+/// The rows of [`DescriptorCounts`].
+#[derive(Default)]
+struct DescriptorRows {
+    /// By domain, then by descriptor (its metric key, unescaped).
+    by_domain: HashMap<String, HashMap<String, DescriptorRow>>,
+    /// Rows held, besides the [`OTHER_DESCRIPTOR`] ones.
+    held: usize,
+}
+
+/// One descriptor's counters, by [`Outcome`] index.
+struct DescriptorRow {
+    /// Its `domain` label (escaped).
+    domain: String,
+    /// Its `descriptor` label (escaped).
+    descriptor: String,
+    /// Made on each decision's first count.
+    counters: [OnceLock<Counter>; Outcome::ALL.len()],
+}
+
+impl fmt::Debug for DescriptorCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DescriptorCounts")
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DescriptorCounts {
+    /// Counts keeping at most `max` descriptors apart.
+    fn new(max: usize) -> DescriptorCounts {
+        DescriptorCounts {
+            family: Family::default(),
+            rows: RwLock::default(),
+            max,
+        }
+    }
+
+    /// One descriptor of `domain`, whose metric key is `descriptor`, was decided as `outcome`.
+    pub fn count(&self, domain: &str, descriptor: &str, outcome: Outcome) {
+        {
+            let rows = self.rows.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(row) = rows.by_domain.get(domain).and_then(|rows| rows.get(descriptor)) {
+                row.count(&self.family, outcome);
+                return;
+            }
+        }
+        let mut rows = self.rows.write().unwrap_or_else(PoisonError::into_inner);
+        let DescriptorRows { by_domain, held } = &mut *rows;
+        let domain_rows = by_domain.entry(domain.to_owned()).or_default();
+        // Another request may have made it meanwhile.
+        let kept = domain_rows.contains_key(descriptor) || *held < self.max;
+        let label = if kept { descriptor } else { OTHER_DESCRIPTOR };
+        if !domain_rows.contains_key(label) {
+            if kept {
+                *held += 1;
+            }
+            let row = DescriptorRow {
+                domain: label_value(domain),
+                descriptor: label_value(label),
+                counters: Default::default(),
+            };
+            domain_rows.insert(label.to_owned(), row);
+        }
+        if let Some(row) = domain_rows.get(label) {
+            row.count(&self.family, outcome);
+        }
+    }
+}
+
+impl DescriptorRow {
+    fn count(&self, family: &Family<DescriptorLabels, Counter>, outcome: Outcome) {
+        self.counters[outcome as usize]
+            .get_or_init(|| {
+                let labels = DescriptorLabels {
+                    domain: self.domain.clone(),
+                    descriptor: self.descriptor.clone(),
+                    decision: outcome.as_str(),
+                };
+                family.get_or_create_owned(&labels)
+            })
+            .inc();
     }
 }
 

@@ -605,6 +605,12 @@ impl Gate {
         })
     }
 
+    /// The metrics decisions are counted in, for a door's own series (the RLS door's per
+    /// descriptor).
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Decide `cost` units of `key`'s budget under `rule`, for a door that names the client and
     /// the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
     /// limiter, denial cache, breaker and fail mode as [`Gate::decide`], counted in the same

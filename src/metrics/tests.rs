@@ -88,6 +88,8 @@ fn families(text: &str) -> Vec<(&str, &str)> {
 fn metric_names_are_exactly_what_is_exported() {
     let (metrics, _) = metrics(&[]);
     metrics.response(None, 200);
+    // A family with no series is not written: one descriptor counted.
+    metrics.descriptors().count("d", "d.k", Outcome::Allowed);
     let text = metrics.encode(Format::Prometheus).unwrap();
     let mut exported: Vec<&str> = families(&text).into_iter().map(|(name, _)| name).collect();
     exported.sort_unstable();
@@ -367,4 +369,34 @@ fn the_series_of_a_rule_a_reload_removed_are_no_longer_exported() {
     let after = metrics.encode(Format::Prometheus).unwrap();
     assert!(!after.contains(r#"rule="old""#), "{after}");
     assert!(after.contains(r#"rule="general""#), "the others stay");
+}
+
+/// `tollgate_rls_descriptor_total` keeps `max` descriptors apart; a later one counts under its
+/// domain's `(other)` (which is not one of the `max`), one already kept still counts under its
+/// own, and a label value is escaped.
+#[test]
+fn descriptor_series_are_capped_and_the_rest_folded_into_other() {
+    let counts = DescriptorCounts::new(2);
+    let mut registry = Registry::default();
+    registry.register("rls_descriptor", "test", counts.family.clone());
+    counts.count("edge", "edge.k_a", Outcome::Allowed);
+    counts.count("edge", "edge.k_\"b\"", Outcome::Limited);
+    for value in ["c", "d", "e"] {
+        counts.count("edge", &format!("edge.k_{value}"), Outcome::Allowed);
+    }
+    counts.count("edge", "edge.k_a", Outcome::Allowed);
+    counts.count("other-domain", "other-domain.k_a", Outcome::Shadow);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let mut samples: Vec<&str> = text.lines().filter(|line| !line.starts_with('#')).collect();
+    samples.sort_unstable();
+    assert_eq!(
+        samples,
+        [
+            r#"rls_descriptor_total{domain="edge",descriptor="(other)",decision="allowed"} 3"#,
+            r#"rls_descriptor_total{domain="edge",descriptor="edge.k_\"b\"",decision="limited"} 1"#,
+            r#"rls_descriptor_total{domain="edge",descriptor="edge.k_a",decision="allowed"} 2"#,
+            r#"rls_descriptor_total{domain="other-domain",descriptor="(other)",decision="shadow"} 1"#,
+        ]
+    );
 }

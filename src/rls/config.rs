@@ -192,6 +192,21 @@ pub struct Limit {
     /// The descriptor's `metadata`, carried in the answer's `dynamic_metadata` when the
     /// descriptor is within its limit.
     pub metadata: Option<prost_types::Struct>,
+    /// `detailed_metric`: its decisions counted per descriptor with every value the request
+    /// sent (`tollgate_rls_descriptor_total`).
+    pub detailed_metric: bool,
+    /// `value_to_metric` on its descriptor or one above it: its decisions counted per
+    /// descriptor, with the request's values at those levels.
+    pub value_to_metric: bool,
+}
+
+impl Limit {
+    /// Whether its decisions are counted per descriptor (`tollgate_rls_descriptor_total`):
+    /// `detailed_metric` or `value_to_metric` says so. Read once per decided descriptor, so
+    /// a table without either key costs the request path nothing more.
+    pub fn per_descriptor(&self) -> bool {
+        self.detailed_metric || self.value_to_metric
+    }
 }
 
 /// Index of a limit in [`DescriptorTable::limits`].
@@ -202,6 +217,9 @@ pub(crate) type LimitId = usize;
 pub struct DescriptorNode {
     /// Its `rate_limit`, if it has one.
     pub limit: Option<LimitId>,
+    /// `value_to_metric`: the request's value for it in the descriptor's metric key, also
+    /// when matched by a wildcard or by the key alone.
+    pub value_to_metric: bool,
     /// The descriptors under it, by key.
     pub children: HashMap<String, Children>,
 }
@@ -547,6 +565,8 @@ struct Place {
     path: String,
     /// `rls/<domain>/...`: the rule name so far.
     rule: String,
+    /// `value_to_metric` on the entry or one above it.
+    value_to_metric: bool,
 }
 
 /// Reads one file into the table.
@@ -570,6 +590,10 @@ struct Mode {
     quota: bool,
     /// `metadata`.
     metadata: Option<prost_types::Struct>,
+    /// `detailed_metric`.
+    detailed_metric: bool,
+    /// `value_to_metric` here or above.
+    value_to_metric: bool,
 }
 
 /// The keys each level accepts.
@@ -630,6 +654,7 @@ impl FileReader<'_> {
         let place = Place {
             path: String::new(),
             rule: format!("rls/{}", utf8_percent_encode(&domain, NAME_ESCAPES)),
+            value_to_metric: false,
         };
         let top = match entries.get("descriptors") {
             Some(node) => self.descriptors(node, &place, 0)?,
@@ -771,15 +796,17 @@ impl FileReader<'_> {
                 ),
                 None => utf8_percent_encode(&key, NAME_ESCAPES).to_string(),
             };
+            let shadow = self.boolean(entries.get("shadow_mode"), &format!("{here}.shadow_mode"))?;
+            let quota = self.boolean(entries.get("quota_mode"), &format!("{here}.quota_mode"))?;
+            let detailed_metric =
+                self.boolean(entries.get("detailed_metric"), &format!("{here}.detailed_metric"))?;
+            let value_to_metric =
+                self.boolean(entries.get("value_to_metric"), &format!("{here}.value_to_metric"))?;
             let place = Place {
                 path: here.clone(),
                 rule: format!("{}/{segment}", parent.rule),
+                value_to_metric: parent.value_to_metric || value_to_metric,
             };
-            let shadow = self.boolean(entries.get("shadow_mode"), &format!("{here}.shadow_mode"))?;
-            let quota = self.boolean(entries.get("quota_mode"), &format!("{here}.quota_mode"))?;
-            // Accepted for compatibility; tollgate's metrics are per limit, never per value.
-            self.boolean(entries.get("detailed_metric"), &format!("{here}.detailed_metric"))?;
-            self.boolean(entries.get("value_to_metric"), &format!("{here}.value_to_metric"))?;
             let share = self.boolean(entries.get("share_threshold"), &format!("{here}.share_threshold"))?;
             if share && !value.as_deref().is_some_and(|value| value.contains('*')) {
                 let line = entries.get("share_threshold").map_or(item.line, |node| node.line);
@@ -806,6 +833,8 @@ impl FileReader<'_> {
                         shadow,
                         quota,
                         metadata,
+                        detailed_metric,
+                        value_to_metric: place.value_to_metric,
                     };
                     Some(self.rate_limit(node, &place, mode)?)
                 }
@@ -816,6 +845,7 @@ impl FileReader<'_> {
                 None => DescriptorNode::default(),
             };
             child.limit = limit;
+            child.value_to_metric = value_to_metric;
             let children = level.children.entry(key).or_default();
             match value {
                 None => children.any = Some(Box::new(child)),
@@ -1034,6 +1064,8 @@ impl FileReader<'_> {
             shadow: mode.shadow,
             quota: mode.quota,
             metadata: mode.metadata,
+            detailed_metric: mode.detailed_metric,
+            value_to_metric: mode.value_to_metric,
         });
         Ok(id)
     }

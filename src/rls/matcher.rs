@@ -13,8 +13,11 @@
 //! An entry matched by a wildcard with `share_threshold: true` (at any level on the way, as
 //! that service tracks them) spends its budget under the pattern instead of its value: every
 //! value the pattern matches shares one budget. An exact value still wins over the wildcard.
+//!
+//! [`metric_key`] walks the same way to build that service's stat key for a limit with
+//! `detailed_metric` or `value_to_metric`: asked only for those, so [`find`] stays as it was.
 
-use super::config::{DescriptorNode, DescriptorTable, LimitId};
+use super::config::{DescriptorNode, DescriptorTable, LimitId, Wildcard};
 
 /// What one descriptor matched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,15 +63,115 @@ fn step<'t>(
     key: &str,
     value: &str,
 ) -> Option<(&'t DescriptorNode, Option<&'t str>)> {
+    let (next, how) = step_how(node, key, value)?;
+    let share = match how {
+        How::Wildcard(wildcard) if wildcard.share => Some(wildcard.pattern.as_str()),
+        _ => None,
+    };
+    Some((next, share))
+}
+
+/// How an entry matched its child.
+#[derive(Clone, Copy)]
+enum How<'t> {
+    /// Its value exactly.
+    Exact,
+    /// This wildcard.
+    Wildcard(&'t Wildcard),
+    /// The key's value-less child.
+    Any,
+}
+
+/// The child of `node` that the entry `key=value` matches, the most specific first, and how.
+#[inline]
+fn step_how<'t>(node: &'t DescriptorNode, key: &str, value: &str) -> Option<(&'t DescriptorNode, How<'t>)> {
     let children = node.children.get(key)?;
     if let Some(exact) = children.exact.get(value) {
-        return Some((exact, None));
+        return Some((exact, How::Exact));
     }
     if let Some(wildcard) = children.wildcards.iter().find(|wildcard| wildcard.matches(value)) {
-        let share = wildcard.share.then_some(wildcard.pattern.as_str());
-        return Some((&wildcard.node, share));
+        return Some((&wildcard.node, How::Wildcard(wildcard)));
     }
-    children.any.as_deref().map(|any| (any, None))
+    children.any.as_deref().map(|any| (any, How::Any))
+}
+
+/// Longest part of a request's value written into a metric key, in bytes (cut at a character
+/// boundary): a client chooses the values, and a label value is held for every series.
+pub const MAX_METRIC_VALUE_BYTES: usize = 64;
+
+/// The metric key of a descriptor whose limit is `limit` (found by [`find`] for these
+/// `entries`), as envoyproxy/ratelimit builds its stat key: the domain, then `key_value` (or
+/// `key`) for each entry, joined with `.`.
+///
+/// - With the limit's `detailed_metric`: every entry's value as the request sent it (an entry
+///   of a `share_threshold` wildcard: its pattern).
+/// - Else, per entry: a value the configuration names exactly, that value; a wildcard's match:
+///   the request's value with the descriptor's `value_to_metric`, the pattern without it (or
+///   with `share_threshold`); a match by the key alone: the request's value with
+///   `value_to_metric`, else the key alone.
+///
+/// An empty value is written as the key alone (no `_`), a request's value cut to
+/// [`MAX_METRIC_VALUE_BYTES`] with its control characters as `_`. `None` when the entries do
+/// not walk the domain's tree (not a descriptor [`find`] matched).
+pub fn metric_key<'e, I>(table: &DescriptorTable, domain: &str, detailed: bool, entries: I) -> Option<String>
+where
+    I: IntoIterator<Item = (&'e str, &'e str)>,
+{
+    let mut node = table.domains.get(domain)?;
+    let mut key = String::with_capacity(64);
+    push_value(&mut key, domain);
+    for (name, value) in entries {
+        let (next, how) = step_how(node, name, value)?;
+        let written = match how {
+            How::Wildcard(wildcard) if wildcard.share => Written::Config(&wildcard.pattern),
+            _ if detailed => Written::Request(value),
+            How::Exact => Written::Config(value),
+            How::Wildcard(_) if next.value_to_metric => Written::Request(value),
+            How::Wildcard(wildcard) => Written::Config(&wildcard.pattern),
+            How::Any if next.value_to_metric => Written::Request(value),
+            How::Any => Written::Config(""),
+        };
+        key.push('.');
+        push_value(&mut key, name);
+        match written {
+            Written::Config("") | Written::Request("") => {}
+            Written::Config(text) => {
+                key.push('_');
+                push_value(&mut key, text);
+            }
+            Written::Request(text) => {
+                key.push('_');
+                push_value(&mut key, cut(text, MAX_METRIC_VALUE_BYTES));
+            }
+        }
+        node = next;
+    }
+    Some(key)
+}
+
+/// What an entry writes after its key.
+enum Written<'a> {
+    /// Text of the configuration (bounded by it).
+    Config(&'a str),
+    /// The request's value (cut).
+    Request(&'a str),
+}
+
+/// `text` with its control characters as `_`.
+fn push_value(key: &mut String, text: &str) {
+    key.extend(text.chars().map(|c| if c.is_control() { '_' } else { c }));
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 #[cfg(test)]
@@ -459,5 +562,319 @@ descriptors:
         );
         assert_eq!(matched(&t, "d", &[("outer", "any"), ("inner", "y")]), None);
         assert_eq!(matched(&t, "d", &[("outer", "any")]), None);
+    }
+
+    /// The metric key of what `entries` match, whatever the limit's flags (so the keys of
+    /// envoyproxy/ratelimit's cases without them can be compared too), and whether the limit
+    /// counts per descriptor at all.
+    fn stat(table: &DescriptorTable, domain: &str, entries: &[(&str, &str)]) -> (String, bool) {
+        let found = find(table, domain, entries.iter().copied()).expect("a limit");
+        let limit = &table.limits[found.limit];
+        let key = metric_key(table, domain, limit.detailed_metric, entries.iter().copied()).expect("a key");
+        (key, limit.per_descriptor())
+    }
+
+    /// envoyproxy/ratelimit's `TestDetailedMetric`, its YAML written anew.
+    #[test]
+    fn detailed_metric_keys_are_the_reference_ones() {
+        let nested = |detailed: bool| {
+            table(&format!(
+                "domain: nested\ndescriptors:\n  - key: key-1\n    detailed_metric: {detailed}\n    rate_limit: {{unit: minute, requests_per_unit: 100}}\n    descriptors:\n      - key: key-2\n        detailed_metric: {detailed}\n        rate_limit: {{unit: minute, requests_per_unit: 5}}\n"
+            ))
+        };
+        let on = nested(true);
+        let off = nested(false);
+        let one = [("key-1", "value-1")];
+        let two = [("key-1", "value-1"), ("key-2", "value-2")];
+        assert_eq!(stat(&on, "nested", &one), ("nested.key-1_value-1".into(), true));
+        assert_eq!(stat(&off, "nested", &one), ("nested.key-1".into(), false));
+        assert_eq!(
+            stat(&on, "nested", &two),
+            ("nested.key-1_value-1.key-2_value-2".into(), true)
+        );
+        assert_eq!(stat(&off, "nested", &two), ("nested.key-1.key-2".into(), false));
+
+        let realistic = table(
+            "
+domain: nested
+descriptors:
+  - key: key_1
+    rate_limit: {unit: minute, requests_per_unit: 500}
+    detailed_metric: true
+  - key: key_1
+    value: some-value-for-key-1
+    rate_limit: {unit: minute, requests_per_unit: 500}
+  - key: key_2
+    rate_limit: {unit: minute, requests_per_unit: 5000}
+    detailed_metric: true
+    descriptors:
+      - key: key_3
+        detailed_metric: true
+      - key: key_3
+        value: requested-key3-value
+        rate_limit: {unit: minute, requests_per_unit: 5}
+        detailed_metric: true
+  - key: key_2
+    value: specific-id
+    rate_limit: {unit: minute, requests_per_unit: 50000}
+    detailed_metric: true
+    descriptors:
+      - key: key_3
+        detailed_metric: true
+      - key: key_3
+        value: requested-key3-value
+        rate_limit: {unit: minute, requests_per_unit: 100}
+        detailed_metric: true
+",
+        );
+        for (entries, key) in [
+            (
+                &[("key_1", "value-for-key-1")][..],
+                "nested.key_1_value-for-key-1",
+            ),
+            (&[("key_2", "key-2-value")][..], "nested.key_2_key-2-value"),
+            (
+                &[("key_2", "key-2-value"), ("key_3", "requested-key3-value")][..],
+                "nested.key_2_key-2-value.key_3_requested-key3-value",
+            ),
+        ] {
+            assert_eq!(
+                stat(&realistic, "nested", entries),
+                (key.into(), true),
+                "{entries:?}"
+            );
+        }
+        // The configured value, without detailed_metric: counted in its rule's series only.
+        assert_eq!(
+            stat(&realistic, "nested", &[("key_1", "some-value-for-key-1")]),
+            ("nested.key_1_some-value-for-key-1".into(), false)
+        );
+    }
+
+    /// envoyproxy/ratelimit's `TestValueToMetric_*` cases, their YAML written anew.
+    #[test]
+    fn value_to_metric_keys_are_the_reference_ones() {
+        let three = |leaf: &str| {
+            table(&format!(
+                "domain: domain\ndescriptors:\n  - key: route\n    value_to_metric: true\n    descriptors:\n      - key: http_method\n        value_to_metric: true\n        descriptors:\n          - key: subject_id\n{leaf}            rate_limit: {{unit: minute, requests_per_unit: 60}}\n"
+            ))
+        };
+        let runtime = three("");
+        let request = [("route", "draw"), ("http_method", "GET"), ("subject_id", "123")];
+        // UsesRuntimeValuesInStats, FullKeyMatchesStatsKey.
+        assert_eq!(
+            stat(&runtime, "domain", &request),
+            ("domain.route_draw.http_method_GET.subject_id".into(), true)
+        );
+        // DoesNotOverrideDetailedMetric.
+        let detailed = three("            detailed_metric: true\n");
+        assert_eq!(
+            stat(&detailed, "domain", &request),
+            ("domain.route_draw.http_method_GET.subject_id_123".into(), true)
+        );
+        // WithEmptyValue: no `_` for an empty value.
+        for (entries, key) in [
+            (
+                [("route", ""), ("http_method", "GET"), ("subject_id", "123")],
+                "domain.route.http_method_GET.subject_id",
+            ),
+            (
+                [("route", "draw"), ("http_method", ""), ("subject_id", "123")],
+                "domain.route_draw.http_method.subject_id",
+            ),
+            (
+                [("route", ""), ("http_method", ""), ("subject_id", "123")],
+                "domain.route.http_method.subject_id",
+            ),
+        ] {
+            assert_eq!(stat(&runtime, "domain", &entries).0, key);
+        }
+
+        // DefaultKeyIncludesValueAtThatLevel, MidLevelOnly, NoFlag_Unchanged.
+        let top = table(
+            "domain: d\ndescriptors:\n  - key: k1\n    value_to_metric: true\n    descriptors:\n      - key: k2\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        );
+        assert_eq!(
+            stat(&top, "d", &[("k1", "A"), ("k2", "foo")]),
+            ("d.k1_A.k2".into(), true)
+        );
+        let middle = table(
+            "domain: d\ndescriptors:\n  - key: k1\n    descriptors:\n      - key: k2\n        value_to_metric: true\n        descriptors:\n          - key: k3\n            rate_limit: {unit: second, requests_per_unit: 1}\n",
+        );
+        assert_eq!(
+            stat(&middle, "d", &[("k1", "X"), ("k2", "Y"), ("k3", "Z")]),
+            ("d.k1.k2_Y.k3".into(), true)
+        );
+        let none = table(
+            "domain: d\ndescriptors:\n  - key: k1\n    descriptors:\n      - key: k2\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        );
+        assert_eq!(
+            stat(&none, "d", &[("k1", "X"), ("k2", "Y")]),
+            ("d.k1.k2".into(), false)
+        );
+
+        // WithConfiguredValues: a value the configuration names is written either way.
+        let configured = table(
+            "
+domain: test-domain
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value: GET
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+      - key: http_method
+        value: POST
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 30}
+",
+        );
+        for method in ["GET", "POST"] {
+            assert_eq!(
+                stat(
+                    &configured,
+                    "test-domain",
+                    &[("route", "api"), ("http_method", method), ("subject_id", "u")]
+                )
+                .0,
+                format!("test-domain.route_api.http_method_{method}.subject_id")
+            );
+        }
+
+        // WithWildcard: the request's whole value, not the pattern.
+        let wildcard = table(
+            "
+domain: domain
+descriptors:
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: action
+        value: read*
+        value_to_metric: true
+        descriptors:
+          - key: resource
+            rate_limit: {unit: minute, requests_per_unit: 100}
+",
+        );
+        for (user, action, resource) in [
+            ("alice", "readfile", "documents"),
+            ("bob", "readdata", "database"),
+        ] {
+            assert_eq!(
+                stat(
+                    &wildcard,
+                    "domain",
+                    &[("user", user), ("action", action), ("resource", resource)]
+                )
+                .0,
+                format!("domain.user_{user}.action_{action}.resource")
+            );
+        }
+    }
+
+    /// envoyproxy/ratelimit's `TestShareThreshold` keys: a `share_threshold` wildcard writes its
+    /// pattern, over `value_to_metric` and `detailed_metric`; a wildcard without flags writes
+    /// its pattern too.
+    #[test]
+    fn share_threshold_keys_are_the_reference_ones() {
+        let shared = table(SHARE_THRESHOLD);
+        for (entries, key) in [
+            (&[("files", "files/a.pdf")][..], "test-domain.files_files/*"),
+            (
+                &[("nested", "parent"), ("files", "nested/file1.txt")][..],
+                "test-domain.nested_parent.files_nested/*",
+            ),
+            (
+                &[("files", "top/file1.txt"), ("files", "nested/file1.txt")][..],
+                "test-domain.files_top/*.files_nested/*",
+            ),
+            (
+                &[("path", "path/foo"), ("file", "file/doc1"), ("type", "pdf")][..],
+                "test-domain.path_path/*.file_file/*.type",
+            ),
+            (&[("file", "test1")][..], "test-domain.file_test1"),
+            (&[("file", "test2")][..], "test-domain.file_test*"),
+            (&[("midpath", "/api/v1")][..], "test-domain.midpath_/api*v1"),
+            (
+                &[("multiroute", "svcAepBrpc")][..],
+                "test-domain.multiroute_svc*ep*rpc",
+            ),
+            (
+                &[("tenant", "t1prod"), ("resource", "resAv2")][..],
+                "test-domain.tenant_t*prod.resource_res*v2",
+            ),
+        ] {
+            assert_eq!(stat(&shared, "test-domain", entries).0, key, "{entries:?}");
+        }
+        let flagged = table(
+            "
+domain: test-domain
+descriptors:
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: service
+    value: svc/*
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: midroute
+    value: /api*v2
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 60}
+",
+        );
+        for (entries, key) in [
+            (
+                &[("route", "api/v1"), ("method", "GET")][..],
+                "test-domain.route_api/*.method",
+            ),
+            (
+                &[("service", "svc/user"), ("endpoint", "get")][..],
+                "test-domain.service_svc/*.endpoint_get",
+            ),
+            (&[("midroute", "/api/v2")][..], "test-domain.midroute_/api*v2"),
+            (
+                &[("midroute", "/api-beta-v2")][..],
+                "test-domain.midroute_/api*v2",
+            ),
+        ] {
+            assert_eq!(
+                stat(&flagged, "test-domain", entries),
+                (key.into(), true),
+                "{entries:?}"
+            );
+        }
+    }
+
+    /// A client's value is cut to MAX_METRIC_VALUE_BYTES at a character boundary and its
+    /// control characters written as `_`; what the configuration says is written whole.
+    #[test]
+    fn a_request_value_in_a_metric_key_is_bounded_and_printable() {
+        let detailed = table(
+            "domain: d\ndescriptors:\n  - key: k\n    detailed_metric: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        );
+        let long = format!("{}é{}", "a".repeat(MAX_METRIC_VALUE_BYTES - 1), "b".repeat(500));
+        let (key, _) = stat(&detailed, "d", &[("k", &long)]);
+        assert_eq!(key, format!("d.k_{}", "a".repeat(MAX_METRIC_VALUE_BYTES - 1)));
+        let (key, _) = stat(&detailed, "d", &[("k", "a\nb\u{7f}c\"d")]);
+        assert_eq!(key, "d.k_a_b_c\"d");
+        // Not a walk of the tree: no key.
+        assert_eq!(metric_key(&detailed, "d", true, [("other", "x")]), None);
+        assert_eq!(metric_key(&detailed, "unknown", true, [("k", "x")]), None);
     }
 }

@@ -47,8 +47,13 @@
 //! tables whole ([`RateLimitService::reload`]) once the gate's table holds their rules; a
 //! request is answered under the tables it started with.
 //!
-//! Not supported: per-value metrics (`detailed_metric` and `value_to_metric` are accepted and
-//! change nothing), `quota` answers.
+//! A limit with `detailed_metric` or `value_to_metric` counts each descriptor it decides in
+//! `tollgate_rls_descriptor_total{domain, descriptor, decision}`, `descriptor` the metric key
+//! that service builds ([`matcher::metric_key`]), at most
+//! [`MAX_DESCRIPTOR_SERIES`](crate::metrics::MAX_DESCRIPTOR_SERIES) apart; a limit without
+//! either counts only in its rule's series, as before.
+//!
+//! Not supported: `quota` answers.
 
 pub(crate) mod config;
 pub mod matcher;
@@ -62,6 +67,8 @@ use tonic::{Request, Response, Status};
 use crate::gate::Gate;
 use crate::limit::algorithm::{FixedWindow, Limits, Policy};
 use crate::limit::{Cost, Decision, Rule, Verdict};
+use crate::metrics::DescriptorCounts;
+use crate::outcome::Outcome;
 use crate::refusal::{Refusals, Violated};
 pub(crate) use config::DescriptorTable;
 
@@ -168,6 +175,9 @@ pub struct RateLimitService {
     refusals: Refusals,
     /// `FORWARD_RATELIMIT_HEADERS`: the draft fields as `request_headers_to_add`.
     forward_headers: bool,
+    /// `tollgate_rls_descriptor_total`: the decisions of limits with `detailed_metric` or
+    /// `value_to_metric`, by descriptor.
+    descriptors: Arc<DescriptorCounts>,
 }
 
 /// The descriptor trees and their rules: what one reload of `RLS_CONFIG` puts in force.
@@ -243,7 +253,9 @@ impl RateLimitService {
     /// table's rules ([`DescriptorTable::rules`], added with `RuleTable::with_named`).
     pub fn new(gate: Arc<Gate>, table: Arc<DescriptorTable>) -> Result<RateLimitService, RlsError> {
         let tables = Tables::new(&gate, table)?;
+        let descriptors = gate.metrics().descriptors();
         Ok(RateLimitService {
+            descriptors,
             gate,
             tables: Arc::new(arc_swap::ArcSwap::from_pointee(tables)),
             refusals: Refusals::default(),
@@ -300,6 +312,15 @@ impl RateLimitService {
                     Some(rule) => {
                         let key = generation.key_of(&client_name(&request.domain, descriptor, shared));
                         let keyed = self.gate.decide_key(&generation, rule, key, *cost).await;
+                        if limit.per_descriptor() {
+                            self.count_descriptor(
+                                &tables.table,
+                                &request.domain,
+                                limit,
+                                descriptor,
+                                keyed.outcome,
+                            );
+                        }
                         decided = keyed.decision.decision().cloned();
                         status(limit, rule, keyed.decision, keyed.outcome.forwards())
                     }
@@ -354,6 +375,25 @@ impl RateLimitService {
         }
         response.statuses = statuses;
         Ok(response)
+    }
+
+    /// Count `descriptor` of `domain`, decided under `limit` (which has `detailed_metric` or
+    /// `value_to_metric`) as `outcome`, under its metric key.
+    fn count_descriptor(
+        &self,
+        table: &DescriptorTable,
+        domain: &str,
+        limit: &config::Limit,
+        descriptor: &RateLimitDescriptor,
+        outcome: Outcome,
+    ) {
+        let entries = descriptor
+            .entries
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.value.as_str()));
+        if let Some(key) = matcher::metric_key(table, domain, limit.detailed_metric, entries) {
+            self.descriptors.count(domain, &key, outcome);
+        }
     }
 
     /// What the status nearest its limit (its `decision` under `rule`) adds: on a refusal, the
@@ -416,6 +456,8 @@ impl Tables {
             shadow: false,
             quota: false,
             metadata: None,
+            detailed_metric: false,
+            value_to_metric: false,
         };
         let rule = Rule {
             limits: Limits::one(Policy::FixedWindow(FixedWindow {

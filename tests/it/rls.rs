@@ -995,3 +995,102 @@ async fn rls_config_reloads_on_sighup_and_on_change_and_a_bad_file_swaps_nothing
         tollgate.terminate().await;
     }
 }
+
+/// `detailed_metric` and `value_to_metric` (a limit with neither counts per rule only).
+const PER_DESCRIPTOR: &str = "
+domain: edge
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: day, requests_per_unit: 1}
+  - key: client
+    detailed_metric: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: plain
+    rate_limit: {unit: day, requests_per_unit: 1}
+";
+
+const PYTHON_PER_DESCRIPTOR: &str = r#"
+import sys, grpc
+sys.path.insert(0, sys.argv[1])
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+stub = rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(sys.argv[2]))
+def ask(*entries):
+    d = ratelimit_pb2.RateLimitDescriptor(entries=[
+        ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries])
+    r = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[d]))
+    return rls_pb2.RateLimitResponse.Code.Name(r.overall_code)
+said = [ask(("route", "api"), ("user", "u1")), ask(("route", "api"), ("user", "u2")),
+        ask(("route", "api"), ("user", "u1")), ask(("route", "web"), ("user", "u1")),
+        ask(("client", "a")), ask(("client", "a")), ask(("client", "x" * 100)),
+        ask(("client", 'b"c\nd')), ask(("plain", "p"))]
+print(" ".join(said))
+# 5 descriptors so far: 995 more are kept apart, the last 5 folded into (other).
+print(sum(ask(("client", "n%d" % i)) == "OK" for i in range(1000)))
+"#;
+
+/// Through the binary, with the client generated from the protos: a limit with
+/// `value_to_metric` or `detailed_metric` counts each descriptor it decides in
+/// `tollgate_rls_descriptor_total` under envoyproxy/ratelimit's stat key (a long value cut, a
+/// quote and a newline escaped), at most 1000 descriptors apart and the rest in `(other)`; a
+/// limit with neither is in no series of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_descriptor_metrics_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("edge.yaml");
+    std::fs::write(&file, PER_DESCRIPTOR).unwrap();
+    let file = file.display().to_string();
+    let [decide] = crate::support::free_ports();
+    let decide_port = decide.to_string();
+    let tollgate = crate::binary::Running::start(&[
+        ("BACKEND_URL", "http://127.0.0.1:9"),
+        ("RLS_CONFIG", file.as_str()),
+        ("DECIDE_PORT", decide_port.as_str()),
+    ]);
+    let address: std::net::SocketAddr = format!("127.0.0.1:{decide}").parse().unwrap();
+    crate::support::redis::wait_for(
+        || std::net::TcpStream::connect(address).is_ok(),
+        "the decide port to listen",
+    );
+    let printed = python_client(PYTHON_PER_DESCRIPTOR, address).await;
+    assert_eq!(
+        printed, "OK OK OVER_LIMIT OK OK OVER_LIMIT OK OK OK\n1000\n",
+        "each value its own budget"
+    );
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], tollgate.admin_port));
+    let scraped = crate::support::get(admin, "/metrics").await;
+    let text = scraped.text();
+    let family = "tollgate_rls_descriptor_total{";
+    let series: Vec<&str> = text.lines().filter(|line| line.starts_with(family)).collect();
+    let sample = |descriptor: &str, decision: &str| {
+        let name = format!("{family}domain=\"edge\",descriptor=\"{descriptor}\",decision=\"{decision}\"}} ");
+        series
+            .iter()
+            .find_map(|line| line.strip_prefix(&name)?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics ({} series)", series.len()))
+    };
+    assert_eq!(sample("edge.route_api.user", "allowed"), 2);
+    assert_eq!(sample("edge.route_api.user", "limited"), 1);
+    assert_eq!(sample("edge.route_web.user", "allowed"), 1);
+    assert_eq!(sample("edge.client_a", "allowed"), 1);
+    assert_eq!(sample("edge.client_a", "limited"), 1);
+    assert_eq!(sample(&format!("edge.client_{}", "x".repeat(64)), "allowed"), 1);
+    assert_eq!(sample(r#"edge.client_b\"c_d"#, "allowed"), 1);
+    assert_eq!(sample("edge.client_n994", "allowed"), 1);
+    assert_eq!(sample("(other)", "allowed"), 5);
+    assert!(
+        !series.iter().any(|line| line.contains("plain")),
+        "a limit without either key"
+    );
+    let descriptors: std::collections::HashSet<&str> = series
+        .iter()
+        .filter_map(|line| line.split("descriptor=\"").nth(1)?.split("\",decision").next())
+        .collect();
+    assert_eq!(descriptors.len(), 1001, "1000 apart and (other)");
+    // The decisions are the rules' too.
+    assert!(text.contains("tollgate_requests_total{rule=\"rls/edge/client\",decision=\"allowed\"} 1003"));
+    tollgate.terminate().await;
+}
