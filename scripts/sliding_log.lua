@@ -101,4 +101,8 @@ redis.call('EXPIRE', key, math.max(1, math.ceil((at + window - now) / 1000000)))
 if charge then
   return 1
 end
+-- A look of cost 0 logs nothing: the budget is back when the newest entry expires.
+if cost == 0 then
+  return {1, limit - redis.call('LLEN', key), 0, reset, at}
+end
 return {1, limit - redis.call('LLEN', key), 0, at + window - now, at}

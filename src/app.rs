@@ -107,7 +107,9 @@ pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitS
     let service = RateLimitService::new(gate, table.clone())?;
     // Envoy's refusals shaped as the other doors' (the decision listener's settings).
     Ok(Some(match &config.decide {
-        Some(decide) => service.shaped(decide.refusals.clone(), decide.forward_headers),
+        Some(decide) => service
+            .shaped(decide.refusals.clone(), decide.forward_headers)
+            .logged(decide.access_log),
         None => service,
     }))
 }
@@ -353,7 +355,7 @@ pub async fn serve_on(
         proxy_protocol = config.server.listener.proxy_protocol,
         backend = %config.proxy.as_ref().map_or_else(|| "none".into(), |proxy| proxy.backend.to_string()),
         store = %match &config.store.kind {
-            StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.store.max_keys),
+            StoreConfig::Memory => format!("memory (this process's own, MAX_KEYS={})", config.store.max_keys),
             StoreConfig::Redis(redis) => redis.to_string(),
         },
         rules = %config.gate.rules.summary(),
@@ -507,6 +509,9 @@ async fn watch_rules(
     // Changed bytes seen once: reloaded when the next read agrees, so a file written in place
     // is not put in force half written.
     let mut pending: Option<Option<crate::config::Loaded>> = None;
+    // The bytes the last reload failed on, as read after it: reported once, not at every
+    // tick they stay; and a file put back to the table in force is said to be fine again.
+    let mut failed: Option<Option<crate::config::Loaded>> = None;
     // What `.env` said when the configuration was read: a later change to it is named, as a
     // reload does not read it.
     let mut dot_env = settings.dot_env.to_vec();
@@ -521,6 +526,18 @@ async fn watch_rules(
             Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
                 let now = read(settings.clone()).await;
                 if now == seen {
+                    pending = None;
+                    if failed.take().is_some() {
+                        tracing::info!(
+                            file = %files,
+                            "rules file is back to the rule table in force: nothing to reload, \
+                             the failed reload's error is over"
+                        );
+                    }
+                    continue;
+                }
+                if failed.as_ref() == Some(&now) {
+                    // Still the bytes the last reload failed on: reported already.
                     pending = None;
                     continue;
                 }
@@ -555,10 +572,12 @@ async fn watch_rules(
         });
         match reloaded {
             Ok(Ok(table)) if table.decides_like(gate.current().table()) => {
+                failed = None;
                 metrics.config_reload(true);
                 tracing::info!(file = %files, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
             }
             Ok(Ok(table)) => {
+                failed = None;
                 if table.ipv6_prefix() != gate.current().table().ipv6_prefix() {
                     tracing::warn!(
                         ipv6_prefix = table.ipv6_prefix(),
@@ -587,10 +606,12 @@ async fn watch_rules(
             Ok(Err(error)) => {
                 metrics.config_reload(false);
                 tracing::error!(file = %files, cause, %error, "rules not reloaded: the rule table in force stays");
+                failed = Some(read(settings.clone()).await);
             }
             Err(error) => {
                 metrics.config_reload(false);
                 tracing::error!(file = %files, cause, %error, "rules not reloaded: the reload failed");
+                failed = Some(read(settings.clone()).await);
             }
         }
     }

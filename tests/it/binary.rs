@@ -864,10 +864,14 @@ fn check_config_warns_about_a_misspelt_variable() {
         &[("BACKEND_URL", "http://127.0.0.1:9"), ("MAX_TOKEN", "4711")],
         &["--check-config"],
     );
-    assert!(output.status.success());
     let stdout = String::from_utf8_lossy(&output.stdout);
+    // Valid, but not clean: a pipeline's check fails on it (serving would start).
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines[0], "configuration ok", "{stdout}");
+    assert_eq!(
+        lines[0], "configuration ok, with 1 warning (exit status 3)",
+        "{stdout}"
+    );
     assert_eq!(
         lines[1], "warning: MAX_TOKEN is not a tollgate variable; did you mean MAX_TOKENS?",
         "{stdout}"
@@ -1003,4 +1007,55 @@ fn help_lists_every_flag_and_subcommand_and_where_variables_are_documented() {
     let output = run(&[], &["--check-config", "extra"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--help"));
+}
+
+/// A misspelt Redis variable still starts (Kubernetes injects look-alikes), but the warning
+/// and the ready line say which store runs, so `REDIS_ADRR` does not quietly run on memory;
+/// `--check-config` fails on it with its own status, and a clean one still exits 0.
+#[tokio::test]
+async fn a_misspelt_redis_variable_starts_on_the_store_the_ready_line_names() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("REDIS_ADRR", "redis://127.0.0.1:6379"),
+    ]);
+    assert_eq!(get(tollgate.addr, "/").await.status, StatusCode::OK);
+    let log = tollgate.log();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("WARN") && line.contains("REDIS_ADRR is not a tollgate variable")),
+        "{log}"
+    );
+    let ready = log
+        .lines()
+        .find(|line| line.contains("tollgate ready"))
+        .unwrap_or_else(|| panic!("no ready line in\n{log}"));
+    assert!(ready.contains("store=memory (this process's own"), "{ready}");
+    tollgate.terminate().await;
+
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("REDIS_ADRR", "redis://x:6379"),
+        ],
+        &["--check-config"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("store:            memory"), "{stdout}");
+    let clean = run(&[("BACKEND_URL", "http://127.0.0.1:9")], &["--check-config"]);
+    assert_eq!(clean.status.code(), Some(0));
+    // A Redis store is named with its kind and address, never its password.
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("REDIS_URL", "redis://:hunter2@db:6379"),
+        ],
+        &["--check-config"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("store:            redis single redis://:***@db:6379"),
+        "{stdout}"
+    );
 }
