@@ -362,7 +362,12 @@ pub async fn serve_on(
         rules_digest = %format!("{:08x}", config.gate.rules.digest()),
         rules_files = %config.reload.as_ref().map_or_else(|| "-".to_owned(), |reload| reload.files()),
         headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
-        access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
+        access_log = config
+            .proxy
+            .as_ref()
+            .map(|proxy| proxy.access_log)
+            .or(config.decide.as_ref().map(|decide| decide.access_log))
+            .map_or("-", |access_log| access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),
         admin_operations = config.admin.token.is_some(),
         max_connections = capacity.max_connections,

@@ -319,7 +319,7 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
             let key = generation.named_key(rule, key.as_bytes());
             let keyed = door.gate.decide_key(&generation, rule, key, cost).await;
             let decision = keyed.decision.decision();
-            door.log(&logged("", "", key, None, rule, decision, keyed.outcome));
+            door.log(&logged(None, None, key, None, rule, decision, keyed.outcome));
             Ok(respond(door, rule, decision, keyed.outcome))
         }
         Ask::Classified {
@@ -344,8 +344,8 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
             })?;
             let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
             door.log(&logged(
-                method.as_str(),
-                &path,
+                Some(method.as_str()),
+                Some(&path),
                 verdict.key,
                 Some(client),
                 verdict.rule(),
@@ -359,8 +359,8 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
 
 /// The log line's account of one answer (always `200`: `allowed` says the rest).
 fn logged<'a>(
-    method: &'a str,
-    path: &'a str,
+    method: Option<&'a str>,
+    path: Option<&'a str>,
     client: crate::limit::ClientKey,
     address: Option<IpAddr>,
     rule: &'a Rule,

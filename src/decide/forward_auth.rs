@@ -301,8 +301,8 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     }
     door.log(&super::Decided {
         door: "forward-auth",
-        method: original.method.as_str(),
-        path: &original.path,
+        method: Some(original.method.as_str()),
+        path: Some(&original.path),
         client: verdict.key,
         address: Some(verdict.client),
         rule: &verdict.rule().name,

@@ -123,9 +123,10 @@ pub struct Decide {
 pub(crate) struct Decided<'a> {
     /// `forward-auth` or `check`.
     pub(crate) door: &'static str,
-    /// The original request's method and path (a named `/v1/check` question has none).
-    pub(crate) method: &'a str,
-    pub(crate) path: &'a str,
+    /// The original request's method and path (a named `/v1/check` question has none; for
+    /// Envoy's rate limit service, the path is the descriptors' domain).
+    pub(crate) method: Option<&'a str>,
+    pub(crate) path: Option<&'a str>,
     /// Whose budget, as the proxy's lines and `/v1/limited` name it.
     pub(crate) client: ClientKey,
     /// The client's address, when the door was told it.

@@ -250,8 +250,8 @@ impl RateLimitService {
                             &self.denial_log,
                             &crate::decide::Decided {
                                 door: "rls",
-                                method: "",
-                                path: &request.domain,
+                                method: None,
+                                path: Some(&request.domain),
                                 client: key,
                                 address: None,
                                 rule: &rule.name,

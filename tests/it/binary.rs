@@ -264,8 +264,18 @@ impl Running {
         assert!(sent.success(), "kill -HUP {pid}");
     }
 
+    /// [`Running::start`] as a decision service: no `BACKEND_URL`, the decision endpoints on
+    /// `addr` (`DECIDE_PORT`, which may be `PORT` when nothing is proxied).
+    pub(crate) fn start_decide(vars: &[(&str, &str)]) -> Running {
+        Running::spawn(std::path::Path::new("."), vars, true)
+    }
+
     /// [`Running::start`] with `dir` as the working directory (where `.env` is read).
     pub(crate) fn start_in(dir: &std::path::Path, vars: &[(&str, &str)]) -> Running {
+        Running::spawn(dir, vars, false)
+    }
+
+    fn spawn(dir: &std::path::Path, vars: &[(&str, &str)], decide: bool) -> Running {
         let [port, admin_port] = free_ports();
         let log = tempfile::NamedTempFile::new().unwrap();
         // Another build may be put under the same tests (see tests/it/bypass.rs).
@@ -277,6 +287,7 @@ impl Running {
             .env("PORT", port.to_string())
             // Tests run in parallel: each instance needs an admin port of its own.
             .env("ADMIN_PORT", admin_port.to_string())
+            .envs(decide.then(|| ("DECIDE_PORT", port.to_string())))
             .envs(vars.iter().copied())
             .stdout(log.reopen().unwrap())
             .spawn()
