@@ -712,6 +712,7 @@ impl Config {
                     refusals: refusals.clone(),
                     forward_headers,
                     body_timeout: body_idle_timeout,
+                    access_log,
                 })
             }
         };

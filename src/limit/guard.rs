@@ -207,12 +207,12 @@ pub trait Remote: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
 
     /// Forget the client of `key` under every limit of `rule`, for every replica sharing the
-    /// store.
+    /// store; whether there was one to forget.
     fn reset_key<'a>(
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
     /// True for a store cut into partitions (a Redis Cluster's masters) that fail alone, each
     /// then getting a breaker of its own from [`slot_map`](Self::slot_map).
@@ -719,12 +719,10 @@ impl<S: Remote> Store for Guard<S> {
     /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica. Other
     /// replicas ask Redis again within [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), and so
     /// does this one for a denial a request in flight remembers after the reset.
-    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
         let inner = &*self.inner;
         inner.denials.forget(rule, client);
-        if let Some(local) = self.local_store() {
-            local.reset(rule, client);
-        }
+        let held_locally = self.local_store().is_some_and(|local| local.reset(rule, client));
         let shared = &*inner.shared;
         let key = shared.store.key(rule, client);
         let breaker = shared.breaker(&key);
@@ -736,7 +734,7 @@ impl<S: Remote> Store for Guard<S> {
             if let Err(error) = &reset {
                 self.record_failure(&breaker, error);
             }
-            reset
+            reset.map(|held| held || held_locally)
         }))
     }
 

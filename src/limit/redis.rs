@@ -581,11 +581,11 @@ impl RedisStore {
 
     /// Forget the client of `key` under every limit of `rule`: one `DEL`, so every replica's
     /// next decision finds the whole budget. Every key of one client and rule shares a hash
-    /// tag, so one node holds them all.
-    pub async fn reset_key(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
+    /// tag, so one node holds them all. Answers whether there was a key to delete.
+    pub async fn reset_key(&self, rule: &Rule, key: &str) -> Result<bool, StoreError> {
         let keys = limit_keys(rule, key);
-        let _deleted: u64 = self.bounded(self.query(redis::cmd("DEL").arg(&keys))).await?;
-        Ok(())
+        let deleted: u64 = self.bounded(self.query(redis::cmd("DEL").arg(&keys))).await?;
+        Ok(deleted > 0)
     }
 
     /// The key of one client under one rule's first limit:
@@ -1217,7 +1217,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
         RedisStore::reset_key(self, rule, key)
     }
 

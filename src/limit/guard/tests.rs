@@ -124,9 +124,9 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
-        std::future::ready(self.reply().map(drop))
+        std::future::ready(self.reply().map(|_| true))
     }
 
     fn is_cluster(&self) -> bool {
