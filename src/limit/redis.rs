@@ -352,6 +352,39 @@ impl Drop for CallSlot {
     }
 }
 
+/// When a call that failed on its connection is sent once more, at once, on a new one.
+///
+/// The connection manager reconnects only when a call fails on its connection, and remembers
+/// a failed reconnect until the next call: so after Redis was restarted, the first call finds
+/// either the old connection closed or the refusal of a reconnect tried while Redis was down,
+/// however long ago. That call has started a new connection; sent again, it is decided by the
+/// Redis that is back, instead of getting the fail mode (a request let through uncounted, or
+/// a 503) for an outage that is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// Only when it never left: the connection was refused. A refund or a charge, which would
+    /// count twice if it had reached Redis.
+    IfNeverSent,
+    /// Also when the connection was found closed or reset. A decision, a read or a `DEL`: sent
+    /// twice only if the connection was cut after Redis ran it and before its reply came back
+    /// (a window of one round trip at the moment of the cut), a decision counts twice.
+    IfConnectionLost,
+}
+
+impl Resend {
+    /// True when a call that failed with `error` is sent again.
+    fn after(self, error: &redis::RedisError) -> bool {
+        // A timeout is not the connection's loss: a frozen Redis costs one timeout, not two.
+        if error.is_timeout() {
+            return false;
+        }
+        match self {
+            Resend::IfNeverSent => error.is_connection_refusal(),
+            Resend::IfConnectionLost => error.is_connection_refusal() || error.is_connection_dropped(),
+        }
+    }
+}
+
 #[derive(Clone)]
 enum Connection {
     /// Multiplexed and reconnecting; concurrent requests pipeline on one socket.
@@ -563,7 +596,10 @@ impl RedisStore {
             }
             cmd
         };
-        let reply = match self.bounded(self.evaluate(peek_script(), command)).await? {
+        let reply = match self
+            .bounded(self.evaluate(peek_script(), command, Resend::IfConnectionLost))
+            .await?
+        {
             // One decision per limit: a rule of one reads as a single script's reply.
             redis::Value::Array(mut replies) if replies.len() == 1 && rule.limits.len() == 1 => {
                 replies.remove(0)
@@ -581,7 +617,9 @@ impl RedisStore {
     /// tag, so one node holds them all.
     pub async fn reset_key(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
         let keys = limit_keys(rule, key);
-        let _deleted: u64 = self.bounded(self.query(redis::cmd("DEL").arg(&keys))).await?;
+        let _deleted: u64 = self
+            .bounded(self.query(redis::cmd("DEL").arg(&keys), Resend::IfConnectionLost))
+            .await?;
         Ok(())
     }
 
@@ -618,8 +656,9 @@ impl RedisStore {
         let reply: redis::Value = self
             .bounded(async {
                 match (&self.connection, slot) {
-                    (Connection::Single(manager), _) => cmd.query_async(&mut manager.clone()).await,
-                    (Connection::Sentinel(master), _) => master.query(&cmd).await,
+                    (Connection::Single(_) | Connection::Sentinel(_), _) => {
+                        self.query(&cmd, Resend::IfConnectionLost).await
+                    }
                     (Connection::Cluster(cluster), slot) => {
                         // Routed by redis-rs's default, a command without a key would go to
                         // every master and need them all: one answer is what "Redis answers"
@@ -918,7 +957,12 @@ impl RedisStore {
             }
             cmd
         };
-        self.evaluate(script, command).await
+        // A batch of decisions may be sent again; a refund or charge only if it never left.
+        let resend = match asks.iter().all(|ask| ask.call == Call::Decide) {
+            true => Resend::IfConnectionLost,
+            false => Resend::IfNeverSent,
+        };
+        self.evaluate(script, command, resend).await
     }
 
     /// `command("EVALSHA", hash)`, and after `NOSCRIPT` (a Redis restarted, flushed or failed
@@ -928,10 +972,11 @@ impl RedisStore {
         &self,
         script: &LuaScript,
         command: impl Fn(&str, &str) -> redis::Cmd,
+        resend: Resend,
     ) -> redis::RedisResult<redis::Value> {
-        match self.query(&command("EVALSHA", script.hash())).await {
+        match self.query(&command("EVALSHA", script.hash()), resend).await {
             Err(error) if error.code() == Some("NOSCRIPT") => {
-                self.query(&command("EVAL", script.source())).await
+                self.query(&command("EVAL", script.source()), resend).await
             }
             reply => reply,
         }
@@ -975,10 +1020,28 @@ impl RedisStore {
             };
             cmd
         };
-        self.evaluate(script, command).await
+        let resend = match call {
+            Call::Decide | Call::Renew(_) => Resend::IfConnectionLost,
+            Call::Refund(_) | Call::Charge => Resend::IfNeverSent,
+        };
+        self.evaluate(script, command, resend).await
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    /// Run `cmd`; on a single Redis (or Sentinel's master), once more at once if it failed on
+    /// a connection that `resend` says was gone (see [`Resend`]). The caller's deadline bounds
+    /// both.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        resend: Resend,
+    ) -> redis::RedisResult<T> {
+        match self.query_once(cmd).await {
+            Err(error) if resend.after(&error) && !self.is_cluster() => self.query_once(cmd).await,
+            reply => reply,
+        }
+    }
+
+    async fn query_once<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match &self.connection {
             Connection::Single(manager) => cmd.query_async(&mut manager.clone()).await,
             Connection::Cluster(cluster) => cmd.query_async(&mut cluster.get().await?).await,
