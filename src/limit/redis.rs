@@ -31,14 +31,14 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::OnceCell;
 
 use crate::limit::algorithm::{BATCH_CONTINUED, LuaScript, batch_script, peek_script};
 use crate::limit::guard::Remote;
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
-use crate::limit::slots::SlotMap;
+use crate::limit::slots::{SlotMap, key_slot};
 use crate::limit::{ClientKey, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
 
 /// Why the store could not decide.
@@ -659,17 +659,23 @@ impl RedisStore {
                     (Connection::Single(_) | Connection::Sentinel(_), _) => {
                         self.query(&cmd, Resend::IfConnectionLost).await
                     }
-                    (Connection::Cluster(cluster), slot) => {
-                        // Routed by redis-rs's default, a command without a key would go to
-                        // every master and need them all: one answer is what "Redis answers"
-                        // means here.
-                        let node = match slot {
-                            Some(slot) => {
-                                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
-                            }
-                            None => SingleNodeRoutingInfo::Random,
-                        };
-                        let routing = RoutingInfo::SingleNode(node);
+                    // A master's probe: `TIME` from a script on a key of its slot. The cluster
+                    // client answers a command routed to a node it is not connected to from
+                    // another node (redis-rs's fallback while it reconnects), which would
+                    // close a dead master's breaker; a keyed script is refused by any node but
+                    // the slot's owner (`MOVED`, followed there), so only the master answers.
+                    (Connection::Cluster(cluster), Some(slot)) => {
+                        let mut script = redis::cmd("EVAL");
+                        script
+                            .arg("return redis.call('TIME')")
+                            .arg(1)
+                            .arg(key_in_slot(slot));
+                        script.query_async(&mut cluster.get().await?).await
+                    }
+                    // Routed by redis-rs's default, a command without a key would go to every
+                    // master and need them all: one answer is what "Redis answers" means here.
+                    (Connection::Cluster(cluster), None) => {
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
                         cluster.get().await?.route_command(cmd, routing).await
                     }
                 }
@@ -1068,6 +1074,22 @@ impl RedisStore {
     }
 }
 
+/// A key (`{N}`, the smallest such `N`) whose hash slot is `slot`: at most a few tens of
+/// thousands of CRC16s of a few bytes, once per probe of a dead master.
+fn key_in_slot(slot: u16) -> String {
+    let mut key = String::with_capacity(16);
+    for n in 0u32.. {
+        key.clear();
+        key.push('{');
+        key.push_str(&n.to_string());
+        key.push('}');
+        if key_slot(key.as_bytes()) == slot {
+            break;
+        }
+    }
+    key
+}
+
 /// One decision's entry in a batch's reply: its script's reply, or the text of its error.
 fn reply_of_one(reply: redis::Value) -> BatchReply {
     let text = match &reply {
@@ -1283,6 +1305,13 @@ impl Remote for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_found_in_every_slot() {
+        for slot in [0, 1, 4725, 8191, 12182, 16383] {
+            assert_eq!(key_slot(key_in_slot(slot).as_bytes()), slot);
+        }
+    }
 
     #[test]
     fn passwords_never_reach_a_description() {
