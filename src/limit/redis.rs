@@ -28,6 +28,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -35,7 +36,8 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::OnceCell;
 
 use crate::limit::algorithm::{BATCH_CONTINUED, LuaScript, batch_script, peek_script};
-use crate::limit::guard::Remote;
+use crate::limit::denials::reset_message;
+use crate::limit::guard::{Remote, ResetFeed};
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
 use crate::limit::slots::{SlotMap, key_slot};
@@ -167,6 +169,8 @@ pub struct RedisStore {
     /// Redis's clock as estimated, for the deadline of calls whose caller names no clock
     /// of its own (on a cluster the guard keeps one per master).
     clock: Arc<RedisClock>,
+    /// A single Redis's client, for the subscription to resets (a connection of its own).
+    pubsub_client: Option<Arc<redis::Client>>,
 }
 
 /// `REDIS_CALLS_IN_FLIGHT`'s default: decision calls out at once before further decisions
@@ -413,12 +417,14 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(timeout);
+        let mut pubsub_client = None;
         let connection = match target {
             RedisTarget::Single(url) => {
                 if url.starts_with("rediss://") {
                     install_tls_provider();
                 }
                 let client = redis::Client::open(url.as_str())?;
+                pubsub_client = Some(Arc::new(client.clone()));
                 Connection::Single(ConnectionManager::new_lazy_with_config(client, config)?)
             }
             RedisTarget::Sentinel {
@@ -468,6 +474,7 @@ impl RedisStore {
             timeout,
             coalescer,
             clock,
+            pubsub_client,
         })
     }
 
@@ -612,15 +619,57 @@ impl RedisStore {
         }
     }
 
-    /// Forget the client of `key` under every limit of `rule`: one `DEL`, so every replica's
-    /// next decision finds the whole budget. Every key of one client and rule shares a hash
-    /// tag, so one node holds them all.
-    pub async fn reset_key(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
+    /// Forget the client of `key` (`client`) under every limit of `rule`: one `DEL`, so every
+    /// replica's next decision finds the whole budget, and in the same script a `PUBLISH` of
+    /// the reset on `<KEY_PREFIX>resets`, so every replica subscribed forgets its remembered
+    /// denial at once: a reset that deleted the keys has been announced. Every key of one
+    /// client and rule shares a hash tag, so one node holds them all (on a cluster, a message
+    /// published on any node reaches the subscribers of every node).
+    pub async fn reset_key(&self, rule: &Rule, key: &str, client: ClientKey) -> Result<(), StoreError> {
         let keys = limit_keys(rule, key);
-        let _deleted: u64 = self
-            .bounded(self.query(redis::cmd("DEL").arg(&keys), Resend::IfConnectionLost))
-            .await?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RESET_SCRIPT)
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(self.reset_channel())
+            .arg(reset_message(&rule.name, client));
+        let _deleted: u64 = self.bounded(self.query(&cmd, Resend::IfConnectionLost)).await?;
         Ok(())
+    }
+
+    /// `<KEY_PREFIX>resets`: where resets are announced.
+    fn reset_channel(&self) -> String {
+        format!("{}resets", self.prefix)
+    }
+
+    /// A subscription to the resets every replica announces (see [`reset_key`](Self::reset_key))
+    /// on a connection of its own to the Redis decisions go to (behind Sentinel, the master
+    /// now), made within `REDIS_TIMEOUT_MS`; `None` on a cluster, whose replicas rely on the
+    /// denial cache's recheck alone.
+    pub async fn reset_feed(&self) -> Result<Option<ResetFeed>, StoreError> {
+        let client = match &self.connection {
+            Connection::Single(_) => self.pubsub_client.as_deref().cloned(),
+            Connection::Sentinel(master) => master.client(),
+            Connection::Cluster(_) => return Ok(None),
+        };
+        let Some(client) = client else {
+            // Behind Sentinel before any master is known: an I/O error, tried again.
+            return Err(StoreError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no master to subscribe to",
+            ))));
+        };
+        let channel = self.reset_channel();
+        let stream = self
+            .bounded(async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(&channel).await?;
+                Ok(pubsub.into_on_message())
+            })
+            .await?;
+        Ok(Some(
+            stream.map(|message| message.get_payload_bytes().to_vec()).boxed(),
+        ))
     }
 
     /// The key of one client under one rule's first limit:
@@ -1074,6 +1123,11 @@ impl RedisStore {
     }
 }
 
+/// A reset: delete the client's keys (`KEYS`), then announce it (`PUBLISH ARGV[1] ARGV[2]`),
+/// in one atomic step; returns how many keys were deleted.
+const RESET_SCRIPT: &str = "local deleted = redis.call('DEL', unpack(KEYS)) \
+                            redis.call('PUBLISH', ARGV[1], ARGV[2]) return deleted";
+
 /// A key (`{N}`, the smallest such `N`) whose hash slot is `slot`: at most a few tens of
 /// thousands of CRC16s of a few bytes, once per probe of a dead master.
 fn key_in_slot(slot: u16) -> String {
@@ -1281,8 +1335,13 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
+        client: ClientKey,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        RedisStore::reset_key(self, rule, key)
+        RedisStore::reset_key(self, rule, key, client)
+    }
+
+    fn reset_feed(&self) -> impl Future<Output = Result<Option<ResetFeed>, StoreError>> + Send + '_ {
+        RedisStore::reset_feed(self)
     }
 
     fn is_cluster(&self) -> bool {

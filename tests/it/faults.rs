@@ -232,6 +232,59 @@ async fn the_first_request_after_a_redis_restart_is_decided_by_every_replica() {
     }
 }
 
+/// Issue 26, item 10: a client refused with a long retry stays refused while Redis cannot be
+/// asked, past the denial cache's one-second recheck, in `FAIL_MODE=open` too (before, it got
+/// 10 of 10 about a second after Redis froze). Everyone else is forwarded by the fail mode.
+#[tokio::test]
+async fn a_client_refused_with_a_long_retry_stays_refused_while_redis_is_frozen() {
+    let backend = Backend::start().await;
+    let redis = RedisServer::start();
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("REDIS_ADDR", &redis.addr()),
+            ("FAIL_MODE", "open"),
+            ("REDIS_TIMEOUT_MS", "500"),
+            ("MAX_TOKENS", "2"),
+            // The next token in 1000 s.
+            ("REFILL_RATE", "0.001"),
+        ],
+    )
+    .await;
+    let refused: IpAddr = [127, 0, 0, 90].into();
+    for _ in 0..2 {
+        assert_eq!(
+            get_from(gateway.addr, refused, "/", &[]).await.status,
+            StatusCode::OK
+        );
+    }
+    let denied = get_from(gateway.addr, refused, "/", &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.number("retry-after") > 990, "Retry-After: 1000");
+
+    redis.freeze();
+    // Past the recheck: each request would ask Redis again, and Redis cannot answer.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for i in 0..10 {
+        let reply = get_from(gateway.addr, refused, "/", &[]).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "request {i} while frozen: still refused"
+        );
+        assert!(reply.number("retry-after") > 980, "its own retry time");
+    }
+    assert_eq!(
+        gateway.metric(BREAKER_OPEN).await,
+        1.0,
+        "redis was asked, and failed"
+    );
+    let other = get_from(gateway.addr, [127, 0, 0, 91].into(), "/", &[]).await;
+    assert_eq!(other.status, StatusCode::OK, "anyone else: fail open");
+    assert!(!other.headers.contains_key("x-ratelimit-remaining"));
+    redis.thaw();
+}
+
 /// Issue 26, item 12: what the fail mode let through is counted per rule where an operator
 /// sees it, whichever door it came by: `tollgate_requests_total{rule,decision="fail_open"}`,
 /// for the proxy and for `/v1/check` alike (Redis down from the start, so every decision is
