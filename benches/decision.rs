@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use hashbrown::DefaultHashBuilder;
 use tollgate::limit::algorithm::{Algorithm, SlidingWindow, TokenBucket};
-use tollgate::limit::{ClientKey, MemoryStore, Policy, Rule};
+use tollgate::limit::{ClientKey, Cost, MemoryStore, Policy, Rule};
 
 /// Heap allocations (alloc, alloc_zeroed, realloc) made by the whole process so far.
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -120,7 +120,7 @@ fn new_store(max_keys: u64, rule: &Rule) -> MemoryStore {
 fn million_store(rule: &Rule) -> MemoryStore {
     let store = new_store(2 * MANY_KEYS, rule);
     for n in 0..MANY_KEYS {
-        store.check_at(rule, client(n), 1, n);
+        store.check_at(rule, client(n), Cost::ONE, n);
     }
     assert_eq!(store.len() as u64, MANY_KEYS, "every client is held");
     store
@@ -161,7 +161,7 @@ fn hot_key(c: &mut Criterion) {
                 on_cpu(|| {
                     for _ in 0..iters {
                         now += 1;
-                        black_box(store.check_at(black_box(&rule), black_box(ip), 1, now));
+                        black_box(store.check_at(black_box(&rule), black_box(ip), Cost::ONE, now));
                     }
                 })
             })
@@ -187,7 +187,7 @@ fn million_keys(c: &mut Criterion) {
                         i += 1;
                         now += 1;
                         let ip = client(i.wrapping_mul(STRIDE) & (MANY_KEYS - 1));
-                        black_box(store.check_at(black_box(&rule), ip, 1, now));
+                        black_box(store.check_at(black_box(&rule), ip, Cost::ONE, now));
                     }
                 })
             })
@@ -287,7 +287,7 @@ fn contended(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 // All threads run the same clock, so one client's time barely wobbles.
                 let elapsed = run_threads(threads, iters, |_, i| {
-                    black_box(store.check_at(&rule, client(1), 1, clock + i));
+                    black_box(store.check_at(&rule, client(1), Cost::ONE, clock + i));
                 });
                 clock += iters;
                 elapsed
@@ -296,13 +296,13 @@ fn contended(c: &mut Criterion) {
 
         let store = new_store(100_000, &rule);
         for n in 0..threads as u64 * KEYS_PER_THREAD {
-            store.check_at(&rule, client(n), 1, 0);
+            store.check_at(&rule, client(n), Cost::ONE, 0);
         }
         let mut clock = 1u64;
         group.bench_function(format!("distinct_keys/{threads}_threads"), |b| {
             b.iter_custom(|iters| {
                 let elapsed = run_threads(threads, iters, |t, i| {
-                    black_box(store.check_at(&rule, client(own(t, i)), 1, clock + i));
+                    black_box(store.check_at(&rule, client(own(t, i)), Cost::ONE, clock + i));
                 });
                 clock += iters;
                 elapsed
@@ -357,7 +357,7 @@ fn report_allocations() {
         rows.push((
             format!("hot_key/{name}"),
             allocations_per_decision(N, |i| {
-                black_box(hot.check_at(&rule, client(1), 1, i));
+                black_box(hot.check_at(&rule, client(1), Cost::ONE, i));
             }),
             true,
         ));
@@ -367,7 +367,7 @@ fn report_allocations() {
             format!("million_keys/{name}"),
             allocations_per_decision(N, |i| {
                 let ip = client(i.wrapping_mul(STRIDE) & (MANY_KEYS - 1));
-                black_box(many.check_at(&rule, ip, 1, MANY_KEYS + i));
+                black_box(many.check_at(&rule, ip, Cost::ONE, MANY_KEYS + i));
             }),
             true,
         ));
@@ -379,7 +379,7 @@ fn report_allocations() {
     rows.push((
         "new client, store not full".into(),
         allocations_per_decision(N, |i| {
-            black_box(fresh.check_at(&rule, client(i), 1, i));
+            black_box(fresh.check_at(&rule, client(i), Cost::ONE, i));
         }),
         false,
     ));
@@ -387,7 +387,7 @@ fn report_allocations() {
     rows.push((
         "new client, store full (evicts)".into(),
         allocations_per_decision(N, |i| {
-            black_box(full.check_at(&rule, client(i), 1, i));
+            black_box(full.check_at(&rule, client(i), Cost::ONE, i));
         }),
         false,
     ));

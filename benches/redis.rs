@@ -20,7 +20,7 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 use tollgate::limit::algorithm::TokenBucket;
-use tollgate::limit::{ClientKey, Policy, RedisStore, RedisTarget, Rule};
+use tollgate::limit::{ClientKey, Cost, Policy, RedisStore, RedisTarget, Rule};
 
 const TOKEN_BUCKET_LUA: &str = include_str!("../scripts/token_bucket.lua");
 
@@ -120,7 +120,7 @@ async fn run(store: &RedisStore, callers: u64, decisions: u64, first_client: u64
         tasks.spawn(async move {
             for i in 0..share {
                 let ip = client(first_client + i * callers + caller);
-                store.check(&rule, ip, 1).await.expect("redis answered");
+                store.check(&rule, ip, Cost::ONE).await.expect("redis answered");
             }
         });
     }
@@ -262,7 +262,7 @@ fn main() {
     };
     // Connect (lazily) and load the script before anything is timed.
     runtime
-        .block_on(store.check(&rule(), client(0), 1))
+        .block_on(store.check(&rule(), client(0), Cost::ONE))
         .expect("redis answers");
 
     let mut criterion = Criterion::default().configure_from_args();

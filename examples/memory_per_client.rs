@@ -86,7 +86,7 @@ fn run() -> Result<(), String> {
     let store = MemoryStore::new(max_keys, std::slice::from_ref(&rule));
     let built = rss_bytes()?;
     for n in 0..clients {
-        store.check_at(&rule, client(n)?, 1, u64::from(n));
+        store.check_at(&rule, client(n)?, tollgate::limit::Cost::ONE, u64::from(n));
     }
     let filled = rss_bytes()?;
 

@@ -87,7 +87,7 @@ fn main() {
             } else {
                 ClientKey::Ip(ip)
             };
-            store.check_at(&rules[0], key, 1 + u64::from(n % 7), now);
+            store.check_at(&rules[0], key, tollgate::limit::Cost::from(1 + n % 7), now);
         }
         assert_eq!(store.len(), clients, "every client held");
         let (mut saves, mut loads, mut encodes) = (Vec::new(), Vec::new(), Vec::new());

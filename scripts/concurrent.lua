@@ -18,12 +18,15 @@
 -- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}, where
 -- now_us is the name of the lease taken (never before now).
 --
--- Every number stays an integer below 2^53 (the configuration guarantees it), so Lua's
--- doubles are exact.
+-- Every number stays an integer below 2^53 (the configuration guarantees it, and the gateway
+-- sends a cost of at most 2^50), so Lua's doubles are exact; a cost above the places is
+-- refused before any loop, and a give-back or a renewal loops over no more than the places.
 local key = KEYS[1]
 local places = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2]) * 1000
 local cost = tonumber(ARGV[3])
+-- A lease holds no more than the places: the loops below are bounded by them.
+local held_by_lease = math.min(cost, places)
 local now = tonumber(ARGV[4])
 if not now then
   local t = redis.call('TIME')
@@ -51,7 +54,7 @@ if refund:sub(1, 1) == 'r' then
   local id = string.format('%.0f', tonumber(refund:sub(2)))
   local expires = string.format('%.0f', now + lease)
   if redis.call('ZADD', key, 'XX', 'CH', expires, id) == 1 then
-    for i = 1, cost - 1 do
+    for i = 1, held_by_lease - 1 do
       redis.call('ZADD', key, 'XX', expires, id .. ':' .. i)
     end
     redis.call('EXPIRE', key, math.max(1, math.ceil(lease / 1000000)))
@@ -64,7 +67,7 @@ if refund ~= '' then
   -- One given back already, or expired, is gone: a second refund changes nothing.
   local id = string.format('%.0f', tonumber(refund))
   redis.call('ZREM', key, id)
-  for i = 1, cost - 1 do
+  for i = 1, held_by_lease - 1 do
     redis.call('ZREM', key, id .. ':' .. i)
   end
   return 1

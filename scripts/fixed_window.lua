@@ -17,8 +17,9 @@
 -- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}, where
 -- now_us is the time the request was counted at (never before the stored window).
 --
--- Every number stays an integer below 2^53 (the configuration guarantees it), so Lua's
--- doubles are exact.
+-- Every number stays an integer below 2^53 (the configuration guarantees it, the gateway
+-- sends a cost of at most 2^50, and a charge counts no more than twice the limit, the debt
+-- bound), so Lua's doubles are exact.
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -49,6 +50,7 @@ if ARGV[5] == 'charge' then
   if sw == window and sc then
     count = sc + cost
   end
+  count = math.min(count, 2 * limit)
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
   redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(((window + 1) * w * 1000 - now) / 1000000)))
   return 1
@@ -82,7 +84,12 @@ if count + cost <= limit then
   -- Relative, not PEXPIREAT: an absolute expiry is read on the server's clock, not on now.
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
   redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(until_end / 1000000)))
-  return {1, limit - count, 0, until_end, counted_at}
+  -- Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
+  local reset_after = until_end
+  if count == 0 then
+    reset_after = 0
+  end
+  return {1, limit - count, 0, reset_after, counted_at}
 end
 
 -- Denied: nothing is counted, nothing written. The request fits when the window ends.

@@ -18,8 +18,9 @@
 -- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}, where
 -- now_us is the time the request was logged at (never before the newest entry).
 --
--- Every number stays an integer below 2^53 (the configuration guarantees it), so Lua's
--- doubles are exact.
+-- Every number stays an integer below 2^53 (the configuration guarantees it, and the gateway
+-- sends a cost of at most 2^50, clamped to the limit or twice it before it is used), so Lua's
+-- doubles are exact; the list holds at most twice the limit (the debt bound).
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2]) * 1000
@@ -40,7 +41,7 @@ local charge = ARGV[5] == 'charge'
 if ARGV[5] ~= '' and not charge then
   -- Refund: take back up to cost entries logged at that time, newest first (an empty list
   -- is deleted by Redis itself).
-  redis.call('LREM', key, -cost, string.format('%.0f', tonumber(ARGV[5])))
+  redis.call('LREM', key, string.format('%.0f', -math.min(cost, 2 * limit)), string.format('%.0f', tonumber(ARGV[5])))
   return 1
 end
 
@@ -99,6 +100,12 @@ end
 -- Keep the key exactly as long as it matters: until the newest entry expires.
 redis.call('EXPIRE', key, math.max(1, math.ceil((at + window - now) / 1000000)))
 if charge then
+  -- At most twice the limit in the list (the debt bound): the oldest entries go first.
+  redis.call('LTRIM', key, -2 * limit, -1)
   return 1
+end
+-- A look of cost 0 logs nothing: the budget is back when the newest entry expires.
+if cost == 0 then
+  return {1, limit - redis.call('LLEN', key), 0, reset, at}
 end
 return {1, limit - redis.call('LLEN', key), 0, at + window - now, at}

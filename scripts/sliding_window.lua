@@ -17,7 +17,9 @@
 -- now_us is the time the request was counted at (never before the stored window).
 --
 -- The comparison is multiplied through by the window length, in whole request-milliseconds
--- below 2^53 (the configuration guarantees it), so Lua's doubles are exact.
+-- below 2^53 (the configuration guarantees it), so Lua's doubles are exact: the gateway
+-- sends a cost of at most 2^50, a cost above the limit is refused before it is multiplied,
+-- and a charge counts no more than twice the limit (the debt bound).
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -53,7 +55,7 @@ if ARGV[5] == 'charge' then
     end
   end
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window),
-    'p', string.format('%.0f', previous), 'c', string.format('%.0f', current + cost))
+    'p', string.format('%.0f', previous), 'c', string.format('%.0f', math.min(current + cost, 2 * limit)))
   redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(((window + 2) * w * 1000 - now) / 1000000)))
   return 1
 end
@@ -95,10 +97,16 @@ local function after_ms(at_ms)
   return math.max(0, at_ms * 1000 - now)
 end
 
-if previous_weight + (current + cost) * w <= budget then
+if cost <= limit and previous_weight + (current + cost) * w <= budget then
   current = current + cost
-  -- The current count leaves the sliding window when the next window ends.
-  local reset_after = after_ms(start + 2 * w)
+  -- The current count leaves the sliding window when the next window ends, the previous one
+  -- when this one does; with neither, the budget is whole already.
+  local reset_after = 0
+  if current > 0 then
+    reset_after = after_ms(start + 2 * w)
+  elseif previous > 0 then
+    reset_after = after_ms(start + w)
+  end
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window),
     'p', string.format('%.0f', previous), 'c', string.format('%.0f', current))
   redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(reset_after / 1000000)))
@@ -111,13 +119,14 @@ if current > 0 then
   reset_at = start + 2 * w
 end
 local allowed_at
-if current + cost <= limit then
+if cost > limit then
+  -- Never allowed, whatever it is; the honest bound to report is a full reset.
+  allowed_at = reset_at
+elseif current + cost <= limit then
   -- Only the previous window's weight is in the way: wait until it has shrunk enough.
   allowed_at = start + w - math.floor((limit - current - cost) * w / previous)
-elseif cost <= limit then
+else
   -- Wait for the next window, where the current count becomes the weighted previous one.
   allowed_at = start + 2 * w - math.floor((limit - cost) * w / current)
-else
-  allowed_at = reset_at
 end
 return {0, 0, after_ms(allowed_at), after_ms(reset_at), counted_at}

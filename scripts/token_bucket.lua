@@ -15,8 +15,12 @@
 --          returns {-1, now_us} ("expired")
 -- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}.
 --
--- Every number stays an integer below 2^53 (the gateway's configuration guarantees it), so
--- Lua's doubles are exact and the reply's integer conversion loses nothing.
+-- Every number stays an integer below 2^53, so Lua's doubles are exact and the reply's
+-- integer conversion loses nothing: the configuration keeps capacity * interval below 2^50,
+-- the gateway sends a cost of at most 2^50, a cost above the capacity is decided as the
+-- capacity + 1 before it is multiplied, and the TAT is never more than two capacities ahead of now (the debt bound: a
+-- charge leaves no more, and a stored TAT beyond it, which no charge of this script writes,
+-- counts as it and is written back so).
 local capacity = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -31,24 +35,31 @@ local deadline = tonumber(ARGV[6])
 if deadline and now > deadline then
   return {-1, now}
 end
+local tau = capacity * interval
+local bound = now + 2 * tau
 local stored = tonumber(redis.call('GET', KEYS[1]))
+-- Not a number (nor NaN, which compares false both ways): a client never seen.
+if stored and stored ~= stored then
+  stored = nil
+end
 
 if ARGV[5] == 'charge' then
   -- Charge: the TAT moves on by the cost from now or where it is, past the capacity if need
-  -- be: requests are refused until the debt has refilled.
+  -- be, but never past the debt bound: requests are refused until the debt has refilled.
   local tat = stored
   if not tat or tat < now then
     tat = now
   end
-  tat = tat + cost * interval
+  tat = math.min(tat + math.min(cost, 2 * capacity) * interval, bound)
   redis.call('SET', KEYS[1], string.format('%.0f', tat), 'EX', math.max(1, math.ceil((tat - now) / 1000000)))
   return 1
 end
 
 if ARGV[5] ~= '' then
-  -- Refund: moving the TAT back by the cost undoes the request whenever it was made.
+  -- Refund: moving the TAT back by the cost undoes the request whenever it was made (no more
+  -- than the debt bound's worth: the TAT is never further ahead).
   if stored then
-    local tat = math.max(0, stored - cost * interval)
+    local tat = math.max(0, stored - math.min(cost, 2 * capacity) * interval)
     redis.call('SET', KEYS[1], string.format('%.0f', tat), 'EX', math.max(1, math.ceil((tat - now) / 1000000)))
   end
   return 1
@@ -58,7 +69,16 @@ local tat = stored
 if not tat or tat < now then
   tat = now
 end
-local tau = capacity * interval
+if tat > bound then
+  -- Past the debt bound: tidied to it (and so it ages), as the memory store does.
+  tat = bound
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'EX', math.max(1, math.ceil((tat - now) / 1000000)))
+end
+if cost > capacity then
+  -- Never allowed, whatever it is: decided as the capacity + 1 (so nothing larger is ever
+  -- multiplied), whose retry time is when a bucket one token larger would hold it.
+  cost = capacity + 1
+end
 local new_tat = tat + cost * interval
 if new_tat - now > tau then
   -- Denied: nothing is consumed, nothing written.

@@ -20,7 +20,7 @@ use crate::limit::{Guard, KeyHasher, Limiter, MemoryStore, RedisStore, Rule, Sto
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
-use crate::rls::{RateLimitService, RlsError};
+use crate::rls::{DescriptorTable, RateLimitService, RlsError};
 use crate::server::listener::Listener;
 use crate::server::{Capacity, Door, Drain, Server, tls};
 
@@ -107,7 +107,9 @@ pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitS
     let service = RateLimitService::new(gate, table.clone())?;
     // Envoy's refusals shaped as the other doors' (the decision listener's settings).
     Ok(Some(match &config.decide {
-        Some(decide) => service.shaped(decide.refusals.clone(), decide.forward_headers),
+        Some(decide) => service
+            .shaped(decide.refusals.clone(), decide.forward_headers)
+            .logged(decide.access_log),
         None => service,
     }))
 }
@@ -316,6 +318,8 @@ pub async fn serve_on(
             }
         })
     };
+    // Envoy's rate limit service: served on the decision listener, reloaded with the rules.
+    let rls_door = rls_service(&config, gate.clone())?;
     let reloads = config.reload.as_ref().map(|_| {
         // Installed by `bind`, or now, before the listeners accept: a SIGHUP from then on
         // is a reload.
@@ -327,6 +331,7 @@ pub async fn serve_on(
             gate.clone(),
             metrics.clone(),
             saver,
+            rls_door.clone(),
         ))
     });
     // What comes before HTTP (TLS, the PROXY header) is the same on both listeners.
@@ -353,18 +358,27 @@ pub async fn serve_on(
         proxy_protocol = config.server.listener.proxy_protocol,
         backend = %config.proxy.as_ref().map_or_else(|| "none".into(), |proxy| proxy.backend.to_string()),
         store = %match &config.store.kind {
-            StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.store.max_keys),
+            StoreConfig::Memory => format!("memory (this process's own, MAX_KEYS={})", config.store.max_keys),
             StoreConfig::Redis(redis) => redis.to_string(),
         },
         rules = %config.gate.rules.summary(),
         rules_digest = %format!("{:08x}", config.gate.rules.digest()),
         rules_files = %config.reload.as_ref().map_or_else(|| "-".to_owned(), |reload| reload.files()),
         headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
-        access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
+        access_log = config
+            .proxy
+            .as_ref()
+            .map(|proxy| proxy.access_log)
+            .or(config.decide.as_ref().map(|decide| decide.access_log))
+            .map_or("-", |access_log| access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),
         admin_operations = config.admin.token.is_some(),
         max_connections = capacity.max_connections,
         max_connections_per_client = %max_per_client.map_or_else(|| "off".into(), |max| max.to_string()),
+        max_requests_in_flight_per_client = %capacity
+            .max_requests_per_client(&config.server)
+            .map_or_else(|| "off".into(), |max| max.to_string()),
+        h2_max_concurrent_streams = config.server.h2_max_concurrent_streams,
         fd_limit = %capacity.fd_limit.map_or_else(|| "unknown".into(), |limit| limit.to_string()),
         header_read_timeout_ms = config.server.header_read_timeout.as_millis() as u64,
         idle_timeout_ms = config.server.idle_timeout.as_millis() as u64,
@@ -401,7 +415,7 @@ pub async fn serve_on(
         (server, listener)
     });
     // Envoy's rate limit service, on the decision listener beside the other doors.
-    let rls = rls_service(&config, gate.clone())?.map(RateLimitService::into_server);
+    let rls = rls_door.map(RateLimitService::into_server);
     if rls.is_some() && config.decide.is_none() {
         tracing::warn!("RLS_CONFIG is set but DECIDE_PORT is not: the rate limit service is not served");
     }
@@ -491,6 +505,7 @@ async fn watch_rules(
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
     saver: Option<Persistence>,
+    rls: Option<RateLimitService>,
 ) {
     let Some(settings) = config.reload.clone() else {
         return;
@@ -507,6 +522,9 @@ async fn watch_rules(
     // Changed bytes seen once: reloaded when the next read agrees, so a file written in place
     // is not put in force half written.
     let mut pending: Option<Option<crate::config::Loaded>> = None;
+    // The bytes the last reload failed on, as read after it: reported once, not at every
+    // tick they stay; and a file put back to the table in force is said to be fine again.
+    let mut failed: Option<Option<crate::config::Loaded>> = None;
     // What `.env` said when the configuration was read: a later change to it is named, as a
     // reload does not read it.
     let mut dot_env = settings.dot_env.to_vec();
@@ -521,6 +539,18 @@ async fn watch_rules(
             Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
                 let now = read(settings.clone()).await;
                 if now == seen {
+                    pending = None;
+                    if failed.take().is_some() {
+                        tracing::info!(
+                            file = %files,
+                            "rules file is back to the rule table in force: nothing to reload, \
+                             the failed reload's error is over"
+                        );
+                    }
+                    continue;
+                }
+                if failed.as_ref() == Some(&now) {
+                    // Still the bytes the last reload failed on: reported already.
                     pending = None;
                     continue;
                 }
@@ -547,18 +577,30 @@ async fn watch_rules(
         }
         dot_env = now;
         let reloaded = reloaded.map(|reloaded| {
-            reloaded.map(|(table, bytes)| {
+            reloaded.map(|reloaded| {
                 // What the table was built from, whichever way the reload came.
-                seen = Some(bytes);
-                table
+                seen = Some(reloaded.loaded);
+                (reloaded.rules, reloaded.rls)
             })
         });
+        // Envoy's descriptors follow the rule table that holds their rules: put in force once
+        // it is (a descriptor's `replaces`, `quota_mode` or `metadata` may change alone).
+        let descriptors = |table: Option<Arc<DescriptorTable>>| {
+            if let (Some(rls), Some(table)) = (&rls, table)
+                && let Err(error) = rls.reload(table)
+            {
+                tracing::error!(%error, "RLS_CONFIG not reloaded: its descriptors in force stay");
+            }
+        };
         match reloaded {
-            Ok(Ok(table)) if table.decides_like(gate.current().table()) => {
+            Ok(Ok((table, rls_table))) if table.decides_like(gate.current().table()) => {
+                failed = None;
+                descriptors(rls_table);
                 metrics.config_reload(true);
                 tracing::info!(file = %files, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
             }
-            Ok(Ok(table)) => {
+            Ok(Ok((table, rls_table))) => {
+                failed = None;
                 if table.ipv6_prefix() != gate.current().table().ipv6_prefix() {
                     tracing::warn!(
                         ipv6_prefix = table.ipv6_prefix(),
@@ -567,6 +609,7 @@ async fn watch_rules(
                     );
                 }
                 let swapped = gate.swap(table);
+                descriptors(rls_table);
                 // STATE_FILE saves the table in force: its rules, and the store's view of them.
                 let generation = gate.current();
                 if let (Some(saver), Some(store)) = (&saver, generation.limiter().memory()) {
@@ -587,10 +630,12 @@ async fn watch_rules(
             Ok(Err(error)) => {
                 metrics.config_reload(false);
                 tracing::error!(file = %files, cause, %error, "rules not reloaded: the rule table in force stays");
+                failed = Some(read(settings.clone()).await);
             }
             Err(error) => {
                 metrics.config_reload(false);
                 tracing::error!(file = %files, cause, %error, "rules not reloaded: the reload failed");
+                failed = Some(read(settings.clone()).await);
             }
         }
     }

@@ -49,6 +49,8 @@ pub const DECIDE_PORT: Var = Var::unset("DECIDE_PORT");
 pub const DECIDE_TOKEN: Var = Var::unset("DECIDE_TOKEN");
 /// Envoy's rate limit service descriptors: a YAML file or a directory of them (unset: off).
 pub const RLS_CONFIG: Var = Var::unset("RLS_CONFIG");
+/// Whether files of one domain in RLS_CONFIG are merged (default `false`: refused).
+pub const RLS_MERGE_DOMAIN_CONFIG: Var = Var::new("RLS_MERGE_DOMAIN_CONFIG", "false");
 /// The general rule's algorithm (default `token_bucket`).
 pub const ALGORITHM: Var = Var::new("ALGORITHM", "token_bucket");
 /// The auth rule's algorithm (default: the value of ALGORITHM).
@@ -73,8 +75,8 @@ pub const RUST_LOG: Var = Var::unset("RUST_LOG");
 /// The rules file (TOML): the rule table's settings, reloaded on SIGHUP and when it changes
 /// (unset: the environment alone).
 pub const RULES_FILE: Var = Var::unset("RULES_FILE");
-/// How often the rules file is read for changes, in milliseconds; `0`: on SIGHUP only
-/// (default `2000`).
+/// How often the rules file (and OVERRIDES_FILE, RLS_CONFIG) is read for changes, in
+/// milliseconds; `0`: on SIGHUP only (default `2000`).
 pub const RULES_RELOAD_INTERVAL_MS: Var = Var::new("RULES_RELOAD_INTERVAL_MS", "2000");
 /// The general rule's limits, `ALGORITHM:A:B`, several joined by `+` (unset: ALGORITHM and
 /// its numbers).
@@ -201,12 +203,18 @@ pub const SEND_TIMEOUT_MS: Var = Var::new("SEND_TIMEOUT_MS", "60000");
 pub const MAX_CONNECTIONS: Var = Var::unset("MAX_CONNECTIONS");
 /// Connections one client address may hold (unset: three quarters of MAX_CONNECTIONS).
 pub const MAX_CONNECTIONS_PER_CLIENT: Var = Var::unset("MAX_CONNECTIONS_PER_CLIENT");
+/// Requests in flight one client address may have (unset: three quarters of MAX_CONNECTIONS).
+pub const MAX_REQUESTS_IN_FLIGHT_PER_CLIENT: Var = Var::unset("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT");
+/// Streams one HTTP/2 connection may have open at once (default `200`).
+pub const H2_MAX_CONCURRENT_STREAMS: Var = Var::new("H2_MAX_CONCURRENT_STREAMS", "200");
 /// Tunnels one client address may hold (unset: unlimited).
 pub const MAX_UPGRADES_PER_CLIENT: Var = Var::unset("MAX_UPGRADES_PER_CLIENT");
 /// The `Upgrade` protocols forwarded (default `websocket`).
 pub const UPGRADE_PROTOCOLS: Var = Var::new("UPGRADE_PROTOCOLS", "websocket");
 /// What becomes of header names with `_` (default `drop`).
 pub const UNDERSCORE_HEADERS: Var = Var::new("UNDERSCORE_HEADERS", "drop");
+/// What becomes of method-override headers: `meter` or `strip` (default `meter`).
+pub const METHOD_OVERRIDE: Var = Var::new("METHOD_OVERRIDE", "meter");
 /// Origins the gateway's own answers allow (CORS) (default empty).
 pub const CORS_ALLOW_ORIGINS: Var = Var::new("CORS_ALLOW_ORIGINS", "");
 /// A tunnel idle this long is closed (0: never) (default `3600000`).
@@ -262,6 +270,7 @@ pub const ALL: &[Var] = &[
     DECIDE_PORT,
     DECIDE_TOKEN,
     RLS_CONFIG,
+    RLS_MERGE_DOMAIN_CONFIG,
     RULES_FILE,
     RULES_RELOAD_INTERVAL_MS,
     LIMITS,
@@ -323,9 +332,12 @@ pub const ALL: &[Var] = &[
     SEND_TIMEOUT_MS,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_CLIENT,
+    MAX_REQUESTS_IN_FLIGHT_PER_CLIENT,
+    H2_MAX_CONCURRENT_STREAMS,
     MAX_UPGRADES_PER_CLIENT,
     UPGRADE_PROTOCOLS,
     UNDERSCORE_HEADERS,
+    METHOD_OVERRIDE,
     CORS_ALLOW_ORIGINS,
     UPGRADE_IDLE_TIMEOUT_MS,
     REDIS_ADDR,

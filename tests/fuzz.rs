@@ -357,7 +357,9 @@ fn rules_config() -> impl Strategy<Value = Vec<(String, String)>> {
             vec(
                 prop_oneof![
                     mostly(NETWORKS, BAD_NETWORKS).prop_map(str::to_owned),
-                    secret().prop_map(|s| format!("key:{s}"))
+                    secret().prop_map(|s| format!("key:{s}")),
+                    (mostly(KEY_SPECS, BAD_KEY_SPECS), secret())
+                        .prop_map(|(source, s)| format!("{source}={s}")),
                 ],
                 1..3,
             ),
@@ -983,20 +985,22 @@ fn a_redis_url_password_holding_a_slash_is_not_echoed() {
 }
 
 /// Found by `config_rule_tables`: `list` (src/config/rules.rs) refuses an entry holding
-/// whitespace by quoting it whole, so an `EXEMPT` `key:` value (an API key, which
-/// `parse_exemptions` otherwise shows only as `key:***`) is printed when it holds a space, as
-/// `Bearer` tokens do. Fixed; kept as a regression test.
+/// whitespace by quoting it whole, so an `EXEMPT` key value (an API key, which
+/// `parse_exemptions` otherwise shows only as `key:***` or `header:authorization=***`) is
+/// printed when it holds a space, as `Bearer` tokens do. Fixed; kept as a regression test.
 #[test]
 fn an_exempt_key_holding_whitespace_is_not_echoed() {
-    let vars = owned(&[
-        ("BACKEND_URL", targets::BACKEND_URL),
-        ("KEY_BY", "header:Authorization"),
-        ("EXEMPT", "10.0.0.0/8,key:Bearer Hunter2"),
-    ]);
-    let message = tollgate::Config::from_vars(vars)
-        .expect_err("whitespace in an entry")
-        .to_string();
-    assert!(!message.contains(SECRET_MARK), "{message}");
+    for entry in ["key:Bearer Hunter2", "header:Authorization=Bearer Hunter2"] {
+        let vars = owned(&[
+            ("BACKEND_URL", targets::BACKEND_URL),
+            ("KEY_BY", "header:Authorization"),
+            ("EXEMPT", &format!("10.0.0.0/8,{entry}")),
+        ]);
+        let message = tollgate::Config::from_vars(vars)
+            .expect_err("whitespace in an entry")
+            .to_string();
+        assert!(!message.contains(SECRET_MARK), "{message}");
+    }
 }
 
 /// What a client sends after the PROXY header: nothing yet, a request, a TLS record.

@@ -35,7 +35,7 @@ pub const SECRET_MARK: &str = "Hunter2";
 pub const BACKEND_URL: &str = "http://127.0.0.1:8000";
 
 /// `Config::from_vars` never panics; an error names a variable and never shows a secret
-/// (`REDIS_URL`'s password, `REDIS_PASSWORD`, `KEY_HASH_SECRET`, `EXEMPT`'s `key:` values); a
+/// (`REDIS_URL`'s password, `REDIS_PASSWORD`, `KEY_HASH_SECRET`, `EXEMPT`'s key values); a
 /// configuration it accepts shows no secret either and holds a rule table that keeps its
 /// promises (one rule per `ROUTES` entry, and no request priced above its rule's capacity).
 pub fn config(vars: &[(String, String)]) {
@@ -138,11 +138,22 @@ fn split_secret<'a>(name: &str, value: &'a str, parsed: bool) -> (Vec<&'a str>, 
                 }
             }
         },
-        // `key:VALUE` entries are API keys (the parser itself writes them as `key:***`).
-        "EXEMPT" => value
-            .split(',')
-            .map(str::trim)
-            .partition(|entry| entry.starts_with("key:")),
+        // The value of a `SOURCE=VALUE` or `key:VALUE` entry is an API key (the parser itself
+        // writes them as `query:tenant=***`, `key:***`); the source is public.
+        "EXEMPT" => {
+            let (mut private, mut public) = (vec![], vec![]);
+            for entry in value.split(',').map(str::trim) {
+                match (entry.strip_prefix("key:"), entry.split_once('=')) {
+                    (Some(key), _) => private.push(key),
+                    (None, Some((source, key))) => {
+                        public.push(source);
+                        private.push(key);
+                    }
+                    (None, None) => public.push(entry),
+                }
+            }
+            (private, public)
+        }
         _ => (vec![], vec![value]),
     }
 }
@@ -303,8 +314,10 @@ pub fn path_bytes(data: &[u8]) {
 
 /// `ClientIdentity::client` never panics; an untrusted peer is always its own client; for a
 /// trusted one the client is the peer or an address written in the header, found by walking
-/// the entries right to left to the first that is not a trusted proxy (garbage stops the walk
-/// at the nearest trusted hop), so entries a client wrote left of it never count.
+/// the elements right to left (read from the bytes, one by one, empty ones passed over) to the
+/// first that is not a trusted proxy, so elements a client wrote left of it never count; an
+/// element reached that is not an address refuses the request, never making the peer (or any
+/// trusted hop) the client.
 pub fn forwarded_for(peer: IpAddr, trusted: &[IpNet], lines: &[Vec<u8>]) {
     let mut headers = HeaderMap::new();
     for line in lines {
@@ -315,33 +328,38 @@ pub fn forwarded_for(peer: IpAddr, trusted: &[IpNet], lines: &[Vec<u8>]) {
     let client = ClientIdentity::new(trusted.to_vec()).client(peer, &headers);
     let peer = peer.to_canonical();
     let is_trusted = |ip: IpAddr| trusted.iter().any(|net| net.contains(&ip));
-    let context = || format!("peer {peer}, trusted {trusted:?}, lines {headers:?}: {client}");
+    let context = || format!("peer {peer}, trusted {trusted:?}, lines {headers:?}: {client:?}");
     if !is_trusted(peer) {
-        assert_eq!(client, peer, "{}", context());
+        assert_eq!(client, Ok(peer), "{}", context());
         return;
     }
-    // Every entry, in order; a line that is not visible ASCII is one garbage entry.
+    // Every element, in order; one that is not an address (text or not) is `None`.
     let entries: Vec<Option<IpAddr>> = headers
         .get_all(&X_FORWARDED_FOR)
         .iter()
-        .flat_map(|line| match line.to_str() {
-            Ok(line) => line.split(',').map(read_entry).collect(),
-            Err(_) => vec![None],
-        })
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| std::str::from_utf8(entry).ok().and_then(read_entry))
         .collect();
-    let mut expected = peer;
+    let mut expected = Some(peer);
     for entry in entries.iter().rev() {
         match *entry {
-            Some(ip) if is_trusted(ip) => expected = ip,
+            Some(ip) if is_trusted(ip) => expected = Some(ip),
             Some(ip) => {
-                expected = ip;
+                expected = Some(ip);
                 break;
             }
-            None => break,
+            None => {
+                expected = None;
+                break;
+            }
         }
     }
-    assert_eq!(client, expected, "{}", context());
-    assert!(client == peer || entries.contains(&Some(client)), "{}", context());
+    assert_eq!(client.as_ref().ok(), expected.as_ref(), "{}", context());
+    if let Ok(client) = client.clone() {
+        assert!(client == peer || entries.contains(&Some(client)), "{}", context());
+    }
 }
 
 /// Line 1: the peer (default `10.0.0.1`); line 2: `TRUSTED_PROXIES` as written (default
@@ -354,7 +372,6 @@ pub fn forwarded_for_bytes(data: &[u8]) {
 /// One `X-Forwarded-For` entry as a proxy may write it: an address, `[v6]`, or either with a
 /// port; IPv4-mapped addresses as IPv4.
 fn read_entry(entry: &str) -> Option<IpAddr> {
-    let entry = entry.trim();
     let ip = match entry.parse::<IpAddr>() {
         Ok(ip) => ip,
         Err(_) => match entry.parse::<SocketAddr>() {
@@ -438,7 +455,10 @@ pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, tls: boo
     let host = host.and_then(|host| HeaderValue::from_bytes(host).ok());
     let identity = ClientIdentity::new(trusted.to_vec());
     let peer = peer.to_canonical();
-    let client = identity.client(peer, &headers);
+    // A chain naming no client is refused before anything is forwarded.
+    let Ok(client) = identity.client(peer, &headers) else {
+        return;
+    };
     let hop = Hop {
         peer,
         peer_is_trusted: identity.is_trusted(peer),
@@ -769,7 +789,7 @@ fn check_rules() -> &'static [tollgate::limit::Rule] {
 /// `check::ask` never panics, and what it accepts keeps the API's promises: a named question's
 /// rule is one of the table's, its key 1 to 1024 bytes, its cost 1 to the rule's capacity; a
 /// described one's path starts with `/` (or is `*`) and holds no query. A refusal names a
-/// field the body can hold, or none.
+/// field the body can hold or holds, or none.
 pub fn check_body(body: &[u8]) {
     use tollgate::testing::check::{Ask, MAX_KEY, ask};
     let rules = check_rules();
@@ -777,7 +797,7 @@ pub fn check_body(body: &[u8]) {
         Ok(Ask::Named { rule, key, cost }) => {
             assert!(rules.iter().any(|known| std::ptr::eq(known, rule)));
             assert!(!key.is_empty() && key.len() <= MAX_KEY, "{key:?}");
-            assert!((1..=rule.limits.capacity()).contains(&cost), "{cost}");
+            assert!((1..=rule.limits.capacity()).contains(&cost.get()), "{cost}");
         }
         Ok(Ask::Classified { path, .. }) => {
             assert!(path.starts_with('/') || path == "*", "{path:?}");
@@ -794,7 +814,13 @@ pub fn check_body(body: &[u8]) {
                 "headers",
                 "body",
             ];
-            assert!(bad.field.is_none_or(|field| FIELDS.contains(&field)), "{bad:?}");
+            // Or an unknown (or repeated) one, as the body spells it and the reason names it.
+            assert!(
+                bad.field
+                    .as_deref()
+                    .is_none_or(|field| FIELDS.contains(&field) || bad.reason.contains(field)),
+                "{bad:?}"
+            );
             assert!(!bad.reason.is_empty());
         }
     }
@@ -835,8 +861,13 @@ pub fn rls_config(text: &str, entries: &[(&str, &str)]) {
         return;
     };
     for domain in ["d", "edge", ""] {
-        if let Some(id) = matcher::find(&table, domain, entries.iter().copied()) {
+        if let Some(found) = matcher::find(&table, domain, entries.iter().copied()) {
+            let id = found.limit;
             assert!(id < table.limits.len(), "{id} of {}", table.limits.len());
+            // A shared entry is one of the descriptor's, matched by its pattern.
+            for (index, pattern) in &found.shared {
+                assert!(*index < entries.len() && pattern.contains('*'), "{found:?}");
+            }
         }
     }
     let rules = table.rules(tollgate::limit::FailMode::Open, false);

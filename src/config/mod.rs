@@ -50,7 +50,7 @@ use crate::limit::RuleTable;
 use crate::limit_headers::HeaderStyle;
 use crate::proxy::body::MinRate;
 use crate::proxy::cors::Cors;
-use crate::proxy::headers::UnderscoreHeaders;
+use crate::proxy::headers::{MethodOverride, UnderscoreHeaders};
 use crate::proxy::tls::{self, BackendTls};
 use crate::proxy::upgrades::UpgradeProtocols;
 use crate::proxy::{AccessLog, Backend, ProxySettings};
@@ -161,6 +161,8 @@ pub(crate) struct ReloadSettings {
     pub(crate) rules_file: Option<String>,
     /// `OVERRIDES_FILE`, if set.
     pub(crate) overrides_file: Option<String>,
+    /// `RLS_CONFIG`, if set: Envoy's descriptors reload with the rules.
+    pub(crate) rls_config: Option<String>,
     /// `RULES_RELOAD_INTERVAL_MS`: how often they are read for changes; `None`: on SIGHUP only.
     pub(crate) interval: Option<Duration>,
     /// The environment the configuration was read from (the rules file's settings not
@@ -173,6 +175,17 @@ pub(crate) struct ReloadSettings {
     pub(crate) dot_env: Arc<Vec<(String, String)>>,
 }
 
+/// What a reload read: the rule table to put in force, what it was built from, and Envoy's
+/// descriptors (their rules in the table).
+pub(crate) struct Reloaded {
+    /// The rule table, `RLS_CONFIG`'s rules included.
+    pub(crate) rules: crate::limit::RuleTable,
+    /// The files' bytes.
+    pub(crate) loaded: Loaded,
+    /// `RLS_CONFIG`'s descriptors, when it is set.
+    pub(crate) rls: Option<Arc<DescriptorTable>>,
+}
+
 /// The bytes of the files a rule table was built from (empty for a file not set).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Loaded {
@@ -180,12 +193,14 @@ pub(crate) struct Loaded {
     pub(crate) rules: Arc<Vec<u8>>,
     /// `OVERRIDES_FILE`'s.
     pub(crate) overrides: Arc<Vec<u8>>,
+    /// `RLS_CONFIG`'s files, each with its name ([`DescriptorTable::snapshot`]).
+    pub(crate) rls: Arc<Vec<u8>>,
 }
 
 impl ReloadSettings {
     /// The files, as logs name them: `rules.toml,overrides.txt`.
     pub(crate) fn files(&self) -> String {
-        let files: Vec<&str> = [&self.rules_file, &self.overrides_file]
+        let files: Vec<&str> = [&self.rules_file, &self.overrides_file, &self.rls_config]
             .into_iter()
             .flatten()
             .map(String::as_str)
@@ -199,9 +214,14 @@ impl ReloadSettings {
             Some(path) => rules_file::read_bounded(path).ok().map(Arc::new),
             None => Some(Arc::default()),
         };
+        let rls = match &self.rls_config {
+            Some(path) => Arc::new(DescriptorTable::snapshot(Path::new(path))?),
+            None => Arc::default(),
+        };
         Some(Loaded {
             rules: read(&self.rules_file)?,
             overrides: read(&self.overrides_file)?,
+            rls,
         })
     }
 }
@@ -360,38 +380,30 @@ impl Config {
         Ok(config)
     }
 
-    /// The rule table again, with `RULES_FILE` read anew beside the environment read at start:
-    /// what a reload puts in force, and the file's bytes it was built from. The whole
-    /// configuration is validated as at start, so a table the process could not have started
-    /// with is refused too; keys are digested as the running table digests them.
-    pub(crate) fn reload_rules(&self) -> Result<(crate::limit::RuleTable, Loaded), ConfigError> {
+    /// The rule table again, with `RULES_FILE`, `OVERRIDES_FILE` and `RLS_CONFIG` read anew
+    /// beside the environment read at start: what a reload puts in force (the rules, and
+    /// Envoy's descriptors whose rules the table holds), and the files' bytes it was built
+    /// from. The whole configuration is validated as at start, so a table the process could
+    /// not have started with is refused too; keys are digested as the running table digests
+    /// them.
+    pub(crate) fn reload_rules(&self) -> Result<Reloaded, ConfigError> {
         let Some(settings) = &self.reload else {
             return Err(ConfigError::Missing {
                 var: vars::RULES_FILE.name,
-                expected: "a rules file (or OVERRIDES_FILE) to reload the rule table from",
+                expected: "a rules file (or OVERRIDES_FILE, or RLS_CONFIG) to reload the rule table from",
             });
         };
-        // RLS_CONFIG is read at start only: its descriptors stay, and so do their rules.
-        let environment = settings
-            .environment
-            .iter()
-            .filter(|(name, _)| name != vars::RLS_CONFIG.name)
-            .cloned();
+        let environment = settings.environment.iter().cloned();
         let config = Config::from_vars_inheriting(environment, Some(self.gate.rules.hasher().clone()))?;
         let bytes = config
             .reload
             .as_ref()
             .map_or_else(Loaded::default, |settings| settings.loaded.clone());
-        let table = config
-            .gate
-            .rules
-            .with_named(self.gate.rules.named().to_vec())
-            .map_err(|error| {
-                ConfigError::Conflict(format!(
-                    "the reloaded rule table cannot hold RLS_CONFIG's rules: {error}"
-                ))
-            })?;
-        Ok((table, bytes))
+        Ok(Reloaded {
+            rules: config.gate.rules,
+            loaded: bytes,
+            rls: config.rls,
+        })
     }
 
     /// Parse, then check the variables this configuration does not read: a malformed one is
@@ -506,9 +518,12 @@ impl Config {
                     .map(Duration::from_millis)
             },
         )?;
-        let reload = (env.is_set(vars::RULES_FILE) || overrides_file.is_some()).then(|| ReloadSettings {
+        let rls_config = env.get(vars::RLS_CONFIG).map(str::to_owned);
+        let reloads = env.is_set(vars::RULES_FILE) || overrides_file.is_some() || rls_config.is_some();
+        let reload = reloads.then(|| ReloadSettings {
             rules_file: env.get(vars::RULES_FILE).map(str::to_owned),
             overrides_file: overrides_file.as_ref().map(|file| file.path.clone()),
+            rls_config: rls_config.clone(),
             interval: (!rules_reload.is_zero()).then_some(rules_reload),
             environment: Arc::default(),
             loaded: Loaded {
@@ -516,6 +531,12 @@ impl Config {
                 overrides: overrides_file
                     .as_ref()
                     .map(|file| file.bytes.clone())
+                    .unwrap_or_default(),
+                // Read after the table was (a change between the two is one more reload).
+                rls: rls_config
+                    .as_deref()
+                    .and_then(|path| DescriptorTable::snapshot(Path::new(path)))
+                    .map(Arc::new)
                     .unwrap_or_default(),
             },
             dot_env: Arc::default(),
@@ -622,6 +643,24 @@ impl Config {
                 })
                 .transpose()?
                 .unwrap_or_default();
+        let max_requests_per_client = env
+            .get(vars::MAX_REQUESTS_IN_FLIGHT_PER_CLIENT)
+            .map(|value| {
+                PerClientCap::parse(value).ok_or_else(|| {
+                    ConfigError::invalid(
+                        vars::MAX_REQUESTS_IN_FLIGHT_PER_CLIENT.name,
+                        value,
+                        "a whole number, 0 for no cap per client (unset: three quarters of MAX_CONNECTIONS)",
+                    )
+                })
+            })
+            .transpose()?
+            .unwrap_or_default();
+        let h2_max_concurrent_streams = env.parse(
+            vars::H2_MAX_CONCURRENT_STREAMS,
+            "a whole number from 1 to 2147483647",
+            |s| s.parse::<u32>().ok().filter(|n| (1..=0x7fff_ffff).contains(n)),
+        )?;
         let max_upgrades_per_client = env
             .get(vars::MAX_UPGRADES_PER_CLIENT)
             .map(|value| {
@@ -654,6 +693,11 @@ impl Config {
             "drop (not forwarded, as nginx does) or forward",
             UnderscoreHeaders::parse,
         )?;
+        let method_override = env.parse(
+            vars::METHOD_OVERRIDE,
+            "meter (forwarded, and counted as the method it names too) or strip (removed)",
+            MethodOverride::parse,
+        )?;
         let cors = {
             let value = env.value(vars::CORS_ALLOW_ORIGINS);
             Cors::parse(value)
@@ -681,6 +725,7 @@ impl Config {
                     refusals: refusals.clone(),
                     forward_headers,
                     body_timeout: body_idle_timeout,
+                    access_log,
                 })
             }
         };
@@ -698,6 +743,8 @@ impl Config {
                 send_timeout,
                 max_connections,
                 max_connections_per_client,
+                max_requests_per_client,
+                h2_max_concurrent_streams,
                 shutdown_timeout,
             },
             proxy: backend.map(|backend| ProxySettings {
@@ -714,6 +761,7 @@ impl Config {
                 upgrade_idle_timeout,
                 upgrade_protocols,
                 underscore_headers,
+                method_override,
                 cors,
             }),
             decide,
@@ -872,10 +920,7 @@ impl fmt::Display for Config {
                     .map_or_else(|| "no minimum rate".to_owned(), |rate| format!("or below {rate}"))
             )?;
         }
-        let per_client = match (
-            self.server.max_connections_per_client,
-            self.server.max_connections,
-        ) {
+        let share = |cap: PerClientCap| match (cap, self.server.max_connections) {
             (PerClientCap::Off, _) => "no cap".to_owned(),
             (cap, Some(max)) => cap
                 .effective(max.get())
@@ -883,6 +928,7 @@ impl fmt::Display for Config {
             (PerClientCap::At(cap), None) => cap.to_string(),
             (PerClientCap::Default, None) => "three quarters of that".to_owned(),
         };
+        let per_client = share(self.server.max_connections_per_client);
         writeln!(
             f,
             "connections:      at most {} ({per_client} per client), first request within {} ms, \
@@ -903,12 +949,20 @@ impl fmt::Display for Config {
                 .and_then(|proxy| proxy.upgrade_idle_timeout)
                 .map_or_else(|| "never".to_owned(), |idle| format!("{} ms", idle.as_millis()))
         )?;
+        writeln!(
+            f,
+            "requests:         in flight at most as many ({} per client), {} streams per HTTP/2 \
+             connection",
+            share(self.server.max_requests_per_client),
+            self.server.h2_max_concurrent_streams
+        )?;
         if let Some(proxy) = &self.proxy {
             writeln!(
                 f,
-                "upgrades to:      {}; headers with '_': {}; CORS on own answers: {}",
+                "upgrades to:      {}; headers with '_': {}; method overrides: {}; CORS on own answers: {}",
                 proxy.upgrade_protocols.describe(),
                 proxy.underscore_headers.as_str(),
+                proxy.method_override.as_str(),
                 proxy
                     .cors
                     .as_ref()
@@ -952,6 +1006,7 @@ fn parse_rls(
     rules: RuleTable,
     shared_store: bool,
 ) -> Result<(RuleTable, Option<Arc<DescriptorTable>>), ConfigError> {
+    let merge = env.flag(vars::RLS_MERGE_DOMAIN_CONFIG)?;
     let Some(path) = env.get(vars::RLS_CONFIG) else {
         return Ok((rules, None));
     };
@@ -964,13 +1019,14 @@ fn parse_rls(
                        same secret of 16+ characters on each, e.g. from `openssl rand -hex 32`",
         });
     }
-    let table = DescriptorTable::load(Path::new(path)).map_err(|error| ConfigError::File {
+    let table = DescriptorTable::load(Path::new(path), merge).map_err(|error| ConfigError::File {
         var: vars::RLS_CONFIG.name,
         location: error.location,
         problem: error.problem,
     })?;
     let general = rules.general();
-    let named = table.rules(general.fail_mode, general.shadow);
+    let mut named = table.rules(general.fail_mode, general.shadow);
+    named.push(DescriptorTable::override_rule(general.fail_mode, general.shadow));
     let rules = rules
         .with_named(named)
         .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;

@@ -15,7 +15,9 @@
 //! for `sliding_window`, `fixed_window` and `sliding_log`. Options: `name=NAME` (default: the
 //! pattern), `key=SOURCE[+SOURCE...]` (`ip`, `header:NAME`, `cookie:NAME`, `query:NAME`, `host`,
 //! `path`; default `KEY_BY`), `cost=N` (default 1),
-//! `method=GET|POST` (default every method), `shadow`, `count=failures`,
+//! `method=GET|POST` (default every method; `GET` takes `HEAD` too, and a request matches in
+//! any case of its method or under a method-override header, see `limit::rules`), `shadow`,
+//! `count=failures`,
 //! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide), and
 //! `delay=MS` (default `DELAY_MAX_MS`: how long a refused request may wait for its budget
 //! instead, 0 for not at all). No entry may contain whitespace: `AUTH_PATHS="/login /signup"`
@@ -29,7 +31,7 @@ use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
 use crate::limit::FailMode;
 use crate::limit::algorithm::{Algorithm, Concurrent, Limits, ParameterError, Policy};
-use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source};
+use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source, host_value};
 use crate::limit::pattern::PathPattern;
 use crate::limit::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
 
@@ -302,15 +304,11 @@ fn list<'a>(env: &'a Env, var: Var, separators: &'a [char]) -> Result<Vec<&'a st
     let Some(entry) = entries.iter().find(|entry| entry.contains(char::is_whitespace)) else {
         return Ok(entries);
     };
-    // An `EXEMPT` `key:VALUE` holds an API key: never shown.
-    let shown = if entry.starts_with("key:") {
-        "key:***"
-    } else {
-        entry
-    };
+    // An `EXEMPT` `SOURCE=VALUE` or `key:VALUE` holds an API key: never shown.
+    let shown = exempt_shown(entry);
     Err(ConfigError::entry(
         var.name,
-        shown,
+        &shown,
         format!(
             "it contains whitespace; separate entries with {:?}",
             separators[0]
@@ -601,8 +599,14 @@ fn parse_route(
                     .split('|')
                     .map(|method| http::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).ok())
                     .collect();
-                methods =
-                    Some(parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?);
+                let mut parsed =
+                    parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?;
+                // Flask, Django, Rails and Express run a GET route's handler for HEAD (nginx's
+                // `limit_except GET` covers HEAD too): a HEAD must not walk around it.
+                if parsed.contains(&http::Method::GET) && !parsed.contains(&http::Method::HEAD) {
+                    parsed.push(http::Method::HEAD);
+                }
+                methods = Some(parsed);
             }
             Some(("fail", mode)) => {
                 rule.fail_mode = FailMode::parse(mode)
@@ -725,8 +729,28 @@ fn key_hasher(env: &Env, digested_keys: bool, shared_store: bool) -> Result<KeyH
     }
 }
 
-/// `EXEMPT`: CIDRs or addresses, and `key:VALUE` raw values (stored only as digests: one for
-/// each source some rule is keyed by alone, besides the address, as that rule digests it).
+/// An `EXEMPT` entry as errors show it: a key value (`SOURCE=VALUE`, `key:VALUE`) never, its
+/// source alone (`query:tenant=***`).
+fn exempt_shown(entry: &str) -> std::borrow::Cow<'_, str> {
+    if entry.starts_with("key:") {
+        return "key:***".into();
+    }
+    match entry.split_once('=') {
+        Some((source, _)) => format!("{source}=***").into(),
+        None => entry.into(),
+    }
+}
+
+/// What an `EXEMPT` key entry is written as, for its errors.
+const EXEMPT_KEY_FORMS: &str =
+    "header:NAME=VALUE, cookie:NAME=VALUE, query:NAME=VALUE, host=VALUE or path=VALUE";
+
+/// `EXEMPT`: CIDRs or addresses, and `SOURCE=VALUE` raw values of one key source
+/// (`query:tenant=acme`, `header:X-API-Key=...`, `host=...`), stored only as that source's
+/// digest of the value and matched only by rules keyed by that source alone (besides the
+/// address): `?tenant=acme` exempted is not `Host: acme`. `key:VALUE`, the spelling before
+/// sources were named, is read as the one source rules are keyed by alone, and refused when
+/// there are several.
 fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[Rule]) -> Result<Exemptions, ConfigError> {
     let mut single: Vec<&Source> = Vec::new();
     for source in rules.iter().filter_map(|rule| rule.key_by.single()) {
@@ -736,27 +760,79 @@ fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[Rule]) -> Result<Exe
     }
     let mut exempt = Exemptions::default();
     for entry in list(env, vars::EXEMPT, &[','])? {
-        if let Some(value) = entry.strip_prefix("key:") {
-            if single.is_empty() {
+        let (source, value) = if let Some(value) = entry.strip_prefix("key:") {
+            let source = match &single[..] {
+                [] => {
+                    return Err(ConfigError::entry(
+                        vars::EXEMPT.name,
+                        "key:***",
+                        format!(
+                            "key: entries need a rule keyed by one source besides ip (KEY_BY=header:NAME, \
+                             cookie:NAME, query:NAME, host or path, or a route's key=); an exemption \
+                             names its source: {EXEMPT_KEY_FORMS}"
+                        ),
+                    ));
+                }
+                [source] => (*source).clone(),
+                several => {
+                    let spellings: Vec<String> =
+                        several.iter().map(|source| exempt_spelling(source)).collect();
+                    return Err(ConfigError::entry(
+                        vars::EXEMPT.name,
+                        "key:***",
+                        format!(
+                            "key:VALUE is ambiguous: rules are keyed by {} (each alone or with ip), and \
+                             a value exempted in one source must not be in another (a tenant's name \
+                             is anyone's Host); name the source: {}",
+                            several
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(" or "),
+                            spellings.join(" or ")
+                        ),
+                    ));
+                }
+            };
+            (source, value)
+        } else if let Some((spec, value)) = entry.split_once('=') {
+            let shown = exempt_shown(entry);
+            let source = match KeyBy::parse(spec) {
+                Ok(by) if !by.has_ip() && by.single().is_some() => by.single().cloned(),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                ConfigError::entry(
+                    vars::EXEMPT.name,
+                    &shown,
+                    format!("{spec:?} is not one key source: expected {EXEMPT_KEY_FORMS}"),
+                )
+            })?;
+            if !single.contains(&&source) {
                 return Err(ConfigError::entry(
                     vars::EXEMPT.name,
-                    "key:***",
-                    "key: entries need a rule keyed by one source besides ip (KEY_BY=header:NAME, \
-                     cookie:NAME, query:NAME, host or path, or a route's key=)",
+                    &shown,
+                    format!(
+                        "no rule is keyed by {source} alone (besides ip), so it would exempt nothing: \
+                         the rules keyed by one source are keyed by {}",
+                        match &single[..] {
+                            [] => "none".to_owned(),
+                            single => single
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        }
+                    ),
                 ));
             }
-            for source in &single {
-                let digest = hasher.digest_of(std::slice::from_ref(*source), &[value.as_bytes()]);
-                if !exempt.keys.contains(&digest) {
-                    exempt.keys.push(digest);
-                }
-            }
+            (source, value)
         } else {
             let network: IpNet = parse_network(entry).ok_or_else(|| {
                 ConfigError::entry(
                     vars::EXEMPT.name,
                     entry,
-                    "expected a CIDR, an address, or key:VALUE",
+                    format!("expected a CIDR, an address, or a key's value: {EXEMPT_KEY_FORMS}"),
                 )
             })?;
             if network.prefix_len() == 0 {
@@ -768,7 +844,29 @@ fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[Rule]) -> Result<Exe
                 ));
             }
             exempt.networks.push(network);
+            continue;
+        };
+        // As the source reads a request's: a host lower case, without a default port.
+        let value = match source {
+            Source::Host => host_value(value.as_bytes()).map_or_else(Vec::new, |host| host.into_owned()),
+            _ => value.as_bytes().to_vec(),
+        };
+        if value.is_empty() {
+            return Err(ConfigError::entry(
+                vars::EXEMPT.name,
+                &exempt_shown(entry),
+                "names no value (an empty value is never a key: such a request is keyed by its address)",
+            ));
+        }
+        let digest = hasher.digest_of(std::slice::from_ref(&source), &[&value]);
+        if !exempt.keys.contains(&(source.clone(), digest)) {
+            exempt.keys.push((source, digest));
         }
     }
     Ok(exempt)
+}
+
+/// How an `EXEMPT` entry names a value of `source`: `query:tenant=VALUE`, `host=VALUE`.
+fn exempt_spelling(source: &Source) -> String {
+    format!("{source}=VALUE")
 }

@@ -676,6 +676,175 @@ fn routes_are_tried_in_order_before_auth_paths_and_the_general_rule() {
 }
 
 #[test]
+fn a_method_route_takes_every_reading_of_its_method() {
+    let config = parse(&[(
+        "ROUTES",
+        "/search=fixed_window:3:60,method=GET,name=search;/items/*=fixed_window:3:60,method=delete,name=delete",
+    )])
+    .unwrap();
+    let rules = &config.gate.rules;
+    let rule = |method: &str, path, overrides: &[(&str, &str)]| {
+        let mut headers = HeaderMap::new();
+        for (name, value) in overrides {
+            headers.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let head = RequestHead {
+            method: &Method::from_bytes(method.as_bytes()).unwrap(),
+            path,
+            query: None,
+            authority: None,
+            headers: &headers,
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        rules.classify(&head).unwrap().rule.name.to_string()
+    };
+    for (method, path, overrides, expected) in [
+        ("GET", "/search", &[][..], "search"),
+        ("get", "/search", &[], "search"),
+        ("gEt", "/search.json", &[], "search"),
+        // Flask, Rails, Express run a GET route for HEAD.
+        ("HEAD", "/search", &[], "search"),
+        ("POST", "/search", &[], "general"),
+        ("POST", "/search", &[("x-http-method-override", "GET")], "search"),
+        ("POST", "/search", &[("x-http-method", "get")], "search"),
+        ("PUT", "/search", &[("x-method-override", " Get ")], "search"),
+        (
+            "POST",
+            "/search",
+            &[("x-http-method-override", "PATCH, GET")],
+            "search",
+        ),
+        (
+            "POST",
+            "/search",
+            &[
+                ("x-http-method-override", "PATCH"),
+                ("x-http-method-override", "GET"),
+            ],
+            "search",
+        ),
+        (
+            "POST",
+            "/search",
+            &[("x-http-method-override", "PATCH")],
+            "general",
+        ),
+        ("DELETE", "/items/1", &[], "delete"),
+        ("delete", "/items/1", &[], "delete"),
+        (
+            "POST",
+            "/items/1",
+            &[("x-http-method-override", "DELETE")],
+            "delete",
+        ),
+        (
+            "POST",
+            "/items/1",
+            &[("x-http-method-override", "delete")],
+            "delete",
+        ),
+        ("POST", "/items/1", &[], "general"),
+    ] {
+        assert_eq!(
+            rule(method, path, overrides),
+            expected,
+            "{method} {path} {overrides:?}"
+        );
+    }
+    // A `_method` query parameter (Symfony, Laravel), any of them, decoded.
+    for (query, expected) in [
+        ("_method=GET", "search"),
+        ("a=1&_method=%67et", "search"),
+        ("_method=PATCH&_method=get", "search"),
+        ("_method=PATCH", "general"),
+        ("method=GET", "general"),
+    ] {
+        let head = RequestHead {
+            method: &Method::POST,
+            path: "/search",
+            query: Some(query),
+            authority: None,
+            headers: &HeaderMap::new(),
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        assert_eq!(
+            rules.classify(&head).unwrap().rule.name.as_ref(),
+            expected,
+            "{query}"
+        );
+    }
+    // As `--check-config` shows it.
+    assert!(config.to_string().contains("/search GET|HEAD"), "{config}");
+}
+
+#[test]
+fn a_segment_naming_a_script_is_matched_and_keyed_as_the_script() {
+    let config = parse(&[
+        ("AUTH_PATHS", "/wp-login.php,/admin"),
+        ("SKIP_PATHS", "/status.php"),
+        ("COSTS", "/export.php=3"),
+        ("KEY_BY", "ip+path"),
+    ])
+    .unwrap();
+    for (path, rule, mode, cost) in [
+        ("/wp-login.php", "auth", Mode::Enforce, 1),
+        ("/wp-login.php/x", "auth", Mode::Enforce, 1),
+        ("/wp-login.php/x/y.json", "auth", Mode::Enforce, 1),
+        ("/admin.cgi/x", "auth", Mode::Enforce, 1),
+        ("/admin.aspx/x", "auth", Mode::Enforce, 1),
+        ("/wp-login.phpx/y", "general", Mode::Enforce, 1),
+        ("/export.php/x", "general", Mode::Enforce, 3),
+        ("/status.php", "general", Mode::Exempt, 1),
+        // Skipped as itself only: what follows the script is the script's to route.
+        ("/status.php/admin", "general", Mode::Enforce, 1),
+    ] {
+        assert_eq!(
+            classify(&config, "POST", path),
+            (rule.to_owned(), mode, cost),
+            "{path}"
+        );
+    }
+    // `path` keys the resource: extension and PATH_INFO dropped.
+    let key = |path| {
+        let head = RequestHead {
+            method: &Method::GET,
+            path,
+            query: None,
+            authority: None,
+            headers: &HeaderMap::new(),
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        config.gate.rules.classify(&head).unwrap().key
+    };
+    for (same, as_) in [
+        ("/api/search.json", "/api/search"),
+        ("/api/search.a1", "/api/search"),
+        ("/x.php/a", "/x.php"),
+        ("/x.php/b", "/x"),
+        ("/a/b.cgi/c", "/a/b.pl/d"),
+    ] {
+        assert_eq!(key(same), key(as_), "{same} {as_}");
+    }
+    assert_ne!(key("/api/search"), key("/api/other"));
+    assert_ne!(key("/a/b"), key("/a/c.php"));
+}
+
+#[test]
+fn method_override_is_meter_or_strip() {
+    let proxy = |vars: &[(&str, &str)]| parse(vars).unwrap().proxy.unwrap().method_override;
+    assert_eq!(proxy(&[]), MethodOverride::Meter);
+    assert_eq!(proxy(&[("METHOD_OVERRIDE", "strip")]), MethodOverride::Strip);
+    let message = error(&[("METHOD_OVERRIDE", "forward")]);
+    assert!(message.contains("METHOD_OVERRIDE"), "{message}");
+}
+
+#[test]
 fn shadow_mode_and_failure_counting() {
     let config = parse(&[("SHADOW_MODE", "true"), ("AUTH_COUNT", "failures")]).unwrap();
     assert_eq!(classify(&config, "GET", "/x").1, Mode::Shadow);
@@ -849,6 +1018,135 @@ fn every_key_read_from_requests_needs_a_shared_secret_with_redis() {
     // Not for a table whose only keyed rules have several sources.
     let message = error(&[("KEY_BY", "header:a+query:b"), ("EXEMPT", "key:batch")]);
     assert!(message.contains("need a rule keyed by one source"), "{message}");
+}
+
+#[test]
+fn exempt_keys_name_their_source_and_exempt_it_alone() {
+    let routes = "/site=gcra:5:1,key=ip+host,name=site;/api/*=gcra:5:1,key=header:X-API-Key,name=api;\
+                  /s=gcra:5:1,key=cookie:session,name=s;/p/*=gcra:5:1,key=path,name=p";
+    let config = parse(&[
+        ("KEY_BY", "query:tenant"),
+        ("ROUTES", routes),
+        (
+            "EXEMPT",
+            "10.0.0.0/8,query:tenant=acme,host=ACME.example:443,header:X-API-Key=abc==,\
+             cookie:session=batch,path=/p/open",
+        ),
+    ])
+    .unwrap();
+    let rules = &config.gate.rules;
+    let mode = |path: &str, query: Option<&str>, headers: &[(&str, &str)]| {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let head = RequestHead {
+            method: &Method::GET,
+            path,
+            query,
+            authority: None,
+            headers: &map,
+            client_ip: "192.0.2.1".parse().unwrap(),
+            trusted: false,
+        };
+        rules.classify(&head).unwrap().mode
+    };
+    // Each value in its own source: exempt (the host as keys read it: lower case, no port).
+    assert_eq!(mode("/", Some("tenant=acme"), &[]), Mode::Exempt);
+    assert_eq!(mode("/site", None, &[("host", "acme.example")]), Mode::Exempt);
+    assert_eq!(mode("/api/x", None, &[("x-api-key", "abc==")]), Mode::Exempt);
+    assert_eq!(mode("/s", None, &[("cookie", "session=batch")]), Mode::Exempt);
+    assert_eq!(mode("/p/open", None, &[]), Mode::Exempt);
+    // The same values in another source: limited as any other.
+    assert_eq!(mode("/", Some("tenant=acme.example"), &[]), Mode::Enforce);
+    assert_eq!(mode("/site", None, &[("host", "acme")]), Mode::Enforce);
+    assert_eq!(mode("/api/x", None, &[("x-api-key", "acme")]), Mode::Enforce);
+    assert_eq!(mode("/s", None, &[("cookie", "session=abc==")]), Mode::Enforce);
+    assert_eq!(mode("/p/closed", None, &[]), Mode::Enforce);
+
+    // key:VALUE names the one source rules are keyed by alone, and none where there are two.
+    let config = parse(&[("KEY_BY", "ip+query:tenant"), ("EXEMPT", "key:acme")]).unwrap();
+    assert_eq!(
+        classify_query(&config, "tenant=acme"),
+        Mode::Exempt,
+        "the old spelling, one source"
+    );
+    for (vars, problem) in [
+        (
+            &[
+                ("KEY_BY", "query:tenant"),
+                ("ROUTES", "/s=gcra:5:1,key=ip+host"),
+                ("EXEMPT", "key:acme"),
+            ][..],
+            "name the source: host=VALUE or query:tenant=VALUE",
+        ),
+        (
+            &[("EXEMPT", "key:acme")],
+            "an exemption names its source: header:NAME=VALUE",
+        ),
+        (
+            &[("KEY_BY", "query:tenant"), ("EXEMPT", "header:X-API-Key=acme")],
+            "no rule is keyed by header:x-api-key alone (besides ip), so it would exempt nothing: \
+             the rules keyed by one source are keyed by query:tenant",
+        ),
+        (
+            &[("EXEMPT", "host=acme")],
+            "the rules keyed by one source are keyed by none",
+        ),
+        (
+            &[("KEY_BY", "query:tenant"), ("EXEMPT", "query:tenant=")],
+            "names no value",
+        ),
+        (
+            &[("KEY_BY", "ip+host"), ("EXEMPT", "host=:443")],
+            "names no value",
+        ),
+        (&[("KEY_BY", "ip+host"), ("EXEMPT", "key:")], "names no value"),
+        (
+            &[("KEY_BY", "ip+host"), ("EXEMPT", "ip+host=acme")],
+            "\"ip+host\" is not one key source",
+        ),
+        (
+            &[("KEY_BY", "host"), ("EXEMPT", "tenant=acme")],
+            "\"tenant\" is not one key source",
+        ),
+        (
+            &[("KEY_BY", "host"), ("EXEMPT", "bogus")],
+            "expected a CIDR, an address, or a key's value",
+        ),
+        (
+            &[
+                ("KEY_BY", "header:Authorization"),
+                ("EXEMPT", "header:Authorization=Bearer acme"),
+            ],
+            "EXEMPT entry \"header:Authorization=***\" is invalid: it contains whitespace",
+        ),
+    ] {
+        let message = error(vars);
+        assert!(
+            message.starts_with("EXEMPT") && message.contains(problem),
+            "{vars:?}: {message}"
+        );
+        assert!(!message.contains("acme"), "a value is never shown: {message}");
+    }
+}
+
+/// The mode of `GET /?query` from 192.0.2.1.
+fn classify_query(config: &Config, query: &str) -> Mode {
+    let headers = HeaderMap::new();
+    let head = RequestHead {
+        method: &Method::GET,
+        path: "/",
+        query: Some(query),
+        authority: None,
+        headers: &headers,
+        client_ip: "192.0.2.1".parse().unwrap(),
+        trusted: false,
+    };
+    config.gate.rules.classify(&head).unwrap().mode
 }
 
 #[test]
@@ -1201,6 +1499,8 @@ fn connection_limits_and_timeouts() {
     );
     assert_eq!(defaults.gate.max_upgrades_per_client, None, "unlimited");
     assert_eq!(defaults.server.max_connections_per_client, PerClientCap::Default);
+    assert_eq!(defaults.server.max_requests_per_client, PerClientCap::Default);
+    assert_eq!(defaults.server.h2_max_concurrent_streams, 200);
     assert_eq!(
         defaults.proxy.as_ref().unwrap().upgrade_idle_timeout,
         Some(Duration::from_secs(3600))
@@ -1210,10 +1510,19 @@ fn connection_limits_and_timeouts() {
         ("SEND_TIMEOUT_MS", "2500"),
         ("MAX_CONNECTIONS", "5000"),
         ("MAX_CONNECTIONS_PER_CLIENT", "40"),
+        ("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "120"),
+        ("H2_MAX_CONCURRENT_STREAMS", "50"),
         ("MAX_UPGRADES_PER_CLIENT", "0"),
         ("UPGRADE_IDLE_TIMEOUT_MS", "0"),
     ])
     .unwrap();
+    assert_eq!(set.server.h2_max_concurrent_streams, 50);
+    assert!(
+        set.to_string().contains(
+            "requests:         in flight at most as many (120 per client), 50 streams per HTTP/2 connection"
+        ),
+        "{set}"
+    );
     assert_eq!(
         set.proxy.as_ref().unwrap().upgrade_idle_timeout,
         None,
@@ -1238,6 +1547,11 @@ fn connection_limits_and_timeouts() {
         ("MAX_UPGRADES_PER_CLIENT", "-1"),
         ("MAX_CONNECTIONS_PER_CLIENT", "-1"),
         ("MAX_CONNECTIONS_PER_CLIENT", "75%"),
+        ("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "-1"),
+        ("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "half"),
+        ("H2_MAX_CONCURRENT_STREAMS", "0"),
+        ("H2_MAX_CONCURRENT_STREAMS", "2147483648"),
+        ("H2_MAX_CONCURRENT_STREAMS", "many"),
         ("BODY_MIN_RATE", "-1"),
         ("BODY_MIN_RATE", "1k"),
         ("BODY_MIN_RATE_WINDOW_MS", "0"),
@@ -1401,6 +1715,27 @@ fn the_per_client_connection_cap_follows_max_connections_unless_set() {
         line(&[("MAX_CONNECTIONS", "1000")]).starts_with("connections:      at most 1000 (750 per client),")
     );
     assert!(line(&[("MAX_CONNECTIONS_PER_CLIENT", "0")]).contains("(no cap per client)"));
+    // Requests in flight: the same share of the same cap, set apart.
+    let requests = |vars: &[(&str, &str)]| {
+        let text = parse(vars).unwrap().to_string();
+        text.lines()
+            .find(|line| line.starts_with("requests:"))
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        requests(&[("MAX_CONNECTIONS", "1000")]),
+        "requests:         in flight at most as many (750 per client), 200 streams per HTTP/2 connection"
+    );
+    assert!(requests(&[]).contains("(three quarters of that per client)"));
+    assert!(requests(&[("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "0")]).contains("(no cap per client)"));
+    assert_eq!(
+        parse(&[("MAX_REQUESTS_IN_FLIGHT_PER_CLIENT", "0")])
+            .unwrap()
+            .server
+            .max_requests_per_client,
+        PerClientCap::Off
+    );
     // Not below MAX_CONNECTIONS: no cap of its own.
     assert!(
         line(&[("MAX_CONNECTIONS", "10"), ("MAX_CONNECTIONS_PER_CLIENT", "10")])

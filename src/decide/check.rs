@@ -12,7 +12,7 @@
 //! `DENY_STATUS` and `DENY_FORMAT` do not change this answer: it is the decision, not the
 //! refusal, and the caller that acts on it writes its own.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderName, HeaderValue};
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Decide, DecideBody, error, json};
 use crate::gate::{Head, Refused};
-use crate::limit::{Decision, Rule};
+use crate::limit::{Cost, Decision, Rule};
 use crate::outcome::Outcome;
 use crate::suggest::closest;
 
@@ -44,8 +44,10 @@ pub struct Question {
     pub rule: Option<String>,
     /// Named: whose budget.
     pub key: Option<String>,
-    /// Named: what it costs (default: the rule's own cost).
-    pub cost: Option<u64>,
+    /// Named: what it costs (default: the rule's own cost). Any JSON value, so that whatever is
+    /// wrong with it (a negative, a fraction, a number past 2^64, a string) is answered
+    /// naming the field.
+    pub cost: Option<serde_json::Value>,
     /// Classified: the method (default `GET`).
     pub method: Option<String>,
     /// Classified: the path, with its query if any (read by `query:NAME` keys; rules match
@@ -55,7 +57,35 @@ pub struct Question {
     pub client_ip: Option<String>,
     /// Classified: its headers (an API key a rule keys by, `X-Forwarded-For` when
     /// `client_ip` is a trusted proxy's).
-    pub headers: Option<BTreeMap<String, String>>,
+    pub headers: Option<Headers>,
+}
+
+/// The `headers` object of a described request, its members as sent: a name sent twice (in
+/// JSON, in another case, or with `_` for `-`) is kept twice, for [`header_map`] to refuse
+/// rather than one copy silently winning.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Headers(pub Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for Headers {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Headers, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = Headers;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of header names and string values")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Headers, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, String>()? {
+                    members.push(member);
+                }
+                Ok(Headers(members))
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
 }
 
 /// A body that cannot be answered: what is wrong, and with which field.
@@ -63,15 +93,16 @@ pub struct Question {
 pub struct BadBody {
     /// What is wrong, and what is accepted.
     pub reason: String,
-    /// The field at fault, if one is.
-    pub field: Option<&'static str>,
+    /// The field at fault, if one is: one of [`Question`]'s, an unknown one as the body
+    /// spells it, or `body` for a body that is no JSON object.
+    pub field: Option<Cow<'static, str>>,
 }
 
 impl BadBody {
     fn field(field: &'static str, reason: impl Into<String>) -> BadBody {
         BadBody {
             reason: reason.into(),
-            field: Some(field),
+            field: Some(Cow::Borrowed(field)),
         }
     }
 }
@@ -123,9 +154,41 @@ pub struct LimitAnswer {
 pub fn parse(body: &[u8]) -> Result<Question, BadBody> {
     serde_json::from_slice(body).map_err(|error| BadBody {
         reason: format!("the body is not a JSON question: {error}"),
-        field: None,
+        field: Some(at_fault(body, &error)),
     })
 }
+
+/// The field a body [`parse`] refused is at fault with: the unknown or repeated one serde
+/// names (spelt as the body spells it), a known one of the wrong type; `body` when it is no
+/// JSON object at all. Only on the error's way: a good body is parsed once.
+fn at_fault(body: &[u8], error: &serde_json::Error) -> Cow<'static, str> {
+    let message = error.to_string();
+    for said in ["unknown field `", "duplicate field `"] {
+        if let Some((name, _)) = message
+            .split_once(said)
+            .and_then(|(_, rest)| rest.split_once('`'))
+        {
+            return Cow::Owned(name.to_owned());
+        }
+    }
+    let Ok(object) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) else {
+        return Cow::Borrowed("body");
+    };
+    // Each known field alone: the one that fails by itself is at fault.
+    for (name, value) in object {
+        let Some(known) = FIELDS.iter().find(|known| **known == name) else {
+            continue;
+        };
+        let alone = serde_json::Map::from_iter([(name, value)]);
+        if serde_json::from_value::<Question>(serde_json::Value::Object(alone)).is_err() {
+            return Cow::Borrowed(known);
+        }
+    }
+    Cow::Borrowed("body")
+}
+
+/// [`Question`]'s fields, as a body spells them.
+const FIELDS: &[&str] = &["rule", "key", "cost", "method", "path", "client_ip", "headers"];
 
 /// Answer one call from `peer`.
 pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr) -> Response<DecideBody> {
@@ -165,7 +228,7 @@ pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr)
     };
     match decide(door, &body).await {
         Ok(response) => response,
-        Err(bad) => super::error(StatusCode::BAD_REQUEST, &bad.reason, bad.field),
+        Err(bad) => super::error(StatusCode::BAD_REQUEST, &bad.reason, bad.field.as_deref()),
     }
 }
 
@@ -179,7 +242,7 @@ pub enum Ask<'r> {
         /// Whose budget: 1 to [`MAX_KEY`] bytes.
         key: String,
         /// 1 to the rule's capacity.
-        cost: u64,
+        cost: Cost,
     },
     /// `{"method", "path", "client_ip", "headers"}`.
     Classified {
@@ -227,17 +290,29 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
                 }
                 Some(key) => key,
             };
-            let cost = question.cost.unwrap_or(rule.cost);
             let limit = rule.limits.capacity();
-            if cost == 0 || cost > limit {
-                return Err(BadBody::field(
+            let out_of_range = |cost: &dyn std::fmt::Display| {
+                BadBody::field(
                     "cost",
                     format!(
-                        "cost {cost} is out of range: 1 to {limit}, the capacity of rule {:?}",
+                        "cost {cost} is out of range: a whole number from 1 to {limit}, the capacity \
+                         of rule {:?}",
                         &*rule.name
                     ),
-                ));
-            }
+                )
+            };
+            let cost = match &question.cost {
+                None => rule.cost,
+                Some(serde_json::Value::Number(number)) => {
+                    number.as_u64().ok_or_else(|| out_of_range(number))?
+                }
+                Some(other) => return Err(out_of_range(other)),
+            };
+            // A whole number of 1 to the capacity (below 2^50) is a cost; nothing else is.
+            let cost = match Cost::new(cost) {
+                Ok(cost) if (1..=limit).contains(&cost.get()) => cost,
+                _ => return Err(out_of_range(&cost)),
+            };
             Ok(Ask::Named { rule, key, cost })
         }
         (false, true) => {
@@ -284,7 +359,9 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
         Ask::Named { rule, key, cost } => {
             let key = generation.named_key(rule, key.as_bytes());
             let keyed = door.gate.decide_key(&generation, rule, key, cost).await;
-            Ok(respond(door, rule, keyed.decision.decision(), keyed.outcome))
+            let decision = keyed.decision.decision();
+            door.log(&logged(None, None, key, None, rule, decision, keyed.outcome));
+            Ok(respond(door, rule, decision, keyed.outcome))
         }
         Ask::Classified {
             method,
@@ -293,6 +370,12 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
             client,
             headers,
         } => {
+            if let Some(name) = super::forward_auth::underscore_alias(door, &headers) {
+                return Err(BadBody::field(
+                    "headers",
+                    format!("header {name} is a spelling of a key header that backends may read as it"),
+                ));
+            }
             let head = Head {
                 method: &method,
                 path: &path,
@@ -304,11 +387,46 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
             };
             let verdict = door.gate.decide(&head).await.map_err(|refused| match refused {
                 Refused::Ambiguous(reason) => BadBody::field("path", reason),
+                Refused::Headers(reason) => BadBody::field("headers", reason),
                 Refused::Tunnels(_) => BadBody::field("path", "no upgrade was asked for"),
             })?;
             let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
+            door.log(&logged(
+                Some(method.as_str()),
+                Some(&path),
+                verdict.key,
+                Some(client),
+                verdict.rule(),
+                decision,
+                verdict.outcome,
+            ));
             Ok(respond(door, verdict.rule(), decision, verdict.outcome))
         }
+    }
+}
+
+/// The log line's account of one answer (always `200`: `allowed` says the rest).
+fn logged<'a>(
+    method: Option<&'a str>,
+    path: Option<&'a str>,
+    client: crate::limit::ClientKey,
+    address: Option<IpAddr>,
+    rule: &'a Rule,
+    decision: Option<&Decision>,
+    outcome: Outcome,
+) -> super::Decided<'a> {
+    super::Decided {
+        door: "check",
+        method,
+        path,
+        client,
+        address,
+        rule: &rule.name,
+        outcome,
+        status: 200,
+        retry_after_s: decision
+            .filter(|_| !outcome.forwards())
+            .map(|decision| crate::limit_headers::retry_after_secs(decision.retry_after)),
     }
 }
 
@@ -329,14 +447,31 @@ fn named_rule<'r>(rules: &'r [Rule], name: Option<&str>) -> Result<&'r Rule, Bad
     })
 }
 
-/// The `headers` object as a header map.
-fn header_map(headers: BTreeMap<String, String>) -> Result<HeaderMap, BadBody> {
+/// The `headers` object as a header map. Two members naming one header, to some backend, are
+/// refused: the same name twice, or two spellings equal but for case or `_` for `-`
+/// (`x_api_key` beside `x-api-key`: CGI, WSGI and Rack read both as `HTTP_X_API_KEY`), as
+/// forward-auth refuses them; which one the rules would read and which one the backend would
+/// is anybody's guess.
+fn header_map(headers: Headers) -> Result<HeaderMap, BadBody> {
     let mut map = HeaderMap::new();
-    for (name, value) in headers {
+    // By name as such a backend reads it: lower case, `_` for `-`.
+    let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for (name, value) in headers.0 {
         let header = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| BadBody::field("headers", format!("{name:?} is not a header name")))?;
         let value = HeaderValue::from_str(&value)
             .map_err(|_| BadBody::field("headers", format!("the value of {name:?} is not a header value")))?;
+        let read_as = header.as_str().replace('_', "-");
+        if let Some(earlier) = seen.get(&read_as) {
+            return Err(BadBody::field(
+                "headers",
+                format!(
+                    "{earlier:?} and {name:?} are one header to backends that ignore case and read '_' \
+                     as '-' (CGI, WSGI, Rack): send it once"
+                ),
+            ));
+        }
+        seen.insert(read_as, name);
         map.append(header, value);
     }
     Ok(map)
@@ -393,10 +528,18 @@ mod tests {
     fn unknown_fields_and_wrong_types_are_named() {
         let error = parse(br#"{"rule":"general","kee":"x"}"#).unwrap_err();
         assert!(error.reason.contains("unknown field `kee`"), "{}", error.reason);
+        assert_eq!(error.field.as_deref(), Some("kee"));
         let error = parse(br#"{"rule":"general","key":"x","cost":-1}"#).unwrap_err();
         assert!(error.reason.contains("invalid value"), "{}", error.reason);
+        assert_eq!(error.field.as_deref(), Some("cost"));
+        let error = parse(br#"{"rule":"general","key":"x","key":"y"}"#).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("key"), "{}", error.reason);
+        let error = parse(br#"{"rule":"general","key":["x"]}"#).unwrap_err();
+        assert!(error.reason.contains("invalid type"), "{}", error.reason);
         let error = parse(b"not json").unwrap_err();
         assert!(error.reason.contains("not a JSON question"), "{}", error.reason);
+        assert_eq!(error.field.as_deref(), Some("body"));
+        assert_eq!(parse(b"[1]").unwrap_err().field.as_deref(), Some("body"));
     }
 
     #[test]
@@ -404,21 +547,94 @@ mod tests {
         let named = parse(br#"{"rule":"auth","key":"user-7","cost":2}"#).unwrap();
         assert_eq!(
             (named.rule.as_deref(), named.key.as_deref(), named.cost),
-            (Some("auth"), Some("user-7"), Some(2))
+            (Some("auth"), Some("user-7"), Some(serde_json::json!(2)))
         );
         let classified = parse(
             br#"{"method":"POST","path":"/login","client_ip":"203.0.113.7","headers":{"x-api-key":"k"}}"#,
         )
         .unwrap();
         assert_eq!(classified.path.as_deref(), Some("/login"));
-        assert_eq!(classified.headers.unwrap()["x-api-key"], "k");
+        assert_eq!(classified.headers, Some(headers(&[("x-api-key", "k")])));
+    }
+
+    fn headers(members: &[(&str, &str)]) -> Headers {
+        Headers(
+            members
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
+        )
+    }
+
+    /// Costs are hostile numbers: whatever is not a whole number from 1 to the rule's capacity
+    /// (a capacity + 1, 2^31, 2^32 - 1, 2^53, 2^63 - 1, 2^63, 2^64 - 1, 2^64, a negative, a
+    /// fraction, a string) is a bad request naming `cost`.
+    #[test]
+    fn a_cost_is_a_whole_number_up_to_the_capacity_or_a_bad_request_naming_it() {
+        use crate::limit::Policy;
+        use crate::limit::algorithm::TokenBucket;
+        let policy = Policy::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        });
+        let rules = [Rule::new(0, "general", policy)];
+        let body = |cost: &str| format!(r#"{{"rule":"general","key":"k","cost":{cost}}}"#);
+        for cost in [
+            "0",
+            "4",
+            "2147483648",
+            "4294967295",
+            "9007199254740992",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-1",
+            "1.5",
+            "1e30",
+            "\"2\"",
+            "[]",
+        ] {
+            let bad = ask(body(cost).as_bytes(), &rules).unwrap_err();
+            assert_eq!(bad.field.as_deref(), Some("cost"), "{cost}: {bad:?}");
+            assert!(bad.reason.contains("from 1 to 3"), "{cost}: {bad:?}");
+        }
+        for cost in [1, 3] {
+            match ask(body(&cost.to_string()).as_bytes(), &rules) {
+                Ok(Ask::Named { cost: asked, .. }) => assert_eq!(asked.get(), cost),
+                other => panic!("{cost}: {other:?}"),
+            }
+        }
     }
 
     #[test]
     fn header_maps_refuse_what_is_not_a_header() {
-        let bad = BTreeMap::from([("bad name".to_owned(), "v".to_owned())]);
-        assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
-        let bad = BTreeMap::from([("x".to_owned(), "a\nb".to_owned())]);
-        assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
+        let bad = headers(&[("bad name", "v")]);
+        assert_eq!(header_map(bad).unwrap_err().field.as_deref(), Some("headers"));
+        let bad = headers(&[("x", "a\nb")]);
+        assert_eq!(header_map(bad).unwrap_err().field.as_deref(), Some("headers"));
+    }
+
+    #[test]
+    fn one_header_sent_twice_in_any_spelling_is_refused_naming_the_field() {
+        for twice in [
+            &[("x_api_key", "a"), ("x-api-key", "b")][..],
+            &[("x-api-key", "a"), ("X_API_KEY", "a")],
+            &[("X-API-Key", "a"), ("x-api-key", "b")],
+            &[("x-api-key", "a"), ("other", "c"), ("x-api-key", "b")],
+        ] {
+            let error = header_map(headers(twice)).unwrap_err();
+            assert_eq!(error.field.as_deref(), Some("headers"), "{twice:?}");
+            assert!(error.reason.contains("send it once"), "{}", error.reason);
+        }
+        // A name sent twice in the JSON is kept twice, not the last copy silently.
+        let question =
+            parse(br#"{"path":"/","client_ip":"192.0.2.1","headers":{"x-api-key":"a","x-api-key":"b"}}"#)
+                .unwrap();
+        let error = header_map(question.headers.unwrap()).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("headers"));
+        // Distinct headers, `_` or not, are each kept.
+        let map = header_map(headers(&[("x_a", "1"), ("x-b", "2"), ("Cookie", "a=1")])).unwrap();
+        assert_eq!(map.len(), 3);
     }
 }

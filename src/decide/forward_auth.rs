@@ -9,7 +9,9 @@
 //! `X-Forwarded-Host` (for `host` keys; else this request's `Host`, which nginx copies). Every
 //! other header (an API key, the `Cookie` lines) is the original request's, as these proxies
 //! copy them. The path goes through the proxy's own canonicalisation, so a path backends could
-//! read two ways is refused here as it is there.
+//! read two ways is refused here as it is there. A method-override header the client sent
+//! (`X-HTTP-Method-Override`, ...) is metered whatever `METHOD_OVERRIDE` says: the proxy in
+//! front forwards it, and this door cannot take it away.
 //!
 //! The caller is the TCP peer, so the client address it forwards is believed only when the
 //! peer is one of `TRUSTED_PROXIES`; a call from any other peer is refused (`403`, logged):
@@ -40,6 +42,7 @@ use super::{Decide, DecideBody, error, full};
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::gate::{Head, Refused};
 use crate::limit::Mode;
+use crate::limit::rules::METHOD_OVERRIDE_HEADERS;
 use crate::limit_headers::{integer_value, retry_after_secs, set_draft};
 use crate::outcome::Outcome;
 use crate::refusal::{DenyFormat, Violated};
@@ -226,7 +229,9 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     if let Some(name) = underscore_alias(door, headers) {
         return error(
             StatusCode::BAD_REQUEST,
-            &format!("header {name} is a spelling of a key header that backends may read as it"),
+            &format!(
+                "header {name} is a spelling of a key or method-override header that backends may read as it"
+            ),
             None,
         );
     }
@@ -241,7 +246,9 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
     };
     let verdict = match door.gate.decide(&head).await {
         Ok(verdict) => verdict,
-        Err(Refused::Ambiguous(reason)) => return error(StatusCode::BAD_REQUEST, &reason, None),
+        Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
+            return error(StatusCode::BAD_REQUEST, &reason, None);
+        }
         // Not asked for (upgrade is false); a tunnel is the ingress's to hold.
         Err(Refused::Tunnels(_)) => return error(refusal, "too many upgraded connections", None),
     };
@@ -299,17 +306,19 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             );
         }
     }
-    if !verdict.outcome.forwards() {
-        tracing::debug!(
-            client = %verdict.client,
-            host = original.host.as_deref().unwrap_or(""),
-            method = %original.method,
-            path = %original.path,
-            rule = %verdict.rule().name,
-            outcome = verdict.outcome.as_str(),
-            "forward-auth refused"
-        );
-    }
+    door.log(&super::Decided {
+        door: "forward-auth",
+        method: Some(original.method.as_str()),
+        path: Some(&original.path),
+        client: verdict.key,
+        address: Some(verdict.client),
+        rule: &verdict.rule().name,
+        outcome: verdict.outcome,
+        status: response.status().as_u16(),
+        retry_after_s: decision
+            .filter(|_| !verdict.outcome.forwards())
+            .map(|decision| retry_after_secs(decision.retry_after)),
+    });
     response
 }
 
@@ -332,11 +341,11 @@ fn refusal_status(query: Option<&str>, deny: StatusCode) -> Result<StatusCode, S
     Ok(status)
 }
 
-/// A header whose name, with `_` read as `-`, is one a rule keys by: CGI-style backends read
-/// it as that header, and the proxy in front forwards it (nginx drops such names by default,
-/// Traefik and Caddy do not), so the budget would be the real header's and the backend's key
-/// the alias's.
-fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
+/// A header whose name, with `_` read as `-`, is one a rule keys by, or a method-override
+/// header: CGI-style backends read it as that header, and the proxy in front forwards it
+/// (nginx drops such names by default, Traefik and Caddy do not), so the budget would be the
+/// real header's and the backend's key (or method) the alias's.
+pub(super) fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
     let mut aliases = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))
@@ -347,6 +356,9 @@ fn underscore_alias(door: &Decide, headers: &HeaderMap) -> Option<String> {
         .find(|name| {
             let dashed = name.as_str().replace('_', "-");
             generation.key_headers().any(|key| key.as_str() == dashed)
+                || METHOD_OVERRIDE_HEADERS
+                    .iter()
+                    .any(|header| header.as_str() == dashed)
         })
         .map(|name| name.as_str().to_owned())
 }

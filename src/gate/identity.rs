@@ -6,6 +6,17 @@
 //! rightmost entries are the ones our own proxies wrote) until the first address that is not
 //! a trusted proxy: the client as seen by our outermost proxy. Entries left of it were written
 //! by the client itself and are ignored, so a client can never choose its own key.
+//!
+//! Every element the walk reaches was written by a trusted proxy (the one it just stepped to),
+//! about the peer that proxy saw, unless a proxy passed on what it was sent. An element there
+//! that is not an address (`\xff`, `unknown`, `bogus`) names no client, and taking the trusted
+//! proxy for the client instead would file the request under the proxy's budget, which
+//! operators commonly exempt (`EXEMPT=10.0.0.0/8` beside `TRUSTED_PROXIES=10.0.0.0/8`): a
+//! client able to put one bad byte where the walk stops would never be limited. So the request
+//! is refused ([`Unreadable`], a `400` on every door). Elements are read one by one from the
+//! header's bytes, so a malformed one left of the client's address (the client's own
+//! `X-Forwarded-For: \xff`, with the proxy's address appended) is never reached and changes
+//! nothing. Empty elements (`a, , b`) are passed over, as RFC 9110 section 5.6.1 asks.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -34,37 +45,63 @@ impl ClientIdentity {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 
-    /// The client's address for a request that came from `peer` with `headers`.
-    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    /// The client's address for a request that came from `peer` with `headers`: the peer
+    /// itself, or for a trusted peer the rightmost address of `X-Forwarded-For` that is not a
+    /// trusted proxy's (the leftmost when all are). An element the walk reaches that is not an
+    /// address is an error: never the trusted peer instead.
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Result<IpAddr, Unreadable> {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
-            return peer;
+            return Ok(peer);
         }
-        // Several header lines are one list, in order (RFC 9110 section 5.3).
+        // Several header lines are one list, in order (RFC 9110 section 5.3). Read as bytes,
+        // element by element: a byte that is not text in one element says nothing about the
+        // others.
         let mut nearest_trusted = peer;
         for line in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
-            let Ok(line) = line.to_str() else {
-                return nearest_trusted;
-            };
-            for entry in line.rsplit(',') {
-                match parse_entry(entry) {
+            for element in line.as_bytes().rsplit(|&byte| byte == b',') {
+                let element = element.trim_ascii();
+                if element.is_empty() {
+                    continue;
+                }
+                match parse_entry(element) {
                     Some(ip) if self.is_trusted(ip) => nearest_trusted = ip,
-                    Some(ip) => return ip,
-                    // Garbage written by (or passed through) a trusted hop: file the request
-                    // under that hop rather than under anything the client could choose.
-                    None => return nearest_trusted,
+                    Some(ip) => return Ok(ip),
+                    None => return Err(Unreadable::of(element)),
                 }
             }
         }
         // Every hop is a trusted proxy: the leftmost one is the best we know.
-        nearest_trusted
+        Ok(nearest_trusted)
+    }
+}
+
+/// An `X-Forwarded-For` element where the client's address was to be, that is not an address:
+/// the request is refused (`400`) rather than filed under the trusted proxy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("X-Forwarded-For: {element} is not an IP address, where the trusted proxies' chain names the client")]
+pub struct Unreadable {
+    /// The element, escaped and cut short: it is the client's (or a broken proxy's) bytes.
+    element: String,
+}
+
+impl Unreadable {
+    /// The longest part of the element shown.
+    const SHOWN: usize = 64;
+
+    fn of(element: &[u8]) -> Unreadable {
+        let shown = &element[..element.len().min(Self::SHOWN)];
+        let more = if element.len() > Self::SHOWN { "..." } else { "" };
+        Unreadable {
+            element: format!("\"{}{more}\"", shown.escape_ascii()),
+        }
     }
 }
 
 /// One `X-Forwarded-For` entry: `1.2.3.4`, `2001:db8::1`, `[2001:db8::1]`, or any of these
 /// with a port, as some proxies write them.
-fn parse_entry(entry: &str) -> Option<IpAddr> {
-    let entry = entry.trim();
+fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
+    let entry = std::str::from_utf8(entry).ok()?;
     entry
         .parse::<IpAddr>()
         .ok()
@@ -81,12 +118,19 @@ mod tests {
         ClientIdentity::new(vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()])
     }
 
-    fn client(peer: &str, xff: &[&str]) -> String {
+    fn walk(peer: &str, xff: &[&[u8]]) -> Result<String, Unreadable> {
         let mut headers = HeaderMap::new();
         for line in xff {
-            headers.append(&X_FORWARDED_FOR, line.parse().unwrap());
+            headers.append(&X_FORWARDED_FOR, http::HeaderValue::from_bytes(line).unwrap());
         }
-        identity().client(peer.parse().unwrap(), &headers).to_string()
+        identity()
+            .client(peer.parse().unwrap(), &headers)
+            .map(|ip| ip.to_string())
+    }
+
+    fn client(peer: &str, xff: &[&str]) -> String {
+        let lines: Vec<&[u8]> = xff.iter().map(|line| line.as_bytes()).collect();
+        walk(peer, &lines).unwrap()
     }
 
     #[test]
@@ -94,6 +138,7 @@ mod tests {
         assert_eq!(client("203.0.113.9", &[]), "203.0.113.9");
         assert_eq!(client("203.0.113.9", &["1.1.1.1"]), "203.0.113.9");
         assert_eq!(client("::ffff:203.0.113.9", &["1.1.1.1"]), "203.0.113.9");
+        assert_eq!(walk("203.0.113.9", &[b"\xff", b"bogus"]).unwrap(), "203.0.113.9");
     }
 
     #[test]
@@ -109,14 +154,87 @@ mod tests {
             "198.51.100.7"
         );
         assert_eq!(client("::1", &["[2001:db8::5]:443"]), "2001:db8::5");
+        assert_eq!(client("::1", &["[2001:db8::5]"]), "2001:db8::5");
         assert_eq!(client("10.0.0.1", &["198.51.100.7:5555"]), "198.51.100.7");
+        assert_eq!(
+            client("10.0.0.1", &["\t198.51.100.7 ,10.0.0.2\t"]),
+            "198.51.100.7"
+        );
     }
 
     #[test]
-    fn garbage_and_all_trusted_chains_stop_at_a_trusted_hop() {
+    fn all_trusted_chains_stop_at_the_leftmost_hop() {
         assert_eq!(client("10.0.0.1", &[]), "10.0.0.1");
         assert_eq!(client("10.0.0.1", &["10.0.0.3, 10.0.0.2"]), "10.0.0.3");
-        assert_eq!(client("10.0.0.1", &["1.2.3.4, bogus, 10.0.0.2"]), "10.0.0.2");
-        assert_eq!(client("10.0.0.1", &["unknown"]), "10.0.0.1");
+        // Empty elements are no elements (RFC 9110 section 5.6.1).
+        assert_eq!(client("10.0.0.1", &[", ,10.0.0.3,"]), "10.0.0.3");
+        assert_eq!(client("10.0.0.1", &[""]), "10.0.0.1");
+    }
+
+    #[test]
+    fn a_malformed_element_left_of_the_client_changes_nothing() {
+        // The client's own header, the proxy's address appended: `$proxy_add_x_forwarded_for`.
+        let forged: [&[u8]; 5] = [b"\xff", b"bogus", b"unknown", b"\xff\xfe, 1.2.3.4:x", b"\x80"];
+        for forged in forged {
+            let mut line = forged.to_vec();
+            line.extend_from_slice(b", 198.51.100.7");
+            assert_eq!(walk("10.0.0.1", &[&line]).unwrap(), "198.51.100.7");
+            // As a line of its own, before the proxy's.
+            assert_eq!(
+                walk("10.0.0.1", &[forged, b"198.51.100.7, 10.0.0.2"]).unwrap(),
+                "198.51.100.7"
+            );
+        }
+    }
+
+    #[test]
+    fn a_malformed_element_where_the_client_should_be_is_refused_never_the_proxy() {
+        let cases: [(&[&[u8]], &str); 7] = [
+            (&[b"\xff"], "\"\\xff\""),
+            (&[b"1.2.3.4, bogus, 10.0.0.2"], "\"bogus\""),
+            (&[b"unknown"], "\"unknown\""),
+            (&[b"1.2.3.4", b"\xff, 10.0.0.2"], "\"\\xff\""),
+            (&[b"1.2.3.4, 10.0.0.2", b"10.0.0.3 junk"], "\"10.0.0.3 junk\""),
+            (&[b"fe80::1%eth0"], "\"fe80::1%eth0\""),
+            (&[b"10.0.0.2, 256.1.1.1"], "\"256.1.1.1\""),
+        ];
+        for (lines, shown) in cases {
+            let error = walk("10.0.0.1", lines).unwrap_err();
+            let message = error.to_string();
+            assert!(
+                message.starts_with("X-Forwarded-For: ") && message.contains(shown),
+                "{lines:?}: {message}"
+            );
+        }
+        // What is shown of a long element is bounded.
+        let long = vec![b'x'; 10_000];
+        let message = walk("10.0.0.1", &[&long]).unwrap_err().to_string();
+        assert!(message.len() < 200, "{message}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_bytes_make_a_trusted_peer_the_client_past_a_malformed_element(
+            forged in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+            tail in proptest::collection::vec(proptest::num::u8::ANY, 1..40),
+        ) {
+            // Whatever a proxy appended after the client's bytes: the answer is an address
+            // read from the header (never the peer 10.0.0.1 unless it is written there), or a
+            // refusal; nothing panics.
+            let mut line = forged.clone();
+            line.push(b',');
+            line.extend_from_slice(&tail);
+            if let Ok(value) = http::HeaderValue::from_bytes(&line) {
+                let mut headers = HeaderMap::new();
+                headers.append(&X_FORWARDED_FOR, value);
+                if let Ok(client) = identity().client("10.0.0.1".parse().unwrap(), &headers) {
+                    let written = line
+                        .split(|&byte| byte == b',')
+                        .filter_map(|element| parse_entry(element.trim_ascii()))
+                        .any(|ip| ip == client);
+                    proptest::prop_assert!(written, "{client} from {line:?}");
+                }
+            }
+        }
     }
 }

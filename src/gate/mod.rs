@@ -42,8 +42,9 @@ use tokio::time::Instant;
 use delay::{DelayBounds, DelayQueue};
 
 use crate::limit::refused::{Counted, RefusedClients};
+use crate::limit::rules::ClassifyError;
 use crate::limit::{
-    ClientIp, ClientKey, Count, Decide, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule,
+    ClientIp, ClientKey, Cost, Count, Decide, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule,
     RuleTable, StoreError, Verdict as StoreVerdict,
 };
 use crate::metrics::{Metrics, RuleSeries, TableSeries};
@@ -157,7 +158,7 @@ pub struct Place {
     /// Whose places.
     key: ClientKey,
     /// How many each limit holds: the request's cost.
-    cost: u64,
+    cost: Cost,
     /// What the store said: which store, and each lease's name (its part's `at_us`).
     decision: StoreVerdict,
     /// Renews the leases every third of their length while the request goes on; stopped
@@ -195,7 +196,7 @@ impl Place {
         generation: Arc<Generation>,
         rule: u16,
         key: ClientKey,
-        cost: u64,
+        cost: Cost,
         decision: StoreVerdict,
     ) {
         let Some(rules) = generation.places.get(usize::from(rule)) else {
@@ -357,9 +358,12 @@ pub struct Head<'a> {
 /// Why the gate decided nothing: the request is refused before any budget is touched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {
-    /// The request could be read two ways (its path, or its key header): the reason, for a
-    /// `400`.
+    /// The request could be read two ways (its path, or a key's query parameter): the
+    /// reason, for a `400`.
     Ambiguous(String),
+    /// A header the decision reads is malformed or could be read two ways (`X-Forwarded-For`
+    /// from a trusted proxy, a key header, `TIER_HEADER`): the reason, for a `400`.
+    Headers(String),
     /// The client holds `MAX_UPGRADES_PER_CLIENT` tunnels already (the limit), for a `429`.
     Tunnels(u32),
 }
@@ -374,7 +378,7 @@ pub struct Verdict {
     /// Whose budget.
     pub key: ClientKey,
     /// What it costs.
-    pub cost: u64,
+    pub cost: Cost,
     /// Enforced, shadowed, or exempt (not decided).
     pub mode: Mode,
     /// The client address the rules used (the peer, or from a trusted `X-Forwarded-For`).
@@ -525,7 +529,10 @@ impl Gate {
         } else {
             path::parse(head.path).map_err(|error| Refused::Ambiguous(error.to_string()))?
         };
-        let client = self.identity.client(head.peer, head.headers);
+        let client = self
+            .identity
+            .client(head.peer, head.headers)
+            .map_err(|error| Refused::Headers(error.to_string()))?;
         let matched = generation
             .rules
             .classify(&RequestHead {
@@ -539,7 +546,10 @@ impl Gate {
                 trusted: generation.rules.overrides().tiers().is_some()
                     && self.identity.is_trusted(head.peer),
             })
-            .map_err(|error| Refused::Ambiguous(error.to_string()))?;
+            .map_err(|error| match error {
+                ClassifyError::RepeatedKeyParameter(_) => Refused::Ambiguous(error.to_string()),
+                _ => Refused::Headers(error.to_string()),
+            })?;
         if matched.untrusted_tier {
             self.metrics.tier_header_untrusted();
         }
@@ -557,7 +567,8 @@ impl Gate {
                 // As `check` does, written out: every request takes this way, and a future
                 // nested in it measured 200 instructions a request (docs/benchmarks.md,
                 // part 17).
-                let (rule, key, cost) = (matched.rule, matched.key, matched.cost);
+                // The table's costs are at most their rule's capacity: the saturation never bites.
+                let (rule, key, cost) = (matched.rule, matched.key, Cost::saturating(matched.cost));
                 let asked = Instant::now();
                 let decision = generation.limiter.check(rule, key, cost).await;
                 let decided = Instant::now();
@@ -578,7 +589,7 @@ impl Gate {
         let outcome = Outcome::of(matched.mode, decision.as_ref());
         generation.count(matched.rule, matched.key, outcome);
         let rule = matched.rule.id;
-        let (key, cost, mode) = (matched.key, matched.cost, matched.mode);
+        let (key, cost, mode) = (matched.key, Cost::saturating(matched.cost), matched.mode);
         Ok(Verdict {
             generation,
             rule,
@@ -598,7 +609,13 @@ impl Gate {
     /// the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
     /// limiter, denial cache, breaker and fail mode as [`Gate::decide`], counted in the same
     /// metrics. `rule` must be one of `generation`'s ([`Generation::rule`]).
-    pub async fn decide_key(&self, generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> Keyed {
+    pub async fn decide_key(
+        &self,
+        generation: &Generation,
+        rule: &Rule,
+        key: ClientKey,
+        cost: Cost,
+    ) -> Keyed {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
         let (decision, _) = self.check(generation, rule, key, cost, mode).await;
         let outcome = Outcome::of(mode, Some(&decision));
@@ -615,7 +632,7 @@ impl Gate {
         generation: &Generation,
         rule: &Rule,
         key: ClientKey,
-        cost: u64,
+        cost: Cost,
         mode: Mode,
     ) -> (StoreVerdict, Instant) {
         let (decision, decided) = Gate::ask(generation, rule, key, cost).await;
@@ -632,7 +649,12 @@ impl Gate {
 
     /// One decision, its latency counted in the rule's series: what it decided and when it
     /// ended (one reading of the clock ends the decision and starts the backend's).
-    async fn ask(generation: &Generation, rule: &Rule, key: ClientKey, cost: u64) -> (StoreVerdict, Instant) {
+    async fn ask(
+        generation: &Generation,
+        rule: &Rule,
+        key: ClientKey,
+        cost: Cost,
+    ) -> (StoreVerdict, Instant) {
         let asked = Instant::now();
         let decision = generation.limiter.check(rule, key, cost).await;
         let decided = Instant::now();
@@ -650,7 +672,7 @@ impl Gate {
         generation: &Generation,
         rule: &Rule,
         key: ClientKey,
-        cost: u64,
+        cost: Cost,
         delay: std::time::Duration,
         mut retry_after: std::time::Duration,
     ) -> Option<(StoreVerdict, Instant)> {
@@ -678,12 +700,27 @@ impl Gate {
     }
 
     /// Give `client` its whole budget back under the rule called `rule` (for every replica,
-    /// with Redis). Returns the rule's name and the client's key.
-    pub(crate) async fn reset(&self, rule: &str, client: &str) -> Result<(Arc<str>, ClientKey), ClientError> {
+    /// with Redis). Returns the rule's name, the client's key and whether the store held a
+    /// budget of it to forget (a client never seen, or long idle, has its whole budget and
+    /// nothing to reset).
+    pub(crate) async fn reset(
+        &self,
+        rule: &str,
+        client: &str,
+    ) -> Result<(Arc<str>, ClientKey, bool), ClientError> {
         let generation = self.current();
-        let (rule, key) = generation.client_of(rule, client)?;
-        generation.limiter.reset(rule, key).await?;
-        Ok((rule.name.clone(), key))
+        let (rule, (key, displayed)) = generation.client_of(rule, client)?;
+        let mut held = generation.limiter.reset(rule, key).await?;
+        // `key:<digest>` as logs print it, under a rule keyed by one source: the raw value's
+        // budget or the displayed digest's, whichever the store holds (both, were the two
+        // ever to collide, which 128 bits make moot).
+        let mut found = key;
+        if let Some(displayed) = displayed
+            && generation.limiter.reset(rule, displayed).await?
+        {
+            (held, found) = (true, displayed);
+        }
+        Ok((rule.name.clone(), found, held))
     }
 
     /// What `client` has left under the rule called `rule`, spending nothing: the rule's name
@@ -694,9 +731,18 @@ impl Gate {
         client: &str,
     ) -> Result<(Rule, ClientKey, Decision), ClientError> {
         let generation = self.current();
-        let (rule, key) = generation.client_of(rule, client)?;
-        let decision = generation.limiter.inspect(rule, key).await?;
-        Ok((rule.clone(), key, decision))
+        let (rule, (key, displayed)) = generation.client_of(rule, client)?;
+        let mut decision = generation.limiter.inspect(rule, key).await?;
+        let mut found = key;
+        // Of the raw value's budget and the displayed digest's, the one in use: a budget
+        // entirely back has nothing to wait for (`reset_after` zero), one in use has.
+        if let Some(displayed) = displayed {
+            let other = generation.limiter.inspect(rule, displayed).await?;
+            if other.reset_after > decision.reset_after {
+                (decision, found) = (other, displayed);
+            }
+        }
+        Ok((rule.clone(), found, decision))
     }
 
     /// Each rule, in table order, with its `top` clients refused most in the last minute (see
@@ -715,7 +761,7 @@ impl Gate {
     /// up front, the difference charged (into debt if need be) or given back, in the store
     /// that decided. A request forwarded by a shadow rule's would-be refusal spent nothing
     /// up front, so all it reported is charged.
-    pub async fn settle(&self, verdict: &Verdict, status: u16, reported: Option<u64>) {
+    pub async fn settle(&self, verdict: &Verdict, status: u16, reported: Option<Cost>) {
         let Some(decision) = &verdict.decision else {
             return;
         };
@@ -735,12 +781,20 @@ impl Gate {
         }
         let charged = match verdict.outcome {
             _ if spent => verdict.cost,
-            Outcome::Shadow => 0,
+            Outcome::Shadow => Cost::ZERO,
             _ => return,
         };
         match reported {
-            Some(cost) if cost > charged => limiter.charge(rule, verdict.key, cost - charged, decision).await,
-            Some(cost) if cost < charged => limiter.refund(rule, verdict.key, charged - cost, decision).await,
+            Some(cost) if cost > charged => {
+                limiter
+                    .charge(rule, verdict.key, cost.saturating_sub(charged), decision)
+                    .await
+            }
+            Some(cost) if cost < charged => {
+                limiter
+                    .refund(rule, verdict.key, charged.saturating_sub(cost), decision)
+                    .await
+            }
             _ => {}
         }
     }
@@ -831,43 +885,68 @@ impl Generation {
     }
 
     /// The client written `text` as logs write it, under `rule`: an address (`203.0.113.7`, or
-    /// an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX`), `key:VALUE` or
-    /// `IP+key:VALUE`. Under a rule keyed by one source besides the address, `VALUE` is that
-    /// source's raw value (a header's, a cookie's, ...), digested as a request's is; under one
-    /// keyed by several, whose key is one digest of them all, it is that digest, 32 hex digits
-    /// as logs and `/v1/limited` print it.
-    fn client_key(&self, rule: &Rule, text: &str) -> Result<ClientKey, ClientError> {
+    /// an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX` and written with that
+    /// prefix), `key:VALUE` or `IP+key:VALUE`. Under a rule keyed by one source besides the
+    /// address, `VALUE` is that source's raw value (a header's, a cookie's, ...), digested as a
+    /// request's is; under one keyed by several, whose key is one digest of them all, it is
+    /// that digest, 32 hex digits as logs and `/v1/limited` print it.
+    ///
+    /// The second key is the other reading of a `VALUE` of 32 hex digits under a rule keyed by
+    /// one source: the digest as logs and `/v1/limited` print it, taken as it is (an operator
+    /// copies ids from them), where the first key is the raw value digested.
+    fn client_key(&self, rule: &Rule, text: &str) -> Result<(ClientKey, Option<ClientKey>), ClientError> {
         let prefix = self.rules.ipv6_prefix();
         let ip = |text: &str| {
-            // A network as logs write it: its address, grouped by the prefix as any address.
-            let address = text.split_once('/').map_or(text, |(address, _)| address);
-            address.parse::<IpAddr>().ok().map(|ip| ClientIp::new(ip, prefix))
+            // A network as logs write it: its address, and the prefix its key is grouped by
+            // (anything else after a `/` names no client: `127.0.0.1/extra` is not 127.0.0.1).
+            let (address, written) = match text.split_once('/') {
+                Some((address, written)) => (address, Some(written)),
+                None => (text, None),
+            };
+            let ip = ClientIp::new(address.parse::<IpAddr>().ok()?, prefix);
+            match written {
+                Some(written) if written.parse::<u8>().ok() != Some(ip.prefix()) => None,
+                _ => Some(ip),
+            }
         };
-        let digest = |value: &str| match rule.key_by.sources() {
-            [] | [_] => Ok(self.named_key(rule, value.as_bytes()).digest()),
+        let digests = |value: &str| match rule.key_by.sources() {
+            [] | [_] => Ok([
+                self.named_key(rule, value.as_bytes()).digest(),
+                Digest::parse(value),
+            ]),
             _ => Digest::parse(value)
-                .map(Some)
+                .map(|digest| [Some(digest), None])
                 .ok_or_else(|| ClientError::NotADigest(text.to_owned(), rule.key_by.to_string())),
         };
+        let bad = || ClientError::BadKey(text.to_owned());
         if let Some(value) = text.strip_prefix("key:") {
-            return digest(value)?
-                .map(ClientKey::Header)
-                .ok_or_else(|| ClientError::BadKey(text.to_owned()));
+            let [raw, displayed] = digests(value)?;
+            return Ok((
+                ClientKey::Header(raw.ok_or_else(bad)?),
+                displayed.map(ClientKey::Header),
+            ));
         }
         if let Some((address, value)) = text.split_once("+key:")
             && let Some(ip) = ip(address)
         {
-            return digest(value)?
-                .map(|digest| ClientKey::IpAndHeader(ip, digest))
-                .ok_or_else(|| ClientError::BadKey(text.to_owned()));
+            let [raw, displayed] = digests(value)?;
+            return Ok((
+                ClientKey::IpAndHeader(ip, raw.ok_or_else(bad)?),
+                displayed.map(|digest| ClientKey::IpAndHeader(ip, digest)),
+            ));
         }
-        ip(text)
-            .map(ClientKey::Ip)
-            .ok_or_else(|| ClientError::BadKey(text.to_owned()))
+        let ip = ip(text).ok_or_else(bad)?;
+        Ok((ClientKey::Ip(ip), None))
     }
 
-    /// The rule called `rule` and the client written `client` (see [`Generation::client_key`]).
-    fn client_of(&self, rule: &str, client: &str) -> Result<(&Rule, ClientKey), ClientError> {
+    /// The rule called `rule` and the client written `client` (see [`Generation::client_key`]):
+    /// its key, and the other reading of a displayed digest.
+    #[allow(clippy::type_complexity)]
+    fn client_of(
+        &self,
+        rule: &str,
+        client: &str,
+    ) -> Result<(&Rule, (ClientKey, Option<ClientKey>)), ClientError> {
         let found = self
             .rule(rule)
             .ok_or_else(|| ClientError::UnknownRule(rule.to_owned()))?;
@@ -1047,12 +1126,12 @@ mod tests {
         let rule = generation.rule("slow").unwrap().clone();
         let key = generation.named_key(&rule, b"acme");
         assert_eq!(
-            gate.decide_key(&generation, &rule, key, 1).await.outcome,
+            gate.decide_key(&generation, &rule, key, Cost::ONE).await.outcome,
             Outcome::Allowed
         );
         let started = Instant::now();
         assert_eq!(
-            gate.decide_key(&generation, &rule, key, 1).await.outcome,
+            gate.decide_key(&generation, &rule, key, Cost::ONE).await.outcome,
             Outcome::Allowed
         );
         assert!(started.elapsed() >= std::time::Duration::from_secs(1));
@@ -1140,7 +1219,7 @@ mod tests {
         );
         // And a request still under the old table spends from the same one.
         let old = first.generation.clone();
-        let decided = old.limiter().check(first.rule(), first.key, 1).await;
+        let decided = old.limiter().check(first.rule(), first.key, Cost::ONE).await;
         assert_eq!(decided.decision().unwrap().remaining, 0);
     }
 }

@@ -15,7 +15,9 @@
 //! ASCII letters are lowercased (matching is case-insensitive), empty and `.` segments are
 //! dropped, `..` pops a segment (never above the root), and there is no trailing slash. So
 //! `/Login;jsessionid=x`, `//login/`, `/x/..;/login` and `/log%69n` all read as `/login`. An
-//! extension stays (`/login.json`): rule patterns ([`crate::limit::pattern`]) ignore it. A `%`
+//! extension stays (`/login.json`), and so does what follows a segment naming a script
+//! (`/wp-login.php/x`, PHP's `PATH_INFO`): rule patterns ([`crate::limit::pattern`]) ignore
+//! both, and the `path` key source keys without them. A `%`
 //! decoded from `%25` stays a literal `%`, so a canonical path holding one is not itself a
 //! valid raw path.
 //!

@@ -32,7 +32,7 @@ use std::time::Duration;
 use lru::LruCache;
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Count, Decision, Rule};
+use crate::limit::{ClientKey, Cost, Count, Decision, Rule};
 
 /// Shards of the cache: as the memory store, a power of two.
 const SHARDS: usize = 16;
@@ -47,7 +47,7 @@ struct Denial {
     /// When the request was sent: the decision's waits are counted from then.
     sent: Instant,
     /// The cost of the refused request: a cheaper one may fit sooner.
-    cost: u64,
+    cost: Cost,
     /// What Redis decided (every limit's part, for the headers).
     decision: Decision,
 }
@@ -78,13 +78,13 @@ impl DenialCache {
 
     /// The denial Redis would give this request now, if one is remembered and was asked for
     /// less than [`RECHECK_AFTER`] ago.
-    pub fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Option<Decision> {
+    pub fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Option<Decision> {
         self.answer(rule, client, cost, |denial| denial.recheck)
     }
 
     /// The denial Redis would give this request now, if one is remembered, until its retry
     /// time: for when Redis cannot be asked again.
-    pub fn check_until_retry(&self, rule: &Rule, client: ClientKey, cost: u64) -> Option<Decision> {
+    pub fn check_until_retry(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Option<Decision> {
         self.answer(rule, client, cost, |denial| denial.until)
     }
 
@@ -92,7 +92,7 @@ impl DenialCache {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         trusted_until: impl Fn(&Denial) -> Instant,
     ) -> Option<Decision> {
         let key = (rule.id, client);
@@ -112,7 +112,7 @@ impl DenialCache {
     }
 
     /// Remember `decision`, a denial Redis gave a request of `cost` sent at `sent`.
-    pub fn remember(&self, rule: &Rule, client: ClientKey, cost: u64, decision: &Decision, sent: Instant) {
+    pub fn remember(&self, rule: &Rule, client: ClientKey, cost: Cost, decision: &Decision, sent: Instant) {
         if decision.allowed || rule.count == Count::Failures || decision.retry_after < MIN_WORTH_CACHING {
             return;
         }
@@ -219,22 +219,30 @@ mod tests {
         let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
         let rule = rule(Count::All);
         let sent = Instant::now();
-        cache.remember(&rule, client(), 2, &denied(Duration::from_secs(2)), sent);
+        cache.remember(
+            &rule,
+            client(),
+            Cost::saturating(2),
+            &denied(Duration::from_secs(2)),
+            sent,
+        );
         tokio::time::advance(Duration::from_millis(500)).await;
-        let decision = cache.check(&rule, client(), 2).expect("still refused");
+        let decision = cache
+            .check(&rule, client(), Cost::saturating(2))
+            .expect("still refused");
         assert!(!decision.allowed);
         assert_eq!(decision.retry_after, Duration::from_millis(1_500));
         assert!(
-            cache.check(&rule, client(), 3).is_some(),
+            cache.check(&rule, client(), Cost::saturating(3)).is_some(),
             "a costlier request too"
         );
         assert!(
-            cache.check(&rule, client(), 1).is_none(),
+            cache.check(&rule, client(), Cost::ONE).is_none(),
             "a cheaper one may fit: ask Redis"
         );
         tokio::time::advance(Duration::from_millis(1_500)).await;
         assert!(
-            cache.check(&rule, client(), 2).is_none(),
+            cache.check(&rule, client(), Cost::saturating(2)).is_none(),
             "at the retry time, ask Redis"
         );
         assert_eq!(cache.hits(), 2);
@@ -247,19 +255,21 @@ mod tests {
         cache.remember(
             &rule,
             client(),
-            1,
+            Cost::ONE,
             &denied(Duration::from_secs(3600)),
             Instant::now(),
         );
         tokio::time::advance(RECHECK_AFTER - Duration::from_millis(1)).await;
-        let decision = cache.check(&rule, client(), 1).expect("still answered here");
+        let decision = cache
+            .check(&rule, client(), Cost::ONE)
+            .expect("still answered here");
         assert!(
             decision.retry_after > Duration::from_secs(3598),
             "the retry time Redis gave"
         );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(
-            cache.check(&rule, client(), 1).is_none(),
+            cache.check(&rule, client(), Cost::ONE).is_none(),
             "a second on: ask Redis"
         );
     }
@@ -271,31 +281,40 @@ mod tests {
         cache.remember(
             &rule,
             client(),
-            1,
+            Cost::ONE,
             &denied(Duration::from_secs(1000)),
             Instant::now(),
         );
         tokio::time::advance(Duration::from_secs(999)).await;
-        assert!(cache.check(&rule, client(), 1).is_none(), "Redis is asked again");
+        assert!(
+            cache.check(&rule, client(), Cost::ONE).is_none(),
+            "Redis is asked again"
+        );
         let decision = cache
-            .check_until_retry(&rule, client(), 1)
+            .check_until_retry(&rule, client(), Cost::ONE)
             .expect("Redis cannot be asked: still refused");
         assert_eq!(decision.retry_after, Duration::from_secs(1));
-        assert!(cache.check_until_retry(&rule, client(), 0).is_none(), "cheaper");
+        assert!(
+            cache.check_until_retry(&rule, client(), Cost::ZERO).is_none(),
+            "cheaper"
+        );
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(
-            cache.check_until_retry(&rule, client(), 1).is_none(),
+            cache.check_until_retry(&rule, client(), Cost::ONE).is_none(),
             "at its retry time the fail mode decides"
         );
         cache.remember(
             &rule,
             client(),
-            1,
+            Cost::ONE,
             &denied(Duration::from_secs(1000)),
             Instant::now(),
         );
         cache.forget_id(rule.id, client());
-        assert!(cache.check_until_retry(&rule, client(), 1).is_none(), "reset");
+        assert!(
+            cache.check_until_retry(&rule, client(), Cost::ONE).is_none(),
+            "reset"
+        );
     }
 
     #[test]
@@ -320,14 +339,14 @@ mod tests {
         cache.remember(
             &rule(Count::Failures),
             client(),
-            1,
+            Cost::ONE,
             &denied(Duration::from_secs(9)),
             sent,
         );
-        assert!(cache.check(&rule(Count::Failures), client(), 1).is_none());
+        assert!(cache.check(&rule(Count::Failures), client(), Cost::ONE).is_none());
         let mut allowed = denied(Duration::ZERO);
         allowed.allowed = true;
-        cache.remember(&rule(Count::All), client(), 1, &allowed, sent);
-        assert!(cache.check(&rule(Count::All), client(), 1).is_none());
+        cache.remember(&rule(Count::All), client(), Cost::ONE, &allowed, sent);
+        assert!(cache.check(&rule(Count::All), client(), Cost::ONE).is_none());
     }
 }

@@ -45,7 +45,7 @@ use crate::limit::denials::{DenialCache, parse_reset_message};
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::slots::{Master, SlotMap, key_slot};
 use crate::limit::store::{BreakerStats, Decide, Store, StoreStats};
-use crate::limit::{ClientKey, Decision, MemoryStore, RedisStore, Rule, StoreError, Verdict};
+use crate::limit::{ClientKey, Cost, Decision, MemoryStore, RedisStore, Rule, StoreError, Verdict};
 use crate::telemetry::throttle::LogThrottle;
 
 /// What to do with a request when the store cannot decide.
@@ -124,6 +124,16 @@ impl RedisErrorKind {
         }
     }
 
+    /// Whether a failure of this kind says the store is unreachable (no answer in time, or
+    /// no connection): the only failures a circuit breaker counts. Redis's error replies and
+    /// replies no script could have meant are about what one call asked (a key of the wrong
+    /// type, a state written by something else), or answered at once (`OOM`, `READONLY`):
+    /// each such request gets its rule's fail mode, and no client's numbers can open the
+    /// breaker for every other client.
+    pub fn feeds_breaker(self) -> bool {
+        matches!(self, RedisErrorKind::Timeout | RedisErrorKind::Connection)
+    }
+
     fn of(error: &StoreError) -> RedisErrorKind {
         match error {
             StoreError::Timeout(_) | StoreError::Expired | StoreError::BreakerOpen => RedisErrorKind::Timeout,
@@ -157,7 +167,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         clock: &'a RedisClock,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
 
@@ -167,7 +177,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
@@ -177,7 +187,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
     /// Renew the lease taken under `rule` (a rule of one concurrency limit) at `at_us` by the
     /// client of `key`, a request of `cost` still in flight. A store without leases has none.
@@ -185,7 +195,7 @@ pub trait Remote: Send + Sync + 'static {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-        _cost: u64,
+        _cost: Cost,
         _at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         std::future::ready(Ok(()))
@@ -200,13 +210,13 @@ pub trait Remote: Send + Sync + 'static {
 
     /// Forget the client of `key` (`client`) under every limit of `rule`, for every replica
     /// sharing the store, and announce it to their [`reset_feed`](Self::reset_feed)s with a
-    /// [`reset_message`](crate::limit::denials::reset_message).
+    /// [`reset_message`](crate::limit::denials::reset_message); whether there was one to forget.
     fn reset_key<'a>(
         &'a self,
         rule: &'a Rule,
         key: &'a str,
         client: ClientKey,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
     /// The resets every replica announces (their [`reset_key`](Self::reset_key)s' messages),
     /// from now until the subscription is lost; `None` for a store that announces none.
@@ -239,11 +249,11 @@ pub type ResetFeed = BoxStream<'static, Vec<u8>>;
 #[derive(Debug, Clone, Copy)]
 enum After {
     /// Give back this much (`count=failures`, a reported cost below the one charged).
-    Refund(u64),
+    Refund(Cost),
     /// Renew the leases of a request of this cost still in flight.
-    Renew(u64),
+    Renew(Cost),
     /// Spend this much more, into debt if need be (a reported cost above the one charged).
-    Charge(u64),
+    Charge(Cost),
 }
 
 /// The breaker's numbers (the fail modes are the rules' own).
@@ -589,7 +599,7 @@ impl<S: Remote> Guard<S> {
 
     /// Redis cannot be asked: a client it refused stays refused until its retry time (the
     /// denial remembered, however long ago it was asked); anyone else gets the fail mode.
-    fn cannot_ask(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
+    fn cannot_ask(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: Cost) -> Verdict {
         match self.inner.denials.check_until_retry(rule, client, cost) {
             Some(denial) => Verdict::Decided(denial),
             None => self.fall_back(breaker, rule, client, cost),
@@ -597,7 +607,7 @@ impl<S: Remote> Guard<S> {
     }
 
     /// The rule's fail mode decides.
-    fn fall_back(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: u64) -> Verdict {
+    fn fall_back(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: Cost) -> Verdict {
         breaker.degraded.fetch_add(1, Ordering::Relaxed);
         match (rule.fail_mode, &self.inner.local) {
             (FailMode::Open, _) => Verdict::FailOpen,
@@ -609,15 +619,17 @@ impl<S: Remote> Guard<S> {
         }
     }
 
-    /// Count a failed call, and open `breaker` at the threshold (unless Redis answered and
-    /// only one key is in trouble).
+    /// Count a failed call, and open `breaker` at the threshold when the store could not be
+    /// reached ([`RedisErrorKind::feeds_breaker`]: a timeout or a connection failure).
     fn record_failure(&self, breaker: &Arc<Breaker>, error: &StoreError) {
         let inner = &self.inner.shared;
-        inner.errors[RedisErrorKind::of(error) as usize].fetch_add(1, Ordering::Relaxed);
+        let kind = RedisErrorKind::of(error);
+        inner.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
         let node = breaker.node();
-        if error.is_about_one_key() {
-            // Redis answered: one key's trouble says nothing of its health, and an open
-            // breaker would hand every other client the fail mode too.
+        if !kind.feeds_breaker() {
+            // Redis answered: an error reply or a reply out of range is that call's trouble
+            // and says nothing of the store's health, and an open breaker would hand every
+            // other client the fail mode too.
             if let Some(suppressed) = inner.one_key_log.admit() {
                 if suppressed > 0 {
                     tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
@@ -646,7 +658,7 @@ impl<S: Remote> Store for Guard<S> {
     /// Ask the store, unless it has already refused this request until later (see
     /// [`DenialCache`]) or the breaker of the client's master is open: both answered at once,
     /// without an allocation.
-    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
+    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict> {
         let inner = &*self.inner;
         let shared = &*inner.shared;
         if let Some(denial) = inner.denials.check(rule, client, cost) {
@@ -683,7 +695,7 @@ impl<S: Remote> Store for Guard<S> {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.after(rule, client, verdict, After::Refund(cost))
@@ -696,7 +708,7 @@ impl<S: Remote> Store for Guard<S> {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.after(rule, client, verdict, After::Renew(cost))
@@ -709,7 +721,7 @@ impl<S: Remote> Store for Guard<S> {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.after(rule, client, verdict, After::Charge(cost))
@@ -739,12 +751,10 @@ impl<S: Remote> Store for Guard<S> {
     /// whose subscription is down asks Redis again within
     /// [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), and so does this one for a denial a
     /// request in flight remembers after the reset.
-    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
         let inner = &*self.inner;
         inner.denials.forget(rule, client);
-        if let Some(local) = self.local_store() {
-            local.reset(rule, client);
-        }
+        let held_locally = self.local_store().is_some_and(|local| local.reset(rule, client));
         let shared = &*inner.shared;
         let key = shared.store.key(rule, client);
         let breaker = shared.breaker(&key);
@@ -756,7 +766,7 @@ impl<S: Remote> Store for Guard<S> {
             if let Err(error) = &reset {
                 self.record_failure(&breaker, error);
             }
-            reset
+            reset.map(|held| held || held_locally)
         }))
     }
 

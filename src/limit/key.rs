@@ -37,11 +37,13 @@ pub enum Source {
     Header(HeaderName),
     /// `cookie:NAME`: the first cookie of that name in the `Cookie` lines, percent-decoded.
     Cookie(Box<str>),
-    /// `query:NAME`: the first parameter of that name in the query, form-decoded.
+    /// `query:NAME`: the parameter of that name in the query, form-decoded (named twice: an
+    /// error, see [`query_value`]).
     Query(Box<str>),
     /// `host`: the host the request is for, lower case, without a default port.
     Host,
-    /// `path`: the canonical path, the one rules match.
+    /// `path`: the resource the canonical path names to the loosest reader, as rules match it:
+    /// without `PATH_INFO` after a script or an extension ([`crate::limit::pattern::resource`]).
     Path,
 }
 
@@ -212,21 +214,43 @@ fn is_query_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-._~[]".contains(&b))
 }
 
-/// The value of the first `name` parameter in `query` (the raw text after `?`), decoded as
-/// HTML forms encode it (`+` is a space, then `%XX`), as the backends' query readers decode it;
-/// so `%41` and `A` are one value. Parameter names are decoded before they are compared. An
-/// empty value is none. One pass over the query, and nothing allocated unless the value is
-/// encoded: a query of many parameters costs its length, which the request head's bound caps.
-pub fn query_value<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
-    query
-        .split('&')
-        .find_map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            form_decode(key.as_bytes())
-                .eq(name.bytes())
-                .then(|| decoded(value.as_bytes(), true))
-        })
-        .filter(|value| !value.is_empty())
+/// The value of the `name` parameter in `query` (the raw text after `?`), decoded as HTML
+/// forms encode it (`+` is a space, then `%XX`), as the backends' query readers decode it; so
+/// `%41` and `A` are one value. Parameter names are decoded before they are compared. Pairs
+/// are split at `&` and at `;` (as Rack, older Python and many other readers split them), and
+/// a parameter named twice is an error ([`RepeatedParameter`]): readers differ on which one
+/// they take (the first, the last, all of them), so no one of them can be the key. An empty
+/// value is none. One pass over the query, and nothing allocated unless the value is encoded:
+/// a query of many parameters costs its length, which the request head's bound caps.
+pub fn query_value<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]>>, RepeatedParameter> {
+    let mut found = None;
+    for pair in query.split(['&', ';']) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if form_decode(key.as_bytes()).eq(name.bytes()) {
+            if found.is_some() {
+                return Err(RepeatedParameter);
+            }
+            found = Some(value);
+        }
+    }
+    Ok(found
+        .map(|value| decoded(value.as_bytes(), true))
+        .filter(|value| !value.is_empty()))
+}
+
+/// A query parameter a key is read from, named more than once in the query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepeatedParameter;
+
+/// Every value of a `name` parameter in `query`, decoded as [`query_value`] decodes it, in
+/// order: PHP believes the last, Express's `qs` all of them, others the first.
+pub fn query_values<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = Cow<'q, [u8]>> {
+    query.split(['&', ';']).filter_map(move |pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        form_decode(key.as_bytes())
+            .eq(name.bytes())
+            .then(|| decoded(value.as_bytes(), true))
+    })
 }
 
 /// The value of the first cookie called `name` in `lines` (every `Cookie` line, in order:
@@ -705,9 +729,13 @@ mod tests {
                     _ => format!("%{b:02x}"),
                 })
                 .collect();
-            let (first, second) = (format!("tenant={all}&tenant=x"), format!("a=1&tenant={needed}"));
-            prop_assert_eq!(query_value(&first, "tenant").map(Cow::into_owned), Some(value.clone()));
-            prop_assert_eq!(query_value(&second, "tenant").map(Cow::into_owned), Some(value.clone()));
+            let (first, second) = (format!("tenant={all}&x=1"), format!("a=1;tenant={needed}"));
+            let read = |query: &str| query_value(query, "tenant").map(|value| value.map(Cow::into_owned));
+            prop_assert_eq!(read(&first), Ok(Some(value.clone())));
+            prop_assert_eq!(read(&second), Ok(Some(value.clone())));
+            // Named again, however spelled and separated: no value is the key.
+            prop_assert_eq!(read(&format!("{first};tenant={needed}")), Err(RepeatedParameter));
+            prop_assert_eq!(read(&format!("ten%61nt={needed}&{second}")), Err(RepeatedParameter));
             // Whatever else a query holds, reading it never panics.
             let _ = query_value(&noise, "tenant");
             let _ = cookie_value(std::iter::once(noise.as_bytes()), "tenant");
@@ -912,11 +940,13 @@ mod tests {
     }
 
     fn query(query: &str, name: &str) -> Option<String> {
-        query_value(query, name).map(|v| String::from_utf8_lossy(&v).into_owned())
+        query_value(query, name)
+            .unwrap()
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
     }
 
     #[test]
-    fn query_values_are_decoded_and_the_first_wins() {
+    fn query_values_are_decoded() {
         assert_eq!(query("tenant=acme", "tenant").as_deref(), Some("acme"));
         assert_eq!(query("a=1&tenant=acme&b=2", "tenant").as_deref(), Some("acme"));
         // Two spellings of one value are one value, as backends decode them.
@@ -925,9 +955,10 @@ mod tests {
         assert_eq!(query("tenant=a%20b", "tenant").as_deref(), Some("a b"));
         assert_eq!(query("tenant=a%2Bb", "tenant").as_deref(), Some("a+b"));
         // Names are decoded before they are compared.
-        assert_eq!(query("ten%61nt=x&tenant=y", "tenant").as_deref(), Some("x"));
-        // The first occurrence wins.
-        assert_eq!(query("tenant=a&tenant=b", "tenant").as_deref(), Some("a"));
+        assert_eq!(query("ten%61nt=x&other=y", "tenant").as_deref(), Some("x"));
+        // `;` separates pairs as `&` does; an encoded one is part of a value.
+        assert_eq!(query("a=1;tenant=acme;b=2", "tenant").as_deref(), Some("acme"));
+        assert_eq!(query("tenant=a%3Bb", "tenant").as_deref(), Some("a;b"));
         // Missing, empty, or a name that only starts alike: none.
         assert_eq!(query("tenants=a&xtenant=b", "tenant"), None);
         assert_eq!(query("tenant=&other=1", "tenant"), None);
@@ -937,12 +968,34 @@ mod tests {
         assert_eq!(query("tenant=%zz%4", "tenant").as_deref(), Some("%zz%4"));
         assert_eq!(query("tenant=%", "tenant").as_deref(), Some("%"));
         assert_eq!(query("tenant=a=b", "tenant").as_deref(), Some("a=b"));
-        assert_eq!(query_value("tenant=%FF", "tenant").as_deref(), Some(&[0xFF][..]));
+        assert_eq!(
+            query_value("tenant=%FF", "tenant").unwrap().as_deref(),
+            Some(&[0xFF][..])
+        );
         // Not allocated when nothing is encoded.
         assert!(matches!(
             query_value("tenant=acme", "tenant"),
-            Some(Cow::Borrowed(_))
+            Ok(Some(Cow::Borrowed(_)))
         ));
+    }
+
+    #[test]
+    fn a_query_parameter_named_twice_is_no_value() {
+        // Backends take the first (Flask), the last (PHP, Rack) or all (Express): refused.
+        for twice in [
+            "tenant=a&tenant=b",
+            "tenant=a&tenant=a",
+            "tenant=R;tenant=A",
+            "tenant=R&x=1;tenant=A",
+            "ten%61nt=a&tenant=b",
+            "tenant=&tenant=acme",
+            "tenant&tenant=acme",
+            "tenant=acme&tenant",
+        ] {
+            assert_eq!(query_value(twice, "tenant"), Err(RepeatedParameter), "{twice}");
+        }
+        // Another parameter named twice is not the key's business.
+        assert_eq!(query("a=1&a=2&tenant=acme", "tenant").as_deref(), Some("acme"));
     }
 
     #[test]

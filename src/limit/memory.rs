@@ -42,7 +42,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::limit::{
-    ClientKey, Decide, Decision, LimitDecision, MAX_LIMITS, Policy, Rule, State, Store, StoreError,
+    ClientKey, Cost, Decide, Decision, LimitDecision, MAX_LIMITS, Policy, Rule, State, Store, StoreError,
     StoreStats, Verdict,
 };
 
@@ -246,18 +246,18 @@ impl MemoryStore {
     }
 
     /// Decide a request of `cost` for `client` under `rule`, now.
-    pub fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Decision {
+    pub fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Decision {
         // The clock is read under the shard lock, so one client's decisions see it in order.
         self.decide(rule, client, cost, || self.now_us())
     }
 
     /// Decide a request at an explicit time on the store's clock, for tests and benchmarks
     /// driving a clock of their own.
-    pub fn check_at(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: u64) -> Decision {
+    pub fn check_at(&self, rule: &Rule, client: ClientKey, cost: Cost, now_us: u64) -> Decision {
         self.decide(rule, client, cost, || now_us)
     }
 
-    fn decide(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: impl FnOnce() -> u64) -> Decision {
+    fn decide(&self, rule: &Rule, client: ClientKey, cost: Cost, now_us: impl FnOnce() -> u64) -> Decision {
         let shared = &*self.inner.shared;
         let hash = shared.hasher.hash_one(client);
         let budgets = self.budgets(rule.id);
@@ -295,7 +295,7 @@ impl MemoryStore {
         budgets: &RuleBudgets,
         client: ClientKey,
         hash: u64,
-        cost: u64,
+        cost: Cost,
         now_us: impl FnOnce() -> u64,
     ) -> Decision {
         let shared = &*self.inner.shared;
@@ -365,7 +365,7 @@ impl MemoryStore {
     /// `rule` (see [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)). `rule`
     /// may hold only some of the limits of the rule of its id (the gate gives a concurrency
     /// place back under a rule of that limit alone): each is found by its policy.
-    pub fn refund(&self, rule: &Rule, client: ClientKey, cost: u64, at_us: u64) {
+    pub fn refund(&self, rule: &Rule, client: ClientKey, cost: Cost, at_us: u64) {
         let hash = self.inner.shared.hasher.hash_one(client);
         let budgets = self.budgets(rule.id);
         let same = budgets.limits.len() == rule.limits.len();
@@ -387,12 +387,12 @@ impl MemoryStore {
 
     /// Spend `cost` of `client`'s budget under every limit of `rule` now, whatever is left,
     /// into debt if need be (see [`Algorithm::charge`](crate::limit::algorithm::Algorithm::charge)).
-    pub fn charge(&self, rule: &Rule, client: ClientKey, cost: u64) {
+    pub fn charge(&self, rule: &Rule, client: ClientKey, cost: Cost) {
         self.charge_at(rule, client, cost, self.now_us());
     }
 
     /// [`charge`](Self::charge) at an explicit time, for tests.
-    pub fn charge_at(&self, rule: &Rule, client: ClientKey, cost: u64, now_us: u64) {
+    pub fn charge_at(&self, rule: &Rule, client: ClientKey, cost: Cost, now_us: u64) {
         let shared = &*self.inner.shared;
         let hash = shared.hasher.hash_one(client);
         let budgets = self.budgets(rule.id);
@@ -899,7 +899,7 @@ fn lock(shard: &Shard) -> MutexGuard<'_, Table> {
 
 /// The memory store never fails and never waits: every answer is [`Decide::Ready`].
 impl Store for MemoryStore {
-    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
+    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict> {
         Decide::ready(Verdict::Decided(MemoryStore::check(self, rule, client, cost)))
     }
 
@@ -907,7 +907,7 @@ impl Store for MemoryStore {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         if let Verdict::Decided(decision) = verdict {
@@ -920,7 +920,7 @@ impl Store for MemoryStore {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        _cost: u64,
+        _cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         if let Verdict::Decided(decision) = verdict {
@@ -937,7 +937,7 @@ impl Store for MemoryStore {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         if let Verdict::Decided(_) = verdict {
@@ -946,9 +946,8 @@ impl Store for MemoryStore {
         Decide::ready(())
     }
 
-    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
-        MemoryStore::reset(self, rule, client);
-        Decide::ready(Ok(()))
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
+        Decide::ready(Ok(MemoryStore::reset(self, rule, client)))
     }
 
     fn stats(&self) -> StoreStats {
@@ -1008,10 +1007,10 @@ mod tests {
         let store = store(100);
         let general = rule(GENERAL, 2);
         let auth = rule(AUTH, 1);
-        assert!(store.check_at(&auth, ip(1), 1, 0).allowed);
-        assert!(!store.check_at(&auth, ip(1), 1, 0).allowed);
-        assert!(store.check_at(&auth, ip(2), 1, 0).allowed);
-        assert_eq!(store.check_at(&general, ip(1), 1, 0).remaining, 1);
+        assert!(store.check_at(&auth, ip(1), Cost::ONE, 0).allowed);
+        assert!(!store.check_at(&auth, ip(1), Cost::ONE, 0).allowed);
+        assert!(store.check_at(&auth, ip(2), Cost::ONE, 0).allowed);
+        assert_eq!(store.check_at(&general, ip(1), Cost::ONE, 0).remaining, 1);
     }
 
     #[test]
@@ -1020,9 +1019,9 @@ mod tests {
         let store = store(max_keys);
         let r = rule(GENERAL, 1);
         // The first client spends its budget, then 10x max_keys strangers arrive.
-        assert!(store.check_at(&r, ip(0), 1, 0).allowed);
+        assert!(store.check_at(&r, ip(0), Cost::ONE, 0).allowed);
         for n in 1..=(10 * max_keys as u32) {
-            store.check_at(&r, ip(n), 1, 0);
+            store.check_at(&r, ip(n), Cost::ONE, 0);
             assert!(store.len() <= max_keys);
         }
         assert!(
@@ -1031,7 +1030,7 @@ mod tests {
             store.len()
         );
         // The first client was the idlest, so it was forgotten and starts full again.
-        assert!(store.check_at(&r, ip(0), 1, 0).allowed);
+        assert!(store.check_at(&r, ip(0), Cost::ONE, 0).allowed);
     }
 
     #[test]
@@ -1041,20 +1040,23 @@ mod tests {
         let r = rule(GENERAL, 10);
         // A client spends its whole budget (full again in 10 s), then goes quiet while 10x
         // max_keys strangers each spend one token (full again in 1 s).
-        assert!(store.check_at(&r, ip(0), 10, 0).allowed);
+        assert!(store.check_at(&r, ip(0), Cost::saturating(10), 0).allowed);
         for n in 1..=(10 * max_keys as u32) {
-            store.check_at(&r, ip(n), 1, u64::from(n));
+            store.check_at(&r, ip(n), Cost::ONE, u64::from(n));
         }
         assert!(store.evictions() > 0);
-        assert!(!store.check_at(&r, ip(0), 1, 20_000).allowed, "still limited");
+        assert!(
+            !store.check_at(&r, ip(0), Cost::ONE, 20_000).allowed,
+            "still limited"
+        );
     }
 
     #[test]
     fn a_store_for_the_next_table_keeps_the_budgets_of_unchanged_rules_only() {
         let store = store(1_000);
         let (general, auth) = (rule(GENERAL, 1), rule(AUTH, 1));
-        assert!(store.check_at(&general, ip(1), 1, 0).allowed);
-        assert!(store.check_at(&auth, ip(1), 1, 0).allowed);
+        assert!(store.check_at(&general, ip(1), Cost::ONE, 0).allowed);
+        assert!(store.check_at(&auth, ip(1), Cost::ONE, 0).allowed);
         // A route comes first now (ids move), auth gets other numbers, general is as it was.
         let route = Rule::new(0, "api", general.limits.clone());
         let general_after = Rule {
@@ -1063,18 +1065,21 @@ mod tests {
         };
         let auth_after = Rule::new(1, "auth", rule(AUTH, 5).limits);
         let next = store.for_rules(&[route.clone(), auth_after.clone(), general_after.clone()]);
-        assert!(!next.check_at(&general_after, ip(1), 1, 0).allowed, "budget kept");
         assert!(
-            next.check_at(&auth_after, ip(1), 1, 0).allowed,
+            !next.check_at(&general_after, ip(1), Cost::ONE, 0).allowed,
+            "budget kept"
+        );
+        assert!(
+            next.check_at(&auth_after, ip(1), Cost::ONE, 0).allowed,
             "a changed rule starts afresh"
         );
         assert!(
-            next.check_at(&route, ip(1), 1, 0).allowed,
+            next.check_at(&route, ip(1), Cost::ONE, 0).allowed,
             "a new rule starts afresh"
         );
         assert!(next.shares_rule_with(&store, 2) && !next.shares_rule_with(&store, 1));
         // The table before sees the same budget: a request still deciding under it agrees.
-        assert!(!store.check_at(&general, ip(1), 1, 0).allowed);
+        assert!(!store.check_at(&general, ip(1), Cost::ONE, 0).allowed);
         assert_eq!(next.len(), 3, "the old auth state is not the new table's");
     }
 
@@ -1084,7 +1089,7 @@ mod tests {
             let store = store(max_keys);
             let r = rule(GENERAL, 1);
             for n in 0..1_000 {
-                store.check_at(&r, ip(n), 1, 0);
+                store.check_at(&r, ip(n), Cost::ONE, 0);
             }
             assert!(store.len() <= max_keys, "max_keys={max_keys}");
         }
@@ -1104,9 +1109,9 @@ mod tests {
         // Room for 156 clients a shard: with 100 (1 or 2 a shard), two of these three clients
         // met in a shard of one about one run in a hundred, and one evicted the other.
         let store = MemoryStore::new(NonZeroUsize::new(10_000).unwrap(), &[tb.clone(), sw.clone()]);
-        store.check_at(&tb, ip(1), 1, 0); // full again at 1 s
-        store.check_at(&tb, ip(2), 2, 0); // full again at 2 s
-        store.check_at(&sw, ip(1), 1, 0); // forgotten at 20 s
+        store.check_at(&tb, ip(1), Cost::ONE, 0); // full again at 1 s
+        store.check_at(&tb, ip(2), Cost::saturating(2), 0); // full again at 2 s
+        store.check_at(&sw, ip(1), Cost::ONE, 0); // forgotten at 20 s
         assert_eq!(store.purge_idle_at(1_500_000), 1);
         assert_eq!(store.len(), 2);
         assert_eq!(store.purge_idle_at(19_999_999), 1);
@@ -1151,9 +1156,9 @@ mod tests {
         // evictions and by purges, under two rules.
         for n in 0..50_000u32 {
             let now = u64::from(n) * 100;
-            store.check_at(&general, ip(n), 1 + u64::from(n % 3), now);
+            store.check_at(&general, ip(n), Cost::saturating(1 + u64::from(n % 3)), now);
             if n % 7 == 0 {
-                store.check_at(&auth, ip(n), 1, now);
+                store.check_at(&auth, ip(n), Cost::ONE, now);
             }
             if n % 5_000 == 0 {
                 store.purge_idle_at(now);
@@ -1164,7 +1169,10 @@ mod tests {
         assert_consistent(&store, &buckets);
         // A client still held keeps its own budget: the last one spent 2 of 3 tokens.
         let last = 49_999;
-        assert_eq!(store.check_at(&general, ip(last), 1, 4_999_900).remaining, 0);
+        assert_eq!(
+            store.check_at(&general, ip(last), Cost::ONE, 4_999_900).remaining,
+            0
+        );
         // Everything is idle at the end of time.
         let held = store.len();
         assert_eq!(store.purge_idle_at(u64::MAX), held);
@@ -1189,7 +1197,7 @@ mod tests {
         };
         let r = rule(GENERAL, 2);
         for n in 0..20_000 {
-            store.check_at(&r, ip(n), 1, u64::from(n));
+            store.check_at(&r, ip(n), Cost::ONE, u64::from(n));
             if n % 1_000 == 0 {
                 assert_consistent(&store, &[3]);
             }
@@ -1203,7 +1211,7 @@ mod tests {
             .map(|entry| entry.client)
             .collect();
         for client in held {
-            assert_eq!(store.check_at(&r, client, 1, 19_999).remaining, 0);
+            assert_eq!(store.check_at(&r, client, Cost::ONE, 19_999).remaining, 0);
         }
     }
 
@@ -1241,12 +1249,15 @@ mod tests {
         for max_keys in [1, 16, 1_000] {
             let store = store(max_keys);
             let (general, auth) = (rule(GENERAL, 100), rule(AUTH, 1));
-            assert!(store.check_at(&auth, ip(0), 1, 0).allowed);
-            assert!(!store.check_at(&auth, ip(0), 1, 0).allowed);
+            assert!(store.check_at(&auth, ip(0), Cost::ONE, 0).allowed);
+            assert!(!store.check_at(&auth, ip(0), Cost::ONE, 0).allowed);
             for n in 1..=(100 * max_keys as u32) {
-                store.check_at(&general, ip(n), 1, 0);
+                store.check_at(&general, ip(n), Cost::ONE, 0);
             }
-            assert!(!store.check_at(&auth, ip(0), 1, 1).allowed, "max_keys={max_keys}");
+            assert!(
+                !store.check_at(&auth, ip(0), Cost::ONE, 1).allowed,
+                "max_keys={max_keys}"
+            );
         }
     }
 
@@ -1256,22 +1267,22 @@ mod tests {
         let store = store(16);
         let r = rule(GENERAL, 2);
         for _ in 0..2 {
-            assert!(store.check_at(&r, ip(0), 1, 0).allowed);
+            assert!(store.check_at(&r, ip(0), Cost::ONE, 0).allowed);
         }
-        assert!(!store.check_at(&r, ip(0), 1, 0).allowed);
+        assert!(!store.check_at(&r, ip(0), Cost::ONE, 0).allowed);
         // 100x MAX_KEYS strangers, each spending its whole budget (as far back as the
         // victim's), but allowed.
         for n in 1..=1_600u32 {
-            store.check_at(&r, ip(n), 2, 0);
+            store.check_at(&r, ip(n), Cost::saturating(2), 0);
         }
         assert!(store.evictions() >= 1_500);
-        assert!(!store.check_at(&r, ip(0), 1, 1).allowed, "still refused");
+        assert!(!store.check_at(&r, ip(0), Cost::ONE, 1).allowed, "still refused");
     }
 
     #[test]
     fn a_denial_creates_no_entry() {
         let store = store(10);
-        store.check_at(&rule(GENERAL, 1), ip(1), 5, 0);
+        store.check_at(&rule(GENERAL, 1), ip(1), Cost::saturating(5), 0);
         assert!(store.is_empty());
     }
 
@@ -1287,21 +1298,21 @@ mod tests {
         );
         assert!(store.is_empty(), "an inspection creates no entry");
         for _ in 0..2 {
-            assert!(store.check_at(&general, ip(1), 1, now).allowed);
+            assert!(store.check_at(&general, ip(1), Cost::ONE, now).allowed);
         }
         for _ in 0..5 {
             assert_eq!(store.inspect_at(&general, ip(1), now).remaining, 1);
         }
         assert!(
-            store.check_at(&general, ip(1), 1, now).allowed,
+            store.check_at(&general, ip(1), Cost::ONE, now).allowed,
             "the inspections took nothing"
         );
-        assert!(!store.check_at(&general, ip(1), 1, now).allowed);
+        assert!(!store.check_at(&general, ip(1), Cost::ONE, now).allowed);
         assert_eq!(store.inspect_at(&general, ip(1), now).remaining, 0);
         assert!(store.reset(&general, ip(1)));
         assert!(!store.reset(&general, ip(1)), "nothing left to reset");
         assert_eq!(store.inspect_at(&general, ip(1), now).remaining, 3);
-        assert!(store.check_at(&general, ip(1), 1, now).allowed);
+        assert!(store.check_at(&general, ip(1), Cost::ONE, now).allowed);
     }
 
     /// A burst of 3 tokens refilling 1/s and a quota of 5 per 100 s: a rule of two limits.
@@ -1326,12 +1337,12 @@ mod tests {
         let at = 1_000 * 100 * S;
         // The burst refuses the fourth at once; the quota had room, and keeps it.
         for n in 0..3 {
-            let decision = store.check_at(&rule, ip(1), 1, at);
+            let decision = store.check_at(&rule, ip(1), Cost::ONE, at);
             assert!(decision.allowed, "request {n}");
             assert_eq!(decision.parts()[0].remaining, 2 - n);
             assert_eq!(decision.parts()[1].remaining, 4 - n);
         }
-        let refused = store.check_at(&rule, ip(1), 1, at);
+        let refused = store.check_at(&rule, ip(1), Cost::ONE, at);
         assert!(!refused.allowed);
         assert_eq!(
             refused.retry_after,
@@ -1345,15 +1356,15 @@ mod tests {
         );
         assert_eq!(refused.parts()[1].remaining, 2, "the quota spent nothing on it");
         // Two more pass as the burst refills; then the quota refuses, until its window ends.
-        assert!(store.check_at(&rule, ip(1), 1, at + S).allowed);
-        let last = store.check_at(&rule, ip(1), 1, at + 2 * S);
+        assert!(store.check_at(&rule, ip(1), Cost::ONE, at + S).allowed);
+        let last = store.check_at(&rule, ip(1), Cost::ONE, at + 2 * S);
         assert!(last.allowed);
         assert_eq!(
             (last.limit, last.remaining),
             (5, 0),
             "described: the closest to exhaustion"
         );
-        let over = store.check_at(&rule, ip(1), 1, at + 3 * S);
+        let over = store.check_at(&rule, ip(1), Cost::ONE, at + 3 * S);
         assert!(!over.allowed);
         assert_eq!(
             over.retry_after,
@@ -1366,7 +1377,7 @@ mod tests {
         );
         // Both refuse: the later retry time is the rule's.
         for _ in 0..2 {
-            assert!(!store.check_at(&rule, ip(1), 1, at + 3 * S).allowed);
+            assert!(!store.check_at(&rule, ip(1), Cost::ONE, at + 3 * S).allowed);
         }
         let inspected = store.inspect_at(&rule, ip(1), at + 3 * S);
         assert_eq!(
@@ -1376,7 +1387,7 @@ mod tests {
         );
         assert_eq!(inspected.parts()[1].remaining, 0);
         assert!(
-            store.check_at(&rule, ip(1), 1, at + 100 * S).allowed,
+            store.check_at(&rule, ip(1), Cost::ONE, at + 100 * S).allowed,
             "a new window"
         );
     }
@@ -1386,7 +1397,7 @@ mod tests {
         let rule = two_limits(0, "api");
         let store = MemoryStore::new(NonZeroUsize::new(100).unwrap(), std::slice::from_ref(&rule));
         assert!(
-            !store.check_at(&rule, ip(1), 4, 0).allowed,
+            !store.check_at(&rule, ip(1), Cost::saturating(4), 0).allowed,
             "above the burst's capacity"
         );
         assert!(store.is_empty());
@@ -1398,7 +1409,7 @@ mod tests {
         let rule = two_limits(0, "api");
         let store = MemoryStore::new(NonZeroUsize::new(100).unwrap(), std::slice::from_ref(&rule));
         for _ in 0..3 {
-            assert!(store.check_at(&rule, ip(1), 1, 0).allowed);
+            assert!(store.check_at(&rule, ip(1), Cost::ONE, 0).allowed);
         }
         // The limits reordered, and a third added: the two kept, the new one fresh.
         let third = Policy::SlidingWindow(SlidingWindow {
@@ -1415,7 +1426,7 @@ mod tests {
         let remaining: Vec<u64> = decision.parts().iter().map(|part| part.remaining).collect();
         assert_eq!(remaining, [2, 100, 0]);
         assert!(
-            !next.check_at(&reordered, ip(1), 1, 0).allowed,
+            !next.check_at(&reordered, ip(1), Cost::ONE, 0).allowed,
             "the burst still refuses"
         );
         // Decisions under the old order and the new one at once never wait on each other.
@@ -1423,7 +1434,7 @@ mod tests {
             for (store, rule) in [(&store, &rule), (&next, &reordered)] {
                 scope.spawn(move || {
                     for n in 0..20_000u32 {
-                        store.check_at(rule, ip(n % 7), 1, u64::from(n) * S);
+                        store.check_at(rule, ip(n % 7), Cost::ONE, u64::from(n) * S);
                     }
                 });
             }

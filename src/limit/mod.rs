@@ -12,6 +12,7 @@
 //! memory, the clients refused most.
 
 pub mod algorithm;
+pub mod cost;
 pub mod denials;
 pub mod guard;
 pub mod key;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use algorithm::{Limits, Policy, State};
+pub use cost::{Cost, CostError};
 pub use guard::{FailMode, Guard, GuardSettings, Remote};
 pub use key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher, Source};
 pub use memory::MemoryStore;
@@ -351,7 +353,7 @@ impl Limiter {
     }
 
     /// Decide one request of `cost` units for `client` under `rule`.
-    pub fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict> {
+    pub fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict> {
         self.store.check(rule, client, cost)
     }
 
@@ -361,7 +363,7 @@ impl Limiter {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.store.refund(rule, client, cost, verdict)
@@ -372,7 +374,7 @@ impl Limiter {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.store.renew(rule, client, cost, verdict)
@@ -384,7 +386,7 @@ impl Limiter {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()> {
         self.store.charge(rule, client, cost, verdict)
@@ -400,7 +402,7 @@ impl Limiter {
     }
 
     /// Give `client` its whole budget under `rule` back (see [`Store::reset`]).
-    pub fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+    pub fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
         self.store.reset(rule, client)
     }
 

@@ -85,6 +85,20 @@ pub struct Overrides {
 /// The network overrides of one prefix length, by rule and network.
 type NetworkOverrides = HashMap<(u16, IpNet), Override>;
 
+/// `TIER_HEADER` from a trusted peer, readable more than one way: an authentication layer
+/// that appends its header rather than replacing it leaves the client's own first, so the
+/// request is refused (`400`) as a repeated key header is, never given either plan.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AmbiguousTier {
+    /// Two lines or more.
+    #[error("the {0} header (TIER_HEADER) appears more than once")]
+    Repeated(HeaderName),
+    /// A comma list (`pro, free`), which a proxy may have merged from two lines: no tier name
+    /// holds a comma.
+    #[error("the {0} header (TIER_HEADER) holds a comma-separated list")]
+    List(HeaderName),
+}
+
 /// What [`Overrides::find`] found for a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Found {
@@ -146,8 +160,16 @@ impl Overrides {
     }
 
     /// What applies to a request of `key` from `ip` under the rule `rule`, whose `headers`
-    /// name its tier if `trusted` (its peer is one of `TRUSTED_PROXIES`).
-    pub fn find(&self, rule: u16, key: &ClientKey, ip: IpAddr, headers: &HeaderMap, trusted: bool) -> Found {
+    /// name its tier if `trusted` (its peer is one of `TRUSTED_PROXIES`); an error when they
+    /// name it more than one way.
+    pub fn find(
+        &self,
+        rule: u16,
+        key: &ClientKey,
+        ip: IpAddr,
+        headers: &HeaderMap,
+        trusted: bool,
+    ) -> Result<Found, AmbiguousTier> {
         let mut found = Found {
             what: None,
             untrusted_tier: false,
@@ -156,7 +178,7 @@ impl Overrides {
             && let Some(what) = self.keys.get(&(rule, digest))
         {
             found.what = Some(*what);
-            return found;
+            return Ok(found);
         }
         let ip = ip.to_canonical();
         for (length, networks) in &self.networks {
@@ -173,15 +195,23 @@ impl Overrides {
                 && let Some(what) = networks.get(&(rule, network))
             {
                 found.what = Some(*what);
-                return found;
+                return Ok(found);
             }
         }
-        if let Some((header, tiers)) = &self.tiers
-            && let Some(named) = headers.get(header)
-        {
+        if let Some((header, tiers)) = &self.tiers {
+            let mut lines = headers.get_all(header).iter();
+            let Some(named) = lines.next() else {
+                return Ok(found);
+            };
             if !trusted {
                 found.untrusted_tier = true;
-                return found;
+                return Ok(found);
+            }
+            if lines.next().is_some() {
+                return Err(AmbiguousTier::Repeated(header.clone()));
+            }
+            if named.as_bytes().contains(&b',') {
+                return Err(AmbiguousTier::List(header.clone()));
             }
             let variant = tiers
                 .iter()
@@ -189,7 +219,7 @@ impl Overrides {
                 .and_then(|tier| tier.variants.get(usize::from(rule)).copied().flatten());
             found.what = variant.map(Override::Limits);
         }
-        found
+        Ok(found)
     }
 }
 
@@ -246,7 +276,10 @@ mod tests {
         let none = HeaderMap::new();
         let by_ip = |rule, address: &str| {
             let key = ClientKey::Ip(ClientIp::new(ip(address), 64));
-            overrides.find(rule, &key, ip(address), &none, false).what
+            overrides
+                .find(rule, &key, ip(address), &none, false)
+                .unwrap()
+                .what
         };
         assert_eq!(by_ip(0, "10.9.9.9"), Some(Override::Unlimited));
         assert_eq!(by_ip(0, "10.1.9.9"), Some(Override::Limits(5)));
@@ -262,7 +295,10 @@ mod tests {
         assert_eq!(by_ip(0, "2001:db8:1::1"), None);
         let keyed = ClientKey::Header(digest);
         assert_eq!(
-            overrides.find(0, &keyed, ip("10.1.2.3"), &none, false).what,
+            overrides
+                .find(0, &keyed, ip("10.1.2.3"), &none, false)
+                .unwrap()
+                .what,
             Some(Override::Limits(6)),
             "a key's override before its address's"
         );
@@ -280,7 +316,9 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-plan", "pro".parse().unwrap());
         let find = |rule, headers: &HeaderMap, trusted| {
-            overrides.find(rule, &key, ip("192.0.2.1"), headers, trusted)
+            overrides
+                .find(rule, &key, ip("192.0.2.1"), headers, trusted)
+                .unwrap()
         };
         assert_eq!(find(0, &headers, true).what, Some(Override::Limits(3)));
         assert_eq!(find(1, &headers, true).what, None, "a rule tiers leave alone");
@@ -293,5 +331,51 @@ mod tests {
             "an unknown tier: the rule's own"
         );
         assert!(!find(0, &HeaderMap::new(), false).untrusted_tier);
+    }
+
+    #[test]
+    fn a_tier_named_two_ways_by_a_trusted_peer_is_refused_and_ignored_from_others() {
+        let header = HeaderName::from_static("x-plan");
+        let tiers = vec![
+            Tier {
+                name: "pro".into(),
+                variants: vec![Some(3)],
+            },
+            Tier {
+                name: "free".into(),
+                variants: vec![Some(4)],
+            },
+        ];
+        let overrides = Overrides::new(Vec::new(), Some((header.clone(), tiers)));
+        let key = ClientKey::Ip(ClientIp::new(ip("192.0.2.1"), 64));
+        let find = |lines: &[&str], trusted| {
+            let mut headers = HeaderMap::new();
+            for line in lines {
+                headers.append("x-plan", line.parse().unwrap());
+            }
+            overrides.find(0, &key, ip("192.0.2.1"), &headers, trusted)
+        };
+        // The client's copy first, the authentication layer's appended: neither plan.
+        assert_eq!(
+            find(&["pro", "free"], true),
+            Err(AmbiguousTier::Repeated(header.clone()))
+        );
+        assert_eq!(
+            find(&["free", "free"], true),
+            Err(AmbiguousTier::Repeated(header.clone()))
+        );
+        // Merged by a proxy into one line.
+        assert_eq!(
+            find(&["pro, free"], true),
+            Err(AmbiguousTier::List(header.clone()))
+        );
+        assert_eq!(
+            find(&["pro", "free"], true).unwrap_err().to_string(),
+            "the x-plan header (TIER_HEADER) appears more than once"
+        );
+        // From a peer whose tier is not believed anyway: ignored, and counted.
+        let untrusted = find(&["pro", "free"], false).unwrap();
+        assert_eq!((untrusted.what, untrusted.untrusted_tier), (None, true));
+        assert_eq!(find(&["free"], true).unwrap().what, Some(Override::Limits(4)));
     }
 }

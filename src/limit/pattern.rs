@@ -7,8 +7,66 @@
 //! path's last segment, because frameworks route `/login.json` to the `/login` action (Rails
 //! formats, Spring's suffix matching): a rule for `/login` that `/login.json` escapes would be
 //! walked around.
+//!
+//! A segment that names a script covers what follows it: PHP (CGI, FastCGI), Perl and other
+//! CGI scripts, ASP.NET pages and handlers, ISAPI extensions run `/wp-login.php/x` as
+//! `/wp-login.php` with `PATH_INFO=/x`. So a path is matched as itself and as each of its
+//! prefixes that ends with such a segment ([`SCRIPT_EXTENSIONS`]): a pattern matches if it
+//! matches any of those readings ([`PathPattern::matches`]). `SKIP_PATHS` exempts only what it
+//! matches as the path itself ([`PathPattern::matches_itself`]): `/index.php/admin/login` is a
+//! front controller's login, not its `/index.php`.
 
 use std::fmt;
+
+/// Extensions of the scripts servers run with the rest of the path as `PATH_INFO` (or its
+/// equivalent): PHP (`cgi.fix_pathinfo`, nginx's `fastcgi_split_path_info`, Apache), CGI and
+/// FastCGI scripts (`AcceptPathInfo`), Perl and Python CGI, classic ASP, ASP.NET pages,
+/// services and handlers (`Request.PathInfo`), JSP, IIS's ISAPI DLLs and CGI executables. A
+/// segment names a script when any of its extensions (after a dot that does not start it) is
+/// one of these: Apache's `AddHandler` runs `x.php.txt` as PHP.
+pub const SCRIPT_EXTENSIONS: &[&str] = &[
+    "php", "php3", "php4", "php5", "php7", "php8", "phtml", "phar", "cgi", "fcgi", "pl", "py", "asp", "aspx",
+    "asmx", "ashx", "axd", "svc", "jsp", "jspx", "dll", "exe",
+];
+
+/// Does this segment of a canonical path (lower case) name a script ([`SCRIPT_EXTENSIONS`])?
+pub fn names_script(segment: &str) -> bool {
+    // The first dot that does not start the name (`.php` is a dot-file, not a script); a `.`
+    // is one byte, so where it is, a character ends.
+    let Some(dot) = segment.bytes().skip(1).position(|byte| byte == b'.') else {
+        return false;
+    };
+    segment[dot + 2..]
+        .split('.')
+        .any(|extension| SCRIPT_EXTENSIONS.contains(&extension))
+}
+
+/// The resource a canonical path names to the loosest reader, as the `path` key source keys
+/// it: cut after its first segment that names a script (what follows is `PATH_INFO`), and its
+/// last segment cut at its first dot that does not start it (an extension: a format to Rails,
+/// a suffix to Spring). So `/api/search.json`, `/api/search.a1` and `/api/search` are one
+/// resource, and so are `/wp-login.php/x` and `/wp-login.php`. A prefix of the path: nothing
+/// is allocated.
+pub fn resource(canonical: &str) -> &str {
+    let mut end = 0;
+    let mut last = 0; // where the last segment kept starts, after its `/`
+    for segment in canonical.split('/').skip(1) {
+        last = end + 1;
+        end = last + segment.len();
+        if names_script(segment) {
+            break;
+        }
+    }
+    // A `.` is one byte, so where it is, a character ends.
+    let dot = canonical.as_bytes()[last..end]
+        .iter()
+        .skip(1)
+        .position(|&byte| byte == b'.');
+    match dot {
+        Some(dot) => &canonical[..last + 1 + dot],
+        None => &canonical[..end.max(1)],
+    }
+}
 
 /// One entry of a rule's path list, in the normal form [`PathPattern::parse`] gives it; the
 /// set algebra ([`PathPattern::covers`], [`PathPattern::overlaps`]) relies on that form.
@@ -65,8 +123,14 @@ impl PathPattern {
         })
     }
 
-    /// Does this canonical path (as produced by `gate::path::parse`) match?
+    /// Does this canonical path (as produced by `gate::path::parse`) match, as itself or as one
+    /// of its prefixes that ends with a segment naming a script (see the module docs)?
     pub fn matches(&self, canonical: &str) -> bool {
+        self.matches_itself(canonical) || self.matches_script(canonical)
+    }
+
+    /// Does this canonical path match as itself, not as a script it names (`SKIP_PATHS`)?
+    pub fn matches_itself(&self, canonical: &str) -> bool {
         match self {
             PathPattern::Exact(path) => canonical
                 .strip_prefix(path.as_str())
@@ -81,6 +145,28 @@ impl PathPattern {
         }
     }
 
+    /// Does a prefix of this canonical path that ends with a segment naming a script match?
+    /// Only the prefix ending with the segment in which the pattern's base ends can: a
+    /// matched path starts with the base, and a prefix reaching past that segment is a path
+    /// below it, which the path itself shows already. A prefix pattern gains nothing: what
+    /// starts with its base, the path does too.
+    fn matches_script(&self, canonical: &str) -> bool {
+        let base = match self {
+            PathPattern::Exact(base) | PathPattern::Subtree(base) => base,
+            PathPattern::Prefix(_) => return false,
+        };
+        let Some(rest) = canonical.strip_prefix(base.as_str()) else {
+            return false;
+        };
+        // Without a `/` after the base, the only prefix is the path itself.
+        let Some(slash) = rest.find('/') else {
+            return false;
+        };
+        let reading = &canonical[..base.len() + slash];
+        let segment = reading.rsplit('/').next().unwrap_or(reading);
+        names_script(segment) && self.matches_itself(reading)
+    }
+
     /// True when every path `other` matches is matched by `self` too (used to know which rules
     /// a `COSTS` entry can reach).
     pub fn covers(&self, other: &PathPattern) -> bool {
@@ -89,7 +175,10 @@ impl PathPattern {
             // A pattern matching a path also matches it with any extension, and those are all
             // the paths an exact pattern matches.
             (_, Exact(path)) => self.matches(path),
-            // Every other pattern matches paths of any depth.
+            // Every other pattern matches paths of any depth; an exact pattern only those
+            // below a script it names (`/a.php` covers `/a.php/*`), which this leaves out:
+            // a `false` here only makes the `COSTS` check and the shadowing warnings
+            // consider more routes.
             (Exact(_), _) => false,
             (Subtree(base), _) if base == "/" => true,
             // Not `/auth.v1/*` under `/auth/*`: `/auth.v1/x` is not below `/auth`.
@@ -186,6 +275,90 @@ mod tests {
             for path in unmatched {
                 assert!(!pattern.matches(path), "{entry} should not match {path}");
             }
+        }
+    }
+
+    #[test]
+    fn a_segment_naming_a_script_covers_what_follows_it() {
+        for (entry, matched, unmatched) in [
+            (
+                "/wp-login.php",
+                &[
+                    "/wp-login.php/x",
+                    "/wp-login.php/x/y.json",
+                    "/wp-login.php/",
+                    "/wp-login.php.php/x",
+                ][..],
+                &[
+                    "/wp-login.phpx/y",
+                    "/wp-login.html/x",
+                    "/x/wp-login.php/y",
+                    "/wp-login.phps/x",
+                ][..],
+            ),
+            (
+                "/wp-login",
+                &["/wp-login.php/x", "/wp-login.php.txt/x"],
+                &["/wp-login.json/x", "/wp-loginx.php/x"],
+            ),
+            (
+                "/admin/*",
+                &["/admin.cgi/x", "/admin/x.php/y", "/admin.pl/x"],
+                &["/administrator.php/x", "/x/admin.php/y"],
+            ),
+            (
+                "/api/login",
+                &[
+                    "/api/login.aspx/x",
+                    "/api/login.jsp/x",
+                    "/api/login.asmx/m",
+                    "/api/login.dll/x",
+                ],
+                &["/api.php/login", "/api/login.htm/x"],
+            ),
+            // A path below a script is matched as itself too: a front controller's routes.
+            ("/index.php/api/*", &["/index.php/api/x"], &["/index.php/x"]),
+            ("/", &["/"], &["/x.php/y", "/.php/x"]),
+            // A dot-file is not a script.
+            ("/.php", &["/.php"], &["/.php/x"]),
+        ] {
+            let pattern = pattern(entry);
+            for path in matched {
+                assert!(pattern.matches(path), "{entry} should match {path}");
+            }
+            for path in unmatched {
+                assert!(!pattern.matches(path), "{entry} should not match {path}");
+            }
+        }
+        // `SKIP_PATHS`: the path itself only.
+        assert!(!pattern("/wp-login.php").matches_itself("/wp-login.php/x"));
+        assert!(!pattern("/index.php").matches_itself("/index.php/admin/login"));
+        assert!(pattern("/index.php/*").matches_itself("/index.php/admin/login"));
+    }
+
+    #[test]
+    fn resources_drop_path_info_and_the_extension() {
+        for (path, expected) in [
+            ("/", "/"),
+            ("*", "*"),
+            ("/api/search", "/api/search"),
+            ("/api/search.json", "/api/search"),
+            ("/api/search.a1", "/api/search"),
+            ("/api/search.tar.gz", "/api/search"),
+            ("/api/search.", "/api/search"),
+            ("/v1.0/search", "/v1.0/search"),
+            ("/wp-login.php", "/wp-login"),
+            ("/wp-login.php/x", "/wp-login"),
+            ("/wp-login.php/x.json/y", "/wp-login"),
+            ("/a/b.cgi/c.php/d", "/a/b"),
+            ("/.well-known", "/.well-known"),
+            ("/.well-known/x.json", "/.well-known/x"),
+            ("/.env.php/x", "/.env"),
+            ("/.php/x", "/.php/x"),
+            ("/café.json", "/café"),
+            ("/é.json", "/é"),
+        ] {
+            assert_eq!(resource(path), expected, "{path:?}");
         }
     }
 
@@ -298,6 +471,37 @@ mod tests {
                     "{a} covers {b}"
                 );
                 assert_eq!(a.overlaps(b), pairs.any(|(a, b)| a & b != 0), "{a} overlaps {b}");
+            }
+        }
+    }
+
+    /// With segments naming scripts, `overlaps` still agrees with `matches`, and `covers`
+    /// never claims what `matches` denies.
+    #[test]
+    fn covers_and_overlaps_hold_with_scripts() {
+        let names = ["a", "b", "a.php", "a.php.php", "b.cgi", "a.json"];
+        let mut paths = vec!["/".to_string()];
+        let mut last = vec![String::new()];
+        for _ in 0..3 {
+            last = last
+                .iter()
+                .flat_map(|p| names.iter().map(move |n| format!("{p}/{n}")))
+                .collect();
+            paths.extend(last.iter().cloned());
+        }
+        let mut entries = vec!["/".to_string(), "/*".to_string()];
+        for base in ["/a", "/a.php", "/a/a.php", "/a.php/a", "/b.cgi", "/a.php.php"] {
+            entries.extend([base.to_string(), format!("{base}*"), format!("{base}/*")]);
+        }
+        let patterns: Vec<PathPattern> = entries.iter().map(|e| pattern(e)).collect();
+        for a in &patterns {
+            for b in &patterns {
+                let both = paths.iter().any(|p| a.matches(p) && b.matches(p));
+                assert_eq!(a.overlaps(b), both, "{a} overlaps {b}");
+                if a.covers(b) {
+                    let missed = paths.iter().find(|p| b.matches(p) && !a.matches(p));
+                    assert_eq!(missed, None, "{a} covers {b}");
+                }
             }
         }
     }

@@ -41,7 +41,7 @@ use crate::limit::guard::{Remote, ResetFeed};
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
 use crate::limit::slots::{SlotMap, key_slot};
-use crate::limit::{ClientKey, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
+use crate::limit::{ClientKey, Cost, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
 
 /// Why the store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -56,7 +56,10 @@ pub enum StoreError {
     /// reset; a decision takes the rule's fail mode instead).
     #[error("redis is not asked while its circuit breaker is open")]
     BreakerOpen,
-    /// A script answered with something other than five non-negative integers.
+    /// A script answered with something no script could have meant: other than five
+    /// non-negative integers, or numbers out of range (an `allowed` other than 0 or 1, more
+    /// remaining than the limit, a wait beyond [`MAX_WAIT_US`]). That key's trouble, not the
+    /// store's: it never counts toward the circuit breaker.
     #[error("redis script returned an unexpected reply: {0}")]
     Reply(String),
     /// Redis ran the call after its deadline on the Redis clock, and so decided nothing,
@@ -247,7 +250,7 @@ struct Ask {
 
 impl Ask {
     /// `cost` of `rule` for the client whose key under the rule's first limit is `key`.
-    fn new(rule: &Rule, key: String, cost: u64, now_us: Option<u64>, redis_deadline: Option<u64>) -> Ask {
+    fn new(rule: &Rule, key: String, cost: Cost, now_us: Option<u64>, redis_deadline: Option<u64>) -> Ask {
         let (_, [first, second]) = rule.limits.first().script();
         let more = rule.limits[1..]
             .iter()
@@ -261,7 +264,7 @@ impl Ask {
             .collect();
         Ask {
             algorithm: rule.limits.first().script_index(),
-            arguments: [first, second, cost],
+            arguments: [first, second, cost.get()],
             key,
             more,
             now_us,
@@ -488,7 +491,7 @@ impl RedisStore {
     }
 
     /// Decide a request of `cost` for `client` under `rule`, on the Redis clock.
-    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: u64) -> Result<Decision, StoreError> {
+    pub async fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Result<Decision, StoreError> {
         self.decide(rule, self.key(rule, client), cost, None, &self.clock)
             .await
     }
@@ -501,7 +504,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
         self.decide(rule, key, cost, None, clock).await
@@ -520,7 +523,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
         self.decide(rule, self.key(rule, client), cost, Some(now_us), &self.clock)
@@ -533,7 +536,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> Result<(), StoreError> {
         self.give_back(rule, &self.key(rule, client), cost, Call::Refund(at_us), None)
@@ -541,14 +544,14 @@ impl RedisStore {
     }
 
     /// [`refund`](Self::refund) on the client's [`key`](Self::key), made by the caller.
-    pub async fn refund_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
+    pub async fn refund_key(&self, rule: &Rule, key: &str, cost: Cost, at_us: u64) -> Result<(), StoreError> {
         self.give_back(rule, key, cost, Call::Refund(at_us), None).await
     }
 
     /// Renew the lease taken at `at_us` by the client of `key` under `rule`, a rule of one
     /// concurrency limit (what the gate renews), for a request of `cost` still in flight: it
     /// lasts its length from now, on the Redis clock. A lease expired or given back stays gone.
-    pub async fn renew_key(&self, rule: &Rule, key: &str, cost: u64, at_us: u64) -> Result<(), StoreError> {
+    pub async fn renew_key(&self, rule: &Rule, key: &str, cost: Cost, at_us: u64) -> Result<(), StoreError> {
         self.bounded(self.run_script(rule, key, cost, None, Call::Renew(at_us), None))
             .await
             .map(drop)
@@ -560,7 +563,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
         now_us: u64,
     ) -> Result<(), StoreError> {
@@ -576,7 +579,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
         now_us: u64,
     ) -> Result<(), StoreError> {
@@ -624,8 +627,9 @@ impl RedisStore {
     /// the reset on `<KEY_PREFIX>resets`, so every replica subscribed forgets its remembered
     /// denial at once: a reset that deleted the keys has been announced. Every key of one
     /// client and rule shares a hash tag, so one node holds them all (on a cluster, a message
-    /// published on any node reaches the subscribers of every node).
-    pub async fn reset_key(&self, rule: &Rule, key: &str, client: ClientKey) -> Result<(), StoreError> {
+    /// published on any node reaches the subscribers of every node). Answers whether there was a
+    /// key to delete.
+    pub async fn reset_key(&self, rule: &Rule, key: &str, client: ClientKey) -> Result<bool, StoreError> {
         let keys = limit_keys(rule, key);
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(RESET_SCRIPT)
@@ -633,8 +637,8 @@ impl RedisStore {
             .arg(&keys)
             .arg(self.reset_channel())
             .arg(reset_message(&rule.name, client));
-        let _deleted: u64 = self.bounded(self.query(&cmd, Resend::IfConnectionLost)).await?;
-        Ok(())
+        let deleted: u64 = self.bounded(self.query(&cmd, Resend::IfConnectionLost)).await?;
+        Ok(deleted > 0)
     }
 
     /// `<KEY_PREFIX>resets`: where resets are announced.
@@ -755,7 +759,7 @@ impl RedisStore {
     /// Spend `cost` of the client of `key` under every limit of `rule` whatever is left, past
     /// the limits if need be (a cost the backend reported, `RESPONSE_COST_HEADER`), on the
     /// Redis clock, atomically.
-    pub async fn charge_key(&self, rule: &Rule, key: &str, cost: u64) -> Result<(), StoreError> {
+    pub async fn charge_key(&self, rule: &Rule, key: &str, cost: Cost) -> Result<(), StoreError> {
         self.give_back(rule, key, cost, Call::Charge, None).await
     }
 
@@ -765,7 +769,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         now_us: u64,
     ) -> Result<(), StoreError> {
         self.give_back(rule, &self.key(rule, client), cost, Call::Charge, Some(now_us))
@@ -777,7 +781,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: &str,
-        cost: u64,
+        cost: Cost,
         call: Call,
         now_us: Option<u64>,
     ) -> Result<(), StoreError> {
@@ -809,7 +813,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         mut key: String,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
@@ -849,7 +853,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         deadline: tokio::time::Instant,
         redis_deadline: Option<u64>,
@@ -893,7 +897,8 @@ impl RedisStore {
             Turn::Later(waiting) => {
                 match tokio::time::timeout_at(deadline + Duration::from_millis(1), waiting).await {
                     Ok(Ok((key, reply))) => Ok((key, reply?)),
-                    Ok(Err(_)) => Err(StoreError::Reply("the batch call was dropped".into())),
+                    // Dropped unsent: its deadline passed while it waited for a place.
+                    Ok(Err(_)) => Err(StoreError::Timeout(self.timeout)),
                     Err(_) => Err(StoreError::Timeout(self.timeout)),
                 }
             }
@@ -906,7 +911,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         deadline: tokio::time::Instant,
         redis_deadline: Option<u64>,
@@ -1049,7 +1054,7 @@ impl RedisStore {
         &self,
         rule: &Rule,
         key: &str,
-        cost: u64,
+        cost: Cost,
         now_us: Option<u64>,
         call: Call,
         deadline_us: Option<u64>,
@@ -1063,7 +1068,7 @@ impl RedisStore {
                 .arg(key)
                 .arg(first)
                 .arg(second)
-                .arg(cost);
+                .arg(cost.get());
             match now_us {
                 Some(now_us) => cmd.arg(now_us),
                 None => cmd.arg(""),
@@ -1212,15 +1217,32 @@ fn limit_answer(policy: &Policy, reply: &redis::Value) -> Result<Result<LimitDec
             _ => Err(unexpected()),
         };
     };
+    let allowed = match number(allowed)? {
+        0 => false,
+        1 => true,
+        _ => return Err(unexpected()),
+    };
+    let remaining = number(remaining)?;
+    let wait = |field: &redis::Value| {
+        number(field).and_then(|us| (us <= MAX_WAIT_US).then_some(us).ok_or_else(unexpected))
+    };
+    if remaining > policy.limit() {
+        return Err(unexpected());
+    }
     Ok(Ok(LimitDecision {
-        allowed: number(allowed)? == 1,
+        allowed,
         limit: policy.limit(),
-        remaining: number(remaining)?,
-        retry_after: Duration::from_micros(number(retry_after_us)?),
-        reset_after: Duration::from_micros(number(reset_after_us)?),
+        remaining,
+        retry_after: Duration::from_micros(wait(retry_after_us)?),
+        reset_after: Duration::from_micros(wait(reset_after_us)?),
         at_us: number(at_us)?,
     }))
 }
+
+/// The longest wait a script's reply may tell, in µs: 2^52, over 140 years, past anything
+/// the scripts can mean (a window or a refill is below 2^50 µs, and a debt at most one more),
+/// and a number Lua's doubles still hold exactly.
+pub const MAX_WAIT_US: u64 = 1 << 52;
 
 /// The longest last two parts of a key (`:` and the algorithm's suffix, `:` and 8 hex
 /// digits): room kept for them.
@@ -1288,7 +1310,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: String,
-        cost: u64,
+        cost: Cost,
         clock: &'a RedisClock,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
         RedisStore::check_key(self, rule, key, cost, clock)
@@ -1298,7 +1320,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::refund_key(self, rule, key, cost, at_us)
@@ -1308,7 +1330,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::charge_key(self, rule, key, cost)
     }
@@ -1317,7 +1339,7 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-        cost: u64,
+        cost: Cost,
         at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         RedisStore::renew_key(self, rule, key, cost, at_us)
@@ -1336,7 +1358,7 @@ impl Remote for RedisStore {
         rule: &'a Rule,
         key: &'a str,
         client: ClientKey,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
         RedisStore::reset_key(self, rule, key, client)
     }
 
@@ -1386,6 +1408,35 @@ mod tests {
             tls: false,
         };
         assert!(!format!("{target:?}").contains("hunter2"));
+    }
+
+    /// A reply no script could have meant is refused, as that key's problem: a negative or
+    /// out-of-range number (what a wrapped cost used to make a script return).
+    #[test]
+    fn replies_out_of_range_are_not_decisions() {
+        use redis::Value::{Array, Int};
+        let policy = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        });
+        let reply = |fields: [i64; 5]| Array(fields.into_iter().map(Int).collect());
+        let decided = limit_answer(&policy, &reply([1, 2, 0, 1_000_000, 7])).unwrap();
+        assert_eq!(decided.map(|d| (d.allowed, d.remaining)), Ok((true, 2)));
+        let wait = MAX_WAIT_US as i64;
+        for fields in [
+            [0, 0, i64::MIN, 0, 7],
+            [2, 0, 0, 0, 7],
+            [1, 4, 0, 0, 7],
+            [0, 0, wait + 1, 0, 7],
+            [0, 0, 0, wait + 1, 7],
+            [0, 0, 0, 0, -1],
+        ] {
+            assert!(
+                matches!(limit_answer(&policy, &reply(fields)), Err(StoreError::Reply(_))),
+                "{fields:?}"
+            );
+        }
+        assert!(limit_answer(&policy, &reply([0, 0, wait, wait, 7])).is_ok());
     }
 
     #[tokio::test]

@@ -5,7 +5,11 @@
 //! as written, then `AUTH_PATHS`, then the general rule, which matches everything. Then
 //! `SKIP_PATHS` and `EXEMPT` may exempt the request, and `COSTS` may price it. Paths are
 //! matched in the canonical form the proxy parsed them into (see `gate::path`), never as
-//! spelled, so every spelling a backend would read as `/login` counts against `/login`.
+//! spelled, so every spelling a backend would read as `/login` counts against `/login`, and
+//! as the scripts they name (`/wp-login.php/x` is `/wp-login.php` to PHP). Methods likewise:
+//! a route of some methods takes every request some backend runs as one of them, in any case,
+//! `HEAD` under `GET`, or named by a method-override header or a `_method` query parameter
+//! ([`reads_as_one_of`]).
 //!
 //! A table may also hold rules that no path classifies into ([`RuleTable::with_named`]): the
 //! budgets of a door that names its rule itself (an Envoy descriptor's limit, `RLS_CONFIG`).
@@ -24,10 +28,11 @@ use ipnet::IpNet;
 use super::algorithm::Limits;
 use super::guard::FailMode;
 use super::key::{
-    ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value, query_value,
+    ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value,
+    query_value, query_values,
 };
-use super::overrides::{Client, Override, Overrides};
-use super::pattern::PathPattern;
+use super::overrides::{AmbiguousTier, Client, Override, Overrides};
+use super::pattern::{PathPattern, resource};
 
 /// A named budget: the algorithm that enforces it and how requests are filed under it.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,12 +117,61 @@ pub struct Route {
 }
 
 impl Route {
-    fn matches(&self, method: &Method, path: &str) -> bool {
-        self.methods
-            .as_ref()
-            .is_none_or(|methods| methods.contains(method))
-            && self.pattern.matches(path)
+    /// Whether `head` is a request of this route: its path as itself or as a script it names
+    /// (see [`PathPattern::matches`]), and, for a route of some methods, its method as any
+    /// backend reads it ([`reads_as_one_of`]).
+    fn matches(&self, head: &RequestHead<'_>) -> bool {
+        self.pattern.matches(head.path)
+            && self
+                .methods
+                .as_ref()
+                .is_none_or(|methods| reads_as_one_of(head.method, head.headers, head.query, methods))
     }
+}
+
+/// The headers through which a client asks the backend to read its request as another method:
+/// Symfony, Rails (Rack), Express's `method-override`, Laravel read `X-HTTP-Method-Override`;
+/// OData, Google's APIs and others `X-HTTP-Method` or `X-Method-Override`.
+pub const METHOD_OVERRIDE_HEADERS: [http::HeaderName; 3] = [
+    http::HeaderName::from_static("x-http-method-override"),
+    http::HeaderName::from_static("x-http-method"),
+    http::HeaderName::from_static("x-method-override"),
+];
+
+/// The query parameter through which Symfony and Laravel (for a `POST`), and Express's
+/// `method-override` configured so, read a request as another method: `?_method=DELETE`.
+pub const METHOD_OVERRIDE_PARAMETER: &str = "_method";
+
+/// Whether some backend reads a request of `method` with `headers` and `query` as one of
+/// `methods` (upper case, as the configuration writes them): the method in any case
+/// (Werkzeug, Rack and others upper-case `get`), or the method an override header names (any
+/// element of any line, in any case: frameworks upper-case it, and which line or element one
+/// believes is its own), or a `_method` query parameter names (any of them, decoded). The
+/// common case, a listed method, costs one comparison; the headers and the query are read
+/// only for a request whose own method is not listed.
+pub fn reads_as_one_of(
+    method: &Method,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    methods: &[Method],
+) -> bool {
+    let listed = |name: &[u8]| {
+        methods
+            .iter()
+            .any(|listed| listed.as_str().as_bytes().eq_ignore_ascii_case(name))
+    };
+    methods.contains(method)
+        || listed(method.as_str().as_bytes())
+        || METHOD_OVERRIDE_HEADERS.iter().any(|header| {
+            headers.get_all(header).iter().any(|line| {
+                line.as_bytes()
+                    .split(|&byte| byte == b',')
+                    .any(|element| listed(element.trim_ascii()))
+            })
+        })
+        || query.is_some_and(|query| {
+            query_values(query, METHOD_OVERRIDE_PARAMETER).any(|value| listed(value.trim_ascii()))
+        })
 }
 
 /// What is never limited (`EXEMPT`).
@@ -125,9 +179,19 @@ impl Route {
 pub struct Exemptions {
     /// Client networks.
     pub networks: Vec<IpNet>,
-    /// Digests of `key:VALUE` entries, as each rule keyed by one source (besides the address)
-    /// would digest that value: compared with a request's key.
-    pub keys: Vec<Digest>,
+    /// `SOURCE=VALUE` entries: the source, and the value's digest as a rule keyed by that
+    /// source alone (besides the address) digests it. Compared with a request's key under
+    /// such a rule only: a value exempted as a query parameter is not exempted as a `Host`.
+    pub keys: Vec<(Source, Digest)>,
+}
+
+impl Exemptions {
+    /// Whether a request keyed `digest` under a rule keyed `by` is exempt.
+    fn exempts(&self, by: &KeyBy, digest: Digest) -> bool {
+        self.keys
+            .iter()
+            .any(|(source, exempt)| *exempt == digest && by.single() == Some(source))
+    }
 }
 
 /// How a matched request is treated.
@@ -204,6 +268,14 @@ pub enum ClassifyError {
     /// lines are.
     #[error("the {0} header holds a comma-separated list")]
     ListKeyHeader(http::HeaderName),
+    /// The query parameter budgets are keyed by came more than once (`&` or `;` separated,
+    /// as many frameworks split them): backends differ on which one they read (the first,
+    /// the last, all), so the request is refused rather than counted under either.
+    #[error("the query parameter {0} appears more than once (pairs split at & and ;)")]
+    RepeatedKeyParameter(Box<str>),
+    /// `TIER_HEADER`, from a trusted peer, named more than one tier.
+    #[error(transparent)]
+    Tier(#[from] AmbiguousTier),
 }
 
 /// Most rules one table holds: ids are 16 bits.
@@ -475,7 +547,7 @@ impl RuleTable {
         let rule = self
             .routes
             .iter()
-            .find(|route| route.matches(head.method, head.path))
+            .find(|route| route.matches(head))
             .map_or_else(|| self.general(), |route| &self.rules[route.rule]);
         let cost = self
             .costs
@@ -485,7 +557,9 @@ impl RuleTable {
         let ip = ClientIp::new(head.client_ip, self.ipv6_prefix);
         // Skipped paths and exempt networks are decided before any header is read, so nothing
         // in a header can make them fail.
-        if self.skip.iter().any(|pattern| pattern.matches(head.path))
+        // Skipped as the path itself only: `/index.php/admin/login` is a front controller's
+        // login, whatever `/index.php` is.
+        if self.skip.iter().any(|pattern| pattern.matches_itself(head.path))
             || self
                 .exempt
                 .networks
@@ -507,7 +581,7 @@ impl RuleTable {
             true => self.key(&rule.key_by, ip, head)?,
         };
         let mut mode = match (key.digest(), rule.shadow) {
-            (Some(digest), _) if self.exempt.keys.contains(&digest) => Mode::Exempt,
+            (Some(digest), _) if self.exempt.exempts(&rule.key_by, digest) => Mode::Exempt,
             (_, true) => Mode::Shadow,
             (_, false) => Mode::Enforce,
         };
@@ -516,7 +590,7 @@ impl RuleTable {
         if !self.overrides.is_empty() && mode != Mode::Exempt {
             let found = self
                 .overrides
-                .find(rule.id, &key, head.client_ip, head.headers, head.trusted);
+                .find(rule.id, &key, head.client_ip, head.headers, head.trusted)?;
             untrusted_tier = found.untrusted_tier;
             match found.what {
                 None => {}
@@ -594,12 +668,19 @@ fn source_value<'h>(source: &Source, head: &RequestHead<'h>) -> Result<Option<Co
                 .map(|line| line.as_bytes()),
             name,
         ),
-        Source::Query(name) => head.query.and_then(|query| query_value(query, name)),
+        Source::Query(name) => match head.query {
+            Some(query) => {
+                query_value(query, name).map_err(|_| ClassifyError::RepeatedKeyParameter(name.clone()))?
+            }
+            None => None,
+        },
         Source::Host => match head.authority {
             Some(authority) => host_value(authority.as_bytes()),
             None => one_header(head.headers, &http::header::HOST)?.and_then(host_value),
         },
-        Source::Path => Some(Cow::Borrowed(head.path.as_bytes())),
+        // The resource as the loosest reader reads it: `/api/search.json` and
+        // `/wp-login.php/x` share the budgets of `/api/search` and `/wp-login.php`.
+        Source::Path => Some(Cow::Borrowed(resource(head.path).as_bytes())),
     })
 }
 
@@ -706,9 +787,8 @@ impl fmt::Display for RuleTable {
         let skip: Vec<String> = self.skip.iter().map(ToString::to_string).collect();
         writeln!(f, "skip paths:       {}", list_or_none(&skip))?;
         let mut exempt: Vec<String> = self.exempt.networks.iter().map(ToString::to_string).collect();
-        if !self.exempt.keys.is_empty() {
-            exempt.push(format!("{} key(s), values not shown", self.exempt.keys.len()));
-        }
+        // Each key by its source, its value never shown.
+        exempt.extend(self.exempt.keys.iter().map(|(source, _)| format!("{source}=***")));
         write!(f, "exempt:           {}", list_or_none(&exempt))
     }
 }

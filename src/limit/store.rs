@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::limit::guard::{FailMode, RedisErrorKind};
-use crate::limit::{ClientKey, Decision, Rule, StoreError, Verdict};
+use crate::limit::{ClientKey, Cost, Decision, Rule, StoreError, Verdict};
 
 /// What the gate's limiter asks of a store.
 pub trait Store: Send + Sync + 'static {
     /// Decide one request of `cost` units for `client` under `rule`.
-    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: u64) -> Decide<'a, Verdict>;
+    fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict>;
 
     /// Give back the `cost` an allowed request took (see [`Count::Failures`](super::Count)),
     /// as `verdict` says it was decided: a store gives back only what it decided itself.
@@ -32,7 +32,7 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()>;
 
@@ -43,7 +43,7 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         rule: &'a Rule,
         client: ClientKey,
-        cost: u64,
+        cost: Cost,
         verdict: &Verdict,
     ) -> Decide<'a, ()>;
     /// Renew the leases an allowed request still in flight took (of `cost` places, decided as
@@ -54,7 +54,7 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         _rule: &'a Rule,
         _client: ClientKey,
-        _cost: u64,
+        _cost: Cost,
         _verdict: &Verdict,
     ) -> Decide<'a, ()> {
         Decide::ready(())
@@ -68,7 +68,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Forget `client`'s budget under `rule`, giving it the whole budget back (the admin's
     /// `DELETE /v1/clients/RULE/KEY`): in memory, or in Redis for every replica at once.
-    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>>;
+    /// Answers whether the store held a budget of it (else there was nothing to give back).
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>>;
 
     /// What the store knows now, for the metrics and `/readyz` (read at scrape time, not on
     /// the request path).

@@ -30,6 +30,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::limit::key::ipv4_text;
+use crate::limit::rules::METHOD_OVERRIDE_HEADERS;
 
 /// `X-Forwarded-Proto`: the scheme the client used.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -59,6 +60,49 @@ pub enum UnderscoreHeaders {
     /// Forwarded, except an underscore spelling of a header the gateway writes itself (always
     /// dropped) or keys budgets by (the request is refused: the backend could read either).
     Forward,
+}
+
+/// `METHOD_OVERRIDE`: what becomes of the headers that ask a backend to read a request as
+/// another method (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`:
+/// [`crate::limit::rules::METHOD_OVERRIDE_HEADERS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MethodOverride {
+    /// Forwarded, and the request matches a route of the method it names as well as of its
+    /// own (the default): whichever the backend believes, the request was counted as it.
+    Meter,
+    /// Removed before the request is decided: the backend reads the method the gateway
+    /// counted, and nothing else.
+    Strip,
+}
+
+impl MethodOverride {
+    /// Parse `meter` or `strip`.
+    pub fn parse(value: &str) -> Option<MethodOverride> {
+        match value {
+            "meter" => Some(MethodOverride::Meter),
+            "strip" => Some(MethodOverride::Strip),
+            _ => None,
+        }
+    }
+
+    /// As written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MethodOverride::Meter => "meter",
+            MethodOverride::Strip => "strip",
+        }
+    }
+
+    /// Under `strip`, remove the override headers from `headers`: one pass over the names
+    /// finds nothing to do in the common case.
+    pub fn apply(self, headers: &mut HeaderMap) {
+        if self == MethodOverride::Strip && headers.keys().any(|name| METHOD_OVERRIDE_HEADERS.contains(name))
+        {
+            for name in &METHOD_OVERRIDE_HEADERS {
+                headers.remove(name);
+            }
+        }
+    }
 }
 
 impl UnderscoreHeaders {
@@ -138,13 +182,19 @@ pub fn is_client_claim(name: &HeaderName) -> bool {
 /// Whether a header with `_` in its name is the underscore spelling of one the gateway writes
 /// (or removes) itself, which is never forwarded whatever `UNDERSCORE_HEADERS` says.
 fn is_managed_alias(name: &str) -> bool {
-    const MANAGED: [&str; 6] = [
+    const MANAGED: [&str; 9] = [
         "x-forwarded-for",
         "x-forwarded-proto",
         "x-forwarded-host",
         "x-real-ip",
         "x-request-id",
         "forwarded",
+        // The method-override headers (`METHOD_OVERRIDE`): the gate reads, or `strip`
+        // removes, only their `-` spellings, and Rack or PHP would believe an
+        // `X_HTTP_Method_Override` as well.
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
     ];
     MANAGED.iter().any(|managed| same_with_underscores(managed, name))
         || HeaderName::from_bytes(name.replace('_', "-").as_bytes()).is_ok_and(|name| is_client_claim(&name))

@@ -52,7 +52,7 @@ use tokio::time::Instant;
 
 use crate::gate::tunnels::TunnelSlot;
 use crate::gate::{self, Gate, Refused};
-use crate::limit::{Decision, Mode, Rule};
+use crate::limit::{Cost, Decision, Mode, Rule};
 use crate::limit_headers::{self, HeaderStyle};
 use crate::metrics::{BodyBytes, CountedBody, Metrics, RuleSeries};
 use crate::outcome::{BackendFailure, Outcome};
@@ -62,7 +62,7 @@ use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
 use cors::Cors;
-use headers::UnderscoreHeaders;
+use headers::{MethodOverride, UnderscoreHeaders};
 use request_id::{RequestIds, X_REQUEST_ID};
 use upgrades::UpgradeProtocols;
 
@@ -108,6 +108,9 @@ pub(crate) struct ProxySettings {
     /// `UNDERSCORE_HEADERS`: what becomes of request headers with `_` in their names, which
     /// CGI-style backends read as the `-` spelling (`X_API_Key` is `X-API-Key` to them).
     pub underscore_headers: UnderscoreHeaders,
+    /// `METHOD_OVERRIDE`: whether the method-override headers are metered (forwarded, and a
+    /// request matches routes of the method they name too) or removed before the decision.
+    pub method_override: MethodOverride,
     /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers (`429`, `503`, ...), so
     /// a browser application can read a refusal; `None` (unset or empty): none.
     pub cors: Option<Cors>,
@@ -294,6 +297,8 @@ pub(crate) struct Proxy {
     upgrade_protocols: upgrades::UpgradeProtocols,
     /// `UNDERSCORE_HEADERS`.
     underscore_headers: headers::UnderscoreHeaders,
+    /// `METHOD_OVERRIDE`.
+    method_override: MethodOverride,
     /// `CORS_ALLOW_ORIGINS`: CORS headers on the gateway's own answers; `None`: off.
     cors: Option<cors::Cors>,
 }
@@ -475,6 +480,7 @@ impl Proxy {
             failure_log: LogThrottle::new(),
             upgrade_protocols: config.upgrade_protocols.clone(),
             underscore_headers: config.underscore_headers,
+            method_override: config.method_override,
             cors: config.cors.clone(),
         }
     }
@@ -490,7 +496,7 @@ impl Proxy {
     ) -> (Response<ResponseBody>, AnsweredBy) {
         let peer = arrival.connection.address;
         let id = context.id;
-        if arrival.overloaded {
+        if let Some(overload) = arrival.overloaded {
             if let Some(suppressed) = self.overload_log.admit() {
                 if suppressed > 0 {
                     tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
@@ -498,7 +504,8 @@ impl Proxy {
                 tracing::warn!(
                     request_id = context.id(),
                     %peer,
-                    "MAX_CONNECTIONS requests already in flight: answered 503"
+                    "{} requests already in flight: answered 503",
+                    overload.variable()
                 );
             }
             return (response::overloaded(), AnsweredBy::Gateway);
@@ -526,6 +533,8 @@ impl Proxy {
             let refusal = refuse(&reason, request.uri().path(), peer, context);
             return (refusal, AnsweredBy::Gateway);
         }
+        // Under `strip`, the backend reads the method the gate decides on, and no other.
+        self.method_override.apply(request.headers_mut());
         let upgrade = upgrades::is_upgrade(&request);
         let head = gate::Head {
             method: request.method(),
@@ -538,7 +547,7 @@ impl Proxy {
         };
         let mut verdict = match self.gate.decide(&head).await {
             Ok(verdict) => verdict,
-            Err(Refused::Ambiguous(reason)) => {
+            Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
                 let refusal = refuse(&reason, request.uri().path(), peer, context);
                 return (refusal, AnsweredBy::Gateway);
             }
@@ -687,9 +696,10 @@ impl Proxy {
     }
 
     /// The cost the backend reported in `RESPONSE_COST_HEADER`, the header taken out of what
-    /// the client gets: a whole number below 2^50 in one field, else ignored and counted in
-    /// `tollgate_response_cost_invalid_total`.
-    fn reported_cost(&self, headers: &mut HeaderMap) -> Option<u64> {
+    /// the client gets: a whole number of at most 2^50 ([`Cost::MAX`]) in one field, else
+    /// ignored and counted in `tollgate_response_cost_invalid_total`. What the charge makes of
+    /// a large one is bounded by the algorithms (at most one capacity of debt).
+    fn reported_cost(&self, headers: &mut HeaderMap) -> Option<Cost> {
         let name = self.response_cost_header.as_ref()?;
         let mut values = match headers.entry(name) {
             http::header::Entry::Occupied(entry) => entry.remove_entry_mult().1,
@@ -701,7 +711,7 @@ impl Proxy {
                 .map(str::trim)
                 .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|text| text.parse::<u64>().ok())
-                .filter(|cost| *cost < crate::limit::algorithm::EXACT_LIMIT),
+                .and_then(|cost| Cost::new(cost).ok()),
             _ => None,
         };
         if cost.is_none() {

@@ -2,9 +2,10 @@
 //! [`DescriptorTable`].
 //!
 //! The format is that service's: one domain per file, a tree of `descriptors`, each a `key`,
-//! an optional `value` (exact, or a prefix when it ends with `*`), an optional `rate_limit`
+//! an optional `value` (exact, or a wildcard when it holds `*`), an optional `rate_limit`
 //! (`unit` and `requests_per_unit`, or `unlimited: true`; a `name`, and the `replaces` of other
-//! limits' names), `shadow_mode`, `detailed_metric` and nested `descriptors`:
+//! limits' names), `shadow_mode`, `quota_mode`, `share_threshold` (a wildcard's values share
+//! one budget), `metadata`, `detailed_metric`, `value_to_metric` and nested `descriptors`:
 //!
 //! ```yaml
 //! domain: edge
@@ -24,8 +25,8 @@
 //! beside a unit, a `replaces` naming the limit itself. Refused here although that service
 //! lets them pass (each would silently do nothing): a key at a level where it means nothing
 //! (with "did you mean" for a misspelling), `unlimited` beside `requests_per_unit`, a
-//! `replaces` that names no limit of the domain, and two files with one domain (the service
-//! merges them only when told to).
+//! `replaces` that names no limit of the domain, and two files with one domain unless
+//! `RLS_MERGE_DOMAIN_CONFIG` merges them (as that service's `MERGE_DOMAIN_CONFIG`).
 //!
 //! tollgate extends `rate_limit` with two keys (a file without them means exactly what it means
 //! to that service, and makes the same rules it always made):
@@ -184,6 +185,13 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// `shadow_mode`: counted, but always answered OK.
     pub shadow: bool,
+    /// `quota_mode`: over its limit, the descriptor's status is `OVER_LIMIT`, but the answer is
+    /// `OVER_LIMIT` only when every quota descriptor of the request is over (or a descriptor
+    /// not in quota mode is), as in envoyproxy/ratelimit.
+    pub quota: bool,
+    /// The descriptor's `metadata`, carried in the answer's `dynamic_metadata` when the
+    /// descriptor is within its limit.
+    pub metadata: Option<prost_types::Struct>,
 }
 
 /// Index of a limit in [`DescriptorTable::limits`].
@@ -203,10 +211,66 @@ pub struct DescriptorNode {
 pub struct Children {
     /// `value: X`: the value exactly.
     pub exact: HashMap<String, DescriptorNode>,
-    /// `value: X*`: the values starting with `X`, in file order (the first that matches wins).
-    pub prefixes: Vec<(String, DescriptorNode)>,
+    /// `value: A*B`: the values a pattern with `*` matches, in file order (the first that
+    /// matches wins).
+    pub wildcards: Vec<Wildcard>,
     /// No `value`: any value, each its own budget.
     pub any: Option<Box<DescriptorNode>>,
+}
+
+/// A `value` holding `*` (`foo*`, `bar*b`, `foo*bar*baz`): each `*` matches any run of
+/// characters, none included, as envoyproxy/ratelimit matches them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wildcard {
+    /// The value as written: part of the rule name, and with `share_threshold` the value the
+    /// budget is keyed by.
+    pub pattern: String,
+    /// `pattern` split at each `*` once at load time, so a match allocates nothing.
+    parts: Vec<String>,
+    /// `share_threshold: true`: every value the pattern matches spends one budget (keyed by
+    /// the pattern); without it each value has its own.
+    pub share: bool,
+    /// The descriptor.
+    pub node: DescriptorNode,
+}
+
+impl Wildcard {
+    /// The wildcard of `pattern` (which holds a `*`).
+    pub(crate) fn new(pattern: String, share: bool, node: DescriptorNode) -> Wildcard {
+        let parts = pattern.split('*').map(str::to_owned).collect();
+        Wildcard {
+            pattern,
+            parts,
+            share,
+            node,
+        }
+    }
+
+    /// Whether `value` matches: it starts with the text before the first `*`, ends with the
+    /// text after the last, and holds the texts between, in order, in what remains.
+    pub fn matches(&self, value: &str) -> bool {
+        let Some((first, rest)) = self.parts.split_first() else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return value == first;
+        };
+        // The prefix comes off first and the suffix from what remains: they never overlap.
+        let Some(rest) = value.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let Some(mut rest) = rest.strip_suffix(last.as_str()) else {
+            return false;
+        };
+        for part in middle {
+            // The leftmost place of each part leaves the most room for the next.
+            match rest.find(part.as_str()) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 /// Every domain's descriptor tree and every limit, validated.
@@ -231,9 +295,9 @@ pub struct RlsConfigError {
 }
 
 impl DescriptorTable {
-    /// Read `path`: one file, or every `*.yaml` and `*.yml` file of a directory (not its
-    /// subdirectories), in name order.
-    pub fn load(path: &Path) -> Result<DescriptorTable, RlsConfigError> {
+    /// The files `path` names: itself, or a directory's `*.yaml` and `*.yml` files in name
+    /// order.
+    fn files(path: &Path) -> Result<Vec<PathBuf>, RlsConfigError> {
         let whole = |problem: String| RlsConfigError {
             location: path.display().to_string(),
             problem,
@@ -264,6 +328,32 @@ impl DescriptorTable {
         } else {
             vec![path.to_path_buf()]
         };
+        Ok(files)
+    }
+
+    /// The bytes of every file `path` names, each with its name: what a reload compares to
+    /// see a change (a file added, removed or edited); `None` when one cannot be read.
+    pub(crate) fn snapshot(path: &Path) -> Option<Vec<u8>> {
+        let mut bytes = Vec::new();
+        for file in DescriptorTable::files(path).ok()? {
+            if std::fs::metadata(&file).ok()?.len() > MAX_FILE_BYTES {
+                return None;
+            }
+            let text = std::fs::read(&file).ok()?;
+            let name = file.display().to_string();
+            for part in [name.as_bytes(), text.as_slice()] {
+                bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(part);
+            }
+        }
+        Some(bytes)
+    }
+
+    /// Read `path`: one file, or every `*.yaml` and `*.yml` file of a directory (not its
+    /// subdirectories), in name order; files of one domain merged if `merge`
+    /// ([`DescriptorTable::parse_merging`]).
+    pub fn load(path: &Path, merge: bool) -> Result<DescriptorTable, RlsConfigError> {
+        let files = DescriptorTable::files(path)?;
         let mut texts = Vec::with_capacity(files.len());
         for file in &files {
             let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
@@ -279,36 +369,86 @@ impl DescriptorTable {
             })?;
             texts.push((file.display().to_string(), text));
         }
-        let mut table =
-            DescriptorTable::parse(texts.iter().map(|(name, text)| (name.as_str(), text.as_str())))?;
+        let mut table = DescriptorTable::parse_merging(
+            texts.iter().map(|(name, text)| (name.as_str(), text.as_str())),
+            merge,
+        )?;
         table.files = files;
         Ok(table)
     }
 
     /// The table of `files`, each `(name, text)`: a pure function of the texts, for tests and
-    /// fuzzing.
+    /// fuzzing. Two files of one domain are refused.
     pub fn parse<'a>(
         files: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<DescriptorTable, RlsConfigError> {
+        DescriptorTable::parse_merging(files, false)
+    }
+
+    /// The table of `files`; with `merge` (`RLS_MERGE_DOMAIN_CONFIG`, upstream's
+    /// `MERGE_DOMAIN_CONFIG`) the descriptors of files of one domain are put together (one key
+    /// and value in two of them refused), else a second file of a domain is refused, naming it.
+    pub fn parse_merging<'a>(
+        files: impl IntoIterator<Item = (&'a str, &'a str)>,
+        merge: bool,
+    ) -> Result<DescriptorTable, RlsConfigError> {
         let mut table = DescriptorTable::default();
         let mut domain_files: HashMap<String, String> = HashMap::new();
+        // Each domain's limits so far, and its `replaces` waiting for every file of it.
+        let mut domain_limits: HashMap<String, Vec<LimitId>> = HashMap::new();
+        let mut pending: Vec<(String, String, Vec<PendingReplace>)> = Vec::new();
         for (file, text) in files {
             let mut reader = FileReader {
                 file,
                 table: &mut table,
                 pending_replaces: Vec::new(),
             };
+            let first = reader.table.limits.len();
             let (domain, root) = reader.file(text)?;
+            let replaces = std::mem::take(&mut reader.pending_replaces);
+            let ids = first..table.limits.len();
             if let Some(earlier) = domain_files.get(&domain) {
-                return Err(RlsConfigError {
+                if !merge {
+                    return Err(RlsConfigError {
+                        location: file.to_owned(),
+                        problem: format!(
+                            "duplicate domain {domain:?} in config file: {earlier} has it already (one \
+                             file per domain, or set RLS_MERGE_DOMAIN_CONFIG=true to merge them)"
+                        ),
+                    });
+                }
+                let into = table.domains.entry(domain.clone()).or_default();
+                merge_level(into, root).map_err(|shown| RlsConfigError {
                     location: file.to_owned(),
                     problem: format!(
-                        "duplicate domain {domain:?}: {earlier} has it already (one file per domain)"
+                        "duplicate descriptor composite key in domain {domain:?}: {shown} is in {earlier} \
+                         already (files of one domain merge, never override one another)"
                     ),
+                })?;
+            } else {
+                domain_files.insert(domain.clone(), file.to_owned());
+                table.domains.insert(domain.clone(), root);
+            }
+            domain_limits.entry(domain.clone()).or_default().extend(ids);
+            pending.push((file.to_owned(), domain, replaces));
+        }
+        // A `replaces` may name a limit of any file of its domain.
+        for (file, domain, replaces) in pending {
+            let names: HashSet<&str> = domain_limits
+                .get(&domain)
+                .into_iter()
+                .flatten()
+                .filter_map(|id| table.limits[*id].name.as_deref())
+                .collect();
+            if let Some((name, line, path)) = replaces
+                .iter()
+                .find(|(name, _, _)| !names.contains(name.as_str()))
+            {
+                return Err(RlsConfigError {
+                    location: format!("{file}:{line}: {path}"),
+                    problem: format!("replaces {name:?}, but no rate_limit of this domain has that name"),
                 });
             }
-            domain_files.insert(domain.clone(), file.to_owned());
-            table.domains.insert(domain, root);
         }
         Ok(table)
     }
@@ -349,6 +489,28 @@ impl DescriptorTable {
             .collect()
     }
 
+    /// The rule a descriptor's own `limit` (Envoy's per-request override) is decided under,
+    /// [`OVERRIDE_RULE`]: the numbers are the request's (a fixed window of its unit), the rule
+    /// gives the id, the name (the metrics' `rule` label and the Redis key's part) and the fail
+    /// mode. One rule for every unit (the unit is part of the budget's key): one more table of
+    /// `MAX_KEYS` in memory, not seven.
+    pub fn override_rule(fail_mode: FailMode, shadow: bool) -> Rule {
+        Rule {
+            id: 0,
+            name: OVERRIDE_RULE.into(),
+            limits: Limits::one(Policy::FixedWindow(FixedWindow {
+                limit: 0,
+                window_ms: Unit::Second.seconds() * 1_000,
+            })),
+            key_by: KeyBy::ip(),
+            cost: 1,
+            shadow,
+            count: Count::All,
+            fail_mode,
+            delay: None,
+        }
+    }
+
     /// How many limits are counted (are rules).
     pub fn counted(&self) -> usize {
         self.limits
@@ -357,6 +519,10 @@ impl DescriptorTable {
             .count()
     }
 }
+
+/// The name of the rule of a descriptor's `limit` override (no domain's name, percent-encoded
+/// after `rls/`, can be it).
+pub(crate) const OVERRIDE_RULE: &str = "rls~override";
 
 /// The table in words, for `--check-config`.
 impl fmt::Display for DescriptorTable {
@@ -389,8 +555,21 @@ struct FileReader<'a> {
     file: &'a str,
     /// Where its limits go.
     table: &'a mut DescriptorTable,
-    /// Each `replaces` of the file (name, line, path), checked once every name is known.
-    pending_replaces: Vec<(String, usize, String)>,
+    /// Each `replaces` of the file, checked once every file of its domain is read.
+    pending_replaces: Vec<PendingReplace>,
+}
+
+/// A `replaces` waiting for every name of its domain: the name, its line and path.
+type PendingReplace = (String, usize, String);
+
+/// What a descriptor says of its `rate_limit` beside it.
+struct Mode {
+    /// `shadow_mode`.
+    shadow: bool,
+    /// `quota_mode`.
+    quota: bool,
+    /// `metadata`.
+    metadata: Option<prost_types::Struct>,
 }
 
 /// The keys each level accepts.
@@ -401,7 +580,11 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "rate_limit",
     "descriptors",
     "shadow_mode",
+    "quota_mode",
     "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
@@ -444,7 +627,6 @@ impl FileReader<'_> {
         if domain.is_empty() {
             return Err(self.fail(root.line, "domain", "config file cannot have empty domain"));
         }
-        let first = self.table.limits.len();
         let place = Place {
             path: String::new(),
             rule: format!("rls/{}", utf8_percent_encode(&domain, NAME_ESCAPES)),
@@ -453,7 +635,6 @@ impl FileReader<'_> {
             Some(node) => self.descriptors(node, &place, 0)?,
             None => DescriptorNode::default(),
         };
-        self.check_replaces(first)?;
         Ok((domain, top))
     }
 
@@ -595,10 +776,39 @@ impl FileReader<'_> {
                 rule: format!("{}/{segment}", parent.rule),
             };
             let shadow = self.boolean(entries.get("shadow_mode"), &format!("{here}.shadow_mode"))?;
+            let quota = self.boolean(entries.get("quota_mode"), &format!("{here}.quota_mode"))?;
             // Accepted for compatibility; tollgate's metrics are per limit, never per value.
             self.boolean(entries.get("detailed_metric"), &format!("{here}.detailed_metric"))?;
+            self.boolean(entries.get("value_to_metric"), &format!("{here}.value_to_metric"))?;
+            let share = self.boolean(entries.get("share_threshold"), &format!("{here}.share_threshold"))?;
+            if share && !value.as_deref().is_some_and(|value| value.contains('*')) {
+                let line = entries.get("share_threshold").map_or(item.line, |node| node.line);
+                return Err(self.fail(
+                    line,
+                    &format!("{here}.share_threshold"),
+                    format!(
+                        "share_threshold can only be used with wildcard values (containing '*'), but \
+                         {} has none",
+                        match &value {
+                            Some(value) => format!("value {value:?}"),
+                            None => format!("key {key:?}"),
+                        }
+                    ),
+                ));
+            }
+            let metadata = match entries.get("metadata") {
+                Some(node) if !node.is_null() => Some(self.metadata(node, &format!("{here}.metadata"))?),
+                _ => None,
+            };
             let limit = match entries.get("rate_limit") {
-                Some(node) if !node.is_null() => Some(self.rate_limit(node, &place, shadow)?),
+                Some(node) if !node.is_null() => {
+                    let mode = Mode {
+                        shadow,
+                        quota,
+                        metadata,
+                    };
+                    Some(self.rate_limit(node, &place, mode)?)
+                }
                 _ => None,
             };
             let mut child = match entries.get("descriptors") {
@@ -609,18 +819,18 @@ impl FileReader<'_> {
             let children = level.children.entry(key).or_default();
             match value {
                 None => children.any = Some(Box::new(child)),
-                Some(value) => match value.strip_suffix('*') {
-                    Some(prefix) => children.prefixes.push((prefix.to_owned(), child)),
-                    None => {
-                        children.exact.insert(value, child);
-                    }
-                },
+                Some(value) if value.contains('*') => {
+                    children.wildcards.push(Wildcard::new(value, share, child));
+                }
+                Some(value) => {
+                    children.exact.insert(value, child);
+                }
             }
         }
         Ok(level)
     }
 
-    fn rate_limit(&mut self, node: &Node, place: &Place, shadow: bool) -> Result<LimitId, RlsConfigError> {
+    fn rate_limit(&mut self, node: &Node, place: &Place, mode: Mode) -> Result<LimitId, RlsConfigError> {
         let path = format!("{}.rate_limit", place.path);
         let entries = self.mapping(node, &path, RATE_LIMIT_KEYS)?;
         let unlimited = self.boolean(entries.get("unlimited"), &format!("{path}.unlimited"))?;
@@ -821,7 +1031,9 @@ impl FileReader<'_> {
             allowance,
             name,
             replaces: replaces.into_iter().map(|(name, _, _)| name).collect(),
-            shadow,
+            shadow: mode.shadow,
+            quota: mode.quota,
+            metadata: mode.metadata,
         });
         Ok(id)
     }
@@ -882,22 +1094,89 @@ impl FileReader<'_> {
     }
 
     /// Every `replaces` of the limits from `first` on names a limit of the same domain.
-    fn check_replaces(&self, first: LimitId) -> Result<(), RlsConfigError> {
-        let names: HashSet<&str> = self.table.limits[first..]
-            .iter()
-            .filter_map(|limit| limit.name.as_deref())
-            .collect();
-        for (name, line, path) in &self.pending_replaces {
-            if !names.contains(name.as_str()) {
-                return Err(self.fail(
-                    *line,
-                    path,
-                    format!("replaces {name:?}, but no rate_limit of this domain has that name"),
-                ));
-            }
+    /// `metadata`: a mapping of anything, as protobuf's `Struct` carries it (a plain `true`,
+    /// `false`, `null` or number is one; any other scalar, or a quoted one, is text).
+    fn metadata(&self, node: &Node, path: &str) -> Result<prost_types::Struct, RlsConfigError> {
+        match metadata_value(node).kind {
+            Some(prost_types::value::Kind::StructValue(fields)) => Ok(fields),
+            _ => Err(self.fail(
+                node.line,
+                path,
+                format!(
+                    "error parsing metadata: expected a mapping, found {}",
+                    node.kind()
+                ),
+            )),
         }
-        Ok(())
     }
+}
+
+/// Put the descriptors of `from` (a second file's top level of a domain) beside those of
+/// `into`; a key and value both define is refused, shown as the message shows it.
+fn merge_level(into: &mut DescriptorNode, from: DescriptorNode) -> Result<(), String> {
+    for (key, children) in from.children {
+        let target = into.children.entry(key.clone()).or_default();
+        for (value, node) in children.exact {
+            if target.exact.contains_key(&value) {
+                return Err(format!("key {key:?}, value {value:?}"));
+            }
+            target.exact.insert(value, node);
+        }
+        for wildcard in children.wildcards {
+            if target
+                .wildcards
+                .iter()
+                .any(|known| known.pattern == wildcard.pattern)
+            {
+                return Err(format!("key {key:?}, value {:?}", wildcard.pattern));
+            }
+            target.wildcards.push(wildcard);
+        }
+        if let Some(any) = children.any {
+            if target.any.is_some() {
+                return Err(format!("key {key:?} without a value"));
+            }
+            target.any = Some(any);
+        }
+    }
+    Ok(())
+}
+
+/// `node` as a protobuf `Value`.
+fn metadata_value(node: &Node) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match &node.value {
+        _ if node.is_null() => Kind::NullValue(0),
+        Value::Scalar { text, plain: true } => match text.as_str() {
+            "true" | "True" | "TRUE" => Kind::BoolValue(true),
+            "false" | "False" | "FALSE" => Kind::BoolValue(false),
+            number if yaml_number(number) => Kind::NumberValue(number.parse().unwrap_or_default()),
+            text => Kind::StringValue(text.to_owned()),
+        },
+        Value::Scalar { text, .. } => Kind::StringValue(text.clone()),
+        Value::Sequence(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.iter().map(metadata_value).collect(),
+        }),
+        Value::Mapping(entries) => Kind::StructValue(prost_types::Struct {
+            fields: entries
+                .iter()
+                .map(|(key, value)| (key.clone(), metadata_value(value)))
+                .collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// Whether a plain scalar is a number to YAML: an optional sign, digits, and at most one `.`
+/// and an exponent (what `f64` parses, less `inf`, `NaN` and the like, which are text).
+fn yaml_number(text: &str) -> bool {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    digits.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+        && digits.bytes().any(|b| b.is_ascii_digit())
+        && digits
+            .bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
+        && text.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
 /// The policy `algorithm` enforces for `requests_per_unit` in each `unit`, read by the parser of
@@ -1002,7 +1281,7 @@ mod tests {
         assert_refused(
             "domain: d\ndescriptors:\n  - key: k\n    ratelimit:\n      unit: second\n",
             "descriptors[0]",
-            "unknown key \"ratelimit\" (at descriptors[0]: key, value, rate_limit, descriptors, shadow_mode, detailed_metric); did you mean \"rate_limit\"?",
+            "unknown key \"ratelimit\" (at descriptors[0]: key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata); did you mean \"rate_limit\"?",
         );
         assert_refused(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requestsperunit: 5\n",
@@ -1065,6 +1344,175 @@ mod tests {
         assert!(two.problem.contains("a.yaml has it already"), "{two}");
     }
 
+    /// envoyproxy/ratelimit's `merge_domain_key1.yaml` and `merge_domain_key2.yaml`, and its
+    /// `TestDuplicateDomain` and `TestDuplicateKeyDomainMerge`.
+    #[test]
+    fn two_files_of_one_domain_are_refused_naming_it_or_merged_when_asked() {
+        let key1 = "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit: {unit: minute, requests_per_unit: 10, name: one}\n";
+        let key2 = "domain: test-domain\ndescriptors:\n  - key: key2\n    value: value2\n    rate_limit: {unit: minute, requests_per_unit: 20, replaces: [{name: one}]}\n  - key: key1\n    value: other\n    rate_limit: {unit: minute, requests_per_unit: 30}\n";
+        let files = [("merge_domain_key1.yaml", key1), ("merge_domain_key2.yaml", key2)];
+        let refused = DescriptorTable::parse(files).unwrap_err();
+        assert_eq!(refused.location, "merge_domain_key2.yaml");
+        assert!(
+            refused.problem.contains("duplicate domain \"test-domain\""),
+            "{refused}"
+        );
+        assert!(
+            refused.problem.contains("RLS_MERGE_DOMAIN_CONFIG=true"),
+            "{refused}"
+        );
+        let merged = DescriptorTable::parse_merging(files, true).unwrap();
+        assert_eq!(merged.domains.len(), 1);
+        let rule = |entries: &[(&str, &str)]| {
+            super::super::matcher::find(&merged, "test-domain", entries.iter().copied())
+                .map(|found| merged.limits[found.limit].rule.to_string())
+        };
+        assert_eq!(
+            rule(&[("key1", "value1")]).as_deref(),
+            Some("rls/test-domain/key1=value1")
+        );
+        assert_eq!(
+            rule(&[("key2", "value2")]).as_deref(),
+            Some("rls/test-domain/key2=value2")
+        );
+        assert_eq!(
+            rule(&[("key1", "other")]).as_deref(),
+            Some("rls/test-domain/key1=other")
+        );
+        // A replaces may name a limit of the domain's other file.
+        assert_eq!(merged.limits[1].replaces, ["one"]);
+        // One key and value in both files: refused, merged or not.
+        for (again, shown) in [
+            (
+                "  - key: key1\n    value: value1\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+                "key \"key1\", value \"value1\"",
+            ),
+            (
+                "  - key: key1\n    value: v*\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+                "key \"key1\", value \"v*\"",
+            ),
+        ] {
+            let first = format!(
+                "{key1}  - key: key1\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n  - key: key1\n    value: v*\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n"
+            );
+            let second = format!("domain: test-domain\ndescriptors:\n{again}");
+            let error = DescriptorTable::parse_merging(
+                [("a.yaml", first.as_str()), ("b.yaml", second.as_str())],
+                true,
+            )
+            .unwrap_err();
+            assert_eq!(error.location, "b.yaml");
+            assert!(
+                error.problem.contains(&format!(
+                    "duplicate descriptor composite key in domain \"test-domain\": {shown} is in a.yaml already"
+                )),
+                "{error}"
+            );
+        }
+        let lone = "domain: test-domain\ndescriptors:\n  - key: key1\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        let error = DescriptorTable::parse_merging([("a.yaml", lone), ("b.yaml", lone)], true).unwrap_err();
+        assert_eq!(error.location, "b.yaml");
+        assert!(
+            error
+                .problem
+                .contains("key \"key1\" without a value is in a.yaml already"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn quota_mode_metadata_and_the_metric_keys_are_read() {
+        let table = DescriptorTable::parse([(
+            "metadata.yaml",
+            "domain: test-domain\ndescriptors:\n  - key: key2\n    quota_mode: true\n    detailed_metric: true\n    value_to_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 20}\n    metadata:\n      service_with_quota:\n        name: service_2\n        weight: 1.5\n        tags: [a, 'true', true, ~, -3]\n",
+        )])
+        .unwrap();
+        let limit = &table.limits[0];
+        assert!(limit.quota);
+        let text = |text: &str| prost_types::Value {
+            kind: Some(prost_types::value::Kind::StringValue(text.into())),
+        };
+        let number = |n: f64| prost_types::Value {
+            kind: Some(prost_types::value::Kind::NumberValue(n)),
+        };
+        use prost_types::value::Kind;
+        let inner = prost_types::Struct {
+            fields: [
+                ("name".to_owned(), text("service_2")),
+                ("weight".to_owned(), number(1.5)),
+                (
+                    "tags".to_owned(),
+                    prost_types::Value {
+                        kind: Some(Kind::ListValue(prost_types::ListValue {
+                            values: vec![
+                                text("a"),
+                                text("true"),
+                                prost_types::Value {
+                                    kind: Some(Kind::BoolValue(true)),
+                                },
+                                prost_types::Value {
+                                    kind: Some(Kind::NullValue(0)),
+                                },
+                                number(-3.0),
+                            ],
+                        })),
+                    },
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let expected = prost_types::Struct {
+            fields: [(
+                "service_with_quota".to_owned(),
+                prost_types::Value {
+                    kind: Some(Kind::StructValue(inner)),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        assert_eq!(limit.metadata.as_ref(), Some(&expected));
+        assert!(yaml_number("12") && yaml_number("-1e3") && yaml_number(".5"));
+        assert!(!yaml_number("inf") && !yaml_number("NaN") && !yaml_number("1.2.3") && !yaml_number("e5"));
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: [a]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+            "test.yaml:4: descriptors[0].metadata",
+            "error parsing metadata: expected a mapping, found a list",
+        );
+        assert_refused(
+            "domain: d\ndescriptors:\n  - key: k\n    quota_mode: maybe\n",
+            "descriptors[0].quota_mode",
+            "expected true or false",
+        );
+    }
+
+    /// envoyproxy/ratelimit refuses `share_threshold` on a descriptor without a wildcard.
+    #[test]
+    fn share_threshold_needs_a_wildcard() {
+        for (descriptor, shown) in [
+            ("key: k\n    value: exact", "value \"exact\""),
+            ("key: k", "key \"k\""),
+        ] {
+            assert_refused(
+                &format!(
+                    "domain: d\ndescriptors:\n  - {descriptor}\n    share_threshold: true\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+                ),
+                "descriptors[0].share_threshold",
+                &format!(
+                    "share_threshold can only be used with wildcard values (containing '*'), but {shown} has none"
+                ),
+            );
+        }
+        let table = DescriptorTable::parse([(
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    value: a*b\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        )])
+        .unwrap();
+        let wildcard = &table.domains["d"].children["k"].wildcards[0];
+        assert!(wildcard.share && wildcard.matches("axxb") && !wildcard.matches("axx"));
+    }
+
     #[test]
     fn a_replaces_may_name_a_limit_anywhere_in_its_domain() {
         let table = DescriptorTable::parse([(
@@ -1081,17 +1529,17 @@ mod tests {
         std::fs::write(dir.path().join("one.yaml"), "domain: one\n").unwrap();
         std::fs::write(dir.path().join("two.yml"), "domain: two\n").unwrap();
         std::fs::write(dir.path().join("notes.txt"), "not: yaml: at all").unwrap();
-        let table = DescriptorTable::load(dir.path()).unwrap();
+        let table = DescriptorTable::load(dir.path(), false).unwrap();
         assert_eq!(table.domains.len(), 2);
         assert_eq!(table.files.len(), 2);
         let empty = tempfile::tempdir().unwrap();
         assert!(
-            DescriptorTable::load(empty.path())
+            DescriptorTable::load(empty.path(), false)
                 .unwrap_err()
                 .problem
                 .contains("no *.yaml")
         );
-        let missing = DescriptorTable::load(&dir.path().join("missing.yaml")).unwrap_err();
+        let missing = DescriptorTable::load(&dir.path().join("missing.yaml"), false).unwrap_err();
         assert!(missing.problem.contains("cannot be read"), "{missing}");
     }
 

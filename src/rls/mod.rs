@@ -9,7 +9,8 @@
 //! - this module: the answer. Each descriptor of a request is matched; a matched limit whose
 //!   `name` another matched limit `replaces` is not applied; each remaining counted limit is
 //!   decided through [`Gate::decide_key`], costing `hits_addend` (the descriptor's, else the
-//!   request's; 0 is 1, as that service reads it), keyed by the domain and the descriptor's
+//!   request's; 0 is 1, as that service reads it; one above the limit's capacity, up to
+//!   2^64 - 1, is `OVER_LIMIT` at once and spends nothing), keyed by the domain and the descriptor's
 //!   entries. `overall_code` is `OVER_LIMIT` if any descriptor is. `response_headers_to_add`
 //!   carries `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` of the descriptor
 //!   nearest its limit (one over it, if any), the headers that service sends with
@@ -35,9 +36,19 @@
 //! and Envoy's `failure_mode_deny` decides; an error cannot say which of a request's
 //! descriptors failed, and with `FAIL_MODE` the gateway's operator already chose.)
 //!
-//! Not supported: a descriptor's `limit` override (the budget of a limit must be a rule known
-//! at startup; the override is ignored and the configured limit applies), per-value metrics
-//! (`detailed_metric` is accepted and changes nothing), `quota` answers.
+//! envoyproxy/ratelimit's other keys: a `quota_mode` descriptor over its limit makes the answer
+//! `OVER_LIMIT` only when every quota descriptor of the request is over; the `metadata` of the
+//! descriptors within their limits goes in `dynamic_metadata`; an `OVER_LIMIT` answer carries
+//! `Retry-After`. A descriptor's own `limit` (Envoy's override) wins over the configured one in
+//! a known domain: decided under the override rule (`rls~override`, in every table with
+//! `RLS_CONFIG`; the unit part of the budget's key) with the request's numbers.
+//!
+//! A reload of `RLS_CONFIG` (with the rules: SIGHUP, or a file changed) swaps the descriptor
+//! tables whole ([`RateLimitService::reload`]) once the gate's table holds their rules; a
+//! request is answered under the tables it started with.
+//!
+//! Not supported: per-value metrics (`detailed_metric` and `value_to_metric` are accepted and
+//! change nothing), `quota` answers.
 
 pub(crate) mod config;
 pub mod matcher;
@@ -49,8 +60,11 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::gate::Gate;
-use crate::limit::{Decision, Rule, Verdict};
+use crate::limit::algorithm::{FixedWindow, Limits, Policy};
+use crate::limit::{Cost, Decision, Rule, Verdict};
+use crate::proxy::AccessLog;
 use crate::refusal::{Refusals, Violated};
+use crate::telemetry::throttle::LogThrottle;
 pub(crate) use config::DescriptorTable;
 
 /// The generated protocol: Envoy's messages and the tonic server, from `proto/`.
@@ -121,6 +135,10 @@ pub(crate) const REMAINING_HEADER: &str = "RateLimit-Remaining";
 /// See [`LIMIT_HEADER`].
 pub(crate) const RESET_HEADER: &str = "RateLimit-Reset";
 
+/// The header an `OVER_LIMIT` answer carries among `response_headers_to_add`: the seconds
+/// until the refusing limit allows again.
+pub(crate) const RETRY_AFTER_HEADER: &str = "Retry-After";
+
 /// Most descriptors one request may carry: each is a decision, and Envoy sends a handful.
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 
@@ -139,20 +157,61 @@ pub enum RlsError {
     MissingRule(String),
 }
 
-/// Envoy's rate limit service, deciding through the gate.
+/// Envoy's rate limit service, deciding through the gate. Its clones share the descriptor
+/// tables, so a reload ([`RateLimitService::reload`]) reaches the server serving them.
+#[derive(Clone)]
 pub struct RateLimitService {
     /// The one door to policy.
     gate: Arc<Gate>,
-    /// The descriptor trees.
-    table: Arc<DescriptorTable>,
-    /// Each limit's rule, by [`config::LimitId`]; `None` for an unlimited one. Resolved once,
-    /// so a decision never looks a rule up by name.
-    rules: Vec<Option<Rule>>,
+    /// The descriptor tables in force, swapped whole by a reload of `RLS_CONFIG`.
+    tables: Arc<arc_swap::ArcSwap<Tables>>,
     /// `DENY_FORMAT` (and `DENY_STATUS`, which a problem body states): the `raw_body` Envoy
     /// sends with its refusal.
     refusals: Refusals,
     /// `FORWARD_RATELIMIT_HEADERS`: the draft fields as `request_headers_to_add`.
     forward_headers: bool,
+    /// `ACCESS_LOG`: which decisions get an `info` line, as the proxy's requests do.
+    access_log: AccessLog,
+    /// Paces the refusals' lines under `ACCESS_LOG=denied`.
+    denial_log: Arc<LogThrottle>,
+}
+
+/// The descriptor trees and their rules: what one reload of `RLS_CONFIG` puts in force.
+struct Tables {
+    /// The descriptor trees.
+    table: Arc<DescriptorTable>,
+    /// Each limit's rule, by [`config::LimitId`]; `None` for an unlimited one. Resolved once,
+    /// so a decision never looks a rule up by name.
+    rules: Vec<Option<Rule>>,
+    /// The override rule ([`DescriptorTable::override_rule`]): what a descriptor's own `limit`
+    /// is decided under; `None` in a table built without it (none the configuration builds),
+    /// which leaves overrides unapplied.
+    overrides: Option<Rule>,
+}
+
+impl Tables {
+    /// The tables of `table`, whose rules the gate's table in force must hold.
+    fn new(gate: &Gate, table: Arc<DescriptorTable>) -> Result<Tables, RlsError> {
+        let generation = gate.current();
+        let rules = table
+            .limits
+            .iter()
+            .map(|limit| match limit.allowance.counted() {
+                false => Ok(None),
+                true => generation
+                    .rule(&limit.rule)
+                    .cloned()
+                    .map(Some)
+                    .ok_or_else(|| RlsError::MissingRule(limit.rule.to_string())),
+            })
+            .collect::<Result<_, _>>()?;
+        let overrides = generation.rule(config::OVERRIDE_RULE).cloned();
+        Ok(Tables {
+            table,
+            rules,
+            overrides,
+        })
+    }
 }
 
 /// One descriptor's way to its answer.
@@ -161,34 +220,51 @@ enum Plan<'s> {
     Free,
     /// `unlimited`.
     Unlimited,
-    /// Decided under the rule, at this cost.
-    Decide(&'s config::Limit, &'s Rule, u64),
+    /// Decided under the rule, at this cost, the entries a `share_threshold` wildcard matched
+    /// keyed by its pattern.
+    Decide(&'s config::Limit, &'s Rule, Cost, Vec<(usize, &'s str)>),
+    /// The descriptor's own `limit` (Envoy's override): decided under the override rule of its
+    /// unit with the request's numbers, at this cost.
+    Override(config::Limit, Rule, Cost),
+}
+
+impl Plan<'_> {
+    /// Whether its limit is in `quota_mode`.
+    fn quota(&self) -> bool {
+        matches!(self, Plan::Decide(limit, ..) if limit.quota)
+    }
+
+    /// The rule it is decided under, if any.
+    fn rule(&self) -> Option<&Rule> {
+        match self {
+            Plan::Decide(_, rule, ..) => Some(rule),
+            Plan::Override(_, rule, _) => Some(rule),
+            Plan::Free | Plan::Unlimited => None,
+        }
+    }
 }
 
 impl RateLimitService {
     /// The service of `table`, deciding through `gate`, whose rule table must hold the
     /// table's rules ([`DescriptorTable::rules`], added with `RuleTable::with_named`).
     pub fn new(gate: Arc<Gate>, table: Arc<DescriptorTable>) -> Result<RateLimitService, RlsError> {
-        let rules = table
-            .limits
-            .iter()
-            .map(|limit| match limit.allowance.counted() {
-                false => Ok(None),
-                true => gate
-                    .current()
-                    .rule(&limit.rule)
-                    .cloned()
-                    .map(Some)
-                    .ok_or_else(|| RlsError::MissingRule(limit.rule.to_string())),
-            })
-            .collect::<Result<_, _>>()?;
+        let tables = Tables::new(&gate, table)?;
         Ok(RateLimitService {
             gate,
-            table,
-            rules,
+            tables: Arc::new(arc_swap::ArcSwap::from_pointee(tables)),
             refusals: Refusals::default(),
             forward_headers: false,
+            access_log: AccessLog::Denied,
+            denial_log: Arc::new(LogThrottle::new()),
         })
+    }
+
+    /// Put `table` in force (a reload of `RLS_CONFIG`), once the gate's table in force holds
+    /// its rules (the reloaded configuration's, swapped in first); an error swaps nothing.
+    pub(crate) fn reload(&self, table: Arc<DescriptorTable>) -> Result<(), RlsError> {
+        let tables = Tables::new(&self.gate, table)?;
+        self.tables.store(Arc::new(tables));
+        Ok(())
     }
 
     /// This service with refusals shaped as `refusals` say, and the budget told to the backend
@@ -204,10 +280,18 @@ impl RateLimitService {
         RateLimitServiceServer::new(self)
     }
 
+    /// This service with its decisions logged as the proxy's requests are (`ACCESS_LOG`).
+    pub(crate) fn logged(mut self, access_log: AccessLog) -> RateLimitService {
+        self.access_log = access_log;
+        self
+    }
+
     /// Answer one `ShouldRateLimit` request.
     pub async fn check(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         validate(request)?;
-        let plans = self.plan(request);
+        // One table for the whole request, whatever a reload swaps meanwhile.
+        let tables = self.tables.load_full();
+        let plans = tables.plan(request);
         // Its rules by name in the table in force: a reload of RULES_FILE moves rule ids.
         let generation = self.gate.current();
         let mut statuses = Vec::with_capacity(plans.len());
@@ -226,14 +310,55 @@ impl RateLimitService {
                     limit_remaining: u32::MAX,
                     ..Default::default()
                 },
-                Plan::Decide(limit, rule, cost) => match generation.rule(&rule.name) {
+                Plan::Decide(limit, rule, cost, shared) => match generation.rule(&rule.name) {
                     Some(rule) => {
-                        let key = generation.key_of(&client_name(&request.domain, descriptor));
+                        let key = generation.key_of(&client_name(&request.domain, descriptor, shared));
                         let keyed = self.gate.decide_key(&generation, rule, key, *cost).await;
                         decided = keyed.decision.decision().cloned();
+                        crate::decide::log(
+                            self.access_log,
+                            &self.denial_log,
+                            &crate::decide::Decided {
+                                door: "rls",
+                                method: None,
+                                path: Some(&request.domain),
+                                client: key,
+                                address: None,
+                                rule: &rule.name,
+                                outcome: keyed.outcome,
+                                status: if keyed.outcome.forwards() { 200 } else { 429 },
+                                retry_after_s: decided.as_ref().filter(|_| !keyed.outcome.forwards()).map(
+                                    |decision| crate::limit_headers::retry_after_secs(decision.retry_after),
+                                ),
+                            },
+                        );
                         status(limit, rule, keyed.decision, keyed.outcome.forwards())
                     }
                     // Every table the configuration builds holds RLS_CONFIG's rules.
+                    None => DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..Default::default()
+                    },
+                },
+                Plan::Override(limit, rule, cost) => match generation.rule(&rule.name) {
+                    Some(base) => {
+                        // The request's numbers under the id of the rule in force.
+                        let rule = Rule {
+                            id: base.id,
+                            ..rule.clone()
+                        };
+                        // One rule for every unit: the unit is part of the budget's key.
+                        let mut name = client_name(&request.domain, descriptor, &[]);
+                        if let config::Allowance::Rate { unit, .. } = &limit.allowance {
+                            let unit = unit.as_str().as_bytes();
+                            name.extend_from_slice(&(unit.len() as u64).to_le_bytes());
+                            name.extend_from_slice(unit);
+                        }
+                        let key = generation.key_of(&name);
+                        let keyed = self.gate.decide_key(&generation, &rule, key, *cost).await;
+                        decided = keyed.decision.decision().cloned();
+                        status(limit, &rule, keyed.decision, keyed.outcome.forwards())
+                    }
                     None => DescriptorStatus {
                         code: Code::Ok as i32,
                         ..Default::default()
@@ -243,17 +368,17 @@ impl RateLimitService {
             statuses.push(status);
             decisions.push(decided);
         }
-        let over = statuses
-            .iter()
-            .any(|status| status.code == Code::OverLimit as i32);
-        let nearest = nearest(&statuses);
+        let refusing = Refusing::of(&plans, &statuses);
+        let over = (0..statuses.len()).any(|index| refusing.refuses(index));
+        let nearest = nearest(&statuses, &refusing);
         let mut response = RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             response_headers_to_add: nearest.map(|index| headers(&statuses[index])).unwrap_or_default(),
+            dynamic_metadata: metadata(request, &plans, &statuses),
             ..Default::default()
         };
         if let Some(index) = nearest
-            && let Plan::Decide(_, rule, _) = plans[index]
+            && let Some(rule) = plans[index].rule()
             && let Some(decision) = &decisions[index]
         {
             self.shape(&mut response, decision, rule, over);
@@ -276,16 +401,23 @@ impl RateLimitService {
         };
         if over {
             let format = self.refusals.format();
+            let retry_after = crate::limit_headers::retry_after_secs(decision.retry_after).max(1);
             let body = self.refusals.body(
                 format,
                 self.refusals.status(),
                 Violated::rule(&rule.name),
-                crate::limit_headers::retry_after_secs(decision.retry_after).max(1),
+                retry_after,
             );
             response.raw_body = body.to_vec();
             response
                 .response_headers_to_add
                 .push(header("content-type", &format.content_type()));
+            // Whole seconds (RFC 9110 10.2.3), as the proxy's refusals carry it.
+            response.response_headers_to_add.push(HeaderValue {
+                key: RETRY_AFTER_HEADER.to_owned(),
+                value: retry_after.to_string(),
+                raw_value: Vec::new(),
+            });
         } else if self.forward_headers {
             let mut fields = http::HeaderMap::new();
             crate::limit_headers::set_draft(&mut fields, rule, decision);
@@ -295,10 +427,40 @@ impl RateLimitService {
                 .collect();
         }
     }
+}
+
+impl Tables {
+    /// The plan of a descriptor's own `limit`: `requests_per_unit` in each fixed window of
+    /// `unit`, under the override rule (in every table of a configuration with `RLS_CONFIG`).
+    fn override_plan(&self, requests_per_unit: u32, unit: config::Unit, cost: Cost) -> Plan<'_> {
+        let Some(base) = &self.overrides else {
+            return Plan::Free;
+        };
+        let limit = config::Limit {
+            rule: base.name.clone(),
+            allowance: config::Allowance::Rate {
+                requests_per_unit,
+                unit,
+            },
+            name: None,
+            replaces: Vec::new(),
+            shadow: false,
+            quota: false,
+            metadata: None,
+        };
+        let rule = Rule {
+            limits: Limits::one(Policy::FixedWindow(FixedWindow {
+                limit: u64::from(requests_per_unit),
+                window_ms: unit.seconds() * 1_000,
+            })),
+            ..base.clone()
+        };
+        Plan::Override(limit, rule, cost)
+    }
 
     /// What each descriptor comes to: its limit, unless another matched limit replaces it.
     fn plan(&self, request: &RateLimitRequest) -> Vec<Plan<'_>> {
-        let matched: Vec<Option<config::LimitId>> = request
+        let matched: Vec<Option<matcher::Found<'_>>> = request
             .descriptors
             .iter()
             .map(|descriptor| {
@@ -312,25 +474,40 @@ impl RateLimitService {
         let replaced: Vec<&str> = matched
             .iter()
             .flatten()
-            .flat_map(|id| self.table.limits[*id].replaces.iter().map(String::as_str))
+            .flat_map(|found| self.table.limits[found.limit].replaces.iter().map(String::as_str))
             .collect();
+        let known = self.table.domains.contains_key(&request.domain);
         matched
-            .iter()
+            .into_iter()
             .zip(&request.descriptors)
-            .map(|(id, descriptor)| {
-                let Some(id) = *id else { return Plan::Free };
+            .map(|(found, descriptor)| {
+                // 0 is 1; a number above every capacity (the descriptor's is a u64) is over the
+                // limit at once, as Cost::MAX is: Envoy has no way to hear that a descriptor's
+                // number is wrong but OVER_LIMIT, and an error would let the request through by
+                // Envoy's default (`failure_mode_deny: false`).
+                let hits = descriptor
+                    .hits_addend
+                    .map_or(Cost::from(request.hits_addend), Cost::saturating)
+                    .max(Cost::ONE);
+                // The descriptor's own limit wins over the configured one, whatever matched (or
+                // nothing did), in a known domain; as in that service, it is never shadowed
+                // nor replaced.
+                if known
+                    && let Some(limit) = &descriptor.limit
+                    && let Some(unit) = override_unit(limit.unit)
+                {
+                    return self.override_plan(limit.requests_per_unit, unit, hits);
+                }
+                let Some(matcher::Found { limit: id, shared }) = found else {
+                    return Plan::Free;
+                };
                 let limit = &self.table.limits[id];
                 if limit.name.as_deref().is_some_and(|name| replaced.contains(&name)) {
                     return Plan::Free;
                 }
                 match &self.rules[id] {
                     None => Plan::Unlimited,
-                    Some(rule) => {
-                        let hits = descriptor
-                            .hits_addend
-                            .map_or(u64::from(request.hits_addend), |hits| hits);
-                        Plan::Decide(limit, rule, hits.max(1))
-                    }
+                    Some(rule) => Plan::Decide(limit, rule, hits, shared),
                 }
             })
             .collect()
@@ -345,6 +522,21 @@ impl rate_limit_service_server::RateLimitService for RateLimitService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         self.check(request.get_ref()).await.map(Response::new)
     }
+}
+
+/// The unit of a descriptor's `limit` override; `None` for `UNKNOWN` (or a number no unit has).
+fn override_unit(unit: i32) -> Option<config::Unit> {
+    use proto::envoy::r#type::v3::RateLimitUnit;
+    Some(match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Unknown => return None,
+        RateLimitUnit::Second => config::Unit::Second,
+        RateLimitUnit::Minute => config::Unit::Minute,
+        RateLimitUnit::Hour => config::Unit::Hour,
+        RateLimitUnit::Day => config::Unit::Day,
+        RateLimitUnit::Week => config::Unit::Week,
+        RateLimitUnit::Month => config::Unit::Month,
+        RateLimitUnit::Year => config::Unit::Year,
+    })
 }
 
 /// Refuse what that service refuses (`rate limit domain must not be empty`, `rate limit
@@ -374,13 +566,29 @@ fn validate(request: &RateLimitRequest) -> Result<(), Status> {
                 "descriptor {index}: an entry has an empty key"
             )));
         }
+        if let Some(limit) = &descriptor.limit
+            && override_unit(limit.unit).is_none()
+        {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {index}: limit.unit {} is not a unit: expected SECOND, MINUTE, HOUR, DAY, \
+                 WEEK, MONTH or YEAR",
+                limit.unit
+            )));
+        }
     }
     Ok(())
 }
 
 /// Whose budget a descriptor spends: the domain and every entry (as that service's cache key
-/// holds them all), each length-prefixed so no two descriptors encode alike.
-pub(crate) fn client_name(domain: &str, descriptor: &RateLimitDescriptor) -> Vec<u8> {
+/// holds them all), each length-prefixed so no two descriptors encode alike. An entry a
+/// `share_threshold` wildcard matched (its index in `shared`) is keyed by the pattern, so every
+/// value the pattern matches spends one budget (a value written as the pattern itself matches
+/// it, and belongs in that budget).
+pub(crate) fn client_name(
+    domain: &str,
+    descriptor: &RateLimitDescriptor,
+    shared: &[(usize, &str)],
+) -> Vec<u8> {
     let mut name = Vec::with_capacity(8 + domain.len() + descriptor.entries.len() * 24);
     name.extend_from_slice(b"rls\0");
     let mut part = |bytes: &[u8]| {
@@ -388,11 +596,141 @@ pub(crate) fn client_name(domain: &str, descriptor: &RateLimitDescriptor) -> Vec
         name.extend_from_slice(bytes);
     };
     part(domain.as_bytes());
-    for entry in &descriptor.entries {
+    for (index, entry) in descriptor.entries.iter().enumerate() {
         part(entry.key.as_bytes());
-        part(entry.value.as_bytes());
+        let value = shared
+            .iter()
+            .find(|(shared, _)| *shared == index)
+            .map_or(entry.value.as_str(), |(_, pattern)| pattern);
+        part(value.as_bytes());
     }
     name
+}
+
+/// Which statuses refuse the request: a descriptor over its limit, unless its limit is in
+/// `quota_mode` and some other quota descriptor of the request is within its own (as
+/// envoyproxy/ratelimit decides: `OVER_LIMIT` iff a rate limit descriptor is over, or every
+/// quota descriptor is).
+struct Refusing<'p, 's> {
+    plans: &'p [Plan<'s>],
+    statuses: &'p [DescriptorStatus],
+    /// Every quota descriptor of the request is over its limit (and there is one).
+    every_quota_over: bool,
+}
+
+impl<'p, 's> Refusing<'p, 's> {
+    fn of(plans: &'p [Plan<'s>], statuses: &'p [DescriptorStatus]) -> Self {
+        let quotas = plans.iter().filter(|plan| plan.quota()).count();
+        let quotas_over = plans
+            .iter()
+            .zip(statuses)
+            .filter(|(plan, status)| plan.quota() && over(status))
+            .count();
+        Refusing {
+            plans,
+            statuses,
+            every_quota_over: quotas > 0 && quotas == quotas_over,
+        }
+    }
+
+    /// Whether status `index` refuses the request.
+    fn refuses(&self, index: usize) -> bool {
+        self.statuses.get(index).is_some_and(over)
+            && self
+                .plans
+                .get(index)
+                .is_some_and(|plan| !plan.quota() || self.every_quota_over)
+    }
+}
+
+/// Whether `status` is over its limit.
+fn over(status: &DescriptorStatus) -> bool {
+    status.code == Code::OverLimit as i32
+}
+
+/// The answer's `dynamic_metadata`, when a descriptor within its limit has `metadata`: as
+/// envoyproxy/ratelimit writes it (with `RESPONSE_DYNAMIC_METADATA`), the `domain`, each
+/// descriptor's `entries` (`key=value`) and `hitsAddend`, the request's `hitsAddend`, and the
+/// `metadata` of every descriptor within its limit merged (mappings key by key, the first
+/// descriptor's value kept where two disagree).
+fn metadata(
+    request: &RateLimitRequest,
+    plans: &[Plan<'_>],
+    statuses: &[DescriptorStatus],
+) -> Option<prost_types::Struct> {
+    use prost_types::value::Kind;
+    use prost_types::{ListValue, Struct, Value};
+    let mut merged = Struct::default();
+    for (plan, status) in plans.iter().zip(statuses) {
+        if let Plan::Decide(limit, ..) = plan
+            && status.code != Code::OverLimit as i32
+            && let Some(metadata) = &limit.metadata
+        {
+            merge_metadata(&mut merged, metadata);
+        }
+    }
+    if merged.fields.is_empty() {
+        return None;
+    }
+    let value = |kind: Kind| Value { kind: Some(kind) };
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|entry| value(Kind::StringValue(format!("{}={}", entry.key, entry.value))))
+                .collect();
+            let mut fields = std::collections::BTreeMap::new();
+            fields.insert(
+                "entries".to_owned(),
+                value(Kind::ListValue(ListValue { values: entries })),
+            );
+            if let Some(hits) = descriptor.hits_addend {
+                fields.insert("hitsAddend".to_owned(), value(Kind::NumberValue(hits as f64)));
+            }
+            value(Kind::StructValue(Struct { fields }))
+        })
+        .collect();
+    let mut fields = std::collections::BTreeMap::new();
+    fields.insert(
+        "domain".to_owned(),
+        value(Kind::StringValue(request.domain.clone())),
+    );
+    fields.insert(
+        "descriptors".to_owned(),
+        value(Kind::ListValue(ListValue { values: descriptors })),
+    );
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_owned(),
+            value(Kind::NumberValue(f64::from(request.hits_addend))),
+        );
+    }
+    fields.insert("metadata".to_owned(), value(Kind::StructValue(merged)));
+    Some(Struct { fields })
+}
+
+/// `from`'s fields put into `into`: a field both hold as mappings is merged, any other field
+/// `into` holds already is kept.
+fn merge_metadata(into: &mut prost_types::Struct, from: &prost_types::Struct) {
+    use prost_types::value::Kind;
+    for (key, value) in &from.fields {
+        match into.fields.get_mut(key) {
+            None => {
+                into.fields.insert(key.clone(), value.clone());
+            }
+            Some(prost_types::Value {
+                kind: Some(Kind::StructValue(into)),
+            }) => {
+                if let Some(Kind::StructValue(from)) = &value.kind {
+                    merge_metadata(into, from);
+                }
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 /// The status of a descriptor decided under `rule`: `forwards` is whether the gate lets the
@@ -478,17 +816,17 @@ fn duration(duration: Duration) -> prost_types::Duration {
     }
 }
 
-/// The status nearest its limit: the last one over it if any is, else the one with the least
-/// remaining (the first of equals), as envoyproxy/ratelimit picks it; none when no descriptor
-/// had a limit decided.
-fn nearest(statuses: &[DescriptorStatus]) -> Option<usize> {
+/// The status nearest its limit: the last one that refuses the request ([`refusing`]) if any
+/// does, else the one with the least remaining (the first of equals), as envoyproxy/ratelimit
+/// picks it; none when no descriptor had a limit decided.
+fn nearest(statuses: &[DescriptorStatus], refusing: &Refusing<'_, '_>) -> Option<usize> {
     let decided = statuses
         .iter()
         .enumerate()
         .filter(|(_, status)| status.current_limit.is_some() && status.duration_until_reset.is_some());
     decided
         .clone()
-        .rfind(|(_, status)| status.code == Code::OverLimit as i32)
+        .rfind(|(index, _)| refusing.refuses(*index))
         .or_else(|| decided.min_by_key(|(_, status)| status.limit_remaining))
         .map(|(index, _)| index)
 }

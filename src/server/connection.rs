@@ -49,7 +49,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::framing::Framing;
-use super::limits::{ClientSlot, Slot};
+use super::limits::{ClientSlot, RequestPlace, Slot};
 use super::transport::Transport;
 
 /// How long a connection being closed may stay open with nothing in flight before it is
@@ -330,16 +330,25 @@ impl Drop for InFlight {
 }
 
 /// A response body that keeps its request in flight (what `held` stands for: an
-/// [`InFlight`], and the request's place under the cap of requests in flight) until it is
-/// finished, fails, or is dropped (hyper drops a body once it has sent it, and when the client
-/// goes away).
+/// [`InFlight`]) until it is finished, fails, or is dropped (hyper drops a body once it has
+/// sent it, and when the client goes away).
+///
+/// The request's places among the requests in flight (`place`: under `MAX_CONNECTIONS` and
+/// `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT`) go back sooner: once the body has handed hyper its last
+/// frame. They stand for the work the gateway does for a request (its backend call); what is
+/// left, sending the last bytes, is the client's to take. An HTTP/2 client that keeps its
+/// window shut (`SETTINGS_INITIAL_WINDOW_SIZE` 0) would otherwise keep every answer it does
+/// not read, the gateway's own refusals included, holding a place until `SEND_TIMEOUT_MS`.
 ///
 /// On an HTTP/2 stream it also hands its data to hyper in pieces of at most
 /// [`STREAM_PIECE`] and says, at each poll, whether it handed one (see [`super::streams`]).
 #[derive(Debug)]
-pub(crate) struct Tracked<B, H = InFlight> {
+pub(crate) struct Tracked<B, H = InFlight, P = RequestPlace> {
     body: B,
     in_flight: Option<H>,
+    /// The request's places, until its last frame is handed over (`None` for a request
+    /// answered `503` for want of one).
+    place: Option<P>,
     /// What is left of a chunk of `body` handed in pieces.
     rest: Option<Bytes>,
 }
@@ -351,18 +360,17 @@ pub(crate) struct Tracked<B, H = InFlight> {
 /// `SEND_TIMEOUT_MS`, and a slow but steady reader would be reset.
 pub(crate) const STREAM_PIECE: usize = 16 * 1024;
 
-impl<B, H> Tracked<B, H> {
-    /// `body`, keeping `held` until it ends.
-    pub(crate) fn new(body: B, held: H) -> Tracked<B, H> {
+impl<B, H, P> Tracked<B, H, P> {
+    /// `body`, keeping `held` until it ends and `place` until its last frame is handed over.
+    pub(crate) fn new(body: B, held: H, place: Option<P>) -> Tracked<B, H, P> {
         Tracked {
             body,
             in_flight: Some(held),
+            place,
             rest: None,
         }
     }
-}
 
-impl<B, H> Tracked<B, H> {
     /// `data` as the next frame; on an HTTP/2 stream, its first [`STREAM_PIECE`] bytes only,
     /// the rest kept for the next polls (split without a copy).
     fn piece(&mut self, mut data: Bytes) -> Frame<Bytes> {
@@ -373,7 +381,7 @@ impl<B, H> Tracked<B, H> {
     }
 }
 
-impl<B: Body<Data = Bytes> + Unpin, H: Unpin> Body for Tracked<B, H> {
+impl<B: Body<Data = Bytes> + Unpin, H: Unpin, P: Unpin> Body for Tracked<B, H, P> {
     type Data = Bytes;
     type Error = B::Error;
 
@@ -395,11 +403,17 @@ impl<B: Body<Data = Bytes> + Unpin, H: Unpin> Body for Tracked<B, H> {
         // Whether hyper now waits for the client: an HTTP/2 stream's send clock.
         if matches!(polled, Poll::Ready(Some(Ok(_)))) {
             super::streams::handed_frame();
+            // The last frame is handed over (hyper stops asking once `is_end_stream` says so):
+            // the gateway's work for the request is done.
+            if this.place.is_some() && this.is_end_stream() {
+                this.place = None;
+            }
         } else {
             super::streams::no_frame();
         }
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
             this.in_flight = None;
+            this.place = None;
         }
         polled
     }
@@ -653,7 +667,7 @@ mod tests {
     use std::sync::atomic::AtomicU32;
 
     use bytes::Bytes;
-    use http_body_util::{BodyExt, StreamBody};
+    use http_body_util::{BodyExt, Full, StreamBody};
 
     /// A connection that never ends by itself; a graceful close ends it once nothing is in
     /// flight, as hyper's does, when it `obeys_close`.
@@ -889,6 +903,7 @@ mod tests {
         let mut body = Tracked::new(
             StreamBody::new(Box::pin(stream)),
             harness.activity.start(Version::HTTP_2),
+            None::<()>,
         );
         for _ in 0..10 {
             sender
@@ -905,6 +920,49 @@ mod tests {
         advance(TIMEOUTS.idle + Duration::from_millis(1)).await;
         assert_eq!(harness.closes(), 1);
         drop(body);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_s_places_go_back_once_its_last_frame_is_handed_over() {
+        let harness = start(true);
+        // An answer of the gateway's own: one frame, and then the body says it has ended.
+        let place = Arc::new(());
+        let mut refusal = Tracked::new(
+            Full::new(Bytes::from_static(b"refused")),
+            harness.activity.start(Version::HTTP_2),
+            Some(place.clone()),
+        );
+        assert_eq!(Arc::strong_count(&place), 2);
+        refusal.frame().await.unwrap().unwrap();
+        assert_eq!(
+            Arc::strong_count(&place),
+            1,
+            "handed over whole: its place is back, sent or not"
+        );
+        // Still in flight for the watchdog until it is sent (or given up).
+        advance(TIMEOUTS.idle + Duration::from_millis(1)).await;
+        assert_eq!(harness.closes(), 0);
+        drop(refusal);
+        // A body whose end only its last poll tells (a chunked backend answer) keeps its
+        // place until then.
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, ()>>(1);
+        let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|frame| (frame, receiver))
+        });
+        let mut streamed = Tracked::new(
+            StreamBody::new(Box::pin(stream)),
+            harness.activity.start(Version::HTTP_2),
+            Some(place.clone()),
+        );
+        sender
+            .send(Ok(Frame::data(Bytes::from_static(b"x"))))
+            .await
+            .unwrap();
+        streamed.frame().await.unwrap().unwrap();
+        assert_eq!(Arc::strong_count(&place), 2, "more may come");
+        drop(sender);
+        assert!(streamed.frame().await.is_none());
+        assert_eq!(Arc::strong_count(&place), 1);
     }
 
     #[tokio::test(start_paused = true)]

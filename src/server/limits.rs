@@ -21,6 +21,13 @@
 //! address does, a quarter of the slots stays for everyone else, while a crowd behind one NAT
 //! address, or a load balancer not listed in `TRUSTED_PROXIES`, is only cut once it holds most
 //! of the gateway.
+//!
+//! Requests in flight are capped at `MAX_CONNECTIONS` too (HTTP/2 streams can outnumber
+//! connections), and one client may hold at most `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT` of them
+//! across its connections ([`ClientRequests`], the same share by default): without it, one
+//! address with 3 HTTP/2 connections of 150 streams holds every place of a small gateway and
+//! everyone else gets `503`. A request's places ([`RequestPlace`]) go back once its response
+//! body has handed its last frame over (see [`super::connection::Tracked`]).
 
 use std::collections::HashMap;
 use std::io;
@@ -271,6 +278,172 @@ impl Drop for Counted {
     }
 }
 
+/// Requests in flight per client, capped at `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT`: a share of the
+/// places under `MAX_CONNECTIONS` (which caps requests in flight too), as
+/// [`ClientConnections`] is of the connections, so one address with a few HTTP/2 connections
+/// of many streams cannot take every place. A client is the connection's peer as the listener
+/// believes it (the PROXY header's source, when there is one), IPv6 grouped by `IPV6_PREFIX`;
+/// peers in `TRUSTED_PROXIES` are not capped.
+///
+/// The table is touched once per connection, when it starts and when it and its requests are
+/// gone ([`ConnectionShare`]); a request takes its place with one atomic operation on its
+/// client's count, as under `MAX_CONNECTIONS`. It holds only clients with a connection open.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientRequests {
+    /// The cap in force; `None`: nothing is counted.
+    max: Option<usize>,
+    /// `IPV6_PREFIX`: peers are grouped as the limiter groups clients.
+    ipv6_prefix: u8,
+    /// `TRUSTED_PROXIES`: peers not capped.
+    trusted: Arc<[IpNet]>,
+    /// Per client with a connection open: its connections, and its requests in flight.
+    clients: Arc<Mutex<HashMap<ClientIp, Shared>>>,
+}
+
+/// One client's entry: how many connections share its count, and the count.
+#[derive(Debug)]
+struct Shared {
+    connections: usize,
+    requests: Arc<AtomicUsize>,
+}
+
+impl ClientRequests {
+    /// At most `max` requests in flight per peer (`None`: no cap), IPv6 grouped by
+    /// `ipv6_prefix`, peers in `trusted` not capped.
+    pub(crate) fn new(max: Option<usize>, ipv6_prefix: u8, trusted: &[IpNet]) -> ClientRequests {
+        ClientRequests {
+            max,
+            ipv6_prefix,
+            trusted: trusted.into(),
+            clients: Arc::default(),
+        }
+    }
+
+    /// The share of a connection from `peer`: its requests are counted with the other
+    /// connections of the same client.
+    pub(crate) fn connection(&self, peer: IpAddr) -> ConnectionShare {
+        let Some(max) = self.max else {
+            return ConnectionShare(None);
+        };
+        let peer = peer.to_canonical();
+        if self.trusted.iter().any(|net| net.contains(&peer)) {
+            return ConnectionShare(None);
+        }
+        let client = ClientIp::new(peer, self.ipv6_prefix);
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let shared = clients.entry(client).or_insert_with(|| Shared {
+            connections: 0,
+            requests: Arc::default(),
+        });
+        shared.connections += 1;
+        ConnectionShare(Some(Arc::new(Joined {
+            requests: shared.requests.clone(),
+            max,
+            clients: self.clients.clone(),
+            client,
+        })))
+    }
+
+    #[cfg(test)]
+    /// Clients with a connection open (or a request still in flight).
+    pub(crate) fn clients(&self) -> usize {
+        self.clients.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// One connection's way to its client's count of requests in flight (none for a peer not
+/// counted). Its client's entry stays in the table while this, or a request it let in, lives.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionShare(Option<Arc<Joined>>);
+
+impl ConnectionShare {
+    /// A place for one more request of this connection's client, `Ok(None)` when it is not
+    /// counted, or `Err` when it has `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT` in flight already.
+    pub(crate) fn try_acquire(&self) -> Result<Option<ClientPlace>, ()> {
+        let Some(joined) = &self.0 else {
+            return Ok(None);
+        };
+        joined
+            .requests
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < joined.max).then_some(held + 1)
+            })
+            .map_err(|_| ())?;
+        Ok(Some(ClientPlace(joined.clone())))
+    }
+}
+
+/// A client's count as one connection holds it; the entry goes when the last holder does.
+#[derive(Debug)]
+struct Joined {
+    requests: Arc<AtomicUsize>,
+    /// `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT` in force.
+    max: usize,
+    clients: Arc<Mutex<HashMap<ClientIp, Shared>>>,
+    client: ClientIp,
+}
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(shared) = clients.get_mut(&self.client) {
+            shared.connections -= 1;
+            if shared.connections == 0 {
+                clients.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// One request's place under `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT`, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct ClientPlace(Arc<Joined>);
+
+impl Drop for ClientPlace {
+    fn drop(&mut self) {
+        self.0.requests.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Which cap of requests in flight a request arrived past: it is answered `503` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overload {
+    /// `MAX_CONNECTIONS` requests in flight across all clients.
+    Total,
+    /// `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT` of its client's.
+    Client,
+}
+
+impl Overload {
+    /// The variable that sets the cap.
+    pub(crate) fn variable(self) -> &'static str {
+        match self {
+            Overload::Total => crate::variables::MAX_CONNECTIONS.name,
+            Overload::Client => crate::variables::MAX_REQUESTS_IN_FLIGHT_PER_CLIENT.name,
+        }
+    }
+}
+
+/// One request's places among the requests in flight: under `MAX_CONNECTIONS`, and under its
+/// client's `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT` when counted. Given back when dropped.
+#[derive(Debug)]
+pub(crate) struct RequestPlace {
+    _total: Slot,
+    _client: Option<ClientPlace>,
+}
+
+impl RequestPlace {
+    /// A place under both caps, or the cap that refused.
+    pub(crate) fn take(total: &ConnectionSlots, client: &ConnectionShare) -> Result<RequestPlace, Overload> {
+        let total = total.try_acquire().ok_or(Overload::Total)?;
+        let client = client.try_acquire().map_err(|()| Overload::Client)?;
+        Ok(RequestPlace {
+            _total: total,
+            _client: client,
+        })
+    }
+}
+
 /// Whether a failed `accept` concerns only the connection being accepted (the client gave
 /// up before we took it), so the loop carries on at once; anything else (`EMFILE`, `ENFILE`,
 /// `ENOBUFS`, `ENOMEM`) is about the process or the system, and the loop backs off.
@@ -422,6 +595,52 @@ mod tests {
             .collect();
         assert_eq!(clients.clients(), 0);
         drop(held);
+    }
+
+    #[test]
+    fn a_client_s_requests_are_capped_across_its_connections() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let requests = ClientRequests::new(Some(3), 64, &trusted);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let (first, second) = (
+            requests.connection(ip("203.0.113.7")),
+            requests.connection(ip("::ffff:203.0.113.7")),
+        );
+        let mut held = vec![
+            first.try_acquire().unwrap().expect("counted"),
+            second.try_acquire().unwrap().expect("counted"),
+            first.try_acquire().unwrap().expect("counted"),
+        ];
+        assert!(
+            first.try_acquire().is_err(),
+            "three in flight, on either connection"
+        );
+        assert!(second.try_acquire().is_err());
+        // Another address, and a /64 other than the first's, are counted apart.
+        let other = requests.connection(ip("2001:db8:1:2::1"));
+        let other_place = other.try_acquire().unwrap().expect("counted apart");
+        assert_eq!(requests.clients(), 2);
+        held.pop();
+        held.push(second.try_acquire().unwrap().expect("a place came back"));
+        // A trusted proxy carries every client: never capped, never counted.
+        let proxy = requests.connection(ip("10.1.2.3"));
+        assert!((0..100).all(|_| matches!(proxy.try_acquire(), Ok(None))));
+        assert_eq!(requests.clients(), 2);
+        // The entry outlives its connections while a request they let in is in flight.
+        drop((first, second));
+        assert_eq!(requests.clients(), 2);
+        let again = requests.connection(ip("203.0.113.7"));
+        assert!(again.try_acquire().is_err(), "the count went on");
+        drop(held);
+        assert!(again.try_acquire().unwrap().is_some());
+        drop((again, other, other_place));
+        assert_eq!(requests.clients(), 0, "no entry is kept without a connection");
+        let off = ClientRequests::new(None, 64, &[]);
+        assert!(matches!(
+            off.connection(ip("203.0.113.7")).try_acquire(),
+            Ok(None)
+        ));
+        assert_eq!(off.clients(), 0);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //!
 //! - [`limits`]: `MAX_CONNECTIONS`, sized from the file-descriptor limit, and
 //!   `MAX_CONNECTIONS_PER_CLIENT`; what the accept loop does past them or when `accept` fails;
+//!   the same caps of requests in flight (`MAX_REQUESTS_IN_FLIGHT_PER_CLIENT`);
 //! - [`connection`]: the watchdog that closes silent and idle connections
 //!   (`HEADER_READ_TIMEOUT_MS` from accept, `IDLE_TIMEOUT_MS` with nothing in flight), and the
 //!   drain;
@@ -40,8 +41,11 @@ use crate::metrics::{ConnectionsRefused, Metrics};
 use crate::outcome::Rejection;
 pub(crate) use connection::Drain;
 use connection::{Activity, ClientStream, Closed, DrainWatcher, Heads, Timeouts, Tracked};
+pub(crate) use limits::Overload;
 pub use limits::raise_fd_limit;
-use limits::{ClientConnections, ClientSlot, ConnectionSlots, IntervalLog, Slot};
+use limits::{
+    ClientConnections, ClientRequests, ClientSlot, ConnectionSlots, IntervalLog, RequestPlace, Slot,
+};
 use listener::Listener;
 use prometheus_client::metrics::counter::Counter;
 use streams::StreamExecutor;
@@ -101,6 +105,12 @@ impl Capacity {
             .max_connections_per_client
             .effective(self.max_connections)
     }
+
+    /// `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT` in force (a share of the `MAX_CONNECTIONS` requests
+    /// in flight), `None` when off.
+    pub(crate) fn max_requests_per_client(&self, settings: &ServerSettings) -> Option<usize> {
+        settings.max_requests_per_client.effective(self.max_connections)
+    }
 }
 
 /// What the listener tells a door about the connection a request came on.
@@ -128,8 +138,9 @@ pub(crate) struct Arrival {
     /// The connection it came on.
     pub connection: Peer,
     /// It arrived while `MAX_CONNECTIONS` requests were in flight (HTTP/2 streams can
-    /// outnumber connections): it is answered `503` at once. The server keeps the count.
-    pub overloaded: bool,
+    /// outnumber connections), or `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT` of its client's: it is
+    /// answered `503` at once. The server keeps the counts.
+    pub overloaded: Option<Overload>,
     /// Its HTTP/1 head had `Content-Length` beside `Transfer-Encoding`, which hyper drops
     /// before the request is seen (see [`crate::proxy::strict::check`]).
     pub content_length_dropped: bool,
@@ -192,6 +203,7 @@ impl<D: Door> Server<D> {
             .header_read_timeout(None);
         builder
             .http2()
+            .max_concurrent_streams(settings.h2_max_concurrent_streams)
             .timer(TokioTimer::new())
             .keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
             .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT);
@@ -201,12 +213,18 @@ impl<D: Door> Server<D> {
             send: settings.send_timeout,
         };
         let max_per_client = capacity.max_per_client(settings);
+        let client_requests = ClientRequests::new(
+            capacity.max_requests_per_client(settings),
+            ipv6_prefix,
+            trusted_proxies,
+        );
         Server {
             serving: Arc::new(Serving {
                 builder,
                 listener,
                 door,
                 requests: capacity.requests.clone(),
+                client_requests,
                 timeouts,
                 unread: metrics.client_connections_unread(),
             }),
@@ -342,6 +360,14 @@ pub(crate) struct ServerSettings {
     /// `IPV6_PREFIX`) may hold at once, peers in `TRUSTED_PROXIES` not counted; past it a new
     /// connection is closed at once. Unset: three quarters of `MAX_CONNECTIONS`.
     pub max_connections_per_client: limits::PerClientCap,
+    /// `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT`: most requests in flight one client (the peer as
+    /// the listener believes it, IPv6 grouped by `IPV6_PREFIX`) may have across its
+    /// connections, peers in `TRUSTED_PROXIES` not counted; past it a request is answered
+    /// `503`. Unset: three quarters of `MAX_CONNECTIONS`, the cap of all requests in flight.
+    pub max_requests_per_client: limits::PerClientCap,
+    /// `H2_MAX_CONCURRENT_STREAMS`: streams one HTTP/2 connection may have open at once
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`); a stream past it is refused (`REFUSED_STREAM`).
+    pub h2_max_concurrent_streams: u32,
     /// `SHUTDOWN_TIMEOUT_MS`: how long SIGTERM waits for in-flight requests (default 8 s, below
     /// the 10 s `docker stop` waits before SIGKILL).
     pub shutdown_timeout: Duration,
@@ -359,6 +385,8 @@ struct Serving<D> {
     /// descriptors are budgeted for one backend connection per client connection, and HTTP/2
     /// streams could otherwise outnumber them. A request past it is answered `503`.
     requests: ConnectionSlots,
+    /// `MAX_REQUESTS_IN_FLIGHT_PER_CLIENT`: one client's share of `requests`.
+    client_requests: ClientRequests,
     timeouts: Timeouts,
     /// `tollgate_client_connections_unread_total`.
     unread: Counter,
@@ -417,11 +445,15 @@ fn serve_http<D: Door>(
         builder,
         door,
         requests,
+        client_requests,
         timeouts,
         unread,
         ..
     } = serving;
     let timeouts = *timeouts;
+    // The client's count, found once per connection: a request then takes its place with
+    // one atomic operation.
+    let share = client_requests.connection(peer.address.ip());
     let activity = Arc::new(Activity::default());
     let heads = Arc::new(Heads::default());
     let service = {
@@ -432,11 +464,12 @@ fn serve_http<D: Door>(
             let in_flight = activity.start(request.version());
             // One place per request in flight, whatever the connection: the file descriptors
             // are budgeted for one backend connection per client connection, and HTTP/2
-            // streams could otherwise outnumber them.
-            let request_slot = requests.try_acquire();
+            // streams could otherwise outnumber them; and one of its client's share, so a few
+            // connections of many streams cannot take them all.
+            let place = RequestPlace::take(&requests, &share);
             let arrival = Arrival {
                 connection: peer,
-                overloaded: request_slot.is_none(),
+                overloaded: place.as_ref().err().copied(),
                 content_length_dropped: heads.next_is_ambiguous(),
             };
             let door = door.clone();
@@ -445,7 +478,7 @@ fn serve_http<D: Door>(
                 if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                     in_flight.switched();
                 }
-                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, (in_flight, request_slot))))
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight, place.ok())))
             }
         })
     };

@@ -499,6 +499,14 @@ async fn every_algorithm_reads_alike_in_memory_and_in_redis() {
             }
             let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
             let from = "127.0.0.5".parse().unwrap();
+            // A whole budget has nothing to wait for (it showed the rest of a window).
+            let whole = inspect(&gateway, "general", "127.0.0.5").await;
+            assert_eq!(
+                (whole["remaining"].as_u64(), whole["reset_after_ms"].as_u64()),
+                (Some(25), Some(0)),
+                "{algorithm:?} on {store:?}: {whole}"
+            );
+            assert_eq!(whole["limits"][0]["reset_after_ms"], 0, "{whole}");
             for _ in 0..7 {
                 assert_eq!(
                     get_from(gateway.addr, from, "/", &[]).await.status,
@@ -573,4 +581,109 @@ async fn admin_operations_reach_each_clients_master_on_a_redis_cluster() {
     );
     gateway.stop().await;
     backend.stop().await;
+}
+
+/// The ids the admin API shows (`/v1/limited`, logs: `key:<digest>`) are ids it accepts, on
+/// both stores; a reset that matched no budget says so (`404`); and a path with more after
+/// the client names no client, rather than the one before it.
+#[tokio::test]
+async fn the_ids_shown_are_accepted_and_a_reset_of_nobody_is_not_found() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    for store in [None, Some(url.as_str())] {
+        let mut vars = vec![
+            ("KEY_BY", "header:X-API-Key"),
+            ("MAX_TOKENS", "2"),
+            ("REFILL_RATE", "0.001"),
+            ("ADMIN_TOKEN", TOKEN),
+        ];
+        if let Some(url) = store {
+            vars.extend([
+                ("REDIS_URL", url),
+                ("KEY_HASH_SECRET", "shared-secret-for-the-test"),
+            ]);
+        }
+        let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
+        let from = "127.0.0.1".parse().unwrap();
+        let key = [("x-api-key", "tenant-9")];
+        for expected in [200, 200, 429] {
+            assert_eq!(get_from(gateway.addr, from, "/", &key).await.status, expected);
+        }
+        let list = json(&gateway.admin(Method::GET, "/v1/limited", Some(TOKEN)).await);
+        let shown = list["rules"][1]["clients"][0]["client"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(shown.starts_with("key:") && shown.len() == 36, "{list}");
+        let seen = inspect(&gateway, "general", &shown).await;
+        assert_eq!(seen["client"], shown.as_str(), "{store:?}: {seen}");
+        assert_eq!(
+            (seen["remaining"].as_u64(), seen["limited"].as_bool()),
+            (Some(0), Some(true)),
+            "{store:?}: the id shown is the client: {seen}"
+        );
+        let path = format!("/v1/clients/general/{shown}");
+        let reset = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+        assert_eq!(reset.status, StatusCode::OK, "{store:?}: {}", reset.text());
+        assert_eq!(json(&reset)["reset"], true);
+        assert_eq!(json(&reset)["client"], shown.as_str());
+        assert_eq!(get_from(gateway.addr, from, "/", &key).await.status, 200, "reset");
+        // Nobody left to reset, a mistyped raw key, a digest of nobody: 404, saying so.
+        for client in [
+            shown.as_str(),
+            "key:tenant-99",
+            "key:0123456789abcdef0123456789abcdef",
+            "127.0.0.77",
+        ] {
+            let path = if client == shown {
+                // The raw value names the same budget.
+                "/v1/clients/general/key:tenant-9".to_owned()
+            } else {
+                format!("/v1/clients/general/{client}")
+            };
+            if client == shown {
+                let reset = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+                assert_eq!(reset.status, StatusCode::OK, "{store:?}: {}", reset.text());
+            }
+            let again = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+            assert_eq!(
+                again.status,
+                StatusCode::NOT_FOUND,
+                "{store:?} {path}: {}",
+                again.text()
+            );
+            assert_eq!(json(&again)["reset"], false, "{}", again.text());
+            assert!(
+                json(&again)["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("nothing to reset")
+            );
+        }
+        // Trailing segments name no client: 127.0.0.1 keeps what it spent.
+        assert_eq!(get_from(gateway.addr, from, "/", &[]).await.status, 200);
+        for path in [
+            "/v1/clients/general/127.0.0.1/extra",
+            "/v1/clients/general/127.0.0.1/",
+            "/v1/clients/general/127.0.0.1%2Fextra",
+            "/v1/clients/general/127.0.0.1%2F32%2Fx",
+        ] {
+            let reply = gateway.admin(Method::DELETE, path, Some(TOKEN)).await;
+            assert!(
+                matches!(reply.status, StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST),
+                "{path}: {} {}",
+                reply.status,
+                reply.text()
+            );
+            assert_ne!(json_or_null(&reply)["reset"], true, "{path}");
+        }
+        assert_eq!(inspect(&gateway, "general", "127.0.0.1").await["remaining"], 1);
+        gateway.stop().await;
+    }
+    backend.stop().await;
+}
+
+fn json_or_null(reply: &crate::support::Reply) -> Value {
+    serde_json::from_slice(&reply.body).unwrap_or(Value::Null)
 }

@@ -487,3 +487,174 @@ async fn key_floods_of_10x_and_100x_max_keys_free_no_refused_client_in_any_key_m
         tollgate.terminate().await;
     }
 }
+
+/// `method target` from 127.0.0.1, with `extra` header lines (each ending in `\r\n`).
+async fn send(addr: SocketAddr, method: &str, target: &str, extra: &str) -> Raw {
+    raw(
+        addr,
+        &format!(
+            "{method} {target} HTTP/1.1\r\nHost: gateway.test\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await
+}
+
+/// A field of url_readers.py's readings, from the body (or, for a HEAD, `X-Readings`).
+fn reading(body: &str, key: &str) -> String {
+    let field = format!("\"{key}\": ");
+    let start = body.find(&field).unwrap_or_else(|| panic!("no {key} in {body}")) + field.len();
+    let end = match &body[start..start + 1] {
+        "[" => start + body[start..].find(']').unwrap() + 1,
+        _ => start + 1 + body[start + 1..].find('"').unwrap() + 1,
+    };
+    body[start..end].to_owned()
+}
+
+#[tokio::test]
+async fn no_reader_runs_a_routes_method_past_its_exhausted_budget() {
+    let readers = UrlReaders::start();
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &readers.url()),
+        (
+            "ROUTES",
+            "/search=fixed_window:1:3600,method=GET,name=search;/items/*=fixed_window:1:3600,method=DELETE,name=delete",
+        ),
+    ]);
+    assert_eq!(send(tollgate.addr, "GET", "/search", "").await.status, 200);
+    assert_eq!(send(tollgate.addr, "DELETE", "/items/1", "").await.status, 200);
+    // Each of these is GET /search (or DELETE /items/1) to some backend: Werkzeug and Rack
+    // upper-case the method and run a GET route for HEAD; Symfony, Rails and Express honour
+    // the override headers.
+    for (method, target, extra, read_as) in [
+        ("GET", "/search", "", "GET"),
+        ("get", "/search", "", "GET"),
+        ("Get", "/search.json", "", "GET"),
+        ("HEAD", "/search", "", "GET"),
+        ("POST", "/search", "X-HTTP-Method-Override: GET\r\n", "GET"),
+        ("POST", "/search", "X-HTTP-Method-Override: get\r\n", "GET"),
+        ("POST", "/search", "X-HTTP-Method: GET\r\n", "GET"),
+        ("PUT", "/search", "X-Method-Override: GET\r\n", "GET"),
+        ("POST", "/search", "X-HTTP-Method-Override: PATCH, GET\r\n", "GET"),
+        ("POST", "/search?_method=GET", "", "GET"),
+        ("POST", "/search?a=1&_method=%67et", "", "GET"),
+        ("POST", "/items/1", "X-HTTP-Method-Override: DELETE\r\n", "DELETE"),
+        ("POST", "/items/1", "X-HTTP-Method-Override: delete\r\n", "DELETE"),
+        ("delete", "/items/1", "", "DELETE"),
+    ] {
+        let answer = send(tollgate.addr, method, target, extra).await;
+        match answer.status {
+            400 | 429 => {}
+            200 => {
+                // A HEAD's answer has no body: the GET route ran.
+                let methods = match answer.body.as_str() {
+                    "" => r#"["GET", "HEAD"]"#.to_owned(),
+                    body => reading(body, "methods"),
+                };
+                assert!(
+                    !methods.contains(&format!("\"{read_as}\"")),
+                    "{method} {target} {extra:?}: read as {methods}"
+                );
+            }
+            status => panic!("{method} {target} {extra:?}: {status}"),
+        }
+    }
+    // A method no route of the path lists is the general rule's, forwarded as sent.
+    let other = send(
+        tollgate.addr,
+        "POST",
+        "/items/1",
+        "X-HTTP-Method-Override: PATCH\r\n",
+    )
+    .await;
+    assert_eq!(other.status, 200);
+    assert_eq!(reading(&other.body, "methods"), r#"["PATCH", "POST"]"#);
+
+    // METHOD_OVERRIDE=strip: the headers never reach the backend, and the request is the
+    // method it was sent as, to the gateway and the backend alike.
+    let stripping = Running::start(&[
+        ("BACKEND_URL", &readers.url()),
+        ("ROUTES", "/items/*=fixed_window:1:3600,method=DELETE,name=delete"),
+        ("METHOD_OVERRIDE", "strip"),
+    ]);
+    assert_eq!(send(stripping.addr, "DELETE", "/items/1", "").await.status, 200);
+    assert_eq!(send(stripping.addr, "DELETE", "/items/1", "").await.status, 429);
+    for extra in [
+        "X-HTTP-Method-Override: DELETE\r\n",
+        "X-HTTP-Method: DELETE\r\nX-Method-Override: DELETE\r\n",
+    ] {
+        let answer = send(stripping.addr, "POST", "/items/1", extra).await;
+        assert_eq!(answer.status, 200, "{extra:?}");
+        assert_eq!(reading(&answer.body, "methods"), r#"["POST"]"#, "{extra:?}");
+    }
+
+    // An underscore spelling, which Rack and PHP read as the header, never reaches the
+    // backend, even with UNDERSCORE_HEADERS=forward.
+    let forwarding = Running::start(&[
+        ("BACKEND_URL", &readers.url()),
+        ("ROUTES", "/items/*=fixed_window:1:3600,method=DELETE,name=delete"),
+        ("UNDERSCORE_HEADERS", "forward"),
+    ]);
+    assert_eq!(send(forwarding.addr, "DELETE", "/items/1", "").await.status, 200);
+    let answer = send(
+        forwarding.addr,
+        "POST",
+        "/items/1",
+        "X_HTTP_Method_Override: DELETE\r\n",
+    )
+    .await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(reading(&answer.body, "methods"), r#"["POST"]"#);
+}
+
+#[tokio::test]
+async fn no_reader_runs_a_script_past_its_exhausted_budget() {
+    let readers = UrlReaders::start();
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &readers.url()),
+        ("AUTH_PATHS", "/wp-login.php,/cgi-bin/login"),
+        ("AUTH_MAX_TOKENS", "1"),
+        ("AUTH_REFILL_RATE", "0.001"),
+    ]);
+    assert_eq!(send(tollgate.addr, "POST", "/wp-login.php", "").await.status, 200);
+    // PHP (and CGI) runs each of these as /wp-login.php, with the rest as PATH_INFO.
+    for target in [
+        "/wp-login.php",
+        "/wp-login.php/x",
+        "/wp-login.php/x.php",
+        "/wp-login.php/",
+        "/WP-LOGIN.PHP/x",
+        "/wp-login.php;x/y",
+        "/wp-login.php%2Fx",
+        "/x/../wp-login.php/x",
+        "/cgi-bin/login.cgi/x",
+        "/cgi-bin/login.pl/x",
+    ] {
+        let answer = send(tollgate.addr, "POST", target, "").await;
+        match answer.status {
+            400 | 429 => {}
+            200 => {
+                let script = reading(&answer.body, "script");
+                assert!(
+                    script != "\"/wp-login.php\"" && !script.starts_with("\"/cgi-bin/login."),
+                    "{target:?}: ran {script}"
+                );
+            }
+            status => panic!("{target:?}: {status}"),
+        }
+    }
+    // Not a script of the rule: its own budget, forwarded byte for byte.
+    let other = send(tollgate.addr, "POST", "/wp-login.phps/x", "").await;
+    assert_eq!(other.status, 200);
+    assert_eq!(reading(&other.body, "raw"), "\"/wp-login.phps/x\"");
+    // Counted as the script, forwarded as sent.
+    let fresh = Running::start(&[
+        ("BACKEND_URL", &readers.url()),
+        ("AUTH_PATHS", "/wp-login.php"),
+        ("AUTH_MAX_TOKENS", "1"),
+        ("AUTH_REFILL_RATE", "0.001"),
+    ]);
+    let answer = send(fresh.addr, "POST", "/wp-login.php/x", "").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(reading(&answer.body, "raw"), "\"/wp-login.php/x\"");
+    assert_eq!(send(fresh.addr, "POST", "/wp-login.php", "").await.status, 429);
+}

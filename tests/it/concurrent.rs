@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tollgate::limit::algorithm::{Concurrent, FixedWindow, SlidingLog, TokenBucket};
-use tollgate::limit::{Decision, Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
+use tollgate::limit::{Cost, Decision, Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
 
 use crate::binary::Running;
 use crate::support::{Backend, Gateway, RedisCluster, RedisServer, Reply, get, get_from, read_head, request};
@@ -57,9 +57,9 @@ async fn agree_with_memory(store: &RedisStore, limits: Limits, n: usize, seed: u
                 let (decision, cost) = held.swap_remove(sequence.next(held.len() as u64) as usize);
                 for (position, places) in &places {
                     let at_us = decision.parts()[*position].at_us;
-                    memory.refund(places, client, cost, at_us);
+                    memory.refund(places, client, Cost::saturating(cost), at_us);
                     store
-                        .refund_at(places, client, cost, at_us, now_us)
+                        .refund_at(places, client, Cost::saturating(cost), at_us, now_us)
                         .await
                         .unwrap();
                 }
@@ -69,13 +69,19 @@ async fn agree_with_memory(store: &RedisStore, limits: Limits, n: usize, seed: u
                 for (position, places) in &places {
                     let at_us = decision.parts()[*position].at_us;
                     memory.renew_at(places, client, at_us, now_us);
-                    store.renew_at(places, client, cost, at_us, now_us).await.unwrap();
+                    store
+                        .renew_at(places, client, Cost::saturating(cost), at_us, now_us)
+                        .await
+                        .unwrap();
                 }
             }
             _ => {
                 let cost = 1 + sequence.next(2);
-                let expected = memory.check_at(&rule, client, cost, now_us);
-                let actual = store.check_at(&rule, client, cost, now_us).await.unwrap();
+                let expected = memory.check_at(&rule, client, Cost::saturating(cost), now_us);
+                let actual = store
+                    .check_at(&rule, client, Cost::saturating(cost), now_us)
+                    .await
+                    .unwrap();
                 assert_eq!(
                     actual, expected,
                     "{}, step {i}, now {now_us}, cost {cost}",

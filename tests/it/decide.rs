@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::support::{Backend, Gateway, RedisServer, Reply, request};
+use crate::support::{Backend, Gateway, RedisServer, Reply, raw_status_line, request};
 
 const PROXY: [u8; 4] = [127, 0, 0, 1];
 
@@ -187,6 +187,181 @@ async fn forward_auth_refuses_an_underscore_spelling_of_a_key_header() {
     gateway.stop().await;
 }
 
+/// From the calling proxy, an `X-Forwarded-For` element that is not an address where the
+/// client's should be is refused (`400`), on forward-auth and `/v1/check` alike, never read as
+/// the proxy (exempt here, as the docs' examples exempt the internal network); the client's
+/// own garbage left of its address changes nothing. An earlier version took the proxy for
+/// the client: every request allowed past an exhausted budget.
+#[tokio::test]
+async fn a_malformed_forwarded_for_never_makes_the_calling_proxy_the_client() {
+    let mut vars = LIMITS.to_vec();
+    vars.push(("EXEMPT", "127.0.0.1"));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    for _ in 0..2 {
+        let allowed = forward_auth(&gateway, PROXY, "", "/api", "203.0.113.7").await;
+        assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.text());
+    }
+    let limited = forward_auth(&gateway, PROXY, "", "/api", "203.0.113.7").await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let call = |forwarded_for: &[u8]| {
+        let mut request =
+            b"GET /v1/forward-auth HTTP/1.1\r\nHost: tollgate\r\nX-Forwarded-Uri: /api\r\nX-Forwarded-For: "
+                .to_vec();
+        request.extend_from_slice(forwarded_for);
+        request.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        let to = gateway.decide.unwrap();
+        async move { raw_status_line(to, &request).await }
+    };
+    for _ in 0..5 {
+        assert_eq!(call(b"\xff, 203.0.113.7").await, "HTTP/1.1 429 Too Many Requests");
+    }
+    for unreadable in [
+        &b"\xff"[..],
+        b"203.0.113.7, \xff",
+        b"unknown",
+        b"203.0.113.7, bogus",
+    ] {
+        assert_eq!(
+            call(unreadable).await,
+            "HTTP/1.1 400 Bad Request",
+            "{unreadable:?}"
+        );
+    }
+    // /v1/check, whose client_ip is the proxy's: its X-Forwarded-For walked the same way.
+    let describe = |forwarded_for: &str| {
+        serde_json::json!({
+            "path": "/api",
+            "client_ip": "127.0.0.1",
+            "headers": { "x-forwarded-for": forwarded_for },
+        })
+        .to_string()
+    };
+    let appended = json(&check(&gateway, &[], &describe("\u{ff}, 203.0.113.7")).await);
+    assert_eq!(
+        (appended["allowed"].as_bool(), appended["outcome"].as_str()),
+        (Some(false), Some("limited")),
+        "{appended}"
+    );
+    for unreadable in ["\u{ff}", "203.0.113.7, unknown"] {
+        let reply = check(&gateway, &[], &describe(unreadable)).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+        let error = json(&reply);
+        assert_eq!(error["field"], "headers", "{error}");
+        assert!(
+            error["error"].as_str().unwrap().contains("X-Forwarded-For"),
+            "{error}"
+        );
+    }
+    gateway.stop().await;
+}
+
+/// `/v1/check`'s `headers` naming one header twice to some backend (`x_api_key` beside
+/// `x-api-key`, two cases of one name, one name twice in the JSON) or an underscore spelling
+/// of a key header: `400` naming the field, as forward-auth refuses them. An earlier version
+/// read one copy (the JSON's last) and answered.
+#[tokio::test]
+async fn check_refuses_a_header_sent_twice_in_any_spelling() {
+    let mut vars = LIMITS.to_vec();
+    vars.push(("KEY_BY", "header:X-API-Key"));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    let describe =
+        |headers: &str| format!(r#"{{"path": "/api", "client_ip": "203.0.113.7", "headers": {headers}}}"#);
+    let victim = describe(r#"{"x-api-key": "victim"}"#);
+    for allowed in [true, true, false] {
+        assert_eq!(json(&check(&gateway, &[], &victim).await)["allowed"], allowed);
+    }
+    for headers in [
+        r#"{"x_api_key": "fresh-1", "x-api-key": "victim"}"#,
+        r#"{"x-api-key": "victim", "X_API_KEY": "fresh-2"}"#,
+        r#"{"X-API-Key": "fresh-3", "x-api-key": "victim"}"#,
+        r#"{"x-api-key": "fresh-4", "x-api-key": "victim"}"#,
+        r#"{"x_api_key": "victim"}"#,
+    ] {
+        let reply = check(&gateway, &[], &describe(headers)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{headers}: {}",
+            reply.text()
+        );
+        assert_eq!(json(&reply)["field"], "headers", "{headers}");
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn every_door_reads_a_method_as_the_loosest_backend_does() {
+    let mut vars = LIMITS.to_vec();
+    vars.push((
+        "ROUTES",
+        "/items/*=fixed_window:1:3600,method=DELETE,name=delete;/wp-login.php=fixed_window:1:3600,name=wp",
+    ));
+    let gateway = Gateway::start_decide(None, &vars).await;
+    let to = gateway.decide.unwrap();
+    let forward_auth =
+        |method: &'static str, uri: &'static str, extra: Option<(&'static str, &'static str)>| {
+            let mut headers = vec![
+                ("x-forwarded-method", method),
+                ("x-forwarded-uri", uri),
+                ("x-forwarded-for", "203.0.113.7"),
+            ];
+            headers.extend(extra);
+            async move {
+                request(
+                    to,
+                    IpAddr::from(PROXY),
+                    Method::GET,
+                    "/v1/forward-auth",
+                    &headers,
+                    Bytes::new(),
+                )
+                .await
+            }
+        };
+    let ratelimit = |reply: &Reply| reply.header("x-ratelimit-limit").map(str::to_owned);
+    // The DELETE route's one request, then every other reading of DELETE is refused by it.
+    let first = forward_auth("DELETE", "/items/1", None).await;
+    assert_eq!(
+        (first.status, ratelimit(&first).as_deref()),
+        (StatusCode::OK, Some("1"))
+    );
+    for (method, extra) in [
+        ("delete", None),
+        ("POST", Some(("x-http-method-override", "DELETE"))),
+        ("POST", Some(("x-http-method", "delete"))),
+    ] {
+        let reply = forward_auth(method, "/items/1", extra).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{method} {extra:?}");
+    }
+    // A backend reads the underscore spelling as the header: refused, as for a key header.
+    let alias = forward_auth("POST", "/items/1", Some(("x_http_method_override", "DELETE"))).await;
+    assert_eq!(alias.status, StatusCode::BAD_REQUEST, "{}", alias.text());
+    // PATH_INFO: /wp-login.php/x is the script /wp-login.php.
+    assert_eq!(
+        forward_auth("POST", "/wp-login.php", None).await.status,
+        StatusCode::OK
+    );
+    let path_info = forward_auth("POST", "/wp-login.php/x", None).await;
+    assert_eq!(path_info.status, StatusCode::TOO_MANY_REQUESTS);
+
+    // /v1/check classifies alike.
+    let described = r#"{"method": "post", "path": "/items/2", "client_ip": "203.0.113.8", "headers": {"x-http-method-override": "delete"}}"#;
+    let first = json(&check(&gateway, &[], described).await);
+    assert_eq!(
+        (first["rule"].as_str(), first["allowed"].as_bool()),
+        (Some("delete"), Some(true))
+    );
+    let lower = r#"{"method": "delete", "path": "/items/2", "client_ip": "203.0.113.8"}"#;
+    let second = json(&check(&gateway, &[], lower).await);
+    assert_eq!(
+        (second["rule"].as_str(), second["allowed"].as_bool()),
+        (Some("delete"), Some(false))
+    );
+    let script = r#"{"method": "POST", "path": "/wp-login.php/y", "client_ip": "203.0.113.8"}"#;
+    assert_eq!(json(&check(&gateway, &[], script).await)["rule"], "wp");
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn check_answers_a_named_client_whether_allowed_or_not() {
     let gateway = Gateway::start_decide(None, LIMITS).await;
@@ -265,8 +440,13 @@ async fn check_names_the_field_of_a_bad_body() {
         ),
         (
             r#"{"rule": "general", "key": "a", "kost": 1}"#,
-            None,
+            Some("kost"),
             "unknown field `kost`",
+        ),
+        (
+            r#"{"rule": "general", "key": "a", "cost": "two"}"#,
+            Some("cost"),
+            "invalid type",
         ),
         (
             r#"{"rule": "general", "key": "a", "path": "/x"}"#,
@@ -288,7 +468,7 @@ async fn check_names_the_field_of_a_bad_body() {
             Some("path"),
             "",
         ),
-        ("not json", None, "not a JSON question"),
+        ("not json", Some("body"), "not a JSON question"),
         ("{}", None, "empty question"),
         (big.as_str(), Some("body"), "larger than"),
     ] {
@@ -389,4 +569,96 @@ async fn decision_services_sharing_a_redis_enforce_one_exact_limit() {
     assert_eq!(allowed, 4);
     a.stop().await;
     b.stop().await;
+}
+
+/// A decision service (no `BACKEND_URL`) logs its refusals at `info` as the proxy does, with
+/// the client as `/v1/limited` names it, on every door; `ACCESS_LOG=all` every decision, and
+/// `off` none. (Refusals were logged at `debug` only, and `ACCESS_LOG` was ignored.)
+#[tokio::test]
+async fn the_decision_service_logs_refusals_and_honours_access_log() {
+    use crate::binary::Running;
+    for access_log in ["denied", "all", "off"] {
+        let tollgate = Running::start_decide(&[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_TOKENS", "1"),
+            ("REFILL_RATE", "0.001"),
+            ("ACCESS_LOG", access_log),
+        ]);
+        let headers = [
+            ("x-forwarded-method", "GET"),
+            ("x-forwarded-uri", "/orders"),
+            ("x-forwarded-host", "app.example"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ];
+        for expected in [200, 429] {
+            let reply = request(
+                tollgate.addr,
+                IpAddr::from(PROXY),
+                Method::GET,
+                "/v1/forward-auth",
+                &headers,
+                Bytes::new(),
+            )
+            .await;
+            assert_eq!(reply.status, expected, "{}", reply.text());
+        }
+        for allowed in [true, false] {
+            let reply = request(
+                tollgate.addr,
+                IpAddr::from(PROXY),
+                Method::POST,
+                "/v1/check",
+                &[("content-type", "application/json")],
+                Bytes::from_static(br#"{"rule": "general", "key": "tenant-3"}"#),
+            )
+            .await;
+            assert_eq!(json(&reply)["allowed"], allowed, "{}", reply.text());
+        }
+        let mut log = tollgate.log();
+        for _ in 0..100 {
+            if access_log == "off" || log.matches("door=\"check\"").count() >= 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            log = tollgate.log();
+        }
+        let refused: Vec<&str> = log
+            .lines()
+            .filter(|line| line.contains("request refused"))
+            .collect();
+        let allowed = log
+            .lines()
+            .filter(|line| line.contains(" request ") || line.ends_with(" request"))
+            .filter(|line| line.contains("decision=\"allowed\""))
+            .count();
+        match access_log {
+            "off" => assert!(refused.is_empty() && allowed == 0, "{log}"),
+            _ => {
+                assert_eq!(refused.len(), 2, "{log}");
+                let auth = refused
+                    .iter()
+                    .find(|line| line.contains("door=\"forward-auth\""))
+                    .unwrap_or_else(|| panic!("{log}"));
+                assert!(
+                    auth.contains("INFO")
+                        && auth.contains("client=203.0.113.9")
+                        && auth.contains("path=\"/orders\"")
+                        && auth.contains("rule=\"general\"")
+                        && auth.contains("decision=\"limited\"")
+                        && auth.contains("status=429"),
+                    "{auth}"
+                );
+                let check = refused
+                    .iter()
+                    .find(|line| line.contains("door=\"check\""))
+                    .unwrap();
+                assert!(
+                    check.contains("client=key:") && check.contains("retry_after_s="),
+                    "{check}"
+                );
+                assert_eq!(allowed, if access_log == "all" { 2 } else { 0 }, "{log}");
+            }
+        }
+        tollgate.terminate().await;
+    }
 }

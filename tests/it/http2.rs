@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use http::StatusCode;
 
-use crate::support::{Backend, Gateway, get};
+use crate::support::{Backend, Gateway, get, get_from};
 
 /// The client connection preface and an empty SETTINGS frame.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
@@ -220,8 +220,21 @@ async fn a_header_block_that_never_ends_is_cut_off() {
 /// within the limit are answered.
 #[tokio::test]
 async fn streams_past_the_advertised_limit_are_refused_before_the_backend() {
+    streams_past_the_limit_are_refused(&[], 200).await;
+}
+
+/// `H2_MAX_CONCURRENT_STREAMS` sets the streams one connection may have open at once.
+#[tokio::test]
+async fn the_streams_per_connection_are_as_configured() {
+    streams_past_the_limit_are_refused(&[("H2_MAX_CONCURRENT_STREAMS", "50")], 50).await;
+}
+
+/// 400 streams opened at once on one connection: the gateway advertises `expected` in its
+/// `SETTINGS`, answers that many and resets the rest (`REFUSED_STREAM`) before the backend.
+async fn streams_past_the_limit_are_refused(vars: &[(&str, &str)], expected: u32) {
     let backend = Backend::start().await;
-    let gateway = gateway(&backend).await;
+    let vars: Vec<_> = [("MAX_TOKENS", "100000")].iter().chain(vars).copied().collect();
+    let gateway = Gateway::start(&backend.url(), &vars).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     let mut burst = PREFACE.to_vec();
     for n in 0..400u32 {
@@ -238,7 +251,7 @@ async fn streams_past_the_advertised_limit_are_refused_before_the_backend() {
     let limit = seen
         .setting(MAX_CONCURRENT_STREAMS)
         .expect("the gateway advertises SETTINGS_MAX_CONCURRENT_STREAMS");
-    assert_eq!(limit, 200);
+    assert_eq!(limit, expected);
     assert_eq!(seen.setting(MAX_HEADER_LIST_SIZE), Some(16 * 1024));
     let refused: Vec<u32> = seen
         .on_streams(RST_STREAM)
@@ -689,4 +702,186 @@ async fn every_ping_is_answered_once_and_the_connection_serves_on() {
     );
     assert!(!seen.closed && seen.goaway().is_none(), "the connection goes on");
     assert_others_are_served(&gateway).await;
+}
+
+/// An HTTP/2 connection (prior knowledge) from `from` that reads no response body:
+/// `SETTINGS_INITIAL_WINDOW_SIZE` 0, so every stream's window stays shut and no `DATA` can
+/// reach it, refusals' bodies included.
+async fn unread_connection(
+    addr: std::net::SocketAddr,
+    from: std::net::IpAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::new(from, 0)).unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    (sender, tokio::spawn(async move { drop(connection.await) }))
+}
+
+/// One address opens `connections` HTTP/2 connections that read nothing and sends
+/// `streams` `GET path` on each at once: the answers' heads, every response kept (its body
+/// unread: the stream stays open, its answer waiting for a window that never opens), with
+/// the connections' drivers.
+async fn unread_streams(
+    addr: std::net::SocketAddr,
+    connections: usize,
+    streams: usize,
+    path: &'static str,
+) -> (Vec<StatusCode>, Vec<impl Sized>) {
+    let mut held = Vec::new();
+    let mut requests = Vec::new();
+    for _ in 0..connections {
+        let (sender, driver) = unread_connection(addr, [127, 0, 0, 1].into()).await;
+        for _ in 0..streams {
+            let mut sender = sender.clone();
+            requests.push(tokio::spawn(async move {
+                let request = http::Request::get(format!("http://gateway.test{path}"))
+                    .body(http_body_util::Empty::new())
+                    .unwrap();
+                sender.send_request(request).await.unwrap()
+            }));
+        }
+        held.push((sender, driver));
+    }
+    let mut statuses = Vec::new();
+    let mut responses = Vec::new();
+    for request in requests {
+        let response = tokio::time::timeout(Duration::from_secs(20), request)
+            .await
+            .expect("every stream is answered")
+            .unwrap();
+        statuses.push(response.status());
+        responses.push(response);
+    }
+    (statuses, vec![(held, responses)])
+}
+
+fn count(statuses: &[StatusCode], status: StatusCode) -> usize {
+    statuses.iter().filter(|&&seen| seen == status).count()
+}
+
+/// Wait until `tollgate_requests_in_flight` is `expected`, at most a few seconds.
+async fn assert_in_flight(gateway: &Gateway, expected: f64) {
+    let started = std::time::Instant::now();
+    loop {
+        let in_flight = gateway.metric("tollgate_requests_in_flight").await;
+        if in_flight == expected {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "tollgate_requests_in_flight is {in_flight}, not {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One address, 3 HTTP/2 connections x 150 streams with `SETTINGS_INITIAL_WINDOW_SIZE` 0, over
+/// its budget: the gateway's own answers (`429`) are handed over whole and their bodies can
+/// never be sent, but they hold no place among the requests in flight (`MAX_CONNECTIONS`
+/// 400) while they wait for the window: the place is for the work done for a request, and it
+/// is done. So none of the 450 is refused `503`, the gauge falls back to 0 though every
+/// stream is still open, and another client is served.
+#[tokio::test]
+async fn refusals_a_client_does_not_read_hold_no_place_in_flight() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("MAX_CONNECTIONS", "400"),
+            ("MAX_TOKENS", "10"),
+            ("REFILL_RATE", "0.001"),
+        ],
+    )
+    .await;
+    let (statuses, held) = unread_streams(gateway.addr, 3, 150, "/").await;
+    assert_eq!(
+        (
+            count(&statuses, StatusCode::OK),
+            count(&statuses, StatusCode::TOO_MANY_REQUESTS)
+        ),
+        (10, 440),
+        "the budget decides every one, none is refused 503"
+    );
+    assert_in_flight(&gateway, 0.0).await;
+    let other = get_from(gateway.addr, [127, 0, 0, 2].into(), "/", &[]).await;
+    assert_eq!(other.status, StatusCode::OK, "another client is served");
+    assert_eq!(backend.seen().len(), 11);
+    drop(held);
+}
+
+/// One address, 3 HTTP/2 connections x 150 streams (windows 0) to a slow backend: it holds at
+/// most its share of the requests in flight (`MAX_REQUESTS_IN_FLIGHT_PER_CLIENT`, unset: three
+/// quarters of `MAX_CONNECTIONS` 400, so 300); the rest are answered `503` at once and never
+/// reach the backend, the gauge stays at 300, and another client is served meanwhile.
+#[tokio::test]
+async fn one_address_holds_at_most_its_share_of_the_requests_in_flight() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[("MAX_CONNECTIONS", "400"), ("MAX_TOKENS", "100000")],
+    )
+    .await;
+    let greedy = tokio::spawn(unread_streams(gateway.addr, 3, 150, "/slow/6000"));
+    // The 503s come at once; the 300 forwarded wait for their backend.
+    let started = std::time::Instant::now();
+    while backend.seen().len() < 300 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{} forwarded",
+            backend.seen().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_in_flight(&gateway, 300.0).await;
+    let other = get_from(gateway.addr, [127, 0, 0, 2].into(), "/", &[]).await;
+    assert_eq!(other.status, StatusCode::OK, "another client is served");
+    assert_eq!(gateway.metric("tollgate_requests_in_flight").await, 300.0);
+    let (statuses, held) = greedy.await.unwrap();
+    assert_eq!(
+        (
+            count(&statuses, StatusCode::OK),
+            count(&statuses, StatusCode::SERVICE_UNAVAILABLE)
+        ),
+        (300, 150)
+    );
+    assert_eq!(backend.seen().len(), 301, "the 503s never reached the backend");
+    drop(held);
+}
+
+/// A peer in `TRUSTED_PROXIES` carries every client: its requests in flight are not capped
+/// per client, only by `MAX_CONNECTIONS` (40 here, a share of 30 otherwise).
+#[tokio::test]
+async fn a_trusted_proxy_s_requests_in_flight_are_not_capped_per_client() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_with_admin(
+        &backend.url(),
+        &[
+            ("MAX_CONNECTIONS", "40"),
+            ("MAX_TOKENS", "100000"),
+            ("TRUSTED_PROXIES", "127.0.0.1/32"),
+        ],
+    )
+    .await;
+    let proxy = tokio::spawn(unread_streams(gateway.addr, 1, 40, "/slow/2000"));
+    let started = std::time::Instant::now();
+    while backend.seen().len() < 40 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{} forwarded",
+            backend.seen().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_in_flight(&gateway, 40.0).await;
+    let (statuses, held) = proxy.await.unwrap();
+    assert_eq!(count(&statuses, StatusCode::OK), 40, "{statuses:?}");
+    drop(held);
 }

@@ -85,8 +85,10 @@ async fn query_tenants(store: Store) -> Vec<(u16, Option<u64>)> {
         "/?tenant=%61cm%65",
         // Another tenant: a budget of its own.
         "/?tenant=globex",
-        // The first of two wins.
+        // Named twice: refused, as backends read either (nothing spent).
         "/?tenant=globex&tenant=acme",
+        "/?tenant=globex;tenant=acme",
+        "/?tenant=globex",
         // A tenant spelled with '+': a space, as forms encode it.
         "/?tenant=a+b",
         "/?tenant=a%20b",
@@ -114,6 +116,8 @@ async fn query_keys_give_each_tenant_a_budget_whatever_its_spelling() {
             (200, Some(0)),
             (429, Some(0)),
             (200, Some(1)),
+            (400, None),
+            (400, None),
             (200, Some(0)),
             (200, Some(1)),
             (200, Some(0)),
@@ -122,6 +126,49 @@ async fn query_keys_give_each_tenant_a_budget_whatever_its_spelling() {
             (429, Some(0)),
         ]
     );
+}
+
+/// A query parameter a key is read from, named twice (split at `&` or `;`, as Rack, older
+/// Python and many other readers split pairs): refused with `400` on every door, as a repeated
+/// key header is. An earlier version keyed `?tenant=R;tenant=A` whole, a fresh budget for
+/// each `R`, while a backend splitting at `;` served tenant `A`.
+#[tokio::test]
+async fn a_key_parameter_named_twice_is_refused_on_every_door() {
+    let backend = Backend::start().await;
+    let mut vars = BUDGET.to_vec();
+    vars.push(("KEY_BY", "query:tenant"));
+    let gateway = Gateway::start_decide(Some(&backend.url()), &vars).await;
+    let addr = gateway.addr;
+    let proxy =
+        |target: &'static str| async move { seen(&get_from(addr, ip("127.0.0.1"), target, &[]).await) };
+    assert_eq!(proxy("/?tenant=A").await, (200, Some(1)));
+    assert_eq!(proxy("/?tenant=A").await, (200, Some(0)));
+    assert_eq!(proxy("/?tenant=A").await, (429, Some(0)));
+    for target in [
+        "/?tenant=R1;tenant=A",
+        "/?tenant=A&tenant=R2",
+        "/?tenant=R3&x=1;tenant=A",
+        "/?ten%61nt=R4&tenant=A",
+    ] {
+        assert_eq!(proxy(target).await, (400, None), "{target}");
+    }
+    let refused = forward_auth(&gateway, "/api?tenant=R5;tenant=A", "app.example", &[]).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text());
+    assert!(refused.text().contains("tenant"), "{}", refused.text());
+    let refused = request(
+        gateway.decide.unwrap(),
+        ip("127.0.0.1"),
+        Method::POST,
+        "/v1/check",
+        &[("content-type", "application/json")],
+        Bytes::from_static(br#"{"path": "/api?tenant=R6;tenant=A", "client_ip": "203.0.113.7"}"#),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text());
+    let error: Value = serde_json::from_slice(&refused.body).unwrap();
+    assert_eq!(error["field"], "path", "{error}");
+    assert_eq!(backend.seen().len(), 2);
+    gateway.stop().await;
 }
 
 async fn cookie_sessions(store: Store) -> Vec<(u16, Option<u64>)> {
@@ -208,6 +255,55 @@ async fn ip_and_path_give_each_client_a_budget_per_canonical_path() {
             (429, Some(0)),
             (429, Some(0)),
             (200, Some(1)),
+            (200, Some(1)),
+        ]
+    );
+}
+
+async fn resources_per_client(store: Store) -> Vec<(u16, Option<u64>)> {
+    let redis = redis_for(store);
+    let backend = Backend::start().await;
+    let mut vars = BUDGET.to_vec();
+    vars.push(("ROUTES", "/api/*=token_bucket:2:0.001,key=ip+path,name=api"));
+    let gateway = Gateway::start(&backend.url(), &borrowed(&with_store(store, &redis, &vars))).await;
+    let mut seen_all = Vec::new();
+    for target in [
+        "/api/search",
+        "/api/search.json",
+        // What rule matching ignores, keying ignores: a format or any other extension (Rails
+        // routes each to /api/search), and what follows a script (PHP's PATH_INFO).
+        "/api/search.a1",
+        "/api/search.a2",
+        "/API/Search.XML",
+        "/api/search.php/x",
+        "/api/search.php/y",
+        // Another resource: a budget of its own.
+        "/api/searches",
+    ] {
+        seen_all.push(seen(&get_from(gateway.addr, ip("127.0.0.1"), target, &[]).await));
+    }
+    let forwarded: Vec<String> = backend.seen().iter().map(|seen| seen.uri.clone()).collect();
+    assert_eq!(
+        forwarded,
+        ["/api/search", "/api/search.json", "/api/searches"],
+        "forwarded as sent"
+    );
+    gateway.stop().await;
+    seen_all
+}
+
+#[tokio::test]
+async fn ip_and_path_give_one_budget_to_a_resource_whatever_its_extension_or_path_info() {
+    on_both_stores!(
+        resources_per_client,
+        vec![
+            (200, Some(1)),
+            (200, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
+            (429, Some(0)),
             (200, Some(1)),
         ]
     );
@@ -537,6 +633,50 @@ async fn exempt_keys_name_the_value_of_a_rules_one_source() {
         assert_eq!(seen(&reply), (200, None));
     }
     gateway.stop().await;
+}
+
+/// `EXEMPT` names a key's source: `query:tenant=acme` exempts that tenant, not `Host: acme` on
+/// a route keyed `ip+host`, which any client sets. `key:acme`, which named no source, is
+/// refused where rules are keyed by several, naming the spellings; an earlier version
+/// exempted the value in every source.
+#[tokio::test]
+async fn exempt_keys_name_their_source() {
+    let backend = Backend::start().await;
+    let vars = [
+        ("MAX_TOKENS", "1"),
+        ("REFILL_RATE", "0.001"),
+        ("KEY_BY", "query:tenant"),
+        ("ROUTES", "/site=token_bucket:1:0.001,key=ip+host,name=site"),
+    ];
+    let mut exempting = vars.to_vec();
+    exempting.push(("EXEMPT", "query:tenant=acme"));
+    let gateway = Gateway::start(&backend.url(), &exempting).await;
+    let addr = gateway.addr;
+    let send = |target: &'static str, host: &'static str| async move {
+        seen(&get_from(addr, ip("127.0.0.1"), target, &[("host", host)]).await)
+    };
+    for _ in 0..3 {
+        assert_eq!(send("/?tenant=acme", "a.example").await, (200, None));
+    }
+    assert_eq!(send("/?tenant=globex", "a.example").await, (200, Some(0)));
+    assert_eq!(send("/site", "acme").await, (200, Some(0)));
+    for _ in 0..3 {
+        assert_eq!(send("/site", "acme").await, (429, Some(0)));
+    }
+    gateway.stop().await;
+    let mut ambiguous = vars.to_vec();
+    ambiguous.extend([("BACKEND_URL", "http://127.0.0.1:1"), ("EXEMPT", "key:acme")]);
+    let error = tollgate::Config::from_vars(ambiguous.iter().copied())
+        .expect_err("key:VALUE with two sources is refused")
+        .to_string();
+    assert!(
+        error.starts_with("EXEMPT")
+            && error.contains("ambiguous")
+            && error.contains("query:tenant=VALUE")
+            && error.contains("host=VALUE"),
+        "{error}"
+    );
+    assert!(!error.contains("acme"), "the value is never shown: {error}");
 }
 
 /// The real binary on `store`: keyed by `ip+path+query:tenant`, one request sequence.

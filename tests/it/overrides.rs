@@ -172,6 +172,58 @@ async fn tiers_in_redis() {
     tiers_on(&[("REDIS_ADDR", addr.as_str()), ("REDIS_TIMEOUT_MS", "5000")]).await;
 }
 
+/// An authentication layer that appends `TIER_HEADER` rather than replacing it leaves the
+/// client's own copy first: a tier named twice from a trusted proxy (two lines, or one merged
+/// list) is refused with `400` on the proxy and forward-auth alike, as a repeated key header
+/// is. An earlier version believed the first line: the client chose its plan.
+#[tokio::test]
+async fn a_tier_named_twice_by_a_trusted_proxy_is_refused() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start_decide(
+        Some(&backend.url()),
+        &[
+            ("TIERS", "free=token_bucket:1:0.001;pro=token_bucket:4:0.001"),
+            ("TIER_HEADER", "X-Plan"),
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_TOKENS", "2"),
+            ("REFILL_RATE", "0.001"),
+        ],
+    )
+    .await;
+    let free = [("x-forwarded-for", "203.0.113.7"), ("x-plan", "free")];
+    assert_eq!(passed(&gateway, "127.0.0.1", &free, 2).await, (1, Some(1)));
+    let appended = [
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-plan", "pro"),
+        ("x-plan", "free"),
+    ];
+    let merged = [("x-forwarded-for", "203.0.113.7"), ("x-plan", "pro, free")];
+    for headers in [&appended[..], &merged] {
+        for _ in 0..3 {
+            let reply = from(&gateway, "127.0.0.1", headers).await;
+            assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+            assert!(reply.text().contains("x-plan"), "{}", reply.text());
+        }
+        let mut asked = vec![("x-forwarded-uri", "/api")];
+        asked.extend_from_slice(headers);
+        let reply = crate::support::request(
+            gateway.decide.unwrap(),
+            ip("127.0.0.1"),
+            http::Method::GET,
+            "/v1/forward-auth",
+            &asked,
+            bytes::Bytes::new(),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    }
+    // From a peer whose tier is never believed, the header is ignored as before.
+    let direct = [("x-plan", "pro"), ("x-plan", "free")];
+    assert_eq!(passed(&gateway, "127.0.0.3", &direct, 3).await, (2, Some(2)));
+    assert_eq!(backend.seen().len(), 3);
+    gateway.stop().await;
+}
+
 /// An edited overrides file is put in force while serving, through the rules' reload.
 #[tokio::test]
 async fn an_edited_overrides_file_is_reloaded() {

@@ -215,6 +215,70 @@ async fn forwarded_for_from_a_trusted_proxy_is_the_client() {
     );
 }
 
+/// From a trusted proxy, an `X-Forwarded-For` element that is not an address, where the
+/// client's address should be, is refused (`400`), never read as the proxy itself (which
+/// operators commonly exempt, as here); one left of the client's address (the client's own
+/// bytes, the proxy's appended after them) changes nothing. An earlier version gave up on a
+/// line holding a byte that is not text and took the proxy for the client: exempt.
+#[tokio::test]
+async fn a_malformed_forwarded_for_element_never_makes_the_trusted_proxy_the_client() {
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[
+            ("MAX_TOKENS", "1"),
+            ("REFILL_RATE", "0.001"),
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("EXEMPT", "127.0.0.1"),
+        ],
+    )
+    .await;
+    // From 127.0.0.1, the trusted (and exempt) proxy, with these X-Forwarded-For lines.
+    let via = |lines: &[&[u8]]| {
+        let mut request = b"GET /api HTTP/1.1\r\nHost: gateway.test\r\n".to_vec();
+        for line in lines {
+            request.extend_from_slice(b"X-Forwarded-For: ");
+            request.extend_from_slice(line);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"Connection: close\r\n\r\n");
+        request
+    };
+    let addr = gateway.addr;
+    let status = |lines: &[&[u8]]| {
+        let request = via(lines);
+        async move { raw_status_line(addr, &request).await }
+    };
+    assert_eq!(status(&[b"203.0.113.7"]).await, "HTTP/1.1 200 OK");
+    let limited = "HTTP/1.1 429 Too Many Requests";
+    assert_eq!(status(&[b"203.0.113.7"]).await, limited);
+    // The client's own header, the proxy's address for it appended: still the client.
+    let appended: [&[&[u8]]; 5] = [
+        &[b"\xff, 203.0.113.7"],
+        &[b"bogus, 203.0.113.7"],
+        &[b"unknown,203.0.113.7"],
+        &[b"\xff", b"203.0.113.7"],
+        &[b"\x80\xfe 1.2.3.4, , 203.0.113.7, 127.0.0.1"],
+    ];
+    for lines in appended {
+        for _ in 0..3 {
+            assert_eq!(status(lines).await, limited, "{lines:?}");
+        }
+    }
+    // Nothing but garbage where the client should be: refused, not the proxy's exemption.
+    let unreadable: [&[&[u8]]; 5] = [
+        &[b"\xff"],
+        &[b"203.0.113.7, \xff"],
+        &[b"unknown"],
+        &[b"203.0.113.7, 127.0.0.1, bogus"],
+        &[b"203.0.113.7", b"\xff, 127.0.0.1"],
+    ];
+    for lines in unreadable {
+        assert_eq!(status(lines).await, "HTTP/1.1 400 Bad Request", "{lines:?}");
+    }
+    assert_eq!(backend.seen().len(), 1, "only the first request was forwarded");
+}
+
 #[tokio::test]
 async fn a_one_mib_body_arrives_intact_both_ways() {
     let backend = Backend::start().await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use http::StatusCode;
 use tollgate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, batch_script};
-use tollgate::limit::{Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
+use tollgate::limit::{Cost, Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
 
 use crate::support::{Backend, Gateway, RedisServer, get, get_from};
 
@@ -235,6 +235,16 @@ fn differential_lists() -> Vec<Limits> {
     lists
 }
 
+/// Costs no budget holds, which the differential sequences draw now and then.
+const HOSTILE_COSTS: [u64; 6] = [
+    1 << 31,
+    u32::MAX as u64,
+    1 << 53,
+    i64::MAX as u64,
+    1 << 63,
+    u64::MAX,
+];
+
 /// 400 decisions (and some refunds and charges) for client `n` under `limits`, pseudo-random times and
 /// costs from `seed`, each decided by `store` and by a memory store: they must agree, every
 /// limit's part included.
@@ -266,9 +276,16 @@ async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usi
             // Now and then the clock steps back, as a wall clock may: both must agree.
             now_us -= sequence.next(4 * step);
         }
-        let cost = 1 + sequence.next(2);
-        let expected = memory.check_at(&rule, client, cost, now_us);
-        let actual = store.check_at(&rule, client, cost, now_us).await.unwrap();
+        // Now and then a hostile cost, as a door makes it: both must refuse it alike.
+        let cost = match sequence.next(13) {
+            0 => HOSTILE_COSTS[sequence.next(HOSTILE_COSTS.len() as u64) as usize],
+            _ => 1 + sequence.next(2),
+        };
+        let expected = memory.check_at(&rule, client, Cost::saturating(cost), now_us);
+        let actual = store
+            .check_at(&rule, client, Cost::saturating(cost), now_us)
+            .await
+            .unwrap();
         assert_eq!(
             actual, expected,
             "{policy:?}, step {i}, now {now_us}, cost {cost}"
@@ -277,18 +294,24 @@ async fn agree_with_memory(store: &RedisStore, limits: impl Into<Limits>, n: usi
         // Now and then an allowed request is refunded (`count=failures`): both must give
         // back the same.
         if expected.allowed && sequence.next(3) == 0 {
-            memory.refund(&rule, client, cost, expected.at_us);
+            memory.refund(&rule, client, Cost::saturating(cost), expected.at_us);
             store
-                .refund_at(&rule, client, cost, actual.at_us, now_us)
+                .refund_at(&rule, client, Cost::saturating(cost), actual.at_us, now_us)
                 .await
                 .unwrap();
         }
         // Now and then the backend reports a cost above the one charged: both must charge
         // it, into debt if need be, alike.
         if sequence.next(11) == 0 {
-            let more = 1 + sequence.next(2 * policy.capacity());
-            memory.charge_at(&rule, client, more, now_us);
-            store.charge_at(&rule, client, more, now_us).await.unwrap();
+            let more = match sequence.next(5) {
+                0 => HOSTILE_COSTS[sequence.next(HOSTILE_COSTS.len() as u64) as usize],
+                _ => 1 + sequence.next(2 * policy.capacity()),
+            };
+            memory.charge_at(&rule, client, Cost::saturating(more), now_us);
+            store
+                .charge_at(&rule, client, Cost::saturating(more), now_us)
+                .await
+                .unwrap();
         }
     }
 }
@@ -358,6 +381,109 @@ async fn decisions_sent_together_agree_with_memory_too() {
     );
 }
 
+/// Hostile costs (issue 26), as a door makes them (`Cost::saturating`): 0, 1, the capacity,
+/// the capacity + 1, 2^31, 2^32 - 1, 2^53, 2^63 - 1, 2^63 and 2^64 - 1, decided, charged (a
+/// backend reporting them) and refunded, for every algorithm alone and in lists and for a
+/// concurrency limit: Redis and memory agree on every decision, nothing above the capacity
+/// passes, no call fails, and the debt is paid back within two windows.
+#[tokio::test]
+async fn hostile_costs_agree_with_memory() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(
+        &RedisTarget::Single(redis.url()),
+        "hostile:",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let mut all: Vec<Limits> = differential_policies().into_iter().map(Limits::from).collect();
+    all.push(
+        Policy::Concurrent(tollgate::limit::algorithm::Concurrent {
+            places: 3,
+            lease_ms: 10_000,
+        })
+        .into(),
+    );
+    all.extend(differential_lists());
+    for (n, limits) in all.into_iter().enumerate() {
+        let rule = Rule::new(0, "general", limits.clone());
+        let memory = MemoryStore::new(100.try_into().unwrap(), std::slice::from_ref(&rule));
+        let client: IpAddr = format!("198.51.100.{n}").parse().unwrap();
+        let client = client.into();
+        let capacity = limits.capacity();
+        let window = limits
+            .iter()
+            .map(|policy| policy.window().as_micros() as u64)
+            .max()
+            .unwrap_or(0);
+        let mut now_us = 1_764_000_000_000_000 + n as u64 * 1_000;
+        let costs = [
+            0,
+            1,
+            capacity,
+            capacity + 1,
+            1 << 31,
+            u64::from(u32::MAX),
+            1 << 53,
+            i64::MAX as u64,
+            1 << 63,
+            u64::MAX,
+        ];
+        for round in 0..2 {
+            for raw in costs {
+                now_us += 1_000;
+                let cost = Cost::saturating(raw);
+                let expected = memory.check_at(&rule, client, cost, now_us);
+                let actual = store.check_at(&rule, client, cost, now_us).await.unwrap();
+                assert_eq!(actual, expected, "{limits}: cost {raw}, round {round}");
+                assert!(raw <= capacity || !expected.allowed, "{limits}: cost {raw}");
+                if expected.allowed && raw > 0 {
+                    memory.refund(&rule, client, cost, expected.at_us);
+                    store
+                        .refund_at(&rule, client, cost, actual.at_us, now_us)
+                        .await
+                        .unwrap();
+                }
+                memory.charge_at(&rule, client, cost, now_us);
+                store.charge_at(&rule, client, cost, now_us).await.unwrap();
+            }
+            // Every debt paid back within two windows: a request of 1 passes again.
+            now_us += 2 * window;
+            let expected = memory.check_at(&rule, client, Cost::ONE, now_us);
+            let actual = store.check_at(&rule, client, Cost::ONE, now_us).await.unwrap();
+            assert_eq!(actual, expected, "{limits}: after the debt, round {round}");
+            assert!(expected.allowed, "{limits}: after the debt, round {round}");
+        }
+    }
+}
+
+/// A bucket poisoned before the debt bound (a charge of 18446744073709 tokens used to store a
+/// TAT near 1.8e19, refusing the client for ever or failing every decision): the next decision
+/// tidies it to the bound, refuses within two refills, and the client passes after them.
+#[tokio::test]
+async fn a_bucket_poisoned_before_the_debt_bound_heals_within_two_refills() {
+    let redis = RedisServer::start();
+    let (store, rule) = token_bucket_on(&redis, "poisoned:", 10, 100_000);
+    let client: IpAddr = "192.0.2.200".parse().unwrap();
+    let key = store.key(&rule, client.into());
+    assert_eq!(redis.cli(&["SET", &key, "18446744073709000000000"]).trim(), "OK");
+    let now_us = 1_764_000_000_000_000;
+    let refused = store
+        .check_at(&rule, client.into(), Cost::ONE, now_us)
+        .await
+        .unwrap();
+    assert!(!refused.allowed);
+    // tau = 1 s: the TAT tidied to now + 2 s, one token in 1.1 s.
+    assert_eq!(refused.retry_after, Duration::from_micros(1_100_000));
+    assert_eq!(refused.reset_after, Duration::from_secs(2));
+    let ttl: u64 = redis.cli(&["TTL", &key]).trim().parse().unwrap();
+    assert!(ttl <= 2, "the key lives as long as the bound: {ttl}");
+    let healed = store
+        .check_at(&rule, client.into(), Cost::ONE, now_us + 1_100_000)
+        .await
+        .unwrap();
+    assert!(healed.allowed, "{healed:?}");
+}
+
 /// A store on `redis` under `prefix`, and a token-bucket rule for it.
 fn token_bucket_on(redis: &RedisServer, prefix: &str, capacity: u64, interval_us: u64) -> (RedisStore, Rule) {
     let store = RedisStore::new(&RedisTarget::Single(redis.url()), prefix, Duration::from_secs(5)).unwrap();
@@ -374,7 +500,7 @@ async fn a_burst_sent_together_is_exact() {
     let redis = RedisServer::start();
     let (store, rule) = token_bucket_on(&redis, "burst:", 50, 1_000_000_000);
     let client: IpAddr = "192.0.2.7".parse().unwrap();
-    let decisions = join_all((0..300).map(|_| store.check(&rule, client.into(), 1))).await;
+    let decisions = join_all((0..300).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
     let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
     assert_eq!(allowed, 50);
     let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
@@ -391,7 +517,7 @@ async fn coalescing_can_be_turned_off() {
     let (store, rule) = token_bucket_on(&redis, "alone:", 50, 1_000_000_000);
     let store = store.with_calls_in_flight(0);
     let client: IpAddr = "192.0.2.8".parse().unwrap();
-    let decisions = join_all((0..100).map(|_| store.check(&rule, client.into(), 1))).await;
+    let decisions = join_all((0..100).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
     let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
     assert_eq!(allowed, 50);
     // One EVALSHA each (those that met NOSCRIPT went again as EVAL).
@@ -409,7 +535,12 @@ async fn a_wrong_type_key_in_a_batch_fails_alone() {
         .map(|n| format!("192.0.2.{}", 100 + n).parse().unwrap())
         .chain(std::iter::once(bad))
         .collect();
-    let decisions = join_all(clients.iter().map(|&client| store.check(&rule, client.into(), 1))).await;
+    let decisions = join_all(
+        clients
+            .iter()
+            .map(|&client| store.check(&rule, client.into(), Cost::ONE)),
+    )
+    .await;
     for (client, decision) in clients.iter().zip(&decisions) {
         match decision {
             Ok(decision) => {
@@ -589,7 +720,7 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     let store = store.with_calls_in_flight(0);
     // Loads the script, so the calls counted below are the decisions' own.
     let warm: IpAddr = "192.0.2.1".parse().unwrap();
-    assert!(store.check(&rule, warm.into(), 1).await.unwrap().allowed);
+    assert!(store.check(&rule, warm.into(), Cost::ONE).await.unwrap().allowed);
     let client: IpAddr = "192.0.2.2".parse().unwrap();
     let key = || store.key(&rule, client.into());
 
@@ -597,14 +728,14 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     let behind = RedisClock::new();
     behind.reset(Instant::now(), 1_000_000);
     let calls = redis_calls(&redis, "evalsha");
-    let decision = store.check_key(&rule, key(), 1, &behind).await.unwrap();
+    let decision = store.check_key(&rule, key(), Cost::ONE, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 4));
     assert_eq!(
         redis_calls(&redis, "evalsha") - calls,
         2,
         "expired once, then decided"
     );
-    let decision = store.check_key(&rule, key(), 1, &behind).await.unwrap();
+    let decision = store.check_key(&rule, key(), Cost::ONE, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 3));
     assert_eq!(
         redis_calls(&redis, "evalsha") - calls,
@@ -620,7 +751,7 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
         .as_micros() as u64
         + 365 * 86_400 * 1_000_000;
     ahead.reset(Instant::now(), year_ahead);
-    let decision = store.check_key(&rule, key(), 1, &ahead).await.unwrap();
+    let decision = store.check_key(&rule, key(), Cost::ONE, &ahead).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 2));
     assert_eq!(redis_calls(&redis, "evalsha") - calls, 4);
 }
@@ -647,23 +778,25 @@ async fn calls_that_timed_out_in_a_frozen_redis_cost_nothing_when_it_thaws() {
         }),
     );
     let client: IpAddr = "192.0.2.9".parse().unwrap();
-    let spent: Vec<_> = join_all((0..3).map(|_| store.check(&rule, client.into(), 1))).await;
+    let spent: Vec<_> = join_all((0..3).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
     assert!(spent.iter().all(|d| d.as_ref().unwrap().allowed));
     let refunded: IpAddr = "192.0.2.10".parse().unwrap();
-    let to_refund = store.check(&rule, refunded.into(), 1).await.unwrap();
+    let to_refund = store.check(&rule, refunded.into(), Cost::ONE).await.unwrap();
     assert_eq!(to_refund.remaining, 4);
 
     redis.freeze();
     // More at once than REDIS_CALLS_IN_FLIGHT: some go alone, the rest wait and go together.
-    let frozen = join_all((0..10).map(|_| store.check(&rule, client.into(), 1))).await;
+    let frozen = join_all((0..10).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
     assert!(frozen.iter().all(Result::is_err), "{frozen:?}");
-    let refund = store.refund(&rule, refunded.into(), 1, to_refund.at_us).await;
+    let refund = store
+        .refund(&rule, refunded.into(), Cost::ONE, to_refund.at_us)
+        .await;
     assert!(refund.is_err(), "the refund timed out");
     redis.thaw();
 
-    let after = join_all((0..3).map(|_| store.check(&rule, client.into(), 1))).await;
+    let after = join_all((0..3).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
     let allowed = after.iter().filter(|d| d.as_ref().unwrap().allowed).count();
     assert_eq!(allowed, 2, "{after:?}");
-    let decision = store.check(&rule, refunded.into(), 1).await.unwrap();
+    let decision = store.check(&rule, refunded.into(), Cost::ONE).await.unwrap();
     assert_eq!(decision.remaining, 4, "the late refund gave its token back");
 }

@@ -364,7 +364,7 @@ except grpc.RpcError as e:
 
 /// What `script` prints, run by python3 with the client generated from `proto/` by
 /// grpcio-tools (its directory the first argument) and `address` the second.
-async fn python_client(script: &str, address: std::net::SocketAddr) -> String {
+pub(crate) async fn python_client(script: &str, address: std::net::SocketAddr) -> String {
     let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
     let stubs = tempfile::tempdir().unwrap();
     let generated = tokio::process::Command::new("python3")
@@ -713,4 +713,285 @@ async fn algorithms_and_lists_through_the_binary_in_redis() {
         ("FAIL_MODE", "closed"),
     ])
     .await;
+}
+
+/// envoyproxy/ratelimit's own keys, in two files of one domain (merged, as its
+/// `MERGE_DOMAIN_CONFIG` merges them): wildcards in the middle and several of them, a
+/// wildcard whose values share one budget (an explicit value beside it keeps its own),
+/// quota mode, metadata; and per request, a descriptor's own `limit`.
+const ENVOY_KEYS: [&str; 2] = [
+    "
+domain: edge
+descriptors:
+  - key: path
+    value: /api*v1
+    share_threshold: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: path
+    value: /api/special/v1
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: multi
+    value: foo*bar*baz
+    value_to_metric: true
+    detailed_metric: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+",
+    "
+domain: edge
+descriptors:
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+    metadata:
+      plan: {name: gold, weight: 2}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+",
+];
+
+const PYTHON_ENVOY_KEYS: &str = r#"
+import sys, grpc
+sys.path.insert(0, sys.argv[1])
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.type.v3 import ratelimit_unit_pb2
+from google.protobuf import json_format
+stub = rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(sys.argv[2]))
+Code = rls_pb2.RateLimitResponse.Code
+def descriptor(entries, limit=None):
+    d = ratelimit_pb2.RateLimitDescriptor(entries=[
+        ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries])
+    if limit:
+        d.limit.requests_per_unit, d.limit.unit = limit
+    return d
+def ask(*descriptors):
+    r = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=list(descriptors)))
+    statuses = " ".join("%s/%d/%d" % (Code.Name(s.code), s.limit_remaining, s.current_limit.requests_per_unit)
+                        for s in r.statuses)
+    retry = [h.value for h in r.response_headers_to_add if h.key == "Retry-After"]
+    return "%s %s retry=%s" % (Code.Name(r.overall_code), statuses, retry[0] if retry else "-"), r
+for value in ["/api/a/v1", "/api/b/v1", "/api/c/v1", "/api/special/v1", "/apiv1", "/api/a/v2"]:
+    print(value, ask(descriptor([("path", value)]))[0])
+for value in ["foo1bar2baz", "foo1bar2baz", "fooXbarYbaz", "foobaz"]:
+    print(value, ask(descriptor([("multi", value)]))[0])
+said, r = ask(descriptor([("quota", "a")]), descriptor([("quota2", "a")]))
+print("quota", said, json_format.MessageToJson(r.dynamic_metadata, sort_keys=True, indent=None))
+said, r = ask(descriptor([("quota", "b")]), descriptor([("quota2", "a")]))
+print("quota", said, json_format.MessageToJson(r.dynamic_metadata, sort_keys=True, indent=None))
+said, r = ask(descriptor([("quota", "a")]), descriptor([("quota2", "a")]))
+print("quota", r.HasField("dynamic_metadata"), said)
+day = ratelimit_unit_pb2.RateLimitUnit.Value("DAY")
+for n in range(3):
+    print("override", ask(descriptor([("path", "/api/special/v1")], (2, day)))[0])
+hour = ratelimit_unit_pb2.RateLimitUnit.Value("HOUR")
+print("override", ask(descriptor([("path", "/api/special/v1")], (2, hour)))[0])
+print("override", ask(descriptor([("unknown", "x")], (1, day)))[0])
+try:
+    ask(descriptor([("path", "/x")], (1, 0)))
+except grpc.RpcError as e:
+    print(e.code().name, e.details())
+"#;
+
+async fn envoy_keys_through_the_binary(store: &[(&str, &str)]) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in ["a.yaml", "b.yaml"].iter().zip(ENVOY_KEYS) {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let directory = dir.path().display().to_string();
+    let [decide] = crate::support::free_ports();
+    let decide_port = decide.to_string();
+    let mut vars = vec![
+        ("BACKEND_URL", "http://127.0.0.1:9"),
+        ("RLS_CONFIG", directory.as_str()),
+        ("RLS_MERGE_DOMAIN_CONFIG", "true"),
+        ("DECIDE_PORT", decide_port.as_str()),
+    ];
+    vars.extend_from_slice(store);
+    let tollgate = crate::binary::Running::start(&vars);
+    let address: std::net::SocketAddr = format!("127.0.0.1:{decide}").parse().unwrap();
+    crate::support::redis::wait_for(
+        || std::net::TcpStream::connect(address).is_ok(),
+        "the decide port to listen",
+    );
+    let printed = python_client(PYTHON_ENVOY_KEYS, address).await;
+    let lines: Vec<&str> = printed.lines().collect();
+    let retry = |line: &str| {
+        line.rsplit_once("retry=")
+            .and_then(|(_, secs)| secs.parse::<u64>().ok())
+            .is_some_and(|secs| (1..=86_400).contains(&secs))
+    };
+    // One budget for every value /api*v1 matches; the explicit value its own.
+    assert_eq!(lines[0], "/api/a/v1 OK OK/1/2 retry=-");
+    assert_eq!(lines[1], "/api/b/v1 OK OK/0/2 retry=-");
+    assert!(
+        lines[2].starts_with("/api/c/v1 OVER_LIMIT OVER_LIMIT/0/2 retry="),
+        "{}",
+        lines[2]
+    );
+    assert!(retry(lines[2]), "Retry-After in whole seconds: {}", lines[2]);
+    assert_eq!(lines[3], "/api/special/v1 OK OK/4/5 retry=-");
+    // `*` matches nothing too, and a value must end as the pattern does.
+    assert!(
+        lines[4].starts_with("/apiv1 OVER_LIMIT OVER_LIMIT/0/2"),
+        "{}",
+        lines[4]
+    );
+    assert_eq!(lines[5], "/api/a/v2 OK OK/0/0 retry=-");
+    // Several wildcards, each value its own budget (no share_threshold).
+    assert_eq!(lines[6], "foo1bar2baz OK OK/0/1 retry=-");
+    assert!(
+        lines[7].starts_with("foo1bar2baz OVER_LIMIT OVER_LIMIT/0/1"),
+        "{}",
+        lines[7]
+    );
+    assert_eq!(lines[8], "fooXbarYbaz OK OK/0/1 retry=-");
+    assert_eq!(lines[9], "foobaz OK OK/0/0 retry=-");
+    // Quota mode: over only when every quota descriptor is; the metadata of those within.
+    assert_eq!(
+        lines[10],
+        "quota OK OK/0/1 OK/0/1 retry=- {\"descriptors\": [{\"entries\": [\"quota=a\"]}, {\"entries\": [\"quota2=a\"]}], \"domain\": \"edge\", \"metadata\": {\"plan\": {\"name\": \"gold\", \"weight\": 2.0}}}"
+    );
+    assert_eq!(
+        lines[11],
+        "quota OK OK/0/1 OVER_LIMIT/0/1 retry=- {\"descriptors\": [{\"entries\": [\"quota=b\"]}, {\"entries\": [\"quota2=a\"]}], \"domain\": \"edge\", \"metadata\": {\"plan\": {\"name\": \"gold\", \"weight\": 2.0}}}"
+    );
+    assert!(
+        lines[12].starts_with("quota False OVER_LIMIT OVER_LIMIT/0/1 OVER_LIMIT/0/1 retry="),
+        "{}",
+        lines[12]
+    );
+    assert!(retry(lines[12]), "{}", lines[12]);
+    // A descriptor's own limit wins over the configured one (5 a day), even where nothing is
+    // configured; a unit that is none is refused.
+    assert_eq!(lines[13], "override OK OK/1/2 retry=-");
+    assert_eq!(lines[14], "override OK OK/0/2 retry=-");
+    assert!(
+        lines[15].starts_with("override OVER_LIMIT OVER_LIMIT/0/2 retry="),
+        "{}",
+        lines[15]
+    );
+    // Another unit, another budget.
+    assert_eq!(lines[16], "override OK OK/1/2 retry=-");
+    assert_eq!(lines[17], "override OK OK/0/1 retry=-");
+    assert_eq!(
+        lines[18],
+        "INVALID_ARGUMENT descriptor 0: limit.unit 0 is not a unit: expected SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR"
+    );
+    assert_eq!(lines.len(), 19, "{printed}");
+    tollgate.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_own_keys_through_the_binary_in_memory() {
+    envoy_keys_through_the_binary(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_own_keys_through_the_binary_in_redis() {
+    let redis = RedisServer::start();
+    let addr = redis.addr();
+    envoy_keys_through_the_binary(&[
+        ("REDIS_ADDR", addr.as_str()),
+        ("KEY_HASH_SECRET", "0123456789abcdef0123"),
+        ("REDIS_TIMEOUT_MS", "5000"),
+    ])
+    .await;
+}
+
+/// What each descriptor `key=c` of `keys` is answered, one ask each, in order:
+/// `KEY CODE REMAINING LIMIT`.
+fn python_asking(keys: &[&str]) -> String {
+    let keys = keys
+        .iter()
+        .map(|key| format!("{key:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"
+import sys, grpc
+sys.path.insert(0, sys.argv[1])
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+stub = rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(sys.argv[2]))
+for key in [{keys}]:
+    d = ratelimit_pb2.RateLimitDescriptor(entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value="c")])
+    s = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[d])).statuses[0]
+    print(key, rls_pb2.RateLimitResponse.Code.Name(s.code), s.limit_remaining, s.current_limit.requests_per_unit)
+"#
+    )
+}
+
+/// Until `tollgate_config_reloads_total{result="RESULT"}` is at least `count`.
+async fn reloads(tollgate: &crate::binary::Running, result: &str, count: u64) {
+    crate::reload::await_reloads(tollgate, result, count).await;
+}
+
+/// `RLS_CONFIG` reloads like `RULES_FILE`: on SIGHUP (`RULES_RELOAD_INTERVAL_MS=0`) and when a
+/// file changes; a bad file swaps nothing; a descriptor whose rule is unchanged keeps its
+/// budget, a changed one starts afresh; a file added to the directory is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_config_reloads_on_sighup_and_on_change_and_a_bad_file_swaps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("edge.yaml");
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    let one = "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: kept\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
+    write(one);
+    let directory = dir.path().display().to_string();
+    for interval in ["0", "100"] {
+        write(one);
+        let _ = std::fs::remove_file(dir.path().join("other.yaml"));
+        let [decide] = crate::support::free_ports();
+        let decide_port = decide.to_string();
+        let tollgate = crate::binary::Running::start(&[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("RLS_CONFIG", directory.as_str()),
+            ("DECIDE_PORT", decide_port.as_str()),
+            ("RULES_RELOAD_INTERVAL_MS", interval),
+        ]);
+        let address: std::net::SocketAddr = format!("127.0.0.1:{decide}").parse().unwrap();
+        crate::support::redis::wait_for(
+            || std::net::TcpStream::connect(address).is_ok(),
+            "the decide port to listen",
+        );
+        let reload = || {
+            if interval == "0" {
+                tollgate.hangup();
+            }
+        };
+        let asked = python_client(&python_asking(&["a", "a", "kept", "b"]), address).await;
+        assert_eq!(
+            asked, "a OK 0 1\na OVER_LIMIT 0 1\nkept OK 0 1\nb OK 0 0\n",
+            "{interval}"
+        );
+        // a's limit changed, b added, kept as it was.
+        write(
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 3}\n  - key: kept\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+        );
+        reload();
+        reloads(&tollgate, "ok", 1).await;
+        let asked = python_client(&python_asking(&["a", "kept", "b", "b"]), address).await;
+        assert_eq!(
+            asked, "a OK 2 3\nkept OVER_LIMIT 0 1\nb OK 0 1\nb OVER_LIMIT 0 1\n",
+            "{interval}"
+        );
+        // A bad file: refused, the descriptors in force stay.
+        write("domain: edge\ndescriptors:\n  - key: a\n    rate_limt: {unit: day, requests_per_unit: 3}\n");
+        reload();
+        reloads(&tollgate, "error", 1).await;
+        let asked = python_client(&python_asking(&["a", "b"]), address).await;
+        assert_eq!(asked, "a OK 1 3\nb OVER_LIMIT 0 1\n", "{interval}");
+        let log = tollgate.log();
+        assert!(log.contains("RLS_CONFIG") && log.contains("rate_limt"), "{log}");
+        // Mended, and a second file of another domain added to the directory: both read.
+        write(
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 3}\n  - key: c\n    rate_limit: {unit: day, requests_per_unit: 5}\n",
+        );
+        std::fs::write(dir.path().join("other.yaml"), "domain: other\n").unwrap();
+        reload();
+        reloads(&tollgate, "ok", 2).await;
+        let asked = python_client(&python_asking(&["a", "b", "c"]), address).await;
+        assert_eq!(asked, "a OK 0 3\nb OK 0 0\nc OK 4 5\n", "{interval}");
+        tollgate.terminate().await;
+    }
 }

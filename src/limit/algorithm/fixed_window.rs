@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::sliding_window::{parse_limit_and_window, window_parameters};
-use super::{Algorithm, LuaScript, ParameterError, US_PER_MS};
+use super::{Algorithm, DEBT_LIMITS, LuaScript, ParameterError, US_PER_MS};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
@@ -69,7 +69,8 @@ impl Algorithm for FixedWindow {
         let until_end = Duration::from_micros((window + 1) * w * US_PER_MS - now_us);
         let at_us = now_us.max(now_ms * US_PER_MS);
 
-        if count + cost <= self.limit {
+        // Saturating: a cost above the limit, whatever it is, is refused.
+        if count.saturating_add(cost) <= self.limit {
             *state = FixedWindowState {
                 window,
                 count: count + cost,
@@ -79,7 +80,12 @@ impl Algorithm for FixedWindow {
                 limit: self.limit,
                 remaining: self.limit - state.count,
                 retry_after: Duration::ZERO,
-                reset_after: until_end,
+                // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
+                reset_after: if state.count == 0 {
+                    Duration::ZERO
+                } else {
+                    until_end
+                },
                 at_us,
             };
         }
@@ -103,15 +109,15 @@ impl Algorithm for FixedWindow {
         }
     }
 
-    /// Counted in the current window, past the limit if need be: the window's end forgives
-    /// the debt, as it starts every count afresh.
+    /// Counted in the current window, past the limit if need be, up to twice the limit (the
+    /// debt bound): the window's end forgives the debt, as it starts every count afresh.
     fn charge(&self, state: &mut FixedWindowState, now_us: u64, cost: u64) {
         let now_ms = (now_us / US_PER_MS).max(state.window * self.window_ms);
         let window = now_ms / self.window_ms;
         let count = if state.window == window { state.count } else { 0 };
         *state = FixedWindowState {
             window,
-            count: count.saturating_add(cost),
+            count: count.saturating_add(cost).min(DEBT_LIMITS * self.limit),
         };
     }
 
@@ -148,7 +154,7 @@ mod tests {
         let fw = window();
         let mut state = FixedWindowState::default();
         fw.charge(&mut state, 101 * SECOND, 7);
-        assert_eq!(state.count, 7);
+        assert_eq!(state.count, 6, "at most twice the limit: one limit of debt");
         let refused = fw.check(&mut state, 102 * SECOND, 1);
         assert_eq!(refused.retry_after, Duration::from_secs(8));
         assert!(

@@ -26,7 +26,7 @@ pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, WindowState};
 pub use token_bucket::TokenBucket;
 
-use crate::limit::LimitDecision;
+use crate::limit::{Cost, LimitDecision};
 
 /// An algorithm's Lua script: its source, and the SHA1 `EVALSHA` names it by.
 #[derive(Debug)]
@@ -221,6 +221,10 @@ return replies
 /// which leaves room for the additions the scripts make. Parameter parsers enforce it.
 pub const EXACT_LIMIT: u64 = 1 << 50;
 
+/// How many limits' worth a client's state may hold spent after a charge: its limit, and one
+/// more of debt (see [`Algorithm::charge`]).
+pub const DEBT_LIMITS: u64 = 2;
+
 /// One rate-limiting algorithm: parameters plus a pure function of (state, now, cost).
 pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// What a store remembers of one client under one rule. `Default` is a client never seen,
@@ -268,7 +272,10 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
 
     /// Decide a request of `cost` at `now_us`, updating `state` when it is allowed. A denial
     /// consumes nothing: the state may only be tidied (expired entries dropped), never changed
-    /// in a way a later decision could see.
+    /// in a way a later decision could see. Total over every `u64`: a cost above
+    /// [`limit`](Algorithm::limit) is refused at once, before any arithmetic, whatever it is
+    /// (the stores hand over a [`Cost`], at most [`Cost::MAX`], so the Lua scripts see no
+    /// more), and every sum and product on times and tokens saturates.
     fn check(&self, state: &mut Self::State, now_us: u64, cost: u64) -> LimitDecision;
 
     /// Give back `cost` taken by an allowed request decided at `at_us`, as if it had never
@@ -278,7 +285,10 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// Spend `cost` at `now_us` whatever is left, past the limit if need be (a cost the
     /// backend reported after the response, `RESPONSE_COST_HEADER`): the budget goes into
     /// debt, and requests are refused until the algorithm's own arithmetic has paid it back.
-    /// The script's `"charge"` mode, line for line.
+    /// The debt is bounded: after a charge the state holds at most twice the limit spent (one
+    /// capacity or window's limit of debt, [`DEBT_LIMITS`]), so no report, however large,
+    /// refuses a client for longer than about two windows or refills. The script's `"charge"`
+    /// mode, line for line.
     fn charge(&self, state: &mut Self::State, now_us: u64, cost: u64);
     /// Renew the lease taken by the allowed request decided at `at_us`, as if taken at
     /// `now_us`: what a limit whose count ends with the request ([`Concurrent`]) is told while
@@ -474,35 +484,36 @@ macro_rules! algorithms {
 
             /// See [`Algorithm::check`]. A state of another algorithm (impossible unless the
             /// rule table changed) counts as a client never seen.
-            pub fn check(&self, state: &mut State, now_us: u64, cost: u64) -> LimitDecision {
+            pub fn check(&self, state: &mut State, now_us: u64, cost: Cost) -> LimitDecision {
+                let cost = cost.get();
                 match (self, &mut *state) {
                     $((Policy::$variant(a), State::$variant(s)) => return a.check(s, now_us, cost),)+
                     #[allow(unreachable_patterns)]
                     _ => {}
                 }
                 *state = self.fresh_state();
-                self.check(state, now_us, cost)
+                self.check(state, now_us, Cost::saturating(cost))
             }
 
             /// What `state` has left at `now_us`, spending nothing: the decision of a request
             /// of cost 0 on a copy (`remaining`, `reset_after`), for the admin's inspection.
             pub fn peek(&self, state: &State, now_us: u64) -> LimitDecision {
-                self.check(&mut state.clone(), now_us, 0)
+                self.check(&mut state.clone(), now_us, Cost::ZERO)
             }
 
             /// See [`Algorithm::refund`]; a state of another algorithm is left alone.
-            pub fn refund(&self, state: &mut State, at_us: u64, cost: u64) {
+            pub fn refund(&self, state: &mut State, at_us: u64, cost: Cost) {
                 match (self, state) {
-                    $((Policy::$variant(a), State::$variant(s)) => a.refund(s, at_us, cost),)+
+                    $((Policy::$variant(a), State::$variant(s)) => a.refund(s, at_us, cost.get()),)+
                     #[allow(unreachable_patterns)]
                     _ => {}
                 }
             }
 
             /// See [`Algorithm::charge`]; a state of another algorithm starts afresh first.
-            pub fn charge(&self, state: &mut State, now_us: u64, cost: u64) {
+            pub fn charge(&self, state: &mut State, now_us: u64, cost: Cost) {
                 match (self, &mut *state) {
-                    $((Policy::$variant(a), State::$variant(s)) => return a.charge(s, now_us, cost),)+
+                    $((Policy::$variant(a), State::$variant(s)) => return a.charge(s, now_us, cost.get()),)+
                     #[allow(unreachable_patterns)]
                     _ => {}
                 }
@@ -682,3 +693,6 @@ impl Policy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

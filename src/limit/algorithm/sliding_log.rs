@@ -26,7 +26,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::sliding_window::{parse_limit_and_window, window_parameters};
-use super::{Algorithm, LuaScript, ParameterError, US_PER_MS};
+use super::{Algorithm, DEBT_LIMITS, LuaScript, ParameterError, US_PER_MS};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
@@ -119,7 +119,12 @@ impl Algorithm for SlidingLog {
             limit: self.limit,
             remaining: self.limit - log.len() as u64,
             retry_after: Duration::ZERO,
-            reset_after: Duration::from_micros(at_us + window - now_us),
+            // A look of cost 0 logs nothing: the budget is back when the newest entry expires.
+            reset_after: Duration::from_micros(if cost == 0 {
+                reset_us
+            } else {
+                at_us + window - now_us
+            }),
             at_us,
         }
     }
@@ -130,6 +135,9 @@ impl Algorithm for SlidingLog {
     fn refund(&self, state: &mut SlidingLogState, at_us: u64, cost: u64) {
         let log = &mut state.log;
         let end = log.partition_point(|&t| t <= at_us);
+        // No more entries share one time than the debt bound leaves (clamped as the script
+        // clamps it).
+        let cost = cost.min(DEBT_LIMITS * self.limit);
         let start = log
             .partition_point(|&t| t < at_us)
             .max(end.saturating_sub(cost as usize));
@@ -137,7 +145,9 @@ impl Algorithm for SlidingLog {
     }
 
     /// Logged past the limit if need be; no more than a window's limit at once (more, all
-    /// expiring together, would hold requests back no longer), so the log stays bounded.
+    /// expiring together, would hold requests back no longer), and the log keeps at most twice
+    /// the limit (the debt bound: the oldest entries, which expire first, go), so it stays
+    /// bounded however many costs are reported.
     fn charge(&self, state: &mut SlidingLogState, now_us: u64, cost: u64) {
         let window = self.window_ms * US_PER_MS;
         let log = &mut state.log;
@@ -146,6 +156,8 @@ impl Algorithm for SlidingLog {
             log.pop_front();
         }
         log.extend(iter::repeat_n(at_us, cost.min(self.limit) as usize));
+        let excess = log.len().saturating_sub((DEBT_LIMITS * self.limit) as usize);
+        log.drain(..excess);
     }
 
     /// When the newest entry leaves the window (an empty log is idle already).

@@ -14,7 +14,9 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::{Algorithm, LuaScript, Parameter, ParameterError, US_PER_MS, parse_count, parse_window_ms};
+use super::{
+    Algorithm, DEBT_LIMITS, LuaScript, Parameter, ParameterError, US_PER_MS, parse_count, parse_window_ms,
+};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
@@ -118,18 +120,28 @@ impl SlidingWindow {
             _ => (0, 0),
         };
         let budget = self.limit * w;
-        let previous_weight = previous * (w - elapsed);
+        // Counts are at most twice the limit (the debt bound) and the cost at most the limit
+        // by the time anything is multiplied; saturating all the same.
+        let previous_weight = previous.saturating_mul(w - elapsed);
         let after_ms = |at_ms: u64| Duration::from_micros((at_ms * 1_000).saturating_sub(now_us));
 
-        if previous_weight + (current + cost) * w <= budget {
+        if cost <= self.limit && previous_weight.saturating_add((current + cost).saturating_mul(w)) <= budget
+        {
             let current = current + cost;
             let decision = LimitDecision {
                 allowed: true,
                 limit: self.limit,
                 remaining: (budget - previous_weight - current * w) / w,
                 retry_after: Duration::ZERO,
-                // `current` leaves the sliding window when the next window ends.
-                reset_after: after_ms(start + 2 * w),
+                // `current` leaves the sliding window when the next window ends, `previous`
+                // when this one does; with neither, the budget is whole already.
+                reset_after: if current > 0 {
+                    after_ms(start + 2 * w)
+                } else if previous > 0 {
+                    after_ms(start + w)
+                } else {
+                    Duration::ZERO
+                },
                 at_us: now_us.max(now_ms * US_PER_MS),
             };
             let state = WindowState {
@@ -141,16 +153,17 @@ impl SlidingWindow {
         }
 
         let reset_at = if current > 0 { start + 2 * w } else { start + w };
-        let allowed_at = if current + cost <= self.limit {
+        let allowed_at = if cost > self.limit {
+            // Never allowed, whatever it is (nothing is multiplied by it); the honest bound to
+            // report is a full reset.
+            reset_at
+        } else if current.saturating_add(cost) <= self.limit {
             // Only the previous window's weight is in the way (so `previous > 0`): wait until
             // it has shrunk enough within this window.
             start + w - (self.limit - current - cost) * w / previous
-        } else if cost <= self.limit {
+        } else {
             // Wait for the next window, where `current` becomes the weighted previous count.
             start + 2 * w - (self.limit - cost) * w / current
-        } else {
-            // Never allowed; the honest bound to report is a full reset.
-            reset_at
         };
         let decision = LimitDecision {
             allowed: false,
@@ -200,8 +213,9 @@ impl Algorithm for SlidingWindow {
         }
     }
 
-    /// Counted in the current window, past the limit if need be: its weight holds requests
-    /// back until it has slid out.
+    /// Counted in the current window, past the limit if need be, up to twice the limit (the
+    /// debt bound): its weight holds requests back until it has slid out, within a window and
+    /// a half of the one it was counted in.
     fn charge(&self, state: &mut WindowState, now_us: u64, cost: u64) {
         let w = self.window_ms;
         let now_ms = (now_us / US_PER_MS).max(state.window * w);
@@ -216,7 +230,7 @@ impl Algorithm for SlidingWindow {
         *state = WindowState {
             window,
             previous,
-            current: current.saturating_add(cost),
+            current: current.saturating_add(cost).min(DEBT_LIMITS * self.limit),
         };
     }
 

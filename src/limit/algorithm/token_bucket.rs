@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::{Algorithm, EXACT_LIMIT, LuaScript, Parameter, ParameterError, parse_count};
+use super::{Algorithm, DEBT_LIMITS, EXACT_LIMIT, LuaScript, Parameter, ParameterError, parse_count};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
@@ -35,8 +35,13 @@ impl TokenBucket {
     /// for the first time, which starts with a full bucket); returns the decision and the TAT
     /// to store, which is `None` when the request is denied: a denial consumes nothing.
     pub fn decide(&self, tat: Option<u64>, now_us: u64, cost: u64) -> (LimitDecision, Option<u64>) {
-        let tat = tat.map_or(now_us, |tat| tat.max(now_us));
         let tau = self.capacity * self.interval_us;
+        let tat = tat.map_or(now_us, |tat| tat.clamp(now_us, self.debt_bound(now_us)));
+        // A cost above the capacity is never allowed, whatever it is: it is decided as the
+        // capacity + 1 (so nothing larger is ever multiplied), whose retry time is when a
+        // bucket one token larger would hold it, the same answer it always had.
+        let cost = cost.min(self.capacity + 1);
+        // At most now + 3τ + one interval: no sum here comes near a u64's end.
         let new_tat = tat + cost * self.interval_us;
         if new_tat - now_us > tau {
             let decision = LimitDecision {
@@ -58,6 +63,13 @@ impl TokenBucket {
             at_us: now_us,
         };
         (decision, Some(new_tat))
+    }
+
+    /// The latest TAT a state may hold at `now_us`: the bucket empty and one capacity owed
+    /// ([`DEBT_LIMITS`] capacities spent). A charge leaves no more; a TAT beyond it (a Redis key
+    /// written before the bound, or a clock stepped back) counts as it.
+    fn debt_bound(&self, now_us: u64) -> u64 {
+        now_us.saturating_add(DEBT_LIMITS * self.capacity * self.interval_us)
     }
 }
 
@@ -124,6 +136,8 @@ impl Algorithm for TokenBucket {
     }
 
     fn check(&self, tat: &mut u64, now_us: u64, cost: u64) -> LimitDecision {
+        // Tidied: a TAT past the debt bound decides as the bound, and is kept so, so it ages.
+        *tat = (*tat).min(self.debt_bound(now_us));
         let (decision, next) = self.decide(Some(*tat), now_us, cost);
         if let Some(next) = next {
             *tat = next;
@@ -132,16 +146,21 @@ impl Algorithm for TokenBucket {
     }
 
     /// Moving the TAT back by the cost undoes the request whenever it was made; a bucket that
-    /// is full already stays full.
+    /// is full already stays full. More than the debt bound's worth gives back no more (the
+    /// TAT is never further ahead than that), so the cost is clamped before it is multiplied.
     fn refund(&self, tat: &mut u64, _at_us: u64, cost: u64) {
-        *tat = tat.saturating_sub(cost * self.interval_us);
+        *tat = tat.saturating_sub(cost.min(DEBT_LIMITS * self.capacity) * self.interval_us);
     }
 
-    /// The TAT moves on by the cost from now or where it is, past `now + τ` if need be.
+    /// The TAT moves on by the cost from now or where it is, past `now + τ` if need be, but
+    /// never past the debt bound (`now + 2τ`): at most one capacity of debt, paid back within
+    /// two refills of the bucket.
     fn charge(&self, tat: &mut u64, now_us: u64, cost: u64) {
+        let cost = cost.min(DEBT_LIMITS * self.capacity);
         *tat = (*tat)
             .max(now_us)
-            .saturating_add(cost.saturating_mul(self.interval_us));
+            .saturating_add(cost * self.interval_us)
+            .min(self.debt_bound(now_us));
     }
 
     /// The TAT itself: the bucket is full from then on.

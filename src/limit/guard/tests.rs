@@ -83,7 +83,7 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: String,
-        _cost: u64,
+        _cost: Cost,
         _clock: &'a RedisClock,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
@@ -94,7 +94,7 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-        _cost: u64,
+        _cost: Cost,
         _at_us: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
@@ -105,7 +105,7 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-        _cost: u64,
+        _cost: Cost,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
         std::future::ready(self.reply().map(drop))
@@ -125,9 +125,9 @@ impl Remote for FailingStore {
         _rule: &'a Rule,
         _key: &'a str,
         _client: ClientKey,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
-        std::future::ready(self.reply().map(drop))
+        std::future::ready(self.reply().map(|_| true))
     }
 
     fn is_cluster(&self) -> bool {
@@ -198,22 +198,28 @@ async fn the_threshold_opens_the_breaker_and_an_open_breaker_asks_nothing() {
     let rules = [rule(0, "general", FailMode::Open)];
     let (guard, store) = guarded(&rules, 3);
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     store.fail_with(timeout());
     for failures in 1..=3 {
         assert_eq!(breakers(&guard), CLOSED, "closed before failure {failures}");
-        assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailOpen);
+        assert_eq!(
+            guard.check(&rules[0], client(1), Cost::ONE).await,
+            Verdict::FailOpen
+        );
     }
     assert_eq!(breakers(&guard), OPEN);
     assert_eq!(store.calls(), 4);
     // Open: answered at once by the fail mode, the store not asked, refunds not sent.
     for n in 0..10 {
-        assert_eq!(guard.check(&rules[0], client(n), 1).await, Verdict::FailOpen);
+        assert_eq!(
+            guard.check(&rules[0], client(n), Cost::ONE).await,
+            Verdict::FailOpen
+        );
     }
     guard
-        .refund(&rules[0], client(1), 1, &Verdict::Decided(ALLOWED))
+        .refund(&rules[0], client(1), Cost::ONE, &Verdict::Decided(ALLOWED))
         .await;
     assert_eq!(store.calls(), 4);
     let stats = guard.stats();
@@ -229,11 +235,14 @@ async fn a_success_starts_the_count_of_failures_again() {
     for _ in 0..3 {
         store.fail_with(timeout());
         for _ in 0..2 {
-            assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailOpen);
+            assert_eq!(
+                guard.check(&rules[0], client(1), Cost::ONE).await,
+                Verdict::FailOpen
+            );
         }
         store.heal();
         assert_eq!(
-            guard.check(&rules[0], client(1), 1).await,
+            guard.check(&rules[0], client(1), Cost::ONE).await,
             Verdict::Decided(ALLOWED)
         );
     }
@@ -245,7 +254,10 @@ async fn the_first_answered_probe_closes_the_breaker() {
     let rules = [rule(0, "general", FailMode::Closed)];
     let (guard, store) = guarded(&rules, 1);
     store.fail_with(timeout());
-    assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailClosed);
+    assert_eq!(
+        guard.check(&rules[0], client(1), Cost::ONE).await,
+        Verdict::FailClosed
+    );
     assert_eq!(breakers(&guard), OPEN);
     // Each interval the probe asks once, and a failed probe leaves it open. (A timeout is not
     // a connection error, so it is not asked again at once.)
@@ -258,7 +270,7 @@ async fn the_first_answered_probe_closes_the_breaker() {
     assert_eq!(store.probes(), 4);
     assert_eq!(breakers(&guard), CLOSED);
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     assert_eq!(store.calls(), 2);
@@ -278,23 +290,29 @@ async fn each_rule_gets_its_own_fail_mode() {
     store.fail_with(timeout());
     // Before the breaker opens (the failed call) and after.
     for _ in 0..2 {
-        assert_eq!(guard.check(&rules[1], client(1), 1).await, Verdict::FailClosed);
-        assert_eq!(guard.check(&rules[2], client(1), 1).await, Verdict::FailOpen);
+        assert_eq!(
+            guard.check(&rules[1], client(1), Cost::ONE).await,
+            Verdict::FailClosed
+        );
+        assert_eq!(
+            guard.check(&rules[2], client(1), Cost::ONE).await,
+            Verdict::FailOpen
+        );
     }
     assert_eq!(breakers(&guard), OPEN);
     // `local`: this replica's own budget of 1, which a refund gives back to the local store.
-    let first = guard.check(&rules[0], client(1), 1).await;
+    let first = guard.check(&rules[0], client(1), Cost::ONE).await;
     let Verdict::DecidedLocally(decision) = &first else {
         panic!("{first:?}");
     };
     assert!(decision.allowed);
-    let Verdict::DecidedLocally(denied) = guard.check(&rules[0], client(1), 1).await else {
+    let Verdict::DecidedLocally(denied) = guard.check(&rules[0], client(1), Cost::ONE).await else {
         panic!("not decided locally");
     };
     assert!(!denied.allowed);
     assert_eq!(guard.stats().clients, 1);
-    guard.refund(&rules[0], client(1), 1, &first).await;
-    let again = guard.check(&rules[0], client(1), 1).await;
+    guard.refund(&rules[0], client(1), Cost::ONE, &first).await;
+    let again = guard.check(&rules[0], client(1), Cost::ONE).await;
     assert!(
         matches!(&again, Verdict::DecidedLocally(decision) if decision.allowed),
         "{again:?}"
@@ -324,11 +342,50 @@ async fn an_error_about_one_key_never_opens_the_breaker() {
     store.fail_with(error);
     for _ in 0..10 {
         // That client's request gets the fail mode; the breaker stays closed for the others.
-        assert_eq!(guard.check(&rules[0], client(1), 1).await, Verdict::FailClosed);
+        assert_eq!(
+            guard.check(&rules[0], client(1), Cost::ONE).await,
+            Verdict::FailClosed
+        );
     }
     assert_eq!(store.calls(), 10);
     assert_eq!(breakers(&guard), CLOSED);
     assert_eq!(guard.stats().errors(RedisErrorKind::Script), 10);
+}
+
+/// Only a store that cannot be reached feeds the breaker (issue 26): an answer no script
+/// could have meant (a hostile cost's reply out of range, once) and an error reply Redis gave
+/// at once (`OOM`) are that request's fail mode, however many in a row; timeouts still open it.
+#[tokio::test(start_paused = true)]
+async fn only_timeouts_and_connection_failures_open_the_breaker() {
+    let rules = [rule(0, "general", FailMode::Closed)];
+    let (guard, store) = guarded(&rules, 3);
+    let oom = redis::parse_redis_value(b"-OOM command not allowed when used memory > 'maxmemory'\r\n")
+        .unwrap()
+        .extract_error()
+        .unwrap_err();
+    for error in [
+        StoreError::Reply("[Int(0), Int(0), Int(-9223372036854775808), Int(0), Int(1)]".into()),
+        StoreError::Redis(oom),
+    ] {
+        store.fail_with(error);
+        for _ in 0..10 {
+            assert_eq!(
+                guard.check(&rules[0], client(1), Cost::ONE).await,
+                Verdict::FailClosed
+            );
+        }
+        assert_eq!(breakers(&guard), CLOSED);
+    }
+    assert_eq!(guard.stats().errors(RedisErrorKind::Reply), 10);
+    assert_eq!(guard.stats().errors(RedisErrorKind::Script), 10);
+    store.fail_with(timeout());
+    for _ in 0..3 {
+        assert_eq!(
+            guard.check(&rules[0], client(1), Cost::ONE).await,
+            Verdict::FailClosed
+        );
+    }
+    assert_eq!(breakers(&guard), OPEN);
 }
 
 #[tokio::test(start_paused = true)]
@@ -343,11 +400,11 @@ async fn a_denial_is_repeated_until_its_retry_time_without_asking() {
     };
     store.answer(denial.clone());
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(denial.clone())
     );
     for _ in 0..5 {
-        let cached = guard.check(&rules[0], client(1), 1).await;
+        let cached = guard.check(&rules[0], client(1), Cost::ONE).await;
         assert!(
             matches!(&cached, Verdict::Decided(decision) if !decision.allowed),
             "{cached:?}"
@@ -358,12 +415,12 @@ async fn a_denial_is_repeated_until_its_retry_time_without_asking() {
     // Another client is asked about; so is this one after its retry time.
     store.heal();
     assert_eq!(
-        guard.check(&rules[0], client(2), 1).await,
+        guard.check(&rules[0], client(2), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        guard.check(&rules[0], client(1), 1).await,
+        guard.check(&rules[0], client(1), Cost::ONE).await,
         Verdict::Decided(ALLOWED)
     );
     assert_eq!(store.calls(), 3);
@@ -381,12 +438,14 @@ async fn while_redis_cannot_be_asked_a_denial_holds_until_its_retry_time_in_ever
             ..ALLOWED
         };
         store.answer(denial);
-        assert!(matches!(guard.check(&rules[0], client(1), 1).await, Verdict::Decided(d) if !d.allowed));
+        assert!(
+            matches!(guard.check(&rules[0], client(1), Cost::ONE).await, Verdict::Decided(d) if !d.allowed)
+        );
         // Past the recheck, Redis fails: the call is made, then the denial answers.
         store.fail_with(timeout());
         tokio::time::sleep(Duration::from_secs(2)).await;
         for _ in 0..2 {
-            let verdict = guard.check(&rules[0], client(1), 1).await;
+            let verdict = guard.check(&rules[0], client(1), Cost::ONE).await;
             assert!(
                 matches!(&verdict, Verdict::Decided(d) if !d.allowed && d.retry_after == Duration::from_secs(998)),
                 "{fail_mode:?}: {verdict:?}"
@@ -396,7 +455,7 @@ async fn while_redis_cannot_be_asked_a_denial_holds_until_its_retry_time_in_ever
         // The breaker open: answered without a call, until the retry time.
         let calls = store.calls();
         tokio::time::sleep(Duration::from_secs(990)).await;
-        let verdict = guard.check(&rules[0], client(1), 1).await;
+        let verdict = guard.check(&rules[0], client(1), Cost::ONE).await;
         assert!(
             matches!(&verdict, Verdict::Decided(d) if !d.allowed && d.retry_after == Duration::from_secs(8)),
             "{fail_mode:?}: {verdict:?}"
@@ -404,12 +463,12 @@ async fn while_redis_cannot_be_asked_a_denial_holds_until_its_retry_time_in_ever
         assert_eq!(store.calls(), calls);
         // Anyone else gets the fail mode; so does this client after its retry time.
         assert!(!matches!(
-            guard.check(&rules[0], client(2), 1).await,
+            guard.check(&rules[0], client(2), Cost::ONE).await,
             Verdict::Decided(_)
         ));
         tokio::time::sleep(Duration::from_secs(8)).await;
         assert!(!matches!(
-            guard.check(&rules[0], client(1), 1).await,
+            guard.check(&rules[0], client(1), Cost::ONE).await,
             Verdict::Decided(_)
         ));
     }

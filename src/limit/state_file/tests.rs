@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::num::NonZeroUsize;
 
 use super::*;
+use crate::limit::Cost;
 use crate::limit::algorithm::SlidingLog;
 
 const S: u64 = 1_000_000;
@@ -104,7 +105,7 @@ fn busy_at(t0: u64) -> (MemoryStore, Vec<Rule>, u64) {
             // The first key spends everything and is refused; the others spend one each.
             let requests = if n == 0 { rule.limits.capacity() + 1 } else { 1 };
             for i in 0..requests {
-                store.check_at(rule, *key, 1, t0 + i * 1_000);
+                store.check_at(rule, *key, Cost::ONE, t0 + i * 1_000);
             }
         }
     }
@@ -151,7 +152,7 @@ fn restart(policy: Policy, spend: &[u64], t0: u64, downtime: u64) -> (MemoryStor
     let rules = table(&[("general", policy)]);
     let before = store(&rules, 100);
     for &at in spend {
-        assert!(before.check_at(&rules[0], ip(1), 1, t0 + at).allowed);
+        assert!(before.check_at(&rules[0], ip(1), Cost::ONE, t0 + at).allowed);
     }
     let last = t0 + spend.last().copied().unwrap_or(0);
     let (file, _) = encode_at(&before, &rules, FINGERPRINT, || last);
@@ -163,7 +164,7 @@ fn restart(policy: Policy, spend: &[u64], t0: u64, downtime: u64) -> (MemoryStor
 /// How many requests of cost 1 are allowed at `now`, in a row.
 fn allowed_now(store: &MemoryStore, rule: &Rule, now: u64) -> u64 {
     (0..100)
-        .take_while(|_| store.check_at(rule, ip(1), 1, now).allowed)
+        .take_while(|_| store.check_at(rule, ip(1), Cost::ONE, now).allowed)
         .count() as u64
 }
 
@@ -297,7 +298,11 @@ fn each_limit_of_a_rule_is_saved_and_restored_by_its_own_policy() {
     let before = [rule(vec![burst, quota])];
     let saved = store(&before, 1_000);
     for n in 0..4 {
-        assert!(saved.check_at(&before[0], ip(n), 2, t0 + u64::from(n)).allowed);
+        assert!(
+            saved
+                .check_at(&before[0], ip(n), Cost::saturating(2), t0 + u64::from(n))
+                .allowed
+        );
     }
     let (file, clients) = encode_at(&saved, &before, FINGERPRINT, || t0 + 5_000);
     assert_eq!(clients, 8, "4 clients under each of 2 limits");
@@ -341,7 +346,7 @@ fn restoring_more_clients_than_max_keys_keeps_the_bound_exact() {
     let big = store(&rules, 100_000);
     let t0 = base();
     for n in 0..5_000 {
-        big.check_at(&rules[0], ip(n), 1, t0);
+        big.check_at(&rules[0], ip(n), Cost::ONE, t0);
     }
     let (file, clients) = encode_at(&big, &rules, FINGERPRINT, || t0);
     assert_eq!(clients, 5_000);
@@ -575,7 +580,7 @@ fn places_in_flight_are_never_saved() {
     )];
     let t0 = base();
     let saved = store(&rules, 100);
-    assert!(saved.check_at(&rules[0], ip(1), 1, t0).allowed);
+    assert!(saved.check_at(&rules[0], ip(1), Cost::ONE, t0).allowed);
     let (file, clients) = encode_at(&saved, &rules, FINGERPRINT, || t0);
     assert_eq!(clients, 1, "the token bucket's state alone");
     let restored = store(&rules, 100);

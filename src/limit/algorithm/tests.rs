@@ -1,0 +1,214 @@
+//! Every algorithm against hostile costs (issue 26): the numbers an attacker writes where a
+//! cost goes (Envoy's `hits_addend`, `/v1/check`'s `cost`, a backend's reported cost) never
+//! pass, never wrap, never panic, spend nothing when refused, and a charge leaves a bounded
+//! debt.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// The extremes, beside 0, 1, a limit and a limit + 1.
+const EXTREMES: [u64; 7] = [
+    1 << 31,
+    u32::MAX as u64,
+    1 << 50,
+    1 << 53,
+    i64::MAX as u64,
+    1 << 63,
+    u64::MAX,
+];
+
+/// A realistic wall-clock time, as large as in production.
+const NOW: u64 = 1_764_000_000_000_000;
+
+/// Every algorithm, with small numbers and with the largest the configuration accepts.
+fn policies() -> Vec<Policy> {
+    vec![
+        Policy::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        }),
+        // capacity x interval just below 2^50, the configuration's bound.
+        Policy::TokenBucket(TokenBucket {
+            capacity: (1 << 25) - 1,
+            interval_us: 1 << 25,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 5,
+            window_ms: 1_000,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 999_999_999,
+            window_ms: 999_999,
+        }),
+        Policy::FixedWindow(FixedWindow {
+            limit: 5,
+            window_ms: 1_000,
+        }),
+        Policy::FixedWindow(FixedWindow {
+            limit: (1 << 50) - 1,
+            window_ms: 1,
+        }),
+        Policy::SlidingLog(SlidingLog {
+            limit: 3,
+            window_ms: 10_000,
+        }),
+        Policy::Concurrent(Concurrent {
+            places: 2,
+            lease_ms: 10_000,
+        }),
+    ]
+}
+
+/// The costs a policy is driven with: 0, 1, its limit, its limit + 1, and the extremes.
+fn costs(limit: u64) -> Vec<u64> {
+    let mut costs = vec![0, 1, limit, limit + 1];
+    costs.extend(EXTREMES);
+    costs
+}
+
+/// Each algorithm's own functions, past the stores' `Cost`: total over every `u64` (a debug
+/// build panics on a wrapping sum or product).
+fn total<A: Algorithm>(algorithm: A) {
+    for raw in costs(algorithm.limit()) {
+        let mut state = A::State::default();
+        let decision = algorithm.check(&mut state, NOW, raw);
+        assert_eq!(
+            decision.allowed,
+            raw <= algorithm.limit(),
+            "{algorithm} cost {raw}"
+        );
+        algorithm.charge(&mut state, NOW, raw);
+        algorithm.refund(&mut state, NOW, raw);
+        algorithm.charge(&mut state, NOW + 1, raw);
+        let later = algorithm.check(&mut state, NOW + 2, raw);
+        assert!(later.retry_after <= 3 * algorithm.window() + Duration::from_secs(1));
+        let _ = algorithm.idle_at(&state);
+    }
+}
+
+#[test]
+fn every_algorithm_is_total_over_u64() {
+    for policy in policies() {
+        match policy {
+            Policy::TokenBucket(a) => total(a),
+            Policy::SlidingWindow(a) => total(a),
+            Policy::FixedWindow(a) => total(a),
+            Policy::SlidingLog(a) => total(a),
+            Policy::Concurrent(a) => total(a),
+        }
+    }
+}
+
+#[test]
+fn a_cost_above_the_limit_is_refused_at_once_and_alike_whatever_it_is() {
+    for policy in policies() {
+        let mut spent = policy.fresh_state();
+        policy.check(&mut spent, NOW, Cost::ONE);
+        for state in [policy.fresh_state(), spent] {
+            let answers: Vec<LimitDecision> = costs(policy.limit())
+                .into_iter()
+                .filter(|raw| *raw > policy.limit())
+                .map(|raw| policy.check(&mut state.clone(), NOW + 5, Cost::saturating(raw)))
+                .collect();
+            assert!(answers.iter().all(|answer| !answer.allowed), "{policy}");
+            assert!(
+                answers.windows(2).all(|pair| pair[0] == pair[1]),
+                "{policy}: {answers:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_charge_of_any_size_is_paid_back_within_two_windows() {
+    for policy in policies().into_iter().filter(|policy| !policy.is_concurrent()) {
+        for raw in costs(policy.limit()) {
+            let mut state = policy.fresh_state();
+            policy.charge(&mut state, NOW, Cost::saturating(raw));
+            policy.charge(&mut state, NOW, Cost::saturating(raw));
+            let refused = policy.check(&mut state.clone(), NOW, Cost::ONE);
+            assert!(
+                refused.retry_after <= 3 * policy.window(),
+                "{policy} charged {raw} twice: {refused:?}"
+            );
+            let window = u64::try_from(policy.window().as_micros()).unwrap();
+            assert!(
+                policy.check(&mut state, NOW + 2 * window, Cost::ONE).allowed,
+                "{policy} charged {raw} twice"
+            );
+        }
+    }
+}
+
+proptest! {
+    /// Any run of decisions, charges and refunds of 0, 1, the limit, the limit + 1 and the
+    /// extremes: nothing above the limit passes or spends anything, `remaining` never exceeds
+    /// the limit, every wait is bounded (three windows: a debt, and a token more), and after a charge the client passes again within
+    /// two windows (the debt bound).
+    #[test]
+    fn hostile_costs_never_pass_and_leave_a_bounded_debt(
+        which in 0..8usize,
+        steps in proptest::collection::vec((0u64..3_000_000, 0..11usize, 0..4u8), 1..60),
+    ) {
+        let policy = policies()[which];
+        let costs = costs(policy.limit());
+        let window = u64::try_from(policy.window().as_micros()).unwrap();
+        let bound = 3 * policy.window() + Duration::from_secs(1);
+        let mut state = policy.fresh_state();
+        let mut now = NOW;
+        for (dt, index, op) in steps {
+            now += dt;
+            let raw = costs[index];
+            let cost = Cost::saturating(raw);
+            match op {
+                0 | 1 => {
+                    let before = state.clone();
+                    let decision = policy.check(&mut state, now, cost);
+                    prop_assert!(decision.remaining <= policy.limit());
+                    prop_assert!(decision.retry_after <= bound, "{:?}", decision);
+                    prop_assert!(decision.reset_after <= bound, "{:?}", decision);
+                    if raw > policy.limit() {
+                        prop_assert!(!decision.allowed);
+                        prop_assert_eq!(policy.peek(&state, now), policy.peek(&before, now));
+                    }
+                }
+                2 => {
+                    policy.charge(&mut state, now, cost);
+                    let later = policy.check(&mut state.clone(), now + 2 * window, Cost::ONE);
+                    prop_assert!(later.allowed, "charged {}: {:?}", raw, later);
+                }
+                _ => policy.refund(&mut state, now, cost),
+            }
+        }
+    }
+}
+
+/// The admin's inspection of a whole budget: nothing to wait for (`reset_after` zero, not
+/// the rest of a window), under every algorithm; and one spent request still waits.
+#[test]
+fn a_whole_budget_resets_after_nothing() {
+    let now_us = 1_700_000_016_016_000;
+    for (name, first, second) in [
+        ("token_bucket", "10", "1"),
+        ("fixed_window", "10", "60"),
+        ("sliding_window", "10", "60"),
+        ("sliding_log", "10", "60"),
+        ("concurrent", "10", "30"),
+    ] {
+        let policy = Policy::parse(name, first, second).unwrap().unwrap();
+        let fresh = policy.peek(&policy.fresh_state(), now_us);
+        assert_eq!(
+            (fresh.remaining, fresh.reset_after),
+            (10, Duration::ZERO),
+            "{name}"
+        );
+        let mut spent = policy.fresh_state();
+        policy.check(&mut spent, now_us, Cost::ONE);
+        let seen = policy.peek(&spent, now_us + 1_000);
+        assert_eq!(seen.remaining, 9, "{name}");
+        assert!(seen.reset_after > Duration::ZERO, "{name}");
+    }
+}
