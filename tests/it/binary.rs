@@ -21,6 +21,31 @@ fn run(vars: &[(&str, &str)], args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Two decision services on one Redis digest `/v1/check`'s named keys with the same secret or
+/// not at all: without `KEY_HASH_SECRET` each would draw its own, and hold a budget of its own
+/// for one client (issue 26, item 11: 20 allowed of 10). Checked with `--check-config`, so a
+/// configuration wrongly accepted exits 0 instead of serving forever.
+#[test]
+fn a_decision_service_with_redis_refuses_to_start_without_a_shared_key_secret() {
+    let decide = [("DECIDE_PORT", "9181"), ("REDIS_ADDR", "127.0.0.1:9")];
+    let output = run(&decide, &["--check-config"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("KEY_HASH_SECRET is required") && stderr.contains("DECIDE_PORT"),
+        "{stderr}"
+    );
+    let mut with_secret = decide.to_vec();
+    with_secret.push(("KEY_HASH_SECRET", "shared-secret-for-the-test"));
+    let output = run(&with_secret, &["--check-config"]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[test]
 fn each_bad_setting_exits_non_zero_naming_the_variable() {
     let backend = ("BACKEND_URL", "http://127.0.0.1:9");
