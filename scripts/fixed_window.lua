@@ -84,7 +84,12 @@ if count + cost <= limit then
   -- Relative, not PEXPIREAT: an absolute expiry is read on the server's clock, not on now.
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
   redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(until_end / 1000000)))
-  return {1, limit - count, 0, until_end, counted_at}
+  -- Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
+  local reset_after = until_end
+  if count == 0 then
+    reset_after = 0
+  end
+  return {1, limit - count, 0, reset_after, counted_at}
 end
 
 -- Denied: nothing is counted, nothing written. The request fits when the window ends.

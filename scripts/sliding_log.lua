@@ -104,4 +104,8 @@ if charge then
   redis.call('LTRIM', key, -2 * limit, -1)
   return 1
 end
+-- A look of cost 0 logs nothing: the budget is back when the newest entry expires.
+if cost == 0 then
+  return {1, limit - redis.call('LLEN', key), 0, reset, at}
+end
 return {1, limit - redis.call('LLEN', key), 0, at + window - now, at}

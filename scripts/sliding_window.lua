@@ -99,8 +99,14 @@ end
 
 if cost <= limit and previous_weight + (current + cost) * w <= budget then
   current = current + cost
-  -- The current count leaves the sliding window when the next window ends.
-  local reset_after = after_ms(start + 2 * w)
+  -- The current count leaves the sliding window when the next window ends, the previous one
+  -- when this one does; with neither, the budget is whole already.
+  local reset_after = 0
+  if current > 0 then
+    reset_after = after_ms(start + 2 * w)
+  elseif previous > 0 then
+    reset_after = after_ms(start + w)
+  end
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window),
     'p', string.format('%.0f', previous), 'c', string.format('%.0f', current))
   redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(reset_after / 1000000)))

@@ -21,9 +21,11 @@
 //!   `KEY` as logs write it: an address, `key:VALUE` with the raw value of the rule's one key
 //!   source (a header's, a cookie's, ...), or `IP+key:VALUE`; under a rule keyed by several
 //!   sources, `VALUE` is the digest as logs print it. Percent-encoded where it (or a rule named
-//!   by its pattern) holds a `/`.
+//!   by its pattern) holds a `/`; anything after `KEY` is not found (`404`), not ignored.
+//!   `key:<32 hex digits>` as logs and `/v1/limited` print it also names that digest under a
+//!   rule keyed by one source (whose `key:VALUE` is otherwise the raw value).
 //! - `DELETE /v1/clients/RULE/KEY`: give it its whole budget back (in Redis, for every
-//!   replica).
+//!   replica); `404` with `"reset": false` when the store held no budget of it.
 //! - `GET /v1/limited?top=N`: per rule, the clients refused most in the last minute, from a
 //!   bounded heavy-hitter sketch ([`crate::limit::refused`]).
 //!
@@ -287,17 +289,18 @@ async fn operate(
     let Some((rule, client)) = path
         .strip_prefix("/v1/clients/")
         .and_then(|rest| rest.split_once('/'))
+        .filter(|(_, client)| one_segment(client))
         .and_then(|(rule, client)| Some((decode(rule)?, decode(client)?)))
     else {
         return text(
             StatusCode::NOT_FOUND,
-            "not found: try /v1/clients/RULE/KEY or /v1/limited?top=N\n",
+            "not found: try /v1/clients/RULE/KEY (one segment each: percent-encode a / in them) or /v1/limited?top=N\n",
         );
     };
     let answered = match *method {
         Method::GET => gate.inspect(&rule, &client).await.map(|(rule, key, decision)| {
             tracing::info!(%peer, operation = "inspect", rule = %rule.name, client = %key, "admin operation");
-            serde_json::json!({
+            (StatusCode::OK, serde_json::json!({
                 "rule": &*rule.name,
                 "client": key.to_string(),
                 "algorithm": rule.limits.first().name(),
@@ -312,16 +315,24 @@ async fn operate(
                     "remaining": part.remaining,
                     "reset_after_ms": part.reset_after().as_millis() as u64,
                 })).collect::<Vec<_>>(),
-            })
+            }))
         }),
-        Method::DELETE => gate.reset(&rule, &client).await.map(|(rule, key)| {
-            tracing::info!(%peer, operation = "reset", rule = %rule, client = %key, "admin operation");
-            serde_json::json!({ "rule": &*rule, "client": key.to_string(), "reset": true })
+        Method::DELETE => gate.reset(&rule, &client).await.map(|(rule, key, held)| {
+            tracing::info!(%peer, operation = "reset", rule = %rule, client = %key, held, "admin operation");
+            let body = serde_json::json!({ "rule": &*rule, "client": key.to_string(), "reset": held });
+            if held {
+                (StatusCode::OK, body)
+            } else {
+                // Nothing matched: a mistyped key, or a client whose budget is whole already.
+                let mut body = body;
+                body["error"] = "no budget of this client under this rule: nothing to reset".into();
+                (StatusCode::NOT_FOUND, body)
+            }
         }),
         _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE only\n"),
     };
     match answered {
-        Ok(body) => json(StatusCode::OK, &body),
+        Ok((status, body)) => json(status, &body),
         Err(error) => {
             tracing::warn!(%peer, %method, rule, client, %error, "admin operation failed");
             let status = match error {
@@ -349,6 +360,21 @@ fn top_of(query: Option<&str>) -> Result<usize, String> {
         .filter(|top| *top >= 1)
         .map(|top| top.min(CAPACITY))
         .ok_or_else(|| format!("top={value:?}: a whole number from 1 (at most {CAPACITY} are kept)\n"))
+}
+
+/// Whether the client part of `/v1/clients/RULE/KEY` is one segment: a `/` in it percent-
+/// encoded, but for an IPv6 network as logs write it (`2001:db8:1:2::/64`), whose prefix the
+/// gate checks. `127.0.0.1/extra` names no client, rather than 127.0.0.1.
+fn one_segment(client: &str) -> bool {
+    match client.split_once('/') {
+        None => true,
+        Some((address, prefix)) => {
+            address.contains(':')
+                && !address.contains("key:")
+                && !prefix.is_empty()
+                && prefix.bytes().all(|b| b.is_ascii_digit())
+        }
+    }
 }
 
 /// One path segment, percent-decoded; `None` when empty or not UTF-8.

@@ -107,7 +107,9 @@ pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitS
     let service = RateLimitService::new(gate, table.clone())?;
     // Envoy's refusals shaped as the other doors' (the decision listener's settings).
     Ok(Some(match &config.decide {
-        Some(decide) => service.shaped(decide.refusals.clone(), decide.forward_headers),
+        Some(decide) => service
+            .shaped(decide.refusals.clone(), decide.forward_headers)
+            .logged(decide.access_log),
         None => service,
     }))
 }
@@ -356,14 +358,19 @@ pub async fn serve_on(
         proxy_protocol = config.server.listener.proxy_protocol,
         backend = %config.proxy.as_ref().map_or_else(|| "none".into(), |proxy| proxy.backend.to_string()),
         store = %match &config.store.kind {
-            StoreConfig::Memory => format!("memory (MAX_KEYS={})", config.store.max_keys),
+            StoreConfig::Memory => format!("memory (this process's own, MAX_KEYS={})", config.store.max_keys),
             StoreConfig::Redis(redis) => redis.to_string(),
         },
         rules = %config.gate.rules.summary(),
         rules_digest = %format!("{:08x}", config.gate.rules.digest()),
         rules_files = %config.reload.as_ref().map_or_else(|| "-".to_owned(), |reload| reload.files()),
         headers = config.proxy.as_ref().map_or("-", |proxy| proxy.headers.as_str()),
-        access_log = config.proxy.as_ref().map_or("-", |proxy| proxy.access_log.as_str()),
+        access_log = config
+            .proxy
+            .as_ref()
+            .map(|proxy| proxy.access_log)
+            .or(config.decide.as_ref().map(|decide| decide.access_log))
+            .map_or("-", |access_log| access_log.as_str()),
         trusted_proxies = config.gate.trusted_proxies.len(),
         admin_operations = config.admin.token.is_some(),
         max_connections = capacity.max_connections,
@@ -515,6 +522,9 @@ async fn watch_rules(
     // Changed bytes seen once: reloaded when the next read agrees, so a file written in place
     // is not put in force half written.
     let mut pending: Option<Option<crate::config::Loaded>> = None;
+    // The bytes the last reload failed on, as read after it: reported once, not at every
+    // tick they stay; and a file put back to the table in force is said to be fine again.
+    let mut failed: Option<Option<crate::config::Loaded>> = None;
     // What `.env` said when the configuration was read: a later change to it is named, as a
     // reload does not read it.
     let mut dot_env = settings.dot_env.to_vec();
@@ -529,6 +539,18 @@ async fn watch_rules(
             Some(_) = async { Some(tick.as_mut()?.tick().await) } => {
                 let now = read(settings.clone()).await;
                 if now == seen {
+                    pending = None;
+                    if failed.take().is_some() {
+                        tracing::info!(
+                            file = %files,
+                            "rules file is back to the rule table in force: nothing to reload, \
+                             the failed reload's error is over"
+                        );
+                    }
+                    continue;
+                }
+                if failed.as_ref() == Some(&now) {
+                    // Still the bytes the last reload failed on: reported already.
                     pending = None;
                     continue;
                 }
@@ -572,11 +594,13 @@ async fn watch_rules(
         };
         match reloaded {
             Ok(Ok((table, rls_table))) if table.decides_like(gate.current().table()) => {
+                failed = None;
                 descriptors(rls_table);
                 metrics.config_reload(true);
                 tracing::info!(file = %files, cause, digest = %format!("{:08x}", table.digest()), "rules reloaded: unchanged");
             }
             Ok(Ok((table, rls_table))) => {
+                failed = None;
                 if table.ipv6_prefix() != gate.current().table().ipv6_prefix() {
                     tracing::warn!(
                         ipv6_prefix = table.ipv6_prefix(),
@@ -606,10 +630,12 @@ async fn watch_rules(
             Ok(Err(error)) => {
                 metrics.config_reload(false);
                 tracing::error!(file = %files, cause, %error, "rules not reloaded: the rule table in force stays");
+                failed = Some(read(settings.clone()).await);
             }
             Err(error) => {
                 metrics.config_reload(false);
                 tracing::error!(file = %files, cause, %error, "rules not reloaded: the reload failed");
+                failed = Some(read(settings.clone()).await);
             }
         }
     }

@@ -17,7 +17,9 @@ tollgate: a rate-limiting reverse proxy
 usage: tollgate                  serve until SIGTERM or SIGINT (SIGHUP reloads RULES_FILE's
                                  rule table; without one it is logged and ignored)
        tollgate --check-config   validate the configuration, print warnings and the effective
-                                 rules, and exit (0 if valid, 2 if not)
+                                 rules, and exit: 0 if valid, 3 if valid but with warnings
+                                 (a misspelt or unused variable: serving would start, and
+                                 log them), 2 if not
        tollgate healthcheck      GET /healthz on the admin listener (ADMIN_BIND, ADMIN_PORT);
                                  exit 0 if it answers 200, 1 otherwise
        tollgate --version | -V   print the version
@@ -26,6 +28,9 @@ usage: tollgate                  serve until SIGTERM or SIGINT (SIGHUP reloads R
 Configuration comes from environment variables and from a .env file in the working directory
 (a variable set in the environment wins). Every variable, its default and its meaning are in
 .env.example and docs/operations.md. A configuration error exits with status 2.";
+
+/// `--check-config`'s exit status for a valid configuration with warnings.
+const WARNINGS_STATUS: u8 = 3;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -86,9 +91,24 @@ async fn main() -> ExitCode {
                 "warning: STATE_FILE: {error} (tollgate would refuse to start here)\n"
             ));
         }
+        // Valid with warnings is an exit status of its own: a deploy pipeline's check fails on
+        // a misspelt variable that serving only warns about (Kubernetes injects variables
+        // that look like ours, so serving cannot refuse them).
+        let count = warnings.lines().count();
+        let (verdict, status) = match count {
+            0 => ("configuration ok".to_owned(), ExitCode::SUCCESS),
+            1 => (
+                format!("configuration ok, with 1 warning (exit status {WARNINGS_STATUS})"),
+                ExitCode::from(WARNINGS_STATUS),
+            ),
+            _ => (
+                format!("configuration ok, with {count} warnings (exit status {WARNINGS_STATUS})"),
+                ExitCode::from(WARNINGS_STATUS),
+            ),
+        };
         // A closed pipe (`| head -1`) is not an error worth a panic.
-        let _ = writeln!(std::io::stdout(), "configuration ok\n{warnings}{config}");
-        return ExitCode::SUCCESS;
+        let _ = writeln!(std::io::stdout(), "{verdict}\n{warnings}{config}");
+        return status;
     }
     if let Err(error) = tollgate::init_logging(&config) {
         return fail(&format!("configuration error: {error}"));

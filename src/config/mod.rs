@@ -472,6 +472,19 @@ impl Config {
         let overrides_file = overrides::read(env)?;
         let rules = overrides::apply(env, rules, overrides_file.as_ref(), &mut rule_warnings)?;
         let (rules, rls) = parse_rls(env, rules, matches!(store, StoreConfig::Redis(_)))?;
+        // `/v1/check`'s named keys (`{"rule","key"}`) are digested too: replicas sharing Redis
+        // must digest them alike, or each holds a budget of its own for one client.
+        if decide_port.is_some()
+            && matches!(store, StoreConfig::Redis(_))
+            && !env.is_set(vars::KEY_HASH_SECRET)
+        {
+            return Err(ConfigError::Missing {
+                var: vars::KEY_HASH_SECRET.name,
+                expected: "with Redis and DECIDE_PORT, every replica must digest /v1/check's named keys \
+                           ({\"rule\",\"key\"}) alike: set the same secret of 16+ characters on each, e.g. \
+                           from `openssl rand -hex 32`",
+            });
+        }
         let trusted_proxies = entries(env.value(vars::TRUSTED_PROXIES), &[','])
             .map(|entry| {
                 let network = parse_network(entry).ok_or_else(|| {
@@ -712,6 +725,7 @@ impl Config {
                     refusals: refusals.clone(),
                     forward_headers,
                     body_timeout: body_idle_timeout,
+                    access_log,
                 })
             }
         };

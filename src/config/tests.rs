@@ -942,6 +942,25 @@ fn header_keys_need_a_shared_secret_with_redis() {
 }
 
 #[test]
+fn a_decision_service_with_redis_needs_a_shared_secret_for_its_named_keys() {
+    // `{"rule","key"}` on /v1/check is digested: without a shared secret each replica would
+    // draw its own key and hold a budget of its own for one client.
+    for backend in [None, Some("http://127.0.0.1:8000")] {
+        let mut vars: Vec<(&str, &str)> = backend.map(|url| ("BACKEND_URL", url)).into_iter().collect();
+        vars.extend([("DECIDE_PORT", "9181"), ("REDIS_ADDR", "db:6379")]);
+        let message = Config::from_vars(vars.iter().copied())
+            .expect_err("refused without KEY_HASH_SECRET")
+            .to_string();
+        assert!(message.starts_with("KEY_HASH_SECRET is required"), "{message}");
+        assert!(message.contains("DECIDE_PORT"), "{message}");
+        vars.push(("KEY_HASH_SECRET", "0123456789abcdef0123"));
+        Config::from_vars(vars.iter().copied()).unwrap();
+    }
+    // Alone, with memory: one process, one key.
+    Config::from_vars([("DECIDE_PORT", "9181")]).unwrap();
+}
+
+#[test]
 fn every_key_read_from_requests_needs_a_shared_secret_with_redis() {
     for key_by in [
         "cookie:session",

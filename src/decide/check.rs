@@ -12,6 +12,7 @@
 //! `DENY_STATUS` and `DENY_FORMAT` do not change this answer: it is the decision, not the
 //! refusal, and the caller that acts on it writes its own.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderName, HeaderValue};
@@ -92,15 +93,16 @@ impl<'de> Deserialize<'de> for Headers {
 pub struct BadBody {
     /// What is wrong, and what is accepted.
     pub reason: String,
-    /// The field at fault, if one is.
-    pub field: Option<&'static str>,
+    /// The field at fault, if one is: one of [`Question`]'s, an unknown one as the body
+    /// spells it, or `body` for a body that is no JSON object.
+    pub field: Option<Cow<'static, str>>,
 }
 
 impl BadBody {
     fn field(field: &'static str, reason: impl Into<String>) -> BadBody {
         BadBody {
             reason: reason.into(),
-            field: Some(field),
+            field: Some(Cow::Borrowed(field)),
         }
     }
 }
@@ -152,9 +154,41 @@ pub struct LimitAnswer {
 pub fn parse(body: &[u8]) -> Result<Question, BadBody> {
     serde_json::from_slice(body).map_err(|error| BadBody {
         reason: format!("the body is not a JSON question: {error}"),
-        field: None,
+        field: Some(at_fault(body, &error)),
     })
 }
+
+/// The field a body [`parse`] refused is at fault with: the unknown or repeated one serde
+/// names (spelt as the body spells it), a known one of the wrong type; `body` when it is no
+/// JSON object at all. Only on the error's way: a good body is parsed once.
+fn at_fault(body: &[u8], error: &serde_json::Error) -> Cow<'static, str> {
+    let message = error.to_string();
+    for said in ["unknown field `", "duplicate field `"] {
+        if let Some((name, _)) = message
+            .split_once(said)
+            .and_then(|(_, rest)| rest.split_once('`'))
+        {
+            return Cow::Owned(name.to_owned());
+        }
+    }
+    let Ok(object) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) else {
+        return Cow::Borrowed("body");
+    };
+    // Each known field alone: the one that fails by itself is at fault.
+    for (name, value) in object {
+        let Some(known) = FIELDS.iter().find(|known| **known == name) else {
+            continue;
+        };
+        let alone = serde_json::Map::from_iter([(name, value)]);
+        if serde_json::from_value::<Question>(serde_json::Value::Object(alone)).is_err() {
+            return Cow::Borrowed(known);
+        }
+    }
+    Cow::Borrowed("body")
+}
+
+/// [`Question`]'s fields, as a body spells them.
+const FIELDS: &[&str] = &["rule", "key", "cost", "method", "path", "client_ip", "headers"];
 
 /// Answer one call from `peer`.
 pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr) -> Response<DecideBody> {
@@ -194,7 +228,7 @@ pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr)
     };
     match decide(door, &body).await {
         Ok(response) => response,
-        Err(bad) => super::error(StatusCode::BAD_REQUEST, &bad.reason, bad.field),
+        Err(bad) => super::error(StatusCode::BAD_REQUEST, &bad.reason, bad.field.as_deref()),
     }
 }
 
@@ -325,7 +359,9 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
         Ask::Named { rule, key, cost } => {
             let key = generation.named_key(rule, key.as_bytes());
             let keyed = door.gate.decide_key(&generation, rule, key, cost).await;
-            Ok(respond(door, rule, keyed.decision.decision(), keyed.outcome))
+            let decision = keyed.decision.decision();
+            door.log(&logged(None, None, key, None, rule, decision, keyed.outcome));
+            Ok(respond(door, rule, decision, keyed.outcome))
         }
         Ask::Classified {
             method,
@@ -355,8 +391,42 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
                 Refused::Tunnels(_) => BadBody::field("path", "no upgrade was asked for"),
             })?;
             let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
+            door.log(&logged(
+                Some(method.as_str()),
+                Some(&path),
+                verdict.key,
+                Some(client),
+                verdict.rule(),
+                decision,
+                verdict.outcome,
+            ));
             Ok(respond(door, verdict.rule(), decision, verdict.outcome))
         }
+    }
+}
+
+/// The log line's account of one answer (always `200`: `allowed` says the rest).
+fn logged<'a>(
+    method: Option<&'a str>,
+    path: Option<&'a str>,
+    client: crate::limit::ClientKey,
+    address: Option<IpAddr>,
+    rule: &'a Rule,
+    decision: Option<&Decision>,
+    outcome: Outcome,
+) -> super::Decided<'a> {
+    super::Decided {
+        door: "check",
+        method,
+        path,
+        client,
+        address,
+        rule: &rule.name,
+        outcome,
+        status: 200,
+        retry_after_s: decision
+            .filter(|_| !outcome.forwards())
+            .map(|decision| crate::limit_headers::retry_after_secs(decision.retry_after)),
     }
 }
 
@@ -458,10 +528,16 @@ mod tests {
     fn unknown_fields_and_wrong_types_are_named() {
         let error = parse(br#"{"rule":"general","kee":"x"}"#).unwrap_err();
         assert!(error.reason.contains("unknown field `kee`"), "{}", error.reason);
+        assert_eq!(error.field.as_deref(), Some("kee"));
+        let error = parse(br#"{"rule":"general","key":"x","key":"y"}"#).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("key"), "{}", error.reason);
         let error = parse(br#"{"rule":"general","key":["x"]}"#).unwrap_err();
         assert!(error.reason.contains("invalid type"), "{}", error.reason);
+        assert_eq!(error.field.as_deref(), Some("key"));
         let error = parse(b"not json").unwrap_err();
         assert!(error.reason.contains("not a JSON question"), "{}", error.reason);
+        assert_eq!(error.field.as_deref(), Some("body"));
+        assert_eq!(parse(b"[1]").unwrap_err().field.as_deref(), Some("body"));
     }
 
     #[test]
@@ -518,7 +594,7 @@ mod tests {
             "[]",
         ] {
             let bad = ask(body(cost).as_bytes(), &rules).unwrap_err();
-            assert_eq!(bad.field, Some("cost"), "{cost}: {bad:?}");
+            assert_eq!(bad.field.as_deref(), Some("cost"), "{cost}: {bad:?}");
             assert!(bad.reason.contains("from 1 to 3"), "{cost}: {bad:?}");
         }
         for cost in [1, 3] {
@@ -532,9 +608,9 @@ mod tests {
     #[test]
     fn header_maps_refuse_what_is_not_a_header() {
         let bad = headers(&[("bad name", "v")]);
-        assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
+        assert_eq!(header_map(bad).unwrap_err().field.as_deref(), Some("headers"));
         let bad = headers(&[("x", "a\nb")]);
-        assert_eq!(header_map(bad).unwrap_err().field, Some("headers"));
+        assert_eq!(header_map(bad).unwrap_err().field.as_deref(), Some("headers"));
     }
 
     #[test]
@@ -546,7 +622,7 @@ mod tests {
             &[("x-api-key", "a"), ("other", "c"), ("x-api-key", "b")],
         ] {
             let error = header_map(headers(twice)).unwrap_err();
-            assert_eq!(error.field, Some("headers"), "{twice:?}");
+            assert_eq!(error.field.as_deref(), Some("headers"), "{twice:?}");
             assert!(error.reason.contains("send it once"), "{}", error.reason);
         }
         // A name sent twice in the JSON is kept twice, not the last copy silently.
@@ -554,7 +630,7 @@ mod tests {
             parse(br#"{"path":"/","client_ip":"192.0.2.1","headers":{"x-api-key":"a","x-api-key":"b"}}"#)
                 .unwrap();
         let error = header_map(question.headers.unwrap()).unwrap_err();
-        assert_eq!(error.field, Some("headers"));
+        assert_eq!(error.field.as_deref(), Some("headers"));
         // Distinct headers, `_` or not, are each kept.
         let map = header_map(headers(&[("x_a", "1"), ("x-b", "2"), ("Cookie", "a=1")])).unwrap();
         assert_eq!(map.len(), 3);

@@ -306,17 +306,19 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
             );
         }
     }
-    if !verdict.outcome.forwards() {
-        tracing::debug!(
-            client = %verdict.client,
-            host = original.host.as_deref().unwrap_or(""),
-            method = %original.method,
-            path = %original.path,
-            rule = %verdict.rule().name,
-            outcome = verdict.outcome.as_str(),
-            "forward-auth refused"
-        );
-    }
+    door.log(&super::Decided {
+        door: "forward-auth",
+        method: Some(original.method.as_str()),
+        path: Some(&original.path),
+        client: verdict.key,
+        address: Some(verdict.client),
+        rule: &verdict.rule().name,
+        outcome: verdict.outcome,
+        status: response.status().as_u16(),
+        retry_after_s: decision
+            .filter(|_| !verdict.outcome.forwards())
+            .map(|decision| retry_after_secs(decision.retry_after)),
+    });
     response
 }
 

@@ -28,9 +28,11 @@ use hyper::body::Incoming;
 use subtle::ConstantTimeEq;
 
 use crate::gate::Gate;
-use crate::limit::KeyHasher;
 use crate::limit::key::Digest;
+use crate::limit::{ClientKey, KeyHasher};
 use crate::limit_headers::HeaderStyle;
+use crate::outcome::Outcome;
+use crate::proxy::AccessLog;
 use crate::refusal::Refusals;
 use crate::server::{Arrival, Door};
 use crate::telemetry::throttle::LogThrottle;
@@ -56,6 +58,8 @@ pub struct DecideSettings {
     pub(crate) forward_headers: bool,
     /// `BODY_IDLE_TIMEOUT_MS`: how long a `/v1/check` body may take to arrive whole.
     pub body_timeout: Duration,
+    /// `ACCESS_LOG`: which decisions get an `info` line, as the proxy's requests do.
+    pub(crate) access_log: AccessLog,
 }
 
 /// A bearer token, kept as its digest under a key of this process's own, so that comparing
@@ -109,8 +113,97 @@ pub struct Decide {
     /// Paces the warning about calls from peers outside `TRUSTED_PROXIES`, which a
     /// misconfigured ingress repeats on every request.
     untrusted_log: LogThrottle,
+    /// Paces the refusals' lines under `ACCESS_LOG=denied`, as the proxy's are paced.
+    denial_log: LogThrottle,
     /// Envoy's rate limit service (`RLS_CONFIG`), for `application/grpc` requests.
     rls: Option<crate::rls::Server>,
+}
+
+/// One decision of a door here, for its log line.
+pub(crate) struct Decided<'a> {
+    /// `forward-auth` or `check`.
+    pub(crate) door: &'static str,
+    /// The original request's method and path (a named `/v1/check` question has none; for
+    /// Envoy's rate limit service, the path is the descriptors' domain).
+    pub(crate) method: Option<&'a str>,
+    pub(crate) path: Option<&'a str>,
+    /// Whose budget, as the proxy's lines and `/v1/limited` name it.
+    pub(crate) client: ClientKey,
+    /// The client's address, when the door was told it.
+    pub(crate) address: Option<std::net::IpAddr>,
+    pub(crate) rule: &'a str,
+    pub(crate) outcome: Outcome,
+    /// The status the door answers (for `/v1/check` always 200: `allowed` says the rest).
+    pub(crate) status: u16,
+    pub(crate) retry_after_s: Option<u64>,
+}
+
+impl Decide {
+    /// The line about one decision, as the proxy writes one per request: refusals at `info`
+    /// under `ACCESS_LOG=denied` (paced, with how many were suppressed), every decision under
+    /// `all`, a shadow rule's would-be refusals whatever it says; the rest at `debug`. Nothing
+    /// is formatted for a line no one reads.
+    pub(crate) fn log(&self, decided: &Decided<'_>) {
+        log(self.settings.access_log, &self.denial_log, decided);
+    }
+}
+
+/// The line about one decision of a door that forwards nothing (see [`Decide::log`]), under
+/// `access_log`, refusals paced by `throttle`.
+pub(crate) fn log(access_log: AccessLog, throttle: &LogThrottle, decided: &Decided<'_>) {
+    let Decided {
+        door,
+        method,
+        path,
+        client,
+        address,
+        rule,
+        outcome,
+        status,
+        retry_after_s,
+    } = decided;
+    let suppressed = match access_log {
+        _ if !tracing::enabled!(tracing::Level::INFO) => None,
+        AccessLog::All => Some(0),
+        _ if access_log.logs(*outcome) => throttle.admit(),
+        _ => None,
+    };
+    let address = address.map(tracing::field::display);
+    match suppressed {
+        Some(suppressed) => {
+            if suppressed > 0 {
+                tracing::info!(suppressed, "{suppressed} similar lines suppressed");
+            }
+            let message = match outcome {
+                Outcome::Shadow => "shadow rule would have refused this request; allowed",
+                _ if !outcome.forwards() => "request refused",
+                _ => "request",
+            };
+            tracing::info!(
+                door,
+                method,
+                path,
+                client = %client,
+                address,
+                rule,
+                decision = outcome.as_str(),
+                status,
+                retry_after_s,
+                "{message}"
+            );
+        }
+        None => tracing::debug!(
+            door,
+            method,
+            path,
+            client = %client,
+            address,
+            rule,
+            decision = outcome.as_str(),
+            status,
+            "request"
+        ),
+    }
 }
 
 /// The paths served, for the `404`'s body.
@@ -123,6 +216,7 @@ impl Decide {
             gate,
             settings,
             untrusted_log: LogThrottle::new(),
+            denial_log: LogThrottle::new(),
             rls: None,
         }
     }

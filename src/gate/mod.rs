@@ -706,12 +706,27 @@ impl Gate {
     }
 
     /// Give `client` its whole budget back under the rule called `rule` (for every replica,
-    /// with Redis). Returns the rule's name and the client's key.
-    pub(crate) async fn reset(&self, rule: &str, client: &str) -> Result<(Arc<str>, ClientKey), ClientError> {
+    /// with Redis). Returns the rule's name, the client's key and whether the store held a
+    /// budget of it to forget (a client never seen, or long idle, has its whole budget and
+    /// nothing to reset).
+    pub(crate) async fn reset(
+        &self,
+        rule: &str,
+        client: &str,
+    ) -> Result<(Arc<str>, ClientKey, bool), ClientError> {
         let generation = self.current();
-        let (rule, key) = generation.client_of(rule, client)?;
-        generation.limiter.reset(rule, key).await?;
-        Ok((rule.name.clone(), key))
+        let (rule, (key, displayed)) = generation.client_of(rule, client)?;
+        let mut held = generation.limiter.reset(rule, key).await?;
+        // `key:<digest>` as logs print it, under a rule keyed by one source: the raw value's
+        // budget or the displayed digest's, whichever the store holds (both, were the two
+        // ever to collide, which 128 bits make moot).
+        let mut found = key;
+        if let Some(displayed) = displayed
+            && generation.limiter.reset(rule, displayed).await?
+        {
+            (held, found) = (true, displayed);
+        }
+        Ok((rule.name.clone(), found, held))
     }
 
     /// What `client` has left under the rule called `rule`, spending nothing: the rule's name
@@ -722,9 +737,18 @@ impl Gate {
         client: &str,
     ) -> Result<(Rule, ClientKey, Decision), ClientError> {
         let generation = self.current();
-        let (rule, key) = generation.client_of(rule, client)?;
-        let decision = generation.limiter.inspect(rule, key).await?;
-        Ok((rule.clone(), key, decision))
+        let (rule, (key, displayed)) = generation.client_of(rule, client)?;
+        let mut decision = generation.limiter.inspect(rule, key).await?;
+        let mut found = key;
+        // Of the raw value's budget and the displayed digest's, the one in use: a budget
+        // entirely back has nothing to wait for (`reset_after` zero), one in use has.
+        if let Some(displayed) = displayed {
+            let other = generation.limiter.inspect(rule, displayed).await?;
+            if other.reset_after > decision.reset_after {
+                (decision, found) = (other, displayed);
+            }
+        }
+        Ok((rule.clone(), found, decision))
     }
 
     /// Each rule, in table order, with its `top` clients refused most in the last minute (see
@@ -867,43 +891,68 @@ impl Generation {
     }
 
     /// The client written `text` as logs write it, under `rule`: an address (`203.0.113.7`, or
-    /// an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX`), `key:VALUE` or
-    /// `IP+key:VALUE`. Under a rule keyed by one source besides the address, `VALUE` is that
-    /// source's raw value (a header's, a cookie's, ...), digested as a request's is; under one
-    /// keyed by several, whose key is one digest of them all, it is that digest, 32 hex digits
-    /// as logs and `/v1/limited` print it.
-    fn client_key(&self, rule: &Rule, text: &str) -> Result<ClientKey, ClientError> {
+    /// an IPv6 network `2001:db8:1:2::/64`, grouped by `IPV6_PREFIX` and written with that
+    /// prefix), `key:VALUE` or `IP+key:VALUE`. Under a rule keyed by one source besides the
+    /// address, `VALUE` is that source's raw value (a header's, a cookie's, ...), digested as a
+    /// request's is; under one keyed by several, whose key is one digest of them all, it is
+    /// that digest, 32 hex digits as logs and `/v1/limited` print it.
+    ///
+    /// The second key is the other reading of a `VALUE` of 32 hex digits under a rule keyed by
+    /// one source: the digest as logs and `/v1/limited` print it, taken as it is (an operator
+    /// copies ids from them), where the first key is the raw value digested.
+    fn client_key(&self, rule: &Rule, text: &str) -> Result<(ClientKey, Option<ClientKey>), ClientError> {
         let prefix = self.rules.ipv6_prefix();
         let ip = |text: &str| {
-            // A network as logs write it: its address, grouped by the prefix as any address.
-            let address = text.split_once('/').map_or(text, |(address, _)| address);
-            address.parse::<IpAddr>().ok().map(|ip| ClientIp::new(ip, prefix))
+            // A network as logs write it: its address, and the prefix its key is grouped by
+            // (anything else after a `/` names no client: `127.0.0.1/extra` is not 127.0.0.1).
+            let (address, written) = match text.split_once('/') {
+                Some((address, written)) => (address, Some(written)),
+                None => (text, None),
+            };
+            let ip = ClientIp::new(address.parse::<IpAddr>().ok()?, prefix);
+            match written {
+                Some(written) if written.parse::<u8>().ok() != Some(ip.prefix()) => None,
+                _ => Some(ip),
+            }
         };
-        let digest = |value: &str| match rule.key_by.sources() {
-            [] | [_] => Ok(self.named_key(rule, value.as_bytes()).digest()),
+        let digests = |value: &str| match rule.key_by.sources() {
+            [] | [_] => Ok([
+                self.named_key(rule, value.as_bytes()).digest(),
+                Digest::parse(value),
+            ]),
             _ => Digest::parse(value)
-                .map(Some)
+                .map(|digest| [Some(digest), None])
                 .ok_or_else(|| ClientError::NotADigest(text.to_owned(), rule.key_by.to_string())),
         };
+        let bad = || ClientError::BadKey(text.to_owned());
         if let Some(value) = text.strip_prefix("key:") {
-            return digest(value)?
-                .map(ClientKey::Header)
-                .ok_or_else(|| ClientError::BadKey(text.to_owned()));
+            let [raw, displayed] = digests(value)?;
+            return Ok((
+                ClientKey::Header(raw.ok_or_else(bad)?),
+                displayed.map(ClientKey::Header),
+            ));
         }
         if let Some((address, value)) = text.split_once("+key:")
             && let Some(ip) = ip(address)
         {
-            return digest(value)?
-                .map(|digest| ClientKey::IpAndHeader(ip, digest))
-                .ok_or_else(|| ClientError::BadKey(text.to_owned()));
+            let [raw, displayed] = digests(value)?;
+            return Ok((
+                ClientKey::IpAndHeader(ip, raw.ok_or_else(bad)?),
+                displayed.map(|digest| ClientKey::IpAndHeader(ip, digest)),
+            ));
         }
-        ip(text)
-            .map(ClientKey::Ip)
-            .ok_or_else(|| ClientError::BadKey(text.to_owned()))
+        let ip = ip(text).ok_or_else(bad)?;
+        Ok((ClientKey::Ip(ip), None))
     }
 
-    /// The rule called `rule` and the client written `client` (see [`Generation::client_key`]).
-    fn client_of(&self, rule: &str, client: &str) -> Result<(&Rule, ClientKey), ClientError> {
+    /// The rule called `rule` and the client written `client` (see [`Generation::client_key`]):
+    /// its key, and the other reading of a displayed digest.
+    #[allow(clippy::type_complexity)]
+    fn client_of(
+        &self,
+        rule: &str,
+        client: &str,
+    ) -> Result<(&Rule, (ClientKey, Option<ClientKey>)), ClientError> {
         let found = self
             .rule(rule)
             .ok_or_else(|| ClientError::UnknownRule(rule.to_owned()))?;

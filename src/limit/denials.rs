@@ -8,11 +8,15 @@
 //! decision, and asks Redis again only once the time has come. It never admits anything: a
 //! miss or an expired entry asks Redis.
 //!
-//! An entry is trusted for [`RECHECK_AFTER`] at most, however far its retry time: then Redis is
-//! asked again (and refuses again, spending nothing). A reset on another replica (the admin's
-//! `DELETE /v1/clients/RULE/KEY`) gives the client its budget back in Redis, where this
-//! replica cannot see it; so it reaches every replica within that second, at the cost of one
-//! call a second per refused client, not one per request.
+//! A reset on any replica (the admin's `DELETE /v1/clients/RULE/KEY`) gives the client its
+//! budget back in Redis and announces it on the channel `<KEY_PREFIX>resets` in the same
+//! step; every replica subscribes and forgets its denial at once ([`reset_message`]). As the
+//! fallback, for a replica whose subscription is down and for a denial remembered by a call
+//! that crossed the reset, an entry is trusted for [`RECHECK_AFTER`] at most while Redis can
+//! be asked: then Redis is asked again (and refuses again, spending nothing), at the cost of
+//! one call a second per refused client, not one per request. While Redis cannot be asked (the
+//! breaker open, or the call failed), the entry answers until its retry time, whatever the
+//! fail mode: the client Redis refused stays refused ([`DenialCache::check_until_retry`]).
 //!
 //! The entry's deadline is measured from the moment the request was *sent* to Redis, before
 //! Redis read its clock, so it falls at or before the true retry time: the cache never refuses
@@ -72,13 +76,30 @@ impl DenialCache {
         }
     }
 
-    /// The denial Redis would give this request now, if one is remembered.
+    /// The denial Redis would give this request now, if one is remembered and was asked for
+    /// less than [`RECHECK_AFTER`] ago.
     pub fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Option<Decision> {
+        self.answer(rule, client, cost, |denial| denial.recheck)
+    }
+
+    /// The denial Redis would give this request now, if one is remembered, until its retry
+    /// time: for when Redis cannot be asked again.
+    pub fn check_until_retry(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Option<Decision> {
+        self.answer(rule, client, cost, |denial| denial.until)
+    }
+
+    fn answer(
+        &self,
+        rule: &Rule,
+        client: ClientKey,
+        cost: Cost,
+        trusted_until: impl Fn(&Denial) -> Instant,
+    ) -> Option<Decision> {
         let key = (rule.id, client);
         let shard = self.shard(&key);
         let denial = shard.peek(&key)?.clone();
         let now = Instant::now();
-        if now >= denial.recheck || cost < denial.cost {
+        if now >= trusted_until(&denial) || cost < denial.cost {
             return None;
         }
         drop(shard);
@@ -118,7 +139,12 @@ impl DenialCache {
 
     /// Forget the denial of `client` under `rule`, if one is remembered (its budget was reset).
     pub fn forget(&self, rule: &Rule, client: ClientKey) {
-        let key = (rule.id, client);
+        self.forget_id(rule.id, client);
+    }
+
+    /// [`forget`](Self::forget) by the rule's id.
+    pub fn forget_id(&self, rule: u16, client: ClientKey) {
+        let key = (rule, client);
         self.shard(&key).pop(&key);
     }
 
@@ -133,9 +159,22 @@ impl DenialCache {
     }
 }
 
-/// Longest a denial is answered from here before Redis is asked again: how soon a reset on
-/// another replica reaches this one.
+/// Longest a denial is answered from here before Redis is asked again, while Redis can be:
+/// how soon a reset on another replica reaches this one when its announcement does not.
 pub const RECHECK_AFTER: Duration = Duration::from_secs(1);
+
+/// What a reset announces on `<KEY_PREFIX>resets`: the rule's name and the client as logs
+/// write it (`203.0.113.7`, `key:<hex>`, ...), the client on the last line.
+pub fn reset_message(rule: &str, client: ClientKey) -> String {
+    format!("{rule}\n{client}")
+}
+
+/// The rule's name and the client of a [`reset_message`]; `None` for any other message (one
+/// published by something else on the channel is ignored).
+pub fn parse_reset_message(message: &[u8]) -> Option<(&str, ClientKey)> {
+    let (rule, client) = std::str::from_utf8(message).ok()?.rsplit_once('\n')?;
+    Some((rule, ClientKey::parse(client)?))
+}
 
 /// A denial that ends sooner than this is not worth an entry: the next request would find it
 /// expired anyway.
@@ -233,6 +272,64 @@ mod tests {
             cache.check(&rule, client(), Cost::ONE).is_none(),
             "a second on: ask Redis"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_redis_cannot_be_asked_a_denial_holds_until_its_retry_time() {
+        let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
+        let rule = rule(Count::All);
+        cache.remember(
+            &rule,
+            client(),
+            Cost::ONE,
+            &denied(Duration::from_secs(1000)),
+            Instant::now(),
+        );
+        tokio::time::advance(Duration::from_secs(999)).await;
+        assert!(
+            cache.check(&rule, client(), Cost::ONE).is_none(),
+            "Redis is asked again"
+        );
+        let decision = cache
+            .check_until_retry(&rule, client(), Cost::ONE)
+            .expect("Redis cannot be asked: still refused");
+        assert_eq!(decision.retry_after, Duration::from_secs(1));
+        assert!(
+            cache.check_until_retry(&rule, client(), Cost::ZERO).is_none(),
+            "cheaper"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(
+            cache.check_until_retry(&rule, client(), Cost::ONE).is_none(),
+            "at its retry time the fail mode decides"
+        );
+        cache.remember(
+            &rule,
+            client(),
+            Cost::ONE,
+            &denied(Duration::from_secs(1000)),
+            Instant::now(),
+        );
+        cache.forget_id(rule.id, client());
+        assert!(
+            cache.check_until_retry(&rule, client(), Cost::ONE).is_none(),
+            "reset"
+        );
+    }
+
+    #[test]
+    fn a_reset_message_names_the_rule_and_the_client() {
+        let client = ClientKey::parse("2001:db8:1:2::/64+key:0123456789abcdef0123456789abcdef").unwrap();
+        let message = reset_message("api@gold", client);
+        assert_eq!(
+            parse_reset_message(message.as_bytes()),
+            Some(("api@gold", client))
+        );
+        let odd = reset_message("a\nrule", client);
+        assert_eq!(parse_reset_message(odd.as_bytes()), Some(("a\nrule", client)));
+        for other in [&b"hello"[..], b"general\nnot a client", b"\xff\n1.2.3.4", b""] {
+            assert_eq!(parse_reset_message(other), None, "{other:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -32,14 +32,16 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
 use tokio::time::Instant;
 
 use std::num::NonZeroUsize;
 
-use crate::limit::denials::DenialCache;
+use crate::limit::denials::{DenialCache, parse_reset_message};
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::slots::{Master, SlotMap, key_slot};
 use crate::limit::store::{BreakerStats, Decide, Store, StoreStats};
@@ -206,13 +208,21 @@ pub trait Remote: Send + Sync + 'static {
         key: &'a str,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a;
 
-    /// Forget the client of `key` under every limit of `rule`, for every replica sharing the
-    /// store.
+    /// Forget the client of `key` (`client`) under every limit of `rule`, for every replica
+    /// sharing the store, and announce it to their [`reset_feed`](Self::reset_feed)s with a
+    /// [`reset_message`](crate::limit::denials::reset_message); whether there was one to forget.
     fn reset_key<'a>(
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+        client: ClientKey,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
+
+    /// The resets every replica announces (their [`reset_key`](Self::reset_key)s' messages),
+    /// from now until the subscription is lost; `None` for a store that announces none.
+    fn reset_feed(&self) -> impl Future<Output = Result<Option<ResetFeed>, StoreError>> + Send + '_ {
+        std::future::ready(Ok(None))
+    }
 
     /// True for a store cut into partitions (a Redis Cluster's masters) that fail alone, each
     /// then getting a breaker of its own from [`slot_map`](Self::slot_map).
@@ -230,6 +240,9 @@ pub trait Remote: Send + Sync + 'static {
     /// `None` for a store of one node.
     fn slot_map(&self) -> impl Future<Output = Result<Option<SlotMap>, StoreError>> + Send + '_;
 }
+
+/// The messages of a subscription to the resets every replica announces, until it is lost.
+pub type ResetFeed = BoxStream<'static, Vec<u8>>;
 
 /// What is done to a decision after it was made ([`Guard`]'s `after`), with the cost it
 /// concerns.
@@ -305,6 +318,9 @@ struct Shared<S> {
     /// Paces the warning for errors about one key, which recur on every request of that
     /// client (the errors that open a breaker stop with it).
     one_key_log: LogThrottle,
+    /// Every rule table's view still in use (weakly): a reset announced by another replica
+    /// reaches each one's denial cache.
+    views: Mutex<Vec<Weak<Inner<S>>>>,
 }
 
 /// One circuit breaker: for the whole store, or for one cluster master.
@@ -449,10 +465,12 @@ impl<S: Remote> Guard<S> {
             errors: Default::default(),
             denial_hits: Default::default(),
             one_key_log: LogThrottle::new(),
+            views: Mutex::default(),
         });
         if matches!(shared.breakers, Breakers::PerMaster(_)) {
             tokio::spawn(keep_slot_map(Arc::downgrade(&shared)));
         }
+        tokio::spawn(follow_resets(Arc::downgrade(&shared)));
         Guard::of(shared, rules, None)
     }
 
@@ -476,14 +494,17 @@ impl<S: Remote> Guard<S> {
             .map(|rule| (rule.name.clone(), rule.fail_mode))
             .collect();
         *shared.fail_modes.write().unwrap_or_else(PoisonError::into_inner) = fail_modes.clone();
-        Guard {
-            inner: Arc::new(Inner {
-                denials: DenialCache::new(shared.max_keys, shared.denial_hits.clone()),
-                shared,
-                local,
-                fail_modes,
-            }),
-        }
+        let inner = Arc::new(Inner {
+            denials: DenialCache::new(shared.max_keys, shared.denial_hits.clone()),
+            shared,
+            local,
+            fail_modes,
+        });
+        let mut views = inner.shared.views.lock().unwrap_or_else(PoisonError::into_inner);
+        views.retain(|view| view.strong_count() > 0);
+        views.push(Arc::downgrade(&inner));
+        drop(views);
+        Guard { inner }
     }
 
     /// How many breakers are open, and how many there are: one for a single Redis; on a
@@ -576,6 +597,15 @@ impl<S: Remote> Guard<S> {
         self.inner.local.as_ref()
     }
 
+    /// Redis cannot be asked: a client it refused stays refused until its retry time (the
+    /// denial remembered, however long ago it was asked); anyone else gets the fail mode.
+    fn cannot_ask(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: Cost) -> Verdict {
+        match self.inner.denials.check_until_retry(rule, client, cost) {
+            Some(denial) => Verdict::Decided(denial),
+            None => self.fall_back(breaker, rule, client, cost),
+        }
+    }
+
     /// The rule's fail mode decides.
     fn fall_back(&self, breaker: &Breaker, rule: &Rule, client: ClientKey, cost: Cost) -> Verdict {
         breaker.degraded.fetch_add(1, Ordering::Relaxed);
@@ -637,7 +667,7 @@ impl<S: Remote> Store for Guard<S> {
         let key = shared.store.key(rule, client);
         let breaker = shared.breaker(&key);
         if breaker.is_open() {
-            return Decide::ready(self.fall_back(&breaker, rule, client, cost));
+            return Decide::ready(self.cannot_ask(&breaker, rule, client, cost));
         }
         Decide::Pending(Box::pin(async move {
             let sent = Instant::now();
@@ -652,7 +682,7 @@ impl<S: Remote> Store for Guard<S> {
                 }
                 Err(error) => {
                     self.record_failure(&breaker, &error);
-                    self.fall_back(&breaker, rule, client, cost)
+                    self.cannot_ask(&breaker, rule, client, cost)
                 }
             }
         }))
@@ -716,15 +746,15 @@ impl<S: Remote> Store for Guard<S> {
     }
 
     /// Forget the client everywhere this replica knows it: its cached denial and its local
-    /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica. Other
-    /// replicas ask Redis again within [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), and so
-    /// does this one for a denial a request in flight remembers after the reset.
-    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+    /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica, which
+    /// hear of it at once on the store's reset channel and forget their denials too. A replica
+    /// whose subscription is down asks Redis again within
+    /// [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), and so does this one for a denial a
+    /// request in flight remembers after the reset.
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
         let inner = &*self.inner;
         inner.denials.forget(rule, client);
-        if let Some(local) = self.local_store() {
-            local.reset(rule, client);
-        }
+        let held_locally = self.local_store().is_some_and(|local| local.reset(rule, client));
         let shared = &*inner.shared;
         let key = shared.store.key(rule, client);
         let breaker = shared.breaker(&key);
@@ -732,11 +762,11 @@ impl<S: Remote> Store for Guard<S> {
             return Decide::ready(Err(StoreError::BreakerOpen));
         }
         Decide::Pending(Box::pin(async move {
-            let reset = shared.store.reset_key(rule, &key).await;
+            let reset = shared.store.reset_key(rule, &key, client).await;
             if let Err(error) = &reset {
                 self.record_failure(&breaker, error);
             }
-            reset
+            reset.map(|held| held || held_locally)
         }))
     }
 
@@ -774,6 +804,28 @@ impl<S: Remote> Store for Guard<S> {
 }
 
 impl<S> Shared<S> {
+    /// Another replica (or this one) reset a client: forget its denial in every table's view
+    /// that has a rule of that name.
+    fn reset_heard(&self, message: &[u8]) {
+        let Some((name, client)) = parse_reset_message(message) else {
+            tracing::debug!("a message on the reset channel that is not a reset; ignored");
+            return;
+        };
+        let views: Vec<Arc<Inner<S>>> = self
+            .views
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for view in views {
+            if let Some(id) = view.fail_modes.iter().position(|(rule, _)| **rule == *name) {
+                // Ids are table positions, below u16::MAX.
+                view.denials.forget_id(id as u16, client);
+            }
+        }
+    }
+
     /// The current table's fail modes.
     fn fail_modes(&self) -> Arc<[(Arc<str>, FailMode)]> {
         self.fail_modes
@@ -904,6 +956,52 @@ async fn probe<S: Remote>(inner: Weak<Shared<S>>, breaker: Arc<Breaker>) {
                 }
             }
         }
+    }
+}
+
+/// Follow the resets other replicas announce ([`Remote::reset_feed`]) while the gateway
+/// lives: subscribe, forget each reset client's denial as its message arrives, and subscribe
+/// again every probe interval once the subscription is lost or cannot be made (meanwhile the
+/// denial cache asks Redis again every [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), as
+/// it always does while Redis can be asked). Ends at once for a store without resets.
+async fn follow_resets<S: Remote>(inner: Weak<Shared<S>>) {
+    let mut lost = false;
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let interval = strong.settings.probe_interval;
+        let feed = strong.store.reset_feed().await;
+        drop(strong);
+        match feed {
+            Ok(None) => return,
+            Ok(Some(mut feed)) => {
+                if lost {
+                    tracing::info!("subscribed to resets again: they reach this replica at once");
+                }
+                loop {
+                    // Wakes every interval to end with the gateway.
+                    match tokio::time::timeout(interval, feed.next()).await {
+                        Ok(Some(message)) => match inner.upgrade() {
+                            Some(strong) => strong.reset_heard(&message),
+                            None => return,
+                        },
+                        Ok(None) => break,
+                        Err(_) if inner.strong_count() == 0 => return,
+                        Err(_) => {}
+                    }
+                }
+                lost = true;
+                tracing::warn!(
+                    "subscription to resets lost: until it is back, a reset elsewhere reaches this \
+                     replica's cached denials within a second"
+                );
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot subscribe to resets; trying again");
+            }
+        }
+        tokio::time::sleep(interval).await;
     }
 }
 

@@ -500,6 +500,30 @@ impl ClientKey {
     }
 }
 
+impl ClientKey {
+    /// A key as [`Display`](fmt::Display) writes it (`203.0.113.7`, `2001:db8:1:2::/64`,
+    /// `key:<32 hex digits>`, `<ip>+key:<hex>`): what another replica names it by in a reset it
+    /// announces. `None` for anything else.
+    pub fn parse(text: &str) -> Option<ClientKey> {
+        let ip = |text: &str| match text.split_once('/') {
+            Some((address, prefix)) => {
+                let address: Ipv6Addr = address.parse().ok()?;
+                let prefix: u8 = prefix.parse().ok().filter(|prefix| (1..128).contains(prefix))?;
+                Some(ClientIp::new(IpAddr::V6(address), prefix))
+            }
+            None => Some(ClientIp::new(text.parse().ok()?, 128)),
+        };
+        match text.split_once("key:") {
+            Some(("", digest)) => Some(ClientKey::Header(Digest::parse(digest)?)),
+            Some((address, digest)) => Some(ClientKey::IpAndHeader(
+                ip(address.strip_suffix('+')?)?,
+                Digest::parse(digest)?,
+            )),
+            None => Some(ClientKey::Ip(ip(text)?)),
+        }
+    }
+}
+
 /// `v4` in dotted decimal, as `Display` writes it, digit by digit into `buffer`.
 pub fn ipv4_text(v4: Ipv4Addr, buffer: &mut [u8; 15]) -> &str {
     let mut len = 0;
@@ -645,6 +669,48 @@ mod tests {
                 key.push_to(&mut pushed);
                 prop_assert_eq!(pushed, format!("prefix:{key}"));
             }
+        }
+
+        #[test]
+        fn a_key_written_reads_back_as_itself(
+            v4 in any::<u32>(),
+            v6 in any::<u128>(),
+            prefix in 1u8..=128,
+            digest in any::<[u64; 2]>(),
+            noise in "[0-9a-fk:+/.]{0,48}",
+        ) {
+            let v4 = ClientIp::new(IpAddr::V4(Ipv4Addr::from(v4)), prefix);
+            let v6 = ClientIp::new(IpAddr::V6(Ipv6Addr::from(v6)), prefix);
+            for key in [
+                ClientKey::Ip(v4),
+                ClientKey::Ip(v6),
+                ClientKey::Header(Digest(digest)),
+                ClientKey::IpAndHeader(v4, Digest(digest)),
+                ClientKey::IpAndHeader(v6, Digest(digest)),
+            ] {
+                prop_assert_eq!(ClientKey::parse(&key.to_string()), Some(key));
+            }
+            // Anything else never panics, and what does parse is what it writes.
+            if let Some(key) = ClientKey::parse(&noise) {
+                prop_assert_eq!(ClientKey::parse(&key.to_string()), Some(key));
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_keys_do_not_parse() {
+        for text in [
+            "",
+            "key:",
+            "key:xyz",
+            "203.0.113.7+",
+            "203.0.113.7key:0123456789abcdef0123456789abcdef",
+            "2001:db8::/0",
+            "2001:db8::/129",
+            "203.0.113.7/24",
+            "host.example",
+        ] {
+            assert_eq!(ClientKey::parse(text), None, "{text:?}");
         }
     }
 

@@ -946,9 +946,8 @@ impl Store for MemoryStore {
         Decide::ready(())
     }
 
-    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
-        MemoryStore::reset(self, rule, client);
-        Decide::ready(Ok(()))
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
+        Decide::ready(Ok(MemoryStore::reset(self, rule, client)))
     }
 
     fn stats(&self) -> StoreStats {

@@ -402,7 +402,7 @@ impl Limiter {
     }
 
     /// Give `client` its whole budget under `rule` back (see [`Store::reset`]).
-    pub fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>> {
+    pub fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
         self.store.reset(rule, client)
     }
 

@@ -28,17 +28,19 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::OnceCell;
 
 use crate::limit::algorithm::{BATCH_CONTINUED, LuaScript, batch_script, peek_script};
-use crate::limit::guard::Remote;
+use crate::limit::denials::reset_message;
+use crate::limit::guard::{Remote, ResetFeed};
 use crate::limit::redis_clock::RedisClock;
 use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
-use crate::limit::slots::SlotMap;
+use crate::limit::slots::{SlotMap, key_slot};
 use crate::limit::{ClientKey, Cost, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
 
 /// Why the store could not decide.
@@ -170,6 +172,8 @@ pub struct RedisStore {
     /// Redis's clock as estimated, for the deadline of calls whose caller names no clock
     /// of its own (on a cluster the guard keeps one per master).
     clock: Arc<RedisClock>,
+    /// A single Redis's client, for the subscription to resets (a connection of its own).
+    pubsub_client: Option<Arc<redis::Client>>,
 }
 
 /// `REDIS_CALLS_IN_FLIGHT`'s default: decision calls out at once before further decisions
@@ -355,6 +359,39 @@ impl Drop for CallSlot {
     }
 }
 
+/// When a call that failed on its connection is sent once more, at once, on a new one.
+///
+/// The connection manager reconnects only when a call fails on its connection, and remembers
+/// a failed reconnect until the next call: so after Redis was restarted, the first call finds
+/// either the old connection closed or the refusal of a reconnect tried while Redis was down,
+/// however long ago. That call has started a new connection; sent again, it is decided by the
+/// Redis that is back, instead of getting the fail mode (a request let through uncounted, or
+/// a 503) for an outage that is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// Only when it never left: the connection was refused. A refund or a charge, which would
+    /// count twice if it had reached Redis.
+    IfNeverSent,
+    /// Also when the connection was found closed or reset. A decision, a read or a `DEL`: sent
+    /// twice only if the connection was cut after Redis ran it and before its reply came back
+    /// (a window of one round trip at the moment of the cut), a decision counts twice.
+    IfConnectionLost,
+}
+
+impl Resend {
+    /// True when a call that failed with `error` is sent again.
+    fn after(self, error: &redis::RedisError) -> bool {
+        // A timeout is not the connection's loss: a frozen Redis costs one timeout, not two.
+        if error.is_timeout() {
+            return false;
+        }
+        match self {
+            Resend::IfNeverSent => error.is_connection_refusal(),
+            Resend::IfConnectionLost => error.is_connection_refusal() || error.is_connection_dropped(),
+        }
+    }
+}
+
 #[derive(Clone)]
 enum Connection {
     /// Multiplexed and reconnecting; concurrent requests pipeline on one socket.
@@ -383,12 +420,14 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(timeout);
+        let mut pubsub_client = None;
         let connection = match target {
             RedisTarget::Single(url) => {
                 if url.starts_with("rediss://") {
                     install_tls_provider();
                 }
                 let client = redis::Client::open(url.as_str())?;
+                pubsub_client = Some(Arc::new(client.clone()));
                 Connection::Single(ConnectionManager::new_lazy_with_config(client, config)?)
             }
             RedisTarget::Sentinel {
@@ -438,6 +477,7 @@ impl RedisStore {
             timeout,
             coalescer,
             clock,
+            pubsub_client,
         })
     }
 
@@ -566,7 +606,10 @@ impl RedisStore {
             }
             cmd
         };
-        let reply = match self.bounded(self.evaluate(peek_script(), command)).await? {
+        let reply = match self
+            .bounded(self.evaluate(peek_script(), command, Resend::IfConnectionLost))
+            .await?
+        {
             // One decision per limit: a rule of one reads as a single script's reply.
             redis::Value::Array(mut replies) if replies.len() == 1 && rule.limits.len() == 1 => {
                 replies.remove(0)
@@ -579,13 +622,58 @@ impl RedisStore {
         }
     }
 
-    /// Forget the client of `key` under every limit of `rule`: one `DEL`, so every replica's
-    /// next decision finds the whole budget. Every key of one client and rule shares a hash
-    /// tag, so one node holds them all.
-    pub async fn reset_key(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
+    /// Forget the client of `key` (`client`) under every limit of `rule`: one `DEL`, so every
+    /// replica's next decision finds the whole budget, and in the same script a `PUBLISH` of
+    /// the reset on `<KEY_PREFIX>resets`, so every replica subscribed forgets its remembered
+    /// denial at once: a reset that deleted the keys has been announced. Every key of one
+    /// client and rule shares a hash tag, so one node holds them all (on a cluster, a message
+    /// published on any node reaches the subscribers of every node). Answers whether there was a
+    /// key to delete.
+    pub async fn reset_key(&self, rule: &Rule, key: &str, client: ClientKey) -> Result<bool, StoreError> {
         let keys = limit_keys(rule, key);
-        let _deleted: u64 = self.bounded(self.query(redis::cmd("DEL").arg(&keys))).await?;
-        Ok(())
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RESET_SCRIPT)
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(self.reset_channel())
+            .arg(reset_message(&rule.name, client));
+        let deleted: u64 = self.bounded(self.query(&cmd, Resend::IfConnectionLost)).await?;
+        Ok(deleted > 0)
+    }
+
+    /// `<KEY_PREFIX>resets`: where resets are announced.
+    fn reset_channel(&self) -> String {
+        format!("{}resets", self.prefix)
+    }
+
+    /// A subscription to the resets every replica announces (see [`reset_key`](Self::reset_key))
+    /// on a connection of its own to the Redis decisions go to (behind Sentinel, the master
+    /// now), made within `REDIS_TIMEOUT_MS`; `None` on a cluster, whose replicas rely on the
+    /// denial cache's recheck alone.
+    pub async fn reset_feed(&self) -> Result<Option<ResetFeed>, StoreError> {
+        let client = match &self.connection {
+            Connection::Single(_) => self.pubsub_client.as_deref().cloned(),
+            Connection::Sentinel(master) => master.client(),
+            Connection::Cluster(_) => return Ok(None),
+        };
+        let Some(client) = client else {
+            // Behind Sentinel before any master is known: an I/O error, tried again.
+            return Err(StoreError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no master to subscribe to",
+            ))));
+        };
+        let channel = self.reset_channel();
+        let stream = self
+            .bounded(async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(&channel).await?;
+                Ok(pubsub.into_on_message())
+            })
+            .await?;
+        Ok(Some(
+            stream.map(|message| message.get_payload_bytes().to_vec()).boxed(),
+        ))
     }
 
     /// The key of one client under one rule's first limit:
@@ -621,19 +709,26 @@ impl RedisStore {
         let reply: redis::Value = self
             .bounded(async {
                 match (&self.connection, slot) {
-                    (Connection::Single(manager), _) => cmd.query_async(&mut manager.clone()).await,
-                    (Connection::Sentinel(master), _) => master.query(&cmd).await,
-                    (Connection::Cluster(cluster), slot) => {
-                        // Routed by redis-rs's default, a command without a key would go to
-                        // every master and need them all: one answer is what "Redis answers"
-                        // means here.
-                        let node = match slot {
-                            Some(slot) => {
-                                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
-                            }
-                            None => SingleNodeRoutingInfo::Random,
-                        };
-                        let routing = RoutingInfo::SingleNode(node);
+                    (Connection::Single(_) | Connection::Sentinel(_), _) => {
+                        self.query(&cmd, Resend::IfConnectionLost).await
+                    }
+                    // A master's probe: `TIME` from a script on a key of its slot. The cluster
+                    // client answers a command routed to a node it is not connected to from
+                    // another node (redis-rs's fallback while it reconnects), which would
+                    // close a dead master's breaker; a keyed script is refused by any node but
+                    // the slot's owner (`MOVED`, followed there), so only the master answers.
+                    (Connection::Cluster(cluster), Some(slot)) => {
+                        let mut script = redis::cmd("EVAL");
+                        script
+                            .arg("return redis.call('TIME')")
+                            .arg(1)
+                            .arg(key_in_slot(slot));
+                        script.query_async(&mut cluster.get().await?).await
+                    }
+                    // Routed by redis-rs's default, a command without a key would go to every
+                    // master and need them all: one answer is what "Redis answers" means here.
+                    (Connection::Cluster(cluster), None) => {
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
                         cluster.get().await?.route_command(cmd, routing).await
                     }
                 }
@@ -922,7 +1017,12 @@ impl RedisStore {
             }
             cmd
         };
-        self.evaluate(script, command).await
+        // A batch of decisions may be sent again; a refund or charge only if it never left.
+        let resend = match asks.iter().all(|ask| ask.call == Call::Decide) {
+            true => Resend::IfConnectionLost,
+            false => Resend::IfNeverSent,
+        };
+        self.evaluate(script, command, resend).await
     }
 
     /// `command("EVALSHA", hash)`, and after `NOSCRIPT` (a Redis restarted, flushed or failed
@@ -932,10 +1032,11 @@ impl RedisStore {
         &self,
         script: &LuaScript,
         command: impl Fn(&str, &str) -> redis::Cmd,
+        resend: Resend,
     ) -> redis::RedisResult<redis::Value> {
-        match self.query(&command("EVALSHA", script.hash())).await {
+        match self.query(&command("EVALSHA", script.hash()), resend).await {
             Err(error) if error.code() == Some("NOSCRIPT") => {
-                self.query(&command("EVAL", script.source())).await
+                self.query(&command("EVAL", script.source()), resend).await
             }
             reply => reply,
         }
@@ -979,10 +1080,28 @@ impl RedisStore {
             };
             cmd
         };
-        self.evaluate(script, command).await
+        let resend = match call {
+            Call::Decide | Call::Renew(_) => Resend::IfConnectionLost,
+            Call::Refund(_) | Call::Charge => Resend::IfNeverSent,
+        };
+        self.evaluate(script, command, resend).await
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    /// Run `cmd`; on a single Redis (or Sentinel's master), once more at once if it failed on
+    /// a connection that `resend` says was gone (see [`Resend`]). The caller's deadline bounds
+    /// both.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        resend: Resend,
+    ) -> redis::RedisResult<T> {
+        match self.query_once(cmd).await {
+            Err(error) if resend.after(&error) && !self.is_cluster() => self.query_once(cmd).await,
+            reply => reply,
+        }
+    }
+
+    async fn query_once<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match &self.connection {
             Connection::Single(manager) => cmd.query_async(&mut manager.clone()).await,
             Connection::Cluster(cluster) => cmd.query_async(&mut cluster.get().await?).await,
@@ -1007,6 +1126,27 @@ impl RedisStore {
             master.timed_out();
         }
     }
+}
+
+/// A reset: delete the client's keys (`KEYS`), then announce it (`PUBLISH ARGV[1] ARGV[2]`),
+/// in one atomic step; returns how many keys were deleted.
+const RESET_SCRIPT: &str = "local deleted = redis.call('DEL', unpack(KEYS)) \
+                            redis.call('PUBLISH', ARGV[1], ARGV[2]) return deleted";
+
+/// A key (`{N}`, the smallest such `N`) whose hash slot is `slot`: at most a few tens of
+/// thousands of CRC16s of a few bytes, once per probe of a dead master.
+fn key_in_slot(slot: u16) -> String {
+    let mut key = String::with_capacity(16);
+    for n in 0u32.. {
+        key.clear();
+        key.push('{');
+        key.push_str(&n.to_string());
+        key.push('}');
+        if key_slot(key.as_bytes()) == slot {
+            break;
+        }
+    }
+    key
 }
 
 /// One decision's entry in a batch's reply: its script's reply, or the text of its error.
@@ -1217,8 +1357,13 @@ impl Remote for RedisStore {
         &'a self,
         rule: &'a Rule,
         key: &'a str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        RedisStore::reset_key(self, rule, key)
+        client: ClientKey,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
+        RedisStore::reset_key(self, rule, key, client)
+    }
+
+    fn reset_feed(&self) -> impl Future<Output = Result<Option<ResetFeed>, StoreError>> + Send + '_ {
+        RedisStore::reset_feed(self)
     }
 
     fn is_cluster(&self) -> bool {
@@ -1241,6 +1386,13 @@ impl Remote for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_found_in_every_slot() {
+        for slot in [0, 1, 4725, 8191, 12182, 16383] {
+            assert_eq!(key_slot(key_in_slot(slot).as_bytes()), slot);
+        }
+    }
 
     #[test]
     fn passwords_never_reach_a_description() {

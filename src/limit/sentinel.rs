@@ -83,6 +83,8 @@ struct Master {
     /// `host:port`, for log lines.
     address: String,
     manager: ConnectionManager,
+    /// Its client, for connections of their own (the subscription to resets).
+    client: redis::Client,
 }
 
 impl SentinelMaster {
@@ -161,6 +163,11 @@ impl SentinelMaster {
         }
     }
 
+    /// The client of the master now, if one is known.
+    pub fn client(&self) -> Option<redis::Client> {
+        self.current.load().as_ref().map(|master| master.client.clone())
+    }
+
     /// `error` says the master is gone or no longer one: have the Sentinels asked again.
     fn failed(&self, error: &RedisError) {
         if error.is_io_error()
@@ -186,10 +193,11 @@ impl SentinelMaster {
         if previous.as_ref().is_some_and(|master| master.address == address) {
             return Ok(());
         }
-        let manager = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone())?;
         self.current.store(Some(Arc::new(Master {
             address: address.clone(),
             manager: manager.clone(),
+            client,
         })));
         match &previous {
             Some(previous) => tracing::warn!(

@@ -50,9 +50,15 @@ pub struct RedisConfig {
 /// As `--check-config` shows it, password redacted.
 impl fmt::Display for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Cluster and Sentinel targets name themselves; a lone URL is a single server.
+        let single = if matches!(self.target, RedisTarget::Single(_)) {
+            "single "
+        } else {
+            ""
+        };
         write!(
             f,
-            "redis {} (prefix {:?}, timeout {} ms, {} calls in flight, breaker after {} failures, probe every {} ms)",
+            "redis {single}{} (prefix {:?}, timeout {} ms, {} calls in flight, breaker after {} failures, probe every {} ms)",
             self.target.redacted(),
             self.key_prefix,
             self.timeout.as_millis(),

@@ -68,7 +68,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Forget `client`'s budget under `rule`, giving it the whole budget back (the admin's
     /// `DELETE /v1/clients/RULE/KEY`): in memory, or in Redis for every replica at once.
-    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<(), StoreError>>;
+    /// Answers whether the store held a budget of it (else there was nothing to give back).
+    fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>>;
 
     /// What the store knows now, for the metrics and `/readyz` (read at scrape time, not on
     /// the request path).

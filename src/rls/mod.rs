@@ -69,7 +69,9 @@ use crate::limit::algorithm::{FixedWindow, Limits, Policy};
 use crate::limit::{Cost, Decision, Rule, Verdict};
 use crate::metrics::DescriptorCounts;
 use crate::outcome::Outcome;
+use crate::proxy::AccessLog;
 use crate::refusal::{Refusals, Violated};
+use crate::telemetry::throttle::LogThrottle;
 pub(crate) use config::DescriptorTable;
 
 /// The generated protocol: Envoy's messages and the tonic server, from `proto/`.
@@ -178,6 +180,10 @@ pub struct RateLimitService {
     /// `tollgate_rls_descriptor_total`: the decisions of limits with `detailed_metric` or
     /// `value_to_metric`, by descriptor.
     descriptors: Arc<DescriptorCounts>,
+    /// `ACCESS_LOG`: which decisions get an `info` line, as the proxy's requests do.
+    access_log: AccessLog,
+    /// Paces the refusals' lines under `ACCESS_LOG=denied`.
+    denial_log: Arc<LogThrottle>,
 }
 
 /// The descriptor trees and their rules: what one reload of `RLS_CONFIG` puts in force.
@@ -260,6 +266,8 @@ impl RateLimitService {
             tables: Arc::new(arc_swap::ArcSwap::from_pointee(tables)),
             refusals: Refusals::default(),
             forward_headers: false,
+            access_log: AccessLog::Denied,
+            denial_log: Arc::new(LogThrottle::new()),
         })
     }
 
@@ -282,6 +290,12 @@ impl RateLimitService {
     /// The tonic server of this service: a `tower::Service` of HTTP/2 requests.
     pub fn into_server(self) -> Server {
         RateLimitServiceServer::new(self)
+    }
+
+    /// This service with its decisions logged as the proxy's requests are (`ACCESS_LOG`).
+    pub(crate) fn logged(mut self, access_log: AccessLog) -> RateLimitService {
+        self.access_log = access_log;
+        self
     }
 
     /// Answer one `ShouldRateLimit` request.
@@ -322,6 +336,23 @@ impl RateLimitService {
                             );
                         }
                         decided = keyed.decision.decision().cloned();
+                        crate::decide::log(
+                            self.access_log,
+                            &self.denial_log,
+                            &crate::decide::Decided {
+                                door: "rls",
+                                method: None,
+                                path: Some(&request.domain),
+                                client: key,
+                                address: None,
+                                rule: &rule.name,
+                                outcome: keyed.outcome,
+                                status: if keyed.outcome.forwards() { 200 } else { 429 },
+                                retry_after_s: decided.as_ref().filter(|_| !keyed.outcome.forwards()).map(
+                                    |decision| crate::limit_headers::retry_after_secs(decision.retry_after),
+                                ),
+                            },
+                        );
                         status(limit, rule, keyed.decision, keyed.outcome.forwards())
                     }
                     // Every table the configuration builds holds RLS_CONFIG's rules.

@@ -295,6 +295,120 @@ async fn a_reset_on_one_replica_reaches_the_denial_cache_of_another_within_a_sec
     backend.stop().await;
 }
 
+/// Poll `PUBSUB NUMSUB tollgate:resets`, for up to 10 s, until `subscribers` replicas listen
+/// for resets (asynchronously: the replicas subscribe on this test's runtime).
+async fn until_subscribed(redis: &RedisServer, subscribers: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = redis.cli(&["PUBSUB", "NUMSUB", "tollgate:resets"]);
+        if reply.lines().nth(1).map(str::trim) == Some(subscribers.to_string().as_str()) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never {subscribers} subscribers: {reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 26, item 10: a reset announced on `tollgate:resets` reaches the other replica's
+/// cached denial at once, not after its recheck a second later. Each round: b refuses a fresh
+/// client (Redis asked, the denial remembered), a resets it, and b's very next request for it
+/// is allowed. A round whose reset came a second or more after b's denial cannot tell the
+/// announcement from the recheck, and is run again with another client.
+#[tokio::test]
+async fn a_reset_on_one_replica_reaches_the_denial_cache_of_another_at_once() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    let vars = [
+        ("REDIS_URL", url.as_str()),
+        ("MAX_TOKENS", "2"),
+        ("REFILL_RATE", "0.001"),
+        ("ADMIN_TOKEN", TOKEN),
+    ];
+    let a = Gateway::start_with_admin(&backend.url(), &vars).await;
+    let b = Gateway::start_with_admin(&backend.url(), &vars).await;
+    until_subscribed(&redis, 2).await;
+    for round in 0..5u8 {
+        let client = std::net::IpAddr::from([127, 0, 0, 120 + round]);
+        for _ in 0..2 {
+            assert_eq!(get_from(b.addr, client, "/", &[]).await.status, StatusCode::OK);
+        }
+        let refused = std::time::Instant::now();
+        let denied = get_from(b.addr, client, "/", &[]).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(denied.number("retry-after") > 900, "a long retry");
+        let reset = a
+            .admin(
+                Method::DELETE,
+                &format!("/v1/clients/general/{client}"),
+                Some(TOKEN),
+            )
+            .await;
+        assert_eq!(reset.status, StatusCode::OK, "{}", reset.text());
+        let reply = get_from(b.addr, client, "/", &[]).await;
+        if refused.elapsed() >= Duration::from_secs(1) {
+            continue;
+        }
+        assert_eq!(reply.status, StatusCode::OK, "b forgot the denial at once");
+        assert_eq!(reply.number("x-ratelimit-remaining"), 1, "the whole budget");
+        a.stop().await;
+        b.stop().await;
+        backend.stop().await;
+        return;
+    }
+    panic!("every round took a second or more: the machine is too slow to tell");
+}
+
+/// The subscription down (killed by Redis, and not made again for a minute): a reset still
+/// reaches the other replica within a second, when its cached denial asks Redis again.
+#[tokio::test]
+async fn with_the_reset_subscription_down_a_reset_still_arrives_within_a_second() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    let vars = [
+        ("REDIS_URL", url.as_str()),
+        ("MAX_TOKENS", "2"),
+        ("REFILL_RATE", "0.001"),
+        ("ADMIN_TOKEN", TOKEN),
+        // Subscribed again only a minute after the subscription is lost.
+        ("REDIS_PROBE_INTERVAL_MS", "60000"),
+    ];
+    let a = Gateway::start_with_admin(&backend.url(), &vars).await;
+    let b = Gateway::start_with_admin(&backend.url(), &vars).await;
+    until_subscribed(&redis, 2).await;
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    until_subscribed(&redis, 0).await;
+    for _ in 0..2 {
+        assert_eq!(get(b.addr, "/").await.status, StatusCode::OK);
+    }
+    assert_eq!(get(b.addr, "/").await.status, StatusCode::TOO_MANY_REQUESTS);
+    let reset = a
+        .admin(Method::DELETE, "/v1/clients/general/127.0.0.1", Some(TOKEN))
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{}", reset.text());
+    let reset_at = std::time::Instant::now();
+    loop {
+        let reply = get(b.addr, "/").await;
+        if reply.status == StatusCode::OK {
+            assert_eq!(reply.number("x-ratelimit-remaining"), 1);
+            break;
+        }
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            reset_at.elapsed() < Duration::from_secs(10),
+            "b never asked Redis again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.stop().await;
+    b.stop().await;
+    backend.stop().await;
+}
+
 #[tokio::test]
 async fn the_most_refused_list_stays_bounded_under_a_flood_of_distinct_keys() {
     // A bucket of one that refills in a day: a key's first request is allowed, the rest are
@@ -385,6 +499,14 @@ async fn every_algorithm_reads_alike_in_memory_and_in_redis() {
             }
             let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
             let from = "127.0.0.5".parse().unwrap();
+            // A whole budget has nothing to wait for (it showed the rest of a window).
+            let whole = inspect(&gateway, "general", "127.0.0.5").await;
+            assert_eq!(
+                (whole["remaining"].as_u64(), whole["reset_after_ms"].as_u64()),
+                (Some(25), Some(0)),
+                "{algorithm:?} on {store:?}: {whole}"
+            );
+            assert_eq!(whole["limits"][0]["reset_after_ms"], 0, "{whole}");
             for _ in 0..7 {
                 assert_eq!(
                     get_from(gateway.addr, from, "/", &[]).await.status,
@@ -459,4 +581,109 @@ async fn admin_operations_reach_each_clients_master_on_a_redis_cluster() {
     );
     gateway.stop().await;
     backend.stop().await;
+}
+
+/// The ids the admin API shows (`/v1/limited`, logs: `key:<digest>`) are ids it accepts, on
+/// both stores; a reset that matched no budget says so (`404`); and a path with more after
+/// the client names no client, rather than the one before it.
+#[tokio::test]
+async fn the_ids_shown_are_accepted_and_a_reset_of_nobody_is_not_found() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = redis.url();
+    for store in [None, Some(url.as_str())] {
+        let mut vars = vec![
+            ("KEY_BY", "header:X-API-Key"),
+            ("MAX_TOKENS", "2"),
+            ("REFILL_RATE", "0.001"),
+            ("ADMIN_TOKEN", TOKEN),
+        ];
+        if let Some(url) = store {
+            vars.extend([
+                ("REDIS_URL", url),
+                ("KEY_HASH_SECRET", "shared-secret-for-the-test"),
+            ]);
+        }
+        let gateway = Gateway::start_with_admin(&backend.url(), &vars).await;
+        let from = "127.0.0.1".parse().unwrap();
+        let key = [("x-api-key", "tenant-9")];
+        for expected in [200, 200, 429] {
+            assert_eq!(get_from(gateway.addr, from, "/", &key).await.status, expected);
+        }
+        let list = json(&gateway.admin(Method::GET, "/v1/limited", Some(TOKEN)).await);
+        let shown = list["rules"][1]["clients"][0]["client"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(shown.starts_with("key:") && shown.len() == 36, "{list}");
+        let seen = inspect(&gateway, "general", &shown).await;
+        assert_eq!(seen["client"], shown.as_str(), "{store:?}: {seen}");
+        assert_eq!(
+            (seen["remaining"].as_u64(), seen["limited"].as_bool()),
+            (Some(0), Some(true)),
+            "{store:?}: the id shown is the client: {seen}"
+        );
+        let path = format!("/v1/clients/general/{shown}");
+        let reset = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+        assert_eq!(reset.status, StatusCode::OK, "{store:?}: {}", reset.text());
+        assert_eq!(json(&reset)["reset"], true);
+        assert_eq!(json(&reset)["client"], shown.as_str());
+        assert_eq!(get_from(gateway.addr, from, "/", &key).await.status, 200, "reset");
+        // Nobody left to reset, a mistyped raw key, a digest of nobody: 404, saying so.
+        for client in [
+            shown.as_str(),
+            "key:tenant-99",
+            "key:0123456789abcdef0123456789abcdef",
+            "127.0.0.77",
+        ] {
+            let path = if client == shown {
+                // The raw value names the same budget.
+                "/v1/clients/general/key:tenant-9".to_owned()
+            } else {
+                format!("/v1/clients/general/{client}")
+            };
+            if client == shown {
+                let reset = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+                assert_eq!(reset.status, StatusCode::OK, "{store:?}: {}", reset.text());
+            }
+            let again = gateway.admin(Method::DELETE, &path, Some(TOKEN)).await;
+            assert_eq!(
+                again.status,
+                StatusCode::NOT_FOUND,
+                "{store:?} {path}: {}",
+                again.text()
+            );
+            assert_eq!(json(&again)["reset"], false, "{}", again.text());
+            assert!(
+                json(&again)["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("nothing to reset")
+            );
+        }
+        // Trailing segments name no client: 127.0.0.1 keeps what it spent.
+        assert_eq!(get_from(gateway.addr, from, "/", &[]).await.status, 200);
+        for path in [
+            "/v1/clients/general/127.0.0.1/extra",
+            "/v1/clients/general/127.0.0.1/",
+            "/v1/clients/general/127.0.0.1%2Fextra",
+            "/v1/clients/general/127.0.0.1%2F32%2Fx",
+        ] {
+            let reply = gateway.admin(Method::DELETE, path, Some(TOKEN)).await;
+            assert!(
+                matches!(reply.status, StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST),
+                "{path}: {} {}",
+                reply.status,
+                reply.text()
+            );
+            assert_ne!(json_or_null(&reply)["reset"], true, "{path}");
+        }
+        assert_eq!(inspect(&gateway, "general", "127.0.0.1").await["remaining"], 1);
+        gateway.stop().await;
+    }
+    backend.stop().await;
+}
+
+fn json_or_null(reply: &crate::support::Reply) -> Value {
+    serde_json::from_slice(&reply.body).unwrap_or(Value::Null)
 }

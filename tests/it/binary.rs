@@ -21,6 +21,31 @@ fn run(vars: &[(&str, &str)], args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Two decision services on one Redis digest `/v1/check`'s named keys with the same secret or
+/// not at all: without `KEY_HASH_SECRET` each would draw its own, and hold a budget of its own
+/// for one client (issue 26, item 11: 20 allowed of 10). Checked with `--check-config`, so a
+/// configuration wrongly accepted exits 0 instead of serving forever.
+#[test]
+fn a_decision_service_with_redis_refuses_to_start_without_a_shared_key_secret() {
+    let decide = [("DECIDE_PORT", "9181"), ("REDIS_ADDR", "127.0.0.1:9")];
+    let output = run(&decide, &["--check-config"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("KEY_HASH_SECRET is required") && stderr.contains("DECIDE_PORT"),
+        "{stderr}"
+    );
+    let mut with_secret = decide.to_vec();
+    with_secret.push(("KEY_HASH_SECRET", "shared-secret-for-the-test"));
+    let output = run(&with_secret, &["--check-config"]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[test]
 fn each_bad_setting_exits_non_zero_naming_the_variable() {
     let backend = ("BACKEND_URL", "http://127.0.0.1:9");
@@ -234,10 +259,16 @@ fn a_dot_env_file_is_read_and_the_environment_wins() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{}",
+    // Valid, with one warning: .env's MAX_TOKENS is not read by a sliding window.
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{stdout}{}",
         String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("warning: MAX_TOKENS is set but not used"),
+        "{stdout}"
     );
     assert!(stdout.contains("sliding_window: 8 requests per 60 s"), "{stdout}");
 }
@@ -264,8 +295,18 @@ impl Running {
         assert!(sent.success(), "kill -HUP {pid}");
     }
 
+    /// [`Running::start`] as a decision service: no `BACKEND_URL`, the decision endpoints on
+    /// `addr` (`DECIDE_PORT`, which may be `PORT` when nothing is proxied).
+    pub(crate) fn start_decide(vars: &[(&str, &str)]) -> Running {
+        Running::spawn(std::path::Path::new("."), vars, true)
+    }
+
     /// [`Running::start`] with `dir` as the working directory (where `.env` is read).
     pub(crate) fn start_in(dir: &std::path::Path, vars: &[(&str, &str)]) -> Running {
+        Running::spawn(dir, vars, false)
+    }
+
+    fn spawn(dir: &std::path::Path, vars: &[(&str, &str)], decide: bool) -> Running {
         let [port, admin_port] = free_ports();
         let log = tempfile::NamedTempFile::new().unwrap();
         // Another build may be put under the same tests (see tests/it/bypass.rs).
@@ -277,6 +318,7 @@ impl Running {
             .env("PORT", port.to_string())
             // Tests run in parallel: each instance needs an admin port of its own.
             .env("ADMIN_PORT", admin_port.to_string())
+            .envs(decide.then(|| ("DECIDE_PORT", port.to_string())))
             .envs(vars.iter().copied())
             .stdout(log.reopen().unwrap())
             .spawn()
@@ -864,10 +906,14 @@ fn check_config_warns_about_a_misspelt_variable() {
         &[("BACKEND_URL", "http://127.0.0.1:9"), ("MAX_TOKEN", "4711")],
         &["--check-config"],
     );
-    assert!(output.status.success());
     let stdout = String::from_utf8_lossy(&output.stdout);
+    // Valid, but not clean: a pipeline's check fails on it (serving would start).
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines[0], "configuration ok", "{stdout}");
+    assert_eq!(
+        lines[0], "configuration ok, with 1 warning (exit status 3)",
+        "{stdout}"
+    );
     assert_eq!(
         lines[1], "warning: MAX_TOKEN is not a tollgate variable; did you mean MAX_TOKENS?",
         "{stdout}"
@@ -1003,4 +1049,55 @@ fn help_lists_every_flag_and_subcommand_and_where_variables_are_documented() {
     let output = run(&[], &["--check-config", "extra"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--help"));
+}
+
+/// A misspelt Redis variable still starts (Kubernetes injects look-alikes), but the warning
+/// and the ready line say which store runs, so `REDIS_ADRR` does not quietly run on memory;
+/// `--check-config` fails on it with its own status, and a clean one still exits 0.
+#[tokio::test]
+async fn a_misspelt_redis_variable_starts_on_the_store_the_ready_line_names() {
+    let backend = Backend::start().await;
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("REDIS_ADRR", "redis://127.0.0.1:6379"),
+    ]);
+    assert_eq!(get(tollgate.addr, "/").await.status, StatusCode::OK);
+    let log = tollgate.log();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("WARN") && line.contains("REDIS_ADRR is not a tollgate variable")),
+        "{log}"
+    );
+    let ready = log
+        .lines()
+        .find(|line| line.contains("tollgate ready"))
+        .unwrap_or_else(|| panic!("no ready line in\n{log}"));
+    assert!(ready.contains("store=memory (this process's own"), "{ready}");
+    tollgate.terminate().await;
+
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("REDIS_ADRR", "redis://x:6379"),
+        ],
+        &["--check-config"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("store:            memory"), "{stdout}");
+    let clean = run(&[("BACKEND_URL", "http://127.0.0.1:9")], &["--check-config"]);
+    assert_eq!(clean.status.code(), Some(0));
+    // A Redis store is named with its kind and address, never its password.
+    let output = run(
+        &[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("REDIS_URL", "redis://:hunter2@db:6379"),
+        ],
+        &["--check-config"],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("store:            redis single redis://:***@db:6379"),
+        "{stdout}"
+    );
 }

@@ -348,7 +348,12 @@ async fn the_places_of_a_killed_gateway_come_back_when_their_leases_expire() {
 #[tokio::test]
 async fn at_the_decision_api_a_place_is_held_for_its_whole_lease() {
     let redis = RedisServer::start();
-    for vars in on_each_store(&redis, &[("LIMITS", "concurrent:1:1")]) {
+    // A decision service with Redis digests named keys with a shared secret.
+    let limits = [
+        ("LIMITS", "concurrent:1:1"),
+        ("KEY_HASH_SECRET", "shared-secret-for-the-test"),
+    ];
+    for vars in on_each_store(&redis, &limits) {
         let vars: Vec<(&str, &str)> = vars.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
         let gateway = Gateway::start_decide(None, &vars).await;
         let check = || async {

@@ -440,8 +440,13 @@ async fn check_names_the_field_of_a_bad_body() {
         ),
         (
             r#"{"rule": "general", "key": "a", "kost": 1}"#,
-            None,
+            Some("kost"),
             "unknown field `kost`",
+        ),
+        (
+            r#"{"rule": "general", "key": "a", "cost": "two"}"#,
+            Some("cost"),
+            "invalid type",
         ),
         (
             r#"{"rule": "general", "key": "a", "path": "/x"}"#,
@@ -463,7 +468,7 @@ async fn check_names_the_field_of_a_bad_body() {
             Some("path"),
             "",
         ),
-        ("not json", None, "not a JSON question"),
+        ("not json", Some("body"), "not a JSON question"),
         ("{}", None, "empty question"),
         (big.as_str(), Some("body"), "larger than"),
     ] {
@@ -564,4 +569,96 @@ async fn decision_services_sharing_a_redis_enforce_one_exact_limit() {
     assert_eq!(allowed, 4);
     a.stop().await;
     b.stop().await;
+}
+
+/// A decision service (no `BACKEND_URL`) logs its refusals at `info` as the proxy does, with
+/// the client as `/v1/limited` names it, on every door; `ACCESS_LOG=all` every decision, and
+/// `off` none. (Refusals were logged at `debug` only, and `ACCESS_LOG` was ignored.)
+#[tokio::test]
+async fn the_decision_service_logs_refusals_and_honours_access_log() {
+    use crate::binary::Running;
+    for access_log in ["denied", "all", "off"] {
+        let tollgate = Running::start_decide(&[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_TOKENS", "1"),
+            ("REFILL_RATE", "0.001"),
+            ("ACCESS_LOG", access_log),
+        ]);
+        let headers = [
+            ("x-forwarded-method", "GET"),
+            ("x-forwarded-uri", "/orders"),
+            ("x-forwarded-host", "app.example"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ];
+        for expected in [200, 429] {
+            let reply = request(
+                tollgate.addr,
+                IpAddr::from(PROXY),
+                Method::GET,
+                "/v1/forward-auth",
+                &headers,
+                Bytes::new(),
+            )
+            .await;
+            assert_eq!(reply.status, expected, "{}", reply.text());
+        }
+        for allowed in [true, false] {
+            let reply = request(
+                tollgate.addr,
+                IpAddr::from(PROXY),
+                Method::POST,
+                "/v1/check",
+                &[("content-type", "application/json")],
+                Bytes::from_static(br#"{"rule": "general", "key": "tenant-3"}"#),
+            )
+            .await;
+            assert_eq!(json(&reply)["allowed"], allowed, "{}", reply.text());
+        }
+        let mut log = tollgate.log();
+        for _ in 0..100 {
+            if access_log == "off" || log.matches("door=\"check\"").count() >= 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            log = tollgate.log();
+        }
+        let refused: Vec<&str> = log
+            .lines()
+            .filter(|line| line.contains("request refused"))
+            .collect();
+        let allowed = log
+            .lines()
+            .filter(|line| line.contains(" request ") || line.ends_with(" request"))
+            .filter(|line| line.contains("decision=\"allowed\""))
+            .count();
+        match access_log {
+            "off" => assert!(refused.is_empty() && allowed == 0, "{log}"),
+            _ => {
+                assert_eq!(refused.len(), 2, "{log}");
+                let auth = refused
+                    .iter()
+                    .find(|line| line.contains("door=\"forward-auth\""))
+                    .unwrap_or_else(|| panic!("{log}"));
+                assert!(
+                    auth.contains("INFO")
+                        && auth.contains("client=203.0.113.9")
+                        && auth.contains("path=\"/orders\"")
+                        && auth.contains("rule=\"general\"")
+                        && auth.contains("decision=\"limited\"")
+                        && auth.contains("status=429"),
+                    "{auth}"
+                );
+                let check = refused
+                    .iter()
+                    .find(|line| line.contains("door=\"check\""))
+                    .unwrap();
+                assert!(
+                    check.contains("client=key:") && check.contains("retry_after_s="),
+                    "{check}"
+                );
+                assert_eq!(allowed, if access_log == "all" { 2 } else { 0 }, "{log}");
+            }
+        }
+        tollgate.terminate().await;
+    }
 }

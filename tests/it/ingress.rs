@@ -1,7 +1,9 @@
 //! `/v1/forward-auth` behind the real proxies that call it: nginx (`auth_request`, with the
 //! refusal mapped back to `429` and `Retry-After`), Caddy (`forward_auth`) and Traefik
 //! (`ForwardAuth`), each in front of a recording backend, with the configurations
-//! `docs/operations.md` shows. Each client is a source address of its own on loopback.
+//! `docs/operations.md` shows, and with tollgate stopped: as each proxy comes, and with the
+//! docs' fail-open and fail-closed recipes. Each client is a source address of its own on
+//! loopback.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -87,14 +89,32 @@ fn nginx(decide: SocketAddr, backend: &Backend) -> Proxy {
     nginx_calling(decide, backend, "/v1/forward-auth?status=403")
 }
 
-/// nginx asking `target` (the forward-auth path and query) of the decision service.
-fn nginx_calling(decide: SocketAddr, backend: &Backend, target: &str) -> Proxy {
-    let port = free_port();
-    nginx_serving(port, &nginx_site(port, decide, &backend.url(), target))
+/// What a proxy does when tollgate cannot be asked (stopped, unreachable, too slow).
+#[derive(Clone, Copy, Debug)]
+enum Unreachable {
+    /// The proxy's own answer: nginx `500`, Caddy `502`, Traefik `500`.
+    AsIs,
+    /// docs/operations.md's fail-open recipe: forwarded as if allowed.
+    Open,
+    /// docs/operations.md's fail-closed recipe: `503` with `Retry-After`.
+    Closed,
 }
 
-/// nginx serving `sites` (`server` blocks), the first of them on `port`.
-fn nginx_serving(port: u16, sites: &str) -> Proxy {
+/// nginx asking `target` (the forward-auth path and query) of the decision service.
+fn nginx_calling(decide: SocketAddr, backend: &Backend, target: &str) -> Proxy {
+    nginx_failing(decide, backend, target, Unreachable::AsIs)
+}
+
+/// [`nginx_calling`], doing `unreachable` when tollgate cannot be asked.
+fn nginx_failing(decide: SocketAddr, backend: &Backend, target: &str, unreachable: Unreachable) -> Proxy {
+    let port = free_port();
+    let site = nginx_site(port, decide, &backend.url(), target, unreachable);
+    nginx_serving(port, &site, false)
+}
+
+/// nginx serving `sites` (`server` blocks, the first of them listening on `port`); with `test_only`, what
+/// `nginx -t` says of it instead, the process already exited.
+fn nginx_serving(port: u16, sites: &str, test_only: bool) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().display();
     let config = format!(
@@ -112,7 +132,7 @@ http {{
     scgi_temp_path {root}/scgi;
 {sites}
 }}
-"#
+"#,
     );
     let file = write(dir.path(), "nginx.conf", &config);
     let mut command = Command::new("nginx");
@@ -124,11 +144,49 @@ http {{
         "-c",
         &file,
     ]);
+    if test_only {
+        command.arg("-t");
+    }
     Proxy::start(command, SocketAddr::from(([127, 0, 0, 1], port)), dir)
 }
 
-/// The `server` block of docs/operations.md's nginx setup, on `port`, asking `target`.
-fn nginx_site(port: u16, decide: SocketAddr, backend: &str, target: &str) -> String {
+/// The `server` block of docs/operations.md's nginx setup, on `port`, asking `target`; with
+/// `unreachable`, its fail-open or fail-closed recipe added.
+fn nginx_site(
+    port: u16,
+    decide: SocketAddr,
+    backend: &str,
+    target: &str,
+    unreachable: Unreachable,
+) -> String {
+    let (catch, down) = match unreachable {
+        Unreachable::AsIs => ("", String::new()),
+        Unreachable::Open => (
+            NGINX_CATCH,
+            format!(
+                r#"
+        location @tollgate_down {{
+            # Fail open: forwarded as if tollgate had allowed it.
+            proxy_pass {backend};
+        }}"#
+            ),
+        ),
+        Unreachable::Closed => (
+            NGINX_CATCH,
+            r#"
+        location @tollgate_down {
+            # Fail closed: refused until tollgate answers again.
+            add_header Retry-After 5 always;
+            default_type application/json;
+            return 503 '{"error":"rate limiter unavailable"}';
+        }"#
+            .to_owned(),
+        ),
+    };
+    let timeouts = match unreachable {
+        Unreachable::AsIs => "",
+        _ => NGINX_TIMEOUTS,
+    };
     format!(
         r#"    server {{
         listen 127.0.0.1:{port};
@@ -143,7 +201,7 @@ fn nginx_site(port: u16, decide: SocketAddr, backend: &str, target: &str) -> Str
             add_header X-RateLimit-Remaining $tollgate_remaining always;
             # auth_request takes only 2xx, 401 and 403: tollgate answers 403 (?status=403),
             # mapped back to 429 here.
-            error_page 403 = @tollgate_limited;
+            error_page 403 = @tollgate_limited;{catch}
             proxy_pass {backend};
         }}
 
@@ -156,7 +214,7 @@ fn nginx_site(port: u16, decide: SocketAddr, backend: &str, target: &str) -> Str
             proxy_set_header X-Original-Method $request_method;
             proxy_set_header X-Forwarded-Host $host;
             # The edge proxy: the client is the peer, whatever it wrote itself.
-            proxy_set_header X-Forwarded-For $remote_addr;
+            proxy_set_header X-Forwarded-For $remote_addr;{timeouts}
         }}
 
         location @tollgate_limited {{
@@ -165,15 +223,52 @@ fn nginx_site(port: u16, decide: SocketAddr, backend: &str, target: &str) -> Str
             add_header X-RateLimit-Remaining $tollgate_remaining always;
             default_type application/json;
             return 429 '{{"error":"rate limit exceeded"}}';
-        }}
+        }}{down}
     }}"#
     )
 }
 
+/// The fail-open and fail-closed recipes' line in `location /`, as docs/operations.md shows it.
+const NGINX_CATCH: &str = r#"
+            # tollgate unreachable: auth_request answers 500 (the backend's own 5xx are passed
+            # through, not caught: proxy_intercept_errors is off).
+            error_page 500 = @tollgate_down;"#;
+
+/// The recipes' timeouts in `location = /_tollgate`: a tollgate that hangs is unreachable too.
+const NGINX_TIMEOUTS: &str = r#"
+            proxy_connect_timeout 1s;
+            proxy_read_timeout 5s;"#;
+
 fn caddy(decide: SocketAddr, backend: &Backend) -> Proxy {
+    caddy_failing(decide, backend, Unreachable::AsIs)
+}
+
+/// docs/operations.md's Caddy setup, doing `unreachable` when tollgate cannot be asked.
+fn caddy_failing(decide: SocketAddr, backend: &Backend, unreachable: Unreachable) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let backend = backend.url().trim_start_matches("http://").to_owned();
+    let down = match unreachable {
+        Unreachable::AsIs => String::new(),
+        Unreachable::Open => format!(
+            r#"
+    # tollgate unreachable: forward_auth fails with 502. Fail open, for that failure only
+    # (the backend's own failure is not sent twice).
+    handle_errors 502 {{
+        @tollgate_down expression `{{http.reverse_proxy.upstream.hostport}} == "{decide}"`
+        reverse_proxy @tollgate_down {backend}
+    }}"#
+        ),
+        Unreachable::Closed => format!(
+            r#"
+    # tollgate unreachable: forward_auth fails with 502. Fail closed with 503.
+    handle_errors 502 {{
+        @tollgate_down expression `{{http.reverse_proxy.upstream.hostport}} == "{decide}"`
+        header @tollgate_down Retry-After 5
+        respond @tollgate_down `{{"error":"rate limiter unavailable"}}` 503
+    }}"#
+        ),
+    };
     let config = format!(
         r#"{{
     admin off
@@ -187,7 +282,7 @@ fn caddy(decide: SocketAddr, backend: &Backend) -> Proxy {
         uri /v1/forward-auth
         copy_headers X-RateLimit-Limit X-RateLimit-Remaining
     }}
-    reverse_proxy {backend}
+    reverse_proxy {backend}{down}
 }}
 "#
     );
@@ -452,7 +547,7 @@ async fn a_byte_in_the_clients_forwarded_for_never_makes_nginx_the_client() {
         decide = gateway.decide.unwrap(),
         backend = backend.url(),
     );
-    let nginx = nginx_serving(front, &sites);
+    let nginx = nginx_serving(front, &sites, false);
     nginx.ready([127, 0, 0, 9].into()).await;
     let forged =
         b"GET /api HTTP/1.1\r\nHost: app.example\r\nX-Forwarded-For: \xff\r\nConnection: close\r\n\r\n";
@@ -482,4 +577,157 @@ async fn a_byte_in_the_clients_forwarded_for_never_makes_nginx_the_client() {
         }
     }
     gateway.stop().await;
+}
+
+/// With tollgate stopped, each proxy as it comes (nginx `500`, Caddy `502`, Traefik `500`), and
+/// docs/operations.md's fail-open recipe (forwarded to the backend, nothing else changed: a
+/// refusal while tollgate runs is still a refusal) and fail-closed one (`503`, `Retry-After`).
+async fn when_tollgate_stops(
+    start: impl Fn(SocketAddr, &Backend, Unreachable) -> Proxy,
+    unreachable: Unreachable,
+    as_is: StatusCode,
+) {
+    let backend = Backend::start().await;
+    let gateway = decision_service().await;
+    let decide = gateway.decide.unwrap();
+    let proxy = start(decide, &backend, unreachable);
+    proxy.ready([127, 0, 0, 9].into()).await;
+    // While tollgate runs, the recipe changes nothing.
+    limits_each_client(&proxy, &backend, false).await;
+    gateway.stop().await;
+    assert!(
+        tokio::net::TcpStream::connect(decide).await.is_err(),
+        "tollgate is stopped"
+    );
+    let client: IpAddr = [127, 0, 0, 5].into();
+    for method in [http::Method::GET, http::Method::POST] {
+        let before = backend.seen().len();
+        let reply = crate::support::request(
+            proxy.addr,
+            client,
+            method.clone(),
+            "/api/items",
+            &[],
+            bytes::Bytes::from_static(b"order=1"),
+        )
+        .await;
+        let reached = backend.seen().len() - before;
+        match unreachable {
+            Unreachable::AsIs => {
+                assert_eq!(
+                    reply.status,
+                    as_is,
+                    "{method}: {}\n{}",
+                    reply.text(),
+                    proxy.output()
+                );
+                assert_eq!(reached, 0);
+            }
+            Unreachable::Open => {
+                assert_eq!(
+                    reply.status,
+                    StatusCode::OK,
+                    "{method}: {}\n{}",
+                    reply.text(),
+                    proxy.output()
+                );
+                assert_eq!(reached, 1, "{method}: forwarded once");
+                let seen = backend.last();
+                assert_eq!(seen.uri, "/api/items");
+                if method == http::Method::POST {
+                    assert_eq!(seen.headers["content-length"], "7", "{method}: the body too");
+                }
+            }
+            Unreachable::Closed => {
+                assert_eq!(
+                    reply.status,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "{method}: {}\n{}",
+                    reply.text(),
+                    proxy.output()
+                );
+                assert_eq!(reply.header("retry-after"), Some("5"));
+                assert_eq!(reached, 0);
+            }
+        }
+    }
+    // The backend's own failure is not retried by the fail-open recipe.
+    if let Unreachable::Open = unreachable {
+        backend.stop().await;
+        let reply = get_from(proxy.addr, client, "/api/items", &[]).await;
+        assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", reply.text());
+    }
+}
+
+#[tokio::test]
+async fn nginx_with_tollgate_stopped_answers_500_fails_open_or_closed_as_configured() {
+    let nginx = |decide, backend: &Backend, unreachable| {
+        nginx_failing(decide, backend, "/v1/forward-auth?status=403", unreachable)
+    };
+    for unreachable in [Unreachable::AsIs, Unreachable::Open, Unreachable::Closed] {
+        when_tollgate_stops(nginx, unreachable, StatusCode::INTERNAL_SERVER_ERROR).await;
+    }
+}
+
+#[tokio::test]
+async fn caddy_with_tollgate_stopped_answers_502_fails_open_or_closed_as_configured() {
+    for unreachable in [Unreachable::AsIs, Unreachable::Open, Unreachable::Closed] {
+        when_tollgate_stops(caddy_failing, unreachable, StatusCode::BAD_GATEWAY).await;
+    }
+}
+
+/// Traefik's ForwardAuth has no failure handler: with tollgate stopped every request is `500`
+/// (docs/operations.md says so, and what to do instead).
+#[tokio::test]
+async fn traefik_with_tollgate_stopped_answers_500() {
+    let traefik = |decide, backend: &Backend, _| traefik(decide, backend);
+    when_tollgate_stops(traefik, Unreachable::AsIs, StatusCode::INTERNAL_SERVER_ERROR).await;
+}
+
+/// Every nginx block in README.md and docs/operations.md is marked a fragment on its first
+/// line, or is a whole `server` block that passes `nginx -t` and works: behind it a client is
+/// refused `429` with `Retry-After`, never `500` (the README's short block once named an
+/// `@tollgate_limited` that only the long one had, so every refusal was a `500`).
+#[tokio::test]
+async fn every_nginx_block_in_the_docs_is_a_fragment_or_works() {
+    let mut complete = 0;
+    for file in ["README.md", "docs/operations.md"] {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+        for block in text.split("```nginx\n").skip(1) {
+            let block = block.split("```").next().unwrap();
+            // The README's blocks are indented as list items.
+            let indent = block
+                .lines()
+                .next()
+                .map_or(0, |line| line.len() - line.trim_start().len());
+            let block: String = block
+                .lines()
+                .map(|line| line.get(indent..).unwrap_or(line.trim_start()))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if block.starts_with("# fragment") {
+                continue;
+            }
+            complete += 1;
+            let backend = Backend::start().await;
+            let gateway = decision_service().await;
+            let port = free_port();
+            let site = block
+                .replace("listen 80;", &format!("listen 127.0.0.1:{port};"))
+                .replace("http://app:8000", &backend.url())
+                .replace("tollgate:8081", &gateway.decide.unwrap().to_string());
+            let mut checked = nginx_serving(free_port(), &site, true);
+            let status = checked.child.wait().unwrap();
+            assert!(
+                status.success(),
+                "{file}: nginx -t fails on\n{site}\n{}",
+                checked.output()
+            );
+            let proxy = nginx_serving(port, &site, false);
+            proxy.ready([127, 0, 0, 9].into()).await;
+            limits_each_client(&proxy, &backend, false).await;
+            gateway.stop().await;
+        }
+    }
+    assert_eq!(complete, 2, "README's block and docs/operations.md's");
 }

@@ -403,3 +403,37 @@ async fn clients_keyed_by_a_header_keep_their_budgets_across_a_reload_without_a_
     assert!(tollgate.log().contains("kept=auth,general"), "{}", tollgate.log());
     assert_eq!(send().await, 429, "the same key, still limited");
 }
+
+/// A file the watcher failed on is reported once, not at every tick it stays; put back to
+/// the table in force, it is said to be fine again (it was silent, the error standing last).
+#[tokio::test]
+async fn a_file_put_back_after_a_failed_reload_is_said_to_be_fine_again() {
+    let backend = Backend::start().await;
+    let rules = RulesFile::new(BEFORE);
+    let tollgate = Running::start(&[
+        ("BACKEND_URL", &backend.url()),
+        ("RULES_FILE", rules.path()),
+        ("RULES_RELOAD_INTERVAL_MS", "20"),
+    ]);
+    rules.write(&BEFORE.replace("token_bucket:2:0.001", "token_bucket:two:0.001"));
+    await_reloads(&tollgate, "error", 1).await;
+    // Many ticks on the same bad bytes: still one error.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(reloads(&tollgate, "error").await, 1, "{}", tollgate.log());
+    rules.write(BEFORE);
+    let mut log = tollgate.log();
+    for _ in 0..250 {
+        if log.contains("rules file is back to the rule table in force") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        log = tollgate.log();
+    }
+    let line = log
+        .lines()
+        .find(|line| line.contains("rules file is back to the rule table in force"))
+        .unwrap_or_else(|| panic!("nothing said once the file was fixed:\n{log}"));
+    assert!(line.contains("INFO") && line.contains(rules.path()), "{line}");
+    assert_eq!(reloads(&tollgate, "ok").await, 0, "nothing was reloaded");
+    assert_eq!(statuses(&tollgate, "/api/x", 3).await, [200, 200, 429]);
+}

@@ -80,7 +80,12 @@ impl Algorithm for FixedWindow {
                 limit: self.limit,
                 remaining: self.limit - state.count,
                 retry_after: Duration::ZERO,
-                reset_after: until_end,
+                // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
+                reset_after: if state.count == 0 {
+                    Duration::ZERO
+                } else {
+                    until_end
+                },
                 at_us,
             };
         }

@@ -119,7 +119,12 @@ impl Algorithm for SlidingLog {
             limit: self.limit,
             remaining: self.limit - log.len() as u64,
             retry_after: Duration::ZERO,
-            reset_after: Duration::from_micros(at_us + window - now_us),
+            // A look of cost 0 logs nothing: the budget is back when the newest entry expires.
+            reset_after: Duration::from_micros(if cost == 0 {
+                reset_us
+            } else {
+                at_us + window - now_us
+            }),
             at_us,
         }
     }

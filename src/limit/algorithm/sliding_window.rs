@@ -133,8 +133,15 @@ impl SlidingWindow {
                 limit: self.limit,
                 remaining: (budget - previous_weight - current * w) / w,
                 retry_after: Duration::ZERO,
-                // `current` leaves the sliding window when the next window ends.
-                reset_after: after_ms(start + 2 * w),
+                // `current` leaves the sliding window when the next window ends, `previous`
+                // when this one does; with neither, the budget is whole already.
+                reset_after: if current > 0 {
+                    after_ms(start + 2 * w)
+                } else if previous > 0 {
+                    after_ms(start + w)
+                } else {
+                    Duration::ZERO
+                },
                 at_us: now_us.max(now_ms * US_PER_MS),
             };
             let state = WindowState {

@@ -185,3 +185,30 @@ proptest! {
         }
     }
 }
+
+/// The admin's inspection of a whole budget: nothing to wait for (`reset_after` zero, not
+/// the rest of a window), under every algorithm; and one spent request still waits.
+#[test]
+fn a_whole_budget_resets_after_nothing() {
+    let now_us = 1_700_000_016_016_000;
+    for (name, first, second) in [
+        ("token_bucket", "10", "1"),
+        ("fixed_window", "10", "60"),
+        ("sliding_window", "10", "60"),
+        ("sliding_log", "10", "60"),
+        ("concurrent", "10", "30"),
+    ] {
+        let policy = Policy::parse(name, first, second).unwrap().unwrap();
+        let fresh = policy.peek(&policy.fresh_state(), now_us);
+        assert_eq!(
+            (fresh.remaining, fresh.reset_after),
+            (10, Duration::ZERO),
+            "{name}"
+        );
+        let mut spent = policy.fresh_state();
+        policy.check(&mut spent, now_us, Cost::ONE);
+        let seen = policy.peek(&spent, now_us + 1_000);
+        assert_eq!(seen.remaining, 9, "{name}");
+        assert!(seen.reset_after > Duration::ZERO, "{name}");
+    }
+}

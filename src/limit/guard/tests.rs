@@ -124,9 +124,10 @@ impl Remote for FailingStore {
         &'a self,
         _rule: &'a Rule,
         _key: &'a str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        _client: ClientKey,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
         self.control.calls.fetch_add(1, Ordering::Relaxed);
-        std::future::ready(self.reply().map(drop))
+        std::future::ready(self.reply().map(|_| true))
     }
 
     fn is_cluster(&self) -> bool {
@@ -423,4 +424,52 @@ async fn a_denial_is_repeated_until_its_retry_time_without_asking() {
         Verdict::Decided(ALLOWED)
     );
     assert_eq!(store.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_redis_cannot_be_asked_a_denial_holds_until_its_retry_time_in_every_fail_mode() {
+    for fail_mode in [FailMode::Open, FailMode::Local, FailMode::Closed] {
+        let rules = [rule(0, "general", fail_mode)];
+        let (guard, store) = guarded(&rules, 2);
+        let denial = Decision {
+            allowed: false,
+            remaining: 0,
+            retry_after: Duration::from_secs(1000),
+            ..ALLOWED
+        };
+        store.answer(denial);
+        assert!(
+            matches!(guard.check(&rules[0], client(1), Cost::ONE).await, Verdict::Decided(d) if !d.allowed)
+        );
+        // Past the recheck, Redis fails: the call is made, then the denial answers.
+        store.fail_with(timeout());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..2 {
+            let verdict = guard.check(&rules[0], client(1), Cost::ONE).await;
+            assert!(
+                matches!(&verdict, Verdict::Decided(d) if !d.allowed && d.retry_after == Duration::from_secs(998)),
+                "{fail_mode:?}: {verdict:?}"
+            );
+        }
+        assert_eq!(breakers(&guard), OPEN, "{fail_mode:?}");
+        // The breaker open: answered without a call, until the retry time.
+        let calls = store.calls();
+        tokio::time::sleep(Duration::from_secs(990)).await;
+        let verdict = guard.check(&rules[0], client(1), Cost::ONE).await;
+        assert!(
+            matches!(&verdict, Verdict::Decided(d) if !d.allowed && d.retry_after == Duration::from_secs(8)),
+            "{fail_mode:?}: {verdict:?}"
+        );
+        assert_eq!(store.calls(), calls);
+        // Anyone else gets the fail mode; so does this client after its retry time.
+        assert!(!matches!(
+            guard.check(&rules[0], client(2), Cost::ONE).await,
+            Verdict::Decided(_)
+        ));
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        assert!(!matches!(
+            guard.check(&rules[0], client(1), Cost::ONE).await,
+            Verdict::Decided(_)
+        ));
+    }
 }
