@@ -315,10 +315,10 @@ impl RateLimitService {
                         let key = generation.key_of(&client_name(&request.domain, descriptor, shared));
                         let keyed = self.gate.decide_key(&generation, rule, key, *cost).await;
                         decided = keyed.decision.decision().cloned();
-                        crate::decide::log(
+                        crate::decision_log::log(
                             self.access_log,
                             &self.denial_log,
-                            &crate::decide::Decided {
+                            &crate::decision_log::Decided {
                                 door: "rls",
                                 method: None,
                                 path: Some(&request.domain),
