@@ -64,6 +64,7 @@ pub(crate) mod admin;
 pub(crate) mod app;
 pub mod config;
 pub(crate) mod decide;
+pub(crate) mod decision_log;
 pub(crate) mod gate;
 pub mod limit;
 pub(crate) mod limit_headers;

@@ -28,8 +28,8 @@ use http::HeaderName;
 use ipnet::IpNet;
 
 use super::env::{Env, entries};
-use super::rules::parse_limits;
 use super::{ConfigError, parse_network};
+use crate::limit::algorithm::parse_limits;
 use crate::limit::overrides::{Client, Entry, Override, Overrides, Tier};
 use crate::limit::{Rule, RuleTable};
 use crate::variables as vars;

@@ -461,7 +461,8 @@ impl Reader<'_> {
                         return Err(self.fail(item.span(), &at, "expected a string".into()));
                     };
                     let text = self.entry_text(item.span(), &at, text)?;
-                    super::rules::parse_limit(&text).map_err(|why| self.fail(item.span(), &at, why))?;
+                    crate::limit::algorithm::parse_limit(&text)
+                        .map_err(|why| self.fail(item.span(), &at, why))?;
                     texts.push(text);
                 }
                 texts.join("+")
@@ -474,7 +475,7 @@ impl Reader<'_> {
                 ));
             }
         };
-        super::rules::parse_limits(&text).map_err(|why| self.fail(value.span(), setting, why))?;
+        crate::limit::algorithm::parse_limits(&text).map_err(|why| self.fail(value.span(), setting, why))?;
         Ok(text)
     }
 

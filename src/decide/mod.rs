@@ -27,11 +27,11 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use subtle::ConstantTimeEq;
 
+use crate::decision_log::Decided;
 use crate::gate::Gate;
+use crate::limit::KeyHasher;
 use crate::limit::key::Digest;
-use crate::limit::{ClientKey, KeyHasher};
 use crate::limit_headers::HeaderStyle;
-use crate::outcome::Outcome;
 use crate::proxy::AccessLog;
 use crate::refusal::Refusals;
 use crate::server::{Arrival, Door};
@@ -119,90 +119,13 @@ pub struct Decide {
     rls: Option<crate::rls::Server>,
 }
 
-/// One decision of a door here, for its log line.
-pub(crate) struct Decided<'a> {
-    /// `forward-auth` or `check`.
-    pub(crate) door: &'static str,
-    /// The original request's method and path (a named `/v1/check` question has none; for
-    /// Envoy's rate limit service, the path is the descriptors' domain).
-    pub(crate) method: Option<&'a str>,
-    pub(crate) path: Option<&'a str>,
-    /// Whose budget, as the proxy's lines and `/v1/limited` name it.
-    pub(crate) client: ClientKey,
-    /// The client's address, when the door was told it.
-    pub(crate) address: Option<std::net::IpAddr>,
-    pub(crate) rule: &'a str,
-    pub(crate) outcome: Outcome,
-    /// The status the door answers (for `/v1/check` always 200: `allowed` says the rest).
-    pub(crate) status: u16,
-    pub(crate) retry_after_s: Option<u64>,
-}
-
 impl Decide {
     /// The line about one decision, as the proxy writes one per request: refusals at `info`
     /// under `ACCESS_LOG=denied` (paced, with how many were suppressed), every decision under
     /// `all`, a shadow rule's would-be refusals whatever it says; the rest at `debug`. Nothing
     /// is formatted for a line no one reads.
     pub(crate) fn log(&self, decided: &Decided<'_>) {
-        log(self.settings.access_log, &self.denial_log, decided);
-    }
-}
-
-/// The line about one decision of a door that forwards nothing (see [`Decide::log`]), under
-/// `access_log`, refusals paced by `throttle`.
-pub(crate) fn log(access_log: AccessLog, throttle: &LogThrottle, decided: &Decided<'_>) {
-    let Decided {
-        door,
-        method,
-        path,
-        client,
-        address,
-        rule,
-        outcome,
-        status,
-        retry_after_s,
-    } = decided;
-    let suppressed = match access_log {
-        _ if !tracing::enabled!(tracing::Level::INFO) => None,
-        AccessLog::All => Some(0),
-        _ if access_log.logs(*outcome) => throttle.admit(),
-        _ => None,
-    };
-    let address = address.map(tracing::field::display);
-    match suppressed {
-        Some(suppressed) => {
-            if suppressed > 0 {
-                tracing::info!(suppressed, "{suppressed} similar lines suppressed");
-            }
-            let message = match outcome {
-                Outcome::Shadow => "shadow rule would have refused this request; allowed",
-                _ if !outcome.forwards() => "request refused",
-                _ => "request",
-            };
-            tracing::info!(
-                door,
-                method,
-                path,
-                client = %client,
-                address,
-                rule,
-                decision = outcome.as_str(),
-                status,
-                retry_after_s,
-                "{message}"
-            );
-        }
-        None => tracing::debug!(
-            door,
-            method,
-            path,
-            client = %client,
-            address,
-            rule,
-            decision = outcome.as_str(),
-            status,
-            "request"
-        ),
+        crate::decision_log::log(self.settings.access_log, &self.denial_log, decided);
     }
 }
 

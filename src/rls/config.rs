@@ -55,7 +55,7 @@ use std::sync::Arc;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::yaml::{self, Node, Value};
-use crate::config::rules::{ALGORITHMS, parse_limit, parse_limits};
+use crate::limit::algorithm::{ALGORITHMS, parse_limit, parse_limits};
 use crate::limit::algorithm::{Algorithm, FixedWindow, Limits, Policy, TokenBucket};
 use crate::limit::{Count, FailMode, KeyBy, Rule};
 use crate::suggest::closest;

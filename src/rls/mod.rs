@@ -336,10 +336,10 @@ impl RateLimitService {
                             );
                         }
                         decided = keyed.decision.decision().cloned();
-                        crate::decide::log(
+                        crate::decision_log::log(
                             self.access_log,
                             &self.denial_log,
-                            &crate::decide::Decided {
+                            &crate::decision_log::Decided {
                                 door: "rls",
                                 method: None,
                                 path: Some(&request.domain),

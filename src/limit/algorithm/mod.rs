@@ -694,5 +694,56 @@ impl Policy {
     }
 }
 
+/// Every algorithm name a limit may be written with, for messages.
+pub(crate) const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
+
+/// The kinds a limit list writes: the algorithms, and `concurrent`.
+const LIMIT_KINDS: &str = "token_bucket, gcra, sliding_window, fixed_window, sliding_log or concurrent";
+
+/// A limit list, one limit or several joined by `+`
+/// (`token_bucket:20:10+fixed_window:10000:86400`), as `ROUTES`, `LIMITS` and the rules file
+/// write it: every limit is enforced. The error names the limit that is wrong.
+pub(crate) fn parse_limits(spec: &str) -> Result<Limits, String> {
+    let parts: Vec<&str> = spec.split('+').collect();
+    let mut policies = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let policy = parse_limit(part).map_err(|why| match parts.len() {
+            1 => why,
+            _ => format!("limit {part:?}: {why}"),
+        })?;
+        policies.push(policy);
+    }
+    Limits::new(policies).map_err(|why| why.to_string())
+}
+
+/// One limit, `ALGORITHM:A:B` (`token_bucket:5:0.1`, `fixed_window:100:60`) or
+/// `concurrent:N[:LEASE]`, as `ROUTES`, `LIMITS` and the rules file write it; the error says
+/// what is wrong and what is accepted.
+pub(crate) fn parse_limit(spec: &str) -> Result<Policy, String> {
+    let (algorithm, first, second) = match spec.split(':').collect::<Vec<_>>()[..] {
+        [algorithm, first, second] => (algorithm, first, second),
+        // The lease is optional: `concurrent:10` holds leases of the default length.
+        [algorithm, first] if algorithm == Concurrent::NAME => (algorithm, first, ""),
+        _ => {
+            return Err(format!(
+                "expected ALGORITHM:A:B, e.g. token_bucket:5:0.1 or fixed_window:100:60, or \
+                 concurrent:N, not {spec:?}"
+            ));
+        }
+    };
+    match Policy::parse(algorithm, first, second) {
+        None => Err(format!("unknown algorithm {algorithm:?}; expected {LIMIT_KINDS}")),
+        Some(Err(ParameterError::Invalid { index, expected })) => {
+            let meaning = Policy::meanings(algorithm).map_or("", |m| m[index]);
+            Err(format!(
+                "{meaning} {:?}: expected {expected}",
+                [first, second][index]
+            ))
+        }
+        Some(Err(ParameterError::Combination(why))) => Err(why),
+        Some(Ok(policy)) => Ok(policy),
+    }
+}
+
 #[cfg(test)]
 mod tests;
