@@ -306,7 +306,16 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
                 Some(serde_json::Value::Number(number)) => {
                     number.as_u64().ok_or_else(|| out_of_range(number))?
                 }
-                Some(other) => return Err(out_of_range(other)),
+                Some(other) => {
+                    return Err(BadBody::field(
+                        "cost",
+                        format!(
+                            "invalid type: cost {other} is not a number; a whole number from 1 to \
+                             {limit}, the capacity of rule {:?}",
+                            &*rule.name
+                        ),
+                    ));
+                }
             };
             // A whole number of 1 to the capacity (below 2^50) is a cost; nothing else is.
             let cost = match Cost::new(cost) {

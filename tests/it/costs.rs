@@ -233,6 +233,8 @@ async fn hostile_check_costs_are_bad_requests_in_redis() {
             ("REDIS_ADDR", addr.as_str()),
             ("REDIS_TIMEOUT_MS", "5000"),
             ("REDIS_BREAKER_THRESHOLD", "3"),
+            // A decision service on Redis digests named keys with the fleet's shared secret.
+            ("KEY_HASH_SECRET", "shared-secret-for-the-test"),
         ],
         true,
     )
