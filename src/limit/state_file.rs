@@ -48,8 +48,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::limit::algorithm::{
-    Concurrent, FixedWindow, FixedWindowState, SlidingLog, SlidingLogState, SlidingWindow, TokenBucket,
-    US_PER_MS, WindowState,
+    Concurrent, DEBT_LIMITS, FixedWindow, FixedWindowState, SlidingLog, SlidingLogState, SlidingWindow,
+    TokenBucket, US_PER_MS, WindowState,
 };
 use crate::limit::key::Digest;
 use crate::limit::{ClientIp, ClientKey, MemoryStore, Policy, Rule, State};
@@ -334,7 +334,8 @@ fn put_client(out: &mut Vec<u8>, policy: &Policy, key: &ClientKey, state: &State
             put_u64(out, *current);
         }
         State::SlidingLog(SlidingLogState { log }) => {
-            // A log never holds more than its rule's limit (at most MAX_LOG_LIMIT).
+            // A log never holds more than its rule's bounded debt (DEBT_LIMITS times its limit, at
+            // most MAX_LOG_LIMIT).
             out.extend_from_slice(&(log.len() as u32).to_le_bytes());
             for at in log {
                 put_u64(out, *at);
@@ -521,26 +522,33 @@ impl<'a> Reader<'a> {
         let state = match *policy {
             Policy::TokenBucket(bucket) => {
                 let tat = self.u64()?;
-                // A TAT is at most one full bucket ahead of the last decision.
-                if tat > saved_at.saturating_add(bucket.capacity.saturating_mul(bucket.interval_us)) {
-                    return Err(self.corrupt("a token bucket owing more than its capacity"));
+                // A TAT is at most one full bucket ahead of the last decision, or its bounded
+                // debt ahead after a charge (a cost the backend reported).
+                let debt = DEBT_LIMITS
+                    .saturating_mul(bucket.capacity)
+                    .saturating_mul(bucket.interval_us);
+                if tat > saved_at.saturating_add(debt) {
+                    return Err(self.corrupt("a token bucket owing more than its bounded debt"));
                 }
                 State::TokenBucket(tat)
             }
             Policy::FixedWindow(FixedWindow { limit, window_ms }) => {
                 let (window, count) = (self.u64()?, self.u64()?);
-                if count > limit || window.saturating_mul(window_ms * US_PER_MS) > saved_at {
-                    return Err(self.corrupt("a fixed window over its limit or not begun"));
+                if count > DEBT_LIMITS.saturating_mul(limit)
+                    || window.saturating_mul(window_ms * US_PER_MS) > saved_at
+                {
+                    return Err(self.corrupt("a fixed window over its bounded debt or not begun"));
                 }
                 State::FixedWindow(FixedWindowState { window, count })
             }
             Policy::SlidingWindow(SlidingWindow { limit, window_ms }) => {
                 let (window, previous, current) = (self.u64()?, self.u64()?, self.u64()?);
-                if previous > limit
-                    || current > limit
+                let most = DEBT_LIMITS.saturating_mul(limit);
+                if previous > most
+                    || current > most
                     || window.saturating_mul(window_ms * US_PER_MS) > saved_at
                 {
-                    return Err(self.corrupt("a sliding window over its limit or not begun"));
+                    return Err(self.corrupt("a sliding window over its bounded debt or not begun"));
                 }
                 State::SlidingWindow(WindowState {
                     window,
@@ -553,9 +561,9 @@ impl<'a> Reader<'a> {
             }
             Policy::SlidingLog(SlidingLog { limit, .. }) => {
                 let len = self.u32()? as usize;
-                // Bounded before the allocation: by the rule's limit and by the bytes left.
-                if len as u64 > limit || len > self.left() / 8 {
-                    return Err(self.corrupt("a sliding log longer than its limit or than the file"));
+                // Bounded before the allocation: by the rule's bounded debt and by the bytes left.
+                if len as u64 > DEBT_LIMITS.saturating_mul(limit) || len > self.left() / 8 {
+                    return Err(self.corrupt("a sliding log longer than its bounded debt or than the file"));
                 }
                 let mut log = std::collections::VecDeque::with_capacity(len);
                 for _ in 0..len {

@@ -505,7 +505,7 @@ fn checked_but_impossible_contents_are_refused() {
         (client(0, &[3, 0, 0, 0, 0, 0, 0], 55 * S), "kind of client key"),
         (client(0, &[0, 5, 10, 0, 0, 1, 32], 55 * S), "address family"),
         (client(0, &[0, 4, 10, 0, 0, 1, 24], 55 * S), "host bits"),
-        (client(0, &v4, 61 * S + 1), "more than its capacity"),
+        (client(0, &v4, 71 * S + 1), "more than its bounded debt"),
     ] {
         match load(one(&bad)) {
             Err(DecodeError::Corrupt { problem: found, .. }) => assert!(found.contains(problem), "{found}"),
@@ -595,4 +595,37 @@ fn places_in_flight_are_never_saved() {
         restored.inspect_at(&rules[0], ip(1), t0 + 1_000).parts()[0].remaining,
         4
     );
+}
+
+/// A charge (a cost the backend reported) may leave each algorithm up to its bounded debt
+/// (`DEBT_LIMITS` times its limit spent): the file takes such a state back as it was, and one
+/// client in debt never makes the whole file corrupt, which would give every client a full
+/// budget after a restart.
+#[test]
+fn a_state_in_its_bounded_debt_round_trips() {
+    let t0 = base();
+    let rules = table(&[
+        ("general", token_bucket(3, 60 * S)),
+        ("auth", fixed_window(2, 3_600)),
+        ("api", sliding_window(4, 3_600)),
+        ("login", sliding_log(3, 3_600)),
+    ]);
+    let saved = store(&rules, 100);
+    for rule in &rules {
+        saved.charge_at(rule, ip(1), Cost::MAX, t0);
+        saved.check_at(rule, ip(2), Cost::ONE, t0);
+    }
+    let (file, clients) = encode_at(&saved, &rules, FINGERPRINT, || t0 + 5_000);
+    assert_eq!(clients, 8);
+    let restored = store(&rules, 100);
+    let loaded = restore_from(&file, &restored, &rules, FINGERPRINT, t0 + 5_000).unwrap();
+    assert_eq!(loaded.restored(), 8);
+    assert_eq!(held(&restored, &rules), held(&saved, &rules));
+    for rule in &rules {
+        assert!(
+            !restored.check_at(rule, ip(1), Cost::ONE, t0 + 6_000).allowed,
+            "{}",
+            rule.name
+        );
+    }
 }
