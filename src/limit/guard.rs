@@ -961,11 +961,14 @@ async fn probe<S: Remote>(inner: Weak<Shared<S>>, breaker: Arc<Breaker>) {
 
 /// Follow the resets other replicas announce ([`Remote::reset_feed`]) while the gateway
 /// lives: subscribe, forget each reset client's denial as its message arrives, and subscribe
-/// again every probe interval once the subscription is lost or cannot be made (meanwhile the
-/// denial cache asks Redis again every [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), as
-/// it always does while Redis can be asked). Ends at once for a store without resets.
+/// again once the subscription is lost or cannot be made (meanwhile the denial cache asks
+/// Redis again every [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), as it always does while
+/// Redis can be asked). A subscription that keeps failing (Redis down, or a user without
+/// pub/sub rights) is tried again after a probe interval, doubled with each failure up to
+/// [`RESUBSCRIBE_AT_MOST`], and said once at `warn`. Ends at once for a store without resets.
 async fn follow_resets<S: Remote>(inner: Weak<Shared<S>>) {
     let mut lost = false;
+    let mut failures: u32 = 0;
     loop {
         let Some(strong) = inner.upgrade() else {
             return;
@@ -973,9 +976,11 @@ async fn follow_resets<S: Remote>(inner: Weak<Shared<S>>) {
         let interval = strong.settings.probe_interval;
         let feed = strong.store.reset_feed().await;
         drop(strong);
+        let mut wait = interval;
         match feed {
             Ok(None) => return,
             Ok(Some(mut feed)) => {
+                failures = 0;
                 if lost {
                     tracing::info!("subscribed to resets again: they reach this replica at once");
                 }
@@ -998,12 +1003,28 @@ async fn follow_resets<S: Remote>(inner: Weak<Shared<S>>) {
                 );
             }
             Err(error) => {
-                tracing::debug!(%error, "cannot subscribe to resets; trying again");
+                failures = failures.saturating_add(1);
+                if failures == 1 {
+                    tracing::warn!(
+                        %error,
+                        "cannot subscribe to resets: until it can, a reset elsewhere reaches this \
+                         replica's cached denials within a second"
+                    );
+                } else {
+                    tracing::debug!(%error, failures, "cannot subscribe to resets; trying again");
+                }
+                wait = interval
+                    .saturating_mul(1 << failures.min(16))
+                    .min(RESUBSCRIBE_AT_MOST.max(interval));
             }
         }
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(wait).await;
     }
 }
+
+/// The longest wait between two attempts to subscribe to resets: a Redis that refuses the
+/// subscription for good is asked twice a minute, not twice a second.
+const RESUBSCRIBE_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Keep a cluster's slot map: ask `CLUSTER SLOTS` now, again every [`SLOT_MAP_REFRESH`]
 /// (every probe interval until it first answers), and give each master its breaker. Ends

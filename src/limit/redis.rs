@@ -1129,9 +1129,11 @@ impl RedisStore {
 }
 
 /// A reset: delete the client's keys (`KEYS`), then announce it (`PUBLISH ARGV[1] ARGV[2]`),
-/// in one atomic step; returns how many keys were deleted.
+/// in one atomic step; returns how many keys were deleted. The announcement is `pcall`ed: a
+/// Redis user without pub/sub rights (Redis 7's ACL default, `resetchannels`) still resets,
+/// and the other replicas hear of it by their recheck instead.
 const RESET_SCRIPT: &str = "local deleted = redis.call('DEL', unpack(KEYS)) \
-                            redis.call('PUBLISH', ARGV[1], ARGV[2]) return deleted";
+                            redis.pcall('PUBLISH', ARGV[1], ARGV[2]) return deleted";
 
 /// A key (`{N}`, the smallest such `N`) whose hash slot is `slot`: at most a few tens of
 /// thousands of CRC16s of a few bytes, once per probe of a dead master.
