@@ -676,7 +676,7 @@ fn routes_are_tried_in_order_before_auth_paths_and_the_general_rule() {
 }
 
 #[test]
-fn a_method_route_takes_every_reading_of_its_method() {
+fn a_method_route_takes_its_method_in_any_case_and_an_override_that_picks_another_route_is_refused() {
     let config = parse(&[(
         "ROUTES",
         "/search=fixed_window:3:60,method=GET,name=search;/items/*=fixed_window:3:60,method=delete,name=delete",
@@ -700,7 +700,9 @@ fn a_method_route_takes_every_reading_of_its_method() {
             client_ip: "192.0.2.1".parse().unwrap(),
             trusted: false,
         };
-        rules.classify(&head).unwrap().rule.name.to_string()
+        rules
+            .classify(&head)
+            .map_or_else(|_| "refused".to_owned(), |matched| matched.rule.name.to_string())
     };
     for (method, path, overrides, expected) in [
         ("GET", "/search", &[][..], "search"),
@@ -709,14 +711,14 @@ fn a_method_route_takes_every_reading_of_its_method() {
         // Flask, Rails, Express run a GET route for HEAD.
         ("HEAD", "/search", &[], "search"),
         ("POST", "/search", &[], "general"),
-        ("POST", "/search", &[("x-http-method-override", "GET")], "search"),
-        ("POST", "/search", &[("x-http-method", "get")], "search"),
-        ("PUT", "/search", &[("x-method-override", " Get ")], "search"),
+        ("POST", "/search", &[("x-http-method-override", "GET")], "refused"),
+        ("POST", "/search", &[("x-http-method", "get")], "refused"),
+        ("PUT", "/search", &[("x-method-override", " Get ")], "refused"),
         (
             "POST",
             "/search",
             &[("x-http-method-override", "PATCH, GET")],
-            "search",
+            "refused",
         ),
         (
             "POST",
@@ -725,7 +727,7 @@ fn a_method_route_takes_every_reading_of_its_method() {
                 ("x-http-method-override", "PATCH"),
                 ("x-http-method-override", "GET"),
             ],
-            "search",
+            "refused",
         ),
         (
             "POST",
@@ -739,13 +741,13 @@ fn a_method_route_takes_every_reading_of_its_method() {
             "POST",
             "/items/1",
             &[("x-http-method-override", "DELETE")],
-            "delete",
+            "refused",
         ),
         (
             "POST",
             "/items/1",
             &[("x-http-method-override", "delete")],
-            "delete",
+            "refused",
         ),
         ("POST", "/items/1", &[], "general"),
     ] {
@@ -757,9 +759,9 @@ fn a_method_route_takes_every_reading_of_its_method() {
     }
     // A `_method` query parameter (Symfony, Laravel), any of them, decoded.
     for (query, expected) in [
-        ("_method=GET", "search"),
-        ("a=1&_method=%67et", "search"),
-        ("_method=PATCH&_method=get", "search"),
+        ("_method=GET", "refused"),
+        ("a=1&_method=%67et", "refused"),
+        ("_method=PATCH&_method=get", "refused"),
         ("_method=PATCH", "general"),
         ("method=GET", "general"),
     ] {
@@ -772,12 +774,38 @@ fn a_method_route_takes_every_reading_of_its_method() {
             client_ip: "192.0.2.1".parse().unwrap(),
             trusted: false,
         };
-        assert_eq!(
-            rules.classify(&head).unwrap().rule.name.as_ref(),
-            expected,
-            "{query}"
-        );
+        let found = rules
+            .classify(&head)
+            .map_or_else(|_| "refused".to_owned(), |matched| matched.rule.name.to_string());
+        assert_eq!(found, expected, "{query}");
     }
+    // An override never chooses a more generous route: a DELETE that asks to be read as a
+    // GET would otherwise spend the GET route's budget while a backend that ignores the header
+    // runs the DELETE.
+    let generous = parse(&[(
+        "ROUTES",
+        "/api/*=fixed_window:1000:60,method=GET,name=reads;/api/*=fixed_window:10:60,name=writes",
+    )])
+    .unwrap();
+    let headers: HeaderMap = [(
+        http::HeaderName::from_static("x-http-method-override"),
+        http::HeaderValue::from_static("GET"),
+    )]
+    .into_iter()
+    .collect();
+    let head = RequestHead {
+        method: &Method::DELETE,
+        path: "/api/x",
+        query: None,
+        authority: None,
+        headers: &headers,
+        client_ip: "192.0.2.1".parse().unwrap(),
+        trusted: false,
+    };
+    assert!(matches!(
+        generous.gate.rules.classify(&head),
+        Err(crate::limit::rules::ClassifyError::AmbiguousMethod)
+    ));
     // As `--check-config` shows it.
     assert!(config.to_string().contains("/search GET|HEAD"), "{config}");
 }

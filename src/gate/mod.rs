@@ -547,7 +547,9 @@ impl Gate {
                     && self.identity.is_trusted(head.peer),
             })
             .map_err(|error| match error {
-                ClassifyError::RepeatedKeyParameter(_) => Refused::Ambiguous(error.to_string()),
+                ClassifyError::RepeatedKeyParameter(_) | ClassifyError::AmbiguousMethod => {
+                    Refused::Ambiguous(error.to_string())
+                }
                 _ => Refused::Headers(error.to_string()),
             })?;
         if matched.untrusted_tier {

@@ -220,13 +220,14 @@ fn is_query_name(name: &str) -> bool {
 /// are split at `&` and at `;` (as Rack, older Python and many other readers split them), and
 /// a parameter named twice is an error ([`RepeatedParameter`]): readers differ on which one
 /// they take (the first, the last, all of them), so no one of them can be the key. An empty
-/// value is none. One pass over the query, and nothing allocated unless the value is encoded:
-/// a query of many parameters costs its length, which the request head's bound caps.
+/// value is none. Names are compared as PHP reads them ([`same_parameter`]), so `api.key` is a
+/// second `api_key`. One pass over the query, and nothing allocated unless the value is
+/// encoded: a query of many parameters costs its length, which the request head's bound caps.
 pub fn query_value<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]>>, RepeatedParameter> {
     let mut found = None;
     for pair in query.split(['&', ';']) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if form_decode(key.as_bytes()).eq(name.bytes()) {
+        if same_parameter(form_decode(key.as_bytes()), name) {
             if found.is_some() {
                 return Err(RepeatedParameter);
             }
@@ -238,6 +239,17 @@ pub fn query_value<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]
         .filter(|value| !value.is_empty()))
 }
 
+/// Whether the decoded parameter name `key` is `name` to some backend: PHP turns `.`, ` ` and
+/// `[` in a parameter's name into `_` (`api.key`, `api key` and `api[key` are all
+/// `$_GET['api_key']`, the last one winning), so those bytes are compared as `_` on both sides.
+fn same_parameter(key: impl Iterator<Item = u8>, name: &str) -> bool {
+    let php = |byte: u8| match byte {
+        b'.' | b' ' | b'[' => b'_',
+        other => other,
+    };
+    key.map(php).eq(name.bytes().map(php))
+}
+
 /// A query parameter a key is read from, named more than once in the query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RepeatedParameter;
@@ -247,9 +259,7 @@ pub struct RepeatedParameter;
 pub fn query_values<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = Cow<'q, [u8]>> {
     query.split(['&', ';']).filter_map(move |pair| {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        form_decode(key.as_bytes())
-            .eq(name.bytes())
-            .then(|| decoded(value.as_bytes(), true))
+        same_parameter(form_decode(key.as_bytes()), name).then(|| decoded(value.as_bytes(), true))
     })
 }
 
@@ -994,6 +1004,16 @@ mod tests {
         ] {
             assert_eq!(query_value(twice, "tenant"), Err(RepeatedParameter), "{twice}");
         }
+        // PHP reads `.`, ` ` and `[` in a name as `_`: `api.key` is a second `api_key`.
+        for twice in [
+            "api_key=fresh&api.key=victim",
+            "api_key=fresh&api+key=victim",
+            "api_key=fresh&api%20key=victim",
+            "api_key=fresh&api[key=victim",
+        ] {
+            assert_eq!(query_value(twice, "api_key"), Err(RepeatedParameter), "{twice}");
+        }
+        assert_eq!(query("api.key=victim", "api_key").as_deref(), Some("victim"));
         // Another parameter named twice is not the key's business.
         assert_eq!(query("a=1&a=2&tenant=acme", "tenant").as_deref(), Some("acme"));
     }

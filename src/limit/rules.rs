@@ -7,9 +7,9 @@
 //! matched in the canonical form the proxy parsed them into (see `gate::path`), never as
 //! spelled, so every spelling a backend would read as `/login` counts against `/login`, and
 //! as the scripts they name (`/wp-login.php/x` is `/wp-login.php` to PHP). Methods likewise:
-//! a route of some methods takes every request some backend runs as one of them, in any case,
-//! `HEAD` under `GET`, or named by a method-override header or a `_method` query parameter
-//! ([`reads_as_one_of`]).
+//! a route of some methods takes its methods in any case, `HEAD` under `GET`, and a request
+//! whose method-override header or `_method` query parameter names a method that picks
+//! another route than its own method does is refused ([`ClassifyError::AmbiguousMethod`]).
 //!
 //! A table may also hold rules that no path classifies into ([`RuleTable::with_named`]): the
 //! budgets of a door that names its rule itself (an Envoy descriptor's limit, `RLS_CONFIG`).
@@ -117,15 +117,16 @@ pub struct Route {
 }
 
 impl Route {
-    /// Whether `head` is a request of this route: its path as itself or as a script it names
-    /// (see [`PathPattern::matches`]), and, for a route of some methods, its method as any
-    /// backend reads it ([`reads_as_one_of`]).
-    fn matches(&self, head: &RequestHead<'_>) -> bool {
-        self.pattern.matches(head.path)
-            && self
-                .methods
-                .as_ref()
-                .is_none_or(|methods| reads_as_one_of(head.method, head.headers, head.query, methods))
+    /// Whether a request for `path`, read as the method `method` (its bytes in any case),
+    /// is one of this route: its path as itself or as a script it names (see
+    /// [`PathPattern::matches`]), and, for a route of some methods, that method.
+    fn matches(&self, path: &str, method: &[u8]) -> bool {
+        self.pattern.matches(path)
+            && self.methods.as_ref().is_none_or(|methods| {
+                methods
+                    .iter()
+                    .any(|listed| listed.as_str().as_bytes().eq_ignore_ascii_case(method))
+            })
     }
 }
 
@@ -142,36 +143,19 @@ pub const METHOD_OVERRIDE_HEADERS: [http::HeaderName; 3] = [
 /// `method-override` configured so, read a request as another method: `?_method=DELETE`.
 pub const METHOD_OVERRIDE_PARAMETER: &str = "_method";
 
-/// Whether some backend reads a request of `method` with `headers` and `query` as one of
-/// `methods` (upper case, as the configuration writes them): the method in any case
-/// (Werkzeug, Rack and others upper-case `get`), or the method an override header names (any
-/// element of any line, in any case: frameworks upper-case it, and which line or element one
-/// believes is its own), or a `_method` query parameter names (any of them, decoded). The
-/// common case, a listed method, costs one comparison; the headers and the query are read
-/// only for a request whose own method is not listed.
-pub fn reads_as_one_of(
-    method: &Method,
-    headers: &HeaderMap,
-    query: Option<&str>,
-    methods: &[Method],
-) -> bool {
-    let listed = |name: &[u8]| {
-        methods
-            .iter()
-            .any(|listed| listed.as_str().as_bytes().eq_ignore_ascii_case(name))
-    };
-    methods.contains(method)
-        || listed(method.as_str().as_bytes())
-        || METHOD_OVERRIDE_HEADERS.iter().any(|header| {
-            headers.get_all(header).iter().any(|line| {
-                line.as_bytes()
-                    .split(|&byte| byte == b',')
-                    .any(|element| listed(element.trim_ascii()))
-            })
+/// Whether `each` says yes to a method some backend reads the request as instead of its
+/// own: one an override header names (any element of any line, trimmed: which line or element
+/// a framework believes is its own), or a `_method` query parameter (any of them, decoded).
+fn any_override(headers: &HeaderMap, query: Option<&str>, mut each: impl FnMut(&[u8]) -> bool) -> bool {
+    METHOD_OVERRIDE_HEADERS.iter().any(|header| {
+        headers.get_all(header).iter().any(|line| {
+            line.as_bytes()
+                .split(|&byte| byte == b',')
+                .any(|element| each(element.trim_ascii()))
         })
-        || query.is_some_and(|query| {
-            query_values(query, METHOD_OVERRIDE_PARAMETER).any(|value| listed(value.trim_ascii()))
-        })
+    }) || query.is_some_and(|query| {
+        query_values(query, METHOD_OVERRIDE_PARAMETER).any(|value| each(value.trim_ascii()))
+    })
 }
 
 /// What is never limited (`EXEMPT`).
@@ -276,6 +260,11 @@ pub enum ClassifyError {
     /// `TIER_HEADER`, from a trusted peer, named more than one tier.
     #[error(transparent)]
     Tier(#[from] AmbiguousTier),
+    /// The request's own method and a method an override names (`X-HTTP-Method-Override`,
+    /// `_method`, ...) pick different routes: which one the backend runs is its choice, so the
+    /// request is refused rather than counted under either.
+    #[error("the request's method and the method it asks to be read as pick different routes")]
+    AmbiguousMethod,
 }
 
 /// Most rules one table holds: ids are 16 bits.
@@ -296,6 +285,8 @@ pub struct RuleTable {
     overrides: Overrides,
     /// `ROUTES` then `AUTH_PATHS`, in order.
     routes: Vec<Route>,
+    /// Whether a route names methods: only then are method overrides read.
+    method_routes: bool,
     /// `COSTS`: the first matching entry prices the request.
     costs: Vec<(PathPattern, u64)>,
     /// `SKIP_PATHS`.
@@ -352,6 +343,7 @@ impl RuleTable {
             variants: 0,
             overrides: Overrides::default(),
             rules,
+            method_routes: routes.iter().any(|route| route.methods.is_some()),
             routes,
             costs,
             skip,
@@ -542,13 +534,26 @@ impl RuleTable {
         &self.hasher
     }
 
+    /// The first route of a request for `path` read as `method`, by its index.
+    fn route(&self, path: &str, method: &[u8]) -> Option<usize> {
+        self.routes.iter().position(|route| route.matches(path, method))
+    }
+
     /// Which rule, key, cost and mode apply to this request.
     pub fn classify(&self, head: &RequestHead<'_>) -> Result<Match<'_>, ClassifyError> {
-        let rule = self
-            .routes
-            .iter()
-            .find(|route| route.matches(head))
-            .map_or_else(|| self.general(), |route| &self.rules[route.rule]);
+        let route = self.route(head.path, head.method.as_str().as_bytes());
+        // Every method a backend may run the request as picks the same route, or the request
+        // is refused: counted under its own method's route, an override naming a more
+        // generous route's method would otherwise choose its budget, whichever reading the
+        // backend believes. Read only for a table with routes of some methods.
+        if self.method_routes
+            && any_override(head.headers, head.query, |method| {
+                self.route(head.path, method) != route
+            })
+        {
+            return Err(ClassifyError::AmbiguousMethod);
+        }
+        let rule = route.map_or_else(|| self.general(), |route| &self.rules[self.routes[route].rule]);
         let cost = self
             .costs
             .iter()

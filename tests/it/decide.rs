@@ -325,13 +325,18 @@ async fn every_door_reads_a_method_as_the_loosest_backend_does() {
         (first.status, ratelimit(&first).as_deref()),
         (StatusCode::OK, Some("1"))
     );
-    for (method, extra) in [
-        ("delete", None),
-        ("POST", Some(("x-http-method-override", "DELETE"))),
-        ("POST", Some(("x-http-method", "delete"))),
-    ] {
-        let reply = forward_auth(method, "/items/1", extra).await;
-        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{method} {extra:?}");
+    let reply = forward_auth("delete", "/items/1", None).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    // A POST that asks to be read as DELETE picks another route than a POST does: which one
+    // the backend runs is its own choice, so neither budget is spent.
+    for extra in [("x-http-method-override", "DELETE"), ("x-http-method", "delete")] {
+        let reply = forward_auth("POST", "/items/1", Some(extra)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{extra:?}: {}",
+            reply.text()
+        );
     }
     // A backend reads the underscore spelling as the header: refused, as for a key header.
     let alias = forward_auth("POST", "/items/1", Some(("x_http_method_override", "DELETE"))).await;
