@@ -302,8 +302,6 @@ fn traefik(decide: SocketAddr, backend: &Backend) -> Proxy {
 
 /// Traefik copying `headers` (a YAML list) from the decision onto the forwarded request.
 fn traefik_copying(decide: SocketAddr, backend: &Backend, headers: &str) -> Proxy {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     let routes = format!(
         r#"http:
   routers:
@@ -325,12 +323,86 @@ fn traefik_copying(decide: SocketAddr, backend: &Backend, headers: &str) -> Prox
 "#,
         backend = backend.url()
     );
-    let routes = write(dir.path(), "routes.yml", &routes);
+    traefik_serving(&routes, "")
+}
+
+/// docs/operations.md's Traefik fail-open setup: ForwardAuth asks Traefik itself (entrypoint
+/// `tollgate`), where a `failover` service sends the question to tollgate while its health
+/// check (`/healthz` on the admin port, `admin`) and its passive check find it up, and to
+/// `ping@internal` (`200` to any method and path: allowed) otherwise; the `retry` sends the
+/// question that found tollgate gone once more, to the fallback.
+fn traefik_failing_open(decide: SocketAddr, admin: SocketAddr, backend: &Backend) -> Proxy {
+    let ask = free_port();
+    let routes = format!(
+        r#"http:
+  routers:
+    app:
+      rule: "PathPrefix(`/`)"
+      entryPoints: [web]
+      middlewares: [tollgate]
+      service: app
+    tollgate:
+      rule: "PathPrefix(`/`)"
+      entryPoints: [tollgate]
+      middlewares: [ask-again]
+      service: tollgate-or-allow
+  middlewares:
+    tollgate:
+      forwardAuth:
+        address: "http://127.0.0.1:{ask}/v1/forward-auth"
+        authResponseHeaders: [X-RateLimit-Limit, X-RateLimit-Remaining]
+    ask-again:
+      retry:
+        attempts: 2
+  services:
+    app:
+      loadBalancer:
+        servers:
+          - url: "{backend}"
+    tollgate-or-allow:
+      failover:
+        service: tollgate
+        fallback: ping@internal
+    tollgate:
+      loadBalancer:
+        servers:
+          - url: "http://{decide}"
+        healthCheck:
+          port: {admin_port}
+          path: /healthz
+          interval: 1s
+          timeout: 500ms
+        passiveHealthCheck:
+          maxFailedAttempts: 1
+          failureWindow: 10s
+"#,
+        backend = backend.url(),
+        admin_port = admin.port(),
+    );
+    let entrypoint = format!(
+        r#"  tollgate:
+    address: "127.0.0.1:{ask}"
+    forwardedHeaders:
+      trustedIPs: ["127.0.0.1/32"]
+ping:
+  manualRouting: true
+"#
+    );
+    traefik_serving(&routes, &entrypoint)
+}
+
+/// Traefik serving `routes` (its file provider's dynamic configuration) on entrypoint `web`,
+/// with `more` appended to the static configuration's `entryPoints` (more of them, then more
+/// top-level sections).
+fn traefik_serving(routes: &str, more: &str) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let routes = write(dir.path(), "routes.yml", routes);
     let config = format!(
         r#"entryPoints:
   web:
     address: "127.0.0.1:{port}"
-providers:
+{more}providers:
   file:
     filename: "{routes}"
 log:
@@ -583,14 +655,19 @@ async fn a_byte_in_the_clients_forwarded_for_never_makes_nginx_the_client() {
 /// docs/operations.md's fail-open recipe (forwarded to the backend, nothing else changed: a
 /// refusal while tollgate runs is still a refusal) and fail-closed one (`503`, `Retry-After`).
 async fn when_tollgate_stops(
-    start: impl Fn(SocketAddr, &Backend, Unreachable) -> Proxy,
+    start: impl Fn(&Gateway, &Backend, Unreachable) -> Proxy,
     unreachable: Unreachable,
     as_is: StatusCode,
 ) {
     let backend = Backend::start().await;
-    let gateway = decision_service().await;
+    let gateway = Gateway::start_decide_with_admin(&[
+        ("TRUSTED_PROXIES", "127.0.0.1"),
+        ("MAX_TOKENS", "2"),
+        ("REFILL_RATE", "0.001"),
+    ])
+    .await;
     let decide = gateway.decide.unwrap();
-    let proxy = start(decide, &backend, unreachable);
+    let proxy = start(&gateway, &backend, unreachable);
     proxy.ready([127, 0, 0, 9].into()).await;
     // While tollgate runs, the recipe changes nothing.
     limits_each_client(&proxy, &backend, false).await;
@@ -661,8 +738,13 @@ async fn when_tollgate_stops(
 
 #[tokio::test]
 async fn nginx_with_tollgate_stopped_answers_500_fails_open_or_closed_as_configured() {
-    let nginx = |decide, backend: &Backend, unreachable| {
-        nginx_failing(decide, backend, "/v1/forward-auth?status=403", unreachable)
+    let nginx = |gateway: &Gateway, backend: &Backend, unreachable| {
+        nginx_failing(
+            gateway.decide.unwrap(),
+            backend,
+            "/v1/forward-auth?status=403",
+            unreachable,
+        )
     };
     for unreachable in [Unreachable::AsIs, Unreachable::Open, Unreachable::Closed] {
         when_tollgate_stops(nginx, unreachable, StatusCode::INTERNAL_SERVER_ERROR).await;
@@ -672,7 +754,10 @@ async fn nginx_with_tollgate_stopped_answers_500_fails_open_or_closed_as_configu
 #[tokio::test]
 async fn caddy_with_tollgate_stopped_answers_502_fails_open_or_closed_as_configured() {
     for unreachable in [Unreachable::AsIs, Unreachable::Open, Unreachable::Closed] {
-        when_tollgate_stops(caddy_failing, unreachable, StatusCode::BAD_GATEWAY).await;
+        let caddy = |gateway: &Gateway, backend: &Backend, unreachable| {
+            caddy_failing(gateway.decide.unwrap(), backend, unreachable)
+        };
+        when_tollgate_stops(caddy, unreachable, StatusCode::BAD_GATEWAY).await;
     }
 }
 
@@ -680,8 +765,19 @@ async fn caddy_with_tollgate_stopped_answers_502_fails_open_or_closed_as_configu
 /// (docs/operations.md says so, and what to do instead).
 #[tokio::test]
 async fn traefik_with_tollgate_stopped_answers_500() {
-    let traefik = |decide, backend: &Backend, _| traefik(decide, backend);
+    let traefik = |gateway: &Gateway, backend: &Backend, _| traefik(gateway.decide.unwrap(), backend);
     when_tollgate_stops(traefik, Unreachable::AsIs, StatusCode::INTERNAL_SERVER_ERROR).await;
+}
+
+/// docs/operations.md's Traefik fail-open recipe (ForwardAuth asking Traefik itself, a
+/// `failover` service falling back to `ping@internal`): while tollgate runs a refusal is still
+/// `429`; from the first request after it stops, `GET` and `POST` reach the backend unchanged.
+#[tokio::test]
+async fn traefik_fails_open_through_a_failover_service_with_tollgate_stopped() {
+    let traefik = |gateway: &Gateway, backend: &Backend, _| {
+        traefik_failing_open(gateway.decide.unwrap(), gateway.admin.unwrap(), backend)
+    };
+    when_tollgate_stops(traefik, Unreachable::Open, StatusCode::INTERNAL_SERVER_ERROR).await;
 }
 
 /// Every nginx block in README.md and docs/operations.md is marked a fragment on its first
