@@ -350,11 +350,19 @@ async fn every_door_reads_a_method_as_the_loosest_backend_does() {
     assert_eq!(path_info.status, StatusCode::TOO_MANY_REQUESTS);
 
     // /v1/check classifies alike.
-    let described = r#"{"method": "post", "path": "/items/2", "client_ip": "203.0.113.8", "headers": {"x-http-method-override": "delete"}}"#;
-    let first = json(&check(&gateway, &[], described).await);
+    let upper = r#"{"method": "DELETE", "path": "/items/2", "client_ip": "203.0.113.8"}"#;
+    let first = json(&check(&gateway, &[], upper).await);
     assert_eq!(
         (first["rule"].as_str(), first["allowed"].as_bool()),
         (Some("delete"), Some(true))
+    );
+    let described = r#"{"method": "post", "path": "/items/2", "client_ip": "203.0.113.8", "headers": {"x-http-method-override": "delete"}}"#;
+    let overridden = check(&gateway, &[], described).await;
+    assert_eq!(
+        overridden.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        overridden.text()
     );
     let lower = r#"{"method": "delete", "path": "/items/2", "client_ip": "203.0.113.8"}"#;
     let second = json(&check(&gateway, &[], lower).await);
