@@ -916,20 +916,14 @@ async fn probe<S: Remote>(inner: Weak<Shared<S>>, breaker: Arc<Breaker>) {
             );
             return;
         }
-        // The connection manager remembers a failed reconnect and starts a new one only when
-        // a call fails on it: after a connection error, ask again at once, so a Redis that
-        // came back since the last probe is seen now rather than one interval later. `TIME`
-        // rather than `PING`: the node may have restarted elsewhere or had its clock stepped
-        // during the outage, so its answer starts the clock estimate afresh.
+        // A Redis that came back since the last probe is seen now: the store sends a call
+        // that failed on a lost connection once more at once (the connection manager starts
+        // a new connection only when a call fails on the old one). `TIME` rather than `PING`:
+        // the node may have restarted elsewhere or had its clock stepped during the outage,
+        // so its answer starts the clock estimate afresh.
         let slot = breaker.probe_slot();
-        let mut sent = Instant::now();
-        let answer = match inner.store.time(slot).await {
-            Err(error) if RedisErrorKind::of(&error) == RedisErrorKind::Connection => {
-                sent = Instant::now();
-                inner.store.time(slot).await
-            }
-            answer => answer,
-        };
+        let sent = Instant::now();
+        let answer = inner.store.time(slot).await;
         match answer {
             Ok(redis_us) => {
                 breaker.clock.reset(sent, redis_us);
