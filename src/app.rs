@@ -826,3 +826,78 @@ impl RulesWatcher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(vars: &[(&str, &str)]) -> Config {
+        Config::from_vars(vars.iter().copied()).unwrap()
+    }
+
+    async fn bound() -> TcpListener {
+        TcpListener::bind("127.0.0.1:0").await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn build_refuses_listeners_the_configuration_does_not_want() {
+        let proxied = config(&[("BACKEND_URL", "http://127.0.0.1:9")]);
+        let error = App::build(proxied.clone(), Listeners::default())
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("a listener for the proxy (PORT)"),
+            "{error}"
+        );
+        let extra = Listeners {
+            proxy: Some(bound().await),
+            decide: Some(bound().await),
+            ..Listeners::default()
+        };
+        let error = App::build(proxied, extra).await.unwrap_err();
+        assert!(error.to_string().contains("DECIDE_PORT is unset"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn build_stops_at_a_state_file_it_cannot_write_before_anything_is_served() {
+        let state = config(&[
+            ("BACKEND_URL", "http://127.0.0.1:9"),
+            ("STATE_FILE", "/nonexistent-directory/tollgate/state"),
+        ]);
+        let listeners = Listeners {
+            proxy: Some(bound().await),
+            ..Listeners::default()
+        };
+        let error = App::build(state, listeners).await.unwrap_err();
+        assert!(matches!(error, ServeError::StateFile(_)), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_built_app_tells_its_addresses_then_serves_until_shutdown() {
+        let (proxy, admin) = (bound().await, bound().await);
+        let (proxy_address, admin_address) = (proxy.local_addr().unwrap(), admin.local_addr().unwrap());
+        let listeners = Listeners {
+            proxy: Some(proxy),
+            admin: Some(admin),
+            ..Listeners::default()
+        };
+        let app = App::build(config(&[("BACKEND_URL", "http://127.0.0.1:9")]), listeners)
+            .await
+            .unwrap();
+        assert_eq!(app.proxy_address(), Some(proxy_address));
+        assert_eq!(app.admin_address(), Some(admin_address));
+        assert_eq!(app.decide_address(), None);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(app.run(async {
+            let _ = stopped.await;
+        }));
+        assert_eq!(crate::admin::healthcheck(admin_address).await, Ok(()));
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), running)
+            .await
+            .expect("run returns once shut down")
+            .unwrap();
+        // The admin listener went with the app.
+        assert!(crate::admin::healthcheck(admin_address).await.is_err());
+    }
+}
