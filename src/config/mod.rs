@@ -3,27 +3,27 @@
 //! Parsing is a pure function over a map of strings ([`Config::from_vars`]), so every rule is
 //! unit-tested without touching the process environment, in the manner of linkerd2-proxy's
 //! `env.rs`. Each component's settings are parsed by a module of their own, over the one
-//! reader of variables ([`mod@env`]), as the component's own settings type:
+//! reader of variables (`env`), as the component's own settings type:
 //!
-//! - [`server`]: the listeners' addresses, the connection limits and clocks ([`ServerSettings`]),
-//!   with [`listener`]: HTTPS and the PROXY protocol on `PORT`;
-//! - [`proxy`]: the backend, its TLS and clocks, bodies, headers, upgrades ([`ProxySettings`]),
-//!   answering as [`answers`] says (rate-limit headers, refusals, the access log), as
-//!   [`decide`] does: the decision endpoints ([`DecideSettings`]);
-//! - [`rules`]: the rule table (`ALGORITHM`, `ROUTES`, `AUTH_PATHS`, `KEY_BY`, `COSTS`, ...),
-//!   from the environment or [`rules_file`], with [`overrides`] and Envoy's descriptors
-//!   ([`mod@rls`]); [`gate`]: the gate's own settings beside it ([`GateSettings`]);
-//! - [`store`]: memory or Redis, `MAX_KEYS` and `STATE_FILE` ([`StoreSettings`]);
-//! - [`admin`]: the admin listener ([`AdminSettings`]); [`telemetry`]: the log
-//!   ([`LogSettings`]); [`reload`]: the files the rule table is reloaded from;
-//! - [`warnings`]: variables that are set but change nothing (misspelt, or not read by the
+//! - `server`: the listeners' addresses, the connection limits and clocks (`ServerSettings`),
+//!   with `listener`: HTTPS and the PROXY protocol on `PORT`;
+//! - `proxy`: the backend, its TLS and clocks, bodies, headers, upgrades (`ProxySettings`),
+//!   answering as `answers` says (rate-limit headers, refusals, the access log), as
+//!   `decide` does: the decision endpoints (`DecideSettings`);
+//! - `rules`: the rule table (`ALGORITHM`, `ROUTES`, `AUTH_PATHS`, `KEY_BY`, `COSTS`, ...),
+//!   from the environment or `rules_file`, with `overrides` and Envoy's descriptors
+//!   (`rls`); `gate`: the gate's own settings beside it (`GateSettings`);
+//! - `store`: memory or Redis, `MAX_KEYS` and `STATE_FILE` ([`StoreSettings`]);
+//! - `admin`: the admin listener (`AdminSettings`); `telemetry`: the log
+//!   (`LogSettings`); `reload`: the files the rule table is reloaded from;
+//! - `warnings`: variables that are set but change nothing (misspelt, or not read by the
 //!   chosen algorithm or store), reported without stopping startup;
 //! - this module: the whole [`Config`], one field per component, and what the components'
 //!   settings say together.
 //!
 //! Setting types belong to the components that use them: configuration depends on the
 //! components, never the reverse, and no component sees the whole `Config` (the wiring in
-//! [`crate::app`] hands each its part). Variable names and defaults are constants in
+//! `crate::app` hands each its part). Variable names and defaults are constants in
 //! [`crate::variables`]. Every error names the variable, shows the bad value (except for
 //! secrets) and says what is accepted.
 
