@@ -249,7 +249,44 @@ fn lines(
                     format!("no rule is named {rule:?}; the rules are {}", names.join(", ")),
                 )
             })?;
-        let client = client_of(table, base, client).map_err(|why| error(number, why))?;
+        let client = match client.strip_prefix("key:") {
+            Some(value) => {
+                let source = base.key_by.single().ok_or_else(|| {
+                    error(
+                        number,
+                        format!(
+                            "key:*** needs the rule {rule:?} keyed by one source besides ip (it is keyed by {})",
+                            base.key_by
+                        ),
+                    )
+                })?;
+                if value.is_empty() {
+                    return Err(error(number, "key: names no value".into()));
+                }
+                Client::Key(
+                    table
+                        .hasher()
+                        .digest_of(std::slice::from_ref(source), &[value.as_bytes()]),
+                )
+            }
+            None => {
+                let network: IpNet = parse_network(client).ok_or_else(|| {
+                    error(
+                        number,
+                        format!("{client:?} is not an address, a CIDR or key:VALUE"),
+                    )
+                })?;
+                if network.prefix_len() == 0 {
+                    return Err(error(
+                        number,
+                        format!(
+                            "{client} is every client of its address family: change the rule's own limits instead"
+                        ),
+                    ));
+                }
+                Client::Network(network.trunc())
+            }
+        };
         let shown = match client {
             Client::Key(_) => "key:***".to_owned(),
             Client::Network(network) => network.to_string(),
@@ -276,33 +313,4 @@ fn lines(
         });
     }
     Ok(overrides)
-}
-
-/// An override's CLIENT: `key:VALUE` (digested as `base`'s single key source digests it), an
-/// address or a CIDR (not a whole address family); what is wrong, if anything.
-fn client_of(table: &RuleTable, base: &Rule, client: &str) -> Result<Client, String> {
-    let Some(value) = client.strip_prefix("key:") else {
-        let network: IpNet = parse_network(client)
-            .ok_or_else(|| format!("{client:?} is not an address, a CIDR or key:VALUE"))?;
-        if network.prefix_len() == 0 {
-            return Err(format!(
-                "{client} is every client of its address family: change the rule's own limits instead"
-            ));
-        }
-        return Ok(Client::Network(network.trunc()));
-    };
-    let source = base.key_by.single().ok_or_else(|| {
-        format!(
-            "key:*** needs the rule {:?} keyed by one source besides ip (it is keyed by {})",
-            &*base.name, base.key_by
-        )
-    })?;
-    if value.is_empty() {
-        return Err("key: names no value".into());
-    }
-    Ok(Client::Key(
-        table
-            .hasher()
-            .digest_of(std::slice::from_ref(source), &[value.as_bytes()]),
-    ))
 }
