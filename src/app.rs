@@ -588,7 +588,7 @@ impl Servers<'_> {
 
 /// Every [`PURGE_INTERVAL`], drop the clients whose budget is entirely back. Every store is
 /// asked (one that keeps no clients in memory has none to purge).
-async fn purge_idle(gate: Arc<Gate>) {
+pub(crate) async fn purge_idle(gate: Arc<Gate>) {
     let mut tick = tokio::time::interval(PURGE_INTERVAL);
     loop {
         tick.tick().await;
@@ -634,7 +634,7 @@ async fn drain<D: Door>(accepted: Option<(Drain, Server<D>)>) {
 /// when the file's bytes changed (a ConfigMap's update swaps a symlink: the path is read, not
 /// watched, so any way of replacing the file is seen). One reload at a time: a storm of
 /// SIGHUPs is read as the few reloads it takes to catch up.
-async fn watch_rules(
+pub(crate) async fn watch_rules(
     config: Arc<Config>,
     mut hangup: Option<Hangup>,
     gate: Arc<Gate>,
