@@ -17,7 +17,7 @@
 //! peer is one of `TRUSTED_PROXIES`; a call from any other peer is refused (`403`, logged):
 //! keyed by the proxy's own address, every client would share one budget.
 //!
-//! Every answer is the gate's shared mapping ([`crate::gate::answer`], [`Refuse::CallingProxy`]),
+//! Every answer is the gate's shared mapping (`gate::answer`, `Refuse::CallingProxy`),
 //! so one state is told here as the proxy tells it. Allowed: `200` with the rate-limit headers
 //! of an enforced rule (a shadow rule is invisible, as on the proxy; the proxy in front may
 //! copy them onto the request or the response); with `FORWARD_RATELIMIT_HEADERS=true` the draft `RateLimit` and

@@ -30,7 +30,7 @@ use crate::metrics::RuleSeries;
 use crate::outcome::Outcome;
 
 /// What the gate decided about one request, and everything the request holds until it is
-/// settled. See the [module](self) for its life.
+/// settled. Its life: this module's docs (`gate::admission`).
 pub struct Admission {
     /// The table it was decided under, held until it is settled: a reload never mixes two
     /// tables' rule ids.

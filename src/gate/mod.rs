@@ -434,7 +434,7 @@ impl Gate {
     /// and the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
     /// limiter, delay, denial cache, breaker and fail mode as [`Gate::admit`], counted in the
     /// same metrics, and an [`Admission`] to act on and settle alike. `rule` is one of
-    /// `generation`'s ([`Generation::rule`]), or one made from one with its id (Envoy's
+    /// `generation`'s (`Generation::rule`), or one made from one with its id (Envoy's
     /// descriptor override), decided under its own limits.
     pub async fn admit_named(
         &self,
