@@ -114,7 +114,7 @@ pub fn rls_service(config: &Config, gate: Arc<Gate>) -> Result<Option<RateLimitS
     }))
 }
 
-#[cfg(feature = "testing")]
+#[cfg(any(feature = "testing", feature = "layer"))]
 /// A gate of `config`'s own: its limiter (Redis connected lazily) and metrics, for a door
 /// served apart from the proxy's listener (Envoy's rate limit service on a port of its own,
 /// tests). Call it inside a Tokio runtime.
@@ -499,7 +499,7 @@ async fn drain<D: Door>(accepted: Option<(Drain, Server<D>)>) {
 /// when the file's bytes changed (a ConfigMap's update swaps a symlink: the path is read, not
 /// watched, so any way of replacing the file is seen). One reload at a time: a storm of
 /// SIGHUPs is read as the few reloads it takes to catch up.
-async fn watch_rules(
+pub(crate) async fn watch_rules(
     config: Arc<Config>,
     mut hangup: Option<Hangup>,
     gate: Arc<Gate>,

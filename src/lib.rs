@@ -66,6 +66,8 @@ pub mod config;
 pub(crate) mod decide;
 pub(crate) mod decision_log;
 pub(crate) mod gate;
+#[cfg(feature = "layer")]
+pub mod layer;
 pub mod limit;
 pub(crate) mod limit_headers;
 pub(crate) mod metrics;
