@@ -1,7 +1,7 @@
 //! The gate as a tower layer (feature `layer`): tollgate's decision in front of any tower
 //! [`Service`] of [`http::Request`]s, in the app's own process (axum, tonic, hyper).
 //!
-//! The layer is a door like the proxy: it admits a request through the same [`Gate`] (its
+//! The layer is a door like the proxy: it admits a request through the same gate (its
 //! path read once and refused as the gateway refuses it, the client's address from the
 //! connection with the same `TRUSTED_PROXIES` walk of `X-Forwarded-For`, the rule table,
 //! keys, algorithms, overrides, tiers, costs, delays, the store and its fail mode, the
