@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
-use crate::gate::Place;
+use crate::gate::Settled;
 
 /// What the layer's boxed errors are: any app body's error, as tower and hyper box them.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -23,7 +23,7 @@ pin_project_lite::pin_project! {
     pub struct LayerBody<B> {
         #[pin]
         kind: Kind<B>,
-        place: Option<Place>,
+        settled: Settled,
     }
 }
 
@@ -40,23 +40,20 @@ impl<B> LayerBody<B> {
     pub(super) fn app(body: B) -> LayerBody<B> {
         LayerBody {
             kind: Kind::App { body },
-            place: None,
+            settled: Settled::none(),
         }
     }
 
-    /// The same body, holding `place` until it ends.
-    pub(super) fn holding(self, place: Place) -> LayerBody<B> {
-        LayerBody {
-            place: Some(place),
-            ..self
-        }
+    /// The same body, holding what the settled admission left (its places) until it ends.
+    pub(super) fn holding(self, settled: Settled) -> LayerBody<B> {
+        LayerBody { settled, ..self }
     }
 
     /// The gate's answer.
     pub(super) fn gate(body: GateBody) -> LayerBody<B> {
         LayerBody {
             kind: Kind::Gate { body },
-            place: None,
+            settled: Settled::none(),
         }
     }
 }
@@ -69,8 +66,7 @@ impl<B> std::fmt::Debug for LayerBody<B> {
         };
         f.debug_struct("LayerBody")
             .field("kind", &kind)
-            .field("holds_place", &self.place.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -108,7 +104,7 @@ where
         };
         // The last frame (or an error: nothing more will be sent): the places go back.
         if ended {
-            *this.place = None;
+            this.settled.release();
         }
         polled
     }

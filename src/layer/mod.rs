@@ -28,16 +28,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName};
 use http::{Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Body;
 use tower_service::Service;
 
 pub use body::{BoxError, LayerBody};
 
 use crate::config::{Config, ConfigError};
-use crate::gate::{self, Gate, Refused};
-use crate::limit::{Cost, Mode};
+use crate::gate::{self, Answers, Gate, Refuse, Refused};
 use crate::metrics::{Format, Metrics};
 use crate::outcome::Outcome;
 use crate::proxy::{ProxySettings, response};
@@ -268,9 +267,11 @@ struct Shared {
     gate: Arc<Gate>,
     /// The gate's registry, for the app to serve.
     metrics: Arc<Metrics>,
-    /// Refusals' shape, rate-limit headers, `RESPONSE_COST_HEADER`, `METHOD_OVERRIDE`,
-    /// `UNDERSCORE_HEADERS`, `CORS_ALLOW_ORIGINS`: the proxy's settings of the gateway's answers.
-    answers: ProxySettings,
+    /// Every door's answers: refusals, rate-limit headers, the budget told to the app.
+    answers: Answers,
+    /// The proxy's settings the layer reads besides: `RESPONSE_COST_HEADER`,
+    /// `METHOD_OVERRIDE`, `UNDERSCORE_HEADERS`, `CORS_ALLOW_ORIGINS`.
+    settings: ProxySettings,
     /// Where the TCP peer is found.
     peer: PeerAddrFn,
     /// A missing peer address is logged once in a while, not per request.
@@ -302,7 +303,7 @@ impl RateLimitLayer {
 
     /// The layer of a parsed configuration (one with a `BACKEND_URL`, which it ignores).
     fn of_config(config: &Config, peer: PeerAddrFn) -> Result<RateLimitLayer, LayerError> {
-        let Some(answers) = config.proxy.clone() else {
+        let Some(settings) = config.proxy.clone() else {
             return Err(ConfigError::Missing {
                 var: crate::variables::BACKEND_URL.name,
                 expected: "the layer's answers are the proxy's settings",
@@ -325,7 +326,12 @@ impl RateLimitLayer {
             shared: Arc::new(Shared {
                 gate,
                 metrics,
-                answers,
+                answers: Answers::new(
+                    settings.headers,
+                    settings.refusals.clone(),
+                    settings.forward_headers,
+                ),
+                settings,
                 peer,
                 missing_peer_log: LogThrottle::new(),
                 upkeep,
@@ -414,7 +420,7 @@ where
 }
 
 impl Shared {
-    /// A request's way: admit, call the app (or answer for it), settle, the headers.
+    /// A request's way: admit, act (call the app, or answer for it), settle.
     async fn respond<S, ReqBody, ResBody>(
         &self,
         mut inner: S,
@@ -427,26 +433,26 @@ impl Shared {
             return Ok(self.missing_peer());
         };
         let origin = self
-            .answers
+            .settings
             .cors
             .as_ref()
             .and_then(|cors| cors.origin_of(request.headers()));
         let gate_answer = |mut answer: Response<body::GateBody>| {
-            if let (Some(cors), Some(origin)) = (&self.answers.cors, origin.clone()) {
+            if let (Some(cors), Some(origin)) = (&self.settings.cors, origin.clone()) {
                 cors.apply(answer.headers_mut(), origin);
             }
             answer.map(LayerBody::gate)
         };
         // As the proxy: a header spelt with `_` beside one that keys budgets is refused, and
         // under `METHOD_OVERRIDE=strip` the app reads the method the gate decides on.
-        if self.answers.underscore_headers == crate::proxy::headers::UnderscoreHeaders::Forward
+        if self.settings.underscore_headers == crate::proxy::headers::UnderscoreHeaders::Forward
             && let Some(name) =
                 crate::proxy::headers::underscore_alias(request.headers(), self.gate.current().key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
             return Ok(gate_answer(response::bad_request(&reason)));
         }
-        self.answers.method_override.apply(request.headers_mut());
+        self.settings.method_override.apply(request.headers_mut());
         let head = gate::Head {
             method: request.method(),
             path: request.uri().path(),
@@ -457,8 +463,9 @@ impl Shared {
             // Upgrades are the app's server's (MAX_UPGRADES_PER_CLIENT is the gateway's).
             upgrade: false,
         };
-        let verdict = match self.gate.decide(&head).await {
-            Ok(verdict) => verdict,
+        // Admit.
+        let admission = match self.gate.admit(&head).await {
+            Ok(admission) => admission,
             Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
                 tracing::debug!(%peer, path = request.uri().path(), reason, "refused an ambiguous request");
                 self.metrics.response(None, StatusCode::BAD_REQUEST.as_u16());
@@ -466,60 +473,45 @@ impl Shared {
             }
             Err(Refused::Tunnels(limit)) => return Ok(gate_answer(response::too_many_upgrades(limit))),
         };
-        let outcome = verdict.outcome;
-        let (mut response, place) = if outcome.forwards() {
-            let place = self.gate.place(&verdict);
-            // The app reads the path the rules matched (dot segments resolved, slashes merged).
-            if let Some(rewritten) = verdict.rewritten.as_deref()
-                && let Some(uri) = rewritten_uri(request.uri(), rewritten)
-            {
-                *request.uri_mut() = uri;
-            }
-            let response = inner.call(request).await?;
-            (response.map(LayerBody::app), place)
-        } else {
-            let decision = verdict
-                .decision
-                .as_ref()
-                .and_then(crate::limit::Verdict::decision);
-            let refusal = match decision {
-                Some(decision) => response::too_many_requests(
-                    &self.answers.refusals,
-                    request.headers(),
-                    verdict.rule(),
-                    decision,
-                ),
-                None if outcome == Outcome::Denied => {
-                    response::denied(&self.answers.refusals, request.headers(), verdict.rule())
+        // Act: the app, or the gate's own answer (with its rate-limit headers).
+        let refusal = self
+            .answers
+            .refusal(&admission, request.headers(), Refuse::Client);
+        let forwarded = refusal.is_none();
+        let mut response = match refusal {
+            None => {
+                // The app reads the path the rules matched (dot segments resolved, slashes
+                // merged), and under FORWARD_RATELIMIT_HEADERS the budget its client is told.
+                if let Some(uri) = admission
+                    .rewritten()
+                    .and_then(|rewritten| rewritten_uri(request.uri(), rewritten))
+                {
+                    *request.uri_mut() = uri;
                 }
-                None => response::store_unavailable(),
-            };
-            (gate_answer(refusal), None)
+                self.answers.set_forwarded(&admission, request.headers_mut());
+                // An error drops the admission unsettled: its places go back.
+                inner.call(request).await?.map(LayerBody::app)
+            }
+            Some(refusal) => {
+                gate_answer(refusal.map(|body| Full::new(body).map_err(|never| match never {}).boxed()))
+            }
         };
-        let reported = self.reported_cost(response.headers_mut());
-        self.gate
-            .settle(&verdict, response.status().as_u16(), reported)
-            .await;
-        // The rate-limit headers of an enforced decision (a shadow rule is invisible).
-        if verdict.mode == Mode::Enforce
-            && let Some(decision) = verdict
-                .decision
-                .as_ref()
-                .and_then(crate::limit::Verdict::decision)
-        {
-            self.answers
-                .headers
-                .set(response.headers_mut(), verdict.rule(), decision);
+        // Settle.
+        let reported = crate::proxy::reported_cost(
+            self.settings.response_cost_header.as_ref(),
+            response.headers_mut(),
+            &self.metrics,
+        );
+        if forwarded {
+            self.answers.set_headers(&admission, response.headers_mut());
+        }
+        if admission.outcome() == Outcome::Shadow {
+            tracing::info!(client = %admission.key(), rule = %admission.rule().name, "shadow rule would have refused this request; forwarded");
         }
         self.metrics
-            .response(verdict.series().map(Arc::as_ref), response.status().as_u16());
-        if outcome == Outcome::Shadow {
-            tracing::info!(client = %verdict.key, rule = %verdict.rule().name, "shadow rule would have refused this request; forwarded");
-        }
-        Ok(match place {
-            Some(place) => response.map(|body| body.holding(place)),
-            None => response,
-        })
+            .response(admission.series().map(Arc::as_ref), response.status().as_u16());
+        let settled = admission.settle(response.status().as_u16(), reported).await;
+        Ok(response.map(|body| body.holding(settled)))
     }
 
     /// `500`, and a line saying how to give the layer the client's address.
@@ -540,30 +532,6 @@ impl Shared {
             "the rate limiter cannot tell the client's address",
         )
         .map(LayerBody::gate)
-    }
-
-    /// The cost the app reported in `RESPONSE_COST_HEADER`, taken out of what the client gets:
-    /// a whole number of at most 2^50 in one field, else ignored and counted in
-    /// `tollgate_response_cost_invalid_total` (as the proxy reads a backend's).
-    fn reported_cost(&self, headers: &mut HeaderMap) -> Option<Cost> {
-        let name: &HeaderName = self.answers.response_cost_header.as_ref()?;
-        let mut values = match headers.entry(name) {
-            http::header::Entry::Occupied(entry) => entry.remove_entry_mult().1,
-            http::header::Entry::Vacant(_) => return None,
-        };
-        let cost = match (values.next(), values.next()) {
-            (Some(value), None) => std::str::from_utf8(value.as_bytes())
-                .ok()
-                .map(str::trim)
-                .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|text| text.parse::<u64>().ok())
-                .and_then(|cost| Cost::new(cost).ok()),
-            _ => None,
-        };
-        if cost.is_none() {
-            self.metrics.response_cost_invalid();
-        }
-        cost
     }
 }
 
