@@ -105,10 +105,11 @@ pub mod variables;
 pub use admin::healthcheck;
 pub use app::{Hangup, Listeners, ServeError, bind, serve, serve_on, serve_with_admin};
 pub use config::{Config, ConfigError, admin_probe_address};
+pub use gate::{Admission, Answers, Gate, Head, Refuse, Refused, Settled};
 #[cfg(feature = "layer")]
 pub use layer::{Builder as LayerBuilder, LayerError, RateLimitLayer};
 pub use limit::state_file::{StateFileError, StateFileSettings, check_writable as check_state_file};
-pub use limit::{Cost, CostError, FailMode};
+pub use limit::{ClientKey, Cost, CostError, Decision, FailMode, Mode};
 pub use outcome::Outcome;
 pub use server::raise_fd_limit;
 pub use telemetry::{TelemetryError, check_log_filter, init_logging};

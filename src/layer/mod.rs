@@ -351,6 +351,19 @@ impl RateLimitLayer {
         }
     }
 
+    /// The gate the layer admits through, for a door of the app's own beside the layer (a
+    /// framework that is not tower's, a WebSocket's messages): [`Gate::admit`], then
+    /// [`Answers::refusal`](crate::Answers::refusal) or the app's work, then
+    /// [`Admission::settle`](crate::Admission::settle).
+    pub fn gate(&self) -> &Gate {
+        &self.shared.gate
+    }
+
+    /// How the gateway answers (refusals, rate-limit headers), for such a door.
+    pub fn answers(&self) -> &Answers {
+        &self.shared.answers
+    }
+
     /// The gate's metrics in the Prometheus text format (`OpenMetrics`: OpenMetrics 1.0.0),
     /// for the app to serve where it likes (`GET /metrics` on an admin port).
     pub fn encode_metrics(&self, openmetrics: bool) -> Result<String, std::fmt::Error> {
