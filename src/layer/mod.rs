@@ -242,6 +242,11 @@ impl Builder {
         for warning in config.warnings() {
             tracing::warn!("{warning}");
         }
+        if config.state_file().is_some() {
+            tracing::warn!(
+                "STATE_FILE is the binary's: the layer neither restores nor saves budgets (use Redis to keep them)"
+            );
+        }
         RateLimitLayer::of_config(&config, self.peer)
     }
 }
