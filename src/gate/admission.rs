@@ -30,9 +30,7 @@ use crate::metrics::RuleSeries;
 use crate::outcome::Outcome;
 
 /// What the gate decided about one request, and everything the request holds until it is
-/// settled. Its life: admitted by
-/// [`Gate::admit`](super::Gate::admit), settled by consuming it ([`Admission::settle`]), or on
-/// `Drop` giving back what it holds.
+/// settled. Its life: this module's docs (`gate::admission`).
 pub struct Admission {
     /// The table it was decided under, held until it is settled: a reload never mixes two
     /// tables' rule ids.
