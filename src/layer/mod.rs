@@ -68,6 +68,12 @@ pub enum LayerError {
     /// The store could not be set up (a Redis target the client refuses), or `STATE_FILE`.
     #[error("{0}")]
     Start(#[from] crate::ServeError),
+    /// Built outside a Tokio runtime: the layer's store and upkeep run on the one it is built in.
+    #[error(
+        "the rate limit layer must be built inside a Tokio runtime (in `#[tokio::main]`, or within \
+         `Runtime::enter`): its store and upkeep run there"
+    )]
+    NoRuntime,
 }
 
 /// The default [`PeerAddrFn`]: axum's `ConnectInfo<SocketAddr>` (with the `axum` feature),
@@ -229,6 +235,9 @@ impl Builder {
     /// runtime and stopped when the last clone of the layer is dropped. Call it inside a
     /// Tokio runtime.
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LayerError::NoRuntime);
+        }
         let mut vars = self.vars;
         let backend = crate::variables::BACKEND_URL.name;
         if vars.iter().any(|(name, _)| name == backend) {

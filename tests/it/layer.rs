@@ -453,3 +453,11 @@ async fn a_bad_setting_is_the_binarys_error() {
         .to_string();
     assert!(error.contains("LIMITS"), "{error}");
 }
+
+/// Built outside a Tokio runtime (where its store and upkeep would have nowhere to run): an
+/// error saying so, not a panic.
+#[test]
+fn built_outside_a_runtime_the_layer_says_so() {
+    let error = RateLimitLayer::builder().build().unwrap_err().to_string();
+    assert!(error.contains("inside a Tokio runtime"), "{error}");
+}
