@@ -118,6 +118,9 @@ if [ -x ../shared/tools/module-cycles ]; then
 fi
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
+# The public documentation (src/lib.rs, "The public surface"), the layer's included, links to
+# nothing private and nothing missing.
+RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test 2>&1 | tee "$log"

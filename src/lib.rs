@@ -15,17 +15,29 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # The public surface
+//!
+//! - Serving, as the binary does: [`App`] (built, then run; [`serve_on`] does both, as do
+//!   [`serve`] and [`serve_with_admin`]; [`bind`] binds its listeners),
+//!   [`Config`] and its [`ConfigError`], [`ServeError`], logging ([`init_logging`]), the
+//!   variables' names and defaults ([`variables`]).
+//! - A gate without a listener, for a door of an app's own: [`standalone_gate`], [`Gate`],
+//!   [`Admission`], [`Answers`].
+//! - Embedding, with the `layer` feature: [`layer`], the gate as a tower layer in front of
+//!   any service of `http` requests ([`RateLimitLayer`], built from the environment or a
+//!   [`LayerBuilder`]); docs/embedding.md.
+//! - The domain types those take or tell: [`FailMode`], [`Cost`], [`Outcome`].
+//!
+//! Everything else is the crate's own. The `testing` feature (the integration tests', benches'
+//! and fuzzers', never a user's) opens `tollgate::testing`, `tollgate::limit` and
+//! `tollgate::config` to drive parsers and stores directly; none of it is kept stable, and
+//! none of it is documented.
+//!
 //! # Layout
 //!
-//! Policy behind the gate, HTTP in the callers, wiring in `app`. Public: [`App`] (built, then
-//! run; [`serve_on`] does both, as do [`serve`] and [`serve_with_admin`]; [`bind`] binds its
-//! listeners), [`standalone_gate`], [`Config`], the limiting domain ([`limit`]) and
-//! the variables ([`variables`]); the rest is the crate's own, and the `testing` feature opens
-//! the parsers the fuzzers and integration tests drive (`tollgate::testing`).
+//! Policy behind the gate, HTTP in the callers, wiring in `app`. Modules:
 //!
-//! Modules:
-//!
-//! - [`config`]: environment variables to a validated [`Config`], a struct of the components'
+//! - `config`: environment variables to a validated [`Config`], a struct of the components'
 //!   own settings types, each parsed by its part of `config`; every error names the variable.
 //! - `app`: the wiring: [`App::build`] puts the store, the metrics, the gate, the proxy, the
 //!   listener and the admin listener together (everything that can fail), [`App::run`] serves
@@ -39,15 +51,15 @@
 //! - `proxy`: the reverse proxy, a caller of the gate: strict HTTP/1.1 checks, forwarding
 //!   (request bodies watched, so a broken one is the client's fault), hop-by-hop and
 //!   forwarding headers, upgrades, and the gateway's own responses and rate-limit headers.
+//! - `decide`: forward-auth and `POST /v1/check`, callers of the gate for a proxy in front.
 //! - `rls`: Envoy's rate limit service over gRPC, a caller of the gate: `RLS_CONFIG`'s
 //!   descriptor trees (envoyproxy/ratelimit's format), each limit a named rule of the gate.
-//! - [`limit`]: the policy's parts, never forwarding or answering anything: the rule table
-//!   ([`limit::RuleTable`]: classify a request head into rule, key, cost and mode), client keys,
-//!   path patterns, the algorithms (`limit::algorithm`, one module and one Lua script each),
-//!   and the stores behind one trait ([`limit::Store`], which the gate's [`limit::Limiter`]
-//!   holds): the memory store, and the guard ([`limit::Guard`]: breakers and fail modes)
-//!   generic over a store that can fail ([`limit::Remote`]), the Redis store; and
-//!   [`limit::state_file`], the memory store saved to `STATE_FILE` and read back at start.
+//! - [`layer`] (feature `layer`): the gate as a tower layer, a caller of the gate inside an app.
+//! - `limit`: the policy's parts, never forwarding or answering anything: the rule table
+//!   (classify a request head into rule, key, cost and mode), client keys, path patterns, the
+//!   algorithms (one module and one Lua script each), and the stores behind one trait: the
+//!   memory store, the guard (breakers and fail modes) generic over a store that can fail, the
+//!   Redis store; and the state file, the memory store saved to `STATE_FILE` and read back.
 //! - `outcome`: what became of a request, a backend exchange or a connection, as the doors
 //!   and the `metrics` both name it.
 //! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
@@ -56,20 +68,33 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
-// The public surface is what the docs say it is: the crate root's re-exports, `config`, `limit`
-// and `variables`; the rest is the crate's own. Checked in the `testing` build (which
-// `cargo test` and `cargo clippy --all-targets` make, through the self dev-dependency), where
-// the test hooks are reachable through `testing`; without the feature they would be flagged
-// for being reachable from tests only.
+// The public surface is what the docs say it is: the re-exports below, `layer` and `variables`.
+// Checked in the `testing` build (which `cargo test` and `cargo clippy --all-targets` make,
+// through the self dev-dependency), where the test hooks are reachable through `testing`,
+// `limit` and `config`: without the feature they would be flagged for being reachable from
+// tests only. `cargo doc` documents the build without the hooks (`cfg(doc)`), and
+// scripts/test.sh builds it with `-D warnings`, so no public item links to a private one.
 #![cfg_attr(feature = "testing", warn(unreachable_pub))]
 
 pub(crate) mod admin;
 pub(crate) mod app;
+#[cfg(all(feature = "testing", not(doc)))]
 pub mod config;
+// Public (as before) to the tests' hooks only: what only they call is no dead code here.
+#[cfg(not(all(feature = "testing", not(doc))))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod config;
 pub(crate) mod decide;
 pub(crate) mod decision_log;
 pub(crate) mod gate;
+#[cfg(feature = "layer")]
+pub mod layer;
+#[cfg(all(feature = "testing", not(doc)))]
 pub mod limit;
+// Public (as before) to the tests' hooks only: what only they call is no dead code here.
+#[cfg(not(all(feature = "testing", not(doc))))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod limit;
 pub(crate) mod limit_headers;
 pub(crate) mod metrics;
 pub(crate) mod outcome;
@@ -79,12 +104,18 @@ pub(crate) mod rls;
 pub(crate) mod server;
 mod suggest;
 pub(crate) mod telemetry;
-#[cfg(feature = "testing")]
+#[cfg(all(feature = "testing", not(doc)))]
 pub mod testing;
 pub mod variables;
 
 pub use admin::healthcheck;
 pub use app::{App, Hangup, Listeners, ServeError, bind, serve, serve_on, serve_with_admin, standalone_gate};
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, admin_probe_address};
+pub use gate::{Admission, Answers, Gate, Head, Refuse, Refused, Settled};
+#[cfg(feature = "layer")]
+pub use layer::{Builder as LayerBuilder, LayerError, RateLimitLayer};
+pub use limit::state_file::{StateFileError, StateFileSettings, check_writable as check_state_file};
+pub use limit::{ClientKey, Cost, CostError, Decision, FailMode, Mode};
+pub use outcome::Outcome;
 pub use server::raise_fd_limit;
 pub use telemetry::{TelemetryError, check_log_filter, init_logging};

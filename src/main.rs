@@ -70,7 +70,7 @@ async fn main() -> ExitCode {
 /// names.
 async fn healthcheck() -> ExitCode {
     load_dot_env_quietly();
-    let probed = match tollgate::config::admin_probe_address(std::env::vars()) {
+    let probed = match tollgate::admin_probe_address(std::env::vars()) {
         Ok(address) => tollgate::healthcheck(address).await,
         Err(error) => Err(error),
     };
@@ -96,7 +96,7 @@ fn check_config(config: &Config) -> ExitCode {
     // The machine this runs on may not be the one that serves, so this is a warning here;
     // serving stops at it.
     if let Some(state_file) = config.state_file()
-        && let Err(error) = tollgate::limit::state_file::check_writable(&state_file.path)
+        && let Err(error) = tollgate::check_state_file(&state_file.path)
     {
         warnings.push_str(&format!(
             "warning: STATE_FILE: {error} (tollgate would refuse to start here)\n"

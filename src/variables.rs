@@ -1,5 +1,5 @@
 //! Every environment variable tollgate reads, by name, each with its default beside it: the
-//! one place a name is spelt. The parsers in [`crate::config`] read them through these
+//! one place a name is spelt. The parsers in `config` read them through these
 //! constants, the warnings about unknown names check against [`ALL`], and `.env.example`
 //! documents each (a test holds the two to the same names and defaults).
 //!

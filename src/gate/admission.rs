@@ -87,13 +87,19 @@ impl fmt::Debug for Admission {
 impl Admission {
     /// The rule it was classified under (for [`super::Gate::admit_named`], the table's rule of
     /// that id).
-    pub fn rule(&self) -> &Rule {
+    pub(crate) fn rule(&self) -> &Rule {
         &self.generation.rules.rules()[usize::from(self.rule)]
     }
 
     /// The rule's metric series: what the door counts the response and the backend in.
-    pub fn series(&self) -> Option<&Arc<RuleSeries>> {
+    pub(crate) fn series(&self) -> Option<&Arc<RuleSeries>> {
         self.generation.series(self.rule)
+    }
+
+    /// The name of the rule it was classified under (`general`, `auth`, a route's), as logs
+    /// and metrics name it.
+    pub fn rule_name(&self) -> &str {
+        &self.rule().name
     }
 
     /// Whose budget.
@@ -153,7 +159,7 @@ impl Admission {
 
     /// The client's place under `MAX_UPGRADES_PER_CLIENT`, for the tunnel to hold until it
     /// closes; taken once (`None` after, and for a request that asked for no upgrade).
-    pub fn take_tunnel(&mut self) -> Option<TunnelSlot> {
+    pub(crate) fn take_tunnel(&mut self) -> Option<TunnelSlot> {
         self.tunnel.take()
     }
 

@@ -20,7 +20,7 @@ use crate::limit::ClientKey;
 
 /// The caps of the delay queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DelayBounds {
+pub(crate) struct DelayBounds {
     /// `DELAY_QUEUE`: most requests waiting at once, over every rule and client.
     pub overall: u32,
     /// `DELAY_QUEUE_PER_CLIENT`: most requests one client waits with at once under one rule.

@@ -65,7 +65,7 @@ use tunnels::Tunnels;
 /// What the gate is built from: the settings of its own (`MAX_UPGRADES_PER_CLIENT`,
 /// `TRUSTED_PROXIES`) beside the rule table.
 #[derive(Debug, Clone)]
-pub struct GateSettings {
+pub(crate) struct GateSettings {
     /// The compiled rule table: every rule, route, cost and exemption.
     pub rules: RuleTable,
     /// `TRUSTED_PROXIES`: peers whose `X-Forwarded-For` is believed.
@@ -96,7 +96,7 @@ pub struct Gate {
 
 /// One rule table and everything kept by rule id for it: a request holds the generation it
 /// was decided under until it is settled, so a reload never mixes two tables' ids.
-pub struct Generation {
+pub(crate) struct Generation {
     /// Which rule, key, cost and mode apply to a request.
     rules: RuleTable,
     /// Memory or Redis, for this table (see [`Limiter::for_rules`]).
@@ -158,32 +158,32 @@ impl PlaceRules {
 
 impl Generation {
     /// Every rule, in table order.
-    pub fn rules(&self) -> &[Rule] {
+    pub(crate) fn rules(&self) -> &[Rule] {
         self.rules.rules()
     }
 
     /// The rule called `name`, for [`Gate::admit_named`].
-    pub fn rule(&self, name: &str) -> Option<&Rule> {
+    pub(crate) fn rule(&self, name: &str) -> Option<&Rule> {
         self.rules.rule(name)
     }
 
     /// The compiled table.
-    pub fn table(&self) -> &RuleTable {
+    pub(crate) fn table(&self) -> &RuleTable {
         &self.rules
     }
 
     /// The limiter of this table.
-    pub fn limiter(&self) -> &Limiter {
+    pub(crate) fn limiter(&self) -> &Limiter {
         &self.limiter
     }
 
     /// The headers some rule keys its budgets by, each once.
-    pub fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+    pub(crate) fn key_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
         self.rules.key_headers()
     }
 
     /// Rule `id`'s metric series.
-    pub fn series(&self, id: u16) -> Option<&Arc<RuleSeries>> {
+    pub(crate) fn series(&self, id: u16) -> Option<&Arc<RuleSeries>> {
         self.series.rule(id)
     }
 }
@@ -244,7 +244,7 @@ pub enum Refused {
 
 /// What [`Gate::swap`] changed: rule names, each in one list.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Swapped {
+pub(crate) struct Swapped {
     /// Same name and policy: budgets kept.
     pub kept: Vec<String>,
     /// Same name, another policy: budgets start afresh.
@@ -260,7 +260,7 @@ pub struct Swapped {
 impl Gate {
     /// The gate of `settings`, deciding with `limiter` (built for `settings.rules`) and
     /// counting into `metrics`.
-    pub fn new(settings: GateSettings, limiter: Limiter, metrics: Arc<Metrics>) -> Gate {
+    pub(crate) fn new(settings: GateSettings, limiter: Limiter, metrics: Arc<Metrics>) -> Gate {
         let ipv6_prefix = settings.rules.ipv6_prefix();
         let generation = Generation {
             places: settings.rules.rules().iter().map(PlaceRules::of).collect(),
@@ -281,14 +281,14 @@ impl Gate {
     }
 
     /// The rule table in force, and what was built for it.
-    pub fn current(&self) -> Arc<Generation> {
+    pub(crate) fn current(&self) -> Arc<Generation> {
         self.current.load_full()
     }
 
     /// Put `rules` in force: the limiter made for them keeps the budgets of every rule whose
     /// name and policy are unchanged; requests decided before keep the table they started
     /// under. Returns what changed, rule by rule.
-    pub fn swap(&self, rules: RuleTable) -> Swapped {
+    pub(crate) fn swap(&self, rules: RuleTable) -> Swapped {
         let _one_at_a_time = self
             .swapping
             .lock()
@@ -436,7 +436,7 @@ impl Gate {
     /// same metrics, and an [`Admission`] to act on and settle alike. `rule` is one of
     /// `generation`'s (`Generation::rule`), or one made from one with its id (Envoy's
     /// descriptor override), decided under its own limits.
-    pub async fn admit_named(
+    pub(crate) async fn admit_named(
         &self,
         generation: Arc<Generation>,
         rule: &Rule,
@@ -602,7 +602,7 @@ impl Gate {
     }
 
     /// Whether `peer` is one of `TRUSTED_PROXIES` (whose forwarding headers are kept).
-    pub fn trusts(&self, peer: IpAddr) -> bool {
+    pub(crate) fn trusts(&self, peer: IpAddr) -> bool {
         self.identity.is_trusted(peer)
     }
 }
@@ -643,7 +643,7 @@ impl Generation {
 
     /// Digests a client's own name (a descriptor's entries) into a [`ClientKey`], with the key
     /// every replica shares (`KEY_HASH_SECRET`).
-    pub fn key_of(&self, value: &[u8]) -> ClientKey {
+    pub(crate) fn key_of(&self, value: &[u8]) -> ClientKey {
         ClientKey::Header(self.rules.hasher().digest(value))
     }
 
@@ -651,7 +651,7 @@ impl Generation {
     /// `value` under `rule`: as a request whose source held `value` is keyed, when the rule is
     /// keyed by one source besides the address (so `{"key": "acme"}` under `query:tenant`
     /// spends what `?tenant=acme` spends); else the digest of `value` alone, a name of its own.
-    pub fn named_key(&self, rule: &Rule, value: &[u8]) -> ClientKey {
+    pub(crate) fn named_key(&self, rule: &Rule, value: &[u8]) -> ClientKey {
         let hasher = self.rules.hasher();
         match rule.key_by.single() {
             Some(source) => ClientKey::Header(hasher.digest_of(std::slice::from_ref(source), &[value])),

@@ -186,7 +186,7 @@ impl Decision {
     }
 
     /// The decision of a rule whose limits said `parts`, in order (at least one, at most
-    /// [`MAX_LIMITS`]; more are ignored). A part that allowed a request refused by another
+    /// `MAX_LIMITS`; more are ignored). A part that allowed a request refused by another
     /// must say what the limit has with nothing spent: the stores give its cost back first.
     pub fn of(parts: &[LimitDecision]) -> Decision {
         let parts = &parts[..parts.len().min(MAX_LIMITS)];

@@ -707,24 +707,7 @@ impl Proxy {
     /// ignored and counted in `tollgate_response_cost_invalid_total`. What the charge makes of
     /// a large one is bounded by the algorithms (at most one capacity of debt).
     fn reported_cost(&self, headers: &mut HeaderMap) -> Option<Cost> {
-        let name = self.response_cost_header.as_ref()?;
-        let mut values = match headers.entry(name) {
-            http::header::Entry::Occupied(entry) => entry.remove_entry_mult().1,
-            http::header::Entry::Vacant(_) => return None,
-        };
-        let cost = match (values.next(), values.next()) {
-            (Some(value), None) => std::str::from_utf8(value.as_bytes())
-                .ok()
-                .map(str::trim)
-                .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|text| text.parse::<u64>().ok())
-                .and_then(|cost| Cost::new(cost).ok()),
-            _ => None,
-        };
-        if cost.is_none() {
-            self.metrics.response_cost_invalid();
-        }
-        cost
+        reported_cost(self.response_cost_header.as_ref(), headers, &self.metrics)
     }
 
     /// Send an allowed request to the backend and stream its answer back: the response, who
@@ -990,6 +973,33 @@ impl Proxy {
             .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?;
         Ok(Uri::from(path_and_query))
     }
+}
+
+/// The cost reported in the header `name` (`RESPONSE_COST_HEADER`) of a response's `headers`,
+/// the header taken out: see [`Proxy::reported_cost`]; the layer reads its app's alike.
+pub(crate) fn reported_cost(
+    name: Option<&HeaderName>,
+    headers: &mut HeaderMap,
+    metrics: &Metrics,
+) -> Option<Cost> {
+    let name = name?;
+    let mut values = match headers.entry(name) {
+        http::header::Entry::Occupied(entry) => entry.remove_entry_mult().1,
+        http::header::Entry::Vacant(_) => return None,
+    };
+    let cost = match (values.next(), values.next()) {
+        (Some(value), None) => std::str::from_utf8(value.as_bytes())
+            .ok()
+            .map(str::trim)
+            .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|text| text.parse::<u64>().ok())
+            .and_then(|cost| Cost::new(cost).ok()),
+        _ => None,
+    };
+    if cost.is_none() {
+        metrics.response_cost_invalid();
+    }
+    cost
 }
 
 /// What the gate reads of `request` from `peer` (asking for a tunnel when `upgrade`).

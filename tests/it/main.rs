@@ -17,6 +17,7 @@ mod faults;
 mod http2;
 mod ingress;
 mod keys;
+mod layer;
 mod limits;
 mod operator;
 mod overrides;
