@@ -236,33 +236,24 @@ impl RulesFile {
     /// The variables of the environment (`vars`) with the file's added; a variable set both
     /// ways is an error naming both (`ROUTES` with the file's routes too).
     pub(crate) fn merge(&self, env: &[(String, String)]) -> Result<Vec<(String, String)>, ConfigError> {
-        let routes = self.routes.first().map(|route| match &route.at {
-            Written::File { line, .. } => (
-                vars::ROUTES,
-                Origin {
-                    line: *line,
-                    setting: "routes[0]".into(),
-                },
-            ),
-            Written::Entry(_) => (
-                vars::ROUTES,
-                Origin {
-                    line: 1,
-                    setting: "routes".into(),
-                },
-            ),
-        });
-        let settings = self.vars.iter().map(|(var, _, origin)| (*var, origin));
-        for (var, origin) in settings.chain(routes.iter().map(|(var, origin)| (*var, origin))) {
-            let set = env
-                .iter()
-                .any(|(name, value)| name == var.name && !value.trim().is_empty());
-            if set {
-                return Err(ConfigError::Conflict(format!(
-                    "{} is set in the environment and {} in RULES_FILE {} (line {}): set it in one place",
-                    var.name, origin.setting, self.path, origin.line
-                )));
-            }
+        let set = |var: Var| {
+            env.iter()
+                .any(|(name, value)| name == var.name && !value.trim().is_empty())
+        };
+        let conflict = |var: Var, setting: &str, line: usize| {
+            ConfigError::Conflict(format!(
+                "{} is set in the environment and {setting} in RULES_FILE {} (line {line}): set it in one place",
+                var.name, self.path
+            ))
+        };
+        if let Some((var, _, origin)) = self.vars.iter().find(|(var, ..)| set(*var)) {
+            return Err(conflict(*var, &origin.setting, origin.line));
+        }
+        // The file's routes take the place of ROUTES.
+        if let Some(Written::File { line, .. }) = self.routes.first().map(|route| &route.at)
+            && set(vars::ROUTES)
+        {
+            return Err(conflict(vars::ROUTES, "routes[0]", *line));
         }
         let mut merged = env.to_vec();
         merged.extend(

@@ -254,12 +254,19 @@ impl RouteEntry {
         let limits = parse_limits(options.next().unwrap_or_default()).map_err(|why| at.error(why))?;
         let mut attributes = Vec::new();
         for option in options {
-            let (name, value) = option.split_once('=').unwrap_or((option, "true"));
-            let known = attribute(name).filter(|known| known.toml != Toml::Flag || value == "true");
-            let Some(known) = known.filter(|_| option.contains('=') != (name == "shadow")) else {
+            // `name=value`, or a flag alone (`shadow`).
+            let known = match option.split_once('=') {
+                Some((name, value)) => attribute(name)
+                    .filter(|known| known.toml != Toml::Flag)
+                    .map(|known| (known.name, value)),
+                None => attribute(option)
+                    .filter(|known| known.toml == Toml::Flag)
+                    .map(|known| (known.name, "true")),
+            };
+            let Some((name, value)) = known else {
                 return Err(at.error(format!("unknown option {option:?}; expected {}", options_words())));
             };
-            attributes.push((known.name, value.to_owned()));
+            attributes.push((name, value.to_owned()));
         }
         Ok(RouteEntry {
             pattern,

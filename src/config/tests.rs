@@ -2649,3 +2649,31 @@ fn a_bad_attribute_is_refused_alike_in_routes_and_the_rules_file() {
         assert!(by_file.contains(":2: routes[0]"), "{by_file}");
     }
 }
+
+/// A rules file's routes take the place of `ROUTES`: both set is an error naming both, and a
+/// route's error names the file, the line and `routes[N]`, never a `ROUTES` entry.
+#[test]
+fn a_rules_files_routes_replace_routes_and_say_where_they_are_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    let path_text = path.to_str().unwrap();
+    std::fs::write(
+        &path,
+        "[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:5:1\"\n\n[[routes]]\npath = \"/a\"\nlimits = \"gcra:1:1\"\nname = \"b\"\n",
+    )
+    .unwrap();
+    let both = error(&[("RULES_FILE", path_text), ("ROUTES", "/x=token_bucket:1:1")]);
+    assert!(
+        both.contains("ROUTES is set in the environment and routes[0] in RULES_FILE")
+            && both.contains("line 2"),
+        "{both}"
+    );
+    let shadowed = error(&[("RULES_FILE", path_text)]);
+    assert!(
+        shadowed.contains(&format!(
+            "{path_text}:6: routes[1]: it can never match: the earlier entry for /a"
+        )),
+        "{shadowed}"
+    );
+    assert!(!shadowed.contains("ROUTES entry"), "{shadowed}");
+}

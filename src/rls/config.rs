@@ -56,7 +56,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::yaml::{self, Node, Value};
 use crate::limit::algorithm::{Algorithm, FixedWindow, Limits, Policy, TokenBucket};
-use crate::limit::algorithm::{algorithm_names, parse_limit, parse_limits};
+use crate::limit::algorithm::{algorithm_names, parse_limit, parse_limits, policy_of};
 use crate::limit::{FailMode, Matching, RuleSpec};
 use crate::suggest::closest;
 
@@ -1269,12 +1269,12 @@ fn yaml_number(text: &str) -> bool {
         && text.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
-/// The policy `algorithm` enforces for `requests_per_unit` in each `unit`, read by the parser of
-/// `ROUTES` from the numbers derived: for `token_bucket` (`gcra`) a capacity of
-/// `requests_per_unit`, refilled at `requests_per_unit` per unit (`token_bucket:N:N/S`, `S`
-/// the unit's seconds: a burst of `N`, then the unit's rate); for the windows (`fixed_window`,
-/// `sliding_window`, `sliding_log`) `requests_per_unit` in each window of the unit
-/// (`ALGORITHM:N:S`). The error says what was derived and why it is refused.
+/// The policy `algorithm` enforces for `requests_per_unit` in each `unit`, from the numbers
+/// derived, read by the algorithm's own parameter parser: for `token_bucket` (`gcra`) a
+/// capacity of `requests_per_unit`, refilled at `requests_per_unit` per unit (`N` and `N/S`,
+/// `S` the unit's seconds: a burst of `N`, then the unit's rate); for the windows
+/// `requests_per_unit` in each window of the unit (`N` and `S`). The error says what was
+/// derived, as a limit list writes it, and why it is refused.
 fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy, String> {
     let seconds = unit.seconds();
     let token_bucket = algorithm == TokenBucket::NAME || TokenBucket::ALIASES.contains(&algorithm);
@@ -1284,10 +1284,11 @@ fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy,
     } else {
         seconds.to_string()
     };
-    let spec = format!("{algorithm}:{requests_per_unit}:{second}");
-    parse_limit(&spec).map_err(|why| {
+    let first = requests_per_unit.to_string();
+    policy_of(algorithm, &first, &second).map_err(|why| {
         format!(
-            "algorithm {algorithm} with {requests_per_unit} per {} is {spec}, which is refused: {why}",
+            "algorithm {algorithm} with {requests_per_unit} per {} is {algorithm}:{first}:{second}, \
+             which is refused: {why}",
             unit.as_str()
         )
     })

@@ -759,6 +759,12 @@ pub(crate) fn parse_limit(spec: &str) -> Result<Policy, String> {
             ));
         }
     };
+    policy_of(algorithm, first, second)
+}
+
+/// The limit of kind `algorithm` with its two numbers as written (`first`, `second`): the
+/// algorithm's own parameter parser, its error in words naming the number that is wrong.
+pub(crate) fn policy_of(algorithm: &str, first: &str, second: &str) -> Result<Policy, String> {
     match Policy::parse(algorithm, first, second) {
         None => Err(format!(
             "unknown algorithm {algorithm:?}; expected {}",
