@@ -35,7 +35,7 @@ use crate::limit::algorithm::{
 };
 use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source, host_value};
 use crate::limit::pattern::PathPattern;
-use crate::limit::rules::{Count, Exemptions, RuleTable, TableError};
+use crate::limit::rules::{Count, Exemptions, Rule, RuleTable, TableError};
 use crate::limit::{FailMode, Matching, RouteSpec, RuleSpec, TableSpec};
 
 /// Most `ROUTES` entries: rule ids are 16 bits, and a table this long is a mistake anyway.
@@ -68,7 +68,7 @@ pub(crate) fn parse(
         })
         .collect::<Result<_, _>>()?;
     rules.extend([auth, general]);
-    let digested_keys = rules.iter().any(|rule| rule.key_by.digests());
+    let digested_keys = rules.iter().any(|spec| spec.rule.key_by.digests());
     let hasher = key_hasher(env, digested_keys, shared_store)?;
     let exempt = parse_exemptions(env, &hasher, &rules)?;
     let table = TableSpec {
@@ -117,22 +117,29 @@ fn general_and_auth(
     let auth_delay = env.parse(vars::AUTH_DELAY_MAX_MS, DELAY_FORMS, parse_delay)?;
     let (limits, auth_limits) = general_and_auth_limits(env)?;
     let (fail_mode, auth_fail_mode) = fail_modes(env, shared_store)?;
-    let general = RuleSpec {
+    let general = Rule {
         key_by,
         shadow,
         fail_mode,
         delay,
-        ..RuleSpec::new("general", Matching::Rest, limits)
+        ..Rule::new(0, "general", limits)
     };
-    let auth = RuleSpec {
+    let auth = Rule {
         name: "auth".into(),
-        matching: Matching::Paths(Vec::new()),
         limits: auth_limits,
         count: auth_count,
         key_by: auth_key_by,
         fail_mode: auth_fail_mode,
         delay: auth_delay,
         ..general.clone()
+    };
+    let general = RuleSpec {
+        matching: Matching::Rest,
+        rule: general,
+    };
+    let auth = RuleSpec {
+        matching: Matching::Paths(Vec::new()),
+        rule: auth,
     };
     Ok((general, auth))
 }
@@ -226,11 +233,11 @@ fn add_route(
             earlier.pattern
         )));
     }
-    let taken = rules.iter().any(|other| other.name == rule.name);
-    if taken || ["general", "auth"].contains(&&*rule.name) {
+    let taken = rules.iter().any(|other| other.rule.name == rule.rule.name);
+    if taken || ["general", "auth"].contains(&&*rule.rule.name) {
         return Err(route.at.error(format!(
             "the rule name {:?} is taken; give this route its own with name=NAME",
-            rule.name
+            rule.rule.name
         )));
     }
     rules.push(rule);
@@ -241,7 +248,7 @@ fn add_route(
 fn earlier_route<'r>(rules: &'r [RuleSpec], later: &RouteSpec) -> Option<(&'r RouteSpec, &'r str)> {
     rules.iter().find_map(|rule| {
         let earlier = rule.routes().iter().find(|earlier| earlier.takes_all_of(later))?;
-        Some((earlier, &*rule.name))
+        Some((earlier, &*rule.rule.name))
     })
 }
 
@@ -312,6 +319,7 @@ fn check_delays(
     auth: &RuleSpec,
     warnings: &mut Vec<String>,
 ) -> Result<(), ConfigError> {
+    let (general, auth) = (&general.rule, &auth.rule);
     if general.shadow && (general.delay.is_some() || auth.delay.is_some()) {
         warnings.push(
             "DELAY_MAX_MS or AUTH_DELAY_MAX_MS changes nothing under SHADOW_MODE=true: a shadowed \
@@ -506,7 +514,7 @@ const EXEMPT_KEY_FORMS: &str =
 /// there are several.
 fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[RuleSpec]) -> Result<Exemptions, ConfigError> {
     let mut single: Vec<&Source> = Vec::new();
-    for source in rules.iter().filter_map(|rule| rule.key_by.single()) {
+    for source in rules.iter().filter_map(|spec| spec.rule.key_by.single()) {
         if !single.contains(&source) {
             single.push(source);
         }

@@ -14,7 +14,7 @@ use super::ConfigError;
 use crate::limit::algorithm::{Limits, parse_limits};
 use crate::limit::key::{KEY_BY_FORMS, KeyBy, Source};
 use crate::limit::pattern::PathPattern;
-use crate::limit::{Count, FailMode, Matching, RouteSpec, RuleSpec};
+use crate::limit::{Count, FailMode, Matching, RouteSpec, Rule, RuleSpec};
 use crate::variables as vars;
 
 /// Most milliseconds a request may be delayed (`DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, `delay=`): a
@@ -165,13 +165,14 @@ fn name(spec: &mut RuleSpec, name: &str, _: &Context) -> Result<Option<String>, 
             "name {name:?}: expected 1 to 64 of a-z, 0-9, '_' and '-'"
         ));
     }
-    spec.name = name.into();
+    spec.rule.name = name.into();
     Ok(None)
 }
 
 fn key(spec: &mut RuleSpec, key: &str, _: &Context) -> Result<Option<String>, String> {
-    spec.key_by = KeyBy::parse(key).map_err(|why| format!("key={key}: {why}; expected {KEY_BY_FORMS}"))?;
-    match key_problem(&spec.key_by) {
+    spec.rule.key_by =
+        KeyBy::parse(key).map_err(|why| format!("key={key}: {why}; expected {KEY_BY_FORMS}"))?;
+    match key_problem(&spec.rule.key_by) {
         None => Ok(None),
         Some(KeyProblem::Certain(why)) => Err(format!("key {key:?}: {why}")),
         Some(KeyProblem::Suspicious(why)) => Ok(Some(format!("key={key}: {why}"))),
@@ -179,7 +180,7 @@ fn key(spec: &mut RuleSpec, key: &str, _: &Context) -> Result<Option<String>, St
 }
 
 fn cost(spec: &mut RuleSpec, cost: &str, _: &Context) -> Result<Option<String>, String> {
-    spec.cost = cost
+    spec.rule.cost = cost
         .parse::<u64>()
         .ok()
         .filter(|n| *n > 0)
@@ -207,7 +208,7 @@ fn method(spec: &mut RuleSpec, list: &str, _: &Context) -> Result<Option<String>
 }
 
 fn count(spec: &mut RuleSpec, count: &str, _: &Context) -> Result<Option<String>, String> {
-    spec.count = match count {
+    spec.rule.count = match count {
         "failures" => Count::Failures,
         "all" => Count::All,
         _ => return Err(format!("count {count:?}: expected all or failures")),
@@ -216,7 +217,7 @@ fn count(spec: &mut RuleSpec, count: &str, _: &Context) -> Result<Option<String>
 }
 
 fn fail(spec: &mut RuleSpec, mode: &str, context: &Context) -> Result<Option<String>, String> {
-    spec.fail_mode =
+    spec.rule.fail_mode =
         FailMode::parse(mode).ok_or_else(|| format!("fail {mode:?}: expected {}", FailMode::NAMES))?;
     Ok((!context.shared_store).then(|| {
         format!(
@@ -227,14 +228,14 @@ fn fail(spec: &mut RuleSpec, mode: &str, context: &Context) -> Result<Option<Str
 }
 
 fn delay(spec: &mut RuleSpec, ms: &str, _: &Context) -> Result<Option<String>, String> {
-    spec.delay = parse_delay(ms).ok_or_else(|| format!("delay {ms:?}: expected {DELAY_FORMS}"))?;
+    spec.rule.delay = parse_delay(ms).ok_or_else(|| format!("delay {ms:?}: expected {DELAY_FORMS}"))?;
     Ok(None)
 }
 
 /// `shadow`: `true` shadows the route; `false` leaves it as `SHADOW_MODE` says.
 fn shadow(spec: &mut RuleSpec, flag: &str, _: &Context) -> Result<Option<String>, String> {
     match flag {
-        "true" => spec.shadow = true,
+        "true" => spec.rule.shadow = true,
         "false" => {}
         _ => return Err(format!("shadow {flag:?}: expected true or false")),
     }
@@ -290,10 +291,12 @@ impl RouteEntry {
             methods: None,
         };
         let mut spec = RuleSpec {
-            name: self.pattern.to_string().into(),
             matching: Matching::Paths(vec![route]),
-            limits: self.limits.clone(),
-            ..defaults.clone()
+            rule: Rule {
+                name: self.pattern.to_string().into(),
+                limits: self.limits.clone(),
+                ..defaults.rule.clone()
+            },
         };
         for (name, value) in &self.attributes {
             let apply = attribute(name).map(|attribute| attribute.apply);
@@ -308,22 +311,22 @@ impl RouteEntry {
 
     /// The rule as a whole: its cost within its capacity, and a delay it can wait for.
     fn check(&self, spec: &RuleSpec, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
-        if spec.cost > spec.limits.capacity() {
+        if spec.rule.cost > spec.rule.limits.capacity() {
             return Err(self.at.error(format!(
                 "cost {} is above the rule's capacity of {}: no request could ever pass",
-                spec.cost,
-                spec.limits.capacity()
+                spec.rule.cost,
+                spec.rule.limits.capacity()
             )));
         }
         let own_delay = self.attributes.iter().any(|(name, _)| *name == "delay");
-        if spec.shadow && spec.delay.is_some() && own_delay {
+        if spec.rule.shadow && spec.rule.delay.is_some() && own_delay {
             warnings.push(self.at.warning(
                 &self.pattern,
                 "delay= changes nothing: the route is shadowed, and a shadowed rule refuses \
                  nothing, so never waits",
             ));
         }
-        delayable(spec).map_err(|why| match own_delay {
+        delayable(&spec.rule).map_err(|why| match own_delay {
             true => self.at.error(why),
             false => self.at.error(format!(
                 "{why} (the route inherits DELAY_MAX_MS; delay=0 turns it off here)"
@@ -361,7 +364,7 @@ pub(super) fn parse_delay(ms: &str) -> Option<Option<Duration>> {
 /// retry times are exact can be waited for ([`crate::limit::Policy::exact_retry`]): every
 /// limit of the rule (the rule's retry time is the latest of its refusing limits'). The error
 /// says why; the caller names what set the delay.
-pub(super) fn delayable(rule: &RuleSpec) -> Result<(), String> {
+pub(super) fn delayable(rule: &Rule) -> Result<(), String> {
     let inexact = rule.limits.iter().find(|policy| !policy.exact_retry());
     match (rule.delay, inexact) {
         (Some(delay), Some(policy)) => Err(format!(

@@ -2584,7 +2584,7 @@ fn routes_a_rules_file_and_an_rls_limit_yield_equal_specifications() {
     .unwrap();
     let from_file = spec(&file.routes().unwrap()[0]);
     assert_eq!(from_routes, from_file);
-    assert_eq!(&*from_routes.name, "api");
+    assert_eq!(&*from_routes.rule.name, "api");
     assert_eq!(
         from_routes.routes()[0].methods.as_deref(),
         Some(&[Method::GET, Method::HEAD][..])
@@ -2595,14 +2595,13 @@ fn routes_a_rules_file_and_an_rls_limit_yield_equal_specifications() {
         "domain: edge\ndescriptors:\n  - key: path\n    value: /api\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
     )])
     .unwrap();
-    let from_rls = rls.specs(general.fail_mode, general.shadow).remove(0);
+    let from_rls = rls.specs(general.rule.fail_mode, general.rule.shadow).remove(0);
     assert_eq!(from_rls.matching, Matching::Named);
-    assert_eq!(&*from_rls.name, "rls/edge/path=%2Fapi");
+    assert_eq!(&*from_rls.rule.name, "rls/edge/path=%2Fapi");
     // Beside what it is called and how it is matched, the same rule.
-    let unnamed = |spec: &RuleSpec| RuleSpec {
+    let unnamed = |spec: &RuleSpec| crate::limit::Rule {
         name: "".into(),
-        matching: Matching::Named,
-        ..spec.clone()
+        ..spec.rule.clone()
     };
     assert_eq!(unnamed(&from_rls), unnamed(&from_routes));
 

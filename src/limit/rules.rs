@@ -382,11 +382,11 @@ impl RuleTable {
             return Err(TableError::TooManyRules(total));
         }
         for spec in named {
-            if self.rule(&spec.name).is_some() {
-                return Err(TableError::DuplicateName(spec.name.to_string()));
+            if self.rule(&spec.rule.name).is_some() {
+                return Err(TableError::DuplicateName(spec.rule.name.to_string()));
             }
             // Below MAX_RULES, checked above.
-            self.rules.push(spec.rule(self.rules.len() as u16));
+            self.rules.push(spec.compiled(self.rules.len() as u16));
         }
         Ok(self)
     }

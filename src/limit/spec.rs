@@ -5,42 +5,25 @@
 //! rules file's `[[routes]]` table (both through `config::spec`), `AUTH_PATHS` and the
 //! general rule's variables (`config::rules`), and an Envoy descriptor's rate limit
 //! (`rls::config`). [`RuleTable::compile`] numbers them and lays out their routes; nothing
-//! else builds a table. A new rule attribute is a field here and on [`Rule`], its line in
-//! [`RuleSpec::rule`], and its parser in `config::spec`.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! else builds a table. A specification is a [`Rule`] (everything but its id) and what it
+//! matches, so a new rule attribute is a field on [`Rule`] and its parser in `config::spec`.
 
 use http::Method;
 
 use super::algorithm::Limits;
-use super::guard::FailMode;
-use super::key::{KeyBy, KeyHasher};
+use super::key::KeyHasher;
 use super::pattern::PathPattern;
-use super::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
+use super::rules::{Exemptions, Route, Rule, RuleTable, TableError};
 
 /// One rule as configured, from whichever source: what it matches and how it limits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleSpec {
-    /// `general`, `auth`, a route's `name=` (or its pattern), an Envoy limit's place in its
-    /// tree: part of every Redis key, log line and rate-limit header.
-    pub name: Arc<str>,
     /// Which requests it takes.
     pub matching: Matching,
-    /// The limits, each an algorithm and its numbers, every one enforced.
-    pub limits: Limits,
-    /// What budgets are keyed by.
-    pub key_by: KeyBy,
-    /// What one request costs unless `COSTS` says otherwise.
-    pub cost: u64,
-    /// Decide and count, but never refuse.
-    pub shadow: bool,
-    /// Which requests keep their cost.
-    pub count: Count,
-    /// What the Redis guard does when Redis cannot decide.
-    pub fail_mode: FailMode,
-    /// How long a refused request may wait for its budget instead; `None`: refused at once.
-    pub delay: Option<Duration>,
+    /// How it limits them: its name (`general`, `auth`, a route's `name=` or pattern, an Envoy
+    /// limit's place in its tree), limits, key, cost, shadow, count, fail mode and delay, as
+    /// the table will hold it; its `id` is set when the table is compiled.
+    pub rule: Rule,
 }
 
 /// Which requests a rule takes.
@@ -78,18 +61,11 @@ impl RouteSpec {
 
 impl RuleSpec {
     /// A rule of `limits` named `name`, matching as `matching` says: keyed by IP, costing 1,
-    /// enforced, counting every request, failing open, never delayed.
+    /// enforced, counting every request, failing open, never delayed ([`Rule::new`]).
     pub fn new(name: &str, matching: Matching, limits: Limits) -> RuleSpec {
         RuleSpec {
-            name: name.into(),
             matching,
-            limits,
-            key_by: KeyBy::ip(),
-            cost: 1,
-            shadow: false,
-            count: Count::All,
-            fail_mode: FailMode::Open,
-            delay: None,
+            rule: Rule::new(0, name, limits),
         }
     }
 
@@ -102,17 +78,10 @@ impl RuleSpec {
     }
 
     /// The compiled rule, at `id` in its table.
-    pub fn rule(&self, id: u16) -> Rule {
+    pub fn compiled(&self, id: u16) -> Rule {
         Rule {
             id,
-            name: self.name.clone(),
-            limits: self.limits.clone(),
-            key_by: self.key_by.clone(),
-            cost: self.cost,
-            shadow: self.shadow,
-            count: self.count,
-            fail_mode: self.fail_mode,
-            delay: self.delay,
+            ..self.rule.clone()
         }
     }
 }
@@ -160,7 +129,7 @@ impl RuleTable {
             .iter()
             .enumerate()
             // Below MAX_RULES, checked above.
-            .map(|(id, rule)| rule.rule(id as u16))
+            .map(|(id, rule)| rule.compiled(id as u16))
             .collect();
         RuleTable::new(
             rules,

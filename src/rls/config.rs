@@ -489,8 +489,8 @@ impl DescriptorTable {
                     Allowance::Limits(limits) => limits.clone(),
                 };
                 let mut spec = RuleSpec::new(&limit.rule, Matching::Named, limits);
-                spec.shadow = limit.shadow || shadow;
-                spec.fail_mode = fail_mode;
+                spec.rule.shadow = limit.shadow || shadow;
+                spec.rule.fail_mode = fail_mode;
                 Some(spec)
             })
             .collect()
@@ -503,8 +503,8 @@ impl DescriptorTable {
     /// `MAX_KEYS` in memory, not seven.
     pub fn override_spec(fail_mode: FailMode, shadow: bool) -> RuleSpec {
         let mut spec = RuleSpec::new(OVERRIDE_RULE, Matching::Named, fixed_window(0, Unit::Second));
-        spec.shadow = shadow;
-        spec.fail_mode = fail_mode;
+        spec.rule.shadow = shadow;
+        spec.rule.fail_mode = fail_mode;
         spec
     }
 
@@ -1297,8 +1297,8 @@ fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::Count;
     use crate::limit::algorithm::{SlidingLog, SlidingWindow};
+    use crate::limit::{Count, Rule};
 
     fn refused(text: &str) -> RlsConfigError {
         DescriptorTable::parse([("test.yaml", text)]).expect_err("refused")
@@ -1319,7 +1319,11 @@ mod tests {
         .unwrap();
         assert_eq!(table.limits.len(), 2);
         assert_eq!(table.counted(), 1);
-        let rules = table.specs(FailMode::Closed, false);
+        let rules: Vec<Rule> = table
+            .specs(FailMode::Closed, false)
+            .into_iter()
+            .map(|spec| spec.rule)
+            .collect();
         assert_eq!(rules.len(), 1);
         // Characters other than [A-Za-z0-9-_.*] are percent-encoded: `/` and `=` only separate.
         assert_eq!(&*rules[0].name, "rls/edge/path=%2Fapi%20v1");
@@ -1332,7 +1336,7 @@ mod tests {
         );
         assert_eq!(rules[0].fail_mode, FailMode::Closed);
         assert_eq!(table.limits[0].name.as_deref(), Some("api"));
-        assert!(table.specs(FailMode::Open, true)[0].shadow);
+        assert!(table.specs(FailMode::Open, true)[0].rule.shadow);
     }
 
     /// The refusals of envoyproxy/ratelimit's own test configurations (`test/config/*.yaml`).
@@ -1636,10 +1640,10 @@ mod tests {
     }
 
     /// The rules of the one file `text`, which must be valid.
-    fn rules_of(text: &str) -> Vec<RuleSpec> {
-        DescriptorTable::parse([("test.yaml", text)])
-            .unwrap()
-            .specs(FailMode::Closed, false)
+    fn rules_of(text: &str) -> Vec<Rule> {
+        let table = DescriptorTable::parse([("test.yaml", text)]).unwrap();
+        let specs = table.specs(FailMode::Closed, false);
+        specs.into_iter().map(|spec| spec.rule).collect()
     }
 
     /// The limits of the first rule of `text`.
@@ -1767,7 +1771,11 @@ mod tests {
             );
             let table = DescriptorTable::parse([("a.yaml", text.as_str())]).unwrap();
             assert_eq!(table.limits[0].name.as_deref(), Some("api"));
-            let rules = table.specs(FailMode::Open, false);
+            let rules: Vec<Rule> = table
+                .specs(FailMode::Open, false)
+                .into_iter()
+                .map(|spec| spec.rule)
+                .collect();
             assert_eq!(&*rules[0].name, "rls/d/k", "{written}");
             assert_eq!(rules[0].limits, expected, "{written}");
         }
