@@ -1892,4 +1892,18 @@ mod tests {
             assert!(error.problem.contains(problem), "{error}");
         }
     }
+
+    /// `config` reads this loader (RLS_CONFIG), so this loader reads nothing of `config`: the
+    /// rules it makes are `limit`'s specifications, and no module circle closes through here.
+    #[test]
+    fn the_loader_imports_nothing_of_the_configuration() {
+        for (file, source) in [
+            ("config.rs", include_str!("config.rs")),
+            ("yaml.rs", include_str!("yaml.rs")),
+        ] {
+            let code = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
+            assert!(!code.contains("crate::config"), "{file}");
+            assert!(!code.contains("super::super::config"), "{file}");
+        }
+    }
 }
