@@ -41,6 +41,7 @@ pub(crate) mod rls;
 pub(crate) mod rules;
 pub(crate) mod rules_file;
 pub(crate) mod server;
+pub(crate) mod spec;
 pub(crate) mod store;
 pub(crate) mod telemetry;
 pub(crate) mod warnings;
@@ -276,8 +277,8 @@ impl Config {
             None => Self::from_env_reader(&Env::new(environment.clone()).inheriting(hasher))?,
             Some(file) => {
                 let merged = file.merge(&environment)?;
-                Self::from_env_reader(&Env::new(merged).inheriting(hasher))
-                    .map_err(|error| file.locate(error))?
+                let env = Env::new(merged).inheriting(hasher).with_routes(file.routes());
+                Self::from_env_reader(&env).map_err(|error| file.locate(error))?
             }
         };
         if let Some(settings) = &mut config.reload {

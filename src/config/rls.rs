@@ -37,8 +37,8 @@ pub(crate) fn parse(
         problem: error.problem,
     })?;
     let general = rules.general();
-    let mut named = table.rules(general.fail_mode, general.shadow);
-    named.push(DescriptorTable::override_rule(general.fail_mode, general.shadow));
+    let mut named = table.specs(general.fail_mode, general.shadow);
+    named.push(DescriptorTable::override_spec(general.fail_mode, general.shadow));
     let rules = rules
         .with_named(named)
         .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;

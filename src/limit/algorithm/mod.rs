@@ -384,8 +384,22 @@ macro_rules! algorithms {
         }
 
         impl Policy {
-            /// Every algorithm name accepted, canonical names first.
+            /// Every kind's canonical name ([`Algorithm::NAME`]), in the order they are declared.
             pub const NAMES: &'static [&'static str] = &[$(<$algorithm as Algorithm>::NAME),+];
+
+            /// Every name a limit may be written with, each kind's [`Algorithm::NAME`] then its
+            /// [`Algorithm::ALIASES`], in the order they are declared; `variables`: only the
+            /// algorithms `ALGORITHM` may name (those with [`Algorithm::PARAMETERS`]).
+            pub fn spellings(variables: bool) -> Vec<&'static str> {
+                let mut names = Vec::new();
+                $(
+                    if !variables || <$algorithm as Algorithm>::PARAMETERS.is_some() {
+                        names.push(<$algorithm as Algorithm>::NAME);
+                        names.extend_from_slice(<$algorithm as Algorithm>::ALIASES);
+                    }
+                )+
+                names
+            }
 
             /// The algorithm named `name` (or an alias), with its two parameters, as
             /// [`Algorithm::PARAMETERS`]; `None` when no algorithm has that name, or it is
@@ -694,11 +708,25 @@ impl Policy {
     }
 }
 
-/// Every algorithm name a limit may be written with, for messages.
-pub(crate) const ALGORITHMS: &str = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
+/// Every algorithm name `ALGORITHM` (and an Envoy limit's `algorithm`) may be written with,
+/// for messages: "token_bucket, gcra, ... or sliding_log", from the algorithms themselves.
+pub(crate) fn algorithm_names() -> String {
+    either(&Policy::spellings(true))
+}
 
-/// The kinds a limit list writes: the algorithms, and `concurrent`.
-const LIMIT_KINDS: &str = "token_bucket, gcra, sliding_window, fixed_window, sliding_log or concurrent";
+/// The kinds a limit list writes, for messages: the algorithms, and `concurrent`.
+fn limit_kinds() -> String {
+    either(&Policy::spellings(false))
+}
+
+/// `names` as a choice in words: "a, b or c".
+fn either(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
 
 /// A limit list, one limit or several joined by `+`
 /// (`token_bucket:20:10+fixed_window:10000:86400`), as `ROUTES`, `LIMITS` and the rules file
@@ -731,8 +759,17 @@ pub(crate) fn parse_limit(spec: &str) -> Result<Policy, String> {
             ));
         }
     };
+    policy_of(algorithm, first, second)
+}
+
+/// The limit of kind `algorithm` with its two numbers as written (`first`, `second`): the
+/// algorithm's own parameter parser, its error in words naming the number that is wrong.
+pub(crate) fn policy_of(algorithm: &str, first: &str, second: &str) -> Result<Policy, String> {
     match Policy::parse(algorithm, first, second) {
-        None => Err(format!("unknown algorithm {algorithm:?}; expected {LIMIT_KINDS}")),
+        None => Err(format!(
+            "unknown algorithm {algorithm:?}; expected {}",
+            limit_kinds()
+        )),
         Some(Err(ParameterError::Invalid { index, expected })) => {
             let meaning = Policy::meanings(algorithm).map_or("", |m| m[index]);
             Err(format!(

@@ -212,3 +212,24 @@ fn a_whole_budget_resets_after_nothing() {
         assert!(seen.reset_after > Duration::ZERO, "{name}");
     }
 }
+
+/// Messages name the algorithms as the algorithms name themselves: every kind's
+/// `Algorithm::NAME` and alias, in declaration order, none written by hand.
+#[test]
+fn messages_name_the_algorithms_from_the_algorithms() {
+    assert_eq!(
+        super::algorithm_names(),
+        "token_bucket, gcra, sliding_window, fixed_window or sliding_log"
+    );
+    assert_eq!(
+        super::limit_kinds(),
+        "token_bucket, gcra, sliding_window, fixed_window, sliding_log or concurrent"
+    );
+    for name in Policy::NAMES {
+        assert!(super::limit_kinds().contains(name), "{name}");
+        let known = Policy::parameters(name).is_some();
+        assert_eq!(super::algorithm_names().contains(name), known, "{name}");
+    }
+    let unknown = super::parse_limit("leaky_bucket:1:1").unwrap_err();
+    assert!(unknown.ends_with(&super::limit_kinds()), "{unknown}");
+}
