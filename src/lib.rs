@@ -66,6 +66,7 @@ pub mod config;
 pub(crate) mod decide;
 pub(crate) mod decision_log;
 pub(crate) mod gate;
+pub(crate) mod header_arena;
 pub mod limit;
 pub(crate) mod limit_headers;
 pub(crate) mod metrics;
