@@ -18,17 +18,13 @@
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use arc_swap::ArcSwap;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Buf;
 use http::HeaderValue;
-use hyper::body::{Body, Frame, SizeHint};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -1169,56 +1165,6 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) ->
 fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> Result<(), fmt::Error> {
     let counter = ConstCounter::new(value);
     counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)
-}
-
-/// A response body on its way to the client, counting the bytes of its data frames into
-/// `bytes`: one atomic add a frame, whatever its size. `bytes` is `None` when there is
-/// nothing to count into.
-#[derive(Debug)]
-pub(crate) struct CountedBody<B> {
-    inner: B,
-    bytes: Option<Counter>,
-}
-
-impl<B> CountedBody<B> {
-    /// Count the data of `inner` into `bytes`.
-    pub(crate) fn new(inner: B, bytes: Option<&Counter>) -> Self {
-        CountedBody {
-            inner,
-            bytes: bytes.cloned(),
-        }
-    }
-}
-
-impl<B> Body for CountedBody<B>
-where
-    B: Body + Unpin,
-    B::Data: Buf,
-{
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(frame))), Some(bytes)) = (&polled, &this.bytes)
-            && let Some(data) = frame.data_ref()
-        {
-            bytes.inc_by(data.remaining() as u64);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 pub use crate::admin::MAX_ADMIN_CONNECTIONS;
 pub use crate::app::{rls_service, standalone_gate};
 pub use crate::decide::{check, forward_auth};
-pub use crate::gate::{Gate, identity, path};
+pub use crate::gate::{Admission, Answers, Gate, Refuse, Settled, TunnelSlot, identity, path};
 pub use crate::metrics::{METRIC_NAMES, Metrics};
 pub use crate::proxy::headers;
 pub use crate::rls::config::DescriptorTable;

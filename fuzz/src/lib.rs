@@ -325,7 +325,9 @@ pub fn forwarded_for(peer: IpAddr, trusted: &[IpNet], lines: &[Vec<u8>]) {
             headers.append(&X_FORWARDED_FOR, value);
         }
     }
-    let client = ClientIdentity::new(trusted.to_vec()).client(peer, &headers);
+    let client = ClientIdentity::new(trusted.to_vec())
+        .client(peer, &headers)
+        .map(|(client, _)| client);
     let peer = peer.to_canonical();
     let is_trusted = |ip: IpAddr| trusted.iter().any(|net| net.contains(&ip));
     let context = || format!("peer {peer}, trusted {trusted:?}, lines {headers:?}: {client:?}");
@@ -456,7 +458,7 @@ pub fn forwarding(peer: IpAddr, trusted: &[IpNet], host: Option<&[u8]>, tls: boo
     let identity = ClientIdentity::new(trusted.to_vec());
     let peer = peer.to_canonical();
     // A chain naming no client is refused before anything is forwarded.
-    let Ok(client) = identity.client(peer, &headers) else {
+    let Ok((client, _)) = identity.client(peer, &headers) else {
         return;
     };
     let hop = Hop {

@@ -22,9 +22,8 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{Decide, DecideBody, error, json};
-use crate::gate::{Head, Refused};
-use crate::limit::{Cost, Decision, Rule};
-use crate::outcome::Outcome;
+use crate::gate::{Admission, Head, Refused};
+use crate::limit::{Cost, Rule};
 use crate::suggest::closest;
 
 /// Where it is served.
@@ -367,10 +366,9 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
     match ask(body, generation.rules())? {
         Ask::Named { rule, key, cost } => {
             let key = generation.named_key(rule, key.as_bytes());
-            let keyed = door.gate.decide_key(&generation, rule, key, cost).await;
-            let decision = keyed.decision.decision();
-            door.log(&logged(None, None, key, None, rule, decision, keyed.outcome));
-            Ok(respond(door, rule, decision, keyed.outcome))
+            let admission = door.gate.admit_named(generation.clone(), rule, key, cost).await;
+            door.log(&logged(None, None, &admission));
+            Ok(respond(door, admission))
         }
         Ask::Classified {
             method,
@@ -394,22 +392,13 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
                 peer: client,
                 upgrade: false,
             };
-            let verdict = door.gate.decide(&head).await.map_err(|refused| match refused {
+            let admission = door.gate.admit(&head).await.map_err(|refused| match refused {
                 Refused::Ambiguous(reason) => BadBody::field("path", reason),
                 Refused::Headers(reason) => BadBody::field("headers", reason),
                 Refused::Tunnels(_) => BadBody::field("path", "no upgrade was asked for"),
             })?;
-            let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
-            door.log(&logged(
-                Some(method.as_str()),
-                Some(&path),
-                verdict.key,
-                Some(client),
-                verdict.rule(),
-                decision,
-                verdict.outcome,
-            ));
-            Ok(respond(door, verdict.rule(), decision, verdict.outcome))
+            door.log(&logged(Some(method.as_str()), Some(&path), &admission));
+            Ok(respond(door, admission))
         }
     }
 }
@@ -418,24 +407,18 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
 fn logged<'a>(
     method: Option<&'a str>,
     path: Option<&'a str>,
-    client: crate::limit::ClientKey,
-    address: Option<IpAddr>,
-    rule: &'a Rule,
-    decision: Option<&Decision>,
-    outcome: Outcome,
+    admission: &'a Admission,
 ) -> super::Decided<'a> {
     super::Decided {
         door: "check",
         method,
         path,
-        client,
-        address,
-        rule: &rule.name,
-        outcome,
+        client: admission.key(),
+        address: admission.client(),
+        rule: &admission.rule().name,
+        outcome: admission.outcome(),
         status: 200,
-        retry_after_s: decision
-            .filter(|_| !outcome.forwards())
-            .map(|decision| crate::limit_headers::retry_after_secs(decision.retry_after)),
+        retry_after_s: admission.retry_after_secs(),
     }
 }
 
@@ -486,13 +469,10 @@ fn header_map(headers: Headers) -> Result<HeaderMap, BadBody> {
     Ok(map)
 }
 
-/// `200` with the answer and the rate-limit headers.
-fn respond(
-    door: &Decide,
-    rule: &Rule,
-    decision: Option<&Decision>,
-    outcome: Outcome,
-) -> Response<DecideBody> {
+/// `200` with the answer and the rate-limit headers, from the same numbers; the request asked
+/// about is the caller's to carry out, out of sight, so the admission is settled elsewhere.
+fn respond(door: &Decide, admission: Admission) -> Response<DecideBody> {
+    let (rule, decision, outcome) = (admission.rule(), admission.decision(), admission.outcome());
     let allowed = outcome.forwards();
     let answer = Answer {
         allowed,
@@ -500,9 +480,7 @@ fn respond(
         limit: decision.map(|decision| decision.limit),
         remaining: decision.map(|decision| decision.remaining),
         reset_after_ms: decision.map(|decision| decision.reset_after.as_millis() as u64),
-        retry_after_s: decision
-            .filter(|_| !allowed)
-            .map(|decision| crate::limit_headers::retry_after_secs(decision.retry_after)),
+        retry_after_s: admission.retry_after_secs(),
         outcome: outcome.as_str(),
         limits: decision.filter(|_| rule.limits.len() > 1).map(|decision| {
             rule.limits
@@ -523,9 +501,8 @@ fn respond(
     // Serializing a struct of numbers and strings cannot fail.
     let body = serde_json::to_string(&answer).unwrap_or_default();
     let mut response = json(StatusCode::OK, body);
-    if let Some(decision) = decision {
-        door.settings.headers.set(response.headers_mut(), rule, decision);
-    }
+    door.answers.set_headers(&admission, response.headers_mut());
+    admission.settle_elsewhere();
     response
 }
 

@@ -33,24 +33,21 @@
 
 use std::net::SocketAddr;
 
-use bytes::Bytes;
-use http::header::{self, HeaderName};
+use http::header::HeaderName;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
 use super::{Decide, DecideBody, error, full};
 use crate::gate::identity::X_FORWARDED_FOR;
-use crate::gate::{Head, Refused};
-use crate::limit::Mode;
+use crate::gate::{Head, Refuse, Refused};
 use crate::limit::rules::METHOD_OVERRIDE_HEADERS;
-use crate::limit_headers::{integer_value, retry_after_secs, set_draft};
-use crate::outcome::Outcome;
-use crate::refusal::{DenyFormat, Violated};
 
 /// Where it is served.
 pub const PATH: &str = "/v1/forward-auth";
 
-/// The body of a refusal, as `error` would write it.
+/// The body of a JSON refusal for a calling proxy ([`Refuse::CallingProxy`]), as `error` would
+/// write it.
+#[cfg(test)]
 const LIMITED: &[u8] = br#"{"error":"rate limit exceeded"}"#;
 
 /// `X-Forwarded-Method` (Traefik, Caddy).
@@ -244,81 +241,39 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
         peer: peer_ip,
         upgrade: false,
     };
-    let verdict = match door.gate.decide(&head).await {
-        Ok(verdict) => verdict,
+    let admission = match door.gate.admit(&head).await {
+        Ok(admission) => admission,
         Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
             return error(StatusCode::BAD_REQUEST, &reason, None);
         }
         // Not asked for (upgrade is false); a tunnel is the ingress's to hold.
         Err(Refused::Tunnels(_)) => return error(refusal, "too many upgraded connections", None),
     };
-    let decision = verdict.decision.as_ref().and_then(|decision| decision.decision());
-    let mut response = match verdict.outcome {
-        outcome if outcome.forwards() => {
+    let answers = &door.answers;
+    let response = match answers.refusal(&admission, headers, Refuse::CallingProxy(refusal)) {
+        Some(refused) => refused.map(full),
+        None => {
             let mut response = Response::new(full(""));
-            *response.status_mut() = StatusCode::OK;
-            response
-        }
-        Outcome::FailClosed => {
-            // nginx's auth_request passes 401 and 403 on, and answers 500 for anything else.
-            let status = match refusal {
-                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => refusal,
-                _ => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            error(status, "rate-limit store unavailable", None)
-        }
-        _ => {
-            let (format, body) = match (refusals.negotiate(headers), decision) {
-                (format, Some(decision)) if format != DenyFormat::Json => {
-                    let retry_after = retry_after_secs(decision.retry_after);
-                    (
-                        format,
-                        refusals.body(
-                            format,
-                            refusal,
-                            Violated::of(verdict.rule(), decision),
-                            retry_after,
-                        ),
-                    )
-                }
-                // A constant body: a flood of refusals is the case to make cheap.
-                _ => (DenyFormat::Json, Bytes::from_static(LIMITED)),
-            };
-            let mut response = Response::new(full(body));
-            *response.status_mut() = refusal;
-            refusals.set_headers(response.headers_mut(), format);
+            answers.set_headers(&admission, response.headers_mut());
+            // For the calling proxy to copy onto the request it forwards (Traefik's
+            // authResponseHeaders, nginx's auth_request_set), whatever the client is told.
+            answers.set_forwarded(&admission, response.headers_mut());
             response
         }
     };
-    if let Some(decision) = decision {
-        door.settings
-            .headers
-            .set(response.headers_mut(), verdict.rule(), decision);
-        // For the calling proxy to copy onto the request it forwards (Traefik's
-        // authResponseHeaders, nginx's auth_request_set), whatever the client is told.
-        if door.settings.forward_headers && verdict.outcome.forwards() && verdict.mode == Mode::Enforce {
-            set_draft(response.headers_mut(), verdict.rule(), decision);
-        }
-        if !verdict.outcome.forwards() {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                integer_value(retry_after_secs(decision.retry_after)),
-            );
-        }
-    }
     door.log(&super::Decided {
         door: "forward-auth",
         method: Some(original.method.as_str()),
         path: Some(&original.path),
-        client: verdict.key,
-        address: Some(verdict.client),
-        rule: &verdict.rule().name,
-        outcome: verdict.outcome,
+        client: admission.key(),
+        address: admission.client(),
+        rule: &admission.rule().name,
+        outcome: admission.outcome(),
         status: response.status().as_u16(),
-        retry_after_s: decision
-            .filter(|_| !verdict.outcome.forwards())
-            .map(|decision| retry_after_secs(decision.retry_after)),
+        retry_after_s: admission.retry_after_secs(),
     });
+    // The request is the calling proxy's to carry out, out of sight.
+    admission.settle_elsewhere();
     response
 }
 

@@ -28,13 +28,13 @@ use hyper::body::Incoming;
 use subtle::ConstantTimeEq;
 
 use crate::decision_log::Decided;
-use crate::gate::Gate;
+use crate::gate::{Answers, Gate};
 use crate::limit::KeyHasher;
 use crate::limit::key::Digest;
 use crate::limit_headers::HeaderStyle;
 use crate::proxy::AccessLog;
 use crate::refusal::Refusals;
-use crate::server::{Arrival, Door};
+use crate::server::{Answered, Arrival, Door};
 use crate::telemetry::throttle::LogThrottle;
 
 /// The body of every answer on `DECIDE_PORT`.
@@ -108,6 +108,9 @@ impl std::fmt::Debug for Token {
 pub struct Decide {
     /// Decides every request, as it does the proxy's.
     gate: Arc<Gate>,
+    /// `RATE_LIMIT_HEADERS`, `DENY_STATUS`, `DENY_FORMAT`, `FORWARD_RATELIMIT_HEADERS`: the
+    /// answers every door shares.
+    answers: Answers,
     /// `DECIDE_TOKEN`, `RATE_LIMIT_HEADERS`, the body clock.
     settings: DecideSettings,
     /// Paces the warning about calls from peers outside `TRUSTED_PROXIES`, which a
@@ -137,6 +140,11 @@ impl Decide {
     pub fn new(settings: DecideSettings, gate: Arc<Gate>) -> Decide {
         Decide {
             gate,
+            answers: Answers::new(
+                settings.headers,
+                settings.refusals.clone(),
+                settings.forward_headers,
+            ),
             settings,
             untrusted_log: LogThrottle::new(),
             denial_log: LogThrottle::new(),
@@ -169,7 +177,15 @@ impl Decide {
 impl Door for Decide {
     type Body = DecideBody;
 
-    async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Response<DecideBody> {
+    async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Answered<DecideBody> {
+        // Nothing follows an answer here: no request is carried out behind this door.
+        Answered::plain(self.answer(request, arrival).await)
+    }
+}
+
+impl Decide {
+    /// Route one request to its endpoint.
+    async fn answer(&self, request: Request<Incoming>, arrival: Arrival) -> Response<DecideBody> {
         if let Some(overload) = arrival.overloaded {
             let reason = format!("too many requests in flight ({})", overload.variable());
             return error(StatusCode::SERVICE_UNAVAILABLE, &reason, None);

@@ -49,10 +49,13 @@ impl ClientIdentity {
     /// itself, or for a trusted peer the rightmost address of `X-Forwarded-For` that is not a
     /// trusted proxy's (the leftmost when all are). An element the walk reaches that is not an
     /// address is an error: never the trusted peer instead.
-    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Result<IpAddr, Unreadable> {
+    ///
+    /// With it, whether `peer` is trusted: read once, for the forwarding headers a trusted
+    /// peer's request keeps and the tiers it may name.
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Result<(IpAddr, bool), Unreadable> {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
-            return Ok(peer);
+            return Ok((peer, false));
         }
         // Several header lines are one list, in order (RFC 9110 section 5.3). Read as bytes,
         // element by element: a byte that is not text in one element says nothing about the
@@ -66,13 +69,13 @@ impl ClientIdentity {
                 }
                 match parse_entry(element) {
                     Some(ip) if self.is_trusted(ip) => nearest_trusted = ip,
-                    Some(ip) => return Ok(ip),
+                    Some(ip) => return Ok((ip, true)),
                     None => return Err(Unreadable::of(element)),
                 }
             }
         }
         // Every hop is a trusted proxy: the leftmost one is the best we know.
-        Ok(nearest_trusted)
+        Ok((nearest_trusted, true))
     }
 }
 
@@ -125,7 +128,7 @@ mod tests {
         }
         identity()
             .client(peer.parse().unwrap(), &headers)
-            .map(|ip| ip.to_string())
+            .map(|(ip, _)| ip.to_string())
     }
 
     fn client(peer: &str, xff: &[&str]) -> String {
@@ -227,7 +230,7 @@ mod tests {
             if let Ok(value) = http::HeaderValue::from_bytes(&line) {
                 let mut headers = HeaderMap::new();
                 headers.append(&X_FORWARDED_FOR, value);
-                if let Ok(client) = identity().client("10.0.0.1".parse().unwrap(), &headers) {
+                if let Ok((client, _)) = identity().client("10.0.0.1".parse().unwrap(), &headers) {
                     let written = line
                         .split(|&byte| byte == b',')
                         .filter_map(|element| parse_entry(element.trim_ascii()))

@@ -1,10 +1,15 @@
-//! The one door to policy: from a request head to a [`Verdict`] ([`Gate::decide`]), and after
-//! the answer, what the answer changes ([`Gate::settle`]).
+//! The one door to policy: from a request head to an [`Admission`] ([`Gate::admit`]), which
+//! owns the request's life until the door settles it ([`Admission::settle`]); and from an
+//! admission to its answer, one mapping for every door ([`answer`]).
 //!
-//! Every front door (today the reverse proxy) calls the same two functions, so a rule means the
-//! same thing whichever door a request came in by. The gate knows `http`'s types at most, never
-//! hyper's, and answers nothing itself: what a refusal looks like on the wire is the door's.
+//! Every door (the proxy, forward-auth, `/v1/check`, Envoy's RLS) reads "admit, act, settle":
+//! the same admission whichever door a request came in by, so a rule means the same thing
+//! everywhere, and the same answers and headers for the same state. The gate knows `http`'s
+//! types at most, never hyper's.
 //!
+//! - [`admission`]: the [`Admission`], what it holds and how it is settled or given back.
+//! - [`answer`]: refusals, the `503` of an unavailable store, rate-limit headers, the budget
+//!   told to the backend: [`Answers`].
 //! - [`path`]: the request path read once, into the canonical form rules match and what the
 //!   backend must get, or refused as one that backends could read two ways.
 //! - [`identity`]: the client address (the peer, or `X-Forwarded-For` from `TRUSTED_PROXIES`).
@@ -25,12 +30,13 @@
 //! otherwise, with the last decision. A full queue refuses at once. A shadow rule never
 //! waits (it refuses nothing), nor does a request Redis could not decide for.
 
+pub(crate) mod admission;
+pub(crate) mod answer;
 pub(crate) mod delay;
 pub mod identity;
 pub mod path;
 pub(crate) mod tunnels;
 
-use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -44,13 +50,17 @@ use delay::{DelayBounds, DelayQueue};
 use crate::limit::refused::{Counted, RefusedClients};
 use crate::limit::rules::ClassifyError;
 use crate::limit::{
-    ClientIp, ClientKey, Cost, Count, Decide, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule,
-    RuleTable, StoreError, Verdict as StoreVerdict,
+    ClientIp, ClientKey, Cost, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule, RuleTable,
+    StoreError, Verdict as StoreVerdict,
 };
 use crate::metrics::{Metrics, RuleSeries, TableSeries};
 use crate::outcome::Outcome;
+use admission::Place;
+pub use admission::{Admission, Settled};
+pub use answer::{Answers, Refuse};
 use identity::ClientIdentity;
-use tunnels::{TunnelSlot, Tunnels};
+pub use tunnels::TunnelSlot;
+use tunnels::Tunnels;
 
 /// What the gate is built from: the settings of its own (`MAX_UPGRADES_PER_CLIENT`,
 /// `TRUSTED_PROXIES`) beside the rule table.
@@ -146,149 +156,13 @@ impl PlaceRules {
     }
 }
 
-/// An allowed request's places under its rule's concurrency limits (`concurrent:N`), given
-/// back once, when dropped: the door holds it until the response body has been sent or the
-/// client went away (the proxy's body drops it). A door that answers before the request
-/// happens takes none, and its leases run their full time.
-pub struct Place {
-    /// The table it was decided under, whose store holds the places.
-    generation: Arc<Generation>,
-    /// The rule's id in `generation`.
-    rule: u16,
-    /// Whose places.
-    key: ClientKey,
-    /// How many each limit holds: the request's cost.
-    cost: Cost,
-    /// What the store said: which store, and each lease's name (its part's `at_us`).
-    decision: StoreVerdict,
-    /// Renews the leases every third of their length while the request goes on; stopped
-    /// when the place is given back.
-    renewal: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Place {
-    /// Each lease the place holds: the rule of its limit alone, and the verdict naming it
-    /// (the decision with that limit's `at_us`), in the rule's order.
-    fn leases(generation: &Generation, rule: u16, decision: &StoreVerdict) -> Vec<(usize, StoreVerdict)> {
-        let (Some(rules), Some(decided)) = (generation.places.get(usize::from(rule)), decision.decision())
-        else {
-            return Vec::new();
-        };
-        rules
-            .places
-            .iter()
-            .filter_map(|(position, _)| {
-                let mut lease = decided.clone();
-                lease.at_us = decided.parts().get(*position)?.at_us;
-                Some((
-                    *position,
-                    match decision {
-                        StoreVerdict::DecidedLocally(_) => StoreVerdict::DecidedLocally(lease),
-                        _ => StoreVerdict::Decided(lease),
-                    },
-                ))
-            })
-            .collect()
-    }
-
-    /// Every third of the shortest lease, renew each lease of the place, until aborted.
-    async fn renew(
-        generation: Arc<Generation>,
-        rule: u16,
-        key: ClientKey,
-        cost: Cost,
-        decision: StoreVerdict,
-    ) {
-        let Some(rules) = generation.places.get(usize::from(rule)) else {
-            return;
-        };
-        let Some(lease) = rules
-            .places
-            .iter()
-            .map(|(_, rule)| rule.limits.first().window())
-            .min()
-        else {
-            return;
-        };
-        let leases = Place::leases(&generation, rule, &decision);
-        let mut every = tokio::time::interval_at(Instant::now() + lease / 3, lease / 3);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            every.tick().await;
-            for (position, lease) in &leases {
-                if let Some((_, rule)) = rules.places.iter().find(|(at, _)| at == position) {
-                    generation.limiter.renew(rule, key, cost, lease).await;
-                }
-            }
-        }
-    }
-}
-
-impl fmt::Debug for Place {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Place")
-            .field("rule", &self.rule)
-            .field("key", &self.key)
-            .field("cost", &self.cost)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Place {
-    /// Give each lease back to the store that decided it: at once in memory; with Redis, in a
-    /// task of its own (a drop cannot wait), which a runtime shutting down may never run, and
-    /// then the lease expires.
-    fn drop(&mut self) {
-        if let Some(renewal) = self.renewal.take() {
-            renewal.abort();
-        }
-        let Some(rules) = self.generation.places.get(usize::from(self.rule)) else {
-            return;
-        };
-        let mut waiting = Vec::new();
-        for (position, lease) in Place::leases(&self.generation, self.rule, &self.decision) {
-            let Some((_, rule)) = rules.places.iter().find(|(at, _)| *at == position) else {
-                continue;
-            };
-            let given = self.generation.limiter.refund(rule, self.key, self.cost, &lease);
-            // A store that answered at once has given it back; one that waits on the network
-            // (whose future does nothing until polled) is asked again in a task.
-            if let Decide::Pending(_) = given {
-                waiting.push((position, lease));
-            }
-        }
-        if waiting.is_empty() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (generation, id, key, cost) = (
-            self.generation.clone(),
-            usize::from(self.rule),
-            self.key,
-            self.cost,
-        );
-        runtime.spawn(async move {
-            let Some(rules) = generation.places.get(id) else {
-                return;
-            };
-            for (position, lease) in waiting {
-                if let Some((_, rule)) = rules.places.iter().find(|(at, _)| *at == position) {
-                    generation.limiter.refund(rule, key, cost, &lease).await;
-                }
-            }
-        });
-    }
-}
-
 impl Generation {
     /// Every rule, in table order.
     pub fn rules(&self) -> &[Rule] {
         self.rules.rules()
     }
 
-    /// The rule called `name`, for [`Gate::decide_key`].
+    /// The rule called `name`, for [`Gate::admit_named`].
     pub fn rule(&self, name: &str) -> Option<&Rule> {
         self.rules.rule(name)
     }
@@ -368,35 +242,6 @@ pub enum Refused {
     Tunnels(u32),
 }
 
-/// What the gate decided about one request: everything a door needs to act on it, log it and
-/// settle it.
-pub struct Verdict {
-    /// The table it was decided under, held until it is settled.
-    generation: Arc<Generation>,
-    /// The id of the rule it was classified under, in `generation`.
-    rule: u16,
-    /// Whose budget.
-    pub key: ClientKey,
-    /// What it costs.
-    pub cost: Cost,
-    /// Enforced, shadowed, or exempt (not decided).
-    pub mode: Mode,
-    /// The client address the rules used (the peer, or from a trusted `X-Forwarded-For`).
-    pub client: IpAddr,
-    /// `Some` when the backend must get another path than the one sent (dot segments
-    /// resolved, leading slashes merged); `None`: the path as sent.
-    pub rewritten: Option<String>,
-    /// What the store said; `None` for a request not decided (`SKIP_PATHS`, `EXEMPT`).
-    pub decision: Option<StoreVerdict>,
-    /// What the door is to do with it.
-    pub outcome: Outcome,
-    /// When the decision ended: one reading of the clock ends it and starts the backend's.
-    pub decided: Instant,
-    /// The client's place under `MAX_UPGRADES_PER_CLIENT` for an upgrade: the door hands it
-    /// to the tunnel, which holds it until it closes.
-    pub tunnel: Option<TunnelSlot>,
-}
-
 /// What [`Gate::swap`] changed: rule names, each in one list.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Swapped {
@@ -410,41 +255,6 @@ pub struct Swapped {
     pub removed: Vec<String>,
     /// The new table's digest.
     pub digest: u32,
-}
-
-/// What [`Gate::decide_key`] decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Keyed {
-    /// What the store (or the fail mode) said.
-    pub decision: StoreVerdict,
-    /// What the door is to do with it.
-    pub outcome: Outcome,
-}
-
-impl fmt::Debug for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Verdict")
-            .field("rule", &self.rule().name)
-            .field("key", &self.key)
-            .field("cost", &self.cost)
-            .field("mode", &self.mode)
-            .field("client", &self.client)
-            .field("decision", &self.decision)
-            .field("outcome", &self.outcome)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Verdict {
-    /// The rule it was classified under.
-    pub fn rule(&self) -> &Rule {
-        &self.generation.rules.rules()[usize::from(self.rule)]
-    }
-
-    /// The rule's metric series.
-    pub fn series(&self) -> Option<&Arc<RuleSeries>> {
-        self.generation.series(self.rule)
-    }
 }
 
 impl Gate {
@@ -515,9 +325,11 @@ impl Gate {
         swapped
     }
 
-    /// Read the path, work out the client, classify, take a tunnel's place, and ask the
-    /// limiter: the verdict, or why nothing was decided.
-    pub async fn decide(&self, head: &Head<'_>) -> Result<Verdict, Refused> {
+    /// Admit one request: read the path, work out the client, classify, take a tunnel's
+    /// place, ask the limiter (waiting under a rule's delay), and take the places of an
+    /// allowed request under its rule's concurrency limits. The [`Admission`] owns all of it
+    /// until the door settles it; or why nothing was decided.
+    pub async fn admit(&self, head: &Head<'_>) -> Result<Admission, Refused> {
         let generation = self.current();
         let path = if head.path == "*" {
             // `OPTIONS *` names the server, not a resource: no path pattern matches it but a
@@ -529,7 +341,7 @@ impl Gate {
         } else {
             path::parse(head.path).map_err(|error| Refused::Ambiguous(error.to_string()))?
         };
-        let client = self
+        let (client, peer_trusted) = self
             .identity
             .client(head.peer, head.headers)
             .map_err(|error| Refused::Headers(error.to_string()))?;
@@ -542,9 +354,8 @@ impl Gate {
                 authority: head.authority,
                 headers: head.headers,
                 client_ip: client,
-                // Read only by tiers: no lookup for a table without them.
-                trusted: generation.rules.overrides().tiers().is_some()
-                    && self.identity.is_trusted(head.peer),
+                // Read only by tiers.
+                trusted: peer_trusted,
             })
             .map_err(|error| match error {
                 ClassifyError::RepeatedKeyParameter(_) | ClassifyError::AmbiguousMethod => {
@@ -592,18 +403,24 @@ impl Gate {
         generation.count(matched.rule, matched.key, outcome);
         let rule = matched.rule.id;
         let (key, cost, mode) = (matched.key, Cost::saturating(matched.cost), matched.mode);
-        Ok(Verdict {
+        let places = match outcome.forwards() {
+            true => Place::take(&generation, rule, key, cost, decision.as_ref()),
+            false => None,
+        };
+        Ok(Admission {
             generation,
             rule,
             key,
             cost,
             mode,
-            client,
+            client: Some(client),
+            peer_trusted,
             rewritten: path.rewritten,
             decision,
             outcome,
             decided,
             tunnel,
+            places,
         })
     }
 
@@ -613,22 +430,42 @@ impl Gate {
         &self.metrics
     }
 
-    /// Decide `cost` units of `key`'s budget under `rule`, for a door that names the client and
-    /// the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
-    /// limiter, denial cache, breaker and fail mode as [`Gate::decide`], counted in the same
-    /// metrics. `rule` must be one of `generation`'s ([`Generation::rule`]).
-    pub async fn decide_key(
+    /// Admit `cost` units of `key`'s budget under `rule`, for a door that names the client
+    /// and the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
+    /// limiter, delay, denial cache, breaker and fail mode as [`Gate::admit`], counted in the
+    /// same metrics, and an [`Admission`] to act on and settle alike. `rule` is one of
+    /// `generation`'s ([`Generation::rule`]), or one made from one with its id (Envoy's
+    /// descriptor override), decided under its own limits.
+    pub async fn admit_named(
         &self,
-        generation: &Generation,
+        generation: Arc<Generation>,
         rule: &Rule,
         key: ClientKey,
         cost: Cost,
-    ) -> Keyed {
+    ) -> Admission {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
-        let (decision, _) = self.check(generation, rule, key, cost, mode).await;
+        let (decision, decided) = self.check(&generation, rule, key, cost, mode).await;
         let outcome = Outcome::of(mode, Some(&decision));
         generation.count(rule, key, outcome);
-        Keyed { decision, outcome }
+        let places = match outcome.forwards() {
+            true => Place::take(&generation, rule.id, key, cost, Some(&decision)),
+            false => None,
+        };
+        Admission {
+            rule: rule.id,
+            key,
+            cost,
+            mode,
+            client: None,
+            peer_trusted: false,
+            rewritten: None,
+            decision: Some(decision),
+            outcome,
+            decided,
+            tunnel: None,
+            places,
+            generation,
+        }
     }
 
     /// Ask `generation`'s limiter for `cost` of `key`'s budget under `rule`, each answer's
@@ -762,76 +599,6 @@ impl Gate {
             .iter()
             .map(|rule| (rule.name.clone(), generation.refused.top(rule.id, top)))
             .collect()
-    }
-
-    /// After the answer (`status`): a success under `count=failures` gets its cost back;
-    /// else a cost the backend `reported` (`RESPONSE_COST_HEADER`) replaces the one charged
-    /// up front, the difference charged (into debt if need be) or given back, in the store
-    /// that decided. A request forwarded by a shadow rule's would-be refusal spent nothing
-    /// up front, so all it reported is charged.
-    pub async fn settle(&self, verdict: &Verdict, status: u16, reported: Option<Cost>) {
-        let Some(decision) = &verdict.decision else {
-            return;
-        };
-        let rule = verdict.rule();
-        // Concurrency places are given back when the response ends, by the place: what is
-        // refunded or charged here is the rule's rate limits' alone.
-        let rule = match verdict.generation.places.get(usize::from(verdict.rule)) {
-            Some(PlaceRules { rest: None, places }) if !places.is_empty() => return,
-            Some(PlaceRules { rest: Some(rest), .. }) => rest,
-            _ => rule,
-        };
-        let limiter = &verdict.generation.limiter;
-        let spent = matches!(verdict.outcome, Outcome::Allowed | Outcome::LocalAllowed);
-        if rule.count == Count::Failures && spent && status < 400 {
-            limiter.refund(rule, verdict.key, verdict.cost, decision).await;
-            return;
-        }
-        let charged = match verdict.outcome {
-            _ if spent => verdict.cost,
-            Outcome::Shadow => Cost::ZERO,
-            _ => return,
-        };
-        match reported {
-            Some(cost) if cost > charged => {
-                limiter
-                    .charge(rule, verdict.key, cost.saturating_sub(charged), decision)
-                    .await
-            }
-            Some(cost) if cost < charged => {
-                limiter
-                    .refund(rule, verdict.key, charged.saturating_sub(cost), decision)
-                    .await
-            }
-            _ => {}
-        }
-    }
-
-    /// The places an allowed request holds under its rule's concurrency limits, for a door
-    /// that forwards it and can tell when its response ends: `None` when the rule has none,
-    /// or nothing was taken (the request was refused, exempt, or the store could not decide).
-    /// Held until dropped; a door that never asks leaves its leases to expire.
-    pub fn place(&self, verdict: &Verdict) -> Option<Place> {
-        let places = verdict.generation.places.get(usize::from(verdict.rule))?;
-        if places.places.is_empty() || !verdict.decision.as_ref()?.decision()?.allowed {
-            return None;
-        }
-        let decision = verdict.decision.clone()?;
-        let renewal = tokio::spawn(Place::renew(
-            verdict.generation.clone(),
-            verdict.rule,
-            verdict.key,
-            verdict.cost,
-            decision.clone(),
-        ));
-        Some(Place {
-            generation: verdict.generation.clone(),
-            rule: verdict.rule,
-            key: verdict.key,
-            cost: verdict.cost,
-            decision,
-            renewal: Some(renewal),
-        })
     }
 
     /// Whether `peer` is one of `TRUSTED_PROXIES` (whose forwarding headers are kept).
@@ -996,7 +763,7 @@ mod tests {
             .unwrap_or_else(|| panic!("no {series} in {text}"))
     }
 
-    fn remaining(verdict: &Verdict) -> u64 {
+    fn remaining(verdict: &Admission) -> u64 {
         verdict
             .decision
             .as_ref()
@@ -1009,10 +776,10 @@ mod tests {
     async fn a_denial_within_the_delay_waits_its_retry_time_and_goes() {
         let gate = delaying("/slow=token_bucket:1:1,name=slow,delay=1500", &[]);
         let headers = HeaderMap::new();
-        let first = gate.decide(&head("/slow", &headers)).await.unwrap();
+        let first = gate.admit(&head("/slow", &headers)).await.unwrap();
         assert_eq!(first.outcome, Outcome::Allowed);
         let started = Instant::now();
-        let second = gate.decide(&head("/slow", &headers)).await.unwrap();
+        let second = gate.admit(&head("/slow", &headers)).await.unwrap();
         assert_eq!(second.outcome, Outcome::Allowed, "after its wait");
         assert_eq!(remaining(&second), 0, "the allowed decision's headers");
         let waited = started.elapsed();
@@ -1051,11 +818,11 @@ mod tests {
             ("/now", Outcome::Limited),
         ] {
             assert_eq!(
-                gate.decide(&head(path, &headers)).await.unwrap().outcome,
+                gate.admit(&head(path, &headers)).await.unwrap().outcome,
                 Outcome::Allowed
             );
             let started = Instant::now();
-            let verdict = gate.decide(&head(path, &headers)).await.unwrap();
+            let verdict = gate.admit(&head(path, &headers)).await.unwrap();
             assert_eq!((path, verdict.outcome), (path, then));
             assert_eq!(started.elapsed(), std::time::Duration::ZERO, "{path}");
         }
@@ -1066,10 +833,10 @@ mod tests {
     async fn two_waiting_for_one_token_one_goes_and_the_other_is_refused_when_its_delay_would_run_out() {
         let gate = delaying("/slow=token_bucket:1:1,name=slow,delay=1500", &[]);
         let headers = HeaderMap::new();
-        gate.decide(&head("/slow", &headers)).await.unwrap();
+        gate.admit(&head("/slow", &headers)).await.unwrap();
         let started = Instant::now();
         let timed = || async {
-            let verdict = gate.decide(&head("/slow", &headers)).await.unwrap();
+            let verdict = gate.admit(&head("/slow", &headers)).await.unwrap();
             (verdict.outcome, started.elapsed())
         };
         let (a, b) = tokio::join!(timed(), timed());
@@ -1094,17 +861,17 @@ mod tests {
             &[("DELAY_QUEUE_PER_CLIENT", "1")],
         );
         let headers = HeaderMap::new();
-        gate.decide(&head("/slow", &headers)).await.unwrap();
+        gate.admit(&head("/slow", &headers)).await.unwrap();
         let slow = head("/slow", &headers);
         // Boxed, so that dropping it drops the future itself, as hyper does.
-        let mut waiting = Box::pin(gate.decide(&slow));
+        let mut waiting = Box::pin(gate.admit(&slow));
         tokio::select! {
             _ = &mut waiting => panic!("a 10 s wait ended at once"),
             _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
         }
         assert_eq!(sample(&gate, "tollgate_delayed_requests"), 1.0);
         let started = Instant::now();
-        let refused = gate.decide(&head("/slow", &headers)).await.unwrap();
+        let refused = gate.admit(&head("/slow", &headers)).await.unwrap();
         assert_eq!(refused.outcome, Outcome::Limited);
         assert_eq!(started.elapsed(), std::time::Duration::ZERO, "refused at once");
         assert_eq!(
@@ -1114,7 +881,7 @@ mod tests {
         // The waiting request's client goes away: its future is dropped, its place freed.
         drop(waiting);
         assert_eq!(sample(&gate, "tollgate_delayed_requests"), 0.0);
-        let mut next = Box::pin(gate.decide(&slow));
+        let mut next = Box::pin(gate.admit(&slow));
         tokio::select! {
             _ = &mut next => panic!("a 10 s wait ended at once"),
             _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
@@ -1134,15 +901,75 @@ mod tests {
         let rule = generation.rule("slow").unwrap().clone();
         let key = generation.named_key(&rule, b"acme");
         assert_eq!(
-            gate.decide_key(&generation, &rule, key, Cost::ONE).await.outcome,
+            gate.admit_named(generation.clone(), &rule, key, Cost::ONE)
+                .await
+                .outcome,
             Outcome::Allowed
         );
         let started = Instant::now();
         assert_eq!(
-            gate.decide_key(&generation, &rule, key, Cost::ONE).await.outcome,
+            gate.admit_named(generation.clone(), &rule, key, Cost::ONE)
+                .await
+                .outcome,
             Outcome::Allowed
         );
         assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    }
+
+    /// What rule `name` of `gate`'s table has left for the client of [`head`], spending nothing.
+    async fn left(gate: &Gate, name: &str) -> u64 {
+        let generation = gate.current();
+        let rule = generation.rule(name).unwrap();
+        let key = ClientKey::Ip(ClientIp::new(IpAddr::from([192, 0, 2, 1]), 64));
+        generation.limiter().inspect(rule, key).await.unwrap().remaining
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unsettled_admission_dropped_gives_its_places_and_tunnel_slot_back() {
+        let gate = delaying("/dl=concurrent:1,name=dl", &[("MAX_UPGRADES_PER_CLIENT", "1")]);
+        let headers = HeaderMap::new();
+        let upgrade = Head {
+            upgrade: true,
+            ..head("/dl", &headers)
+        };
+        let admission = gate.admit(&upgrade).await.unwrap();
+        assert_eq!(admission.outcome(), Outcome::Allowed);
+        assert!(admission.places.is_some() && admission.tunnel.is_some());
+        assert_eq!(left(&gate, "dl").await, 0);
+        assert_eq!(gate.tunnels.clients(), 1);
+        // Held: the next one is refused, its upgrade first.
+        assert_eq!(gate.admit(&upgrade).await.unwrap_err(), Refused::Tunnels(1));
+        assert_eq!(
+            gate.admit(&head("/dl", &headers)).await.unwrap().outcome(),
+            Outcome::Limited
+        );
+        // A door that forgets to settle (an early return, its client gone): dropped, it gives
+        // everything back.
+        tokio::time::advance(std::time::Duration::from_millis(10)).await;
+        drop(admission);
+        assert_eq!(left(&gate, "dl").await, 1, "the place is back");
+        assert_eq!(gate.tunnels.clients(), 0, "the tunnel's place is back");
+        assert_eq!(gate.admit(&upgrade).await.unwrap().outcome(), Outcome::Allowed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settled_admission_s_places_follow_its_response_and_elsewhere_they_run_their_lease() {
+        let gate = delaying("/dl=concurrent:1:1,name=dl", &[]);
+        let headers = HeaderMap::new();
+        let admission = gate.admit(&head("/dl", &headers)).await.unwrap();
+        let mut settled = admission.settle(200, None).await;
+        assert_eq!(left(&gate, "dl").await, 0, "held by the response");
+        settled.release();
+        assert_eq!(left(&gate, "dl").await, 1, "its last frame is handed over");
+        drop(settled);
+        assert_eq!(left(&gate, "dl").await, 1, "given back once");
+        // A door whose request is carried out elsewhere leaves the lease to run its time.
+        let elsewhere = gate.admit(&head("/dl", &headers)).await.unwrap();
+        assert!(elsewhere.places.is_some());
+        elsewhere.settle_elsewhere();
+        assert_eq!(left(&gate, "dl").await, 0, "the lease runs");
+        tokio::time::advance(std::time::Duration::from_millis(1_001)).await;
+        assert_eq!(left(&gate, "dl").await, 1, "and ends");
     }
 
     fn head<'a>(path: &'a str, headers: &'a HeaderMap) -> Head<'a> {
@@ -1164,7 +991,7 @@ mod tests {
         );
         let gate = gate(&before);
         let headers = HeaderMap::new();
-        let in_flight = gate.decide(&head("/login2", &headers)).await.unwrap();
+        let in_flight = gate.admit(&head("/login2", &headers)).await.unwrap();
         assert_eq!(in_flight.rule().name.as_ref(), "login2");
         // A route comes first now: every id moves, and login2 has other numbers.
         let after = config(
@@ -1181,14 +1008,14 @@ mod tests {
         let rule = in_flight.rule().clone();
         let key = in_flight.key;
         assert_eq!(old.limiter().inspect(&rule, key).await.unwrap().remaining, 1);
-        gate.settle(&in_flight, 200, None).await;
+        in_flight.settle(200, None).await;
         assert_eq!(
             old.limiter().inspect(&rule, key).await.unwrap().remaining,
             2,
             "refunded there"
         );
         // The new table's login2 starts afresh with its own numbers; api kept its budget.
-        let now = gate.decide(&head("/login2", &headers)).await.unwrap();
+        let now = gate.admit(&head("/login2", &headers)).await.unwrap();
         assert_eq!(
             now.decision
                 .as_ref()
@@ -1205,14 +1032,14 @@ mod tests {
         let before = config("/api=token_bucket:3:0.001,name=api");
         let gate = gate(&before);
         let headers = HeaderMap::new();
-        let first = gate.decide(&head("/api", &headers)).await.unwrap();
+        let first = gate.admit(&head("/api", &headers)).await.unwrap();
         gate.swap(
             config("/x=token_bucket:1:1,name=x;/api=token_bucket:3:0.001,name=api")
                 .gate
                 .rules,
         );
-        let second = gate.decide(&head("/api", &headers)).await.unwrap();
-        let remaining = |verdict: &Verdict| {
+        let second = gate.admit(&head("/api", &headers)).await.unwrap();
+        let remaining = |verdict: &Admission| {
             verdict
                 .decision
                 .as_ref()

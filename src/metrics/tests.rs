@@ -1,10 +1,7 @@
 //! The exposition formats, the negotiation between them, and the counters the request path
 //! feeds, read back from the text a scraper gets.
 
-use bytes::Bytes;
 use http::HeaderValue;
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Frame;
 
 use super::*;
 use crate::Config;
@@ -330,23 +327,6 @@ fn open_connections_and_requests_in_flight_are_read_at_scrape_time() {
     drop(request);
     let text = metrics.encode(Format::Prometheus).unwrap();
     assert_eq!(sample(&text, "tollgate_requests_in_flight"), Some(0.0));
-}
-
-#[tokio::test]
-async fn a_counted_body_adds_each_data_frame_once() {
-    let bytes = Counter::default();
-    let frames = [
-        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"hello "))),
-        Ok(Frame::data(Bytes::from_static(b"world"))),
-        Ok(Frame::trailers(http::HeaderMap::new())),
-    ];
-    let body = CountedBody::new(StreamBody::new(futures_util::stream::iter(frames)), Some(&bytes));
-    let collected = body.collect().await.unwrap().to_bytes();
-    assert_eq!(collected, "hello world");
-    assert_eq!(bytes.get(), 11);
-    // Nothing to count into: the body passes through.
-    let body = CountedBody::new(http_body_util::Full::new(Bytes::from_static(b"x")), None);
-    assert_eq!(body.collect().await.unwrap().to_bytes(), "x");
 }
 
 #[test]

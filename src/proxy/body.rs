@@ -39,8 +39,6 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
-use crate::gate::Place;
-
 /// Why the client's request body did not arrive whole.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClientBodyError {
@@ -377,54 +375,6 @@ impl Body for ClientBody {
                 Poll::Pending
             }
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A response body that holds its request's concurrency places ([`Place`]) until it has been
-/// sent: given back at its last frame, or when hyper drops it (the client went away, or its
-/// connection failed mid-response).
-pub(crate) struct PlacedBody<B> {
-    /// The response body, as the backend (or the gateway) gave it.
-    inner: B,
-    /// The places, until the body ends.
-    place: Option<Place>,
-}
-
-impl<B> PlacedBody<B> {
-    /// `inner`, holding `place` until it ends.
-    pub(crate) fn new(inner: B, place: Place) -> PlacedBody<B> {
-        PlacedBody {
-            inner,
-            place: Some(place),
-        }
-    }
-}
-
-impl<B: Body + Unpin> Body for PlacedBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            // The last frame (or an error: nothing more will be sent): the places go back.
-            Poll::Ready(None | Some(Err(_))) => this.place = None,
-            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.place = None,
-            _ => {}
-        }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -36,7 +36,7 @@ pub(crate) mod tls;
 pub(crate) mod upgrades;
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,20 +44,20 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version, header};
-use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
-use crate::gate::tunnels::TunnelSlot;
-use crate::gate::{self, Gate, Refused};
-use crate::limit::{Cost, Decision, Mode, Rule};
+use crate::gate::{self, Admission, Answers, Gate, Refuse, Refused, Settled, TunnelSlot};
+use crate::limit::Cost;
 use crate::limit_headers::{self, HeaderStyle};
-use crate::metrics::{BodyBytes, CountedBody, Metrics, RuleSeries};
+use crate::metrics::{BodyBytes, Metrics, RuleSeries};
 use crate::outcome::{BackendFailure, Outcome};
 use crate::refusal::Refusals;
-use crate::server::{Arrival, Door, Peer};
+use crate::server::{Answered, Arrival, Door, Peer};
 use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
@@ -265,12 +265,9 @@ pub(crate) struct Proxy {
     backend: Backend,
     /// Classification and decision, shared with every other door.
     gate: Arc<Gate>,
-    /// `RATE_LIMIT_HEADERS`.
-    header_style: HeaderStyle,
-    /// `DENY_STATUS` and `DENY_FORMAT`.
-    refusals: Refusals,
-    /// `FORWARD_RATELIMIT_HEADERS`.
-    forward_headers: bool,
+    /// `RATE_LIMIT_HEADERS`, `DENY_STATUS`, `DENY_FORMAT` and `FORWARD_RATELIMIT_HEADERS`: the
+    /// answers every door shares.
+    answers: Answers,
     /// `RESPONSE_COST_HEADER`.
     response_cost_header: Option<HeaderName>,
     /// `BACKEND_TIMEOUT_MS`.
@@ -373,44 +370,23 @@ fn loggable(value: Option<&[u8]>) -> String {
     text
 }
 
-/// How an allowed request goes to the backend, from the gate's verdict.
+/// How an allowed request goes to the backend, from its admission.
 struct Forwarding<'a> {
     /// The connection it came on.
     connection: Peer,
-    /// The client address the rules used.
-    client: IpAddr,
-    /// The path to send instead of the request's (see [`gate::Verdict::rewritten`]).
-    rewritten: Option<&'a str>,
-    /// When the decision ended: what the backend's latency and timeout count from.
-    sent: Instant,
+    /// What the gate admitted: the client, the path to send, the budget to tell.
+    admission: &'a Admission,
     /// The client's place under `MAX_UPGRADES_PER_CLIENT`, for the tunnel if the backend
     /// switches.
     tunnel: Option<TunnelSlot>,
     /// It asks for an upgrade (read once, before the gate took a tunnel's place for it).
     upgrade: bool,
-    /// What the backend is told of the client's budget (`FORWARD_RATELIMIT_HEADERS`).
-    budget: Budget<'a>,
 }
 
-/// What a forwarded request tells the backend of its client's budget.
-#[derive(Clone, Copy)]
-enum Budget<'a> {
-    /// Nothing: `FORWARD_RATELIMIT_HEADERS=false`, and the request's fields pass as they came.
-    Untold,
-    /// The draft fields of the enforced decision that let it through, the client's replaced.
-    Decided(&'a Rule, &'a Decision),
-    /// No decision to tell (exempt, skipped, shadowed, the store unavailable): the client's
-    /// fields are removed, so the backend never reads a budget the client wrote.
-    Unknown,
-}
-
-/// What the log lines and metrics of one request need to know, wherever they are written.
+/// What the log lines of one request need to know, wherever they are written.
 struct RequestContext<'a> {
     /// `X-Request-Id`.
     id: &'a HeaderValue,
-    /// The metric series of the rule it was classified under (`None` before
-    /// classification).
-    rule: Option<Arc<RuleSeries>>,
 }
 
 impl RequestContext<'_> {
@@ -420,28 +396,56 @@ impl RequestContext<'_> {
     }
 }
 
+/// A proxied request's answer and what follows it: who wrote it, what its admission still
+/// holds, where its bytes are counted.
+struct Proxied {
+    response: Response<ResponseBody>,
+    by: AnsweredBy,
+    settled: Settled,
+    bytes: Option<Counter>,
+}
+
 /// The reverse proxy as the listener's door.
 impl Door for Proxy {
     type Body = ResponseBody;
 
     /// Answer one request, arrived as `arrival` says.
-    async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Response<ResponseBody> {
+    async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Answered<ResponseBody> {
         let started = Instant::now();
         let id = self.request_ids.for_request(request.headers());
         let origin = self
             .cors
             .as_ref()
             .and_then(|cors| cors.origin_of(request.headers()));
-        // The rule it is classified under, once it is: its response is counted by it.
-        let mut context = RequestContext { id: &id, rule: None };
-        let (mut response, by) = self.respond(request, arrival, &mut context, started).await;
-        let rule = context.rule.take();
+        let context = RequestContext { id: &id };
+        let proxied = match self.respond(request, arrival, &context, started).await {
+            Ok(proxied) => proxied,
+            // Answered before any rule was found: counted without one.
+            Err(response) => {
+                self.metrics.response(None, response.status().as_u16());
+                Proxied {
+                    response,
+                    by: AnsweredBy::Gateway,
+                    settled: Settled::none(),
+                    bytes: None,
+                }
+            }
+        };
+        let Proxied {
+            mut response,
+            by,
+            settled,
+            bytes,
+        } = proxied;
         if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
             cors.apply(response.headers_mut(), origin);
         }
-        self.metrics.response(rule.as_deref(), response.status().as_u16());
         response.headers_mut().insert(&X_REQUEST_ID, id);
-        response
+        Answered {
+            response,
+            settled,
+            bytes,
+        }
     }
 }
 
@@ -464,9 +468,7 @@ impl Proxy {
             ),
             backend: config.backend.clone(),
             gate,
-            header_style: config.headers,
-            refusals: config.refusals.clone(),
-            forward_headers: config.forward_headers,
+            answers: Answers::new(config.headers, config.refusals.clone(), config.forward_headers),
             response_cost_header: config.response_cost_header.clone(),
             backend_timeout: config.backend_timeout,
             body_idle_timeout: config.body_idle_timeout,
@@ -485,15 +487,16 @@ impl Proxy {
         }
     }
 
-    /// A request's way, phase by phase: the strict checks, the gate's decision, the backend
-    /// or the gateway's own answer, the settling, the rate-limit headers, the log line.
+    /// A request's way, phase by phase: the strict checks, then admit (the gate), act (the
+    /// backend, or the gateway's own answer), settle, with the rate-limit headers and the log
+    /// line. `Err`: answered before the gate admitted it (no rule to count the response by).
     async fn respond(
         &self,
         mut request: Request<Incoming>,
         arrival: Arrival,
-        context: &mut RequestContext<'_>,
+        context: &RequestContext<'_>,
         started: Instant,
-    ) -> (Response<ResponseBody>, AnsweredBy) {
+    ) -> Result<Proxied, Response<ResponseBody>> {
         let peer = arrival.connection.address;
         let id = context.id;
         if let Some(overload) = arrival.overloaded {
@@ -508,7 +511,7 @@ impl Proxy {
                     overload.variable()
                 );
             }
-            return (response::overloaded(), AnsweredBy::Gateway);
+            return Err(response::overloaded());
         }
         if let Err(violation) = strict::check(
             request.method(),
@@ -517,8 +520,7 @@ impl Proxy {
             request.headers(),
             arrival.content_length_dropped,
         ) {
-            let refusal = refuse_violation(violation, &request, peer, context);
-            return (refusal, AnsweredBy::Gateway);
+            return Err(refuse_violation(violation, &request, peer, context));
         }
         // An upgrade to a protocol the gateway cannot meter (h2c) would make this one counted
         // request a tunnel of uncounted ones: such tokens never reach the backend.
@@ -530,8 +532,7 @@ impl Proxy {
                 headers::underscore_alias(request.headers(), self.gate.current().key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
-            let refusal = refuse(&reason, request.uri().path(), peer, context);
-            return (refusal, AnsweredBy::Gateway);
+            return Err(refuse(&reason, request.uri().path(), peer, context));
         }
         // Under `strip`, the backend reads the method the gate decides on, and no other.
         self.method_override.apply(request.headers_mut());
@@ -545,80 +546,63 @@ impl Proxy {
             peer: peer.ip(),
             upgrade,
         };
-        let mut verdict = match self.gate.decide(&head).await {
-            Ok(verdict) => verdict,
+        let mut admission = match self.gate.admit(&head).await {
+            Ok(admission) => admission,
             Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
-                let refusal = refuse(&reason, request.uri().path(), peer, context);
-                return (refusal, AnsweredBy::Gateway);
+                return Err(refuse(&reason, request.uri().path(), peer, context));
             }
-            Err(Refused::Tunnels(limit)) => return (response::too_many_upgrades(limit), AnsweredBy::Gateway),
+            Err(Refused::Tunnels(limit)) => return Err(response::too_many_upgrades(limit)),
         };
-        context.rule = verdict.series().cloned();
-        let outcome = verdict.outcome;
+        let outcome = admission.outcome();
         // Captured only when a line about this request will be written (the request moves on
         // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
         // for the refusals it would log at info when the log level is above info.
         let logged = ((self.access_log.logs(outcome) && tracing::enabled!(tracing::Level::INFO))
             || tracing::enabled!(tracing::Level::DEBUG))
         .then(|| RequestSummary::of(&request, peer));
-        // The request's concurrency places, held until its response body has been sent.
-        let place = outcome.forwards().then(|| self.gate.place(&verdict)).flatten();
-        let (mut response, by) = if outcome.forwards() {
-            // The backend gets the request id too, so its logs and ours can be joined.
-            request.headers_mut().insert(&X_REQUEST_ID, id.clone());
-            // Taken first: the rest of `to` borrows the verdict.
-            let tunnel = verdict.tunnel.take();
-            let to = Forwarding {
-                connection: arrival.connection,
-                client: verdict.client,
-                rewritten: verdict.rewritten.as_deref(),
-                sent: verdict.decided,
-                tunnel,
-                upgrade,
-                budget: match verdict
-                    .decision
-                    .as_ref()
-                    .and_then(crate::limit::Verdict::decision)
-                {
-                    _ if !self.forward_headers => Budget::Untold,
-                    Some(decision) if verdict.mode == Mode::Enforce => {
-                        Budget::Decided(verdict.rule(), decision)
-                    }
-                    _ => Budget::Unknown,
-                },
-            };
-            // Boxed: the backend exchange's state is most of a request's future, and hyper
-            // moves the request's future by value several times before polling it; boxed, it
-            // moves a pointer (docs/benchmarks.md part 9).
-            Box::pin(self.forward(request, to, context)).await
-        } else {
-            let refusal = match verdict
-                .decision
-                .as_ref()
-                .and_then(crate::limit::Verdict::decision)
-            {
-                Some(decision) => {
-                    response::too_many_requests(&self.refusals, request.headers(), verdict.rule(), decision)
-                }
-                None if outcome == Outcome::Denied => {
-                    response::denied(&self.refusals, request.headers(), verdict.rule())
-                }
-                None => response::store_unavailable(),
-            };
-            (refusal, AnsweredBy::Gateway)
+        let refusal = self
+            .answers
+            .refusal(&admission, request.headers(), Refuse::Client);
+        let forwarded = refusal.is_none();
+        let (mut response, by, bytes) = match refusal {
+            None => {
+                // The backend gets the request id too, so its logs and ours can be joined.
+                request.headers_mut().insert(&X_REQUEST_ID, id.clone());
+                // Taken first: the rest of `to` borrows the admission.
+                let tunnel = admission.take_tunnel();
+                let to = Forwarding {
+                    connection: arrival.connection,
+                    admission: &admission,
+                    tunnel,
+                    upgrade,
+                };
+                // Boxed: the backend exchange's state is most of a request's future, and hyper
+                // moves the request's future by value several times before polling it; boxed,
+                // it moves a pointer (docs/benchmarks.md part 9).
+                Box::pin(self.forward(request, to, context)).await
+            }
+            Some(refusal) => (
+                refusal.map(|body| Full::new(body).map_err(|never| match never {}).boxed()),
+                AnsweredBy::Gateway,
+                None,
+            ),
         };
         let reported = self.reported_cost(response.headers_mut());
-        self.gate
-            .settle(&verdict, response.status().as_u16(), reported)
-            .await;
-        self.rate_limit_headers(&verdict, &mut response);
-        if let Some(place) = place {
-            response = response.map(|body| body::PlacedBody::new(body, place).boxed());
+        if forwarded {
+            self.answers.set_headers(&admission, response.headers_mut());
         }
         if let Some(summary) = logged {
-            self.log(context, &verdict, &response, &summary, started);
+            self.log(context, &admission, &response, &summary, started);
         }
-        (response, by)
+        self.metrics
+            .response(admission.series().map(Arc::as_ref), response.status().as_u16());
+        let settled = admission.settle(response.status().as_u16(), reported).await;
+        Ok(Proxied {
+            response,
+            by,
+            settled,
+            bytes,
+        })
     }
 
     /// The lines about one request: shadow denials always, refusals under `ACCESS_LOG=denied`
@@ -626,12 +610,12 @@ impl Proxy {
     fn log(
         &self,
         context: &RequestContext<'_>,
-        verdict: &gate::Verdict,
+        admission: &Admission,
         response: &Response<ResponseBody>,
         summary: &RequestSummary,
         started: Instant,
     ) {
-        let outcome = verdict.outcome;
+        let outcome = admission.outcome();
         let RequestSummary {
             method,
             path,
@@ -641,10 +625,8 @@ impl Proxy {
         } = summary;
         let status = response.status().as_u16();
         let latency_us = started.elapsed().as_micros() as u64;
-        let retry_after_s = verdict
-            .decision
-            .as_ref()
-            .and_then(crate::limit::Verdict::decision)
+        let retry_after_s = admission
+            .decision()
             .filter(|decision| !decision.allowed)
             .map(|decision| limit_headers::retry_after_secs(decision.retry_after));
         let suppressed = match self.access_log {
@@ -666,11 +648,11 @@ impl Proxy {
                     request_id = context.id(),
                     %method,
                     path,
-                    client = %verdict.key,
+                    client = %admission.key(),
                     %peer,
                     host,
                     user_agent,
-                    rule = %verdict.rule().name,
+                    rule = %admission.rule().name,
                     decision = outcome.as_str(),
                     status,
                     retry_after_s,
@@ -682,11 +664,11 @@ impl Proxy {
                 request_id = context.id(),
                 %method,
                 path,
-                client = %verdict.key,
+                client = %admission.key(),
                 %peer,
                 host,
                 user_agent,
-                rule = %verdict.rule().name,
+                rule = %admission.rule().name,
                 decision = outcome.as_str(),
                 status,
                 latency_us,
@@ -720,59 +702,45 @@ impl Proxy {
         cost
     }
 
-    /// After the answer: the rate-limit headers of an enforced decision (a shadow rule is
-    /// invisible to clients). They tell the decision as it was made: a refund shows on the
-    /// next response.
-    fn rate_limit_headers(&self, verdict: &gate::Verdict, response: &mut Response<ResponseBody>) {
-        if verdict.mode == Mode::Enforce
-            && let Some(decision) = verdict
-                .decision
-                .as_ref()
-                .and_then(crate::limit::Verdict::decision)
-        {
-            self.header_style
-                .set(response.headers_mut(), verdict.rule(), decision);
-        }
-    }
-
-    /// Send an allowed request to the backend and stream its answer back. `rewritten`
-    /// replaces the request's path when its dot segments had to be resolved; `sent` is now,
-    /// read once by the caller: what the backend's latency and timeout count from.
+    /// Send an allowed request to the backend and stream its answer back: the response, who
+    /// wrote it, and where its bytes are counted. The backend's latency and timeout count
+    /// from the decision's end.
     async fn forward(
         &self,
         request: Request<Incoming>,
         to: Forwarding<'_>,
         context: &RequestContext<'_>,
-    ) -> (Response<ResponseBody>, AnsweredBy) {
-        let sent = to.sent;
+    ) -> (Response<ResponseBody>, AnsweredBy, Option<Counter>) {
+        let sent = to.admission.decided();
         // An intermediary answers in its own HTTP version (RFC 9110 section 6.2): an HTTP/1.0
         // backend must not downgrade an HTTP/1.1 client, nor close its keep-alive connection.
         let version = request.version();
-        let series = context.rule.as_deref();
-        let bytes = series.and_then(RuleSeries::body_bytes);
+        let series = to.admission.series();
+        let bytes = series.and_then(|series| series.body_bytes());
         match self.try_forward(request, to, bytes).await {
             Ok(mut response) => {
                 if let Some(series) = series {
                     series.backend_response(response.status().as_u16(), sent.elapsed());
                 }
                 *response.version_mut() = version;
-                (response, AnsweredBy::Backend)
+                let counted = bytes.map(|bytes| bytes.response.clone());
+                (response, AnsweredBy::Backend, counted)
             }
             Err(error) => {
-                self.backend_failed(&error, context);
+                self.backend_failed(&error, series.map(Arc::as_ref), context);
                 let mut response = response::from_error(&error);
                 if error.is_downstream() && version < Version::HTTP_2 {
                     // The request's framing is broken or unread: this connection is done.
                     close_connection(&mut response);
                 }
-                (response, AnsweredBy::Gateway)
+                (response, AnsweredBy::Gateway, None)
             }
         }
     }
 
     /// Count and (rate-limited) log a request the backend did not answer, naming the backend
     /// and the cause.
-    fn backend_failed(&self, error: &ProxyError, context: &RequestContext<'_>) {
+    fn backend_failed(&self, error: &ProxyError, series: Option<&RuleSeries>, context: &RequestContext<'_>) {
         let failure = match error {
             ProxyError::Upstream(error) => failure_of(error),
             ProxyError::UpstreamTimeout(_) => BackendFailure::Timeout,
@@ -786,7 +754,7 @@ impl Proxy {
                 return;
             }
         };
-        if let Some(series) = &context.rule {
+        if let Some(series) = series {
             series.backend_error(failure);
         }
         if let Some(suppressed) = self.failure_log.admit() {
@@ -811,13 +779,11 @@ impl Proxy {
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let Forwarding {
             connection,
-            client,
-            rewritten,
-            sent,
+            admission,
             tunnel: tunnel_slot,
             upgrade,
-            budget,
         } = to;
+        let sent = admission.decided();
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
 
         let (mut parts, body) = request.into_parts();
@@ -826,22 +792,19 @@ impl Proxy {
         headers::strip_hop_by_hop(&mut parts.headers, upgrade);
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
         let peer = connection.address.ip().to_canonical();
-        let peer_is_trusted = self.gate.trusts(peer);
+        // Read by the gate while it found the client.
+        let peer_is_trusted = admission.peer_trusted();
         headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
         let hop = headers::Hop {
             peer,
             peer_is_trusted,
-            client,
+            client: admission.client().unwrap_or(peer),
             host: host.as_ref(),
             tls: connection.tls,
         };
         headers::set_forwarded(&mut parts.headers, &hop);
         // The budget as the client is told it, never as the client wrote it.
-        match budget {
-            Budget::Untold => {}
-            Budget::Decided(rule, decision) => limit_headers::set_draft(&mut parts.headers, rule, decision),
-            Budget::Unknown => limit_headers::draft::remove(&mut parts.headers),
-        }
+        self.answers.set_forwarded(admission, &mut parts.headers);
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
         // backend's own clients would send. An https backend always gets its own: the name
         // its certificate and SNI are for (the client's is in X-Forwarded-Host).
@@ -850,7 +813,7 @@ impl Proxy {
             _ => self.pool.host().clone(),
         };
         parts.headers.insert(header::HOST, host);
-        parts.uri = self.backend_uri(&parts.uri, rewritten)?;
+        parts.uri = self.backend_uri(&parts.uri, admission.rewritten())?;
         // The backend speaks HTTP/1.1 whatever the client spoke, but for an HTTP/2 client's
         // request to an https backend that chooses h2 (the pool decides).
         parts.version = match parts.version {
@@ -895,8 +858,7 @@ impl Proxy {
             }
             _ => headers::strip_hop_by_hop(response.headers_mut(), false),
         }
-        let counted = bytes.map(|bytes| &bytes.response);
-        Ok(response.map(|body| CountedBody::new(body, counted).boxed()))
+        Ok(response.map(BodyExt::boxed))
     }
 
     /// Wait for the backend's response headers. While the request body streams, a client that

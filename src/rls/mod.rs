@@ -64,13 +64,14 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use crate::gate::Gate;
+use crate::gate::{Answers, Gate, Refuse};
 use crate::limit::algorithm::{FixedWindow, Limits, Policy};
-use crate::limit::{Cost, Decision, Rule, Verdict};
+use crate::limit::{Cost, Decision, Rule};
+use crate::limit_headers::HeaderStyle;
 use crate::metrics::DescriptorCounts;
 use crate::outcome::Outcome;
 use crate::proxy::AccessLog;
-use crate::refusal::{Refusals, Violated};
+use crate::refusal::Refusals;
 use crate::telemetry::throttle::LogThrottle;
 pub(crate) use config::DescriptorTable;
 
@@ -173,10 +174,9 @@ pub struct RateLimitService {
     /// The descriptor tables in force, swapped whole by a reload of `RLS_CONFIG`.
     tables: Arc<arc_swap::ArcSwap<Tables>>,
     /// `DENY_FORMAT` (and `DENY_STATUS`, which a problem body states): the `raw_body` Envoy
-    /// sends with its refusal.
-    refusals: Refusals,
-    /// `FORWARD_RATELIMIT_HEADERS`: the draft fields as `request_headers_to_add`.
-    forward_headers: bool,
+    /// sends with its refusal; `FORWARD_RATELIMIT_HEADERS`: the draft fields as
+    /// `request_headers_to_add`. The answers every door shares.
+    answers: Answers,
     /// `tollgate_rls_descriptor_total`: the decisions of limits with `detailed_metric` or
     /// `value_to_metric`, by descriptor.
     descriptors: Arc<DescriptorCounts>,
@@ -264,8 +264,7 @@ impl RateLimitService {
             descriptors,
             gate,
             tables: Arc::new(arc_swap::ArcSwap::from_pointee(tables)),
-            refusals: Refusals::default(),
-            forward_headers: false,
+            answers: Answers::default(),
             access_log: AccessLog::Denied,
             denial_log: Arc::new(LogThrottle::new()),
         })
@@ -282,8 +281,8 @@ impl RateLimitService {
     /// This service with refusals shaped as `refusals` say, and the budget told to the backend
     /// when `forward_headers` (`FORWARD_RATELIMIT_HEADERS`).
     pub(crate) fn shaped(mut self, refusals: Refusals, forward_headers: bool) -> RateLimitService {
-        self.refusals = refusals;
-        self.forward_headers = forward_headers;
+        // Envoy's answers list that service's own rate-limit headers (`RateLimit-Limit`, ...).
+        self.answers = Answers::new(HeaderStyle::None, refusals, forward_headers);
         self
     }
 
@@ -325,17 +324,12 @@ impl RateLimitService {
                 Plan::Decide(limit, rule, cost, shared) => match generation.rule(&rule.name) {
                     Some(rule) => {
                         let key = generation.key_of(&client_name(&request.domain, descriptor, shared));
-                        let keyed = self.gate.decide_key(&generation, rule, key, *cost).await;
+                        let admission = self.gate.admit_named(generation.clone(), rule, key, *cost).await;
+                        let outcome = admission.outcome();
                         if limit.per_descriptor() {
-                            self.count_descriptor(
-                                &tables.table,
-                                &request.domain,
-                                limit,
-                                descriptor,
-                                keyed.outcome,
-                            );
+                            self.count_descriptor(&tables.table, &request.domain, limit, descriptor, outcome);
                         }
-                        decided = keyed.decision.decision().cloned();
+                        decided = admission.decision().cloned();
                         crate::decision_log::log(
                             self.access_log,
                             &self.denial_log,
@@ -346,14 +340,15 @@ impl RateLimitService {
                                 client: key,
                                 address: None,
                                 rule: &rule.name,
-                                outcome: keyed.outcome,
-                                status: if keyed.outcome.forwards() { 200 } else { 429 },
-                                retry_after_s: decided.as_ref().filter(|_| !keyed.outcome.forwards()).map(
-                                    |decision| crate::limit_headers::retry_after_secs(decision.retry_after),
-                                ),
+                                outcome,
+                                status: if outcome.forwards() { 200 } else { 429 },
+                                retry_after_s: admission.retry_after_secs(),
                             },
                         );
-                        status(limit, rule, keyed.decision, keyed.outcome.forwards())
+                        let status = status(limit, rule, admission.decision(), outcome.forwards());
+                        // The request is Envoy's to carry out, out of sight.
+                        admission.settle_elsewhere();
+                        status
                     }
                     // Every table the configuration builds holds RLS_CONFIG's rules.
                     None => DescriptorStatus {
@@ -376,9 +371,11 @@ impl RateLimitService {
                             name.extend_from_slice(unit);
                         }
                         let key = generation.key_of(&name);
-                        let keyed = self.gate.decide_key(&generation, &rule, key, *cost).await;
-                        decided = keyed.decision.decision().cloned();
-                        status(limit, &rule, keyed.decision, keyed.outcome.forwards())
+                        let admission = self.gate.admit_named(generation.clone(), &rule, key, *cost).await;
+                        decided = admission.decision().cloned();
+                        let status = status(limit, &rule, admission.decision(), admission.forwards());
+                        admission.settle_elsewhere();
+                        status
                     }
                     None => DescriptorStatus {
                         code: Code::Ok as i32,
@@ -434,39 +431,46 @@ impl RateLimitService {
     /// forwards, exactly as the proxy sets them (every limit of a rule of several, `RULE.1`,
     /// `RULE.2`, ...).
     fn shape(&self, response: &mut RateLimitResponse, decision: &Decision, rule: &Rule, over: bool) {
-        let header = |key: &str, value: &http::HeaderValue| HeaderValue {
+        if over {
+            // The proxy's refusal, as the shared answers write it for a client that sent no
+            // `Accept`: its body, and its headers (`Content-Type`, `Retry-After`, ...).
+            let refusal = self.answers.refusal_of(
+                rule,
+                Some(decision),
+                Outcome::Limited,
+                &http::HeaderMap::new(),
+                Refuse::Client,
+            );
+            let (parts, body) = refusal.into_parts();
+            response
+                .response_headers_to_add
+                .extend(grpc_headers(&parts.headers));
+            response.raw_body = body.to_vec();
+        } else {
+            let mut fields = http::HeaderMap::new();
+            self.answers.set_forwarded_of(rule, decision, &mut fields);
+            response.request_headers_to_add = grpc_headers(&fields).collect();
+        }
+    }
+}
+
+/// `headers` as Envoy's header list, each name as that service and the proxy's clients spell
+/// it (`Retry-After`, `RateLimit-Policy`, `RateLimit`; others as `http` keeps them, in lower
+/// case), in order.
+fn grpc_headers(headers: &http::HeaderMap) -> impl Iterator<Item = HeaderValue> + '_ {
+    headers.iter().map(|(name, value)| {
+        let key = match name.as_str() {
+            "retry-after" => RETRY_AFTER_HEADER,
+            "ratelimit-policy" => "RateLimit-Policy",
+            "ratelimit" => "RateLimit",
+            other => other,
+        };
+        HeaderValue {
             key: key.to_owned(),
             value: value.to_str().unwrap_or_default().to_owned(),
             raw_value: Vec::new(),
-        };
-        if over {
-            let format = self.refusals.format();
-            let retry_after = crate::limit_headers::retry_after_secs(decision.retry_after).max(1);
-            let body = self.refusals.body(
-                format,
-                self.refusals.status(),
-                Violated::rule(&rule.name),
-                retry_after,
-            );
-            response.raw_body = body.to_vec();
-            response
-                .response_headers_to_add
-                .push(header("content-type", &format.content_type()));
-            // Whole seconds (RFC 9110 10.2.3), as the proxy's refusals carry it.
-            response.response_headers_to_add.push(HeaderValue {
-                key: RETRY_AFTER_HEADER.to_owned(),
-                value: retry_after.to_string(),
-                raw_value: Vec::new(),
-            });
-        } else if self.forward_headers {
-            let mut fields = http::HeaderMap::new();
-            crate::limit_headers::set_draft(&mut fields, rule, decision);
-            response.request_headers_to_add = ["RateLimit-Policy", "RateLimit"]
-                .into_iter()
-                .filter_map(|key| fields.get(key).map(|value| header(key, value)))
-                .collect();
         }
-    }
+    })
 }
 
 impl Tables {
@@ -783,9 +787,13 @@ fn merge_metadata(into: &mut prost_types::Struct, from: &prost_types::Struct) {
 /// one closest to exhaustion, or the refusing one with the latest retry, as the proxy's
 /// legacy headers describe it; the first limit when no store decided): its capacity or
 /// per-window limit as `requests_per_unit`, in the [`nearest_unit`] of its window.
-fn status(limit: &config::Limit, rule: &Rule, verdict: Verdict, forwards: bool) -> DescriptorStatus {
+fn status(
+    limit: &config::Limit,
+    rule: &Rule,
+    decision: Option<&Decision>,
+    forwards: bool,
+) -> DescriptorStatus {
     let code = if forwards { Code::Ok } else { Code::OverLimit };
-    let decision = verdict.decision();
     let current_limit = match &limit.allowance {
         config::Allowance::Rate {
             requests_per_unit,

@@ -37,10 +37,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use ipnet::IpNet;
 
+use crate::gate::Settled;
 use crate::metrics::{ConnectionsRefused, Metrics};
 use crate::outcome::Rejection;
 pub(crate) use connection::Drain;
-use connection::{Activity, ClientStream, Closed, DrainWatcher, Heads, Timeouts, Tracked};
+use connection::{Activity, ClientStream, Closed, DrainWatcher, Follows, Heads, Timeouts, Tracked};
 pub(crate) use limits::Overload;
 pub use limits::raise_fd_limit;
 use limits::{
@@ -146,6 +147,31 @@ pub(crate) struct Arrival {
     pub content_length_dropped: bool,
 }
 
+/// A door's answer to one request: the response, and what its body is to account for while
+/// the server sends it (one wrapper, [`connection::Tracked`], follows the whole response).
+#[derive(Debug)]
+pub(crate) struct Answered<B> {
+    /// The response.
+    pub response: http::Response<B>,
+    /// What the request's settled admission still holds (its concurrency places): given back
+    /// once the body's last frame is handed over.
+    pub settled: Settled,
+    /// Where the body's data bytes are counted (`tollgate_response_body_bytes_total` of the
+    /// rule, for a backend's response), if anywhere.
+    pub bytes: Option<Counter>,
+}
+
+impl<B> Answered<B> {
+    /// `response`, holding nothing and counted nowhere: the gateway's own answers.
+    pub(crate) fn plain(response: http::Response<B>) -> Answered<B> {
+        Answered {
+            response,
+            settled: Settled::none(),
+            bytes: None,
+        }
+    }
+}
+
 /// What a listener hands each request to, with what the server knows of its arrival: the
 /// reverse proxy, or the decision endpoints (`DECIDE_PORT`).
 pub(crate) trait Door: Send + Sync + 'static {
@@ -160,7 +186,7 @@ pub(crate) trait Door: Send + Sync + 'static {
         &self,
         request: Request<Incoming>,
         arrival: Arrival,
-    ) -> impl Future<Output = http::Response<Self::Body>> + Send;
+    ) -> impl Future<Output = Answered<Self::Body>> + Send;
 }
 
 /// The accept loop and what it serves connections with.
@@ -474,11 +500,20 @@ fn serve_http<D: Door>(
             };
             let door = door.clone();
             async move {
-                let response = door.handle(request, arrival).await;
+                let Answered {
+                    response,
+                    settled,
+                    bytes,
+                } = door.handle(request, arrival).await;
                 if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                     in_flight.switched();
                 }
-                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight, place.ok())))
+                let follows = Follows {
+                    place: place.ok(),
+                    settled,
+                    bytes,
+                };
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight, follows)))
             }
         })
     };
