@@ -30,9 +30,10 @@
 //!   admin listener put together; [`serve_on`] until shutdown, then the drain.
 //! - `server`: the accept loop, HTTPS or not, the PROXY protocol, HTTP/1.1 + h2c,
 //!   connection limits and timeouts, the drain.
-//! - `gate`: the one door to policy: `gate::Gate::decide` turns a request head into a
-//!   verdict (the path read once, the client, the rule, the tunnel cap, the limiter), and
-//!   `gate::Gate::settle` applies what the answer changes.
+//! - `gate`: the one door to policy: `gate::Gate::admit` turns a request head into an
+//!   admission (the path read once, the client, the rule, the tunnel cap, the limiter, the
+//!   concurrency places) that owns the request until the door settles it, and
+//!   `gate::Answers` maps an admission to its answer for every door.
 //! - `proxy`: the reverse proxy, a caller of the gate: strict HTTP/1.1 checks, forwarding
 //!   (request bodies watched, so a broken one is the client's fault), hop-by-hop and
 //!   forwarding headers, upgrades, and the gateway's own responses and rate-limit headers.

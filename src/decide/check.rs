@@ -7,7 +7,8 @@
 //! would: `{"method": "GET", "path": "/login?tenant=a", "client_ip": "203.0.113.7",
 //! "headers": {...}}` (the query and the `host`, `cookie` headers read by keys as the proxy's). The answer is `200` whether allowed or not,
 //! `{"allowed", "rule", "limit", "remaining", "reset_after_ms", "retry_after_s", "outcome"}`
-//! with the rate-limit headers as well; a bad body gets `400` with a JSON error naming the
+//! with the rate-limit headers of an enforced rule as well (the proxy's, from the gate's shared
+//! mapping: a shadow rule is invisible), the body's numbers the same; a bad body gets `400` with a JSON error naming the
 //! field. With `DECIDE_TOKEN` set, `Authorization: Bearer <token>` is required (`401`).
 //! `DENY_STATUS` and `DENY_FORMAT` do not change this answer: it is the decision, not the
 //! refusal, and the caller that acts on it writes its own.

@@ -17,8 +17,10 @@
 //! peer is one of `TRUSTED_PROXIES`; a call from any other peer is refused (`403`, logged):
 //! keyed by the proxy's own address, every client would share one budget.
 //!
-//! Allowed: `200` with the rate-limit headers (the proxy may copy them onto the request or
-//! the response); with `FORWARD_RATELIMIT_HEADERS=true` the draft `RateLimit` and
+//! Every answer is the gate's shared mapping (`gate::answer`, `Refuse::CallingProxy`),
+//! so one state is told here as the proxy tells it. Allowed: `200` with the rate-limit headers
+//! of an enforced rule (a shadow rule is invisible, as on the proxy; the proxy in front may
+//! copy them onto the request or the response); with `FORWARD_RATELIMIT_HEADERS=true` the draft `RateLimit` and
 //! `RateLimit-Policy` among them whatever `RATE_LIMIT_HEADERS` says, for the proxy to set on
 //! the request it forwards. Refused: `DENY_STATUS` (default `429`) with `Retry-After` and the
 //! rate-limit headers, or the status `?status=` names (`401`, `403` or `429`), and a body in
@@ -27,7 +29,8 @@
 //! 403 from here and answers 500 for anything else, and never passes this body on: behind it,
 //! set `DENY_STATUS=403` or call with `?status=403` (or `401`). Traefik and Caddy pass the
 //! status, the body and its `Content-Type` on to the client. `FAIL_MODE=closed` with Redis
-//! down answers `503`, or the `401` or `403` asked for, so nginx passes it on too.
+//! down answers `503`, or the `401` or `403` asked for, so nginx passes it on too, with the
+//! proxy's body (`{"error":"rate limiter unavailable","retry_after":1}`) and `Retry-After: 1`.
 //! A request costs what the rule table prices it at; `count=failures` has no refund here,
 //! since the backend's answer is never seen.
 

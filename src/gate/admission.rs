@@ -30,7 +30,7 @@ use crate::metrics::RuleSeries;
 use crate::outcome::Outcome;
 
 /// What the gate decided about one request, and everything the request holds until it is
-/// settled. See the [module](self) for its life.
+/// settled. Its life: this module's docs (`gate::admission`).
 pub struct Admission {
     /// The table it was decided under, held until it is settled: a reload never mixes two
     /// tables' rule ids.
@@ -164,46 +164,73 @@ impl Admission {
     /// front, so all it reported is charged. Its tunnel's place, if no tunnel took it, goes
     /// back now; its concurrency places go to the [`Settled`] returned, which the response
     /// body holds until its last frame is handed over.
-    pub async fn settle(mut self, status: u16, reported: Option<Cost>) -> Settled {
+    ///
+    /// What the store is asked is worked out at once, so the future returned owns only that
+    /// (an `async fn` would hold the whole admission, twice: it is part of every request's
+    /// future).
+    pub fn settle(
+        mut self,
+        status: u16,
+        reported: Option<Cost>,
+    ) -> impl Future<Output = Settled> + Send + use<> {
         let settled = Settled {
             places: self.places.take(),
         };
-        self.tunnel = None;
-        let Some(decision) = &self.decision else {
-            return settled;
-        };
+        let change = self.change(status, reported);
+        let Admission {
+            generation,
+            rule,
+            key,
+            decision,
+            ..
+        } = self;
+        async move {
+            if let (Some((rest, change)), Some(decision)) = (change, &decision) {
+                let rule = match rest {
+                    true => generation
+                        .places
+                        .get(usize::from(rule))
+                        .and_then(|places| places.rest.as_ref()),
+                    false => generation.rules.rules().get(usize::from(rule)),
+                };
+                if let Some(rule) = rule {
+                    let limiter = &generation.limiter;
+                    match change {
+                        Change::Refund(cost) => limiter.refund(rule, key, cost, decision).await,
+                        Change::Charge(cost) => limiter.charge(rule, key, cost, decision).await,
+                    }
+                }
+            }
+            settled
+        }
+    }
+
+    /// What settling with `status` (and the cost the backend `reported`) asks of the store
+    /// that decided, if anything, and whether of the rule's rate limits apart from its
+    /// concurrency limits (`true`) or of the rule itself.
+    fn change(&self, status: u16, reported: Option<Cost>) -> Option<(bool, Change)> {
+        self.decision.as_ref()?;
         // Concurrency places are given back when the response ends, by the places: what is
         // refunded or charged here is the rule's rate limits' alone.
-        let rule = match self.generation.places.get(usize::from(self.rule)) {
-            Some(PlaceRules { rest: None, places }) if !places.is_empty() => return settled,
-            Some(PlaceRules { rest: Some(rest), .. }) => rest,
-            _ => self.rule(),
+        let (rest, rule) = match self.generation.places.get(usize::from(self.rule)) {
+            Some(PlaceRules { rest: None, places }) if !places.is_empty() => return None,
+            Some(PlaceRules { rest: Some(rest), .. }) => (true, rest),
+            _ => (false, self.rule()),
         };
-        let limiter = &self.generation.limiter;
         let spent = matches!(self.outcome, Outcome::Allowed | Outcome::LocalAllowed);
         if rule.count == Count::Failures && spent && status < 400 {
-            limiter.refund(rule, self.key, self.cost, decision).await;
-            return settled;
+            return Some((rest, Change::Refund(self.cost)));
         }
         let charged = match self.outcome {
             _ if spent => self.cost,
             Outcome::Shadow => Cost::ZERO,
-            _ => return settled,
+            _ => return None,
         };
         match reported {
-            Some(cost) if cost > charged => {
-                limiter
-                    .charge(rule, self.key, cost.saturating_sub(charged), decision)
-                    .await
-            }
-            Some(cost) if cost < charged => {
-                limiter
-                    .refund(rule, self.key, charged.saturating_sub(cost), decision)
-                    .await
-            }
-            _ => {}
+            Some(cost) if cost > charged => Some((rest, Change::Charge(cost.saturating_sub(charged)))),
+            Some(cost) if cost < charged => Some((rest, Change::Refund(charged.saturating_sub(cost)))),
+            _ => None,
         }
-        settled
     }
 
     /// Settle an admission whose request is carried out out of this door's sight (the
@@ -216,6 +243,15 @@ impl Admission {
             places.keep_leases();
         }
     }
+}
+
+/// What settling asks of the store.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// Give this much back.
+    Refund(Cost),
+    /// Take this much more (into debt if need be).
+    Charge(Cost),
 }
 
 /// What a settled admission leaves for its response to hold: the places under its rule's

@@ -434,7 +434,7 @@ impl Gate {
     /// and the rule itself (the JSON API's `{"rule", "key"}`, an Envoy descriptor): the same
     /// limiter, delay, denial cache, breaker and fail mode as [`Gate::admit`], counted in the
     /// same metrics, and an [`Admission`] to act on and settle alike. `rule` is one of
-    /// `generation`'s ([`Generation::rule`]), or one made from one with its id (Envoy's
+    /// `generation`'s (`Generation::rule`), or one made from one with its id (Envoy's
     /// descriptor override), decided under its own limits.
     pub async fn admit_named(
         &self,
@@ -970,6 +970,48 @@ mod tests {
         assert_eq!(left(&gate, "dl").await, 0, "the lease runs");
         tokio::time::advance(std::time::Duration::from_millis(1_001)).await;
         assert_eq!(left(&gate, "dl").await, 1, "and ends");
+    }
+
+    #[tokio::test]
+    async fn the_answers_tell_an_enforced_decision_and_hide_a_shadow_one() {
+        let gate = delaying(
+            "/shadow=token_bucket:1:0.001,name=shadow,shadow;/api=token_bucket:1:0.001,name=api",
+            &[],
+        );
+        let answers = Answers::new(
+            crate::limit_headers::HeaderStyle::Both,
+            crate::refusal::Refusals::default(),
+            true,
+        );
+        let written: HeaderMap = [(
+            http::HeaderName::from_static("ratelimit"),
+            http::HeaderValue::from_static("\"api\";r=1000;t=1"),
+        )]
+        .into_iter()
+        .collect();
+        for (path, told) in [("/api", true), ("/shadow", false)] {
+            for _ in 0..2 {
+                let admission = gate.admit(&head(path, &written)).await.unwrap();
+                let mut response = HeaderMap::new();
+                match answers.refusal(&admission, &written, Refuse::Client) {
+                    Some(refusal) => response = refusal.headers().clone(),
+                    None => answers.set_headers(&admission, &mut response),
+                }
+                assert_eq!(response.contains_key("x-ratelimit-remaining"), told, "{path}");
+                assert_eq!(response.contains_key("ratelimit-policy"), told, "{path}");
+                // The backend never reads the budget the client wrote: ours, or none.
+                let mut forwarded = written.clone();
+                answers.set_forwarded(&admission, &mut forwarded);
+                let budget = forwarded
+                    .get("ratelimit")
+                    .map(|value| value.to_str().unwrap().to_owned());
+                match told {
+                    true => assert!(budget.is_some_and(|budget| budget.starts_with("\"api\";r=0"))),
+                    false => assert_eq!(budget, None, "{path}"),
+                }
+                admission.settle(200, None).await;
+            }
+        }
     }
 
     fn head<'a>(path: &'a str, headers: &'a HeaderMap) -> Head<'a> {

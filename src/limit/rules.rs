@@ -368,7 +368,7 @@ impl RuleTable {
     }
 
     /// This table with `named` appended: rules no path classifies into, decided only by a door
-    /// that names them ([`crate::gate::Gate::decide_key`]). Their ids are set here, following
+    /// that names them ([`crate::gate::Gate::admit_named`]). Their ids are set here, following
     /// the rules already held.
     pub fn with_named(mut self, named: Vec<Rule>) -> Result<RuleTable, TableError> {
         let total = self.rules.len() + named.len();

@@ -1,7 +1,8 @@
-//! The reverse proxy, a caller of the gate: strict checks, then [`Gate::decide`], then forward
-//! the request or answer it ourselves, then [`Gate::settle`]. Each phase of a request's way is
-//! one function of [`Proxy`]: `respond` (the phases in order), `forward` and `try_forward`
-//! (the backend), `rate_limit_headers` and `log` (after the answer).
+//! The reverse proxy, a caller of the gate: strict checks, then admit ([`Gate::admit`]), act
+//! (forward the request, or answer with the gate's shared refusal), settle (the
+//! [`Admission`](crate::gate::Admission), consumed, leaves its concurrency places to the
+//! response body). Each phase of a request's way is one function of [`Proxy`]: `respond` (the
+//! phases in order), `forward` and `try_forward` (the backend), `log` (after the answer).
 //!
 //! - [`strict`]: request heads HTTP/1.1 does not allow (`CONNECT`, two `Host`s, ...), refused
 //!   first; the host a request is for.
@@ -10,8 +11,9 @@
 //! - [`tls`]: TLS to an `https` backend (`BACKEND_CA_FILE`, `BACKEND_TLS_SERVER_NAME`).
 //! - [`body`]: the client's request body, watched so a body that breaks off is the client's
 //!   fault (400, 408), not the backend's.
-//! - [`response`]: the gateway's own answers (400, 429, 502, 503, 504); the rate-limit
-//!   headers are [`crate::limit_headers`]'s, shared with the other doors.
+//! - [`response`]: the gateway's own answers that are no admission's (400, 429 for tunnels,
+//!   502, 503, 504); refusals, the `503` of an unavailable store and the rate-limit headers are
+//!   the gate's ([`crate::gate::answer`]), shared with the other doors.
 //! - [`upgrades`]: the protocols that may be upgraded to (`UPGRADE_PROTOCOLS`), and the tunnel
 //!   after a `101`.
 //!
@@ -499,59 +501,15 @@ impl Proxy {
     ) -> Result<Proxied, Response<ResponseBody>> {
         let peer = arrival.connection.address;
         let id = context.id;
-        if let Some(overload) = arrival.overloaded {
-            if let Some(suppressed) = self.overload_log.admit() {
-                if suppressed > 0 {
-                    tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
-                }
-                tracing::warn!(
-                    request_id = context.id(),
-                    %peer,
-                    "{} requests already in flight: answered 503",
-                    overload.variable()
-                );
-            }
-            return Err(response::overloaded());
+        if let Some(refusal) = self.request_filter(&mut request, &arrival, context) {
+            return Err(refusal);
         }
-        if let Err(violation) = strict::check(
-            request.method(),
-            request.uri(),
-            request.version(),
-            request.headers(),
-            arrival.content_length_dropped,
-        ) {
-            return Err(refuse_violation(violation, &request, peer, context));
-        }
-        // An upgrade to a protocol the gateway cannot meter (h2c) would make this one counted
-        // request a tunnel of uncounted ones: such tokens never reach the backend.
-        self.upgrade_protocols.filter(request.headers_mut());
-        // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
-        // the other.
-        if self.underscore_headers == headers::UnderscoreHeaders::Forward
-            && let Some(name) =
-                headers::underscore_alias(request.headers(), self.gate.current().key_headers())
-        {
-            let reason = format!("the {name} header is also sent spelled with '_'");
-            return Err(refuse(&reason, request.uri().path(), peer, context));
-        }
-        // Under `strip`, the backend reads the method the gate decides on, and no other.
-        self.method_override.apply(request.headers_mut());
         let upgrade = upgrades::is_upgrade(&request);
-        let head = gate::Head {
-            method: request.method(),
-            path: request.uri().path(),
-            query: request.uri().query(),
-            authority: request.uri().authority().map(|authority| authority.as_str()),
-            headers: request.headers(),
-            peer: peer.ip(),
-            upgrade,
-        };
-        let mut admission = match self.gate.admit(&head).await {
+        // Awaited here, not in a function of its own: a future nested in the request's
+        // costs instructions on every request (docs/benchmarks.md, part 17).
+        let mut admission = match self.gate.admit(&head(&request, peer, upgrade)).await {
             Ok(admission) => admission,
-            Err(Refused::Ambiguous(reason) | Refused::Headers(reason)) => {
-                return Err(refuse(&reason, request.uri().path(), peer, context));
-            }
-            Err(Refused::Tunnels(limit)) => return Err(response::too_many_upgrades(limit)),
+            Err(refused) => return Err(self.refused(refused, &request, peer, context)),
         };
         let outcome = admission.outcome();
         // Captured only when a line about this request will be written (the request moves on
@@ -603,6 +561,73 @@ impl Proxy {
             settled,
             bytes,
         })
+    }
+
+    /// What is refused before the gate is asked, and what is taken off first: a request past
+    /// the cap of requests in flight (`503`), a head HTTP/1.1 does not allow, an upgrade to a
+    /// protocol the gateway cannot meter (removed), an underscore spelling of a key header,
+    /// a method override under `METHOD_OVERRIDE=strip` (removed). `Some`: the answer.
+    fn request_filter(
+        &self,
+        request: &mut Request<Incoming>,
+        arrival: &Arrival,
+        context: &RequestContext<'_>,
+    ) -> Option<Response<ResponseBody>> {
+        let peer = arrival.connection.address;
+        if let Some(overload) = arrival.overloaded {
+            if let Some(suppressed) = self.overload_log.admit() {
+                if suppressed > 0 {
+                    tracing::warn!(suppressed, "{suppressed} similar lines suppressed");
+                }
+                tracing::warn!(
+                    request_id = context.id(),
+                    %peer,
+                    "{} requests already in flight: answered 503",
+                    overload.variable()
+                );
+            }
+            return Some(response::overloaded());
+        }
+        if let Err(violation) = strict::check(
+            request.method(),
+            request.uri(),
+            request.version(),
+            request.headers(),
+            arrival.content_length_dropped,
+        ) {
+            return Some(refuse_violation(violation, request, peer, context));
+        }
+        // An upgrade to a protocol the gateway cannot meter (h2c) would make this one counted
+        // request a tunnel of uncounted ones: such tokens never reach the backend.
+        self.upgrade_protocols.filter(request.headers_mut());
+        // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
+        // the other.
+        if self.underscore_headers == headers::UnderscoreHeaders::Forward
+            && let Some(name) =
+                headers::underscore_alias(request.headers(), self.gate.current().key_headers())
+        {
+            let reason = format!("the {name} header is also sent spelled with '_'");
+            return Some(refuse(&reason, request.uri().path(), peer, context));
+        }
+        // Under `strip`, the backend reads the method the gate decides on, and no other.
+        self.method_override.apply(request.headers_mut());
+        None
+    }
+
+    /// The `400` or `429` of a request the gate refused before deciding anything.
+    fn refused(
+        &self,
+        refused: Refused,
+        request: &Request<Incoming>,
+        peer: SocketAddr,
+        context: &RequestContext<'_>,
+    ) -> Response<ResponseBody> {
+        match refused {
+            Refused::Ambiguous(reason) | Refused::Headers(reason) => {
+                refuse(&reason, request.uri().path(), peer, context)
+            }
+            Refused::Tunnels(limit) => response::too_many_upgrades(limit),
+        }
     }
 
     /// The lines about one request: shadow denials always, refusals under `ACCESS_LOG=denied`
@@ -964,6 +989,19 @@ impl Proxy {
             .parse()
             .map_err(|e: http::uri::InvalidUri| ProxyError::Downstream(e.to_string()))?;
         Ok(Uri::from(path_and_query))
+    }
+}
+
+/// What the gate reads of `request` from `peer` (asking for a tunnel when `upgrade`).
+fn head(request: &Request<Incoming>, peer: SocketAddr, upgrade: bool) -> gate::Head<'_> {
+    gate::Head {
+        method: request.method(),
+        path: request.uri().path(),
+        query: request.uri().query(),
+        authority: request.uri().authority().map(|authority| authority.as_str()),
+        headers: request.headers(),
+        peer: peer.ip(),
+        upgrade,
     }
 }
 

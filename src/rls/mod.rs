@@ -8,7 +8,8 @@
 //! - [`matcher`]: which limit one request descriptor falls under.
 //! - this module: the answer. Each descriptor of a request is matched; a matched limit whose
 //!   `name` another matched limit `replaces` is not applied; each remaining counted limit is
-//!   decided through [`Gate::decide_key`], costing `hits_addend` (the descriptor's, else the
+//!   admitted through [`Gate::admit_named`] (and settled elsewhere: Envoy carries the request
+//!   out), costing `hits_addend` (the descriptor's, else the
 //!   request's; 0 is 1, as that service reads it; one above the limit's capacity, up to
 //!   2^64 - 1, is `OVER_LIMIT` at once and spends nothing), keyed by the domain and the descriptor's
 //!   entries. `overall_code` is `OVER_LIMIT` if any descriptor is. `response_headers_to_add`

@@ -675,3 +675,72 @@ async fn the_decision_service_logs_refusals_and_honours_access_log() {
         tollgate.terminate().await;
     }
 }
+
+/// One state, one answer: a client through the proxy, one through forward-auth and one named to
+/// `/v1/check`, each sending the same three requests under the same rule, are told the same
+/// budget in the same headers (both sets) and the same `Retry-After`: every door answers an
+/// admission through the gate's one mapping.
+#[tokio::test]
+async fn every_door_tells_one_state_with_the_same_headers() {
+    let backend = Backend::start().await;
+    let vars = [
+        ("TRUSTED_PROXIES", "127.0.0.1"),
+        ("MAX_TOKENS", "2"),
+        ("REFILL_RATE", "0.01"),
+        ("RATE_LIMIT_HEADERS", "both"),
+    ];
+    let gateway = Gateway::start_decide(Some(&backend.url()), &vars).await;
+    const TOLD: [&str; 5] = [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "ratelimit-policy",
+        "ratelimit",
+        "retry-after",
+    ];
+    let told = |reply: &Reply| TOLD.map(|name| reply.header(name).map(str::to_owned));
+    let mut proxied = Vec::new();
+    let mut authorised = Vec::new();
+    let mut checked = Vec::new();
+    for _ in 0..3 {
+        proxied.push(
+            request(
+                gateway.addr,
+                IpAddr::from([127, 0, 0, 2]),
+                Method::GET,
+                "/api/items",
+                &[],
+                Bytes::new(),
+            )
+            .await,
+        );
+        authorised.push(forward_auth(&gateway, PROXY, "", "/api/items", "203.0.113.70").await);
+        checked.push(check(&gateway, &[], r#"{"rule":"general","key":"one-state"}"#).await);
+    }
+    let statuses = |replies: &[Reply]| replies.iter().map(|reply| reply.status).collect::<Vec<_>>();
+    let (ok, limited) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses(&proxied), [ok, ok, limited]);
+    assert_eq!(statuses(&authorised), [ok, ok, limited]);
+    // The decision, not the refusal: 200, and `allowed` says it.
+    assert_eq!(statuses(&checked), [ok, ok, ok]);
+    let allowed: Vec<Value> = checked
+        .iter()
+        .map(|reply| json(reply)["allowed"].clone())
+        .collect();
+    assert_eq!(allowed, [true, true, false]);
+    for (i, proxied) in proxied.iter().enumerate() {
+        let expected = told(proxied);
+        assert!(expected[..4].iter().all(Option::is_some), "{expected:?}");
+        assert_eq!(told(&authorised[i]), expected, "forward-auth, request {i}");
+        // The JSON answer's numbers are the headers' too.
+        assert_eq!(told(&checked[i])[..4], expected[..4], "/v1/check, request {i}");
+        assert_eq!(
+            json(&checked[i])["remaining"].as_u64().map(|n| n.to_string()),
+            expected[1],
+            "/v1/check's body, request {i}"
+        );
+    }
+    let retry_after = proxied[2].number("retry-after");
+    assert!((99..=100).contains(&retry_after), "{retry_after}");
+    assert_eq!(json(&checked[2])["retry_after_s"], retry_after);
+    backend.stop().await;
+}
