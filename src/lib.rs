@@ -65,6 +65,8 @@
 //! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
 //! - `metrics`: the Prometheus registry and the typed metrics, labels bounded by the config.
 //! - `telemetry`: log setup, and the throttle for log lines a flood could repeat.
+//! - `header_arena`: the header values written on every request (forwarding headers, request
+//!   ids, rate-limit numbers) cut from a per-thread buffer, with no allocation of their own.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -87,6 +89,7 @@ pub(crate) mod config;
 pub(crate) mod decide;
 pub(crate) mod decision_log;
 pub(crate) mod gate;
+pub(crate) mod header_arena;
 #[cfg(feature = "layer")]
 pub mod layer;
 #[cfg(all(feature = "testing", not(doc)))]

@@ -12,11 +12,13 @@
 
 pub(crate) mod draft;
 
+use std::cell::RefCell;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::header_arena;
 use crate::limit::{Decision, Rule};
 
 /// Which rate-limit headers responses carry (`RATE_LIMIT_HEADERS`).
@@ -123,9 +125,48 @@ pub(crate) fn set_rate_limit_headers(headers: &mut HeaderMap, decision: &Decisio
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .saturating_add(decision.reset_after);
-    headers.insert(&X_RATELIMIT_LIMIT, integer_value(decision.limit));
+    let (limit, reset) = LAST_VALUES.with(|last| {
+        let mut last = last.borrow_mut();
+        (
+            last.limit.value(decision.limit),
+            last.reset.value(ceil_secs(reset_at)),
+        )
+    });
+    headers.insert(&X_RATELIMIT_LIMIT, limit);
     headers.insert(&X_RATELIMIT_REMAINING, integer_value(decision.remaining));
-    headers.insert(&X_RATELIMIT_RESET, integer_value(ceil_secs(reset_at)));
+    headers.insert(&X_RATELIMIT_RESET, reset);
+}
+
+/// The last `X-RateLimit-Limit` and `X-RateLimit-Reset` values a thread wrote: a rule's limit
+/// is the same on each of its answers, and the reset second of a budget that is mostly there
+/// is the same for a second of them, so most answers clone the last value (a counter
+/// increment) instead of writing the digits again. The remaining budget changes every time.
+#[derive(Default)]
+struct LastValues {
+    limit: LastValue,
+    reset: LastValue,
+}
+
+/// One integer's last header value.
+#[derive(Default)]
+struct LastValue(Option<(u64, HeaderValue)>);
+
+impl LastValue {
+    /// `n` as a header value: the last one if it was for `n`.
+    fn value(&mut self, n: u64) -> HeaderValue {
+        match &self.0 {
+            Some((last, value)) if *last == n => value.clone(),
+            _ => {
+                let value = integer_value(n);
+                self.0 = Some((n, value.clone()));
+                value
+            }
+        }
+    }
+}
+
+thread_local! {
+    static LAST_VALUES: RefCell<LastValues> = RefCell::new(LastValues::default());
 }
 
 /// How many integers, from 0, [`integer_value`] keeps made.
@@ -154,16 +195,17 @@ static SMALL_VALUES: LazyLock<Box<[HeaderValue]>> = LazyLock::new(|| {
         .collect()
 });
 
-/// `n` as a header value: for a small `n` a copy of one made at startup, else in one
-/// allocation (`HeaderValue::from(u64)` makes two: a 20-byte buffer, then, as its length is
-/// not its capacity, a shared header for it).
+/// `n` as a header value: for a small `n` a copy of one made at startup, else cut from the
+/// thread's header buffer ([`crate::header_arena`]), with no allocation of its own
+/// (`HeaderValue::from(u64)` makes two: a 20-byte buffer, then, as its length is not its
+/// capacity, a shared header for it).
 pub(crate) fn integer_value(n: u64) -> HeaderValue {
     if let Some(value) = usize::try_from(n).ok().and_then(|n| SMALL_VALUES.get(n)) {
         return value.clone();
     }
     let mut digits = itoa::Buffer::new();
     // Digits are always a valid header value; `n` is the (never taken) way round.
-    HeaderValue::from_str(digits.format(n)).unwrap_or_else(|_| HeaderValue::from(n))
+    header_arena::copy(digits.format(n).as_bytes()).unwrap_or_else(|| HeaderValue::from(n))
 }
 
 /// Whole seconds, rounded up, at least 1.
@@ -184,6 +226,14 @@ mod tests {
         let small = SMALL_INTEGERS as u64;
         for n in (0..small + 10).chain([99_999, 1_000_000, u64::MAX]) {
             assert_eq!(integer_value(n), n.to_string().as_str());
+        }
+    }
+
+    #[test]
+    fn the_last_value_is_reused_only_for_the_same_number() {
+        let mut last = LastValue::default();
+        for n in [5_000_000, 5_000_000, 5_000_001, 7, 5_000_001, u64::MAX, u64::MAX] {
+            assert_eq!(last.value(n), n.to_string().as_str());
         }
     }
 

@@ -24,11 +24,14 @@
 //! unchecked copy of a header the gateway keys by or writes itself. As nginx does by default
 //! (`underscores_in_headers off`), they are not forwarded ([`UnderscoreHeaders`]).
 
+use std::cell::RefCell;
 use std::net::IpAddr;
 
+use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::gate::identity::X_FORWARDED_FOR;
+use crate::header_arena;
 use crate::limit::key::ipv4_text;
 use crate::limit::rules::METHOD_OVERRIDE_HEADERS;
 
@@ -314,19 +317,30 @@ impl Hop<'_> {
 /// - `Forwarded` (RFC 7239): our element `for=peer;proto=http;host=host` (`https` over TLS) appended to a trusted
 ///   proxy's list; anyone else's lines are dropped and ours is the only element.
 pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
-    // Formatted once: it is written into three headers.
-    let mut peer_text = IpText::new();
-    let peer = peer_text.format(hop.peer);
-    let mut forwarded_for = String::with_capacity(peer.len());
-    for line in headers.get_all(&X_FORWARDED_FOR) {
-        if let Ok(line) = line.to_str() {
-            forwarded_for.push_str(line.trim());
-            forwarded_for.push_str(", ");
-        }
-    }
-    forwarded_for.push_str(peer);
-    // From a String: the header takes its buffer, no copy.
-    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
+    let values = match hop.peer_is_trusted || headers.contains_key(&X_FORWARDED_FOR) {
+        true => forwarding_values(headers, hop),
+        // Then the values depend on the hop alone: a thread's last ones are likely the same
+        // (the same client on the same keep-alive connection).
+        false => LAST_HOP
+            .try_with(|last| {
+                let mut last = last.borrow_mut();
+                match &*last {
+                    Some(last) if last.is(hop) => last.values.clone(),
+                    _ => {
+                        let values = forwarding_values(headers, hop);
+                        *last = Some(LastHop::new(hop, values.clone()));
+                        values
+                    }
+                }
+            })
+            .unwrap_or_else(|_| forwarding_values(headers, hop)),
+    };
+    let ForwardingValues {
+        forwarded_for,
+        real_ip,
+        forwarded,
+    } = values;
+    if let Some(value) = forwarded_for {
         headers.insert(&X_FORWARDED_FOR, value);
     }
     if !(hop.peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
@@ -338,75 +352,143 @@ pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
             None => headers.remove(&X_FORWARDED_HOST),
         };
     }
-    let real_ip = match hop.client == hop.peer {
-        true => HeaderValue::from_str(peer),
-        false => HeaderValue::from_str(IpText::new().format(hop.client)),
-    };
-    if let Ok(value) = real_ip {
+    if let Some(value) = real_ip {
         headers.insert(&X_REAL_IP, value);
     }
-    // Visible ASCII throughout (lines that are not are skipped), so this always succeeds.
-    match HeaderValue::try_from(forwarded(headers, hop, peer)) {
-        Ok(value) => headers.insert(header::FORWARDED, value),
-        Err(_) => headers.remove(header::FORWARDED),
+    match forwarded {
+        Some(value) => headers.insert(header::FORWARDED, value),
+        None => headers.remove(header::FORWARDED),
     };
 }
 
-/// The `Forwarded` list to send: a trusted peer's elements, then ours (`peer` is the peer's
-/// address as text).
-fn forwarded(headers: &HeaderMap, hop: &Hop<'_>, peer: &str) -> String {
-    let mut list = String::with_capacity(64);
+/// The values of `X-Forwarded-For`, `X-Real-IP` and `Forwarded` for one request (`None`: not
+/// a valid value, which the text written never is).
+#[derive(Clone)]
+struct ForwardingValues {
+    forwarded_for: Option<HeaderValue>,
+    real_ip: Option<HeaderValue>,
+    forwarded: Option<HeaderValue>,
+}
+
+/// The forwarding values of a thread's last request from an untrusted peer that sent no
+/// `X-Forwarded-For`, and what they were made of.
+struct LastHop {
+    peer: IpAddr,
+    client: IpAddr,
+    tls: bool,
+    host: Option<HeaderValue>,
+    values: ForwardingValues,
+}
+
+impl LastHop {
+    fn new(hop: &Hop<'_>, values: ForwardingValues) -> LastHop {
+        LastHop {
+            peer: hop.peer,
+            client: hop.client,
+            tls: hop.tls,
+            host: hop.host.cloned(),
+            values,
+        }
+    }
+
+    /// Whether its values are those of `hop`.
+    fn is(&self, hop: &Hop<'_>) -> bool {
+        self.peer == hop.peer
+            && self.client == hop.client
+            && self.tls == hop.tls
+            && self.host.as_ref() == hop.host
+    }
+}
+
+thread_local! {
+    static LAST_HOP: RefCell<Option<LastHop>> = const { RefCell::new(None) };
+}
+
+/// The forwarding values for `hop`, from the request's own lines (see [`set_forwarded`]).
+fn forwarding_values(headers: &HeaderMap, hop: &Hop<'_>) -> ForwardingValues {
+    // Formatted once: it is written into three headers. The values are cut from the thread's
+    // header buffer (crate::header_arena): no allocation of their own.
+    let mut peer_text = IpText::new();
+    let peer = peer_text.format(hop.peer);
+    let mut earlier = false;
+    let forwarded_for = header_arena::value(|value| {
+        for line in headers.get_all(&X_FORWARDED_FOR) {
+            if let Ok(line) = line.to_str() {
+                value.put_slice(line.trim().as_bytes());
+                value.put_slice(b", ");
+                earlier = true;
+            }
+        }
+        value.put_slice(peer.as_bytes());
+    });
+    let real_ip = match (hop.client == hop.peer, &forwarded_for) {
+        // The same text: one value, shared.
+        (true, Some(peer_only)) if !earlier => Some(peer_only.clone()),
+        (true, _) => header_arena::copy(peer.as_bytes()),
+        (false, _) => header_arena::copy(IpText::new().format(hop.client).as_bytes()),
+    };
+    // Visible ASCII throughout (lines that are not are skipped), so this always succeeds.
+    let forwarded = header_arena::value(|list| forwarded(list, headers, hop, peer));
+    ForwardingValues {
+        forwarded_for,
+        real_ip,
+        forwarded,
+    }
+}
+
+/// The `Forwarded` list to send, into `list`: a trusted peer's elements, then ours (`peer` is
+/// the peer's address as text).
+fn forwarded(list: &mut BytesMut, headers: &HeaderMap, hop: &Hop<'_>, peer: &str) {
     if hop.peer_is_trusted {
         for line in headers.get_all(header::FORWARDED) {
             if let Ok(line) = line.to_str() {
                 let line = line.trim();
                 if !line.is_empty() {
-                    list.push_str(line);
-                    list.push_str(", ");
+                    list.put_slice(line.as_bytes());
+                    list.put_slice(b", ");
                 }
             }
         }
     }
-    push_element(&mut list, hop, peer);
-    list
+    push_element(list, hop, peer);
 }
 
 /// `for=...;proto=http;host=...` (RFC 7239 section 4): an IPv6 node is bracketed and quoted,
 /// a host that is not a token (it has a port, say) quoted.
-fn push_element(element: &mut String, hop: &Hop<'_>, peer: &str) {
+fn push_element(element: &mut BytesMut, hop: &Hop<'_>, peer: &str) {
     match hop.peer {
         IpAddr::V4(_) => {
-            element.push_str("for=");
-            element.push_str(peer);
+            element.put_slice(b"for=");
+            element.put_slice(peer.as_bytes());
         }
         IpAddr::V6(_) => {
-            element.push_str("for=\"[");
-            element.push_str(peer);
-            element.push_str("]\"");
+            element.put_slice(b"for=\"[");
+            element.put_slice(peer.as_bytes());
+            element.put_slice(b"]\"");
         }
     }
-    element.push_str(";proto=");
-    element.push_str(hop.proto());
+    element.put_slice(b";proto=");
+    element.put_slice(hop.proto().as_bytes());
     if let Some(host) = hop.host.and_then(|host| host.to_str().ok())
         && !host.is_empty()
     {
-        element.push_str(";host=");
+        element.put_slice(b";host=");
         if host.bytes().all(is_tchar) {
-            element.push_str(host);
+            element.put_slice(host.as_bytes());
         } else {
-            element.push('"');
+            element.put_u8(b'"');
             if host.contains(['"', '\\']) {
-                for c in host.chars() {
-                    if matches!(c, '"' | '\\') {
-                        element.push('\\');
+                for byte in host.bytes() {
+                    if matches!(byte, b'"' | b'\\') {
+                        element.put_u8(b'\\');
                     }
-                    element.push(c);
+                    element.put_u8(byte);
                 }
             } else {
                 // The usual reason to quote: a port (`:`).
-                element.push_str(host);
+                element.put_slice(host.as_bytes());
             }
-            element.push('"');
+            element.put_u8(b'"');
         }
     }
 }
@@ -588,6 +670,63 @@ mod tests {
         set_forwarded(&mut map, &hop("203.0.113.1", false, "203.0.113.1", Some(&host)));
         assert_eq!(map.get_all("forwarded").iter().count(), 1);
         assert_eq!(map["forwarded"], "for=203.0.113.1;proto=http;host=example.com");
+    }
+
+    #[test]
+    fn a_threads_last_values_are_reused_only_for_the_same_hop() {
+        let (a, b) = (
+            HeaderValue::from_static("a.example"),
+            HeaderValue::from_static("b.example:8080"),
+        );
+        let cases = [
+            (
+                hop("203.0.113.1", false, "203.0.113.1", Some(&a)),
+                "203.0.113.1",
+                "for=203.0.113.1;proto=http;host=a.example",
+            ),
+            (
+                hop("203.0.113.1", false, "203.0.113.1", Some(&a)),
+                "203.0.113.1",
+                "for=203.0.113.1;proto=http;host=a.example",
+            ),
+            (
+                hop("203.0.113.1", false, "203.0.113.1", Some(&b)),
+                "203.0.113.1",
+                "for=203.0.113.1;proto=http;host=\"b.example:8080\"",
+            ),
+            (
+                hop("203.0.113.1", false, "203.0.113.1", None),
+                "203.0.113.1",
+                "for=203.0.113.1;proto=http",
+            ),
+            (
+                hop("203.0.113.2", false, "203.0.113.2", None),
+                "203.0.113.2",
+                "for=203.0.113.2;proto=http",
+            ),
+            (
+                hop("203.0.113.2", false, "198.51.100.7", None),
+                "198.51.100.7",
+                "for=203.0.113.2;proto=http",
+            ),
+        ];
+        for (hop, real_ip, forwarded) in cases {
+            let mut map = HeaderMap::new();
+            set_forwarded(&mut map, &hop);
+            assert_eq!(map["x-forwarded-for"], hop.peer.to_string().as_str());
+            assert_eq!(map["x-real-ip"], real_ip);
+            assert_eq!(map["forwarded"], forwarded);
+            assert_eq!(map.get("x-forwarded-host"), hop.host);
+        }
+        let mut over_tls = hop("203.0.113.2", false, "198.51.100.7", None);
+        over_tls.tls = true;
+        let mut map = HeaderMap::new();
+        set_forwarded(&mut map, &over_tls);
+        assert_eq!(map["forwarded"], "for=203.0.113.2;proto=https");
+        // A client's own list is never served from the last values.
+        let mut map = headers(&[("x-forwarded-for", "192.0.2.9")]);
+        set_forwarded(&mut map, &over_tls);
+        assert_eq!(map["x-forwarded-for"], "192.0.2.9, 203.0.113.2");
     }
 
     #[test]

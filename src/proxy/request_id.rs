@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 
+use crate::header_arena;
+
 /// `X-Request-Id`.
 pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -51,8 +53,9 @@ impl RequestIds {
         let mut id = [0u8; 32];
         hex(&mut id[..16], self.prefix);
         hex(&mut id[16..], n);
-        // 32 hex digits are always a valid header value.
-        HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
+        // 32 hex digits are always a valid header value. Cut from the thread's header buffer:
+        // no allocation, and the clone the backend gets none either.
+        header_arena::copy(&id).unwrap_or_else(|| HeaderValue::from_static("0"))
     }
 }
 
