@@ -30,9 +30,7 @@ use std::time::Duration;
 use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
 use crate::limit::FailMode;
-use crate::limit::algorithm::{
-    ALGORITHMS, Algorithm, Concurrent, Limits, ParameterError, Policy, parse_limits,
-};
+use crate::limit::algorithm::{Algorithm, Concurrent, Limits, ParameterError, Policy, parse_limits};
 use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source, host_value};
 use crate::limit::pattern::PathPattern;
 use crate::limit::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
@@ -326,7 +324,7 @@ fn limits_variable(env: &Env, var: Var, auth: bool) -> Result<Option<Limits>, Co
         vars::ALGORITHM
     };
     let mut older = vec![algorithm];
-    for name in ["token_bucket", "fixed_window"] {
+    for name in Policy::NAMES {
         for parameter in Policy::parameters(name).into_iter().flatten() {
             older.push(if auth { parameter.auth } else { parameter.general });
         }
@@ -350,7 +348,7 @@ fn policy_from_variables(
     algorithm: &str,
     auth: bool,
 ) -> Result<Policy, ConfigError> {
-    let unknown = || ConfigError::invalid(algorithm_var.name, algorithm, ALGORITHMS);
+    let unknown = || ConfigError::invalid(algorithm_var.name, algorithm, &Policy::algorithm_names());
     if algorithm == Concurrent::NAME {
         return Err(ConfigError::invalid(
             algorithm_var.name,
