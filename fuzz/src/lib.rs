@@ -870,8 +870,8 @@ pub fn rls_config(text: &str, entries: &[(&str, &str)]) {
             }
         }
     }
-    let rules = table.rules(tollgate::limit::FailMode::Open, false);
-    let names: std::collections::HashSet<_> = rules.iter().map(|rule| rule.name.clone()).collect();
+    let rules = table.specs(tollgate::limit::FailMode::Open, false);
+    let names: std::collections::HashSet<_> = rules.iter().map(|spec| spec.rule.name.clone()).collect();
     assert_eq!(names.len(), rules.len(), "rule names are distinct");
 }
 

@@ -25,6 +25,8 @@ pub(crate) struct Env {
     /// A reload's: the header-key hasher the running table digests with, kept when
     /// `KEY_HASH_SECRET` is unset (a fresh random one would give every client a new key).
     inherited_hasher: Option<crate::limit::KeyHasher>,
+    /// A rules file's `[[routes]]`, read there: the routes in place of `ROUTES`.
+    file_routes: Option<Vec<super::spec::RouteEntry>>,
 }
 
 impl Env {
@@ -44,6 +46,7 @@ impl Env {
             vars,
             read: RefCell::default(),
             inherited_hasher: None,
+            file_routes: None,
         }
     }
 
@@ -51,6 +54,18 @@ impl Env {
     pub(crate) fn inheriting(mut self, hasher: Option<crate::limit::KeyHasher>) -> Env {
         self.inherited_hasher = hasher;
         self
+    }
+
+    /// This environment with a rules file's routes (`None` when it has none), which take the
+    /// place of `ROUTES`.
+    pub(crate) fn with_routes(mut self, routes: Option<Vec<super::spec::RouteEntry>>) -> Env {
+        self.file_routes = routes;
+        self
+    }
+
+    /// A rules file's routes, if it has any.
+    pub(crate) fn file_routes(&self) -> Option<&[super::spec::RouteEntry]> {
+        self.file_routes.as_deref()
     }
 
     /// The hasher a reload keeps, if this is a reload's environment.

@@ -25,6 +25,7 @@ pub(crate) mod listener;
 pub(crate) mod overrides;
 pub(crate) mod rules;
 pub(crate) mod rules_file;
+pub(crate) mod spec;
 pub(crate) mod store;
 pub(crate) mod warnings;
 
@@ -366,8 +367,8 @@ impl Config {
             None => Self::from_env_reader(&Env::new(environment.clone()).inheriting(hasher))?,
             Some(file) => {
                 let merged = file.merge(&environment)?;
-                Self::from_env_reader(&Env::new(merged).inheriting(hasher))
-                    .map_err(|error| file.locate(error))?
+                let env = Env::new(merged).inheriting(hasher).with_routes(file.routes());
+                Self::from_env_reader(&env).map_err(|error| file.locate(error))?
             }
         };
         if let Some(settings) = &mut config.reload {
@@ -1025,8 +1026,8 @@ fn parse_rls(
         problem: error.problem,
     })?;
     let general = rules.general();
-    let mut named = table.rules(general.fail_mode, general.shadow);
-    named.push(DescriptorTable::override_rule(general.fail_mode, general.shadow));
+    let mut named = table.specs(general.fail_mode, general.shadow);
+    named.push(DescriptorTable::override_spec(general.fail_mode, general.shadow));
     let rules = rules
         .with_named(named)
         .map_err(|error| ConfigError::invalid(vars::RLS_CONFIG.name, path, &error.to_string()))?;

@@ -166,7 +166,7 @@ fn tiers(
         let (name, limits) = entry
             .split_once('=')
             .ok_or_else(|| bad("expected NAME=LIMITS, e.g. pro=token_bucket:100:10".into()))?;
-        if !super::rules::is_rule_name(name) {
+        if !super::spec::is_rule_name(name) {
             return Err(bad(format!(
                 "tier name {name:?}: expected 1 to 64 of a-z, 0-9, '_' and '-'"
             )));
@@ -206,11 +206,6 @@ fn lines(
     table: &RuleTable,
     variants: &mut Variants,
 ) -> Result<Vec<Entry>, ConfigError> {
-    let error = |line: usize, problem: String| ConfigError::File {
-        var: vars::OVERRIDES_FILE.name,
-        location: format!("{}:{line}", file.path),
-        problem,
-    };
     let text = std::str::from_utf8(&file.bytes).map_err(|e| ConfigError::File {
         var: vars::OVERRIDES_FILE.name,
         location: file.path.clone(),
@@ -221,96 +216,91 @@ fn lines(
     let mut seen: HashMap<(u16, Client), usize> = HashMap::new();
     for (at, line) in text.lines().enumerate() {
         let number = at + 1;
+        let error = |problem: String| ConfigError::File {
+            var: vars::OVERRIDES_FILE.name,
+            location: format!("{}:{number}", file.path),
+            problem,
+        };
         let line = line.split_once('#').map_or(line, |(before, _)| before);
         let fields: Vec<&str> = line.split_whitespace().collect();
         let [rule, client, what] = fields[..] else {
             if fields.is_empty() {
                 continue;
             }
-            return Err(error(
-                number,
-                format!(
-                    "expected RULE CLIENT LIMITS|unlimited|deny (3 fields), found {}",
-                    fields.len()
-                ),
-            ));
+            let found = fields.len();
+            return Err(error(format!(
+                "expected RULE CLIENT LIMITS|unlimited|deny (3 fields), found {found}"
+            )));
         };
         if overrides.len() == MAX_OVERRIDES {
-            return Err(error(number, format!("more than {MAX_OVERRIDES} overrides")));
+            return Err(error(format!("more than {MAX_OVERRIDES} overrides")));
         }
-        let base = table
-            .classified()
-            .iter()
-            .find(|held| &*held.name == rule)
-            .ok_or_else(|| {
-                let names: Vec<&str> = table.classified().iter().map(|rule| &*rule.name).collect();
-                error(
-                    number,
-                    format!("no rule is named {rule:?}; the rules are {}", names.join(", ")),
-                )
-            })?;
-        let client = match client.strip_prefix("key:") {
-            Some(value) => {
-                let source = base.key_by.single().ok_or_else(|| {
-                    error(
-                        number,
-                        format!(
-                            "key:*** needs the rule {rule:?} keyed by one source besides ip (it is keyed by {})",
-                            base.key_by
-                        ),
-                    )
-                })?;
-                if value.is_empty() {
-                    return Err(error(number, "key: names no value".into()));
-                }
-                Client::Key(
-                    table
-                        .hasher()
-                        .digest_of(std::slice::from_ref(source), &[value.as_bytes()]),
-                )
-            }
-            None => {
-                let network: IpNet = parse_network(client).ok_or_else(|| {
-                    error(
-                        number,
-                        format!("{client:?} is not an address, a CIDR or key:VALUE"),
-                    )
-                })?;
-                if network.prefix_len() == 0 {
-                    return Err(error(
-                        number,
-                        format!(
-                            "{client} is every client of its address family: change the rule's own limits instead"
-                        ),
-                    ));
-                }
-                Client::Network(network.trunc())
-            }
-        };
-        let shown = match client {
-            Client::Key(_) => "key:***".to_owned(),
-            Client::Network(network) => network.to_string(),
-        };
-        let what = match what {
-            "unlimited" => Override::Unlimited,
-            "deny" => Override::Deny,
-            spec => Override::Limits(
-                variants
-                    .of(base, format!("{rule}@{spec}"), spec)
-                    .map_err(|why| error(number, why))?,
-            ),
-        };
-        if let Some(first) = seen.insert((base.id, client), number) {
-            return Err(error(
-                number,
-                format!("{rule} {shown} is overridden on line {first} already"),
-            ));
+        let entry = override_line(table, variants, [rule, client, what]).map_err(error)?;
+        if let Some(first) = seen.insert((entry.rule, entry.client), number) {
+            let shown = match entry.client {
+                Client::Key(_) => "key:***".to_owned(),
+                Client::Network(network) => network.to_string(),
+            };
+            return Err(error(format!(
+                "{rule} {shown} is overridden on line {first} already"
+            )));
         }
-        overrides.push(Entry {
-            rule: base.id,
-            client,
-            what,
-        });
+        overrides.push(entry);
     }
     Ok(overrides)
+}
+
+/// One line's override, `RULE CLIENT LIMITS|unlimited|deny`; the error says what is wrong.
+fn override_line(
+    table: &RuleTable,
+    variants: &mut Variants,
+    [rule, client, what]: [&str; 3],
+) -> Result<Entry, String> {
+    let base = table
+        .classified()
+        .iter()
+        .find(|held| &*held.name == rule)
+        .ok_or_else(|| {
+            let names: Vec<&str> = table.classified().iter().map(|rule| &*rule.name).collect();
+            format!("no rule is named {rule:?}; the rules are {}", names.join(", "))
+        })?;
+    let client = override_client(table, base, rule, client)?;
+    let what = match what {
+        "unlimited" => Override::Unlimited,
+        "deny" => Override::Deny,
+        spec => Override::Limits(variants.of(base, format!("{rule}@{spec}"), spec)?),
+    };
+    Ok(Entry {
+        rule: base.id,
+        client,
+        what,
+    })
+}
+
+/// An override's client: `key:VALUE` (digested as the rule `base`, called `rule`, digests its
+/// one source) or a network, never every address.
+fn override_client(table: &RuleTable, base: &Rule, rule: &str, client: &str) -> Result<Client, String> {
+    if let Some(value) = client.strip_prefix("key:") {
+        let source = base.key_by.single().ok_or_else(|| {
+            format!(
+                "key:*** needs the rule {rule:?} keyed by one source besides ip (it is keyed by {})",
+                base.key_by
+            )
+        })?;
+        if value.is_empty() {
+            return Err("key: names no value".into());
+        }
+        let digest = table
+            .hasher()
+            .digest_of(std::slice::from_ref(source), &[value.as_bytes()]);
+        return Ok(Client::Key(digest));
+    }
+    let network: IpNet =
+        parse_network(client).ok_or_else(|| format!("{client:?} is not an address, a CIDR or key:VALUE"))?;
+    if network.prefix_len() == 0 {
+        return Err(format!(
+            "{client} is every client of its address family: change the rule's own limits instead"
+        ));
+    }
+    Ok(Client::Network(network.trunc()))
 }

@@ -1,7 +1,8 @@
 //! The rule table parser: `ALGORITHM`, `AUTH_ALGORITHM` and their numbers, `ROUTES`,
 //! `AUTH_PATHS`, `KEY_BY`, `AUTH_KEY_BY`, `IPV6_PREFIX`, `KEY_HASH_SECRET`, `COSTS`, `EXEMPT`, `SKIP_PATHS`,
 //! `SHADOW_MODE`, `AUTH_COUNT`, `DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, and with Redis `FAIL_MODE`
-//! and `AUTH_FAIL_MODE`, compiled into one [`RuleTable`].
+//! and `AUTH_FAIL_MODE` (or a rules file's routes in place of `ROUTES`): one [`RuleSpec`] per
+//! route, the auth and the general rule, compiled by [`RuleTable::compile`].
 //!
 //! `ROUTES` is `;`-separated entries, each `PATTERN=LIMITS[,OPTION...]`, `LIMITS` one
 //! `ALGORITHM:A:B` or several joined by `+`, all enforced:
@@ -25,28 +26,23 @@
 
 use crate::variables::{self as vars, Var};
 use ipnet::IpNet;
-use std::time::Duration;
 
 use super::env::{Env, entries};
+use super::spec::{Context, DELAY_FORMS, KeyProblem, RouteEntry, delayable, key_problem, parse_delay};
 use super::{ConfigError, parse_network};
-use crate::limit::FailMode;
-use crate::limit::algorithm::{Algorithm, Concurrent, Limits, ParameterError, Policy, parse_limits};
+use crate::limit::algorithm::{
+    Algorithm, Concurrent, Limits, ParameterError, Policy, algorithm_names, parse_limits,
+};
 use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source, host_value};
 use crate::limit::pattern::PathPattern;
-use crate::limit::rules::{Count, Exemptions, Route, Rule, RuleTable, TableError};
+use crate::limit::rules::{Count, Exemptions, Rule, RuleTable, TableError};
+use crate::limit::{FailMode, Matching, RouteSpec, RuleSpec, TableSpec};
 
 /// Most `ROUTES` entries: rule ids are 16 bits, and a table this long is a mistake anyway.
 const MAX_ROUTES: usize = 1_000;
 
 /// A `KEY_HASH_SECRET` shorter than this is refused: it must be hard to guess.
 const MIN_SECRET_LEN: usize = 16;
-
-/// Most milliseconds a request may be delayed (`DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, `delay=`): a
-/// minute. A longer wait outlives most clients' own timeouts, and holds a connection all along.
-const MAX_DELAY_MS: u64 = 60_000;
-
-/// What a delay is written as, for its errors.
-const DELAY_FORMS: &str = "a whole number of milliseconds from 0 (refused at once) to 60000";
 
 /// Build the rule table. `shared_store`: Redis is in use, so header digests must agree across
 /// replicas and need `KEY_HASH_SECRET`. What is suspicious but may be meant goes to `warnings`.
@@ -55,23 +51,102 @@ pub(crate) fn parse(
     shared_store: bool,
     warnings: &mut Vec<String>,
 ) -> Result<RuleTable, ConfigError> {
+    let (general, mut auth) = general_and_auth(env, shared_store, warnings)?;
+    let ipv6_prefix = env.parse(vars::IPV6_PREFIX, "a prefix length from 1 to 128", |s| {
+        s.parse::<u8>().ok().filter(|p| (1..=128).contains(p))
+    })?;
+    let context = Context { shared_store };
+    let mut rules = route_specs(env, &general, &context, warnings)?;
+    auth_paths(env, &mut auth, &rules, warnings)?;
+    check_delays(env, &general, &auth, warnings)?;
+    let cost_entries = list(env, vars::COSTS, &[';', ','])?;
+    let costs = costs(&cost_entries)?;
+    let skip = list(env, vars::SKIP_PATHS, &[','])?
+        .into_iter()
+        .map(|entry| {
+            PathPattern::parse(entry).map_err(|why| ConfigError::entry(vars::SKIP_PATHS.name, entry, why))
+        })
+        .collect::<Result<_, _>>()?;
+    rules.extend([auth, general]);
+    let digested_keys = rules.iter().any(|spec| spec.rule.key_by.digests());
+    let hasher = key_hasher(env, digested_keys, shared_store)?;
+    let exempt = parse_exemptions(env, &hasher, &rules)?;
+    let table = TableSpec {
+        rules,
+        costs,
+        skip,
+        exempt,
+        ipv6_prefix,
+        hasher,
+    };
+    RuleTable::compile(table).map_err(|error| match error {
+        TableError::CostAboveCapacity {
+            entry,
+            rule,
+            capacity,
+        } => ConfigError::entry(
+            vars::COSTS.name,
+            cost_entries[entry],
+            format!("a request there can fall under rule {rule:?}, which holds at most {capacity}"),
+        ),
+        // The table is built of routes, the auth and the general rule: no named rules yet.
+        TableError::TooManyRules(_) | TableError::DuplicateName(_) | TableError::NoGeneralRule => {
+            ConfigError::Conflict(format!("the rule table cannot be built: {error}"))
+        }
+    })
+}
+
+/// The general rule (its variables are every route's defaults too) and the auth rule, whose
+/// paths [`auth_paths`] adds.
+fn general_and_auth(
+    env: &Env,
+    shared_store: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(RuleSpec, RuleSpec), ConfigError> {
     let key_by = key_by_variable(env, vars::KEY_BY, warnings)?;
     // Logins come before any API key, and a key the client chooses is a fresh budget per
     // request: the auth rule stays keyed by address unless told otherwise.
     let auth_key_by = key_by_variable(env, vars::AUTH_KEY_BY, warnings)?;
-    let ipv6_prefix = env.parse(vars::IPV6_PREFIX, "a prefix length from 1 to 128", |s| {
-        s.parse::<u8>().ok().filter(|p| (1..=128).contains(p))
-    })?;
     let shadow = env.flag(vars::SHADOW_MODE)?;
     let auth_count = env.parse(vars::AUTH_COUNT, "all or failures", |s| match s {
         "all" => Some(Count::All),
         "failures" => Some(Count::Failures),
         _ => None,
     })?;
-
     let delay = env.parse(vars::DELAY_MAX_MS, DELAY_FORMS, parse_delay)?;
     let auth_delay = env.parse(vars::AUTH_DELAY_MAX_MS, DELAY_FORMS, parse_delay)?;
+    let (limits, auth_limits) = general_and_auth_limits(env)?;
+    let (fail_mode, auth_fail_mode) = fail_modes(env, shared_store)?;
+    let general = Rule {
+        key_by,
+        shadow,
+        fail_mode,
+        delay,
+        ..Rule::new(0, "general", limits)
+    };
+    let auth = Rule {
+        name: "auth".into(),
+        limits: auth_limits,
+        count: auth_count,
+        key_by: auth_key_by,
+        fail_mode: auth_fail_mode,
+        delay: auth_delay,
+        ..general.clone()
+    };
+    let general = RuleSpec {
+        matching: Matching::Rest,
+        rule: general,
+    };
+    let auth = RuleSpec {
+        matching: Matching::Paths(Vec::new()),
+        rule: auth,
+    };
+    Ok((general, auth))
+}
 
+/// The general and auth rules' limits: `LIMITS` and `AUTH_LIMITS`, or the algorithm and number
+/// variables (`ALGORITHM`, `MAX_TOKENS`, ...; `AUTH_ALGORITHM`, `AUTH_MAX_TOKENS`, ...).
+fn general_and_auth_limits(env: &Env) -> Result<(Limits, Limits), ConfigError> {
     let general_limits = limits_variable(env, vars::LIMITS, false)?;
     let algorithm = match (env.get(vars::ALGORITHM), &general_limits) {
         (Some(algorithm), _) => algorithm,
@@ -91,122 +166,116 @@ pub(crate) fn parse(
         Some(limits) => limits,
         None => {
             let auth_algorithm = env.get(vars::AUTH_ALGORITHM).unwrap_or(algorithm);
-            Limits::one(policy_from_variables(
-                env,
-                vars::AUTH_ALGORITHM,
-                auth_algorithm,
-                true,
-            )?)
+            let policy = policy_from_variables(env, vars::AUTH_ALGORITHM, auth_algorithm, true)?;
+            Limits::one(policy)
         }
     };
-    // Read with Redis only: the memory store never fails, and an unread FAIL_MODE is warned
-    // about (and still checked).
-    let (fail_mode, auth_fail_mode) = if shared_store {
-        let general = env.parse(vars::FAIL_MODE, FailMode::NAMES, FailMode::parse)?;
-        let auth = env.parse_or(
-            vars::AUTH_FAIL_MODE,
-            general.as_str(),
-            FailMode::NAMES,
-            FailMode::parse,
-        )?;
-        (general, auth)
-    } else {
-        (FailMode::Open, FailMode::Open)
-    };
-    let defaults = Rule {
-        id: 0,
-        name: "".into(),
-        limits: general_limits,
-        key_by,
-        cost: 1,
-        shadow,
-        count: Count::All,
-        fail_mode,
-        delay,
-    };
+    Ok((general_limits, auth_limits))
+}
 
-    let mut rules: Vec<Rule> = Vec::new();
-    let mut routes: Vec<Route> = Vec::new();
-    for entry in list(env, vars::ROUTES, &[';'])? {
-        if rules.len() == MAX_ROUTES {
-            return Err(ConfigError::entry(
-                vars::ROUTES.name,
-                entry,
-                format!("at most {MAX_ROUTES} routes"),
-            ));
-        }
-        let (route, mut rule) = parse_route(entry, &defaults, shared_store, warnings)?;
-        if let Some(earlier) = routes
-            .iter()
-            .find(|earlier: &&Route| takes_all_of(earlier, &route))
-        {
-            return Err(ConfigError::entry(
-                vars::ROUTES.name,
-                entry,
-                format!(
-                    "it can never match: the earlier entry for {} (rule {:?}) takes every request it would",
-                    earlier.pattern, rules[earlier.rule].name
-                ),
-            ));
-        }
-        if rules.iter().any(|other: &Rule| other.name == rule.name)
-            || ["general", "auth"].contains(&&*rule.name)
-        {
-            return Err(ConfigError::entry(
-                vars::ROUTES.name,
-                entry,
-                format!(
-                    "the rule name {:?} is taken; give this route its own with name=NAME",
-                    rule.name
-                ),
-            ));
-        }
-        rule.id = rules.len() as u16;
-        routes.push(Route {
-            rule: rules.len(),
-            ..route
-        });
-        rules.push(rule);
+/// `FAIL_MODE` and `AUTH_FAIL_MODE`, read with Redis only: the memory store never fails, and
+/// an unread `FAIL_MODE` is warned about (and still checked).
+fn fail_modes(env: &Env, shared_store: bool) -> Result<(FailMode, FailMode), ConfigError> {
+    if !shared_store {
+        return Ok((FailMode::Open, FailMode::Open));
     }
-    let auth_index = rules.len();
-    let auth_paths_set = env.is_set(vars::AUTH_PATHS);
-    let auth_paths = match auth_paths_set {
+    let general = env.parse(vars::FAIL_MODE, FailMode::NAMES, FailMode::parse)?;
+    let auth = env.parse_or(
+        vars::AUTH_FAIL_MODE,
+        general.as_str(),
+        FailMode::NAMES,
+        FailMode::parse,
+    )?;
+    Ok((general, auth))
+}
+
+/// The routes' rules, in order: the rules file's `[[routes]]` when it has them, else
+/// `ROUTES`' entries, each over the general rule's defaults.
+fn route_specs(
+    env: &Env,
+    general: &RuleSpec,
+    context: &Context,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<RuleSpec>, ConfigError> {
+    let mut rules = Vec::new();
+    match env.file_routes() {
+        Some(routes) => {
+            for route in routes {
+                add_route(&mut rules, route, general, context, warnings)?;
+            }
+        }
+        None => {
+            for entry in list(env, vars::ROUTES, &[';'])? {
+                let route = RouteEntry::parse(entry)?;
+                add_route(&mut rules, &route, general, context, warnings)?;
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// `route`'s rule after `rules`: refused when there are too many, when an earlier route takes
+/// every request it would, or when its name is taken.
+fn add_route(
+    rules: &mut Vec<RuleSpec>,
+    route: &RouteEntry,
+    general: &RuleSpec,
+    context: &Context,
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    if rules.len() == MAX_ROUTES {
+        return Err(route.at.error(format!("at most {MAX_ROUTES} routes")));
+    }
+    let rule = route.spec(general, context, warnings)?;
+    if let Some((earlier, name)) = earlier_route(rules, &rule.routes()[0]) {
+        return Err(route.at.error(format!(
+            "it can never match: the earlier entry for {} (rule {name:?}) takes every request it would",
+            earlier.pattern
+        )));
+    }
+    let taken = rules.iter().any(|other| other.rule.name == rule.rule.name);
+    if taken || ["general", "auth"].contains(&&*rule.rule.name) {
+        return Err(route.at.error(format!(
+            "the rule name {:?} is taken; give this route its own with name=NAME",
+            rule.rule.name
+        )));
+    }
+    rules.push(rule);
+    Ok(())
+}
+
+/// The first route of `rules` that takes every request `later` would match, and its rule's name.
+fn earlier_route<'r>(rules: &'r [RuleSpec], later: &RouteSpec) -> Option<(&'r RouteSpec, &'r str)> {
+    rules.iter().find_map(|rule| {
+        let earlier = rule.routes().iter().find(|earlier| earlier.takes_all_of(later))?;
+        Some((earlier, &*rule.rule.name))
+    })
+}
+
+/// `AUTH_PATHS` (or its default), the auth rule's routes: none may take every path, and
+/// none may be under a route before it.
+fn auth_paths(
+    env: &Env,
+    auth: &mut RuleSpec,
+    routes: &[RuleSpec],
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    let set = env.is_set(vars::AUTH_PATHS);
+    let entries = match set {
         true => list(env, vars::AUTH_PATHS, &[','])?,
         false => entries(vars::AUTH_PATHS.default.unwrap_or_default(), &[',']).collect(),
     };
-    for entry in auth_paths {
-        let pattern = PathPattern::parse(entry)
-            .map_err(|why| ConfigError::invalid(vars::AUTH_PATHS.name, entry, &why))?;
-        let route = Route {
-            pattern,
-            methods: None,
-            rule: auth_index,
-        };
-        if route.pattern.covers(&PathPattern::Subtree("/".into())) {
-            return Err(ConfigError::entry(
-                vars::AUTH_PATHS.name,
-                entry,
-                "it matches every path, so every request would spend the login budget and the \
-                 general rule would never apply; list the login, signup and reset paths",
-            ));
-        }
-        if route.pattern == PathPattern::Exact("/".into()) {
-            warnings.push(
-                "AUTH_PATHS has \"/\": that is the root path alone (the home page), not every path".into(),
-            );
-        }
-        // Against the ROUTES entries only: an auth path under an earlier one (`/auth/*` then
+    let mut paths = Vec::new();
+    for entry in entries {
+        let route = auth_path(entry, warnings)?;
+        // Against the routes only: an auth path under an earlier one (`/auth/*` then
         // `/auth/login`) is the same rule, said twice.
-        let routes_entries = routes.iter().filter(|earlier| earlier.rule < auth_index);
-        if let Some(earlier) = routes_entries
-            .into_iter()
-            .find(|earlier| takes_all_of(earlier, &route))
-        {
+        if let Some((earlier, name)) = earlier_route(routes, &route) {
             let why = format!(
-                "the ROUTES entry for {} (rule {:?}) takes every request to {entry}, so the auth rule never sees them",
-                earlier.pattern, rules[earlier.rule].name
+                "the ROUTES entry for {} (rule {name:?}) takes every request to {entry}, so the auth rule never sees them",
+                earlier.pattern
             );
-            if auth_paths_set {
+            if set {
                 return Err(ConfigError::entry(vars::AUTH_PATHS.name, entry, why));
             }
             // The default auth paths were not asked for: a route over them may be meant.
@@ -214,81 +283,77 @@ pub(crate) fn parse(
                 "AUTH_PATHS is unset and its default {entry} is shadowed: {why}"
             ));
         }
-        routes.push(route);
+        paths.push(route);
     }
-    rules.push(Rule {
-        id: auth_index as u16,
-        name: "auth".into(),
-        limits: auth_limits,
-        count: auth_count,
-        key_by: auth_key_by,
-        fail_mode: auth_fail_mode,
-        delay: auth_delay,
-        ..defaults.clone()
-    });
-    rules.push(Rule {
-        id: auth_index as u16 + 1,
-        name: "general".into(),
-        ..defaults
-    });
-    if shadow && (delay.is_some() || auth_delay.is_some()) {
+    auth.matching = Matching::Paths(paths);
+    Ok(())
+}
+
+/// One `AUTH_PATHS` entry: never every path.
+fn auth_path(entry: &str, warnings: &mut Vec<String>) -> Result<RouteSpec, ConfigError> {
+    let pattern =
+        PathPattern::parse(entry).map_err(|why| ConfigError::invalid(vars::AUTH_PATHS.name, entry, &why))?;
+    if pattern.covers(&PathPattern::Subtree("/".into())) {
+        return Err(ConfigError::entry(
+            vars::AUTH_PATHS.name,
+            entry,
+            "it matches every path, so every request would spend the login budget and the \
+             general rule would never apply; list the login, signup and reset paths",
+        ));
+    }
+    if pattern == PathPattern::Exact("/".into()) {
+        warnings
+            .push("AUTH_PATHS has \"/\": that is the root path alone (the home page), not every path".into());
+    }
+    Ok(RouteSpec {
+        pattern,
+        methods: None,
+    })
+}
+
+/// The general and auth rules' delays (`DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`): each one its
+/// limits can wait for, and warned about under `SHADOW_MODE`.
+fn check_delays(
+    env: &Env,
+    general: &RuleSpec,
+    auth: &RuleSpec,
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    let (general, auth) = (&general.rule, &auth.rule);
+    if general.shadow && (general.delay.is_some() || auth.delay.is_some()) {
         warnings.push(
             "DELAY_MAX_MS or AUTH_DELAY_MAX_MS changes nothing under SHADOW_MODE=true: a shadowed \
              rule refuses nothing, so never waits"
                 .into(),
         );
     }
-    for (rule, var) in rules[auth_index..]
-        .iter()
-        .zip([vars::AUTH_DELAY_MAX_MS, vars::DELAY_MAX_MS])
-    {
+    for (rule, var) in [(auth, vars::AUTH_DELAY_MAX_MS), (general, vars::DELAY_MAX_MS)] {
         delayable(rule)
             .map_err(|why| ConfigError::Conflict(format!("{}={}: {why}", var.name, env.value(var))))?;
     }
+    Ok(())
+}
 
-    let mut costs = Vec::new();
-    let cost_entries = list(env, vars::COSTS, &[';', ','])?;
-    for entry in &cost_entries {
-        let parsed = entry.split_once('=').and_then(|(pattern, cost)| {
-            Some((
-                PathPattern::parse(pattern).ok()?,
-                cost.parse::<u64>().ok().filter(|n| *n > 0)?,
-            ))
-        });
-        costs.push(parsed.ok_or_else(|| {
-            ConfigError::entry(
-                vars::COSTS.name,
-                entry,
-                "expected PATTERN=N, e.g. /export=5 (N a whole number >= 1)",
-            )
-        })?);
-    }
-    let skip = list(env, vars::SKIP_PATHS, &[','])?
-        .into_iter()
+/// `COSTS`' entries, `PATTERN=N`.
+fn costs(entries: &[&str]) -> Result<Vec<(PathPattern, u64)>, ConfigError> {
+    entries
+        .iter()
         .map(|entry| {
-            PathPattern::parse(entry).map_err(|why| ConfigError::entry(vars::SKIP_PATHS.name, entry, why))
+            let parsed = entry.split_once('=').and_then(|(pattern, cost)| {
+                Some((
+                    PathPattern::parse(pattern).ok()?,
+                    cost.parse::<u64>().ok().filter(|n| *n > 0)?,
+                ))
+            });
+            parsed.ok_or_else(|| {
+                ConfigError::entry(
+                    vars::COSTS.name,
+                    entry,
+                    "expected PATTERN=N, e.g. /export=5 (N a whole number >= 1)",
+                )
+            })
         })
-        .collect::<Result<_, _>>()?;
-
-    let digested_keys = rules.iter().any(|rule| rule.key_by.digests());
-    let hasher = key_hasher(env, digested_keys, shared_store)?;
-    let exempt = parse_exemptions(env, &hasher, &rules)?;
-
-    RuleTable::new(rules, routes, costs, skip, exempt, ipv6_prefix, hasher).map_err(|error| match error {
-        TableError::CostAboveCapacity {
-            entry,
-            rule,
-            capacity,
-        } => ConfigError::entry(
-            vars::COSTS.name,
-            cost_entries[entry],
-            format!("a request there can fall under rule {rule:?}, which holds at most {capacity}"),
-        ),
-        // `new` adds no named rules; these come from `with_named` only.
-        TableError::TooManyRules(_) | TableError::DuplicateName(_) => {
-            ConfigError::Conflict(format!("the rule table cannot be built: {error}"))
-        }
-    })
+        .collect()
 }
 
 /// The entries of a list variable. Whitespace inside an entry is an error: it is nearly always
@@ -326,7 +391,10 @@ fn limits_variable(env: &Env, var: Var, auth: bool) -> Result<Option<Limits>, Co
     let mut older = vec![algorithm];
     for name in Policy::NAMES {
         for parameter in Policy::parameters(name).into_iter().flatten() {
-            older.push(if auth { parameter.auth } else { parameter.general });
+            let var = if auth { parameter.auth } else { parameter.general };
+            if !older.contains(&var) {
+                older.push(var);
+            }
         }
     }
     if let Some(both) = older.into_iter().find(|older| env.is_set(*older)) {
@@ -348,7 +416,7 @@ fn policy_from_variables(
     algorithm: &str,
     auth: bool,
 ) -> Result<Policy, ConfigError> {
-    let unknown = || ConfigError::invalid(algorithm_var.name, algorithm, &Policy::algorithm_names());
+    let unknown = || ConfigError::invalid(algorithm_var.name, algorithm, &algorithm_names());
     if algorithm == Concurrent::NAME {
         return Err(ConfigError::invalid(
             algorithm_var.name,
@@ -375,16 +443,6 @@ fn policy_from_variables(
     }
 }
 
-/// True when every request `later` matches is matched by `earlier`, which comes first.
-fn takes_all_of(earlier: &Route, later: &Route) -> bool {
-    let methods = match (&earlier.methods, &later.methods) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(earlier), Some(later)) => later.iter().all(|method| earlier.contains(method)),
-    };
-    methods && earlier.pattern.covers(&later.pattern)
-}
-
 /// `KEY_BY` or `AUTH_KEY_BY`, checked by [`key_problem`].
 fn key_by_variable(env: &Env, var: Var, warnings: &mut Vec<String>) -> Result<KeyBy, ConfigError> {
     let value = env.value(var);
@@ -402,252 +460,6 @@ fn key_by_variable(env: &Env, var: Var, warnings: &mut Vec<String>) -> Result<Ke
         Some(KeyProblem::Suspicious(why)) => warnings.push(format!("{}={key_by}: {why}", var.name)),
     }
     Ok(key_by)
-}
-
-/// What is wrong with keying budgets by some source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyProblem {
-    /// It is never a client's identity: the gateway rewrites or drops it, or every request
-    /// carries a new one.
-    Certain(&'static str),
-    /// Nothing checks it: a client that changes it gets a fresh budget, unless the backend
-    /// refuses values it does not know.
-    Suspicious(&'static str),
-}
-
-/// A key is only as good as the backend's check of its value: a forged API key gets a fresh
-/// budget and a 401. Some headers carry no credential, so a forged one gets a fresh budget and
-/// a 200; `host` or `path` alone are not a client at all, but a budget every client shares. The
-/// first certain problem of any source, else the first suspicious one.
-fn key_problem(key_by: &KeyBy) -> Option<KeyProblem> {
-    let problems = key_by.headers().filter_map(|name| header_problem(name.as_str()));
-    let alone = match (key_by.has_ip(), key_by.sources()) {
-        (false, [Source::Host]) => Some(KeyProblem::Suspicious(
-            "every client shares one budget per host, and any client sends the Host (HTTP/2 \
-             :authority) it likes: a new one is a fresh budget unless the backend refuses hosts it \
-             does not serve; ip+host gives each client a budget per host",
-        )),
-        (false, [Source::Path]) => Some(KeyProblem::Suspicious(
-            "every client shares one budget per path, and a client that asks for another path \
-             gets a fresh one; ip+path gives each client a budget per path",
-        )),
-        _ => None,
-    };
-    let mut problems = problems.chain(alone);
-    let first = problems.next()?;
-    match first {
-        KeyProblem::Certain(_) => Some(first),
-        KeyProblem::Suspicious(_) => Some(
-            problems
-                .find(|problem| matches!(problem, KeyProblem::Certain(_)))
-                .unwrap_or(first),
-        ),
-    }
-}
-
-/// What is wrong with keying budgets by the header `name`, if anything.
-fn header_problem(name: &str) -> Option<KeyProblem> {
-    let certain = match name {
-        "x-forwarded-for" | "x-forwarded-host" | "x-forwarded-proto" | "x-real-ip" | "forwarded" => Some(
-            "the gateway rewrites this one for the backend, and any client sends what it likes in it; \
-             for one budget per client address use ip, with TRUSTED_PROXIES for the proxies in front",
-        ),
-        "connection"
-        | "keep-alive"
-        | "proxy-connection"
-        | "te"
-        | "trailer"
-        | "transfer-encoding"
-        | "upgrade"
-        | "proxy-authorization"
-        | "proxy-authenticate" => Some(
-            "this hop-by-hop header is dropped before the backend, which never checks it; \
-             any client sends a new value for a fresh budget",
-        ),
-        "host" => Some(
-            "HTTP/2 requests name their host in :authority, not Host, and any client sends the \
-             host it likes; the host source reads both (ip+host for a budget per client and host)",
-        ),
-        "cookie" => Some(
-            "a Cookie line holds every cookie, and HTTP/2 splits it into several; \
-             key by the one that names the client, cookie:NAME",
-        ),
-        "x-request-id" | "content-length" | "content-type" | "date" | "range" => {
-            Some("it describes the request, not the client: every request may carry a new one")
-        }
-        _ => None,
-    };
-    if let Some(why) = certain {
-        return Some(KeyProblem::Certain(why));
-    }
-    let credential_free = [
-        "user-agent",
-        "referer",
-        "origin",
-        "accept",
-        "accept-language",
-        "accept-encoding",
-        "cache-control",
-        "pragma",
-        "dnt",
-    ];
-    credential_free.contains(&name).then_some(KeyProblem::Suspicious(
-        "it carries no credential, so a client that changes it gets a fresh budget; key by one \
-         the backend checks (an API key, Authorization)",
-    ))
-}
-
-/// One `ROUTES` entry: its route (rule index filled in by the caller) and its rule.
-fn parse_route(
-    entry: &str,
-    defaults: &Rule,
-    shared_store: bool,
-    warnings: &mut Vec<String>,
-) -> Result<(Route, Rule), ConfigError> {
-    let bad = |problem: String| ConfigError::entry(vars::ROUTES.name, entry, problem);
-    let (pattern, rest) = entry
-        .split_once('=')
-        .ok_or_else(|| bad("expected PATTERN=ALGORITHM:A:B, e.g. /api/export/*=token_bucket:5:0.1".into()))?;
-    let pattern = PathPattern::parse(pattern).map_err(|why| bad(format!("pattern: {why}")))?;
-    let mut options = rest.split(',');
-    let spec = options.next().unwrap_or_default();
-    let limits = parse_limits(spec).map_err(bad)?;
-    let mut rule = Rule {
-        name: pattern.to_string().into(),
-        limits,
-        ..defaults.clone()
-    };
-    let mut methods = None;
-    for option in options {
-        match option.split_once('=') {
-            Some(("name", name)) if is_rule_name(name) => rule.name = name.into(),
-            Some(("name", name)) => {
-                return Err(bad(format!(
-                    "name {name:?}: expected 1 to 64 of a-z, 0-9, '_' and '-'"
-                )));
-            }
-            Some(("key", key)) => {
-                rule.key_by = KeyBy::parse(key)
-                    .map_err(|why| bad(format!("key={key}: {why}; expected {KEY_BY_FORMS}")))?;
-                match key_problem(&rule.key_by) {
-                    None => {}
-                    Some(KeyProblem::Certain(why)) => return Err(bad(format!("key {key:?}: {why}"))),
-                    Some(KeyProblem::Suspicious(why)) => {
-                        warnings.push(format!("ROUTES entry for {pattern}: key={key}: {why}"))
-                    }
-                }
-            }
-            Some(("cost", cost)) => {
-                rule.cost =
-                    cost.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        bad(format!("cost {cost:?}: expected a whole number of at least 1"))
-                    })?;
-            }
-            Some(("method", list)) => {
-                let parsed: Option<Vec<http::Method>> = list
-                    .split('|')
-                    .map(|method| http::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).ok())
-                    .collect();
-                let mut parsed =
-                    parsed.ok_or_else(|| bad(format!("method {list:?}: expected e.g. GET|HEAD")))?;
-                // Flask, Django, Rails and Express run a GET route's handler for HEAD (nginx's
-                // `limit_except GET` covers HEAD too): a HEAD must not walk around it.
-                if parsed.contains(&http::Method::GET) && !parsed.contains(&http::Method::HEAD) {
-                    parsed.push(http::Method::HEAD);
-                }
-                methods = Some(parsed);
-            }
-            Some(("fail", mode)) => {
-                rule.fail_mode = FailMode::parse(mode)
-                    .ok_or_else(|| bad(format!("fail {mode:?}: expected {}", FailMode::NAMES)))?;
-                if !shared_store {
-                    warnings.push(format!(
-                        "ROUTES entry for {pattern}: fail={mode} changes nothing: the store is in memory, \
-                         and fail modes apply when Redis cannot decide"
-                    ));
-                }
-            }
-            Some(("delay", ms)) => {
-                rule.delay =
-                    parse_delay(ms).ok_or_else(|| bad(format!("delay {ms:?}: expected {DELAY_FORMS}")))?;
-            }
-            Some(("count", "failures")) => rule.count = Count::Failures,
-            Some(("count", "all")) => rule.count = Count::All,
-            None if option == "shadow" => rule.shadow = true,
-            _ => {
-                return Err(bad(format!(
-                    "unknown option {option:?}; expected name=, key=, cost=, method=, count=failures, fail=, delay= or shadow"
-                )));
-            }
-        }
-    }
-    if rule.cost > rule.limits.capacity() {
-        return Err(bad(format!(
-            "cost {} is above the rule's capacity of {}: no request could ever pass",
-            rule.cost,
-            rule.limits.capacity()
-        )));
-    }
-    if rule.shadow && rule.delay.is_some() && options_delay(rest) {
-        warnings.push(format!(
-            "ROUTES entry for {pattern}: delay= changes nothing: the route is shadowed, and a \
-             shadowed rule refuses nothing, so never waits"
-        ));
-    }
-    delayable(&rule).map_err(|why| match options_delay(rest) {
-        true => bad(why),
-        false => bad(format!(
-            "{why} (the route inherits DELAY_MAX_MS; delay=0 turns it off here)"
-        )),
-    })?;
-    let route = Route {
-        pattern,
-        methods,
-        rule: 0,
-    };
-    Ok((route, rule))
-}
-
-/// A delay as written (`DELAY_MAX_MS`, `delay=`): `None` when it is not one of
-/// [`DELAY_FORMS`], `Some(None)` for 0 (no delay).
-fn parse_delay(ms: &str) -> Option<Option<Duration>> {
-    ms.parse::<u64>()
-        .ok()
-        .filter(|ms| *ms <= MAX_DELAY_MS)
-        .map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))
-}
-
-/// Whether the options of a `ROUTES` entry (after its pattern's `=`) set `delay=` themselves.
-fn options_delay(options: &str) -> bool {
-    options
-        .split(',')
-        .skip(1)
-        .any(|option| option.starts_with("delay="))
-}
-
-/// The one check of a rule's delay against its limits, made for every rule (general, auth,
-/// each route): a delayed request sleeps for its denial's retry time, so only limits whose
-/// retry times are exact can be waited for ([`Policy::exact_retry`]): every limit of the rule
-/// (the rule's retry time is the latest of its refusing limits'). The error says why; the
-/// caller names what set the delay.
-fn delayable(rule: &Rule) -> Result<(), String> {
-    let inexact = rule.limits.iter().find(|policy| !policy.exact_retry());
-    match (rule.delay, inexact) {
-        (Some(delay), Some(policy)) => Err(format!(
-            "rule {:?} would delay requests up to {} ms, but its limit ({policy}) has no exact retry \
-             time to wait for: a request could only poll; leave the delay off for this rule",
-            rule.name,
-            delay.as_millis(),
-        )),
-        _ => Ok(()),
-    }
-}
-
-pub(crate) fn is_rule_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// The keyed hash for keys digested from requests. Replicas sharing Redis must agree on it, so
@@ -700,9 +512,9 @@ const EXEMPT_KEY_FORMS: &str =
 /// address): `?tenant=acme` exempted is not `Host: acme`. `key:VALUE`, the spelling before
 /// sources were named, is read as the one source rules are keyed by alone, and refused when
 /// there are several.
-fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[Rule]) -> Result<Exemptions, ConfigError> {
+fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[RuleSpec]) -> Result<Exemptions, ConfigError> {
     let mut single: Vec<&Source> = Vec::new();
-    for source in rules.iter().filter_map(|rule| rule.key_by.single()) {
+    for source in rules.iter().filter_map(|spec| spec.rule.key_by.single()) {
         if !single.contains(&source) {
             single.push(source);
         }
@@ -710,89 +522,11 @@ fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[Rule]) -> Result<Exe
     let mut exempt = Exemptions::default();
     for entry in list(env, vars::EXEMPT, &[','])? {
         let (source, value) = if let Some(value) = entry.strip_prefix("key:") {
-            let source = match &single[..] {
-                [] => {
-                    return Err(ConfigError::entry(
-                        vars::EXEMPT.name,
-                        "key:***",
-                        format!(
-                            "key: entries need a rule keyed by one source besides ip (KEY_BY=header:NAME, \
-                             cookie:NAME, query:NAME, host or path, or a route's key=); an exemption \
-                             names its source: {EXEMPT_KEY_FORMS}"
-                        ),
-                    ));
-                }
-                [source] => (*source).clone(),
-                several => {
-                    let spellings: Vec<String> =
-                        several.iter().map(|source| exempt_spelling(source)).collect();
-                    return Err(ConfigError::entry(
-                        vars::EXEMPT.name,
-                        "key:***",
-                        format!(
-                            "key:VALUE is ambiguous: rules are keyed by {} (each alone or with ip), and \
-                             a value exempted in one source must not be in another (a tenant's name \
-                             is anyone's Host); name the source: {}",
-                            several
-                                .iter()
-                                .map(ToString::to_string)
-                                .collect::<Vec<_>>()
-                                .join(" or "),
-                            spellings.join(" or ")
-                        ),
-                    ));
-                }
-            };
-            (source, value)
+            (unnamed_source(&single)?, value)
         } else if let Some((spec, value)) = entry.split_once('=') {
-            let shown = exempt_shown(entry);
-            let source = match KeyBy::parse(spec) {
-                Ok(by) if !by.has_ip() && by.single().is_some() => by.single().cloned(),
-                _ => None,
-            }
-            .ok_or_else(|| {
-                ConfigError::entry(
-                    vars::EXEMPT.name,
-                    &shown,
-                    format!("{spec:?} is not one key source: expected {EXEMPT_KEY_FORMS}"),
-                )
-            })?;
-            if !single.contains(&&source) {
-                return Err(ConfigError::entry(
-                    vars::EXEMPT.name,
-                    &shown,
-                    format!(
-                        "no rule is keyed by {source} alone (besides ip), so it would exempt nothing: \
-                         the rules keyed by one source are keyed by {}",
-                        match &single[..] {
-                            [] => "none".to_owned(),
-                            single => single
-                                .iter()
-                                .map(ToString::to_string)
-                                .collect::<Vec<_>>()
-                                .join(", "),
-                        }
-                    ),
-                ));
-            }
-            (source, value)
+            (named_source(entry, spec, &single)?, value)
         } else {
-            let network: IpNet = parse_network(entry).ok_or_else(|| {
-                ConfigError::entry(
-                    vars::EXEMPT.name,
-                    entry,
-                    format!("expected a CIDR, an address, or a key's value: {EXEMPT_KEY_FORMS}"),
-                )
-            })?;
-            if network.prefix_len() == 0 {
-                return Err(ConfigError::entry(
-                    vars::EXEMPT.name,
-                    entry,
-                    "it exempts every client of that address family, so none would be limited; \
-                     SHADOW_MODE=true counts without refusing, if that is what is wanted",
-                ));
-            }
-            exempt.networks.push(network);
+            exempt.networks.push(exempt_network(entry)?);
             continue;
         };
         // As the source reads a request's: a host lower case, without a default port.
@@ -813,6 +547,93 @@ fn parse_exemptions(env: &Env, hasher: &KeyHasher, rules: &[Rule]) -> Result<Exe
         }
     }
     Ok(exempt)
+}
+
+/// The source of a `key:VALUE` entry: the one source rules are keyed by alone (`single`).
+fn unnamed_source(single: &[&Source]) -> Result<Source, ConfigError> {
+    match single {
+        [] => Err(ConfigError::entry(
+            vars::EXEMPT.name,
+            "key:***",
+            format!(
+                "key: entries need a rule keyed by one source besides ip (KEY_BY=header:NAME, \
+                 cookie:NAME, query:NAME, host or path, or a route's key=); an exemption \
+                 names its source: {EXEMPT_KEY_FORMS}"
+            ),
+        )),
+        [source] => Ok((*source).clone()),
+        several => {
+            let spellings: Vec<String> = several.iter().map(|source| exempt_spelling(source)).collect();
+            Err(ConfigError::entry(
+                vars::EXEMPT.name,
+                "key:***",
+                format!(
+                    "key:VALUE is ambiguous: rules are keyed by {} (each alone or with ip), and \
+                     a value exempted in one source must not be in another (a tenant's name \
+                     is anyone's Host); name the source: {}",
+                    joined(several, " or "),
+                    spellings.join(" or ")
+                ),
+            ))
+        }
+    }
+}
+
+/// The source `spec` of a `SOURCE=VALUE` entry: one some rule is keyed by alone (`single`).
+fn named_source(entry: &str, spec: &str, single: &[&Source]) -> Result<Source, ConfigError> {
+    let shown = exempt_shown(entry);
+    let source = match KeyBy::parse(spec) {
+        Ok(by) if !by.has_ip() && by.single().is_some() => by.single().cloned(),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        ConfigError::entry(
+            vars::EXEMPT.name,
+            &shown,
+            format!("{spec:?} is not one key source: expected {EXEMPT_KEY_FORMS}"),
+        )
+    })?;
+    if single.contains(&&source) {
+        return Ok(source);
+    }
+    Err(ConfigError::entry(
+        vars::EXEMPT.name,
+        &shown,
+        format!(
+            "no rule is keyed by {source} alone (besides ip), so it would exempt nothing: \
+             the rules keyed by one source are keyed by {}",
+            match single {
+                [] => "none".to_owned(),
+                single => joined(single, ", "),
+            }
+        ),
+    ))
+}
+
+/// An `EXEMPT` network: a CIDR or an address, never every address.
+fn exempt_network(entry: &str) -> Result<IpNet, ConfigError> {
+    let network: IpNet = parse_network(entry).ok_or_else(|| {
+        ConfigError::entry(
+            vars::EXEMPT.name,
+            entry,
+            format!("expected a CIDR, an address, or a key's value: {EXEMPT_KEY_FORMS}"),
+        )
+    })?;
+    if network.prefix_len() == 0 {
+        return Err(ConfigError::entry(
+            vars::EXEMPT.name,
+            entry,
+            "it exempts every client of that address family, so none would be limited; \
+             SHADOW_MODE=true counts without refusing, if that is what is wanted",
+        ));
+    }
+    Ok(network)
+}
+
+/// `sources` in words, joined by `separator`.
+fn joined(sources: &[&Source], separator: &str) -> String {
+    let words: Vec<String> = sources.iter().map(ToString::to_string).collect();
+    words.join(separator)
 }
 
 /// How an `EXEMPT` entry names a value of `source`: `query:tenant=VALUE`, `host=VALUE`.

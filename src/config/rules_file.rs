@@ -22,7 +22,7 @@
 //! fail = "closed"                        # AUTH_FAIL_MODE
 //! delay = 0                              # AUTH_DELAY_MAX_MS
 //!
-//! [[routes]]                             # one ROUTES entry each, in order
+//! [[routes]]                             # one route each, in order, as ROUTES would
 //! name = "api"
 //! path = "/api/*"
 //! limits = ["token_bucket:20:10", "fixed_window:10000:86400"]
@@ -35,11 +35,15 @@
 //! delay = 1500
 //! ```
 //!
-//! The file is translated into the variables it stands for, which the environment's parsers
-//! then read, so both mean exactly the same. What only the file can get wrong is checked
-//! here (an unknown key, with the likely one; a wrong type); what the parsers find wrong is
-//! located afterwards ([`RulesFile::locate`]): every error names the file, the line and the
-//! setting. A setting given in both the file and the environment is an error naming both.
+//! Its top-level, `[general]` and `[auth]` settings are translated into the variables they
+//! stand for, which the environment's parsers then read, so both mean exactly the same. Its
+//! `[[routes]]` are read here into routes ([`RouteEntry`]: path and limits parsed, each other
+//! key handed to its attribute's parser in `config::spec`, the one `ROUTES` uses), which take
+//! the place of `ROUTES`. What only the file can get wrong is checked here (an unknown key,
+//! with the likely one; a wrong type); what the parsers find wrong is located afterwards
+//! ([`RulesFile::locate`]; a route's errors carry its place): every error names the file, the
+//! line and the setting. A setting given in both the file and the environment is an error
+//! naming both.
 
 use std::ops::Range;
 
@@ -47,6 +51,9 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use super::ConfigError;
+use super::spec::{self, RouteEntry, Toml, Written};
+use crate::limit::algorithm::{Limits, parse_limit, parse_limits};
+use crate::limit::pattern::PathPattern;
 use crate::suggest;
 use crate::variables::{self as vars, Var};
 
@@ -60,9 +67,11 @@ pub(crate) struct RulesFile {
     path: String,
     /// The variables it sets, each with where.
     pub(crate) vars: Vec<(Var, String, Origin)>,
-    /// Each list entry it sets (a route, an auth path, ...), with where: an error about one
+    /// Each list entry it sets (an auth path, a cost, ...), with where: an error about one
     /// entry is located at its own line.
     entries: Vec<(Var, String, Origin)>,
+    /// Its `[[routes]]`, in order: read here, in place of `ROUTES`.
+    routes: Vec<RouteEntry>,
     /// The bytes read, for telling a later change of the file from none.
     pub(crate) bytes: Vec<u8>,
 }
@@ -101,11 +110,6 @@ const AUTH: &[(&str, Var, Kind)] = &[
     ("count", vars::AUTH_COUNT, Kind::Text),
     ("fail", vars::AUTH_FAIL_MODE, Kind::Text),
     ("delay", vars::AUTH_DELAY_MAX_MS, Kind::Number),
-];
-
-/// The keys of a `[[routes]]` table: `path` and `limits` required, the rest its options.
-const ROUTE_KEYS: &[&str] = &[
-    "path", "limits", "name", "key", "cost", "method", "shadow", "count", "fail", "delay",
 ];
 
 /// How a setting's value is written in TOML.
@@ -175,6 +179,7 @@ impl RulesFile {
             path: path.to_owned(),
             vars: Vec::new(),
             entries: Vec::new(),
+            routes: Vec::new(),
             bytes: Vec::new(),
         };
         let lines: Vec<usize> = memchr::memchr_iter(b'\n', text.as_bytes()).collect();
@@ -193,25 +198,7 @@ impl RulesFile {
             let name = key.get_ref().as_ref();
             let line = reader.line(key.span().start);
             match name {
-                "general" | "auth" => {
-                    let settings = if name == "general" { GENERAL } else { AUTH };
-                    let DeValue::Table(section) = value.get_ref() else {
-                        return Err(reader
-                            .file
-                            .error(line, name, format!("expected a table: [{name}]")));
-                    };
-                    for (key, value) in section {
-                        let setting = format!("{name}.{}", key.get_ref());
-                        let known = settings
-                            .iter()
-                            .find(|(known, ..)| *known == key.get_ref().as_ref());
-                        let Some((_, var, kind)) = known else {
-                            let names = settings.iter().map(|(name, ..)| *name);
-                            return Err(reader.unknown(key, &setting, names));
-                        };
-                        found.push(reader.setting(*var, *kind, &setting, value)?);
-                    }
-                }
+                "general" | "auth" => found.extend(reader.section(name, line, value)?),
                 "routes" => {
                     let DeValue::Array(array) = value.get_ref() else {
                         return Err(reader.file.error(line, name, "expected [[routes]] tables".into()));
@@ -237,36 +224,36 @@ impl RulesFile {
                 .extend(entries.into_iter().map(|(entry, origin)| (var, entry, origin)));
             file.vars.push((var, value, origin));
         }
-        if let Some((_, origin)) = routes.first() {
-            let origin = origin.clone();
-            let value = routes
-                .iter()
-                .map(|(entry, _)| entry.as_str())
-                .collect::<Vec<_>>()
-                .join(";");
-            file.entries.extend(
-                routes
-                    .into_iter()
-                    .map(|(entry, origin)| (vars::ROUTES, entry, origin)),
-            );
-            file.vars.push((vars::ROUTES, value, origin));
-        }
+        file.routes = routes;
         Ok(file)
     }
 
+    /// Its routes, in place of `ROUTES`; `None` when it has none.
+    pub(crate) fn routes(&self) -> Option<Vec<RouteEntry>> {
+        (!self.routes.is_empty()).then(|| self.routes.clone())
+    }
+
     /// The variables of the environment (`vars`) with the file's added; a variable set both
-    /// ways is an error naming both.
+    /// ways is an error naming both (`ROUTES` with the file's routes too).
     pub(crate) fn merge(&self, env: &[(String, String)]) -> Result<Vec<(String, String)>, ConfigError> {
-        for (var, _, origin) in &self.vars {
-            let set = env
-                .iter()
-                .any(|(name, value)| name == var.name && !value.trim().is_empty());
-            if set {
-                return Err(ConfigError::Conflict(format!(
-                    "{} is set in the environment and {} in RULES_FILE {} (line {}): set it in one place",
-                    var.name, origin.setting, self.path, origin.line
-                )));
-            }
+        let set = |var: Var| {
+            env.iter()
+                .any(|(name, value)| name == var.name && !value.trim().is_empty())
+        };
+        let conflict = |var: Var, setting: &str, line: usize| {
+            ConfigError::Conflict(format!(
+                "{} is set in the environment and {setting} in RULES_FILE {} (line {line}): set it in one place",
+                var.name, self.path
+            ))
+        };
+        if let Some((var, _, origin)) = self.vars.iter().find(|(var, ..)| set(*var)) {
+            return Err(conflict(*var, &origin.setting, origin.line));
+        }
+        // The file's routes take the place of ROUTES.
+        if let Some(Written::File { line, .. }) = self.routes.first().map(|route| &route.at)
+            && set(vars::ROUTES)
+        {
+            return Err(conflict(vars::ROUTES, "routes[0]", *line));
         }
         let mut merged = env.to_vec();
         merged.extend(
@@ -404,7 +391,7 @@ impl Reader<'_> {
         let mut entries = Vec::new();
         let text = match (kind, value.get_ref()) {
             (Kind::Text, DeValue::String(text)) => self.entry_text(value.span(), setting, text)?,
-            (Kind::Limits, _) => self.limit_list(setting, value)?,
+            (Kind::Limits, _) => self.limit_list(setting, value)?.0,
             (Kind::Flag, DeValue::Boolean(flag)) => flag.to_string(),
             (Kind::Number, DeValue::Integer(_)) => self.number(setting, value)?.to_string(),
             (Kind::List(separator), DeValue::Array(items)) => {
@@ -450,7 +437,11 @@ impl Reader<'_> {
 
     /// A limit list (see [`Kind::Limits`]) as `LIMITS` writes it, each limit checked here so
     /// that its error names its own line.
-    fn limit_list(&self, setting: &str, value: &Spanned<DeValue<'_>>) -> Result<String, ConfigError> {
+    fn limit_list(
+        &self,
+        setting: &str,
+        value: &Spanned<DeValue<'_>>,
+    ) -> Result<(String, Limits), ConfigError> {
         let text = match value.get_ref() {
             DeValue::String(text) => self.entry_text(value.span(), setting, text)?,
             DeValue::Array(items) if !items.is_empty() => {
@@ -461,8 +452,7 @@ impl Reader<'_> {
                         return Err(self.fail(item.span(), &at, "expected a string".into()));
                     };
                     let text = self.entry_text(item.span(), &at, text)?;
-                    crate::limit::algorithm::parse_limit(&text)
-                        .map_err(|why| self.fail(item.span(), &at, why))?;
+                    parse_limit(&text).map_err(|why| self.fail(item.span(), &at, why))?;
                     texts.push(text);
                 }
                 texts.join("+")
@@ -475,8 +465,8 @@ impl Reader<'_> {
                 ));
             }
         };
-        crate::limit::algorithm::parse_limits(&text).map_err(|why| self.fail(value.span(), setting, why))?;
-        Ok(text)
+        let limits = parse_limits(&text).map_err(|why| self.fail(value.span(), setting, why))?;
+        Ok((text, limits))
     }
 
     /// A whole number of at least 0.
@@ -514,115 +504,135 @@ impl Reader<'_> {
         Ok(text.to_owned())
     }
 
-    /// One `[[routes]]` table as its `ROUTES` entry, and where it starts.
-    fn route(&self, index: usize, route: &Spanned<DeValue<'_>>) -> Result<(String, Origin), ConfigError> {
+    /// `[general]` or `[auth]` (`name`, at `line`): each setting as its variable writes it.
+    fn section(
+        &self,
+        name: &str,
+        line: usize,
+        value: &Spanned<DeValue<'_>>,
+    ) -> Result<Vec<Found>, ConfigError> {
+        let settings = if name == "general" { GENERAL } else { AUTH };
+        let DeValue::Table(section) = value.get_ref() else {
+            return Err(self.file.error(line, name, format!("expected a table: [{name}]")));
+        };
+        let mut found = Vec::new();
+        for (key, value) in section {
+            let setting = format!("{name}.{}", key.get_ref());
+            let known = settings
+                .iter()
+                .find(|(known, ..)| *known == key.get_ref().as_ref());
+            let Some((_, var, kind)) = known else {
+                let names = settings.iter().map(|(name, ..)| *name);
+                return Err(self.unknown(key, &setting, names));
+            };
+            found.push(self.setting(*var, *kind, &setting, value)?);
+        }
+        Ok(found)
+    }
+
+    /// One `[[routes]]` table as its route: its path and limits parsed here, its other keys
+    /// handed to their attributes' parsers ([`spec::ATTRIBUTES`]), and where it starts.
+    fn route(&self, index: usize, route: &Spanned<DeValue<'_>>) -> Result<RouteEntry, ConfigError> {
         let at = format!("routes[{index}]");
         let DeValue::Table(table) = route.get_ref() else {
             return Err(self.fail(route.span(), &at, "expected a table: [[routes]]".into()));
         };
-        let mut fields: Vec<(&str, String)> = Vec::new();
         // Where the table starts: its first key in the file (the map is sorted by name).
         let start = table.keys().map(|key| key.span().start).min();
+        let line = self.line(start.unwrap_or(route.span().start));
+        let (mut pattern, mut limits, mut attributes) = (None, None, Vec::new());
         for (key, value) in table {
             let name = key.get_ref().as_ref();
             let setting = format!("{at}.{name}");
-            let text = match name {
-                "limits" => self.limit_list(&setting, value)?,
-                "path" | "name" | "key" | "count" | "fail" => match value.get_ref() {
-                    DeValue::String(text) => {
-                        if name == "path" && text.contains('=') {
-                            return Err(self.fail(
-                                value.span(),
-                                &setting,
-                                format!("{text:?} holds '=', which no path pattern can"),
-                            ));
-                        }
-                        self.entry_text(value.span(), &setting, text)?
-                    }
-                    _ => return Err(self.fail(value.span(), &setting, "expected a string".into())),
-                },
-                "cost" => match self.number(&setting, value)? {
-                    0 => {
-                        return Err(self.fail(
-                            value.span(),
-                            &setting,
-                            "expected a whole number of at least 1".into(),
-                        ));
-                    }
-                    cost => cost.to_string(),
-                },
-                // Milliseconds, bounded by the ROUTES parser (whose error is located here).
-                "delay" => self.number(&setting, value)?.to_string(),
-                "shadow" => match value.get_ref() {
-                    DeValue::Boolean(flag) => flag.to_string(),
-                    _ => return Err(self.fail(value.span(), &setting, "expected true or false".into())),
-                },
-                "method" => {
-                    let methods = match value.get_ref() {
-                        DeValue::String(text) => vec![self.entry_text(value.span(), &setting, text)?],
-                        DeValue::Array(items) => {
-                            let mut methods = Vec::new();
-                            for item in items.iter() {
-                                let DeValue::String(text) = item.get_ref() else {
-                                    return Err(self.fail(
-                                        item.span(),
-                                        &setting,
-                                        "expected method names, e.g. [\"GET\", \"HEAD\"]".into(),
-                                    ));
-                                };
-                                methods.push(self.entry_text(item.span(), &setting, text)?);
-                            }
-                            methods
-                        }
-                        _ => {
-                            return Err(self.fail(
-                                value.span(),
-                                &setting,
-                                "expected method names, e.g. [\"GET\", \"HEAD\"]".into(),
-                            ));
-                        }
-                    };
-                    if methods.is_empty() {
-                        return Err(self.fail(value.span(), &setting, "expected at least one method".into()));
-                    }
-                    methods.join("|")
+            match (name, spec::attribute(name)) {
+                ("path", _) => pattern = Some(self.route_path(&setting, value)?),
+                ("limits", _) => limits = Some(self.limit_list(&setting, value)?.1),
+                (_, Some(attribute)) => {
+                    let text = self.attribute_text(attribute.toml, &setting, value)?;
+                    attributes.push((attribute.name, text));
                 }
-                _ => return Err(self.unknown(key, &setting, ROUTE_KEYS.iter().copied())),
-            };
-            fields.push((name, text));
-        }
-        let origin = self.origin(start.map_or(route.span(), |start| start..start), &at);
-        let field = |name: &str| {
-            fields
-                .iter()
-                .find(|(held, _)| *held == name)
-                .map(|(_, text)| text.as_str())
-        };
-        let missing = |name: &str| {
-            self.file.error(
-                origin.line,
-                &at,
-                format!(
-                    "{name} is required, e.g. {name} = {}",
-                    match name {
-                        "path" => "\"/api/*\"",
-                        _ => "\"token_bucket:20:10\"",
-                    }
-                ),
-            )
-        };
-        let path = field("path").ok_or_else(|| missing("path"))?;
-        let limits = field("limits").ok_or_else(|| missing("limits"))?;
-        let mut entry = format!("{path}={limits}");
-        for (name, text) in &fields {
-            match *name {
-                "path" | "limits" => {}
-                "shadow" if text == "true" => entry.push_str(",shadow"),
-                "shadow" => {}
-                _ => entry.push_str(&format!(",{name}={text}")),
+                (_, None) => {
+                    let names = ["path", "limits"]
+                        .into_iter()
+                        .chain(spec::ATTRIBUTES.iter().map(|attribute| attribute.name));
+                    return Err(self.unknown(key, &setting, names));
+                }
             }
         }
-        Ok((entry, origin))
+        let missing = |name: &str, example: &str| {
+            let problem = format!("{name} is required, e.g. {name} = {example}");
+            self.file.error(line, &at, problem)
+        };
+        Ok(RouteEntry {
+            pattern: pattern.ok_or_else(|| missing("path", "\"/api/*\""))?,
+            limits: limits.ok_or_else(|| missing("limits", "\"token_bucket:20:10\""))?,
+            attributes,
+            at: Written::File {
+                path: self.file.path.clone(),
+                line,
+                setting: at,
+            },
+        })
+    }
+
+    /// A route's `path`: a path pattern, as `ROUTES` may write it.
+    fn route_path(&self, setting: &str, value: &Spanned<DeValue<'_>>) -> Result<PathPattern, ConfigError> {
+        let DeValue::String(text) = value.get_ref() else {
+            return Err(self.fail(value.span(), setting, "expected a string".into()));
+        };
+        if text.contains('=') {
+            let problem = format!("{text:?} holds '=', which no path pattern can");
+            return Err(self.fail(value.span(), setting, problem));
+        }
+        let text = self.entry_text(value.span(), setting, text)?;
+        PathPattern::parse(&text).map_err(|why| self.fail(value.span(), setting, format!("pattern: {why}")))
+    }
+
+    /// A route attribute's value as its parser reads it, checked to be of the TOML type
+    /// `toml`: a string trimmed, a number in decimal, a flag `true` or `false`, methods joined
+    /// by `|`.
+    fn attribute_text(
+        &self,
+        toml: Toml,
+        setting: &str,
+        value: &Spanned<DeValue<'_>>,
+    ) -> Result<String, ConfigError> {
+        let wrong = |expected: &str| Err(self.fail(value.span(), setting, format!("expected {expected}")));
+        match (toml, value.get_ref()) {
+            (Toml::Text, DeValue::String(text)) => self.entry_text(value.span(), setting, text),
+            (Toml::Text, _) => wrong("a string"),
+            (Toml::Number, _) => Ok(self.number(setting, value)?.to_string()),
+            (Toml::Count, _) => match self.number(setting, value)? {
+                0 => wrong("a whole number of at least 1"),
+                count => Ok(count.to_string()),
+            },
+            (Toml::Flag, DeValue::Boolean(flag)) => Ok(flag.to_string()),
+            (Toml::Flag, _) => wrong("true or false"),
+            (Toml::Methods, _) => self.methods(setting, value),
+        }
+    }
+
+    /// A route's `method`: one name, or an array of at least one, joined by `|`.
+    fn methods(&self, setting: &str, value: &Spanned<DeValue<'_>>) -> Result<String, ConfigError> {
+        const EXPECTED: &str = "expected method names, e.g. [\"GET\", \"HEAD\"]";
+        let methods = match value.get_ref() {
+            DeValue::String(text) => vec![self.entry_text(value.span(), setting, text)?],
+            DeValue::Array(items) => {
+                let mut methods = Vec::new();
+                for item in items.iter() {
+                    let DeValue::String(text) = item.get_ref() else {
+                        return Err(self.fail(item.span(), setting, EXPECTED.into()));
+                    };
+                    methods.push(self.entry_text(item.span(), setting, text)?);
+                }
+                methods
+            }
+            _ => return Err(self.fail(value.span(), setting, EXPECTED.into())),
+        };
+        if methods.is_empty() {
+            return Err(self.fail(value.span(), setting, "expected at least one method".into()));
+        }
+        Ok(methods.join("|"))
     }
 }
 
@@ -706,13 +716,27 @@ limits = ["token_bucket:5:1", "fixed_window:1000:86400"]
             ("AUTH_KEY_BY", "ip".into()),
             ("AUTH_COUNT", "failures".into()),
             ("AUTH_FAIL_MODE", "closed".into()),
-            (
-                "ROUTES",
-                "/api/*=token_bucket:20:10,cost=2,count=failures,delay=1500,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST;/search=token_bucket:5:1+fixed_window:1000:86400".into(),
-            ),
         ];
         expected.sort();
         assert_eq!(got, expected);
+        // The routes are no variable: each is the specification its ROUTES entry would be.
+        let routes = "/api/*=token_bucket:20:10,cost=2,count=failures,delay=1500,fail=open,key=ip+header:X-API-Key,method=GET|HEAD,name=api,shadow;/upload=sliding_window:10:60,method=POST;/search=token_bucket:5:1+fixed_window:1000:86400";
+        let file = parse(file).unwrap();
+        let from_file: Vec<_> = file.routes.iter().map(spec_of).collect();
+        let from_routes: Vec<_> = routes
+            .split(';')
+            .map(|entry| spec_of(&RouteEntry::parse(entry).unwrap()))
+            .collect();
+        assert_eq!(from_file, from_routes);
+        assert_eq!(from_file.len(), 3);
+    }
+
+    /// A route's specification over a general rule of one token bucket.
+    fn spec_of(route: &RouteEntry) -> crate::limit::RuleSpec {
+        let limits = parse_limits("token_bucket:100:10").unwrap();
+        let general = crate::limit::RuleSpec::new("general", crate::limit::Matching::Rest, limits);
+        let context = spec::Context { shared_store: true };
+        route.spec(&general, &context, &mut Vec::new()).unwrap()
     }
 
     #[test]

@@ -2556,3 +2556,123 @@ fn a_wrong_concurrency_limit_names_the_variable_and_what_is_wrong() {
         }
     }
 }
+
+/// The three sources of rules yield one specification for one rule: a `ROUTES` entry, the
+/// same route in a rules file, and (where the concepts overlap: limits, shadow, cost, count,
+/// fail mode, delay) an Envoy descriptor's rate limit.
+#[test]
+fn routes_a_rules_file_and_an_rls_limit_yield_equal_specifications() {
+    use crate::config::rules_file::RulesFile;
+    use crate::config::spec::{Context, RouteEntry};
+    use crate::limit::{Matching, RuleSpec};
+    use crate::rls::config::DescriptorTable;
+
+    let general = RuleSpec::new(
+        "general",
+        Matching::Rest,
+        crate::limit::algorithm::parse_limits("token_bucket:100:10").unwrap(),
+    );
+    let context = Context { shared_store: true };
+    let spec = |route: &RouteEntry| route.spec(&general, &context, &mut Vec::new()).unwrap();
+
+    let from_routes =
+        spec(&RouteEntry::parse("/api/*=fixed_window:5:60,name=api,shadow,method=GET").unwrap());
+    let file = RulesFile::parse(
+        "rules.toml",
+        "[[routes]]\npath = \"/api/*\"\nlimits = [\"fixed_window:5:60\"]\nname = \"api\"\nshadow = true\nmethod = \"get\"\n",
+    )
+    .unwrap();
+    let from_file = spec(&file.routes().unwrap()[0]);
+    assert_eq!(from_routes, from_file);
+    assert_eq!(&*from_routes.rule.name, "api");
+    assert_eq!(
+        from_routes.routes()[0].methods.as_deref(),
+        Some(&[Method::GET, Method::HEAD][..])
+    );
+
+    let rls = DescriptorTable::parse([(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: path\n    value: /api\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )])
+    .unwrap();
+    let from_rls = rls.specs(general.rule.fail_mode, general.rule.shadow).remove(0);
+    assert_eq!(from_rls.matching, Matching::Named);
+    assert_eq!(&*from_rls.rule.name, "rls/edge/path=%2Fapi");
+    // Beside what it is called and how it is matched, the same rule.
+    let unnamed = |spec: &RuleSpec| crate::limit::Rule {
+        name: "".into(),
+        ..spec.rule.clone()
+    };
+    assert_eq!(unnamed(&from_rls), unnamed(&from_routes));
+
+    // Compiled, the ROUTES entry and the rules file make one table.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(
+        &path,
+        "[[routes]]\npath = \"/api/*\"\nlimits = \"fixed_window:5:60\"\nname = \"api\"\nshadow = true\nmethod = [\"GET\"]\n",
+    )
+    .unwrap();
+    let secret = ("KEY_HASH_SECRET", "0123456789abcdef0123");
+    let by_env = parse(&[
+        ("ROUTES", "/api/*=fixed_window:5:60,name=api,shadow,method=GET"),
+        secret,
+    ])
+    .unwrap();
+    let by_file = parse(&[("RULES_FILE", path.to_str().unwrap()), secret]).unwrap();
+    assert!(by_env.gate.rules.decides_like(&by_file.gate.rules));
+}
+
+/// A route's attribute is parsed by one parser whichever source wrote it, so both refuse a
+/// bad value in the same words; the file's error says where.
+#[test]
+fn a_bad_attribute_is_refused_alike_in_routes_and_the_rules_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    for (option, key) in [
+        ("count=some", "count = \"some\""),
+        ("fail=maybe", "fail = \"maybe\""),
+        ("key=header:X-Forwarded-For", "key = \"header:X-Forwarded-For\""),
+        ("name=Api", "name = \"Api\""),
+        ("method=G@T", "method = \"G@T\""),
+    ] {
+        let by_env = error(&[("ROUTES", &format!("/a=token_bucket:5:1,{option}"))]);
+        std::fs::write(
+            &path,
+            format!("[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:5:1\"\n{key}\n"),
+        )
+        .unwrap();
+        let by_file = error(&[("RULES_FILE", path.to_str().unwrap())]);
+        let (_, problem) = by_env.split_once(" is invalid: ").unwrap();
+        assert!(by_file.ends_with(problem), "{by_env} / {by_file}");
+        assert!(by_file.contains(":2: routes[0]"), "{by_file}");
+    }
+}
+
+/// A rules file's routes take the place of `ROUTES`: both set is an error naming both, and a
+/// route's error names the file, the line and `routes[N]`, never a `ROUTES` entry.
+#[test]
+fn a_rules_files_routes_replace_routes_and_say_where_they_are_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    let path_text = path.to_str().unwrap();
+    std::fs::write(
+        &path,
+        "[[routes]]\npath = \"/a\"\nlimits = \"token_bucket:5:1\"\n\n[[routes]]\npath = \"/a\"\nlimits = \"gcra:1:1\"\nname = \"b\"\n",
+    )
+    .unwrap();
+    let both = error(&[("RULES_FILE", path_text), ("ROUTES", "/x=token_bucket:1:1")]);
+    assert!(
+        both.contains("ROUTES is set in the environment and routes[0] in RULES_FILE")
+            && both.contains("line 2"),
+        "{both}"
+    );
+    let shadowed = error(&[("RULES_FILE", path_text)]);
+    assert!(
+        shadowed.contains(&format!(
+            "{path_text}:6: routes[1]: it can never match: the earlier entry for /a"
+        )),
+        "{shadowed}"
+    );
+    assert!(!shadowed.contains("ROUTES entry"), "{shadowed}");
+}

@@ -26,6 +26,7 @@ pub mod rules;
 pub mod sentinel;
 pub mod settings;
 pub mod slots;
+pub mod spec;
 pub mod state_file;
 pub mod store;
 
@@ -39,6 +40,7 @@ pub use key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher, Source};
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisTarget, StoreError};
 pub use rules::{Count, Match, Mode, RequestHead, Rule, RuleTable};
+pub use spec::{Matching, RouteSpec, RuleSpec, TableSpec};
 pub use store::{BreakerStats, Decide, Store, StoreStats};
 
 /// Most limits one rule holds (`token_bucket:20:10+fixed_window:10000:86400` is two): a

@@ -33,6 +33,7 @@ use super::key::{
 };
 use super::overrides::{AmbiguousTier, Client, Override, Overrides};
 use super::pattern::{PathPattern, resource};
+use super::spec::RuleSpec;
 
 /// A named budget: the algorithm that enforces it and how requests are filed under it.
 #[derive(Debug, Clone, PartialEq)]
@@ -318,12 +319,16 @@ pub enum TableError {
     /// A named rule has the name of a rule already in the table.
     #[error("two rules are named {0:?}")]
     DuplicateName(String),
+    /// The rules classified into do not end with the general rule, alone of its kind.
+    #[error("the rules do not end with the general rule, which every request falls back to")]
+    NoGeneralRule,
 }
 
 impl RuleTable {
-    /// Assemble a table. `rules` must end with the general rule (which every request falls
-    /// back to) and each rule's `id` must be its index; `routes` point into `rules`.
-    pub fn new(
+    /// Assemble a table ([`RuleTable::compile`] calls it). `rules` must end with the general
+    /// rule (which every request falls back to) and each rule's `id` must be its index;
+    /// `routes` point into `rules`.
+    pub(super) fn new(
         rules: Vec<Rule>,
         routes: Vec<Route>,
         costs: Vec<(PathPattern, u64)>,
@@ -367,21 +372,21 @@ impl RuleTable {
         Ok(table)
     }
 
-    /// This table with `named` appended: rules no path classifies into, decided only by a door
-    /// that names them ([`crate::gate::Gate::decide_key`]). Their ids are set here, following
-    /// the rules already held.
-    pub fn with_named(mut self, named: Vec<Rule>) -> Result<RuleTable, TableError> {
+    /// This table with `named` appended: rules no path classifies into
+    /// ([`Matching::Named`](super::spec::Matching::Named)), decided only by a door that names
+    /// them ([`crate::gate::Gate::decide_key`]). Their ids are set here, following the rules
+    /// already held.
+    pub fn with_named(mut self, named: Vec<RuleSpec>) -> Result<RuleTable, TableError> {
         let total = self.rules.len() + named.len();
         if total > MAX_RULES {
             return Err(TableError::TooManyRules(total));
         }
-        for mut rule in named {
-            if self.rule(&rule.name).is_some() {
-                return Err(TableError::DuplicateName(rule.name.to_string()));
+        for spec in named {
+            if self.rule(&spec.rule.name).is_some() {
+                return Err(TableError::DuplicateName(spec.rule.name.to_string()));
             }
             // Below MAX_RULES, checked above.
-            rule.id = self.rules.len() as u16;
-            self.rules.push(rule);
+            self.rules.push(spec.compiled(self.rules.len() as u16));
         }
         Ok(self)
     }
@@ -710,6 +715,34 @@ fn one_header<'h>(
 /// The table in evaluation order, as `--check-config` prints it.
 impl fmt::Display for RuleTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_routes(f)?;
+        self.write_tiers(f)?;
+        self.write_overrides(f)?;
+        if !self.named().is_empty() {
+            writeln!(
+                f,
+                "named rules:      {} (decided only by the doors that name them)",
+                self.named().len()
+            )?;
+        }
+        let costs: Vec<String> = self
+            .costs
+            .iter()
+            .map(|(pattern, cost)| format!("{pattern}={cost}"))
+            .collect();
+        writeln!(f, "costs:            {}", list_or_none(&costs))?;
+        let skip: Vec<String> = self.skip.iter().map(ToString::to_string).collect();
+        writeln!(f, "skip paths:       {}", list_or_none(&skip))?;
+        let mut exempt: Vec<String> = self.exempt.networks.iter().map(ToString::to_string).collect();
+        // Each key by its source, its value never shown.
+        exempt.extend(self.exempt.keys.iter().map(|(source, _)| format!("{source}=***")));
+        write!(f, "exempt:           {}", list_or_none(&exempt))
+    }
+}
+
+impl RuleTable {
+    /// The routes in order, then the general rule.
+    fn write_routes(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "rules, first match wins:")?;
         let mut position = 0;
         for route in &self.routes {
@@ -730,71 +763,64 @@ impl fmt::Display for RuleTable {
             "  {:>2}. every other path -> {}",
             position + 1,
             describe(self.general())
+        )
+    }
+
+    /// `TIERS`, each with its limits.
+    fn write_tiers(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some((header, tiers)) = self.overrides.tiers() else {
+            return Ok(());
+        };
+        writeln!(
+            f,
+            "tiers:            named by {header} (believed from TRUSTED_PROXIES only; not the auth rule):"
         )?;
-        let costs: Vec<String> = self
-            .costs
-            .iter()
-            .map(|(pattern, cost)| format!("{pattern}={cost}"))
-            .collect();
-        if let Some((header, tiers)) = self.overrides.tiers() {
-            writeln!(
-                f,
-                "tiers:            named by {header} (believed from TRUSTED_PROXIES only; not the auth rule):"
-            )?;
-            for tier in tiers {
-                let limits = tier
-                    .variants
-                    .iter()
-                    .flatten()
-                    .filter_map(|id| self.rules.get(usize::from(*id)))
-                    .map(|variant| variant.limits.to_string())
-                    .next()
-                    .unwrap_or_default();
-                writeln!(f, "  {} -> {limits}", tier.name)?;
-            }
+        for tier in tiers {
+            let limits = tier
+                .variants
+                .iter()
+                .flatten()
+                .filter_map(|id| self.rules.get(usize::from(*id)))
+                .map(|variant| variant.limits.to_string())
+                .next()
+                .unwrap_or_default();
+            writeln!(f, "  {} -> {limits}", tier.name)?;
         }
-        if !self.overrides.entries().is_empty() {
-            writeln!(
-                f,
-                "overrides:        {} (most specific first: key, then network):",
-                self.overrides.entries().len()
-            )?;
-            for entry in self.overrides.entries() {
-                let rule = self
+        Ok(())
+    }
+
+    /// `OVERRIDES_FILE`'s entries, key values never shown.
+    fn write_overrides(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.overrides.entries().is_empty() {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "overrides:        {} (most specific first: key, then network):",
+            self.overrides.entries().len()
+        )?;
+        for entry in self.overrides.entries() {
+            let rule = self
+                .rules
+                .get(usize::from(entry.rule))
+                .map_or("?", |rule| &*rule.name);
+            let client = match entry.client {
+                Client::Network(network) => network.to_string(),
+                Client::Key(_) => "key:*** (value not shown)".to_owned(),
+            };
+            let what = match entry.what {
+                Override::Unlimited => "unlimited".to_owned(),
+                Override::Deny => "deny (refused, no Retry-After)".to_owned(),
+                Override::Limits(id) => self
                     .rules
-                    .get(usize::from(entry.rule))
-                    .map_or("?", |rule| &*rule.name);
-                let client = match entry.client {
-                    Client::Network(network) => network.to_string(),
-                    Client::Key(_) => "key:*** (value not shown)".to_owned(),
-                };
-                let what = match entry.what {
-                    Override::Unlimited => "unlimited".to_owned(),
-                    Override::Deny => "deny (refused, no Retry-After)".to_owned(),
-                    Override::Limits(id) => self
-                        .rules
-                        .get(usize::from(id))
-                        .map_or_else(String::new, |variant| {
-                            format!("{}: {}", variant.name, variant.limits)
-                        }),
-                };
-                writeln!(f, "  {rule} {client} -> {what}")?;
-            }
+                    .get(usize::from(id))
+                    .map_or_else(String::new, |variant| {
+                        format!("{}: {}", variant.name, variant.limits)
+                    }),
+            };
+            writeln!(f, "  {rule} {client} -> {what}")?;
         }
-        if !self.named().is_empty() {
-            writeln!(
-                f,
-                "named rules:      {} (decided only by the doors that name them)",
-                self.named().len()
-            )?;
-        }
-        writeln!(f, "costs:            {}", list_or_none(&costs))?;
-        let skip: Vec<String> = self.skip.iter().map(ToString::to_string).collect();
-        writeln!(f, "skip paths:       {}", list_or_none(&skip))?;
-        let mut exempt: Vec<String> = self.exempt.networks.iter().map(ToString::to_string).collect();
-        // Each key by its source, its value never shown.
-        exempt.extend(self.exempt.keys.iter().map(|(source, _)| format!("{source}=***")));
-        write!(f, "exempt:           {}", list_or_none(&exempt))
+        Ok(())
     }
 }
 

@@ -31,7 +31,7 @@
 //! tollgate extends `rate_limit` with two keys (a file without them means exactly what it means
 //! to that service, and makes the same rules it always made):
 //!
-//! - `algorithm: token_bucket|gcra|sliding_window|fixed_window|sliding_log`, with `unit` and
+//! - `algorithm`: an algorithm's name (`Policy::spellings`: `token_bucket`, ...), with `unit` and
 //!   `requests_per_unit` (both required, at least 1): that algorithm's numbers derived from
 //!   them, read by `ROUTES`' parser. A token bucket holds `requests_per_unit` and refills
 //!   `requests_per_unit` each unit (`token_bucket:N:N/S`, `S` the unit's seconds); a window
@@ -43,7 +43,7 @@
 //! (the list says every number itself), `algorithm` without `unit` or `requests_per_unit`,
 //! `unlimited` beside either, and whatever `ROUTES` refuses of the numbers.
 //!
-//! Each rate limit becomes one [`Rule`] (a fixed window of its unit, or its policies), named
+//! Each rate limit becomes one [`RuleSpec`] (a fixed window of its unit, or its policies), named
 //! `rls/<domain>/<key>=<value>/<key>...` after its place in the tree, so the name is stable
 //! across restarts: it is part of the Redis key and the metrics' `rule` label.
 
@@ -56,8 +56,8 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::yaml::{self, Node, Value};
 use crate::limit::algorithm::{Algorithm, FixedWindow, Limits, Policy, TokenBucket};
-use crate::limit::algorithm::{parse_limit, parse_limits};
-use crate::limit::{Count, FailMode, KeyBy, Rule};
+use crate::limit::algorithm::{algorithm_names, parse_limit, parse_limits, policy_of};
+use crate::limit::{FailMode, Matching, RuleSpec};
 use crate::suggest::closest;
 
 /// Most rate limits (so rules) all files may define: each is a rule with room for `MAX_KEYS`
@@ -471,10 +471,12 @@ impl DescriptorTable {
         Ok(table)
     }
 
-    /// The rules of the counted limits, in limit order (ids are set when the rule table takes
-    /// them), each failing as `fail_mode` says and shadowed if its descriptor or `shadow` says
-    /// so (`SHADOW_MODE`).
-    pub fn rules(&self, fail_mode: FailMode, shadow: bool) -> Vec<Rule> {
+    /// The specifications of the counted limits' rules, in limit order (ids are set when the
+    /// rule table takes them), each failing as `fail_mode` says and shadowed if its descriptor
+    /// or `shadow` says so (`SHADOW_MODE`). Keyed, costed and counted as any rule by default:
+    /// the door names the key (the descriptor's entries), and Envoy holds the request while it
+    /// waits for the answer, so a descriptor's limit is never delayed.
+    pub fn specs(&self, fail_mode: FailMode, shadow: bool) -> Vec<RuleSpec> {
         self.limits
             .iter()
             .filter_map(|limit| {
@@ -483,26 +485,13 @@ impl DescriptorTable {
                     Allowance::Rate {
                         requests_per_unit,
                         unit,
-                    } => Limits::one(Policy::FixedWindow(FixedWindow {
-                        limit: u64::from(*requests_per_unit),
-                        window_ms: unit.seconds() * 1_000,
-                    })),
+                    } => fixed_window(u64::from(*requests_per_unit), *unit),
                     Allowance::Limits(limits) => limits.clone(),
                 };
-                Some(Rule {
-                    id: 0,
-                    name: limit.rule.clone(),
-                    limits,
-                    // Unused: the door names the key (the descriptor's entries).
-                    key_by: KeyBy::ip(),
-                    cost: 1,
-                    shadow: limit.shadow || shadow,
-                    count: Count::All,
-                    fail_mode,
-                    // Envoy holds the request while it waits for the answer: a descriptor's
-                    // limit answers at once.
-                    delay: None,
-                })
+                let mut spec = RuleSpec::new(&limit.rule, Matching::Named, limits);
+                spec.rule.shadow = limit.shadow || shadow;
+                spec.rule.fail_mode = fail_mode;
+                Some(spec)
             })
             .collect()
     }
@@ -512,21 +501,11 @@ impl DescriptorTable {
     /// gives the id, the name (the metrics' `rule` label and the Redis key's part) and the fail
     /// mode. One rule for every unit (the unit is part of the budget's key): one more table of
     /// `MAX_KEYS` in memory, not seven.
-    pub fn override_rule(fail_mode: FailMode, shadow: bool) -> Rule {
-        Rule {
-            id: 0,
-            name: OVERRIDE_RULE.into(),
-            limits: Limits::one(Policy::FixedWindow(FixedWindow {
-                limit: 0,
-                window_ms: Unit::Second.seconds() * 1_000,
-            })),
-            key_by: KeyBy::ip(),
-            cost: 1,
-            shadow,
-            count: Count::All,
-            fail_mode,
-            delay: None,
-        }
+    pub fn override_spec(fail_mode: FailMode, shadow: bool) -> RuleSpec {
+        let mut spec = RuleSpec::new(OVERRIDE_RULE, Matching::Named, fixed_window(0, Unit::Second));
+        spec.rule.shadow = shadow;
+        spec.rule.fail_mode = fail_mode;
+        spec
     }
 
     /// How many limits are counted (are rules).
@@ -755,97 +734,10 @@ impl FileReader<'_> {
         let mut seen: HashMap<(String, Option<String>), usize> = HashMap::new();
         for (index, item) in items.iter().enumerate() {
             let here = format!("{path}[{index}]");
-            if !matches!(item.value, Value::Mapping(_)) {
-                return Err(self.fail(
-                    item.line,
-                    &here,
-                    format!(
-                        "config error, yaml file contains list of type other than map: {}",
-                        item.kind()
-                    ),
-                ));
-            }
-            let entries = self.mapping(item, &here, DESCRIPTOR_KEYS)?;
-            let key = match entries.get("key") {
-                Some(node) => self.string(node, &format!("{here}.key"))?,
-                None => String::new(),
-            };
-            if key.is_empty() {
-                return Err(self.fail(item.line, &here, "descriptor has empty key"));
-            }
-            let value = match entries.get("value") {
-                Some(node) => Some(self.string(node, &format!("{here}.value"))?).filter(|v| !v.is_empty()),
-                None => None,
-            };
-            if let Some(first) = seen.insert((key.clone(), value.clone()), item.line) {
-                let shown = match &value {
-                    Some(value) => format!("key {key:?}, value {value:?}"),
-                    None => format!("key {key:?} without a value"),
-                };
-                return Err(self.fail(
-                    item.line,
-                    &here,
-                    format!("duplicate descriptor composite key: {shown} is on line {first} already"),
-                ));
-            }
-            let segment = match &value {
-                Some(value) => format!(
-                    "{}={}",
-                    utf8_percent_encode(&key, NAME_ESCAPES),
-                    utf8_percent_encode(value, NAME_ESCAPES)
-                ),
-                None => utf8_percent_encode(&key, NAME_ESCAPES).to_string(),
-            };
-            let shadow = self.boolean(entries.get("shadow_mode"), &format!("{here}.shadow_mode"))?;
-            let quota = self.boolean(entries.get("quota_mode"), &format!("{here}.quota_mode"))?;
-            let detailed_metric =
-                self.boolean(entries.get("detailed_metric"), &format!("{here}.detailed_metric"))?;
-            let value_to_metric =
-                self.boolean(entries.get("value_to_metric"), &format!("{here}.value_to_metric"))?;
-            let place = Place {
-                path: here.clone(),
-                rule: format!("{}/{segment}", parent.rule),
-                value_to_metric: parent.value_to_metric || value_to_metric,
-            };
-            let share = self.boolean(entries.get("share_threshold"), &format!("{here}.share_threshold"))?;
-            if share && !value.as_deref().is_some_and(|value| value.contains('*')) {
-                let line = entries.get("share_threshold").map_or(item.line, |node| node.line);
-                return Err(self.fail(
-                    line,
-                    &format!("{here}.share_threshold"),
-                    format!(
-                        "share_threshold can only be used with wildcard values (containing '*'), but \
-                         {} has none",
-                        match &value {
-                            Some(value) => format!("value {value:?}"),
-                            None => format!("key {key:?}"),
-                        }
-                    ),
-                ));
-            }
-            let metadata = match entries.get("metadata") {
-                Some(node) if !node.is_null() => Some(self.metadata(node, &format!("{here}.metadata"))?),
-                _ => None,
-            };
-            let limit = match entries.get("rate_limit") {
-                Some(node) if !node.is_null() => {
-                    let mode = Mode {
-                        shadow,
-                        quota,
-                        metadata,
-                        detailed_metric,
-                        value_to_metric: place.value_to_metric,
-                    };
-                    Some(self.rate_limit(node, &place, mode)?)
-                }
-                _ => None,
-            };
-            let mut child = match entries.get("descriptors") {
-                Some(node) => self.descriptors(node, &place, depth + 1)?,
-                None => DescriptorNode::default(),
-            };
-            child.limit = limit;
-            child.value_to_metric = value_to_metric;
+            let entries = self.descriptor_entries(item, &here)?;
+            let (key, value) = self.key_and_value(&entries, item, &here, &mut seen)?;
+            let share = self.shared(&entries, item, &here, &key, value.as_deref())?;
+            let child = self.descriptor(&entries, &here, parent, (&key, value.as_deref()), depth)?;
             let children = level.children.entry(key).or_default();
             match value {
                 None => children.any = Some(Box::new(child)),
@@ -860,189 +752,148 @@ impl FileReader<'_> {
         Ok(level)
     }
 
+    /// One item of a descriptor list: a mapping of the keys a descriptor has.
+    fn descriptor_entries<'n>(
+        &self,
+        item: &'n Node,
+        here: &str,
+    ) -> Result<HashMap<&'n str, &'n Node>, RlsConfigError> {
+        if !matches!(item.value, Value::Mapping(_)) {
+            return Err(self.fail(
+                item.line,
+                here,
+                format!(
+                    "config error, yaml file contains list of type other than map: {}",
+                    item.kind()
+                ),
+            ));
+        }
+        self.mapping(item, here, DESCRIPTOR_KEYS)
+    }
+
+    /// A descriptor's `key` (never empty) and `value` (`None` when empty or absent), the pair
+    /// not `seen` before at its level.
+    fn key_and_value(
+        &self,
+        entries: &HashMap<&str, &Node>,
+        item: &Node,
+        here: &str,
+        seen: &mut HashMap<(String, Option<String>), usize>,
+    ) -> Result<(String, Option<String>), RlsConfigError> {
+        let key = match entries.get("key") {
+            Some(node) => self.string(node, &format!("{here}.key"))?,
+            None => String::new(),
+        };
+        if key.is_empty() {
+            return Err(self.fail(item.line, here, "descriptor has empty key"));
+        }
+        let value = match entries.get("value") {
+            Some(node) => Some(self.string(node, &format!("{here}.value"))?).filter(|v| !v.is_empty()),
+            None => None,
+        };
+        let Some(first) = seen.insert((key.clone(), value.clone()), item.line) else {
+            return Ok((key, value));
+        };
+        let shown = match &value {
+            Some(value) => format!("key {key:?}, value {value:?}"),
+            None => format!("key {key:?} without a value"),
+        };
+        Err(self.fail(
+            item.line,
+            here,
+            format!("duplicate descriptor composite key: {shown} is on line {first} already"),
+        ))
+    }
+
+    /// `share_threshold`: only beside a wildcard value.
+    fn shared(
+        &self,
+        entries: &HashMap<&str, &Node>,
+        item: &Node,
+        here: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<bool, RlsConfigError> {
+        let share = self.boolean(entries.get("share_threshold"), &format!("{here}.share_threshold"))?;
+        if !share || value.is_some_and(|value| value.contains('*')) {
+            return Ok(share);
+        }
+        let line = entries.get("share_threshold").map_or(item.line, |node| node.line);
+        Err(self.fail(
+            line,
+            &format!("{here}.share_threshold"),
+            format!(
+                "share_threshold can only be used with wildcard values (containing '*'), but {} has none",
+                match value {
+                    Some(value) => format!("value {value:?}"),
+                    None => format!("key {key:?}"),
+                }
+            ),
+        ))
+    }
+
+    /// One descriptor (`key`, `value`) below `parent`: its rate limit, modes and children.
+    fn descriptor(
+        &mut self,
+        entries: &HashMap<&str, &Node>,
+        here: &str,
+        parent: &Place,
+        (key, value): (&str, Option<&str>),
+        depth: usize,
+    ) -> Result<DescriptorNode, RlsConfigError> {
+        let segment = match value {
+            Some(value) => format!(
+                "{}={}",
+                utf8_percent_encode(key, NAME_ESCAPES),
+                utf8_percent_encode(value, NAME_ESCAPES)
+            ),
+            None => utf8_percent_encode(key, NAME_ESCAPES).to_string(),
+        };
+        let flag = |name: &str| self.boolean(entries.get(name), &format!("{here}.{name}"));
+        let (shadow, quota) = (flag("shadow_mode")?, flag("quota_mode")?);
+        let (detailed_metric, value_to_metric) = (flag("detailed_metric")?, flag("value_to_metric")?);
+        let place = Place {
+            path: here.to_owned(),
+            rule: format!("{}/{segment}", parent.rule),
+            value_to_metric: parent.value_to_metric || value_to_metric,
+        };
+        let metadata = match entries.get("metadata") {
+            Some(node) if !node.is_null() => Some(self.metadata(node, &format!("{here}.metadata"))?),
+            _ => None,
+        };
+        let limit = match entries.get("rate_limit") {
+            Some(node) if !node.is_null() => {
+                let mode = Mode {
+                    shadow,
+                    quota,
+                    metadata,
+                    detailed_metric,
+                    value_to_metric: place.value_to_metric,
+                };
+                Some(self.rate_limit(node, &place, mode)?)
+            }
+            _ => None,
+        };
+        let mut child = match entries.get("descriptors") {
+            Some(node) => self.descriptors(node, &place, depth + 1)?,
+            None => DescriptorNode::default(),
+        };
+        child.limit = limit;
+        child.value_to_metric = value_to_metric;
+        Ok(child)
+    }
+
+    /// One `rate_limit`: what it allows, its name and what it replaces, as a limit of the table.
     fn rate_limit(&mut self, node: &Node, place: &Place, mode: Mode) -> Result<LimitId, RlsConfigError> {
         let path = format!("{}.rate_limit", place.path);
         let entries = self.mapping(node, &path, RATE_LIMIT_KEYS)?;
-        let unlimited = self.boolean(entries.get("unlimited"), &format!("{path}.unlimited"))?;
-        let unit = match entries.get("unit") {
-            Some(node) if !node.is_null() => {
-                let text = self.string(node, &format!("{path}.unit"))?;
-                let unit = Unit::parse(&text).ok_or_else(|| {
-                    let hint = closest(
-                        &text.to_ascii_lowercase(),
-                        Unit::ALL.iter().map(|unit| unit.as_str()),
-                        2,
-                    )
-                    .map_or_else(String::new, |name| format!("; did you mean {name:?}?"));
-                    self.fail(
-                        node.line,
-                        &format!("{path}.unit"),
-                        format!("invalid rate limit unit {text:?}: expected {}{hint}", Unit::NAMES),
-                    )
-                })?;
-                Some((unit, node.line))
-            }
-            _ => None,
-        };
-        let requests = match entries.get("requests_per_unit") {
-            Some(node) if !node.is_null() => {
-                let field = format!("{path}.requests_per_unit");
-                let text = self.string(node, &field)?;
-                let digits = text.strip_prefix('+').unwrap_or(&text);
-                let number = digits
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|_| digits.bytes().all(|b| b.is_ascii_digit()))
-                    .ok_or_else(|| {
-                        self.fail(
-                            node.line,
-                            &field,
-                            format!("expected a whole number from 0 to {}, found {text:?}", u32::MAX),
-                        )
-                    })?;
-                Some((number, node.line))
-            }
-            _ => None,
-        };
-        // tollgate's extension: an algorithm for the unit's numbers, or a list of limits.
-        let algorithm = match entries.get("algorithm") {
-            Some(node) if !node.is_null() => {
-                Some((self.algorithm(node, &format!("{path}.algorithm"))?, node.line))
-            }
-            _ => None,
-        };
-        let limits = match entries.get("limits") {
-            Some(node) if !node.is_null() => {
-                Some((self.limit_list(node, &format!("{path}.limits"))?, node.line))
-            }
-            _ => None,
-        };
-        let allowance = match (unlimited, unit, requests, limits) {
-            (true, Some((_, line)), _, _) => {
-                return Err(self.fail(
-                    line,
-                    &format!("{path}.unit"),
-                    "should not specify rate limit unit when unlimited",
-                ));
-            }
-            (true, None, Some((_, line)), _) => {
-                return Err(self.fail(
-                    line,
-                    &format!("{path}.requests_per_unit"),
-                    "should not specify requests_per_unit when unlimited",
-                ));
-            }
-            (true, None, None, limits) => {
-                let beside = [
-                    ("algorithm", algorithm.as_ref().map(|(_, line)| *line)),
-                    ("limits", limits.map(|(_, line)| line)),
-                ];
-                if let Some((key, Some(line))) = beside.into_iter().find(|(_, line)| line.is_some()) {
-                    return Err(self.fail(
-                        line,
-                        &format!("{path}.{key}"),
-                        format!(
-                            "should not specify {key} when unlimited: an unlimited limit is never counted"
-                        ),
-                    ));
-                }
-                Allowance::Unlimited
-            }
-            (false, unit, requests, Some((limits, _))) => {
-                let beside = [
-                    ("unit", unit.map(|(_, line)| line)),
-                    ("requests_per_unit", requests.map(|(_, line)| line)),
-                    ("algorithm", algorithm.as_ref().map(|(_, line)| *line)),
-                ];
-                if let Some((key, Some(line))) = beside.into_iter().find(|(_, line)| line.is_some()) {
-                    return Err(self.fail(
-                        line,
-                        &format!("{path}.{key}"),
-                        format!(
-                            "should not specify {key} beside limits: each limit of the list says its own \
-                             algorithm and numbers (ALGORITHM:A:B; fixed_window:10:60 is 10 a minute)"
-                        ),
-                    ));
-                }
-                Allowance::Limits(limits)
-            }
-            (false, None, _, None) => {
-                if let Some((algorithm, line)) = &algorithm {
-                    return Err(self.fail(
-                        *line,
-                        &format!("{path}.algorithm"),
-                        format!(
-                            "algorithm {algorithm} needs a unit ({}) and requests_per_unit, its numbers \
-                             derive from them (or write a limits list instead)",
-                            Unit::NAMES
-                        ),
-                    ));
-                }
-                return Err(self.fail(
-                    node.line,
-                    &path,
-                    format!(
-                        "invalid rate limit unit \"\": a rate_limit needs a unit ({}), unlimited: true or a limits list",
-                        Unit::NAMES
-                    ),
-                ));
-            }
-            (false, Some((unit, _)), requests, None) => match &algorithm {
-                None => Allowance::Rate {
-                    // As in that service, a missing number is 0: every hit is over the limit.
-                    requests_per_unit: requests.map_or(0, |(n, _)| n),
-                    unit,
-                },
-                Some((algorithm, line)) => {
-                    let policy = match requests {
-                        Some((requests_per_unit, line)) => derive(algorithm, requests_per_unit, unit)
-                            .map_err(|why| self.fail(line, &format!("{path}.requests_per_unit"), why))?,
-                        None => {
-                            return Err(self.fail(
-                                *line,
-                                &format!("{path}.algorithm"),
-                                format!("algorithm {algorithm} needs requests_per_unit, at least 1"),
-                            ));
-                        }
-                    };
-                    Allowance::Limits(Limits::one(policy))
-                }
-            },
-        };
+        let fields = self.rate_fields(&entries, &path)?;
+        let allowance = self.allowance(fields, node, &path)?;
         let name = match entries.get("name") {
             Some(node) => Some(self.string(node, &format!("{path}.name"))?).filter(|n| !n.is_empty()),
             None => None,
         };
-        let mut replaces = Vec::new();
-        if let Some(list) = entries.get("replaces").filter(|node| !node.is_null()) {
-            let field = format!("{path}.replaces");
-            let Value::Sequence(items) = &list.value else {
-                return Err(self.fail(
-                    list.line,
-                    &field,
-                    format!("expected a list of {{name: X}}, found {}", list.kind()),
-                ));
-            };
-            for (index, item) in items.iter().enumerate() {
-                let here = format!("{field}[{index}]");
-                let entry = self.mapping(item, &here, REPLACES_KEYS)?;
-                let replaced = match entry.get("name") {
-                    Some(node) => self.string(node, &format!("{here}.name"))?,
-                    None => String::new(),
-                };
-                if replaced.is_empty() {
-                    return Err(self.fail(item.line, &here, "should not have an empty replaces entry"));
-                }
-                if name.as_deref() == Some(replaced.as_str()) {
-                    return Err(self.fail(
-                        item.line,
-                        &here,
-                        "replaces should not contain name of same descriptor",
-                    ));
-                }
-                replaces.push((replaced, item.line, here));
-            }
-        }
+        let replaces = self.replaces(&entries, &path, name.as_deref())?;
         if allowance.counted() && self.table.counted() >= MAX_LIMITS {
             return Err(self.fail(
                 node.line,
@@ -1051,11 +902,6 @@ impl FileReader<'_> {
             ));
         }
         let id = self.table.limits.len();
-        self.pending_replaces.extend(
-            replaces
-                .iter()
-                .map(|(n, line, here)| (n.clone(), *line, here.clone())),
-        );
         self.table.limits.push(Limit {
             rule: place.rule.clone().into(),
             allowance,
@@ -1070,6 +916,187 @@ impl FileReader<'_> {
         Ok(id)
     }
 
+    /// The keys of a `rate_limit` that say what it allows, each read alone.
+    fn rate_fields(&self, entries: &HashMap<&str, &Node>, path: &str) -> Result<RateFields, RlsConfigError> {
+        let present = |key: &str| entries.get(key).copied().filter(|node| !node.is_null());
+        let field = |key: &str| format!("{path}.{key}");
+        Ok(RateFields {
+            unlimited: self.boolean(entries.get("unlimited"), &field("unlimited"))?,
+            unit: match present("unit") {
+                Some(node) => Some((self.unit(node, &field("unit"))?, node.line)),
+                None => None,
+            },
+            requests: match present("requests_per_unit") {
+                Some(node) => Some((self.requests(node, &field("requests_per_unit"))?, node.line)),
+                None => None,
+            },
+            // tollgate's extension: an algorithm for the unit's numbers, or a list of limits.
+            algorithm: match present("algorithm") {
+                Some(node) => Some((self.algorithm(node, &field("algorithm"))?, node.line)),
+                None => None,
+            },
+            limits: match present("limits") {
+                Some(node) => Some((self.limit_list(node, &field("limits"))?, node.line)),
+                None => None,
+            },
+        })
+    }
+
+    /// `unit`: one [`Unit::NAMES`] names, in any case.
+    fn unit(&self, node: &Node, field: &str) -> Result<Unit, RlsConfigError> {
+        let text = self.string(node, field)?;
+        Unit::parse(&text).ok_or_else(|| {
+            let units = Unit::ALL.iter().map(|unit| unit.as_str());
+            let hint = closest(&text.to_ascii_lowercase(), units, 2)
+                .map_or_else(String::new, |name| format!("; did you mean {name:?}?"));
+            self.fail(
+                node.line,
+                field,
+                format!("invalid rate limit unit {text:?}: expected {}{hint}", Unit::NAMES),
+            )
+        })
+    }
+
+    /// `requests_per_unit`: a whole number that fits 32 bits, as that service reads it.
+    fn requests(&self, node: &Node, field: &str) -> Result<u32, RlsConfigError> {
+        let text = self.string(node, field)?;
+        let digits = text.strip_prefix('+').unwrap_or(&text);
+        digits
+            .parse::<u32>()
+            .ok()
+            .filter(|_| digits.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| {
+                self.fail(
+                    node.line,
+                    field,
+                    format!("expected a whole number from 0 to {}, found {text:?}", u32::MAX),
+                )
+            })
+    }
+
+    /// What a `rate_limit` (at `node`, `path`) allows, from its keys: unlimited, a list of
+    /// limits, or a unit's number (a fixed window, or the algorithm's numbers derived).
+    fn allowance(&self, fields: RateFields, node: &Node, path: &str) -> Result<Allowance, RlsConfigError> {
+        let algorithm_line = fields.algorithm.as_ref().map(|(_, line)| *line);
+        if fields.unlimited {
+            let beside = [
+                ("unit", fields.unit.map(|(_, line)| line)),
+                ("requests_per_unit", fields.requests.map(|(_, line)| line)),
+                ("algorithm", algorithm_line),
+                ("limits", fields.limits.as_ref().map(|(_, line)| *line)),
+            ];
+            return match beside.into_iter().find_map(|(key, line)| Some((key, line?))) {
+                Some((key, line)) => Err(self.fail(line, &format!("{path}.{key}"), unlimited_beside(key))),
+                None => Ok(Allowance::Unlimited),
+            };
+        }
+        if let Some((limits, _)) = fields.limits {
+            let beside = [
+                ("unit", fields.unit.map(|(_, line)| line)),
+                ("requests_per_unit", fields.requests.map(|(_, line)| line)),
+                ("algorithm", algorithm_line),
+            ];
+            if let Some((key, line)) = beside.into_iter().find_map(|(key, line)| Some((key, line?))) {
+                return Err(self.fail(
+                    line,
+                    &format!("{path}.{key}"),
+                    format!(
+                        "should not specify {key} beside limits: each limit of the list says its own \
+                         algorithm and numbers (ALGORITHM:A:B; fixed_window:10:60 is 10 a minute)"
+                    ),
+                ));
+            }
+            return Ok(Allowance::Limits(limits));
+        }
+        let Some((unit, _)) = fields.unit else {
+            return Err(self.no_unit(fields.algorithm.as_ref(), node, path));
+        };
+        let Some((algorithm, line)) = &fields.algorithm else {
+            // As in that service, a missing number is 0: every hit is over the limit.
+            let requests_per_unit = fields.requests.map_or(0, |(n, _)| n);
+            return Ok(Allowance::Rate {
+                requests_per_unit,
+                unit,
+            });
+        };
+        let Some((requests_per_unit, requests_line)) = fields.requests else {
+            return Err(self.fail(
+                *line,
+                &format!("{path}.algorithm"),
+                format!("algorithm {algorithm} needs requests_per_unit, at least 1"),
+            ));
+        };
+        let policy = derive(algorithm, requests_per_unit, unit)
+            .map_err(|why| self.fail(requests_line, &format!("{path}.requests_per_unit"), why))?;
+        Ok(Allowance::Limits(Limits::one(policy)))
+    }
+
+    /// The error of a `rate_limit` that says neither a unit, `unlimited` nor a list.
+    fn no_unit(&self, algorithm: Option<&(String, usize)>, node: &Node, path: &str) -> RlsConfigError {
+        match algorithm {
+            Some((algorithm, line)) => self.fail(
+                *line,
+                &format!("{path}.algorithm"),
+                format!(
+                    "algorithm {algorithm} needs a unit ({}) and requests_per_unit, its numbers \
+                     derive from them (or write a limits list instead)",
+                    Unit::NAMES
+                ),
+            ),
+            None => self.fail(
+                node.line,
+                path,
+                format!(
+                    "invalid rate limit unit \"\": a rate_limit needs a unit ({}), unlimited: true or a limits list",
+                    Unit::NAMES
+                ),
+            ),
+        }
+    }
+
+    /// `replaces`: the names of other limits of the domain, each with its line and path,
+    /// checked once every file of the domain is read (queued here).
+    fn replaces(
+        &mut self,
+        entries: &HashMap<&str, &Node>,
+        path: &str,
+        name: Option<&str>,
+    ) -> Result<Vec<PendingReplace>, RlsConfigError> {
+        let mut replaces = Vec::new();
+        let Some(list) = entries.get("replaces").filter(|node| !node.is_null()) else {
+            return Ok(replaces);
+        };
+        let field = format!("{path}.replaces");
+        let Value::Sequence(items) = &list.value else {
+            return Err(self.fail(
+                list.line,
+                &field,
+                format!("expected a list of {{name: X}}, found {}", list.kind()),
+            ));
+        };
+        for (index, item) in items.iter().enumerate() {
+            let here = format!("{field}[{index}]");
+            let entry = self.mapping(item, &here, REPLACES_KEYS)?;
+            let replaced = match entry.get("name") {
+                Some(node) => self.string(node, &format!("{here}.name"))?,
+                None => String::new(),
+            };
+            if replaced.is_empty() {
+                return Err(self.fail(item.line, &here, "should not have an empty replaces entry"));
+            }
+            if name == Some(replaced.as_str()) {
+                return Err(self.fail(
+                    item.line,
+                    &here,
+                    "replaces should not contain name of same descriptor",
+                ));
+            }
+            replaces.push((replaced, item.line, here));
+        }
+        self.pending_replaces.extend(replaces.iter().cloned());
+        Ok(replaces)
+    }
+
     /// `algorithm`: a name [`Policy::parse`] knows (`token_bucket`, `gcra`, ...), written as
     /// `ROUTES` writes it.
     fn algorithm(&self, node: &Node, path: &str) -> Result<String, RlsConfigError> {
@@ -1082,10 +1109,7 @@ impl FileReader<'_> {
         Err(self.fail(
             node.line,
             path,
-            format!(
-                "unknown algorithm {name:?}: expected {}{hint}",
-                Policy::algorithm_names()
-            ),
+            format!("unknown algorithm {name:?}: expected {}{hint}", algorithm_names()),
         ))
     }
 
@@ -1143,6 +1167,37 @@ impl FileReader<'_> {
                 ),
             )),
         }
+    }
+}
+
+/// `limit` requests in each window of `unit`, as envoyproxy/ratelimit counts.
+fn fixed_window(limit: u64, unit: Unit) -> Limits {
+    Limits::one(Policy::FixedWindow(FixedWindow {
+        limit,
+        window_ms: unit.seconds() * 1_000,
+    }))
+}
+
+/// What a `rate_limit` says of what it allows, each key with its line.
+struct RateFields {
+    /// `unlimited`.
+    unlimited: bool,
+    /// `unit`.
+    unit: Option<(Unit, usize)>,
+    /// `requests_per_unit`.
+    requests: Option<(u32, usize)>,
+    /// `algorithm` (tollgate's extension).
+    algorithm: Option<(String, usize)>,
+    /// `limits` (tollgate's extension).
+    limits: Option<(Limits, usize)>,
+}
+
+/// Why `key` may not be beside `unlimited: true`, in that service's words where it has them.
+fn unlimited_beside(key: &str) -> String {
+    match key {
+        "unit" => "should not specify rate limit unit when unlimited".into(),
+        "requests_per_unit" => "should not specify requests_per_unit when unlimited".into(),
+        key => format!("should not specify {key} when unlimited: an unlimited limit is never counted"),
     }
 }
 
@@ -1214,12 +1269,12 @@ fn yaml_number(text: &str) -> bool {
         && text.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
-/// The policy `algorithm` enforces for `requests_per_unit` in each `unit`, read by the parser of
-/// `ROUTES` from the numbers derived: for `token_bucket` (`gcra`) a capacity of
-/// `requests_per_unit`, refilled at `requests_per_unit` per unit (`token_bucket:N:N/S`, `S`
-/// the unit's seconds: a burst of `N`, then the unit's rate); for the windows (`fixed_window`,
-/// `sliding_window`, `sliding_log`) `requests_per_unit` in each window of the unit
-/// (`ALGORITHM:N:S`). The error says what was derived and why it is refused.
+/// The policy `algorithm` enforces for `requests_per_unit` in each `unit`, from the numbers
+/// derived, read by the algorithm's own parameter parser: for `token_bucket` (`gcra`) a
+/// capacity of `requests_per_unit`, refilled at `requests_per_unit` per unit (`N` and `N/S`,
+/// `S` the unit's seconds: a burst of `N`, then the unit's rate); for the windows
+/// `requests_per_unit` in each window of the unit (`N` and `S`). The error says what was
+/// derived, as a limit list writes it, and why it is refused.
 fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy, String> {
     let seconds = unit.seconds();
     let token_bucket = algorithm == TokenBucket::NAME || TokenBucket::ALIASES.contains(&algorithm);
@@ -1229,10 +1284,11 @@ fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy,
     } else {
         seconds.to_string()
     };
-    let spec = format!("{algorithm}:{requests_per_unit}:{second}");
-    parse_limit(&spec).map_err(|why| {
+    let first = requests_per_unit.to_string();
+    policy_of(algorithm, &first, &second).map_err(|why| {
         format!(
-            "algorithm {algorithm} with {requests_per_unit} per {} is {spec}, which is refused: {why}",
+            "algorithm {algorithm} with {requests_per_unit} per {} is {algorithm}:{first}:{second}, \
+             which is refused: {why}",
             unit.as_str()
         )
     })
@@ -1242,6 +1298,7 @@ fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy,
 mod tests {
     use super::*;
     use crate::limit::algorithm::{SlidingLog, SlidingWindow};
+    use crate::limit::{Count, Rule};
 
     fn refused(text: &str) -> RlsConfigError {
         DescriptorTable::parse([("test.yaml", text)]).expect_err("refused")
@@ -1262,7 +1319,11 @@ mod tests {
         .unwrap();
         assert_eq!(table.limits.len(), 2);
         assert_eq!(table.counted(), 1);
-        let rules = table.rules(FailMode::Closed, false);
+        let rules: Vec<Rule> = table
+            .specs(FailMode::Closed, false)
+            .into_iter()
+            .map(|spec| spec.rule)
+            .collect();
         assert_eq!(rules.len(), 1);
         // Characters other than [A-Za-z0-9-_.*] are percent-encoded: `/` and `=` only separate.
         assert_eq!(&*rules[0].name, "rls/edge/path=%2Fapi%20v1");
@@ -1275,7 +1336,7 @@ mod tests {
         );
         assert_eq!(rules[0].fail_mode, FailMode::Closed);
         assert_eq!(table.limits[0].name.as_deref(), Some("api"));
-        assert!(table.rules(FailMode::Open, true)[0].shadow);
+        assert!(table.specs(FailMode::Open, true)[0].rule.shadow);
     }
 
     /// The refusals of envoyproxy/ratelimit's own test configurations (`test/config/*.yaml`).
@@ -1580,9 +1641,9 @@ mod tests {
 
     /// The rules of the one file `text`, which must be valid.
     fn rules_of(text: &str) -> Vec<Rule> {
-        DescriptorTable::parse([("test.yaml", text)])
-            .unwrap()
-            .rules(FailMode::Closed, false)
+        let table = DescriptorTable::parse([("test.yaml", text)]).unwrap();
+        let specs = table.specs(FailMode::Closed, false);
+        specs.into_iter().map(|spec| spec.rule).collect()
     }
 
     /// The limits of the first rule of `text`.
@@ -1710,7 +1771,11 @@ mod tests {
             );
             let table = DescriptorTable::parse([("a.yaml", text.as_str())]).unwrap();
             assert_eq!(table.limits[0].name.as_deref(), Some("api"));
-            let rules = table.rules(FailMode::Open, false);
+            let rules: Vec<Rule> = table
+                .specs(FailMode::Open, false)
+                .into_iter()
+                .map(|spec| spec.rule)
+                .collect();
             assert_eq!(&*rules[0].name, "rls/d/k", "{written}");
             assert_eq!(rules[0].limits, expected, "{written}");
         }
@@ -1728,7 +1793,7 @@ mod tests {
         // fixed_window or sliding_log`, the list's own test checks): a new one joins the list.
         let unknown = format!(
             "unknown algorithm \"token_bukket\": expected {}; did you mean \"token_bucket\"?",
-            Policy::algorithm_names()
+            crate::limit::algorithm::algorithm_names()
         );
         let cases: &[(&str, &str, &str)] = &[
             (
@@ -1831,6 +1896,20 @@ mod tests {
             let error = refused(&rate_limit(body));
             assert_eq!(error.location, *location, "{error}");
             assert!(error.problem.contains(problem), "{error}");
+        }
+    }
+
+    /// `config` reads this loader (RLS_CONFIG), so this loader reads nothing of `config`: the
+    /// rules it makes are `limit`'s specifications, and no module circle closes through here.
+    #[test]
+    fn the_loader_imports_nothing_of_the_configuration() {
+        for (file, source) in [
+            ("config.rs", include_str!("config.rs")),
+            ("yaml.rs", include_str!("yaml.rs")),
+        ] {
+            let code = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
+            assert!(!code.contains("crate::config"), "{file}");
+            assert!(!code.contains("super::super::config"), "{file}");
         }
     }
 }

@@ -193,7 +193,7 @@ struct Tables {
     /// Each limit's rule, by [`config::LimitId`]; `None` for an unlimited one. Resolved once,
     /// so a decision never looks a rule up by name.
     rules: Vec<Option<Rule>>,
-    /// The override rule ([`DescriptorTable::override_rule`]): what a descriptor's own `limit`
+    /// The override rule ([`DescriptorTable::override_spec`]): what a descriptor's own `limit`
     /// is decided under; `None` in a table built without it (none the configuration builds),
     /// which leaves overrides unapplied.
     overrides: Option<Rule>,
@@ -256,7 +256,7 @@ impl Plan<'_> {
 
 impl RateLimitService {
     /// The service of `table`, deciding through `gate`, whose rule table must hold the
-    /// table's rules ([`DescriptorTable::rules`], added with `RuleTable::with_named`).
+    /// table's rules ([`DescriptorTable::specs`], added with `RuleTable::with_named`).
     pub fn new(gate: Arc<Gate>, table: Arc<DescriptorTable>) -> Result<RateLimitService, RlsError> {
         let tables = Tables::new(&gate, table)?;
         let descriptors = gate.metrics().descriptors();

@@ -95,19 +95,45 @@ enum Open {
 /// The one document in `text`; `None` for a text with no document at all (empty, or only
 /// comments).
 pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
-    let mut anchors: HashMap<usize, Node> = HashMap::new();
-    let mut stack: Vec<Open> = Vec::new();
-    let mut root: Option<Node> = None;
-    let mut documents = 0;
-    let mut nodes = 0usize;
+    let mut builder = Builder::default();
     for event in Parser::new_from_str(text) {
         let (event, span) = event.map_err(|scan| error(scan.marker().line(), scan.info().to_owned()))?;
         let line = span.start.line();
-        let complete = match event {
+        let complete = builder.event(event, line)?;
+        if builder.stack.len() > MAX_DEPTH {
+            return Err(error(line, format!("nested deeper than {MAX_DEPTH} levels")));
+        }
+        if let Some((node, anchor)) = complete {
+            builder.place(node, anchor, line)?;
+        }
+    }
+    Ok(builder.root)
+}
+
+/// The tree as the parser's events build it.
+#[derive(Default)]
+struct Builder {
+    /// Each anchor's node, for its aliases.
+    anchors: HashMap<usize, Node>,
+    /// The collections begun and not yet ended, innermost last.
+    stack: Vec<Open>,
+    /// The document, once complete.
+    root: Option<Node>,
+    /// Documents begun: one is read.
+    documents: usize,
+    /// Nodes made, aliases expanded: at most [`MAX_NODES`].
+    nodes: usize,
+}
+
+impl Builder {
+    /// Read one event: a node it completes (with its anchor, 0 for none), if any.
+    fn event(&mut self, event: Event<'_>, line: usize) -> Result<Option<(Node, usize)>, YamlError> {
+        let node = |value: Value, line: usize| Node { value, line };
+        Ok(match event {
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => None,
             Event::DocumentStart(_) => {
-                documents += 1;
-                if documents > 1 {
+                self.documents += 1;
+                if self.documents > 1 {
                     return Err(error(
                         line,
                         "a second document (---): one file holds one domain, in one document",
@@ -116,106 +142,91 @@ pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
                 None
             }
             Event::Alias(id) => {
-                let node = anchors
+                let node = self
+                    .anchors
                     .get(&id)
                     .cloned()
                     .ok_or_else(|| error(line, "an alias to an unknown anchor"))?;
-                nodes = nodes.saturating_add(count(&node));
+                self.nodes = self.nodes.saturating_add(count(&node));
                 Some((node, 0))
             }
-            Event::Scalar(text, style, anchor, _) => Some((
-                Node {
-                    value: Value::Scalar {
-                        text: text.into_owned(),
-                        plain: style == ScalarStyle::Plain,
-                    },
-                    line,
-                },
-                anchor,
-            )),
+            Event::Scalar(text, style, anchor, _) => {
+                let plain = style == ScalarStyle::Plain;
+                let text = text.into_owned();
+                Some((node(Value::Scalar { text, plain }, line), anchor))
+            }
             Event::SequenceStart(anchor, _) => {
-                stack.push(Open::Sequence {
-                    items: Vec::new(),
-                    line,
-                    anchor,
-                });
+                let items = Vec::new();
+                self.stack.push(Open::Sequence { items, line, anchor });
                 None
             }
             Event::MappingStart(anchor, _) => {
-                stack.push(Open::Mapping {
-                    entries: Vec::new(),
-                    key: None,
+                let (entries, key) = (Vec::new(), None);
+                self.stack.push(Open::Mapping {
+                    entries,
+                    key,
                     line,
                     anchor,
                 });
                 None
             }
-            Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
-                Some(Open::Sequence { items, line, anchor }) => Some((
-                    Node {
-                        value: Value::Sequence(items),
-                        line,
-                    },
-                    anchor,
-                )),
+            Event::SequenceEnd | Event::MappingEnd => match self.stack.pop() {
+                Some(Open::Sequence { items, line, anchor }) => {
+                    Some((node(Value::Sequence(items), line), anchor))
+                }
                 Some(Open::Mapping {
                     entries,
                     line,
                     anchor,
                     ..
-                }) => Some((
-                    Node {
-                        value: Value::Mapping(entries),
-                        line,
-                    },
-                    anchor,
-                )),
+                }) => Some((node(Value::Mapping(entries), line), anchor)),
                 None => return Err(error(line, "the end of a collection that never began")),
             },
-        };
-        if stack.len() > MAX_DEPTH {
-            return Err(error(line, format!("nested deeper than {MAX_DEPTH} levels")));
-        }
-        let Some((node, anchor)) = complete else {
-            continue;
-        };
-        nodes = nodes.saturating_add(1);
-        if nodes > MAX_NODES {
+        })
+    }
+
+    /// Put a complete node where it belongs: the root, an item, a mapping's key or value.
+    fn place(&mut self, node: Node, anchor: usize, line: usize) -> Result<(), YamlError> {
+        self.nodes = self.nodes.saturating_add(1);
+        if self.nodes > MAX_NODES {
             return Err(error(
                 line,
                 format!("more than {MAX_NODES} nodes (with aliases expanded)"),
             ));
         }
         if anchor != 0 {
-            anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, node.clone());
         }
-        match stack.last_mut() {
-            None => root = Some(node),
+        match self.stack.last_mut() {
+            None => self.root = Some(node),
             Some(Open::Sequence { items, .. }) => items.push(node),
             Some(Open::Mapping { entries, key, .. }) => match key.take() {
-                None => {
-                    let Value::Scalar { text, .. } = node.value else {
-                        return Err(error(
-                            node.line,
-                            format!("a mapping key must be a plain word, not {}", node.kind()),
-                        ));
-                    };
-                    if let Some((_, earlier)) = entries.iter().find(|(name, _)| *name == text) {
-                        return Err(error(
-                            node.line,
-                            format!(
-                                "the key {text:?} again (first on line {}): YAML keys are unique",
-                                earlier.line
-                            ),
-                        ));
-                    }
-                    *key = Some((text, node.line));
-                }
+                None => *key = Some(new_key(entries, node)?),
                 Some((name, _)) => entries.push((name, node)),
             },
         }
+        Ok(())
     }
-    Ok(root)
+}
+
+/// A mapping's next key, `node`: a plain word, not among its `entries` already.
+fn new_key(entries: &[(String, Node)], node: Node) -> Result<(String, usize), YamlError> {
+    let Value::Scalar { text, .. } = node.value else {
+        return Err(error(
+            node.line,
+            format!("a mapping key must be a plain word, not {}", node.kind()),
+        ));
+    };
+    if let Some((_, earlier)) = entries.iter().find(|(name, _)| *name == text) {
+        return Err(error(
+            node.line,
+            format!(
+                "the key {text:?} again (first on line {}): YAML keys are unique",
+                earlier.line
+            ),
+        ));
+    }
+    Ok((text, node.line))
 }
 
 /// How many nodes `node` holds, itself included.

@@ -425,16 +425,22 @@ macro_rules! algorithms {
         }
 
         impl Policy {
-            /// Every algorithm's canonical name, in the list's order.
+            /// Every kind's canonical name ([`Algorithm::NAME`]), in the order they are declared.
             pub const NAMES: &'static [&'static str] = &[$(<$algorithm as Algorithm>::NAME),+];
 
-            /// Every algorithm's name, aliases, and whether `ALGORITHM` may name it (it reads
-            /// its numbers from variables), in the list's order.
-            const KINDS: &'static [(&'static str, &'static [&'static str], bool)] = &[$((
-                <$algorithm as Algorithm>::NAME,
-                <$algorithm as Algorithm>::ALIASES,
-                <$algorithm as Algorithm>::PARAMETERS.is_some(),
-            )),+];
+            /// Every name a limit may be written with, each kind's [`Algorithm::NAME`] then its
+            /// [`Algorithm::ALIASES`], in the order they are declared; `variables`: only the
+            /// algorithms `ALGORITHM` may name (those with [`Algorithm::PARAMETERS`]).
+            pub fn spellings(variables: bool) -> Vec<&'static str> {
+                let mut names = Vec::new();
+                $(
+                    if !variables || <$algorithm as Algorithm>::PARAMETERS.is_some() {
+                        names.push(<$algorithm as Algorithm>::NAME);
+                        names.extend_from_slice(<$algorithm as Algorithm>::ALIASES);
+                    }
+                )+
+                names
+            }
 
             /// The algorithm named `name` (or an alias), with its two parameters, as
             /// [`Algorithm::PARAMETERS`]; `None` when no algorithm has that name, or it is
@@ -770,31 +776,23 @@ impl Policy {
     }
 }
 
-impl Policy {
-    /// Every algorithm name `ALGORITHM` accepts, aliases after their names, for messages:
-    /// `token_bucket, gcra, sliding_window, fixed_window or sliding_log`.
-    pub(crate) fn algorithm_names() -> String {
-        Self::names(false)
-    }
+/// Every algorithm name `ALGORITHM` (and an Envoy limit's `algorithm`) may be written with,
+/// for messages: "token_bucket, gcra, ... or sliding_log", from the algorithms themselves.
+pub(crate) fn algorithm_names() -> String {
+    either(&Policy::spellings(true))
+}
 
-    /// The kinds a limit list writes, for messages: the algorithms, and `concurrent`.
-    pub(crate) fn limit_kinds() -> String {
-        Self::names(true)
-    }
+/// The kinds a limit list writes, for messages: the algorithms, and `concurrent`.
+fn limit_kinds() -> String {
+    either(&Policy::spellings(false))
+}
 
-    /// The names (with aliases) of the algorithms `ALGORITHM` accepts, or of every kind a
-    /// limit list writes (`lists`), joined as a sentence's list.
-    fn names(lists: bool) -> String {
-        let names: Vec<&str> = Self::KINDS
-            .iter()
-            .filter(|(_, _, variables)| lists || *variables)
-            .flat_map(|(name, aliases, _)| std::iter::once(*name).chain(aliases.iter().copied()))
-            .collect();
-        match names.split_last() {
-            Some((last, [])) => (*last).to_owned(),
-            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-            None => String::new(),
-        }
+/// `names` as a choice in words: "a, b or c".
+fn either(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
     }
 }
 
@@ -829,10 +827,16 @@ pub(crate) fn parse_limit(spec: &str) -> Result<Policy, String> {
             ));
         }
     };
+    policy_of(algorithm, first, second)
+}
+
+/// The limit of kind `algorithm` with its two numbers as written (`first`, `second`): the
+/// algorithm's own parameter parser, its error in words naming the number that is wrong.
+pub(crate) fn policy_of(algorithm: &str, first: &str, second: &str) -> Result<Policy, String> {
     match Policy::parse(algorithm, first, second) {
         None => Err(format!(
             "unknown algorithm {algorithm:?}; expected {}",
-            Policy::limit_kinds()
+            limit_kinds()
         )),
         Some(Err(ParameterError::Invalid { index, expected })) => {
             let meaning = Policy::meanings(algorithm).map_or("", |m| m[index]);

@@ -189,8 +189,7 @@ fn every_registered_algorithm_is_whole() {
     let mut tags = std::collections::HashSet::new();
     let mut suffixes = std::collections::HashSet::new();
     let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/algorithms.md")).unwrap();
-    assert_eq!(Policy::KINDS.len(), Policy::NAMES.len());
-    for (name, aliases, _) in Policy::KINDS {
+    for name in Policy::NAMES {
         let examples: Vec<Policy> = policies().into_iter().filter(|p| p.name() == *name).collect();
         assert!(!examples.is_empty(), "{name}: no EXAMPLES");
         let script = std::fs::read_to_string(format!("{}/scripts/{name}.lua", env!("CARGO_MANIFEST_DIR")))
@@ -200,12 +199,10 @@ fn every_registered_algorithm_is_whole() {
             script,
             "{name}: its script is not scripts/{name}.lua"
         );
-        for written in std::iter::once(name).chain(aliases.iter()) {
-            match Policy::parse(written, "1", "1") {
-                Some(Ok(policy)) => assert_eq!(policy.name(), *name, "{written}"),
-                Some(Err(_)) => {}
-                None => panic!("{written} does not parse"),
-            }
+        match Policy::parse(name, "1", "1") {
+            Some(Ok(policy)) => assert_eq!(policy.name(), *name),
+            Some(Err(_)) => {}
+            None => panic!("{name} does not parse"),
         }
         assert!(
             tags.insert(examples[0].file_tag()),
@@ -236,24 +233,32 @@ fn every_registered_algorithm_is_whole() {
             }
         }
     }
-}
-
-/// The names the messages list come from the registry, aliases after their names, the kinds
-/// only a limit list writes (`concurrent`) in the limit list's message alone.
-#[test]
-fn the_messages_name_the_registered_algorithms() {
-    let (algorithms, kinds) = (Policy::algorithm_names(), Policy::limit_kinds());
-    // Today's list exactly, or it with algorithms listed since after it.
-    let today = "token_bucket, gcra, sliding_window, fixed_window or sliding_log";
-    assert!(
-        algorithms == today || algorithms.starts_with(&today.replace(" or ", ", ")),
-        "{algorithms}"
-    );
-    for (name, aliases, variables) in Policy::KINDS {
-        for written in std::iter::once(name).chain(aliases.iter()) {
-            let listed = |list: &str| list.split([',', ' ']).any(|word| word == *written);
-            assert_eq!(listed(&algorithms), *variables, "{written} in {algorithms}");
-            assert!(listed(&kinds), "{written} in {kinds}");
+    for spelling in Policy::spellings(false) {
+        match Policy::parse(spelling, "1", "1") {
+            Some(Ok(policy)) => assert!(Policy::NAMES.contains(&policy.name()), "{spelling}"),
+            Some(Err(_)) => {}
+            None => panic!("{spelling} does not parse"),
         }
     }
+}
+
+/// Messages name the algorithms as the algorithms name themselves: every kind's
+/// `Algorithm::NAME` and alias, in declaration order, none written by hand.
+#[test]
+fn messages_name_the_algorithms_from_the_algorithms() {
+    assert_eq!(
+        super::algorithm_names(),
+        "token_bucket, gcra, sliding_window, fixed_window or sliding_log"
+    );
+    assert_eq!(
+        super::limit_kinds(),
+        "token_bucket, gcra, sliding_window, fixed_window, sliding_log or concurrent"
+    );
+    for name in Policy::NAMES {
+        assert!(super::limit_kinds().contains(name), "{name}");
+        let known = Policy::parameters(name).is_some();
+        assert_eq!(super::algorithm_names().contains(name), known, "{name}");
+    }
+    let unknown = super::parse_limit("leaky_bucket:1:1").unwrap_err();
+    assert!(unknown.ends_with(&super::limit_kinds()), "{unknown}");
 }
