@@ -254,37 +254,8 @@ async fn operate(
         );
         return response;
     }
-    let gate = &operations.gate;
     if path == "/v1/limited" {
-        if *method != Method::GET {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
-        }
-        let top = match top_of(request.uri().query()) {
-            Ok(top) => top,
-            Err(message) => return text(StatusCode::BAD_REQUEST, &message),
-        };
-        tracing::info!(%peer, operation = "limited", top, "admin operation");
-        let rules: Vec<serde_json::Value> = gate
-            .most_refused(top)
-            .into_iter()
-            .map(|(rule, clients)| {
-                let clients: Vec<serde_json::Value> = clients
-                    .iter()
-                    .map(|counted| {
-                        serde_json::json!({
-                            "client": counted.client.to_string(),
-                            "refused": counted.count,
-                            "error": counted.error,
-                        })
-                    })
-                    .collect();
-                serde_json::json!({ "rule": &*rule, "clients": clients })
-            })
-            .collect();
-        return json(
-            StatusCode::OK,
-            &serde_json::json!({ "window_seconds": WINDOW.as_secs(), "rules": rules }),
-        );
+        return limited(&operations.gate, request, peer);
     }
     let Some((rule, client)) = path
         .strip_prefix("/v1/clients/")
@@ -298,37 +269,8 @@ async fn operate(
         );
     };
     let answered = match *method {
-        Method::GET => gate.inspect(&rule, &client).await.map(|(rule, key, decision)| {
-            tracing::info!(%peer, operation = "inspect", rule = %rule.name, client = %key, "admin operation");
-            (StatusCode::OK, serde_json::json!({
-                "rule": &*rule.name,
-                "client": key.to_string(),
-                "algorithm": rule.limits.first().name(),
-                "limit": decision.limit,
-                "remaining": decision.remaining,
-                "reset_after_ms": decision.reset_after.as_millis() as u64,
-                "limited": decision.parts().iter().any(|part| part.remaining < rule.cost),
-                "limits": rule.limits.iter().zip(decision.parts()).map(|(policy, part)| serde_json::json!({
-                    "algorithm": policy.name(),
-                    "limit": policy.limit(),
-                    "window_s": policy.window().as_secs_f64(),
-                    "remaining": part.remaining,
-                    "reset_after_ms": part.reset_after().as_millis() as u64,
-                })).collect::<Vec<_>>(),
-            }))
-        }),
-        Method::DELETE => gate.reset(&rule, &client).await.map(|(rule, key, held)| {
-            tracing::info!(%peer, operation = "reset", rule = %rule, client = %key, held, "admin operation");
-            let body = serde_json::json!({ "rule": &*rule, "client": key.to_string(), "reset": held });
-            if held {
-                (StatusCode::OK, body)
-            } else {
-                // Nothing matched: a mistyped key, or a client whose budget is whole already.
-                let mut body = body;
-                body["error"] = "no budget of this client under this rule: nothing to reset".into();
-                (StatusCode::NOT_FOUND, body)
-            }
-        }),
+        Method::GET => inspect(&operations.gate, &rule, &client, peer).await,
+        Method::DELETE => reset(&operations.gate, &rule, &client, peer).await,
         _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE only\n"),
     };
     match answered {
@@ -343,6 +285,95 @@ async fn operate(
             text(status, &format!("{error}\n"))
         }
     }
+}
+
+/// `GET /v1/limited?top=N`: the clients refused most in the last [`WINDOW`], by rule.
+fn limited(gate: &Gate, request: &Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
+    if *request.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+    }
+    let top = match top_of(request.uri().query()) {
+        Ok(top) => top,
+        Err(message) => return text(StatusCode::BAD_REQUEST, &message),
+    };
+    tracing::info!(%peer, operation = "limited", top, "admin operation");
+    let rules: Vec<serde_json::Value> = gate
+        .most_refused(top)
+        .into_iter()
+        .map(|(rule, clients)| {
+            let clients: Vec<serde_json::Value> = clients
+                .iter()
+                .map(|counted| {
+                    serde_json::json!({
+                        "client": counted.client.to_string(),
+                        "refused": counted.count,
+                        "error": counted.error,
+                    })
+                })
+                .collect();
+            serde_json::json!({ "rule": &*rule, "clients": clients })
+        })
+        .collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "window_seconds": WINDOW.as_secs(), "rules": rules }),
+    )
+}
+
+/// `GET /v1/clients/RULE/KEY`: the client's budget under the rule, each limit's part of it.
+async fn inspect(
+    gate: &Gate,
+    rule: &str,
+    client: &str,
+    peer: SocketAddr,
+) -> Result<(StatusCode, serde_json::Value), ClientError> {
+    let (rule, key, decision) = gate.inspect(rule, client).await?;
+    tracing::info!(%peer, operation = "inspect", rule = %rule.name, client = %key, "admin operation");
+    let limits: Vec<serde_json::Value> = rule
+        .limits
+        .iter()
+        .zip(decision.parts())
+        .map(|(policy, part)| {
+            serde_json::json!({
+                "algorithm": policy.name(),
+                "limit": policy.limit(),
+                "window_s": policy.window().as_secs_f64(),
+                "remaining": part.remaining,
+                "reset_after_ms": part.reset_after().as_millis() as u64,
+            })
+        })
+        .collect();
+    Ok((
+        StatusCode::OK,
+        serde_json::json!({
+            "rule": &*rule.name,
+            "client": key.to_string(),
+            "algorithm": rule.limits.first().name(),
+            "limit": decision.limit,
+            "remaining": decision.remaining,
+            "reset_after_ms": decision.reset_after.as_millis() as u64,
+            "limited": decision.parts().iter().any(|part| part.remaining < rule.cost),
+            "limits": limits,
+        }),
+    ))
+}
+
+/// `DELETE /v1/clients/RULE/KEY`: the client's budget under the rule made whole.
+async fn reset(
+    gate: &Gate,
+    rule: &str,
+    client: &str,
+    peer: SocketAddr,
+) -> Result<(StatusCode, serde_json::Value), ClientError> {
+    let (rule, key, held) = gate.reset(rule, client).await?;
+    tracing::info!(%peer, operation = "reset", rule = %rule, client = %key, held, "admin operation");
+    let mut body = serde_json::json!({ "rule": &*rule, "client": key.to_string(), "reset": held });
+    if held {
+        return Ok((StatusCode::OK, body));
+    }
+    // Nothing matched: a mistyped key, or a client whose budget is whole already.
+    body["error"] = "no budget of this client under this rule: nothing to reset".into();
+    Ok((StatusCode::NOT_FOUND, body))
 }
 
 /// `top=N` of `/v1/limited`'s query: [`DEFAULT_TOP`] without one, at most [`CAPACITY`].

@@ -17,8 +17,9 @@
 //!
 //! # Layout
 //!
-//! Policy behind the gate, HTTP in the callers, wiring in `app`. Public: [`serve_on`] (and
-//! [`serve`], [`serve_with_admin`], [`bind`]), [`Config`], the limiting domain ([`limit`]) and
+//! Policy behind the gate, HTTP in the callers, wiring in `app`. Public: [`App`] (built, then
+//! run; [`serve_on`] does both, as do [`serve`] and [`serve_with_admin`]; [`bind`] binds its
+//! listeners), [`standalone_gate`], [`Config`], the limiting domain ([`limit`]) and
 //! the variables ([`variables`]); the rest is the crate's own, and the `testing` feature opens
 //! the parsers the fuzzers and integration tests drive (`tollgate::testing`).
 //!
@@ -26,8 +27,9 @@
 //!
 //! - [`config`]: environment variables to a validated [`Config`], a struct of the components'
 //!   own settings types, each parsed by its part of `config`; every error names the variable.
-//! - `app`: the wiring: the store, the metrics, the gate, the proxy, the listener and the
-//!   admin listener put together; [`serve_on`] until shutdown, then the drain.
+//! - `app`: the wiring: [`App::build`] puts the store, the metrics, the gate, the proxy, the
+//!   listener and the admin listener together (everything that can fail), [`App::run`] serves
+//!   until shutdown, then drains.
 //! - `server`: the accept loop, HTTPS or not, the PROXY protocol, HTTP/1.1 + h2c,
 //!   connection limits and timeouts, the drain.
 //! - `gate`: the one door to policy: `gate::Gate::decide` turns a request head into a
@@ -81,7 +83,7 @@ pub mod testing;
 pub mod variables;
 
 pub use admin::healthcheck;
-pub use app::{Hangup, Listeners, ServeError, bind, serve, serve_on, serve_with_admin};
+pub use app::{App, Hangup, Listeners, ServeError, bind, serve, serve_on, serve_with_admin, standalone_gate};
 pub use config::{Config, ConfigError};
 pub use server::raise_fd_limit;
 pub use telemetry::{TelemetryError, check_log_filter, init_logging};

@@ -42,20 +42,7 @@ async fn main() -> ExitCode {
     let check_only = match args[..] {
         [] => false,
         ["--check-config"] => true,
-        ["healthcheck"] => {
-            load_dot_env_quietly();
-            let probed = match tollgate::config::admin_probe_address(std::env::vars()) {
-                Ok(address) => tollgate::healthcheck(address).await,
-                Err(error) => Err(error),
-            };
-            return match probed {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("tollgate healthcheck: {error}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        ["healthcheck"] => return healthcheck().await,
         ["--version" | "-V"] => {
             println!("tollgate {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
@@ -73,43 +60,71 @@ async fn main() -> ExitCode {
         Ok(config) => config,
         Err(error) => return fail(&format!("configuration error: {error}")),
     };
-    if check_only {
-        if let Err(error) = tollgate::check_log_filter() {
-            return fail(&format!("configuration error: {error}"));
-        }
-        let mut warnings: String = config
-            .warnings()
-            .iter()
-            .map(|warning| format!("warning: {warning}\n"))
-            .collect();
-        // The machine this runs on may not be the one that serves, so this is a warning here;
-        // serving stops at it.
-        if let Some(state_file) = config.state_file()
-            && let Err(error) = tollgate::limit::state_file::check_writable(&state_file.path)
-        {
-            warnings.push_str(&format!(
-                "warning: STATE_FILE: {error} (tollgate would refuse to start here)\n"
-            ));
-        }
-        // Valid with warnings is an exit status of its own: a deploy pipeline's check fails on
-        // a misspelt variable that serving only warns about (Kubernetes injects variables
-        // that look like ours, so serving cannot refuse them).
-        let count = warnings.lines().count();
-        let (verdict, status) = match count {
-            0 => ("configuration ok".to_owned(), ExitCode::SUCCESS),
-            1 => (
-                format!("configuration ok, with 1 warning (exit status {WARNINGS_STATUS})"),
-                ExitCode::from(WARNINGS_STATUS),
-            ),
-            _ => (
-                format!("configuration ok, with {count} warnings (exit status {WARNINGS_STATUS})"),
-                ExitCode::from(WARNINGS_STATUS),
-            ),
-        };
-        // A closed pipe (`| head -1`) is not an error worth a panic.
-        let _ = writeln!(std::io::stdout(), "{verdict}\n{warnings}{config}");
-        return status;
+    match check_only {
+        true => check_config(&config),
+        false => serve(config).await,
     }
+}
+
+/// `tollgate healthcheck`: GET /healthz on the admin listener the environment (and `.env`)
+/// names.
+async fn healthcheck() -> ExitCode {
+    load_dot_env_quietly();
+    let probed = match tollgate::config::admin_probe_address(std::env::vars()) {
+        Ok(address) => tollgate::healthcheck(address).await,
+        Err(error) => Err(error),
+    };
+    match probed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tollgate healthcheck: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--check-config`: the verdict, the warnings and the effective configuration, printed.
+fn check_config(config: &Config) -> ExitCode {
+    if let Err(error) = tollgate::check_log_filter() {
+        return fail(&format!("configuration error: {error}"));
+    }
+    let mut warnings: String = config
+        .warnings()
+        .iter()
+        .map(|warning| format!("warning: {warning}\n"))
+        .collect();
+    // The machine this runs on may not be the one that serves, so this is a warning here;
+    // serving stops at it.
+    if let Some(state_file) = config.state_file()
+        && let Err(error) = tollgate::limit::state_file::check_writable(&state_file.path)
+    {
+        warnings.push_str(&format!(
+            "warning: STATE_FILE: {error} (tollgate would refuse to start here)\n"
+        ));
+    }
+    // Valid with warnings is an exit status of its own: a deploy pipeline's check fails on
+    // a misspelt variable that serving only warns about (Kubernetes injects variables
+    // that look like ours, so serving cannot refuse them).
+    let count = warnings.lines().count();
+    let (verdict, status) = match count {
+        0 => ("configuration ok".to_owned(), ExitCode::SUCCESS),
+        1 => (
+            format!("configuration ok, with 1 warning (exit status {WARNINGS_STATUS})"),
+            ExitCode::from(WARNINGS_STATUS),
+        ),
+        _ => (
+            format!("configuration ok, with {count} warnings (exit status {WARNINGS_STATUS})"),
+            ExitCode::from(WARNINGS_STATUS),
+        ),
+    };
+    // A closed pipe (`| head -1`) is not an error worth a panic.
+    let _ = writeln!(std::io::stdout(), "{verdict}\n{warnings}{config}");
+    status
+}
+
+/// Serve until SIGTERM or SIGINT: logging, the signal handlers, the listeners bound, then
+/// the app built and run.
+async fn serve(config: Config) -> ExitCode {
     if let Err(error) = tollgate::init_logging(&config) {
         return fail(&format!("configuration error: {error}"));
     }
@@ -129,8 +144,11 @@ async fn main() -> ExitCode {
         Ok(listeners) => listeners,
         Err(error) => return fail(&error.to_string()),
     };
-    match tollgate::serve_on(listeners, config, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
+    match tollgate::App::build(config, listeners).await {
+        Ok(app) => {
+            app.run(shutdown).await;
+            ExitCode::SUCCESS
+        }
         Err(error) => fail(&error.to_string()),
     }
 }

@@ -408,12 +408,10 @@ fn delay_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-3, 2.0, 17))
 }
 
-impl Metrics {
-    /// Register every metric, reading store state from `limiter` (and from each limiter
-    /// [`Metrics::set_limiter`] hands over later) and what the server holds open from `load`
-    /// at scrape time. Each rule table's series come from [`Metrics::series`].
-    pub fn new(limiter: Limiter, load: Load) -> Metrics {
-        let mut registry = Registry::with_prefix("tollgate");
+impl Families {
+    /// The per-rule families, registered, and `tollgate_responses_total`'s rows (exported
+    /// by a collector of their own, as only the codes seen are).
+    fn register(registry: &mut Registry) -> (Families, Arc<StatusCodes>) {
         let requests = Family::<DecisionLabels, Counter>::default();
         registry.register(
             "requests",
@@ -446,32 +444,57 @@ impl Metrics {
             "Backend response body bytes passed to clients, by rule (upgraded tunnels not included)",
             response_bytes.clone(),
         );
-        let decision_seconds =
-            Family::<RuleLabels, Histogram, fn() -> Histogram>::new_with_constructor(decision_histogram);
-        registry.register(
-            "decision_duration_seconds",
-            "Time to decide a request (a Redis round trip in Redis mode), by rule",
-            decision_seconds.clone(),
-        );
-        let backend_seconds =
-            Family::<RuleLabels, Histogram, fn() -> Histogram>::new_with_constructor(backend_histogram);
-        registry.register(
-            "backend_duration_seconds",
-            "Time from forwarding a request to the backend's response headers, by rule",
-            backend_seconds.clone(),
-        );
-        let delay_seconds =
-            Family::<RuleLabels, Histogram, fn() -> Histogram>::new_with_constructor(delay_histogram);
-        registry.register(
-            "delay_seconds",
-            "Time requests refused within their rule's delay waited before their last decision (allowed, or refused again), by rule",
-            delay_seconds.clone(),
-        );
-        let delay_waiting = Gauge::default();
+        let families = Families {
+            requests,
+            backend_responses,
+            errors,
+            request_bytes,
+            response_bytes,
+            decision_seconds: Self::histograms(registry, DECISION_SECONDS, decision_histogram),
+            backend_seconds: Self::histograms(registry, BACKEND_SECONDS, backend_histogram),
+            delay_seconds: Self::histograms(registry, DELAY_SECONDS, delay_histogram),
+        };
+        (families, responses)
+    }
+
+    /// A family of histograms by rule, registered under `(name, help)`, each made by `make`.
+    fn histograms(
+        registry: &mut Registry,
+        (name, help): (&str, &str),
+        make: fn() -> Histogram,
+    ) -> Family<RuleLabels, Histogram, fn() -> Histogram> {
+        let family = Family::<RuleLabels, Histogram, fn() -> Histogram>::new_with_constructor(make);
+        registry.register(name, help, family.clone());
+        family
+    }
+}
+
+/// `tollgate_decision_duration_seconds`'s name and help.
+const DECISION_SECONDS: (&str, &str) = (
+    "decision_duration_seconds",
+    "Time to decide a request (a Redis round trip in Redis mode), by rule",
+);
+
+/// `tollgate_backend_duration_seconds`'s name and help.
+const BACKEND_SECONDS: (&str, &str) = (
+    "backend_duration_seconds",
+    "Time from forwarding a request to the backend's response headers, by rule",
+);
+
+/// `tollgate_delay_seconds`' name and help.
+const DELAY_SECONDS: (&str, &str) = (
+    "delay_seconds",
+    "Time requests refused within their rule's delay waited before their last decision (allowed, or refused again), by rule",
+);
+
+impl DelayMetrics {
+    /// `tollgate_delayed_requests` and `tollgate_delay_queue_full_total`, registered.
+    fn register(registry: &mut Registry) -> DelayMetrics {
+        let waiting = Gauge::default();
         registry.register(
             "delayed_requests",
             "Requests waiting under a rule's delay now (at most DELAY_QUEUE)",
-            delay_waiting.clone(),
+            waiting.clone(),
         );
         let delay_full = Family::<QueueLabels, Counter>::default();
         registry.register(
@@ -484,30 +507,58 @@ impl Metrics {
         let overall_full = delay_full
             .get_or_create(&QueueLabels { queue: "overall" })
             .clone();
-        let delays = DelayMetrics {
-            waiting: delay_waiting,
+        DelayMetrics {
+            waiting,
             client_full,
             overall_full,
-        };
+        }
+    }
+}
+
+/// The counters of connections, the backend's and the clients', registered by
+/// [`ConnectionCounters::register`] and kept as fields of [`Metrics`].
+struct ConnectionCounters {
+    backend_connections: Counter,
+    unread: Counter,
+    streams_unread: Counter,
+    refused: ConnectionsRefused,
+    rejected: [Counter; Rejection::ALL.len()],
+}
+
+impl ConnectionCounters {
+    /// The connection counters, registered, with the collector of what the server holds open
+    /// (`load`, read at scrape time) among them.
+    fn register(registry: &mut Registry, load: Load) -> ConnectionCounters {
         let backend_connections = Counter::default();
         registry.register(
             "backend_connections",
             "Connections opened to the backend (kept alive and reused: far fewer than requests)",
             backend_connections.clone(),
         );
-        let client_connections_unread = Counter::default();
+        let unread = Counter::default();
         registry.register(
             "client_connections_unread",
             "Client connections dropped for taking none of a response for SEND_TIMEOUT_MS (slow read)",
-            client_connections_unread.clone(),
+            unread.clone(),
         );
-        let client_streams_unread = Counter::default();
+        let streams_unread = Counter::default();
         registry.register(
             "client_streams_unread",
             "HTTP/2 streams reset for taking none of their response for SEND_TIMEOUT_MS (a window kept shut)",
-            client_streams_unread.clone(),
+            streams_unread.clone(),
         );
         registry.register_collector(Box::new(LoadCollector(load)));
+        ConnectionCounters {
+            backend_connections,
+            unread,
+            streams_unread,
+            refused: Self::refused(registry),
+            rejected: Self::rejected(registry),
+        }
+    }
+
+    /// `tollgate_client_connections_refused_total`, by the cap that refused them.
+    fn refused(registry: &mut Registry) -> ConnectionsRefused {
         let refused = Family::<LimitLabels, Counter>::default();
         registry.register(
             "client_connections_refused",
@@ -525,40 +576,53 @@ impl Metrics {
                 limit: "max_connections_per_client",
             })
             .clone();
-        let client_connections_refused = ConnectionsRefused {
+        ConnectionsRefused {
             max_connections,
             per_client,
-        };
-        let client_connections_rejected = Family::<ReasonLabels, Counter>::default();
+        }
+    }
+
+    /// `tollgate_client_connections_rejected_total`, by [`Rejection`] index.
+    fn rejected(registry: &mut Registry) -> [Counter; Rejection::ALL.len()] {
+        let rejected = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "client_connections_rejected",
             "Client connections closed before HTTP: PROXY header missing, malformed or from an untrusted peer, TLS handshake failed or too slow",
-            client_connections_rejected.clone(),
+            rejected.clone(),
         );
-        let client_connections_rejected = Rejection::ALL.map(|reason| {
-            client_connections_rejected
+        Rejection::ALL.map(|reason| {
+            rejected
                 .get_or_create(&ReasonLabels {
                     reason: reason.as_str(),
                 })
                 .clone()
-        });
-        let limiter = Arc::new(ArcSwap::from_pointee(limiter));
-        registry.register_collector(Box::new(StoreCollector {
-            limiter: limiter.clone(),
-        }));
+        })
+    }
+}
+
+/// The counters of the configuration in force and of what it ignored, registered by
+/// [`ConfigCounters::register`] and kept as fields of [`Metrics`].
+struct ConfigCounters {
+    reloads: [Counter; 2],
+    hash: Gauge,
+    tier_header_untrusted: Counter,
+    response_cost_invalid: Counter,
+}
+
+impl ConfigCounters {
+    fn register(registry: &mut Registry) -> ConfigCounters {
         let reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "config_reloads",
             "Reloads of the rule table (RULES_FILE, on SIGHUP or a change of the file), by result",
             reloads.clone(),
         );
-        let config_reloads =
-            ["ok", "error"].map(|result| reloads.get_or_create(&ResultLabels { result }).clone());
-        let config_hash = Gauge::default();
+        let reloads = ["ok", "error"].map(|result| reloads.get_or_create(&ResultLabels { result }).clone());
+        let hash = Gauge::default();
         registry.register(
             "config_hash",
             "A digest of the rule table in force (32 bits): replicas with the same value enforce the same rules",
-            config_hash.clone(),
+            hash.clone(),
         );
         let tier_header_untrusted = Counter::default();
         registry.register(
@@ -572,6 +636,30 @@ impl Metrics {
             "Backend responses whose RESPONSE_COST_HEADER was malformed, negative or repeated: ignored",
             response_cost_invalid.clone(),
         );
+        ConfigCounters {
+            reloads,
+            hash,
+            tier_header_untrusted,
+            response_cost_invalid,
+        }
+    }
+}
+
+impl Metrics {
+    /// Register every metric, reading store state from `limiter` (and from each limiter
+    /// [`Metrics::set_limiter`] hands over later) and what the server holds open from `load`
+    /// at scrape time. Each rule table's series come from [`Metrics::series`].
+    pub fn new(limiter: Limiter, load: Load) -> Metrics {
+        // Registered in the order they are exported.
+        let mut registry = Registry::with_prefix("tollgate");
+        let (families, responses) = Families::register(&mut registry);
+        let delays = DelayMetrics::register(&mut registry);
+        let connections = ConnectionCounters::register(&mut registry, load);
+        let limiter = Arc::new(ArcSwap::from_pointee(limiter));
+        registry.register_collector(Box::new(StoreCollector {
+            limiter: limiter.clone(),
+        }));
+        let config = ConfigCounters::register(&mut registry);
         let state_saves = Arc::<SaveStats>::default();
         registry.register_collector(Box::new(StateFileCollector(state_saves.clone())));
         let descriptors = Arc::new(DescriptorCounts::new(MAX_DESCRIPTOR_SERIES));
@@ -580,32 +668,22 @@ impl Metrics {
             "Envoy RLS descriptors decided under a limit with detailed_metric or value_to_metric, by domain, descriptor (its metric key, as envoyproxy/ratelimit builds it; (other) past the cap) and decision",
             descriptors.family.clone(),
         );
-
         Metrics {
-            families: Families {
-                requests,
-                backend_responses,
-                errors,
-                request_bytes,
-                response_bytes,
-                decision_seconds,
-                backend_seconds,
-                delay_seconds,
-            },
+            families,
             delays,
             responses,
             limiter,
             registry,
-            backend_connections,
-            client_connections_unread,
-            client_streams_unread,
-            client_connections_refused,
+            backend_connections: connections.backend_connections,
+            client_connections_unread: connections.unread,
+            client_streams_unread: connections.streams_unread,
+            client_connections_refused: connections.refused,
             state_saves,
-            client_connections_rejected,
-            config_reloads,
-            config_hash,
-            tier_header_untrusted,
-            response_cost_invalid,
+            client_connections_rejected: connections.rejected,
+            config_reloads: config.reloads,
+            config_hash: config.hash,
+            tier_header_untrusted: config.tier_header_untrusted,
+            response_cost_invalid: config.response_cost_invalid,
             descriptors,
         }
     }

@@ -3,7 +3,7 @@
 //! modules that own them. Not part of the library's interface: nothing here is kept stable.
 
 pub use crate::admin::MAX_ADMIN_CONNECTIONS;
-pub use crate::app::{rls_service, standalone_gate};
+pub use crate::app::rls_service;
 pub use crate::decide::{check, forward_auth};
 pub use crate::gate::{Gate, identity, path};
 pub use crate::metrics::{METRIC_NAMES, Metrics};

@@ -4,25 +4,68 @@
 //! (`FAIL_MODE`, `AUTH_FAIL_MODE`) are the rules' own, parsed with them in [`super::rules`].
 
 use super::ConfigError;
+use super::MAX_MAX_KEYS;
 use super::env::{Env, entries};
 use crate::limit::redis::redact_url;
-use crate::limit::settings::{RedisConfig, StoreConfig};
+use crate::limit::settings::{RedisConfig, StoreConfig, StoreSettings};
 use crate::limit::state_file::StateFileSettings;
 use crate::limit::{GuardSettings, RedisTarget};
 use crate::variables as vars;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The store: memory unless one of `REDIS_URL`, `REDIS_ADDR`, `REDIS_CLUSTER_NODES` and
 /// `REDIS_SENTINELS` is set.
 pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
+    match target(env)? {
+        None => Ok(StoreConfig::Memory),
+        Some(target) => redis(env, target).map(StoreConfig::Redis),
+    }
+}
+
+/// The store's settings: `kind` (from [`parse`]), `MAX_KEYS` for each of the `rule_count`
+/// rules, and `STATE_FILE`.
+pub(crate) fn settings(
+    env: &Env,
+    kind: StoreConfig,
+    rule_count: usize,
+) -> Result<StoreSettings, ConfigError> {
+    let max_keys = env.parse(vars::MAX_KEYS, "a whole number from 1 to 1000000000", |s| {
+        s.parse::<usize>()
+            .ok()
+            .filter(|&keys| keys <= MAX_MAX_KEYS)
+            .and_then(NonZeroUsize::new)
+    })?;
+    let state_file = state_file(env, &kind)?;
+    // Every rule has room for MAX_KEYS clients, and its index is written at startup.
+    if max_keys.get().saturating_mul(rule_count) > MAX_MAX_KEYS {
+        return Err(ConfigError::invalid(
+            vars::MAX_KEYS.name,
+            &max_keys.to_string(),
+            &format!(
+                "a whole number of client states per rule, at most {} for the {rule_count} \
+                 rules configured ({MAX_MAX_KEYS} in all)",
+                MAX_MAX_KEYS / rule_count.max(1)
+            ),
+        ));
+    }
+    Ok(StoreSettings {
+        kind,
+        max_keys,
+        state_file,
+    })
+}
+
+/// Where Redis is: `None` (memory) unless one of the four variables that select it is set.
+fn target(env: &Env) -> Result<Option<RedisTarget>, ConfigError> {
     let target = match (
         env.get(vars::REDIS_URL),
         env.get(vars::REDIS_ADDR),
         env.get(vars::REDIS_CLUSTER_NODES),
         env.get(vars::REDIS_SENTINELS),
     ) {
-        (None, None, None, None) => return Ok(StoreConfig::Memory),
+        (None, None, None, None) => return Ok(None),
         (Some(_), None, None, None) if env.is_set(vars::REDIS_TLS) => {
             return Err(ConfigError::Conflict(
                 "REDIS_TLS goes with REDIS_ADDR, REDIS_CLUSTER_NODES or REDIS_SENTINELS; \
@@ -37,22 +80,7 @@ pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
                     .into(),
             ));
         }
-        (Some(url), None, None, None) => {
-            let expected = "redis://[:password@]host:port/db or rediss://... for TLS";
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(ConfigError::InvalidSecret {
-                    var: vars::REDIS_URL.name,
-                    expected: expected.into(),
-                });
-            }
-            if redis::Client::open(url).is_err() {
-                return Err(ConfigError::InvalidSecret {
-                    var: vars::REDIS_URL.name,
-                    expected: format!("{expected} (got {})", redact_url(url)),
-                });
-            }
-            RedisTarget::Single(url.to_owned())
-        }
+        (Some(url), None, None, None) => RedisTarget::Single(url_target(url)?),
         (None, Some(addr), None, None) => {
             let addr = host_port("REDIS_ADDR", addr)?;
             let scheme = if env.flag(vars::REDIS_TLS)? {
@@ -74,40 +102,66 @@ pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             password: env.get(vars::REDIS_PASSWORD).map(str::to_owned),
             tls: env.flag(vars::REDIS_TLS)?,
         },
-        (None, None, None, Some(value)) => {
-            let sentinels = host_ports(
-                "REDIS_SENTINELS",
-                value,
-                "comma-separated host:port of the Sentinels, e.g. 10.0.0.5:26379,10.0.0.6:26379",
-            )?;
-            let Some(master) = env.get(vars::REDIS_SENTINEL_MASTER) else {
-                return Err(ConfigError::Missing {
-                    var: vars::REDIS_SENTINEL_MASTER.name,
-                    expected: "the master's name as the Sentinels monitor it (`sentinel monitor NAME ...`), \
-                               with REDIS_SENTINELS",
-                });
-            };
-            if master.contains(char::is_whitespace) {
-                return Err(ConfigError::invalid(
-                    vars::REDIS_SENTINEL_MASTER.name,
-                    master,
-                    "a master name without spaces, as in `sentinel monitor NAME ...`",
-                ));
-            }
-            RedisTarget::Sentinel {
-                sentinels,
-                master: master.to_owned(),
-                password: env.get(vars::REDIS_PASSWORD).map(str::to_owned),
-                sentinel_password: env.get(vars::REDIS_SENTINEL_PASSWORD).map(str::to_owned),
-                tls: env.flag(vars::REDIS_TLS)?,
-            }
-        }
+        (None, None, None, Some(value)) => sentinel(env, value)?,
         _ => {
             return Err(ConfigError::Conflict(
                 "set only one of REDIS_URL, REDIS_ADDR, REDIS_CLUSTER_NODES and REDIS_SENTINELS".into(),
             ));
         }
     };
+    Ok(Some(target))
+}
+
+/// `REDIS_URL`: checked, never shown (it may hold a password).
+fn url_target(url: &str) -> Result<String, ConfigError> {
+    let expected = "redis://[:password@]host:port/db or rediss://... for TLS";
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(ConfigError::InvalidSecret {
+            var: vars::REDIS_URL.name,
+            expected: expected.into(),
+        });
+    }
+    if redis::Client::open(url).is_err() {
+        return Err(ConfigError::InvalidSecret {
+            var: vars::REDIS_URL.name,
+            expected: format!("{expected} (got {})", redact_url(url)),
+        });
+    }
+    Ok(url.to_owned())
+}
+
+/// `REDIS_SENTINELS` (`value`), `REDIS_SENTINEL_MASTER` and their passwords.
+fn sentinel(env: &Env, value: &str) -> Result<RedisTarget, ConfigError> {
+    let sentinels = host_ports(
+        "REDIS_SENTINELS",
+        value,
+        "comma-separated host:port of the Sentinels, e.g. 10.0.0.5:26379,10.0.0.6:26379",
+    )?;
+    let Some(master) = env.get(vars::REDIS_SENTINEL_MASTER) else {
+        return Err(ConfigError::Missing {
+            var: vars::REDIS_SENTINEL_MASTER.name,
+            expected: "the master's name as the Sentinels monitor it (`sentinel monitor NAME ...`), \
+                       with REDIS_SENTINELS",
+        });
+    };
+    if master.contains(char::is_whitespace) {
+        return Err(ConfigError::invalid(
+            vars::REDIS_SENTINEL_MASTER.name,
+            master,
+            "a master name without spaces, as in `sentinel monitor NAME ...`",
+        ));
+    }
+    Ok(RedisTarget::Sentinel {
+        sentinels,
+        master: master.to_owned(),
+        password: env.get(vars::REDIS_PASSWORD).map(str::to_owned),
+        sentinel_password: env.get(vars::REDIS_SENTINEL_PASSWORD).map(str::to_owned),
+        tls: env.flag(vars::REDIS_TLS)?,
+    })
+}
+
+/// Redis's settings beside its `target`: the key prefix, the timeout, and the guard.
+fn redis(env: &Env, target: RedisTarget) -> Result<RedisConfig, ConfigError> {
     let key_prefix = env.value(vars::KEY_PREFIX).to_owned();
     if key_prefix.contains(['{', '}']) {
         return Err(ConfigError::invalid(
@@ -126,7 +180,7 @@ pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
         "a whole number from 0 (never coalesce) to 1024",
         |s| s.parse::<usize>().ok().filter(|n| *n <= 1024),
     )?;
-    Ok(StoreConfig::Redis(RedisConfig {
+    Ok(RedisConfig {
         target,
         key_prefix,
         timeout: env.millis(vars::REDIS_TIMEOUT_MS)?,
@@ -135,7 +189,7 @@ pub(crate) fn parse(env: &Env) -> Result<StoreConfig, ConfigError> {
             failure_threshold,
             probe_interval: env.millis(vars::REDIS_PROBE_INTERVAL_MS)?,
         },
-    }))
+    })
 }
 
 /// The most `STATE_SAVE_INTERVAL_S` may be: a day. A save that rare loses a day of budgets to a

@@ -1,7 +1,12 @@
 use super::*;
 use crate::limit::algorithm::{FixedWindow, Policy, SlidingLog, SlidingWindow, TokenBucket};
 use crate::limit::{FailMode, KeyBy, Mode, RedisTarget, RequestHead};
+use crate::proxy::headers::MethodOverride;
+use crate::server::limits::PerClientCap;
+use crate::telemetry::LogFormat;
+use http::uri::Scheme;
 use http::{HeaderMap, Method};
+use std::num::NonZeroUsize;
 
 fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let mut all = vec![("BACKEND_URL", "http://127.0.0.1:8000")];

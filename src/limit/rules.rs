@@ -372,10 +372,11 @@ impl RuleTable {
         Ok(table)
     }
 
-    /// This table with `named` appended: rules no path classifies into
-    /// ([`Matching::Named`](super::spec::Matching::Named)), decided only by a door that names
-    /// them ([`crate::gate::Gate::decide_key`]). Their ids are set here, following the rules
-    /// already held.
+    /// This table with `named` appended: rules no path classifies into, decided only by a door
+    /// that names them ([`crate::gate::Gate::decide_key`]). Their ids are set here, following
+    /// the rules already held.
+    ///
+    /// Each is a specification that no path matches ([`Matching::Named`](super::spec::Matching::Named)).
     pub fn with_named(mut self, named: Vec<RuleSpec>) -> Result<RuleTable, TableError> {
         let total = self.rules.len() + named.len();
         if total > MAX_RULES {

@@ -206,14 +206,9 @@ mod tests {
     fn the_specification_imports_no_source_of_rules() {
         let source = include_str!("spec.rs");
         let code = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
-        for module in [
-            "crate::config",
-            "crate::rls",
-            "crate::gate",
-            "crate::proxy",
-            "crate::decide",
-        ] {
-            assert!(!code.contains(module), "{module}");
+        // Spelt in two halves, so that this test's own text names no module.
+        for module in ["config", "rls", "gate", "proxy", "decide"] {
+            assert!(!code.contains(&format!("{}::{module}", "crate")), "{module}");
         }
     }
 }

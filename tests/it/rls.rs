@@ -59,7 +59,7 @@ fn config(dir: &Path, extra: &[(&str, &str)]) -> Config {
 }
 
 fn service(config: &Config) -> RateLimitService {
-    let (gate, _) = tollgate::testing::standalone_gate(config).unwrap();
+    let (gate, _) = tollgate::standalone_gate(config).unwrap();
     tollgate::testing::rls_service(config, gate)
         .unwrap()
         .expect("RLS_CONFIG is set")
