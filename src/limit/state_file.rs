@@ -47,10 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::limit::algorithm::{
-    Concurrent, DEBT_LIMITS, FixedWindow, FixedWindowState, SlidingLog, SlidingLogState, SlidingWindow,
-    TokenBucket, US_PER_MS, WindowState,
-};
+use crate::limit::algorithm::StateReader;
 use crate::limit::key::Digest;
 use crate::limit::{ClientIp, ClientKey, MemoryStore, Policy, Rule, State};
 
@@ -224,49 +221,6 @@ impl Loaded {
 
 // --- encoding
 
-/// The algorithm's tag in the file, and its two numbers. Tags are the file's own, so adding an
-/// algorithm or reordering [`Policy`]'s variants never changes what a saved file means.
-fn policy_code(policy: &Policy) -> (u8, u64, u64) {
-    match *policy {
-        Policy::TokenBucket(TokenBucket {
-            capacity,
-            interval_us,
-        }) => (1, capacity, interval_us),
-        Policy::SlidingWindow(SlidingWindow { limit, window_ms }) => (2, limit, window_ms),
-        Policy::FixedWindow(FixedWindow { limit, window_ms }) => (3, limit, window_ms),
-        Policy::SlidingLog(SlidingLog { limit, window_ms }) => (4, limit, window_ms),
-        // Saved with no clients (see `put_client`).
-        Policy::Concurrent(Concurrent { places, lease_ms }) => (5, places, lease_ms),
-    }
-}
-
-/// The policy a file's tag and numbers name (unchecked: it is only compared with the rules').
-fn policy_of(code: u8, first: u64, second: u64) -> Option<Policy> {
-    Some(match code {
-        1 => Policy::TokenBucket(TokenBucket {
-            capacity: first,
-            interval_us: second,
-        }),
-        2 => Policy::SlidingWindow(SlidingWindow {
-            limit: first,
-            window_ms: second,
-        }),
-        3 => Policy::FixedWindow(FixedWindow {
-            limit: first,
-            window_ms: second,
-        }),
-        4 => Policy::SlidingLog(SlidingLog {
-            limit: first,
-            window_ms: second,
-        }),
-        5 => Policy::Concurrent(Concurrent {
-            places: first,
-            lease_ms: second,
-        }),
-        _ => return None,
-    })
-}
-
 fn put_u64(out: &mut Vec<u8>, value: u64) {
     out.extend_from_slice(&value.to_le_bytes());
 }
@@ -286,20 +240,11 @@ fn put_ip(out: &mut Vec<u8>, ip: &ClientIp) {
 }
 
 /// Append one client; false (nothing written) for a state of another algorithm than the
-/// rule's, which a decision would treat as a client never seen, and for a concurrency
-/// limit's leases: they belong to requests of the process that saved them, which are over by
-/// the time the file is read.
+/// rule's, which a decision would treat as a client never seen, and for a state its algorithm
+/// never saves (a concurrency limit's leases: they belong to requests of the process that
+/// saved them, which are over by the time the file is read).
 fn put_client(out: &mut Vec<u8>, policy: &Policy, key: &ClientKey, state: &State, refused: bool) -> bool {
-    let state_matches = matches!(
-        (policy, state),
-        (Policy::TokenBucket(_), State::TokenBucket(_))
-            | (Policy::SlidingWindow(_), State::SlidingWindow(_))
-            | (Policy::FixedWindow(_), State::FixedWindow(_))
-            | (Policy::SlidingLog(_), State::SlidingLog(_))
-    );
-    if !state_matches {
-        return false;
-    }
+    let start = out.len();
     out.push(u8::from(refused));
     match key {
         ClientKey::Ip(ip) => {
@@ -316,31 +261,10 @@ fn put_client(out: &mut Vec<u8>, policy: &Policy, key: &ClientKey, state: &State
             out.extend_from_slice(&digest.to_bytes());
         }
     }
-    match state {
-        // Refused above.
-        State::Concurrent(_) => {}
-        State::TokenBucket(tat) => put_u64(out, *tat),
-        State::FixedWindow(FixedWindowState { window, count }) => {
-            put_u64(out, *window);
-            put_u64(out, *count);
-        }
-        State::SlidingWindow(WindowState {
-            window,
-            previous,
-            current,
-        }) => {
-            put_u64(out, *window);
-            put_u64(out, *previous);
-            put_u64(out, *current);
-        }
-        State::SlidingLog(SlidingLogState { log }) => {
-            // A log never holds more than its rule's bounded debt (DEBT_LIMITS times its limit, at
-            // most MAX_LOG_LIMIT).
-            out.extend_from_slice(&(log.len() as u32).to_le_bytes());
-            for at in log {
-                put_u64(out, *at);
-            }
-        }
+    // The algorithm's own encoding (`Algorithm::save_state`).
+    if !policy.save_state(state, out) {
+        out.truncate(start);
+        return false;
     }
     true
 }
@@ -423,8 +347,8 @@ fn encode_at(
         let name = rule.name.as_bytes();
         file.extend_from_slice(&(name.len() as u16).to_le_bytes());
         file.extend_from_slice(name);
-        let (code, first, second) = policy_code(policy);
-        file.push(code);
+        let [first, second] = policy.script().1;
+        file.push(policy.file_tag());
         put_u64(&mut file, first);
         put_u64(&mut file, second);
         put_u64(&mut file, *count);
@@ -519,63 +443,11 @@ impl<'a> Reader<'a> {
             2 => ClientKey::IpAndHeader(self.ip()?, Digest::from_bytes(self.array()?)),
             _ => return Err(self.corrupt("an unknown kind of client key")),
         };
-        let state = match *policy {
-            Policy::TokenBucket(bucket) => {
-                let tat = self.u64()?;
-                // A TAT is at most one full bucket ahead of the last decision, or its bounded
-                // debt ahead after a charge (a cost the backend reported).
-                let debt = DEBT_LIMITS
-                    .saturating_mul(bucket.capacity)
-                    .saturating_mul(bucket.interval_us);
-                if tat > saved_at.saturating_add(debt) {
-                    return Err(self.corrupt("a token bucket owing more than its bounded debt"));
-                }
-                State::TokenBucket(tat)
-            }
-            Policy::FixedWindow(FixedWindow { limit, window_ms }) => {
-                let (window, count) = (self.u64()?, self.u64()?);
-                if count > DEBT_LIMITS.saturating_mul(limit)
-                    || window.saturating_mul(window_ms * US_PER_MS) > saved_at
-                {
-                    return Err(self.corrupt("a fixed window over its bounded debt or not begun"));
-                }
-                State::FixedWindow(FixedWindowState { window, count })
-            }
-            Policy::SlidingWindow(SlidingWindow { limit, window_ms }) => {
-                let (window, previous, current) = (self.u64()?, self.u64()?, self.u64()?);
-                let most = DEBT_LIMITS.saturating_mul(limit);
-                if previous > most
-                    || current > most
-                    || window.saturating_mul(window_ms * US_PER_MS) > saved_at
-                {
-                    return Err(self.corrupt("a sliding window over its bounded debt or not begun"));
-                }
-                State::SlidingWindow(WindowState {
-                    window,
-                    previous,
-                    current,
-                })
-            }
-            Policy::Concurrent(_) => {
-                return Err(self.corrupt("a concurrency limit's leases, which are never saved"));
-            }
-            Policy::SlidingLog(SlidingLog { limit, .. }) => {
-                let len = self.u32()? as usize;
-                // Bounded before the allocation: by the rule's bounded debt and by the bytes left.
-                if len as u64 > DEBT_LIMITS.saturating_mul(limit) || len > self.left() / 8 {
-                    return Err(self.corrupt("a sliding log longer than its bounded debt or than the file"));
-                }
-                let mut log = std::collections::VecDeque::with_capacity(len);
-                for _ in 0..len {
-                    let at = self.u64()?;
-                    if at > saved_at || log.back().is_some_and(|&last| last > at) {
-                        return Err(self.corrupt("a sliding log out of order or later than its save"));
-                    }
-                    log.push_back(at);
-                }
-                State::SlidingLog(SlidingLogState { log })
-            }
-        };
+        // The algorithm's own decoding (`Algorithm::load_state`), from where the key ended.
+        let mut input = StateReader::new(self.bytes, self.at);
+        let state = policy.load_state(&mut input, saved_at);
+        self.at = input.at();
+        let state = state.map_err(|problem| self.corrupt(problem))?;
         Ok((key, state, refused))
     }
 }
@@ -662,7 +534,8 @@ fn decode(file: &[u8]) -> Result<Contents<'_>, DecodeError> {
         if !names.insert((name, code, first, second)) {
             return Err(reader.corrupt("a limit of a rule saved twice"));
         }
-        let policy = policy_of(code, first, second).ok_or_else(|| reader.corrupt("an unknown algorithm"))?;
+        let policy =
+            Policy::from_file(code, [first, second]).ok_or_else(|| reader.corrupt("an unknown algorithm"))?;
         let count = reader.u64()?;
         if count > (reader.left() / MIN_CLIENT_LEN) as u64 {
             return Err(reader.corrupt("more clients declared than the file can hold"));

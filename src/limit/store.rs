@@ -5,7 +5,8 @@
 //! [`Guard`](super::Guard), which turns its failures into each rule's fail mode.
 //!
 //! The trait is dyn-compatible, so the limiter is one `Arc<dyn Store>`: a third store is one
-//! file and one line of wiring, and nothing above `limit` names a concrete store. Its futures
+//! file, its `mod` line and its line in `app::limiter` (docs/architecture.md's recipe), and
+//! nothing above `limit` names a concrete store. Its futures
 //! are a [`Decide`]: a store that answers at once (memory, a cached denial, an open breaker)
 //! returns [`Decide::Ready`] and allocates nothing; one that waits for the network boxes its
 //! future ([`Decide::Pending`]), as the Redis path did already (two kilobytes of batch,

@@ -216,6 +216,13 @@ fn differential_policies() -> Vec<Policy> {
         policies.push(Policy::FixedWindow(FixedWindow { limit, window_ms }));
         policies.push(Policy::SlidingLog(SlidingLog { limit, window_ms }));
     }
+    // Any algorithm listed since, with its own examples (`Algorithm::EXAMPLES`); the
+    // concurrency limit, whose places come back when requests end, has tests of its own.
+    for example in Policy::examples() {
+        if !example.is_concurrent() && !policies.iter().any(|policy| policy.name() == example.name()) {
+            policies.push(example);
+        }
+    }
     policies
 }
 

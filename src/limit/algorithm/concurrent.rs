@@ -21,7 +21,7 @@
 //! it back (a refund at that time) removes that lease alone.
 //!
 //! How long until a place comes back is not known (it is when some request ends): a refusal
-//! says [`RETRY_AFTER_US`], and [`Concurrent`] answers `false` to `exact_retry`.
+//! says [`RETRY_AFTER_US`], and [`Concurrent`]'s `EXACT_RETRY` is false.
 //!
 //! `scripts/concurrent.lua` is the same function, line for line, on a Redis sorted set whose
 //! members are the leases' names (`ID`, and `ID:1`..`ID:cost-1` for a request of higher cost)
@@ -33,11 +33,11 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::{Algorithm, LuaScript, ParameterError, US_PER_MS, parse_count, parse_window_ms};
+use super::{Algorithm, Corrupt, LuaScript, ParameterError, StateReader, US_PER_MS, parse_count, parse_window_ms};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/concurrent.lua")));
+    LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/concurrent.lua"))));
 
 /// Most places one limit holds: each is a lease a client's state (or Redis sorted set) keeps
 /// while it is held, so this bounds what one client can cost.
@@ -93,9 +93,28 @@ impl Algorithm for Concurrent {
     // A limit list writes it; ALGORITHM and AUTH_ALGORITHM do not.
     const PARAMETERS: Option<[super::Parameter; 2]> = None;
     const KEY_SUFFIX: &'static str = "cc";
+    // Places come back when requests end, which nobody knows in advance (its refusals say a
+    // second).
+    const EXACT_RETRY: bool = false;
+    // Saved with no clients (see `save_state`).
+    const FILE_TAG: u8 = 5;
+    const EXAMPLES: &'static [Concurrent] = &[Concurrent {
+        places: 2,
+        lease_ms: 10_000,
+    }];
 
     fn script() -> &'static LuaScript {
         &SCRIPT
+    }
+
+    /// Never saved: a lease belongs to a request of the process that saved it, over by the
+    /// time the file is read.
+    fn save_state(&self, _state: &ConcurrentState, _out: &mut Vec<u8>) -> bool {
+        false
+    }
+
+    fn load_state(&self, _input: &mut StateReader<'_>, _saved_at: u64) -> Result<ConcurrentState, Corrupt> {
+        Err("a concurrency limit's leases, which are never saved")
     }
 
     /// `places`, and the lease in seconds (`""`: [`DEFAULT_LEASE_MS`]).
@@ -126,6 +145,10 @@ impl Algorithm for Concurrent {
 
     fn script_arguments(&self) -> [u64; 2] {
         [self.places, self.lease_ms]
+    }
+
+    fn from_script_arguments([places, lease_ms]: [u64; 2]) -> Self {
+        Concurrent { places, lease_ms }
     }
 
     fn limit(&self) -> u64 {

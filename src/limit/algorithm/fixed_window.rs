@@ -17,11 +17,11 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::sliding_window::{parse_limit_and_window, window_parameters};
-use super::{Algorithm, DEBT_LIMITS, LuaScript, ParameterError, US_PER_MS};
+use super::{Algorithm, Corrupt, DEBT_LIMITS, LuaScript, ParameterError, StateReader, US_PER_MS, put_u64};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/fixed_window.lua")));
+    LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fixed_window.lua"))));
 
 /// Parameters of one fixed window rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,9 +48,37 @@ impl Algorithm for FixedWindow {
     window_parameters!();
 
     const KEY_SUFFIX: &'static str = "fw";
+    // The count starts over at the window's end, an instant on the epoch's grid.
+    const EXACT_RETRY: bool = true;
+    const FILE_TAG: u8 = 3;
+    const EXAMPLES: &'static [FixedWindow] = &[
+        FixedWindow {
+            limit: 5,
+            window_ms: 1_000,
+        },
+        FixedWindow {
+            limit: (1 << 50) - 1,
+            window_ms: 1,
+        },
+    ];
 
     fn script() -> &'static LuaScript {
         &SCRIPT
+    }
+
+    /// The window, then its count.
+    fn save_state(&self, state: &FixedWindowState, out: &mut Vec<u8>) -> bool {
+        put_u64(out, state.window);
+        put_u64(out, state.count);
+        true
+    }
+
+    fn load_state(&self, input: &mut StateReader<'_>, saved_at: u64) -> Result<FixedWindowState, Corrupt> {
+        let (window, count) = (input.u64()?, input.u64()?);
+        if count > DEBT_LIMITS.saturating_mul(self.limit) || window.saturating_mul(self.window_ms * US_PER_MS) > saved_at {
+            return Err("a fixed window over its bounded debt or not begun");
+        }
+        Ok(FixedWindowState { window, count })
     }
 
     fn from_parameters(limit: &str, window: &str) -> Result<Self, ParameterError> {

@@ -1,30 +1,28 @@
 //! The rate-limiting algorithms, one module each.
 //!
 //! An algorithm is one type implementing [`Algorithm`]: its parameters, how they are parsed
-//! from the two numbers a rule is written with, its pure decision function, its refund, and
-//! its Lua script (`scripts/<name>.lua`, the same function line for line) with the Redis key
-//! suffix and arguments. The in-memory store, the Redis store and the tests all go through
-//! that one definition. Time is an integer count of microseconds since the Unix epoch (the
-//! memory store's clock is anchored there too, so fixed windows align alike in both stores).
+//! from the two numbers a rule is written with, its pure decision function, its refund, its
+//! Lua script (`scripts/<name>.lua`, the same function line for line) with the Redis key
+//! suffix and arguments, and how its state is written to and read from the state file. The
+//! in-memory store, the Redis store, the state file, the configuration's names and the tests
+//! all go through that one definition. Time is an integer count of microseconds since the Unix
+//! epoch (the memory store's clock is anchored there too, so fixed windows align alike in both
+//! stores).
 //!
 //! Adding an algorithm is one Rust file and one Lua file, plus its line in the
-//! `algorithms!` list below, which generates [`Policy`] and [`State`].
+//! `algorithms!` list below, which declares its module and generates [`Policy`] and [`State`].
 
-pub mod concurrent;
-pub mod fixed_window;
-pub mod sliding_log;
-pub mod sliding_window;
-pub mod token_bucket;
+mod codec;
 
 use crate::variables::Var;
 use std::fmt;
 use std::time::Duration;
 
-pub use concurrent::{Concurrent, ConcurrentState};
-pub use fixed_window::{FixedWindow, FixedWindowState};
-pub use sliding_log::{SlidingLog, SlidingLogState};
-pub use sliding_window::{SlidingWindow, WindowState};
-pub use token_bucket::TokenBucket;
+pub use codec::{Corrupt, StateReader, put_u32, put_u64};
+pub use concurrent::ConcurrentState;
+pub use fixed_window::FixedWindowState;
+pub use sliding_log::SlidingLogState;
+pub use sliding_window::WindowState;
 
 use crate::limit::{Cost, LimitDecision};
 
@@ -246,6 +244,21 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     };
     /// Last part of the Redis key, so two algorithms never read each other's state.
     const KEY_SUFFIX: &'static str;
+    /// Whether a denial's `retry_after` is exactly when the same request would pass, on a
+    /// budget no other request spends meanwhile: what `delay=` sleeps for, so a delayed
+    /// request wakes when it can go instead of polling. A limit kind with no such time (a cap
+    /// on requests in flight, freed when one ends rather than at an instant) says no, and a
+    /// delay on it is refused at start. The property tests retry at `now + retry_after` and
+    /// demand an allowed decision.
+    const EXACT_RETRY: bool;
+    /// The algorithm's tag in the state file (`STATE_FILE`): its own for good, never another
+    /// algorithm's, so adding one or reordering the list never changes what a saved file
+    /// means. The registry's test demands they differ.
+    const FILE_TAG: u8;
+    /// Policies the tests drive every algorithm with (the hostile-cost properties, the
+    /// registry's round trips, the memory-against-Redis differential test): small numbers, and
+    /// the largest the configuration accepts.
+    const EXAMPLES: &'static [Self];
 
     /// The Lua script: `KEYS[1]` the client's key; `ARGV` the two [`script_arguments`], the
     /// cost, now in µs (or `""` to read Redis `TIME`), `""` to decide or the decision's time
@@ -259,8 +272,13 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// Build from the two numbers as written (already trimmed).
     fn from_parameters(first: &str, second: &str) -> Result<Self, ParameterError>;
 
-    /// `ARGV[1]` and `ARGV[2]` of the script.
+    /// `ARGV[1]` and `ARGV[2]` of the script; the state file records them too.
     fn script_arguments(&self) -> [u64; 2];
+
+    /// The policy whose [`script_arguments`](Algorithm::script_arguments) are `arguments`,
+    /// unchecked: the state file names a saved limit by them, only to compare it with the
+    /// rules'.
+    fn from_script_arguments(arguments: [u64; 2]) -> Self;
 
     /// The quota a client is told about (`X-RateLimit-Limit`, `q=`): burst capacity or
     /// requests per window.
@@ -304,6 +322,17 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     fn is_idle(&self, state: &Self::State, now_us: u64) -> bool {
         self.idle_at(state) <= now_us
     }
+
+    /// Append `state` as the state file keeps it (little-endian, [`put_u64`]); false, writing
+    /// nothing, for an algorithm whose states are never saved (a concurrency limit's leases
+    /// belong to requests of the process that saved them).
+    fn save_state(&self, state: &Self::State, out: &mut Vec<u8>) -> bool;
+
+    /// Read back a state [`save_state`](Algorithm::save_state) wrote, checked against what
+    /// this algorithm can leave by `saved_at` (µs): a state no decision could have left (a
+    /// count over the bounded debt, a window not begun) is the file's corruption, and every
+    /// length is bounded by [`StateReader::left`] before anything is allocated.
+    fn load_state(&self, input: &mut StateReader<'_>, saved_at: u64) -> Result<Self::State, codec::Corrupt>;
 }
 
 /// One number of a rule: the variables it is read from for the general and auth rules, and
@@ -361,10 +390,22 @@ pub(crate) fn parse_window_ms(value: &str, index: usize) -> Result<u64, Paramete
         })
 }
 
+/// What is done with an algorithm of any type ([`Policy::visit`]).
+#[cfg(test)]
+pub(crate) trait Visitor {
+    /// Do it with `algorithm`.
+    fn visit<A: Algorithm>(&mut self, algorithm: A);
+}
+
 /// Generates [`Policy`] (an algorithm with its parameters) and [`State`] (what a store keeps)
 /// from the list of algorithms, with the dispatch from one to the other.
 macro_rules! algorithms {
-    ($($variant:ident($algorithm:ty)),+ $(,)?) => {
+    ($($variant:ident($module:ident::$algorithm:ident)),+ $(,)?) => {
+        $(
+            pub mod $module;
+            pub use $module::$algorithm;
+        )+
+
         /// An algorithm with its parameters: what a rule enforces.
         #[derive(Debug, Clone, Copy, PartialEq)]
         pub enum Policy {
@@ -489,6 +530,58 @@ macro_rules! algorithms {
                 match self {
                     $(Policy::$variant(a) => (<$algorithm as Algorithm>::script(), a.script_arguments())),+
                 }
+            }
+
+            /// See [`Algorithm::EXACT_RETRY`].
+            pub fn exact_retry(&self) -> bool {
+                match self { $(Policy::$variant(_) => <$algorithm as Algorithm>::EXACT_RETRY),+ }
+            }
+
+            /// See [`Algorithm::FILE_TAG`].
+            pub fn file_tag(&self) -> u8 {
+                match self { $(Policy::$variant(_) => <$algorithm as Algorithm>::FILE_TAG),+ }
+            }
+
+            /// The policy the state file's tag and numbers name (unchecked: it is only
+            /// compared with the rules'); `None` for a tag no algorithm has.
+            pub fn from_file(tag: u8, arguments: [u64; 2]) -> Option<Policy> {
+                $(
+                    if tag == <$algorithm as Algorithm>::FILE_TAG {
+                        return Some(Policy::$variant(<$algorithm>::from_script_arguments(arguments)));
+                    }
+                )+
+                None
+            }
+
+            /// Every algorithm's [`Algorithm::EXAMPLES`], in the list's order.
+            pub fn examples() -> impl Iterator<Item = Policy> {
+                std::iter::empty()
+                    $(.chain(<$algorithm as Algorithm>::EXAMPLES.iter().copied().map(Policy::$variant)))+
+            }
+
+            /// Append `state` for the state file (see [`Algorithm::save_state`]); false,
+            /// writing nothing, for a state of another algorithm (which a decision would treat
+            /// as a client never seen) or one never saved.
+            pub fn save_state(&self, state: &State, out: &mut Vec<u8>) -> bool {
+                match (self, state) {
+                    $((Policy::$variant(a), State::$variant(s)) => a.save_state(s, out),)+
+                    #[allow(unreachable_patterns)]
+                    _ => false,
+                }
+            }
+
+            /// Read back a state of this policy (see [`Algorithm::load_state`]).
+            pub fn load_state(&self, input: &mut StateReader<'_>, saved_at: u64) -> Result<State, Corrupt> {
+                match self {
+                    $(Policy::$variant(a) => a.load_state(input, saved_at).map(State::$variant)),+
+                }
+            }
+
+            /// Hand the algorithm itself, its type known, to `visitor` (tests that drive an
+            /// algorithm's own functions, past [`Policy`]'s).
+            #[cfg(test)]
+            pub(crate) fn visit(&self, visitor: &mut impl Visitor) {
+                match *self { $(Policy::$variant(a) => visitor.visit(a)),+ }
             }
 
             /// The state of a client never seen.
@@ -665,12 +758,14 @@ pub(crate) fn fnv1a(text: fmt::Arguments<'_>) -> u32 {
     digest.0
 }
 
+// The registry: one line per algorithm, `Variant(module::Type)`; the module is
+// `algorithm/<module>.rs`, its script `scripts/<module>.lua`.
 algorithms! {
-    TokenBucket(TokenBucket),
-    SlidingWindow(SlidingWindow),
-    FixedWindow(FixedWindow),
-    SlidingLog(SlidingLog),
-    Concurrent(Concurrent),
+    TokenBucket(token_bucket::TokenBucket),
+    SlidingWindow(sliding_window::SlidingWindow),
+    FixedWindow(fixed_window::FixedWindow),
+    SlidingLog(sliding_log::SlidingLog),
+    Concurrent(concurrent::Concurrent),
 }
 
 impl Policy {
@@ -678,33 +773,6 @@ impl Policy {
     /// place of until the response ends, and gives back then.
     pub fn is_concurrent(&self) -> bool {
         matches!(self, Policy::Concurrent(_))
-    }
-}
-
-impl Policy {
-    /// Whether a denial's `retry_after` is exactly when the same request would pass, on a
-    /// budget no other request spends meanwhile: what `delay=` sleeps for, so a delayed request
-    /// wakes when it can go instead of polling. A limit kind with no such time (a cap on
-    /// requests in flight, freed when one ends rather than at an instant) says no, and a delay
-    /// on it is refused at start. Each algorithm's property tests retry at `now + retry_after`
-    /// and demand an allowed decision.
-    pub fn exact_retry(&self) -> bool {
-        match self {
-            // GCRA: the request fits once the theoretical arrival time has come within the
-            // tolerance, `new_tat - tau`, an integer of microseconds.
-            Policy::TokenBucket(_) => true,
-            // The weighted previous count shrinks linearly through the window: the instant it
-            // leaves room for `cost` is solved for exactly, in whole request-milliseconds.
-            Policy::SlidingWindow(_) => true,
-            // The count starts over at the window's end, an instant on the epoch's grid.
-            Policy::FixedWindow(_) => true,
-            // Room for `cost` opens when the entry that frees it leaves the log, at its own
-            // timestamp plus the window.
-            Policy::SlidingLog(_) => true,
-            // Places come back when requests end, which nobody knows in advance (its refusals
-            // say a second).
-            Policy::Concurrent(_) => false,
-        }
     }
 }
 

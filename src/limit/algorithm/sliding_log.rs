@@ -26,11 +26,11 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::sliding_window::{parse_limit_and_window, window_parameters};
-use super::{Algorithm, DEBT_LIMITS, LuaScript, ParameterError, US_PER_MS};
+use super::{Algorithm, Corrupt, DEBT_LIMITS, LuaScript, ParameterError, StateReader, US_PER_MS, put_u32, put_u64};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/sliding_log.lua")));
+    LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sliding_log.lua"))));
 
 /// Largest `LIMIT` accepted: a client's log holds up to `LIMIT` timestamps, in memory or in
 /// Redis, so this bounds what one client can cost.
@@ -59,9 +59,45 @@ impl Algorithm for SlidingLog {
     window_parameters!();
 
     const KEY_SUFFIX: &'static str = "sl";
+    // Room for `cost` opens when the entry that frees it leaves the log, at its own timestamp
+    // plus the window.
+    const EXACT_RETRY: bool = true;
+    const FILE_TAG: u8 = 4;
+    const EXAMPLES: &'static [SlidingLog] = &[SlidingLog {
+        limit: 3,
+        window_ms: 10_000,
+    }];
 
     fn script() -> &'static LuaScript {
         &SCRIPT
+    }
+
+    /// The log's length (`u32`), then its times.
+    fn save_state(&self, state: &SlidingLogState, out: &mut Vec<u8>) -> bool {
+        // A log never holds more than its rule's bounded debt (DEBT_LIMITS times its limit, at
+        // most MAX_LOG_LIMIT).
+        put_u32(out, state.log.len() as u32);
+        for at in &state.log {
+            put_u64(out, *at);
+        }
+        true
+    }
+
+    fn load_state(&self, input: &mut StateReader<'_>, saved_at: u64) -> Result<SlidingLogState, Corrupt> {
+        let len = input.u32()? as usize;
+        // Bounded before the allocation: by the rule's bounded debt and by the bytes left.
+        if len as u64 > DEBT_LIMITS.saturating_mul(self.limit) || len > input.left() / 8 {
+            return Err("a sliding log longer than its bounded debt or than the file");
+        }
+        let mut log = VecDeque::with_capacity(len);
+        for _ in 0..len {
+            let at = input.u64()?;
+            if at > saved_at || log.back().is_some_and(|&last| last > at) {
+                return Err("a sliding log out of order or later than its save");
+            }
+            log.push_back(at);
+        }
+        Ok(SlidingLogState { log })
     }
 
     fn from_parameters(limit: &str, window: &str) -> Result<Self, ParameterError> {

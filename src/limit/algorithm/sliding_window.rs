@@ -15,12 +15,13 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{
-    Algorithm, DEBT_LIMITS, LuaScript, Parameter, ParameterError, US_PER_MS, parse_count, parse_window_ms,
+    Algorithm, Corrupt, DEBT_LIMITS, LuaScript, Parameter, ParameterError, StateReader, US_PER_MS, parse_count,
+    parse_window_ms, put_u64,
 };
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/sliding_window.lua")));
+    LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sliding_window.lua"))));
 
 /// `LIMIT` x `WINDOW_SIZE` stays below 10^12 request-seconds, so the Lua arithmetic (about
 /// twice this, in request-milliseconds) stays exact.
@@ -49,6 +50,10 @@ macro_rules! window_parameters {
 
         fn script_arguments(&self) -> [u64; 2] {
             [self.limit, self.window_ms]
+        }
+
+        fn from_script_arguments([limit, window_ms]: [u64; 2]) -> Self {
+            Self { limit, window_ms }
         }
 
         fn limit(&self) -> u64 {
@@ -184,9 +189,44 @@ impl Algorithm for SlidingWindow {
     window_parameters!();
 
     const KEY_SUFFIX: &'static str = "sw";
+    // The weighted previous count shrinks linearly through the window: the instant it leaves
+    // room for `cost` is solved for exactly, in whole request-milliseconds.
+    const EXACT_RETRY: bool = true;
+    const FILE_TAG: u8 = 2;
+    const EXAMPLES: &'static [SlidingWindow] = &[
+        SlidingWindow {
+            limit: 5,
+            window_ms: 1_000,
+        },
+        SlidingWindow {
+            limit: 999_999_999,
+            window_ms: 999_999,
+        },
+    ];
 
     fn script() -> &'static LuaScript {
         &SCRIPT
+    }
+
+    /// The window, then the previous and current counts.
+    fn save_state(&self, state: &WindowState, out: &mut Vec<u8>) -> bool {
+        put_u64(out, state.window);
+        put_u64(out, state.previous);
+        put_u64(out, state.current);
+        true
+    }
+
+    fn load_state(&self, input: &mut StateReader<'_>, saved_at: u64) -> Result<WindowState, Corrupt> {
+        let (window, previous, current) = (input.u64()?, input.u64()?, input.u64()?);
+        let most = DEBT_LIMITS.saturating_mul(self.limit);
+        if previous > most || current > most || window.saturating_mul(self.window_ms * US_PER_MS) > saved_at {
+            return Err("a sliding window over its bounded debt or not begun");
+        }
+        Ok(WindowState {
+            window,
+            previous,
+            current,
+        })
     }
 
     fn from_parameters(limit: &str, window: &str) -> Result<Self, ParameterError> {

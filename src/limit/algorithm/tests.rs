@@ -23,43 +23,10 @@ const EXTREMES: [u64; 7] = [
 /// A realistic wall-clock time, as large as in production.
 const NOW: u64 = 1_764_000_000_000_000;
 
-/// Every algorithm, with small numbers and with the largest the configuration accepts.
+/// Every algorithm, with small numbers and with the largest the configuration accepts: each
+/// algorithm's [`Algorithm::EXAMPLES`], so a new one is driven here as soon as it is listed.
 fn policies() -> Vec<Policy> {
-    vec![
-        Policy::TokenBucket(TokenBucket {
-            capacity: 3,
-            interval_us: 1_000_000,
-        }),
-        // capacity x interval just below 2^50, the configuration's bound.
-        Policy::TokenBucket(TokenBucket {
-            capacity: (1 << 25) - 1,
-            interval_us: 1 << 25,
-        }),
-        Policy::SlidingWindow(SlidingWindow {
-            limit: 5,
-            window_ms: 1_000,
-        }),
-        Policy::SlidingWindow(SlidingWindow {
-            limit: 999_999_999,
-            window_ms: 999_999,
-        }),
-        Policy::FixedWindow(FixedWindow {
-            limit: 5,
-            window_ms: 1_000,
-        }),
-        Policy::FixedWindow(FixedWindow {
-            limit: (1 << 50) - 1,
-            window_ms: 1,
-        }),
-        Policy::SlidingLog(SlidingLog {
-            limit: 3,
-            window_ms: 10_000,
-        }),
-        Policy::Concurrent(Concurrent {
-            places: 2,
-            lease_ms: 10_000,
-        }),
-    ]
+    Policy::examples().collect()
 }
 
 /// The costs a policy is driven with: 0, 1, its limit, its limit + 1, and the extremes.
@@ -91,14 +58,14 @@ fn total<A: Algorithm>(algorithm: A) {
 
 #[test]
 fn every_algorithm_is_total_over_u64() {
-    for policy in policies() {
-        match policy {
-            Policy::TokenBucket(a) => total(a),
-            Policy::SlidingWindow(a) => total(a),
-            Policy::FixedWindow(a) => total(a),
-            Policy::SlidingLog(a) => total(a),
-            Policy::Concurrent(a) => total(a),
+    struct Total;
+    impl Visitor for Total {
+        fn visit<A: Algorithm>(&mut self, algorithm: A) {
+            total(algorithm);
         }
+    }
+    for policy in policies() {
+        policy.visit(&mut Total);
     }
 }
 
@@ -150,7 +117,7 @@ proptest! {
     /// two windows (the debt bound).
     #[test]
     fn hostile_costs_never_pass_and_leave_a_bounded_debt(
-        which in 0..8usize,
+        which in 0..policies().len(),
         steps in proptest::collection::vec((0u64..3_000_000, 0..11usize, 0..4u8), 1..60),
     ) {
         let policy = policies()[which];
@@ -210,6 +177,68 @@ fn a_whole_budget_resets_after_nothing() {
         let seen = policy.peek(&spent, now_us + 1_000);
         assert_eq!(seen.remaining, 9, "{name}");
         assert!(seen.reset_after > Duration::ZERO, "{name}");
+    }
+}
+
+/// The registry (`algorithms!`) holds each algorithm whole: its script is `scripts/<name>.lua`
+/// as on disk, its name and aliases parse to it, its policies come back from the state file's
+/// tag and numbers, its states from their encoding, its tag and key suffix are its own, and
+/// `docs/algorithms.md` describes it. What a new algorithm's line in the list must bring.
+#[test]
+fn every_registered_algorithm_is_whole() {
+    let mut tags = std::collections::HashSet::new();
+    let mut suffixes = std::collections::HashSet::new();
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/algorithms.md")).unwrap();
+    for name in Policy::NAMES {
+        let examples: Vec<Policy> = policies().into_iter().filter(|p| p.name() == *name).collect();
+        assert!(!examples.is_empty(), "{name}: no EXAMPLES");
+        let script = std::fs::read_to_string(format!("{}/scripts/{name}.lua", env!("CARGO_MANIFEST_DIR")))
+            .unwrap_or_else(|e| panic!("{name}: scripts/{name}.lua: {e}"));
+        assert_eq!(
+            examples[0].script().0.source(),
+            script,
+            "{name}: its script is not scripts/{name}.lua"
+        );
+        match Policy::parse(name, "1", "1") {
+            Some(Ok(policy)) => assert_eq!(policy.name(), *name),
+            Some(Err(_)) => {}
+            None => panic!("{name} does not parse"),
+        }
+        assert!(
+            tags.insert(examples[0].file_tag()),
+            "{name}: a state file tag already taken"
+        );
+        assert!(
+            suffixes.insert(examples[0].key_suffix()),
+            "{name}: a key suffix already taken"
+        );
+        assert!(
+            docs.contains(&format!("`{name}")),
+            "docs/algorithms.md does not describe {name}"
+        );
+        for policy in examples {
+            assert_eq!(
+                Policy::from_file(policy.file_tag(), policy.script().1),
+                Some(policy)
+            );
+            let mut state = policy.fresh_state();
+            policy.check(&mut state, NOW, Cost::ONE);
+            let mut saved = Vec::new();
+            if policy.save_state(&state, &mut saved) {
+                let mut input = StateReader::new(&saved, 0);
+                assert_eq!(policy.load_state(&mut input, NOW), Ok(state), "{policy}");
+                assert_eq!(input.left(), 0, "{policy}: read less than it wrote");
+            } else {
+                assert!(saved.is_empty(), "{policy}: wrote a state it does not save");
+            }
+        }
+    }
+    for spelling in Policy::spellings(false) {
+        match Policy::parse(spelling, "1", "1") {
+            Some(Ok(policy)) => assert!(Policy::NAMES.contains(&policy.name()), "{spelling}"),
+            Some(Err(_)) => {}
+            None => panic!("{spelling} does not parse"),
+        }
     }
 }
 

@@ -15,11 +15,14 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::{Algorithm, DEBT_LIMITS, EXACT_LIMIT, LuaScript, Parameter, ParameterError, parse_count};
+use super::{
+    Algorithm, Corrupt, DEBT_LIMITS, EXACT_LIMIT, LuaScript, Parameter, ParameterError, StateReader, parse_count,
+    put_u64,
+};
 use crate::limit::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../scripts/token_bucket.lua")));
+    LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/token_bucket.lua"))));
 
 /// Parameters of one token bucket rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +95,21 @@ impl Algorithm for TokenBucket {
         },
     ]);
     const KEY_SUFFIX: &'static str = "tb";
+    // GCRA: the request fits once the theoretical arrival time has come within the tolerance,
+    // `new_tat - tau`, an integer of microseconds.
+    const EXACT_RETRY: bool = true;
+    const FILE_TAG: u8 = 1;
+    const EXAMPLES: &'static [TokenBucket] = &[
+        TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        },
+        // capacity x interval just below 2^50, the configuration's bound.
+        TokenBucket {
+            capacity: (1 << 25) - 1,
+            interval_us: 1 << 25,
+        },
+    ];
 
     fn script() -> &'static LuaScript {
         &SCRIPT
@@ -125,6 +143,32 @@ impl Algorithm for TokenBucket {
 
     fn script_arguments(&self) -> [u64; 2] {
         [self.capacity, self.interval_us]
+    }
+
+    fn from_script_arguments([capacity, interval_us]: [u64; 2]) -> Self {
+        TokenBucket {
+            capacity,
+            interval_us,
+        }
+    }
+
+    /// The TAT.
+    fn save_state(&self, tat: &u64, out: &mut Vec<u8>) -> bool {
+        put_u64(out, *tat);
+        true
+    }
+
+    fn load_state(&self, input: &mut StateReader<'_>, saved_at: u64) -> Result<u64, Corrupt> {
+        let tat = input.u64()?;
+        // A TAT is at most one full bucket ahead of the last decision, or its bounded debt
+        // ahead after a charge (a cost the backend reported).
+        let debt = DEBT_LIMITS
+            .saturating_mul(self.capacity)
+            .saturating_mul(self.interval_us);
+        if tat > saved_at.saturating_add(debt) {
+            return Err("a token bucket owing more than its bounded debt");
+        }
+        Ok(tat)
     }
 
     fn limit(&self) -> u64 {

@@ -7,7 +7,7 @@ use std::num::NonZeroUsize;
 
 use super::*;
 use crate::limit::Cost;
-use crate::limit::algorithm::SlidingLog;
+use crate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
 
 const S: u64 = 1_000_000;
 const FINGERPRINT: [u8; 16] = [7; 16];
@@ -436,8 +436,8 @@ fn body(saved_at: u64, rules: u32) -> Vec<u8> {
 fn section(body: &mut Vec<u8>, name: &str, policy: &Policy, clients: u64) {
     body.extend_from_slice(&(name.len() as u16).to_le_bytes());
     body.extend_from_slice(name.as_bytes());
-    let (code, first, second) = policy_code(policy);
-    body.push(code);
+    let [first, second] = policy.script().1;
+    body.push(policy.file_tag());
     body.extend_from_slice(&first.to_le_bytes());
     body.extend_from_slice(&second.to_le_bytes());
     body.extend_from_slice(&clients.to_le_bytes());
