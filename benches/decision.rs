@@ -27,8 +27,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use hashbrown::DefaultHashBuilder;
-use tollgate::limit::algorithm::{Algorithm, SlidingWindow, TokenBucket};
-use tollgate::limit::{ClientKey, Cost, MemoryStore, Policy, Rule};
+use tollgate::algorithms::{Algorithm, SlidingWindow, TokenBucket};
+use tollgate::algorithms::{Cost, Policy};
+use tollgate::rules::{ClientKey, Rule};
+use tollgate::stores::MemoryStore;
 
 /// Heap allocations (alloc, alloc_zeroed, realloc) made by the whole process so far.
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);

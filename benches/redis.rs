@@ -1,5 +1,5 @@
 //! Redis-backed decisions per second, at 1 and at 64 concurrent callers, through
-//! `tollgate::limit::RedisStore` (one multiplexed connection, `EVALSHA` of
+//! `tollgate::stores::RedisStore` (one multiplexed connection, `EVALSHA` of
 //! `scripts/token_bucket.lua`), against a `redis-server` this bench starts on a free port.
 //!
 //! After the criterion measurements (only under `cargo bench`, not in `--test` or `--list`
@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, Throughput};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
-use tollgate::limit::algorithm::TokenBucket;
-use tollgate::limit::{ClientKey, Cost, Policy, RedisStore, RedisTarget, Rule};
+use tollgate::algorithms::TokenBucket;
+use tollgate::algorithms::{Cost, Policy};
+use tollgate::rules::{ClientKey, Rule};
+use tollgate::stores::{RedisStore, RedisTarget};
 
 const TOKEN_BUCKET_LUA: &str = include_str!("../scripts/token_bucket.lua");
 

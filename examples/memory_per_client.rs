@@ -20,8 +20,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::num::NonZeroUsize;
 use std::process::ExitCode;
 
-use tollgate::limit::algorithm::TokenBucket;
-use tollgate::limit::{ClientIp, ClientKey, KeyBy, KeyHasher, MemoryStore, Policy, Rule};
+use tollgate::algorithms::Policy;
+use tollgate::algorithms::TokenBucket;
+use tollgate::rules::{ClientIp, ClientKey, KeyBy, KeyHasher, Rule};
+use tollgate::stores::MemoryStore;
 
 /// Resident set size of this process, in bytes.
 fn rss_bytes() -> Result<u64, String> {
@@ -86,7 +88,7 @@ fn run() -> Result<(), String> {
     let store = MemoryStore::new(max_keys, std::slice::from_ref(&rule));
     let built = rss_bytes()?;
     for n in 0..clients {
-        store.check_at(&rule, client(n)?, tollgate::limit::Cost::ONE, u64::from(n));
+        store.check_at(&rule, client(n)?, tollgate::algorithms::Cost::ONE, u64::from(n));
     }
     let filled = rss_bytes()?;
 

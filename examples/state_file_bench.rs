@@ -17,10 +17,12 @@
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tollgate::limit::algorithm::{SlidingWindow, TokenBucket};
-use tollgate::limit::key::Digest;
-use tollgate::limit::state_file;
-use tollgate::limit::{ClientIp, ClientKey, MemoryStore, Policy, Rule};
+use tollgate::algorithms::Policy;
+use tollgate::algorithms::{SlidingWindow, TokenBucket};
+use tollgate::rules::key::Digest;
+use tollgate::rules::{ClientIp, ClientKey, Rule};
+use tollgate::stores::MemoryStore;
+use tollgate::stores::state_file;
 
 fn number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -87,7 +89,7 @@ fn main() {
             } else {
                 ClientKey::Ip(ip)
             };
-            store.check_at(&rules[0], key, tollgate::limit::Cost::from(1 + n % 7), now);
+            store.check_at(&rules[0], key, tollgate::algorithms::Cost::from(1 + n % 7), now);
         }
         assert_eq!(store.len(), clients, "every client held");
         let (mut saves, mut loads, mut encodes) = (Vec::new(), Vec::new(), Vec::new());

@@ -296,7 +296,7 @@ if part 1; then
   # uses the general rule (5, refilled at one per 100 s), which the load never touches.
   start_gateway tollgate1 "$port" "$admin" REDIS_URL="redis://127.0.0.1:$redis_port" FAIL_MODE=open \
     MAX_TOKENS=5 REFILL_RATE=0.01 ROUTES='/load/*=token_bucket:5:50,name=load' \
-    RUST_LOG=info,tollgate::limit::guard=debug
+    RUST_LOG=info,tollgate::stores::guard=debug
   gateway_pid=$last_pid
   duration=16
   CHAOS_CLIENTS=100 CHAOS_THREADS=2 CHAOS_PATH=/load/x \

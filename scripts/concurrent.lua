@@ -1,5 +1,5 @@
 -- Concurrency, places held by requests in flight: the same function as
--- src/limit/algorithm/concurrent.rs, line for line, so memory and Redis decide alike (a
+-- src/algorithms/concurrent.rs, line for line, so memory and Redis decide alike (a
 -- differential test holds them to it).
 --
 -- KEYS[1]  the client's key under one rule: a sorted set of its leases, each member a lease's

@@ -1,4 +1,4 @@
--- Fixed window counter: the same function as src/limit/algorithm/fixed_window.rs, line for
+-- Fixed window counter: the same function as src/algorithms/fixed_window.rs, line for
 -- line, so memory and Redis decide alike (a differential test holds them to it).
 --
 -- KEYS[1]  the client's key under one rule: a hash of

@@ -1,5 +1,5 @@
 -- Sliding log, the exact rolling window: the same function as
--- src/limit/algorithm/sliding_log.rs, line for line, so memory and Redis decide alike (a
+-- src/algorithms/sliding_log.rs, line for line, so memory and Redis decide alike (a
 -- differential test holds them to it).
 --
 -- KEYS[1]  the client's key under one rule: a list of the times (microseconds, decimal) of

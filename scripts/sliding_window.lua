@@ -1,4 +1,4 @@
--- Sliding window counter: the same function as src/limit/algorithm/sliding_window.rs, line
+-- Sliding window counter: the same function as src/algorithms/sliding_window.rs, line
 -- for line, so memory and Redis decide alike (a differential test holds them to it).
 --
 -- KEYS[1]  the client's key under one rule: a hash of

@@ -1,4 +1,4 @@
--- Token bucket as GCRA: the same function as src/limit/algorithm/token_bucket.rs, line for
+-- Token bucket as GCRA: the same function as src/algorithms/token_bucket.rs, line for
 -- line, so memory and Redis decide alike (a differential test holds them to it).
 --
 -- KEYS[1]  the client's key under one rule; holds the theoretical arrival time (TAT), in

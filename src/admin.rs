@@ -27,7 +27,7 @@
 //! - `DELETE /v1/clients/RULE/KEY`: give it its whole budget back (in Redis, for every
 //!   replica); `404` with `"reset": false` when the store held no budget of it.
 //! - `GET /v1/limited?top=N`: per rule, the clients refused most in the last minute, from a
-//!   bounded heavy-hitter sketch ([`crate::limit::refused`]).
+//!   bounded heavy-hitter sketch ([`crate::gate::refused`]).
 //!
 //! Also here: [`healthcheck`], what `tollgate healthcheck` runs for a container's
 //! `HEALTHCHECK` (the distroless image has no curl).
@@ -50,11 +50,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
 use crate::decide::Token;
+use crate::gate::refused::{CAPACITY, WINDOW};
 use crate::gate::{ClientError, Gate};
-use crate::limit::FailMode;
-use crate::limit::refused::{CAPACITY, WINDOW};
-use crate::limit::store::common_fail_mode;
 use crate::metrics::{Format, Metrics};
+use crate::rules::FailMode;
+use crate::stores::store::common_fail_mode;
 
 /// The admin listener's settings.
 #[derive(Debug, Clone)]

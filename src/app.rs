@@ -15,14 +15,15 @@ use crate::config::{Config, Loaded, ReloadSettings, StoreConfig};
 use crate::decide::Decide;
 use crate::gate::Gate;
 use crate::gate::identity::ClientIdentity;
-use crate::limit::state_file::{self, Persistence, StateFileSettings};
-use crate::limit::{Guard, Limiter, MemoryStore, RedisStore, RuleTable, StoreError};
 use crate::metrics::{self, Metrics};
 use crate::proxy::Proxy;
 use crate::proxy::tls::{TlsConnector, TlsSetupError};
 use crate::rls::{DescriptorTable, RateLimitService, RlsError};
+use crate::rules::RuleTable;
 use crate::server::listener::Listener;
 use crate::server::{Capacity, Door, Drain, Server, tls};
+use crate::stores::state_file::{self, Persistence, StateFileSettings};
+use crate::stores::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
 
 /// How often the memory store drops clients whose budget is entirely back.
 const PURGE_INTERVAL: Duration = Duration::from_secs(10);

@@ -2,9 +2,9 @@
 //! Envoy's rate limit service), written as the proxy writes one per request: its own module,
 //! so that every door can write it without importing another door.
 
-use crate::limit::ClientKey;
 use crate::outcome::Outcome;
 use crate::proxy::AccessLog;
+use crate::rules::ClientKey;
 use crate::telemetry::throttle::LogThrottle;
 
 /// One decision of a door here, for its log line.

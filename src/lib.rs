@@ -55,11 +55,14 @@
 //! - `rls`: Envoy's rate limit service over gRPC, a caller of the gate: `RLS_CONFIG`'s
 //!   descriptor trees (envoyproxy/ratelimit's format), each limit a named rule of the gate.
 //! - [`layer`] (feature `layer`): the gate as a tower layer, a caller of the gate inside an app.
-//! - `limit`: the policy's parts, never forwarding or answering anything: the rule table
-//!   (classify a request head into rule, key, cost and mode), client keys, path patterns, the
-//!   algorithms (one module and one Lua script each), and the stores behind one trait: the
-//!   memory store, the guard (breakers and fail modes) generic over a store that can fail, the
-//!   Redis store; and the state file, the memory store saved to `STATE_FILE` and read back.
+//! - `rules`: classification, never forwarding or answering anything: the rule table (classify
+//!   a request head into rule, key, cost and mode), its specification, client keys, overrides
+//!   and tiers, path patterns, each rule's fail mode.
+//! - `algorithms`: one module and one Lua script each, behind `Policy`; the decisions they
+//!   make and the cost they take.
+//! - `stores`: the stores behind one trait: the memory store, the guard (breakers and fail
+//!   modes) generic over a store that can fail, the Redis store; and the state file, the
+//!   memory store saved to `STATE_FILE` and read back.
 //! - `outcome`: what became of a request, a backend exchange or a connection, as the doors
 //!   and the `metrics` both name it.
 //! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
@@ -73,9 +76,10 @@
 // The public surface is what the docs say it is: the re-exports below, `layer` and `variables`.
 // Checked in the `testing` build (which `cargo test` and `cargo clippy --all-targets` make,
 // through the self dev-dependency), where the test hooks are reachable through `testing`,
-// `limit` and `config`: without the feature they would be flagged for being reachable from
-// tests only. `cargo doc` documents the build without the hooks (`cfg(doc)`), and
-// scripts/test.sh builds it with `-D warnings`, so no public item links to a private one.
+// `rules`, `algorithms`, `stores` and `config`: without the feature they would be flagged for
+// being reachable from tests only. `cargo doc` documents the build without the hooks
+// (`cfg(doc)`), and scripts/test.sh builds it with `-D warnings`, so no public item links to a
+// private one.
 #![cfg_attr(feature = "testing", warn(unreachable_pub))]
 
 pub(crate) mod admin;
@@ -83,6 +87,8 @@ pub(crate) mod app;
 #[cfg(all(feature = "testing", not(doc)))]
 pub mod config;
 // Public (as before) to the tests' hooks only: what only they call is no dead code here.
+#[cfg(all(feature = "testing", not(doc)))]
+pub mod algorithms;
 #[cfg(not(all(feature = "testing", not(doc))))]
 #[allow(dead_code, unused_imports)]
 pub(crate) mod config;
@@ -93,32 +99,41 @@ pub(crate) mod header_arena;
 #[cfg(feature = "layer")]
 pub mod layer;
 #[cfg(all(feature = "testing", not(doc)))]
-pub mod limit;
+pub mod rules;
+#[cfg(all(feature = "testing", not(doc)))]
+pub mod stores;
 // Public (as before) to the tests' hooks only: what only they call is no dead code here.
 #[cfg(not(all(feature = "testing", not(doc))))]
 #[allow(dead_code, unused_imports)]
-pub(crate) mod limit;
+pub(crate) mod algorithms;
 pub(crate) mod limit_headers;
 pub(crate) mod metrics;
 pub(crate) mod outcome;
 pub(crate) mod proxy;
 pub(crate) mod refusal;
 pub(crate) mod rls;
+#[cfg(not(all(feature = "testing", not(doc))))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod rules;
 pub(crate) mod server;
+#[cfg(not(all(feature = "testing", not(doc))))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod stores;
 mod suggest;
 pub(crate) mod telemetry;
 #[cfg(all(feature = "testing", not(doc)))]
 pub mod testing;
 pub mod variables;
 
+pub use crate::algorithms::{Cost, CostError, Decision};
+pub use crate::rules::{ClientKey, FailMode, Mode};
+pub use crate::stores::state_file::{StateFileError, StateFileSettings, check_writable as check_state_file};
 pub use admin::healthcheck;
 pub use app::{App, Hangup, Listeners, ServeError, bind, serve, serve_on, serve_with_admin, standalone_gate};
 pub use config::{Config, ConfigError, admin_probe_address};
 pub use gate::{Admission, Answers, Gate, Head, Refuse, Refused, Settled};
 #[cfg(feature = "layer")]
 pub use layer::{Builder as LayerBuilder, LayerError, RateLimitLayer};
-pub use limit::state_file::{StateFileError, StateFileSettings, check_writable as check_state_file};
-pub use limit::{ClientKey, Cost, CostError, Decision, FailMode, Mode};
 pub use outcome::Outcome;
 pub use server::raise_fd_limit;
 pub use telemetry::{TelemetryError, check_log_filter, init_logging};

@@ -34,10 +34,11 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::limit::guard::RedisErrorKind;
-use crate::limit::state_file::SaveStats;
-use crate::limit::{Limiter, RuleTable};
 use crate::outcome::{BackendFailure, Outcome, Rejection};
+use crate::rules::RuleTable;
+use crate::stores::Limiter;
+use crate::stores::guard::RedisErrorKind;
+use crate::stores::state_file::SaveStats;
 
 #[cfg(feature = "testing")]
 /// Every metric name exported (as scraped in the Prometheus text format, with `_total` on

@@ -2,7 +2,8 @@
 //! types every door and the metrics share, in a module of their own so that neither depends
 //! on the other for them.
 
-use crate::limit::{Mode, Verdict};
+use crate::rules::Mode;
+use crate::stores::Verdict;
 
 /// What became of one request, as logs and metrics name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

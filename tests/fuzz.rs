@@ -966,7 +966,7 @@ fn the_forwarded_oracle_reads_rfc_7239() {
 }
 
 /// Found by `config_secrets`: a `/` in `REDIS_URL`'s password ends the authority for
-/// `redact_url` (src/limit/redis.rs), which then finds no `@` and returns the URL whole, so the
+/// `redact_url` (src/stores/redis.rs), which then finds no `@` and returns the URL whole, so the
 /// `REDIS_URL is invalid (value hidden...) (got ...)` hint of src/config/store.rs prints the
 /// password. Fixed; kept as a regression test.
 #[test]

@@ -17,8 +17,8 @@ use http::Method;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 use tollgate::config::VARIABLES;
-use tollgate::limit::pattern::PathPattern;
-use tollgate::limit::{KeyBy, RequestHead};
+use tollgate::rules::pattern::PathPattern;
+use tollgate::rules::{KeyBy, RequestHead};
 use tollgate::testing::headers::{self as forwarding, Hop, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP};
 use tollgate::testing::identity::{ClientIdentity, X_FORWARDED_FOR};
 use tollgate::testing::path;
@@ -774,7 +774,7 @@ pub fn key_by_bytes(data: &[u8]) {
 
 /// The rule table every check body is asked against: the defaults (general, auth) and one
 /// route, as a deployment has them.
-fn check_rules() -> &'static [tollgate::limit::Rule] {
+fn check_rules() -> &'static [tollgate::rules::Rule] {
     static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
     CONFIG
         .get_or_init(|| {
@@ -872,7 +872,7 @@ pub fn rls_config(text: &str, entries: &[(&str, &str)]) {
             }
         }
     }
-    let rules = table.specs(tollgate::limit::FailMode::Open, false);
+    let rules = table.specs(tollgate::rules::FailMode::Open, false);
     let names: std::collections::HashSet<_> = rules.iter().map(|spec| spec.rule.name.clone()).collect();
     assert_eq!(names.len(), rules.len(), "rule names are distinct");
 }

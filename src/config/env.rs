@@ -24,7 +24,7 @@ pub(crate) struct Env {
     read: RefCell<BTreeSet<&'static str>>,
     /// A reload's: the header-key hasher the running table digests with, kept when
     /// `KEY_HASH_SECRET` is unset (a fresh random one would give every client a new key).
-    inherited_hasher: Option<crate::limit::KeyHasher>,
+    inherited_hasher: Option<crate::rules::KeyHasher>,
     /// A rules file's `[[routes]]`, read there: the routes in place of `ROUTES`.
     file_routes: Option<Vec<super::spec::RouteEntry>>,
 }
@@ -51,7 +51,7 @@ impl Env {
     }
 
     /// This environment, digesting keys with `hasher` unless `KEY_HASH_SECRET` says otherwise.
-    pub(crate) fn inheriting(mut self, hasher: Option<crate::limit::KeyHasher>) -> Env {
+    pub(crate) fn inheriting(mut self, hasher: Option<crate::rules::KeyHasher>) -> Env {
         self.inherited_hasher = hasher;
         self
     }
@@ -69,7 +69,7 @@ impl Env {
     }
 
     /// The hasher a reload keeps, if this is a reload's environment.
-    pub(crate) fn inherited_hasher(&self) -> Option<&crate::limit::KeyHasher> {
+    pub(crate) fn inherited_hasher(&self) -> Option<&crate::rules::KeyHasher> {
         self.inherited_hasher.as_ref()
     }
 

@@ -9,7 +9,7 @@ use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
 use crate::gate::GateSettings;
 use crate::gate::delay::DelayBounds;
-use crate::limit::RuleTable;
+use crate::rules::RuleTable;
 use crate::variables::{self as vars, Var};
 
 /// The gate's settings, classifying with `rules`.

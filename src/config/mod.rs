@@ -76,7 +76,7 @@ pub const MAX_MAX_KEYS: usize = 1_000_000_000;
 /// placeholder left in.
 pub const MIN_TOKEN_LENGTH: usize = 16;
 
-pub use crate::limit::settings::{RedisConfig, StoreConfig, StoreSettings};
+pub use crate::stores::settings::{RedisConfig, StoreConfig, StoreSettings};
 /// Every variable's name (see [`crate::variables`], where each is spelt, with its default).
 pub use crate::variables::NAMES as VARIABLES;
 
@@ -209,12 +209,12 @@ impl Config {
     }
 
     /// `STATE_FILE` and `STATE_SAVE_INTERVAL_S`; `None` when unset.
-    pub fn state_file(&self) -> Option<&crate::limit::state_file::StateFileSettings> {
+    pub fn state_file(&self) -> Option<&crate::stores::state_file::StateFileSettings> {
         self.store.state_file.as_ref()
     }
 
     /// The compiled rule table: what classifies a request head into rule, key, cost and mode.
-    pub fn rule_table(&self) -> &crate::limit::RuleTable {
+    pub fn rule_table(&self) -> &crate::rules::RuleTable {
         &self.gate.rules
     }
 
@@ -256,7 +256,7 @@ impl Config {
     /// when `KEY_HASH_SECRET` is unset.
     fn from_vars_inheriting<I, K, V>(
         vars: I,
-        hasher: Option<crate::limit::KeyHasher>,
+        hasher: Option<crate::rules::KeyHasher>,
     ) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,

@@ -1,5 +1,5 @@
 //! `OVERRIDES_FILE`, `TIERS` and `TIER_HEADER`: other limits for some clients of a rule,
-//! compiled into the rule table's variants and [`Overrides`] (see [`crate::limit::overrides`]).
+//! compiled into the rule table's variants and [`Overrides`] (see [`crate::rules::overrides`]).
 //!
 //! The overrides file holds one override a line, `RULE CLIENT WHAT`, separated by spaces or
 //! tabs; `#` starts a comment, and blank lines are skipped:
@@ -29,9 +29,9 @@ use ipnet::IpNet;
 
 use super::env::{Env, entries};
 use super::{ConfigError, parse_network};
-use crate::limit::algorithm::parse_limits;
-use crate::limit::overrides::{Client, Entry, Override, Overrides, Tier};
-use crate::limit::{Rule, RuleTable};
+use crate::algorithms::parse_limits;
+use crate::rules::overrides::{Client, Entry, Override, Overrides, Tier};
+use crate::rules::{Rule, RuleTable};
 use crate::variables as vars;
 
 /// Most lines an overrides file holds (it is read whole, and its lookups are held in memory).

@@ -38,7 +38,7 @@ pub(crate) struct ReloadSettings {
 /// descriptors (their rules in the table).
 pub(crate) struct Reloaded {
     /// The rule table, `RLS_CONFIG`'s rules included.
-    pub(crate) rules: crate::limit::RuleTable,
+    pub(crate) rules: crate::rules::RuleTable,
     /// The files' bytes.
     pub(crate) loaded: Loaded,
     /// `RLS_CONFIG`'s descriptors, when it is set.

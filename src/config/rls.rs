@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::ConfigError;
 use super::env::Env;
-use crate::limit::RuleTable;
 use crate::rls::DescriptorTable;
+use crate::rules::RuleTable;
 use crate::variables as vars;
 
 /// `RLS_CONFIG` (a file, or a directory of `*.yaml`/`*.yml`, one domain each), read now so a

@@ -17,7 +17,7 @@
 //! pattern), `key=SOURCE[+SOURCE...]` (`ip`, `header:NAME`, `cookie:NAME`, `query:NAME`, `host`,
 //! `path`; default `KEY_BY`), `cost=N` (default 1),
 //! `method=GET|POST` (default every method; `GET` takes `HEAD` too, and a request matches in
-//! any case of its method or under a method-override header, see `limit::rules`), `shadow`,
+//! any case of its method or under a method-override header, see `rules`), `shadow`,
 //! `count=failures`,
 //! `fail=open|closed|local` (default `FAIL_MODE`: what to do when Redis cannot decide), and
 //! `delay=MS` (default `DELAY_MAX_MS`: how long a refused request may wait for its budget
@@ -30,13 +30,13 @@ use ipnet::IpNet;
 use super::env::{Env, entries};
 use super::spec::{Context, DELAY_FORMS, KeyProblem, RouteEntry, delayable, key_problem, parse_delay};
 use super::{ConfigError, parse_network};
-use crate::limit::algorithm::{
+use crate::algorithms::{
     Algorithm, Concurrent, Limits, ParameterError, Policy, algorithm_names, parse_limits,
 };
-use crate::limit::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source, host_value};
-use crate::limit::pattern::PathPattern;
-use crate::limit::rules::{Count, Exemptions, Rule, RuleTable, TableError};
-use crate::limit::{FailMode, Matching, RouteSpec, RuleSpec, TableSpec};
+use crate::rules::key::{KEY_BY_FORMS, KeyBy, KeyHasher, Source, host_value};
+use crate::rules::pattern::PathPattern;
+use crate::rules::table::{Count, Exemptions, Rule, RuleTable, TableError};
+use crate::rules::{FailMode, Matching, RouteSpec, RuleSpec, TableSpec};
 
 /// Most `ROUTES` entries: rule ids are 16 bits, and a table this long is a mistake anyway.
 const MAX_ROUTES: usize = 1_000;

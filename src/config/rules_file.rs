@@ -52,8 +52,8 @@ use toml::de::{DeTable, DeValue};
 
 use super::ConfigError;
 use super::spec::{self, RouteEntry, Toml, Written};
-use crate::limit::algorithm::{Limits, parse_limit, parse_limits};
-use crate::limit::pattern::PathPattern;
+use crate::algorithms::{Limits, parse_limit, parse_limits};
+use crate::rules::pattern::PathPattern;
 use crate::suggest;
 use crate::variables::{self as vars, Var};
 
@@ -732,9 +732,9 @@ limits = ["token_bucket:5:1", "fixed_window:1000:86400"]
     }
 
     /// A route's specification over a general rule of one token bucket.
-    fn spec_of(route: &RouteEntry) -> crate::limit::RuleSpec {
+    fn spec_of(route: &RouteEntry) -> crate::rules::RuleSpec {
         let limits = parse_limits("token_bucket:100:10").unwrap();
-        let general = crate::limit::RuleSpec::new("general", crate::limit::Matching::Rest, limits);
+        let general = crate::rules::RuleSpec::new("general", crate::rules::Matching::Rest, limits);
         let context = spec::Context { shared_store: true };
         route.spec(&general, &context, &mut Vec::new()).unwrap()
     }

@@ -11,10 +11,10 @@
 use std::time::Duration;
 
 use super::ConfigError;
-use crate::limit::algorithm::{Limits, parse_limits};
-use crate::limit::key::{KEY_BY_FORMS, KeyBy, Source};
-use crate::limit::pattern::PathPattern;
-use crate::limit::{Count, FailMode, Matching, RouteSpec, Rule, RuleSpec};
+use crate::algorithms::{Limits, parse_limits};
+use crate::rules::key::{KEY_BY_FORMS, KeyBy, Source};
+use crate::rules::pattern::PathPattern;
+use crate::rules::{Count, FailMode, Matching, RouteSpec, Rule, RuleSpec};
 use crate::variables as vars;
 
 /// Most milliseconds a request may be delayed (`DELAY_MAX_MS`, `AUTH_DELAY_MAX_MS`, `delay=`): a
@@ -361,7 +361,7 @@ pub(super) fn parse_delay(ms: &str) -> Option<Option<Duration>> {
 
 /// The one check of a rule's delay against its limits, made for every rule (general, auth,
 /// each route): a delayed request sleeps for its denial's retry time, so only limits whose
-/// retry times are exact can be waited for ([`crate::limit::Policy::exact_retry`]): every
+/// retry times are exact can be waited for ([`crate::algorithms::Policy::exact_retry`]): every
 /// limit of the rule (the rule's retry time is the latest of its refusing limits'). The error
 /// says why; the caller names what set the delay.
 pub(super) fn delayable(rule: &Rule) -> Result<(), String> {

@@ -6,10 +6,10 @@
 use super::ConfigError;
 use super::MAX_MAX_KEYS;
 use super::env::{Env, entries};
-use crate::limit::redis::redact_url;
-use crate::limit::settings::{RedisConfig, StoreConfig, StoreSettings};
-use crate::limit::state_file::StateFileSettings;
-use crate::limit::{GuardSettings, RedisTarget};
+use crate::stores::redis::redact_url;
+use crate::stores::settings::{RedisConfig, StoreConfig, StoreSettings};
+use crate::stores::state_file::StateFileSettings;
+use crate::stores::{GuardSettings, RedisTarget};
 use crate::variables as vars;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,9 @@
 use super::*;
-use crate::limit::algorithm::{FixedWindow, Policy, SlidingLog, SlidingWindow, TokenBucket};
-use crate::limit::{FailMode, KeyBy, Mode, RedisTarget, RequestHead};
+use crate::algorithms::{FixedWindow, Policy, SlidingLog, SlidingWindow, TokenBucket};
 use crate::proxy::headers::MethodOverride;
+use crate::rules::{FailMode, KeyBy, Mode, RequestHead};
 use crate::server::limits::PerClientCap;
+use crate::stores::RedisTarget;
 use crate::telemetry::LogFormat;
 use http::uri::Scheme;
 use http::{HeaderMap, Method};
@@ -18,11 +19,11 @@ fn error(vars: &[(&str, &str)]) -> String {
     parse(vars).expect_err("should be rejected").to_string()
 }
 
-fn general(config: &Config) -> &crate::limit::Rule {
+fn general(config: &Config) -> &crate::rules::Rule {
     config.gate.rules.rule("general").expect("a general rule")
 }
 
-fn auth(config: &Config) -> &crate::limit::Rule {
+fn auth(config: &Config) -> &crate::rules::Rule {
     config.gate.rules.rule("auth").expect("an auth rule")
 }
 
@@ -809,7 +810,7 @@ fn a_method_route_takes_its_method_in_any_case_and_an_override_that_picks_anothe
     };
     assert!(matches!(
         generous.gate.rules.classify(&head),
-        Err(crate::limit::rules::ClassifyError::AmbiguousMethod)
+        Err(crate::rules::table::ClassifyError::AmbiguousMethod)
     ));
     // As `--check-config` shows it.
     assert!(config.to_string().contains("/search GET|HEAD"), "{config}");
@@ -882,8 +883,8 @@ fn shadow_mode_and_failure_counting() {
     let config = parse(&[("SHADOW_MODE", "true"), ("AUTH_COUNT", "failures")]).unwrap();
     assert_eq!(classify(&config, "GET", "/x").1, Mode::Shadow);
     assert!(general(&config).shadow && auth(&config).shadow);
-    assert_eq!(auth(&config).count, crate::limit::Count::Failures);
-    assert_eq!(general(&config).count, crate::limit::Count::All);
+    assert_eq!(auth(&config).count, crate::rules::Count::Failures);
+    assert_eq!(general(&config).count, crate::rules::Count::All);
     let config = parse(&[("ROUTES", "/a=gcra:1:1,shadow,count=failures")]).unwrap();
     let route = config.gate.rules.rule("/a").unwrap();
     assert!(route.shadow);
@@ -2156,7 +2157,7 @@ fn limit_lists_join_limits_with_a_plus_wherever_a_rule_has_numbers() {
     ])
     .unwrap();
     let names =
-        |rule: &crate::limit::Rule| rule.limits.iter().map(|policy| policy.name()).collect::<Vec<_>>();
+        |rule: &crate::rules::Rule| rule.limits.iter().map(|policy| policy.name()).collect::<Vec<_>>();
     assert_eq!(names(general(&config)), ["token_bucket", "fixed_window"]);
     assert_eq!(names(auth(&config)), ["sliding_log", "fixed_window"]);
     let api = config.rule_table().rule("api").unwrap();
@@ -2493,7 +2494,8 @@ fn the_response_cost_header_is_a_header_name_and_shows_in_check_config() {
 
 #[test]
 fn concurrent_is_a_limit_of_any_list_with_an_optional_lease() {
-    use crate::limit::algorithm::{Concurrent, concurrent::DEFAULT_LEASE_MS};
+    use crate::algorithms::Concurrent;
+    use crate::algorithms::concurrent::DEFAULT_LEASE_MS;
     let config = parse(&[
         ("LIMITS", "concurrent:10"),
         ("AUTH_LIMITS", "sliding_log:5:60+concurrent:2:30"),
@@ -2569,13 +2571,13 @@ fn a_wrong_concurrency_limit_names_the_variable_and_what_is_wrong() {
 fn routes_a_rules_file_and_an_rls_limit_yield_equal_specifications() {
     use crate::config::rules_file::RulesFile;
     use crate::config::spec::{Context, RouteEntry};
-    use crate::limit::{Matching, RuleSpec};
     use crate::rls::config::DescriptorTable;
+    use crate::rules::{Matching, RuleSpec};
 
     let general = RuleSpec::new(
         "general",
         Matching::Rest,
-        crate::limit::algorithm::parse_limits("token_bucket:100:10").unwrap(),
+        crate::algorithms::parse_limits("token_bucket:100:10").unwrap(),
     );
     let context = Context { shared_store: true };
     let spec = |route: &RouteEntry| route.spec(&general, &context, &mut Vec::new()).unwrap();
@@ -2604,7 +2606,7 @@ fn routes_a_rules_file_and_an_rls_limit_yield_equal_specifications() {
     assert_eq!(from_rls.matching, Matching::Named);
     assert_eq!(&*from_rls.rule.name, "rls/edge/path=%2Fapi");
     // Beside what it is called and how it is matched, the same rule.
-    let unnamed = |spec: &RuleSpec| crate::limit::Rule {
+    let unnamed = |spec: &RuleSpec| crate::rules::Rule {
         name: "".into(),
         ..spec.rule.clone()
     };

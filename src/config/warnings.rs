@@ -10,7 +10,7 @@
 //! not found only on the day the configuration starts reading it.
 
 use super::env::Env;
-use crate::limit::algorithm::{Parameter, Policy};
+use crate::algorithms::{Parameter, Policy};
 use crate::suggest::edit_distance;
 use crate::variables;
 

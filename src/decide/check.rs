@@ -23,8 +23,9 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::{Decide, DecideBody, error, json};
+use crate::algorithms::Cost;
 use crate::gate::{Admission, Head, Refused};
-use crate::limit::{Cost, Rule};
+use crate::rules::Rule;
 use crate::suggest::closest;
 
 /// Where it is served.
@@ -489,7 +490,7 @@ fn respond(door: &Decide, admission: Admission) -> Response<DecideBody> {
                 .zip(decision.parts())
                 .enumerate()
                 .map(|(i, (policy, part))| LimitAnswer {
-                    name: crate::limit::rules::limit_name(&rule.name, i),
+                    name: crate::rules::table::limit_name(&rule.name, i),
                     algorithm: policy.name(),
                     limit: policy.limit(),
                     allowed: part.allowed,
@@ -556,8 +557,8 @@ mod tests {
     /// fraction, a string) is a bad request naming `cost`.
     #[test]
     fn a_cost_is_a_whole_number_up_to_the_capacity_or_a_bad_request_naming_it() {
-        use crate::limit::Policy;
-        use crate::limit::algorithm::TokenBucket;
+        use crate::algorithms::Policy;
+        use crate::algorithms::TokenBucket;
         let policy = Policy::TokenBucket(TokenBucket {
             capacity: 3,
             interval_us: 1_000_000,

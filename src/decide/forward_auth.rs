@@ -43,7 +43,7 @@ use hyper::body::Incoming;
 use super::{Decide, DecideBody, error, full};
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::gate::{Head, Refuse, Refused};
-use crate::limit::rules::METHOD_OVERRIDE_HEADERS;
+use crate::rules::table::METHOD_OVERRIDE_HEADERS;
 
 /// Where it is served.
 pub const PATH: &str = "/v1/forward-auth";

@@ -29,11 +29,11 @@ use subtle::ConstantTimeEq;
 
 use crate::decision_log::Decided;
 use crate::gate::{Answers, Gate};
-use crate::limit::KeyHasher;
-use crate::limit::key::Digest;
 use crate::limit_headers::HeaderStyle;
 use crate::proxy::AccessLog;
 use crate::refusal::Refusals;
+use crate::rules::KeyHasher;
+use crate::rules::key::Digest;
 use crate::server::{Answered, Arrival, Door};
 use crate::telemetry::throttle::LogThrottle;
 

@@ -24,10 +24,12 @@ use tokio::time::Instant;
 
 use super::tunnels::TunnelSlot;
 use super::{Generation, PlaceRules};
-use crate::limit::{ClientKey, Cost, Count, Decide, Decision, Mode, Rule, Verdict as StoreVerdict};
+use crate::algorithms::{Cost, Decision};
 use crate::limit_headers::retry_after_secs;
 use crate::metrics::RuleSeries;
 use crate::outcome::Outcome;
+use crate::rules::{ClientKey, Count, Mode, Rule};
+use crate::stores::{Decide, Verdict as StoreVerdict};
 
 /// What the gate decided about one request, and everything the request holds until it is
 /// settled. Its life: this module's docs (`gate::admission`).

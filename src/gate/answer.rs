@@ -12,10 +12,11 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
 use super::Admission;
-use crate::limit::{Decision, Mode, Rule};
+use crate::algorithms::Decision;
 use crate::limit_headers::{self, HeaderStyle, integer_value, retry_after_secs};
 use crate::outcome::Outcome;
 use crate::refusal::{DenyFormat, Refusals, Violated};
+use crate::rules::{Mode, Rule};
 
 /// The body of the `503` a store that could not decide is answered with (`FAIL_MODE=closed`).
 const STORE_UNAVAILABLE: &[u8] = br#"{"error":"rate limiter unavailable","retry_after":1}"#;
@@ -181,7 +182,7 @@ mod tests {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::*;
-    use crate::limit::LimitDecision;
+    use crate::algorithms::LimitDecision;
     use crate::limit_headers::set_rate_limit_headers;
 
     fn refused(retry_after: Duration, reset_after: Duration) -> Decision {
@@ -196,7 +197,7 @@ mod tests {
     }
 
     fn general_rule() -> Rule {
-        let policy = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+        let policy = crate::algorithms::Policy::TokenBucket(crate::algorithms::TokenBucket {
             capacity: 5,
             interval_us: 1_000_000,
         });

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::metrics::DelayMetrics;
 
-use crate::limit::ClientKey;
+use crate::rules::ClientKey;
 
 /// The caps of the delay queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl DelayQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::ClientIp;
+    use crate::rules::ClientIp;
     use std::net::IpAddr;
 
     fn client(last: u8) -> ClientKey {

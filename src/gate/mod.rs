@@ -16,7 +16,7 @@
 //! - [`tunnels`]: `MAX_UPGRADES_PER_CLIENT`, the tunnels one client may hold open.
 //! - [`delay`]: `DELAY_QUEUE`, `DELAY_QUEUE_PER_CLIENT`, the places of requests waiting under a
 //!   rule's delay.
-//! - the rule table ([`crate::limit::RuleTable`]) and the limiter ([`crate::limit::Limiter`]):
+//! - the rule table ([`crate::rules::RuleTable`]) and the limiter ([`crate::stores::Limiter`]):
 //!   which rule, key, cost and mode, and what the store says.
 //!
 //! A decision is counted in the metrics here (`tollgate_requests_total`, the decision's
@@ -35,6 +35,7 @@ pub(crate) mod answer;
 pub(crate) mod delay;
 pub mod identity;
 pub mod path;
+pub(crate) mod refused;
 pub(crate) mod tunnels;
 
 use std::net::IpAddr;
@@ -47,14 +48,13 @@ use tokio::time::Instant;
 
 use delay::{DelayBounds, DelayQueue};
 
-use crate::limit::refused::{Counted, RefusedClients};
-use crate::limit::rules::ClassifyError;
-use crate::limit::{
-    ClientIp, ClientKey, Cost, Decision, Digest, Limiter, Limits, Mode, RequestHead, Rule, RuleTable,
-    StoreError, Verdict as StoreVerdict,
-};
+use crate::algorithms::{Cost, Decision, Limits};
+use crate::gate::refused::{Counted, RefusedClients};
 use crate::metrics::{Metrics, RuleSeries, TableSeries};
 use crate::outcome::Outcome;
+use crate::rules::table::ClassifyError;
+use crate::rules::{ClientIp, ClientKey, Digest, Mode, RequestHead, Rule, RuleTable};
+use crate::stores::{Limiter, StoreError, Verdict as StoreVerdict};
 use admission::Place;
 pub use admission::{Admission, Settled};
 pub use answer::{Answers, Refuse};
@@ -591,7 +591,7 @@ impl Gate {
     }
 
     /// Each rule, in table order, with its `top` clients refused most in the last minute (see
-    /// [`crate::limit::refused`]).
+    /// [`crate::gate::refused`]).
     pub(crate) fn most_refused(&self, top: usize) -> Vec<(Arc<str>, Vec<Counted>)> {
         let generation = self.current();
         generation

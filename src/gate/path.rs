@@ -16,7 +16,7 @@
 //! dropped, `..` pops a segment (never above the root), and there is no trailing slash. So
 //! `/Login;jsessionid=x`, `//login/`, `/x/..;/login` and `/log%69n` all read as `/login`. An
 //! extension stays (`/login.json`), and so does what follows a segment naming a script
-//! (`/wp-login.php/x`, PHP's `PATH_INFO`): rule patterns ([`crate::limit::pattern`]) ignore
+//! (`/wp-login.php/x`, PHP's `PATH_INFO`): rule patterns ([`crate::rules::pattern`]) ignore
 //! both, and the `path` key source keys without them. A `%`
 //! decoded from `%25` stays a literal `%`, so a canonical path holding one is not itself a
 //! valid raw path.
@@ -258,7 +258,7 @@ mod tests {
     use proptest::sample::{Index, select};
 
     use super::*;
-    use crate::limit::pattern::PathPattern;
+    use crate::rules::pattern::PathPattern;
 
     /// Checks what holds for every path `parse` accepts: the canonical form has the promised
     /// shape and reads as itself, and what is forwarded reads as what was counted.

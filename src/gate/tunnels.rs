@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::limit::ClientIp;
+use crate::rules::ClientIp;
 
 /// Open tunnels per client.
 #[derive(Debug)]

@@ -99,7 +99,7 @@ fn default_peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
 ///     .limits("token_bucket:100:10")
 ///     .routes("/search=fixed_window:10:60,method=GET")
 ///     .redis("redis://127.0.0.1:6379")
-///     .fail_mode(tollgate::limit::FailMode::Open)
+///     .fail_mode(tollgate::rules::FailMode::Open)
 ///     .build()?;
 /// # Ok(()) }
 /// ```
@@ -201,7 +201,7 @@ impl Builder {
     }
 
     /// `FAIL_MODE`: what a request gets while the store cannot decide.
-    pub fn fail_mode(self, mode: crate::limit::FailMode) -> Builder {
+    pub fn fail_mode(self, mode: crate::rules::FailMode) -> Builder {
         self.var(crate::variables::FAIL_MODE.name, mode.as_str())
     }
 

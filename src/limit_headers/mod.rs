@@ -18,8 +18,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::algorithms::Decision;
 use crate::header_arena;
-use crate::limit::{Decision, Rule};
+use crate::rules::Rule;
 
 /// Which rate-limit headers responses carry (`RATE_LIMIT_HEADERS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +91,7 @@ pub(crate) fn set_draft(headers: &mut HeaderMap, rule: &Rule, decision: &Decisio
     // Each limit: the same `t` as one limit's, by its own part (a limit that refused says
     // its retry time; one that allowed, when it is entirely back).
     let names: Vec<String> = (0..rule.limits.len())
-        .map(|i| crate::limit::rules::limit_name(&rule.name, i))
+        .map(|i| crate::rules::table::limit_name(&rule.name, i))
         .collect();
     let policies: Vec<draft::Policy<'_>> = rule
         .limits

@@ -32,7 +32,7 @@ fn metrics(vars: &[(&str, &str)]) -> (Metrics, Slots) {
 }
 
 /// The rule table of `vars` (beside a backend).
-fn table(vars: &[(&str, &str)]) -> crate::limit::RuleTable {
+fn table(vars: &[(&str, &str)]) -> crate::rules::RuleTable {
     let mut all = vec![("BACKEND_URL", "http://127.0.0.1:9")];
     all.extend_from_slice(vars);
     Config::from_vars(all).unwrap().gate.rules

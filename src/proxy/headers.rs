@@ -32,8 +32,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::header_arena;
-use crate::limit::key::ipv4_text;
-use crate::limit::rules::METHOD_OVERRIDE_HEADERS;
+use crate::rules::key::ipv4_text;
+use crate::rules::table::METHOD_OVERRIDE_HEADERS;
 
 /// `X-Forwarded-Proto`: the scheme the client used.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -67,7 +67,7 @@ pub enum UnderscoreHeaders {
 
 /// `METHOD_OVERRIDE`: what becomes of the headers that ask a backend to read a request as
 /// another method (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`:
-/// [`crate::limit::rules::METHOD_OVERRIDE_HEADERS`]).
+/// [`crate::rules::table::METHOD_OVERRIDE_HEADERS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MethodOverride {
     /// Forwarded, and the request matches a route of the method it names as well as of its

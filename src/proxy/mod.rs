@@ -53,8 +53,8 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
+use crate::algorithms::Cost;
 use crate::gate::{self, Admission, Answers, Gate, Refuse, Refused, Settled, TunnelSlot};
-use crate::limit::Cost;
 use crate::limit_headers::{self, HeaderStyle};
 use crate::metrics::{BodyBytes, Metrics, RuleSeries};
 use crate::outcome::{BackendFailure, Outcome};

@@ -26,7 +26,8 @@ pub(crate) mod accept;
 
 use bytes::Bytes;
 
-use crate::limit::{Decision, MAX_LIMITS, Rule};
+use crate::algorithms::{Decision, MAX_LIMITS};
+use crate::rules::Rule;
 use http::StatusCode;
 use http::header::{self, HeaderMap, HeaderValue};
 
@@ -336,7 +337,7 @@ impl<'a> Violated<'a> {
             None => write(0, self.rule),
             Some(bits) => {
                 for (n, i) in (0..MAX_LIMITS).filter(|i| bits & (1 << i) != 0).enumerate() {
-                    write(n, &crate::limit::rules::limit_name(self.rule, i));
+                    write(n, &crate::rules::table::limit_name(self.rule, i));
                 }
             }
         }

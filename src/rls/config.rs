@@ -55,9 +55,9 @@ use std::sync::Arc;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::yaml::{self, Node, Value};
-use crate::limit::algorithm::{Algorithm, FixedWindow, Limits, Policy, TokenBucket};
-use crate::limit::algorithm::{algorithm_names, parse_limit, parse_limits, policy_of};
-use crate::limit::{FailMode, Matching, RuleSpec};
+use crate::algorithms::{Algorithm, FixedWindow, Limits, Policy, TokenBucket};
+use crate::algorithms::{algorithm_names, parse_limit, parse_limits, policy_of};
+use crate::rules::{FailMode, Matching, RuleSpec};
 use crate::suggest::closest;
 
 /// Most rate limits (so rules) all files may define: each is a rule with room for `MAX_KEYS`
@@ -1297,8 +1297,8 @@ fn derive(algorithm: &str, requests_per_unit: u32, unit: Unit) -> Result<Policy,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::algorithm::{SlidingLog, SlidingWindow};
-    use crate::limit::{Count, Rule};
+    use crate::algorithms::{SlidingLog, SlidingWindow};
+    use crate::rules::{Count, Rule};
 
     fn refused(text: &str) -> RlsConfigError {
         DescriptorTable::parse([("test.yaml", text)]).expect_err("refused")
@@ -1793,7 +1793,7 @@ mod tests {
         // fixed_window or sliding_log`, the list's own test checks): a new one joins the list.
         let unknown = format!(
             "unknown algorithm \"token_bukket\": expected {}; did you mean \"token_bucket\"?",
-            crate::limit::algorithm::algorithm_names()
+            crate::algorithms::algorithm_names()
         );
         let cases: &[(&str, &str, &str)] = &[
             (
@@ -1900,7 +1900,7 @@ mod tests {
     }
 
     /// `config` reads this loader (RLS_CONFIG), so this loader reads nothing of `config`: the
-    /// rules it makes are `limit`'s specifications, and no module circle closes through here.
+    /// rules it makes are `rules`' specifications, and no module circle closes through here.
     #[test]
     fn the_loader_imports_nothing_of_the_configuration() {
         for (file, source) in [

@@ -65,14 +65,15 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
+use crate::algorithms::{Cost, Decision};
+use crate::algorithms::{FixedWindow, Limits, Policy};
 use crate::gate::{Answers, Gate, Refuse};
-use crate::limit::algorithm::{FixedWindow, Limits, Policy};
-use crate::limit::{Cost, Decision, Rule};
 use crate::limit_headers::HeaderStyle;
 use crate::metrics::DescriptorCounts;
 use crate::outcome::Outcome;
 use crate::proxy::AccessLog;
 use crate::refusal::Refusals;
+use crate::rules::Rule;
 use crate::telemetry::throttle::LogThrottle;
 pub(crate) use config::DescriptorTable;
 

@@ -40,7 +40,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use crate::limit::ClientIp;
+use crate::rules::ClientIp;
 
 /// File descriptors kept apart from client connections and their backend connections: the
 /// standard streams, the listeners, the runtime's own, Redis connections (one per cluster

@@ -9,8 +9,10 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
-use tollgate::limit::algorithm::{Concurrent, FixedWindow, SlidingLog, TokenBucket};
-use tollgate::limit::{Cost, Decision, Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
+use tollgate::algorithms::{Concurrent, FixedWindow, SlidingLog, TokenBucket};
+use tollgate::algorithms::{Cost, Decision, Limits, Policy};
+use tollgate::rules::Rule;
+use tollgate::stores::{MemoryStore, RedisStore, RedisTarget};
 
 use crate::binary::Running;
 use crate::support::{Backend, Gateway, RedisCluster, RedisServer, Reply, get, get_from, read_head, request};

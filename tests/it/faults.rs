@@ -659,7 +659,7 @@ const LOAD_FAIL_OPEN: &str = r#"tollgate_requests_total{rule="load",decision="fa
 /// The load's own rule: a burst of 5, then 10 a second per client. A load client (a request
 /// every few milliseconds, or about 20 a second on a loaded machine) is limited most of the
 /// time, and each denial is short (100 ms), so Redis keeps being asked (a denial is repeated
-/// locally until its retry time, see `limit::denials`). Fresh clients probing for exact
+/// locally until its retry time, see `stores::denials`). Fresh clients probing for exact
 /// limits use `/` and the general rule, which the load never touches.
 const LOAD_ROUTE: (&str, &str) = ("ROUTES", "/load/*=token_bucket:5:10,name=load");
 const LOAD_PATH: &str = "/load/x";

@@ -745,7 +745,7 @@ async fn header_keys_in_redis_are_the_digest_of_the_value_alone() {
         &[("x-api-key", "sk_live_4242")],
     )
     .await;
-    let digest = tollgate::limit::KeyHasher::from_secret(SECRET).digest(b"sk_live_4242");
+    let digest = tollgate::rules::KeyHasher::from_secret(SECRET).digest(b"sk_live_4242");
     let keys = redis.cli(&["--scan"]);
     assert!(
         keys.trim()

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use http::StatusCode;
-use tollgate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, batch_script};
-use tollgate::limit::{Cost, Limits, MemoryStore, Policy, RedisStore, RedisTarget, Rule};
+use tollgate::algorithms::{Cost, Limits, Policy};
+use tollgate::algorithms::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, batch_script};
+use tollgate::rules::Rule;
+use tollgate::stores::{MemoryStore, RedisStore, RedisTarget};
 
 use crate::support::{Backend, Gateway, RedisServer, get, get_from};
 
@@ -404,7 +406,7 @@ async fn hostile_costs_agree_with_memory() {
     .unwrap();
     let mut all: Vec<Limits> = differential_policies().into_iter().map(Limits::from).collect();
     all.push(
-        Policy::Concurrent(tollgate::limit::algorithm::Concurrent {
+        Policy::Concurrent(tollgate::algorithms::Concurrent {
             places: 3,
             lease_ms: 10_000,
         })
@@ -721,7 +723,7 @@ async fn a_script_run_past_its_deadline_changes_nothing() {
 #[tokio::test]
 async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     use tokio::time::Instant;
-    use tollgate::limit::redis_clock::RedisClock;
+    use tollgate::stores::redis_clock::RedisClock;
     let redis = RedisServer::start();
     let (store, rule) = token_bucket_on(&redis, "skew:", 5, 1_000_000_000);
     let store = store.with_calls_in_flight(0);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
-use super::key::{ClientKey, Digest};
+use crate::rules::key::{ClientKey, Digest};
 
 /// What an override makes of a client's requests under one rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +242,7 @@ impl PartialEq for Overrides {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::ClientIp;
+    use crate::rules::ClientIp;
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
@@ -258,7 +258,7 @@ mod tests {
 
     #[test]
     fn the_most_specific_network_wins_and_keys_come_first() {
-        let digest = crate::limit::KeyHasher::from_secret("a secret of sixteen bytes").digest(b"sk_live_abc");
+        let digest = crate::rules::KeyHasher::from_secret("a secret of sixteen bytes").digest(b"sk_live_abc");
         let overrides = Overrides::new(
             vec![
                 network(0, "10.0.0.0/8", Override::Unlimited),

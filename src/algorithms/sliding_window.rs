@@ -18,7 +18,7 @@ use super::{
     Algorithm, Corrupt, DEBT_LIMITS, LuaScript, Parameter, ParameterError, StateReader, US_PER_MS, parse_count,
     parse_window_ms, put_u64,
 };
-use crate::limit::LimitDecision;
+use crate::algorithms::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sliding_window.lua"))));
@@ -45,8 +45,8 @@ pub(crate) const WINDOW_PARAMETERS: [Parameter; 2] = [
 /// from `LIMIT` and `WINDOW_SIZE`) defines alike.
 macro_rules! window_parameters {
     () => {
-        const PARAMETERS: Option<[$crate::limit::algorithm::Parameter; 2]> =
-            Some($crate::limit::algorithm::sliding_window::WINDOW_PARAMETERS);
+        const PARAMETERS: Option<[$crate::algorithms::Parameter; 2]> =
+            Some($crate::algorithms::sliding_window::WINDOW_PARAMETERS);
 
         fn script_arguments(&self) -> [u64; 2] {
             [self.limit, self.window_ms]

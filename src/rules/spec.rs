@@ -10,10 +10,10 @@
 
 use http::Method;
 
-use super::algorithm::Limits;
-use super::key::KeyHasher;
-use super::pattern::PathPattern;
-use super::rules::{Exemptions, Route, Rule, RuleTable, TableError};
+use crate::algorithms::Limits;
+use crate::rules::key::KeyHasher;
+use crate::rules::pattern::PathPattern;
+use crate::rules::table::{Exemptions, Route, Rule, RuleTable, TableError};
 
 /// One rule as configured, from whichever source: what it matches and how it limits.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,7 +109,7 @@ impl RuleTable {
     /// same order. Its rules must end with the general rule, alone of [`Matching::Rest`];
     /// named rules come later, with [`RuleTable::with_named`].
     pub fn compile(spec: TableSpec) -> Result<RuleTable, TableError> {
-        if spec.rules.len() > super::rules::MAX_RULES {
+        if spec.rules.len() > crate::rules::table::MAX_RULES {
             return Err(TableError::TooManyRules(spec.rules.len()));
         }
         let general = spec.rules.iter().position(|rule| rule.matching == Matching::Rest);
@@ -146,7 +146,7 @@ impl RuleTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::algorithm::parse_limits;
+    use crate::algorithms::parse_limits;
 
     fn spec(name: &str, matching: Matching) -> RuleSpec {
         RuleSpec::new(name, matching, parse_limits("token_bucket:5:1").unwrap())

@@ -30,7 +30,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{ErrorKind, RedisConnectionInfo, RedisError, RedisResult, TlsMode};
 use tokio::sync::Notify;
 
-use crate::limit::redis_clock::RedisClock;
+use crate::stores::redis_clock::RedisClock;
 
 /// How often the Sentinels are asked even when nothing suggests a failover.
 pub const REFRESH: Duration = Duration::from_secs(5);

@@ -43,7 +43,7 @@ pub enum Source {
     /// `host`: the host the request is for, lower case, without a default port.
     Host,
     /// `path`: the resource the canonical path names to the loosest reader, as rules match it:
-    /// without `PATH_INFO` after a script or an extension ([`crate::limit::pattern::resource`]).
+    /// without `PATH_INFO` after a script or an extension ([`crate::rules::pattern::resource`]).
     Path,
 }
 

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use super::sliding_window::{parse_limit_and_window, window_parameters};
 use super::{Algorithm, Corrupt, DEBT_LIMITS, LuaScript, ParameterError, StateReader, US_PER_MS, put_u32, put_u64};
-use crate::limit::LimitDecision;
+use crate::algorithms::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sliding_log.lua"))));

@@ -32,7 +32,8 @@ use std::time::Duration;
 use lru::LruCache;
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Cost, Count, Decision, Rule};
+use crate::algorithms::{Cost, Decision};
+use crate::rules::{ClientKey, Count, Rule};
 
 /// Shards of the cache: as the memory store, a power of two.
 const SHARDS: usize = 16;
@@ -183,8 +184,8 @@ const MIN_WORTH_CACHING: Duration = Duration::from_millis(1);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::algorithm::TokenBucket;
-    use crate::limit::{LimitDecision, Policy};
+    use crate::algorithms::TokenBucket;
+    use crate::algorithms::{LimitDecision, Policy};
 
     fn rule(count: Count) -> Rule {
         let mut rule = Rule::new(

@@ -13,6 +13,8 @@
 //! `algorithms!` list below, which declares its module and generates [`Policy`] and [`State`].
 
 mod codec;
+pub mod cost;
+pub mod decision;
 
 use crate::variables::Var;
 use std::fmt;
@@ -20,11 +22,11 @@ use std::time::Duration;
 
 pub use codec::{Corrupt, StateReader, put_u32, put_u64};
 pub use concurrent::ConcurrentState;
+pub use cost::{Cost, CostError};
+pub use decision::{Decision, LimitDecision, MAX_LIMITS, Part, Parts, PartsIter};
 pub use fixed_window::FixedWindowState;
 pub use sliding_log::SlidingLogState;
 pub use sliding_window::WindowState;
-
-use crate::limit::{Cost, LimitDecision};
 
 /// An algorithm's Lua script: its source, and the SHA1 `EVALSHA` names it by.
 #[derive(Debug)]
@@ -663,7 +665,7 @@ macro_rules! algorithms {
 /// A rule's limits: one policy or several, every one enforced (written joined by `+`:
 /// `token_bucket:20:10+fixed_window:10000:86400`, a burst limit and a daily quota). A request
 /// goes through only when each allows it, and a refused one spends nothing in any. From one
-/// to [`MAX_LIMITS`](crate::limit::MAX_LIMITS), no policy twice.
+/// to [`MAX_LIMITS`](crate::algorithms::MAX_LIMITS), no policy twice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits(Box<[Policy]>);
 
@@ -674,7 +676,7 @@ pub enum LimitsError {
     #[error("no limit: a rule has one at least")]
     Empty,
     /// More than a rule holds.
-    #[error("{0} limits, more than the {max} one rule holds", max = crate::limit::MAX_LIMITS)]
+    #[error("{0} limits, more than the {max} one rule holds", max = crate::algorithms::MAX_LIMITS)]
     TooMany(usize),
     /// The same policy twice: it would be counted twice for one budget.
     #[error("the limit ({0}) is written twice")]
@@ -691,7 +693,7 @@ impl Limits {
     pub fn new(policies: Vec<Policy>) -> Result<Limits, LimitsError> {
         match policies.len() {
             0 => return Err(LimitsError::Empty),
-            n if n > crate::limit::MAX_LIMITS => return Err(LimitsError::TooMany(n)),
+            n if n > crate::algorithms::MAX_LIMITS => return Err(LimitsError::TooMany(n)),
             _ => {}
         }
         for (i, policy) in policies.iter().enumerate() {

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use super::algorithm::EXACT_LIMIT;
+use crate::algorithms::EXACT_LIMIT;
 
 /// Units of a budget one request spends: from 0 (a look that spends nothing) to
 /// [`Cost::MAX`].

@@ -47,9 +47,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::limit::algorithm::StateReader;
-use crate::limit::key::Digest;
-use crate::limit::{ClientIp, ClientKey, MemoryStore, Policy, Rule, State};
+use crate::algorithms::StateReader;
+use crate::algorithms::{Policy, State};
+use crate::rules::key::Digest;
+use crate::rules::{ClientIp, ClientKey, Rule};
+use crate::stores::MemoryStore;
 
 /// The file's first bytes.
 const MAGIC: [u8; 8] = *b"TOLLGATE";
@@ -793,7 +795,7 @@ pub struct SaveStats {
 
 impl Persistence {
     /// The saver of `store`, whose table's rules are `rules`, header keys digested by the
-    /// hasher of `fingerprint` ([`KeyHasher::fingerprint`](crate::limit::KeyHasher::fingerprint)).
+    /// hasher of `fingerprint` ([`KeyHasher::fingerprint`](crate::rules::KeyHasher::fingerprint)).
     pub fn new(
         settings: StateFileSettings,
         store: MemoryStore,

@@ -6,8 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::num::NonZeroUsize;
 
 use super::*;
-use crate::limit::Cost;
-use crate::limit::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
+use crate::algorithms::Cost;
+use crate::algorithms::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
 
 const S: u64 = 1_000_000;
 const FINGERPRINT: [u8; 16] = [7; 16];
@@ -294,7 +294,7 @@ fn each_limit_of_a_rule_is_saved_and_restored_by_its_own_policy() {
         fixed_window(10, 3_600),
         sliding_log(50, 86_400),
     );
-    let rule = |limits: Vec<Policy>| Rule::new(0, "api", crate::limit::Limits::new(limits).unwrap());
+    let rule = |limits: Vec<Policy>| Rule::new(0, "api", crate::algorithms::Limits::new(limits).unwrap());
     let before = [rule(vec![burst, quota])];
     let saved = store(&before, 1_000);
     for n in 0..4 {
@@ -569,14 +569,14 @@ fn an_unwritable_place_is_an_error_naming_it() {
 
 #[test]
 fn places_in_flight_are_never_saved() {
-    let places = Policy::Concurrent(crate::limit::algorithm::Concurrent {
+    let places = Policy::Concurrent(crate::algorithms::Concurrent {
         places: 2,
         lease_ms: 60_000,
     });
     let rules = vec![Rule::new(
         0,
         "api",
-        crate::limit::Limits::new(vec![token_bucket(5, S), places]).unwrap(),
+        crate::algorithms::Limits::new(vec![token_bucket(5, S), places]).unwrap(),
     )];
     let t0 = base();
     let saved = store(&rules, 100);

@@ -34,7 +34,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{Algorithm, Corrupt, LuaScript, ParameterError, StateReader, US_PER_MS, parse_count, parse_window_ms};
-use crate::limit::LimitDecision;
+use crate::algorithms::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/concurrent.lua"))));

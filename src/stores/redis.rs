@@ -15,11 +15,11 @@
 //! while fewer than `REDIS_CALLS_IN_FLIGHT` are out. A decision that fails inside a batch (a
 //! key of the wrong type) fails alone.
 //!
-//! Behind Redis Sentinel the store is a single Redis whose address changes: [`super::sentinel`]
+//! Behind Redis Sentinel the store is a single Redis whose address changes: [`crate::stores::sentinel`]
 //! asks the Sentinels which server is master and swaps the connection when they fail over.
 //!
 //! Connections are made lazily: a Redis that is down at boot does not stop the gateway. Every
-//! call is bounded by `REDIS_TIMEOUT_MS`; what to do when it fails is [`super::guard`]'s job.
+//! call is bounded by `REDIS_TIMEOUT_MS`; what to do when it fails is [`crate::stores::guard`]'s job.
 //! A decision also tells its script when the gateway stops waiting, on Redis's clock as
 //! [`RedisClock`] estimates it: a call that reaches the script later (a Redis frozen, then
 //! thawed) changes nothing, so a request answered by the fail mode is never charged.
@@ -35,13 +35,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::OnceCell;
 
-use crate::limit::algorithm::{BATCH_CONTINUED, LuaScript, batch_script, peek_script};
-use crate::limit::denials::reset_message;
-use crate::limit::guard::{Remote, ResetFeed};
-use crate::limit::redis_clock::RedisClock;
-use crate::limit::sentinel::{SentinelMaster, SentinelSettings};
-use crate::limit::slots::{SlotMap, key_slot};
-use crate::limit::{ClientKey, Cost, Decision, LimitDecision, MAX_LIMITS, Policy, Rule};
+use crate::algorithms::{BATCH_CONTINUED, LuaScript, batch_script, peek_script};
+use crate::algorithms::{Cost, Decision, LimitDecision, MAX_LIMITS, Policy};
+use crate::rules::{ClientKey, Rule};
+use crate::stores::denials::reset_message;
+use crate::stores::guard::{Remote, ResetFeed};
+use crate::stores::redis_clock::RedisClock;
+use crate::stores::sentinel::{SentinelMaster, SentinelSettings};
+use crate::stores::slots::{SlotMap, key_slot};
 
 /// Why the store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -230,7 +231,7 @@ enum Answer {
 
 /// One decision, as the [`batch_script`] is asked it.
 struct Ask {
-    /// The first limit's algorithm ([`Policy::script_index`](crate::limit::Policy::script_index)).
+    /// The first limit's algorithm ([`Policy::script_index`](crate::algorithms::Policy::script_index)).
     algorithm: usize,
     /// Its script's first two arguments, and the cost.
     arguments: [u64; 3],
@@ -678,7 +679,7 @@ impl RedisStore {
 
     /// The key of one client under one rule's first limit:
     /// `{prefix}{rule:client}:{algorithm}:{numbers}`, `numbers` the policy's
-    /// [`fingerprint`](crate::limit::Policy::fingerprint) in hex (a limit whose numbers change
+    /// [`fingerprint`](crate::algorithms::Policy::fingerprint) in hex (a limit whose numbers change
     /// starts afresh). The braces are a Redis Cluster hash tag, so every key of one client and
     /// rule lives on one node; the key under each further limit is this one with the limit's
     /// own last two parts (`limit_keys`).
@@ -1417,7 +1418,7 @@ mod tests {
     #[test]
     fn replies_out_of_range_are_not_decisions() {
         use redis::Value::{Array, Int};
-        let policy = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+        let policy = crate::algorithms::Policy::TokenBucket(crate::algorithms::TokenBucket {
             capacity: 3,
             interval_us: 1_000_000,
         });
@@ -1449,7 +1450,7 @@ mod tests {
             Duration::from_millis(10),
         )
         .unwrap();
-        let policy = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+        let policy = crate::algorithms::Policy::TokenBucket(crate::algorithms::TokenBucket {
             capacity: 1,
             interval_us: 1,
         });
@@ -1460,12 +1461,12 @@ mod tests {
             store.key(&rule, ip.into()),
             format!("tollgate:{{auth:2001:db8::1}}:tb:{numbers}")
         );
-        let grouped = ClientKey::Ip(crate::limit::ClientIp::new(ip, 64));
+        let grouped = ClientKey::Ip(crate::rules::ClientIp::new(ip, 64));
         assert_eq!(
             store.key(&rule, grouped),
             format!("tollgate:{{auth:2001:db8::/64}}:tb:{numbers}")
         );
-        let other = crate::limit::Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+        let other = crate::algorithms::Policy::TokenBucket(crate::algorithms::TokenBucket {
             capacity: 2,
             interval_us: 1,
         });

@@ -41,56 +41,15 @@ use tokio::time::Instant;
 
 use std::num::NonZeroUsize;
 
-use crate::limit::denials::{DenialCache, parse_reset_message};
-use crate::limit::redis_clock::RedisClock;
-use crate::limit::slots::{Master, SlotMap, key_slot};
-use crate::limit::store::{BreakerStats, Decide, Store, StoreStats};
-use crate::limit::{ClientKey, Cost, Decision, MemoryStore, RedisStore, Rule, StoreError, Verdict};
+use crate::algorithms::{Cost, Decision};
+use crate::rules::FailMode;
+use crate::rules::{ClientKey, Rule};
+use crate::stores::denials::{DenialCache, parse_reset_message};
+use crate::stores::redis_clock::RedisClock;
+use crate::stores::slots::{Master, SlotMap, key_slot};
+use crate::stores::store::{BreakerStats, Decide, Store, StoreStats};
+use crate::stores::{MemoryStore, RedisStore, StoreError, Verdict};
 use crate::telemetry::throttle::LogThrottle;
-
-/// What to do with a request when the store cannot decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailMode {
-    /// Forward it unlimited (`FAIL_MODE=open`, the default): Redis trouble never blocks users.
-    Open,
-    /// Refuse it with 503 (`FAIL_MODE=closed`): the backend is never unprotected.
-    Closed,
-    /// Decide it with this replica's own memory store (`FAIL_MODE=local`).
-    Local,
-}
-
-impl FailMode {
-    /// Every mode, as written.
-    pub const NAMES: &'static str = "open, closed or local";
-
-    /// `open`, `closed` or `local`.
-    pub fn parse(value: &str) -> Option<FailMode> {
-        match value {
-            "open" => Some(FailMode::Open),
-            "closed" => Some(FailMode::Closed),
-            "local" => Some(FailMode::Local),
-            _ => None,
-        }
-    }
-
-    /// What happens to a request the store cannot decide, for log lines.
-    fn effect(self) -> &'static str {
-        match self {
-            FailMode::Open => "forwarded without limiting",
-            FailMode::Closed => "refused with 503",
-            FailMode::Local => "limited by this replica alone",
-        }
-    }
-
-    /// The value as written in `FAIL_MODE`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailMode::Open => "open",
-            FailMode::Closed => "closed",
-            FailMode::Local => "local",
-        }
-    }
-}
 
 /// What went wrong with a Redis call, as counted for the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,7 +169,7 @@ pub trait Remote: Send + Sync + 'static {
 
     /// Forget the client of `key` (`client`) under every limit of `rule`, for every replica
     /// sharing the store, and announce it to their [`reset_feed`](Self::reset_feed)s with a
-    /// [`reset_message`](crate::limit::denials::reset_message); whether there was one to forget.
+    /// [`reset_message`](crate::stores::denials::reset_message); whether there was one to forget.
     fn reset_key<'a>(
         &'a self,
         rule: &'a Rule,
@@ -749,7 +708,7 @@ impl<S: Remote> Store for Guard<S> {
     /// budget (`FAIL_MODE=local`) at once, then the remote's key, for every replica, which
     /// hear of it at once on the store's reset channel and forget their denials too. A replica
     /// whose subscription is down asks Redis again within
-    /// [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), and so does this one for a denial a
+    /// [`RECHECK_AFTER`](crate::stores::denials::RECHECK_AFTER), and so does this one for a denial a
     /// request in flight remembers after the reset.
     fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
         let inner = &*self.inner;
@@ -956,7 +915,7 @@ async fn probe<S: Remote>(inner: Weak<Shared<S>>, breaker: Arc<Breaker>) {
 /// Follow the resets other replicas announce ([`Remote::reset_feed`]) while the gateway
 /// lives: subscribe, forget each reset client's denial as its message arrives, and subscribe
 /// again once the subscription is lost or cannot be made (meanwhile the denial cache asks
-/// Redis again every [`RECHECK_AFTER`](super::denials::RECHECK_AFTER), as it always does while
+/// Redis again every [`RECHECK_AFTER`](crate::stores::denials::RECHECK_AFTER), as it always does while
 /// Redis can be asked). A subscription that keeps failing (Redis down, or a user without
 /// pub/sub rights) is tried again after a probe interval, doubled with each failure up to
 /// [`RESUBSCRIBE_AT_MOST`], and said once at `warn`. Ends at once for a store without resets.

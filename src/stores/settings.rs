@@ -6,8 +6,8 @@ use std::fmt;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use super::state_file::StateFileSettings;
 use super::{GuardSettings, RedisTarget};
+use crate::stores::state_file::StateFileSettings;
 
 /// Where budgets live, and how many clients memory holds.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,7 +20,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::limit::{ClientKey, Rule};
+use crate::rules::{ClientKey, Rule};
 
 /// Clients each rule's summary holds in a window: enough for any `top` an operator reads, and
 /// a linear scan of it per refusal (a few dozen nanoseconds) costs less than a hash index.

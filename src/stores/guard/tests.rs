@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::*;
-use crate::limit::algorithm::TokenBucket;
-use crate::limit::{LimitDecision, Policy};
+use crate::algorithms::TokenBucket;
+use crate::algorithms::{LimitDecision, Policy};
 
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 

@@ -19,7 +19,7 @@ use super::{
     Algorithm, Corrupt, DEBT_LIMITS, EXACT_LIMIT, LuaScript, Parameter, ParameterError, StateReader, parse_count,
     put_u64,
 };
-use crate::limit::LimitDecision;
+use crate::algorithms::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/token_bucket.lua"))));

@@ -41,10 +41,9 @@ use hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
-use crate::limit::{
-    ClientKey, Cost, Decide, Decision, LimitDecision, MAX_LIMITS, Policy, Rule, State, Store, StoreError,
-    StoreStats, Verdict,
-};
+use crate::algorithms::{Cost, Decision, LimitDecision, MAX_LIMITS, Policy, State};
+use crate::rules::{ClientKey, Rule};
+use crate::stores::{Decide, Store, StoreError, StoreStats, Verdict};
 
 /// Most shards a store is cut into: enough that 2 to 64 cores rarely meet on a lock.
 const MAX_SHARDS: usize = 64;
@@ -192,7 +191,7 @@ impl MemoryStore {
         let fallback = [Rule::new(
             0,
             "",
-            Policy::TokenBucket(crate::limit::algorithm::TokenBucket {
+            Policy::TokenBucket(crate::algorithms::TokenBucket {
                 capacity: 1,
                 interval_us: 1_000_000,
             }),
@@ -362,7 +361,7 @@ impl MemoryStore {
     }
 
     /// Give back `cost` taken by an allowed request counted at `at_us`, in each limit of
-    /// `rule` (see [`Algorithm::refund`](crate::limit::algorithm::Algorithm::refund)). `rule`
+    /// `rule` (see [`Algorithm::refund`](crate::algorithms::Algorithm::refund)). `rule`
     /// may hold only some of the limits of the rule of its id (the gate gives a concurrency
     /// place back under a rule of that limit alone): each is found by its policy.
     pub fn refund(&self, rule: &Rule, client: ClientKey, cost: Cost, at_us: u64) {
@@ -386,7 +385,7 @@ impl MemoryStore {
     }
 
     /// Spend `cost` of `client`'s budget under every limit of `rule` now, whatever is left,
-    /// into debt if need be (see [`Algorithm::charge`](crate::limit::algorithm::Algorithm::charge)).
+    /// into debt if need be (see [`Algorithm::charge`](crate::algorithms::Algorithm::charge)).
     pub fn charge(&self, rule: &Rule, client: ClientKey, cost: Cost) {
         self.charge_at(rule, client, cost, self.now_us());
     }
@@ -420,7 +419,7 @@ impl MemoryStore {
     }
 
     /// Renew the leases taken at `at_us` (a request still in flight) in each limit of `rule`
-    /// that has leases (see [`Algorithm::renew`](crate::limit::algorithm::Algorithm::renew)),
+    /// that has leases (see [`Algorithm::renew`](crate::algorithms::Algorithm::renew)),
     /// now; `rule` may hold only some of the limits of the rule of its id, as for [`refund`].
     ///
     /// [`refund`]: MemoryStore::refund
@@ -511,7 +510,7 @@ impl MemoryStore {
     /// Hand every client state held to `visit`: its rule's id, the limit's position in the
     /// rule, the client, the state, and whether its last request was refused. One shard at a
     /// time, each locked only while its own clients are visited (what saving the store to a
-    /// file reads, `limit::state_file`).
+    /// file reads, `stores::state_file`).
     pub fn visit_states(&self, mut visit: impl FnMut(u16, usize, &ClientKey, &State, bool)) {
         for (id, rule) in self.inner.rules.iter().enumerate() {
             // At most u16::MAX + 1 rules: ids are 16 bits.
@@ -529,7 +528,7 @@ impl MemoryStore {
 
     /// Hold `state` for `client` under limit `limit` (its position) of the rule with id
     /// `rule`, as a decision would have left it (a state read back from a file,
-    /// `limit::state_file`): replacing the client's state if held, otherwise inserting it,
+    /// `stores::state_file`): replacing the client's state if held, otherwise inserting it,
     /// evicting as a new client does when the shard is full, so the `MAX_KEYS` bound stays
     /// exact. Returns false, holding nothing, for a rule or limit the store was not built for.
     pub fn restore(&self, rule: u16, limit: usize, client: ClientKey, state: State, refused: bool) -> bool {
@@ -975,8 +974,8 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::Policy;
-    use crate::limit::algorithm::{FixedWindow, Limits, SlidingWindow, TokenBucket};
+    use crate::algorithms::Policy;
+    use crate::algorithms::{FixedWindow, Limits, SlidingWindow, TokenBucket};
     use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
 

@@ -1,12 +1,12 @@
-//! What the gate's [`Limiter`](super::Limiter) asks of a store, whichever it is: decide a
+//! What the gate's [`Limiter`](crate::stores::Limiter) asks of a store, whichever it is: decide a
 //! request, give back what one took, purge idle clients, and say what it knows for the
-//! metrics and `/readyz`. [`MemoryStore`](super::MemoryStore) implements it directly; a
-//! store that can fail ([`Remote`](super::guard::Remote), Redis) implements it through the
-//! [`Guard`](super::Guard), which turns its failures into each rule's fail mode.
+//! metrics and `/readyz`. [`MemoryStore`](crate::stores::MemoryStore) implements it directly; a
+//! store that can fail ([`Remote`](crate::stores::guard::Remote), Redis) implements it through the
+//! [`Guard`](crate::stores::Guard), which turns its failures into each rule's fail mode.
 //!
 //! The trait is dyn-compatible, so the limiter is one `Arc<dyn Store>`: a third store is one
 //! file, its `mod` line and its line in `app::limiter` (docs/architecture.md's recipe), and
-//! nothing above `limit` names a concrete store. Its futures
+//! nothing above `stores` names a concrete store. Its futures
 //! are a [`Decide`]: a store that answers at once (memory, a cached denial, an open breaker)
 //! returns [`Decide::Ready`] and allocates nothing; one that waits for the network boxes its
 //! future ([`Decide::Pending`]), as the Redis path did already (two kilobytes of batch,
@@ -19,15 +19,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::limit::guard::{FailMode, RedisErrorKind};
-use crate::limit::{ClientKey, Cost, Decision, Rule, StoreError, Verdict};
+use crate::algorithms::{Cost, Decision};
+use crate::rules::FailMode;
+use crate::rules::{ClientKey, Rule};
+use crate::stores::guard::RedisErrorKind;
+use crate::stores::{StoreError, Verdict};
 
 /// What the gate's limiter asks of a store.
 pub trait Store: Send + Sync + 'static {
     /// Decide one request of `cost` units for `client` under `rule`.
     fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict>;
 
-    /// Give back the `cost` an allowed request took (see [`Count::Failures`](super::Count)),
+    /// Give back the `cost` an allowed request took (see [`Count::Failures`](crate::rules::Count)),
     /// as `verdict` says it was decided: a store gives back only what it decided itself.
     fn refund<'a>(
         &'a self,
@@ -94,7 +97,7 @@ pub trait Store: Send + Sync + 'static {
     fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store>;
 
     /// The memory store, if this is one (what `STATE_FILE` saves).
-    fn memory(&self) -> Option<&super::MemoryStore> {
+    fn memory(&self) -> Option<&crate::stores::MemoryStore> {
         None
     }
 }

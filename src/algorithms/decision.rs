@@ -1,53 +1,15 @@
-//! The limiting domain: rules, keys, decisions, algorithms and the stores that remember
-//! clients. Nothing here forwards or answers HTTP; the proxy hands a request head to the
-//! [`RuleTable`], gets a [`Match`] (rule, key, cost, mode), and asks the [`Limiter`] for a
-//! [`Verdict`].
-//!
-//! The limiter holds one [`Store`]: the [`MemoryStore`], or a [`Remote`] store (the
-//! [`RedisStore`]) behind the [`Guard`], its circuit breakers and fail modes. The guard is
-//! generic over the remote, so its logic is tested against a store that fails on command.
-//!
-//! Besides deciding, a store reads a client's budget without spending it and resets it (the
-//! admin's operations, [`Store::inspect`] and [`Store::reset`]); `refused` keeps, in bounded
-//! memory, the clients refused most.
-
-pub mod algorithm;
-pub mod cost;
-pub mod denials;
-pub mod guard;
-pub mod key;
-pub mod memory;
-pub mod overrides;
-pub mod pattern;
-pub mod redis;
-pub mod redis_clock;
-pub(crate) mod refused;
-pub mod rules;
-pub mod sentinel;
-pub mod settings;
-pub mod slots;
-pub mod spec;
-pub mod state_file;
-pub mod store;
+//! What an algorithm decides of one request ([`LimitDecision`]), and what a rule's limits
+//! decide together ([`Decision`], each limit's [`Part`]): plain values that allocate
+//! nothing for a rule of one limit.
 
 use std::sync::Arc;
 use std::time::Duration;
-
-pub use algorithm::{Limits, Policy, State};
-pub use cost::{Cost, CostError};
-pub use guard::{FailMode, Guard, GuardSettings, Remote};
-pub use key::{ClientIp, ClientKey, Digest, KeyBy, KeyHasher, Source};
-pub use memory::MemoryStore;
-pub use redis::{RedisStore, RedisTarget, StoreError};
-pub use rules::{Count, Match, Mode, RequestHead, Rule, RuleTable};
-pub use spec::{Matching, RouteSpec, RuleSpec, TableSpec};
-pub use store::{BreakerStats, Decide, Store, StoreStats};
 
 /// Most limits one rule holds (`token_bucket:20:10+fixed_window:10000:86400` is two): a
 /// decision carries each one's part inline, so it stays a plain value that allocates nothing.
 pub const MAX_LIMITS: usize = 6;
 
-/// What one limit of a rule says of one request: what an [`algorithm`] decides.
+/// What one limit of a rule says of one request: what an [`Algorithm`](crate::algorithms::Algorithm) decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LimitDecision {
     /// Whether this limit lets the request through.
@@ -98,10 +60,10 @@ pub struct Decision {
     pub at_us: u64,
     /// The position of the described limit (the one `limit`, `remaining` and `reset_after`
     /// speak of) among the rule's limits.
-    described: u8,
+    pub(crate) described: u8,
     /// A rule of several limits: each limit's part, by its position in the rule; `None` for
     /// a rule of one, whose part the fields above are.
-    several: Option<Arc<[Part]>>,
+    pub(crate) several: Option<Arc<[Part]>>,
 }
 
 /// A decision's parts ([`Decision::parts`]): a slice of them.
@@ -164,9 +126,9 @@ pub struct Part {
     /// are, when the request was refused: a refused request spends nothing in any limit).
     pub remaining: u64,
     /// Zero when this limit allowed the request; else µs until it would.
-    retry_after_us: u64,
+    pub(crate) retry_after_us: u64,
     /// µs until this limit's budget is entirely back.
-    reset_after_us: u64,
+    pub(crate) reset_after_us: u64,
     /// When this limit counted the request (its own `at_us`: a concurrency limit's is the
     /// name of the lease it took, what giving the place back hands over).
     pub at_us: u64,
@@ -313,127 +275,6 @@ const fn micros(duration: Duration) -> u64 {
         .as_secs()
         .saturating_mul(1_000_000)
         .saturating_add(duration.subsec_micros() as u64)
-}
-
-/// What the proxy acts on: a decision, or what the fail mode says when Redis cannot decide.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// The configured store answered.
-    Decided(Decision),
-    /// Redis could not answer; this replica's own memory store did (`FAIL_MODE=local`).
-    DecidedLocally(Decision),
-    /// Redis could not answer: forward without limiting (`FAIL_MODE=open`).
-    FailOpen,
-    /// Redis could not answer: refuse with 503 (`FAIL_MODE=closed`).
-    FailClosed,
-}
-
-impl Verdict {
-    /// The decision, if some store made one.
-    pub fn decision(&self) -> Option<&Decision> {
-        match self {
-            Verdict::Decided(decision) | Verdict::DecidedLocally(decision) => Some(decision),
-            Verdict::FailOpen | Verdict::FailClosed => None,
-        }
-    }
-}
-
-/// The configured store, behind one call: what the gate holds. Cheap to clone; clones share
-/// the store.
-#[derive(Clone)]
-pub struct Limiter {
-    /// The store itself: memory, Redis behind its guard, or any other [`Store`].
-    store: Arc<dyn Store>,
-}
-
-impl Limiter {
-    /// Decide with `store`.
-    pub fn new(store: impl Store) -> Limiter {
-        Limiter {
-            store: Arc::new(store),
-        }
-    }
-
-    /// Decide one request of `cost` units for `client` under `rule`.
-    pub fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict> {
-        self.store.check(rule, client, cost)
-    }
-
-    /// Give back the `cost` an allowed request took (see [`Count::Failures`]), to the store
-    /// that decided it.
-    pub fn refund<'a>(
-        &'a self,
-        rule: &'a Rule,
-        client: ClientKey,
-        cost: Cost,
-        verdict: &Verdict,
-    ) -> Decide<'a, ()> {
-        self.store.refund(rule, client, cost, verdict)
-    }
-
-    /// Renew the leases of an allowed request still in flight (see [`Store::renew`]).
-    pub fn renew<'a>(
-        &'a self,
-        rule: &'a Rule,
-        client: ClientKey,
-        cost: Cost,
-        verdict: &Verdict,
-    ) -> Decide<'a, ()> {
-        self.store.renew(rule, client, cost, verdict)
-    }
-
-    /// Spend `cost` more of what `client` has under `rule`, into debt if need be, in the store
-    /// that decided `verdict` (see [`Store::charge`]).
-    pub fn charge<'a>(
-        &'a self,
-        rule: &'a Rule,
-        client: ClientKey,
-        cost: Cost,
-        verdict: &Verdict,
-    ) -> Decide<'a, ()> {
-        self.store.charge(rule, client, cost, verdict)
-    }
-
-    /// What `client` has left under `rule`, spending nothing (see [`Store::inspect`]).
-    pub fn inspect<'a>(
-        &'a self,
-        rule: &'a Rule,
-        client: ClientKey,
-    ) -> Decide<'a, Result<Decision, StoreError>> {
-        self.store.inspect(rule, client)
-    }
-
-    /// Give `client` its whole budget under `rule` back (see [`Store::reset`]).
-    pub fn reset<'a>(&'a self, rule: &'a Rule, client: ClientKey) -> Decide<'a, Result<bool, StoreError>> {
-        self.store.reset(rule, client)
-    }
-
-    /// What the store knows now, for the metrics and `/readyz`.
-    pub fn stats(&self) -> StoreStats {
-        self.store.stats()
-    }
-
-    /// Each rule's fail mode, in table order; empty for a store that never fails.
-    pub fn fail_modes(&self) -> &[(Arc<str>, FailMode)] {
-        self.store.fail_modes()
-    }
-
-    /// Forget the clients whose budget is entirely back (the server's periodic purge).
-    pub fn purge_idle(&self) -> usize {
-        self.store.purge_idle()
-    }
-
-    /// The memory store, if that is the store (see [`Store::memory`]).
-    pub fn memory(&self) -> Option<&MemoryStore> {
-        self.store.memory()
-    }
-
-    /// This limiter for another table's `rules` (see [`Store::for_rules`]).
-    pub fn for_rules(&self, rules: &[Rule]) -> Limiter {
-        Limiter {
-            store: self.store.for_rules(rules),
-        }
-    }
 }
 
 #[cfg(test)]

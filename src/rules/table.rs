@@ -25,15 +25,15 @@ use std::time::Duration;
 use http::{HeaderMap, Method};
 use ipnet::IpNet;
 
-use super::algorithm::Limits;
-use super::guard::FailMode;
-use super::key::{
+use crate::algorithms::Limits;
+use crate::rules::FailMode;
+use crate::rules::key::{
     ClientIp, ClientKey, Digest, KeyBy, KeyHasher, MAX_SOURCES, Source, cookie_value, host_value,
     query_value, query_values,
 };
-use super::overrides::{AmbiguousTier, Client, Override, Overrides};
-use super::pattern::{PathPattern, resource};
-use super::spec::RuleSpec;
+use crate::rules::overrides::{AmbiguousTier, Client, Override, Overrides};
+use crate::rules::pattern::{PathPattern, resource};
+use crate::rules::spec::RuleSpec;
 
 /// A named budget: the algorithm that enforces it and how requests are filed under it.
 #[derive(Debug, Clone, PartialEq)]
@@ -376,7 +376,7 @@ impl RuleTable {
     /// that names them ([`crate::gate::Gate::admit_named`]). Their ids are set here, following
     /// the rules already held.
     ///
-    /// Each is a specification that no path matches ([`Matching::Named`](super::spec::Matching::Named)).
+    /// Each is a specification that no path matches ([`Matching::Named`](crate::rules::spec::Matching::Named)).
     pub fn with_named(mut self, named: Vec<RuleSpec>) -> Result<RuleTable, TableError> {
         let total = self.rules.len() + named.len();
         if total > MAX_RULES {
@@ -464,7 +464,7 @@ impl RuleTable {
     /// `tollgate_config_hash`, so replicas running different tables can be told apart.
     pub fn digest(&self) -> u32 {
         // Every part but the hasher (its key is a secret, or random per process).
-        super::algorithm::fnv1a(format_args!(
+        crate::algorithms::fnv1a(format_args!(
             "{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
             self.rules,
             self.classified,
