@@ -30,6 +30,7 @@ use std::net::IpAddr;
 use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::request_id::X_REQUEST_ID;
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::header_arena;
 use crate::rules::key::ipv4_text;
@@ -250,6 +251,53 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     } else {
         headers.remove(header::UPGRADE);
+    }
+}
+
+/// What one pass over a request's header names found: the checks and filters that look for
+/// names most requests never carry (`Transfer-Encoding`, `Upgrade`, the hop-by-hop ones, a `_`,
+/// a method override, a client claim, an `X-Request-Id`) each skip their own pass or hashed lookup when the scan
+/// saw none. Read once, before anything is removed: a flag means "may be there" (a name removed
+/// since leaves it set, which costs only the check it would have cost anyway), and the names the
+/// gateway adds afterwards (`X-Request-Id`, the forwarding headers) are none of these.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HeadScan {
+    /// A `Transfer-Encoding` line.
+    pub(crate) transfer_encoding: bool,
+    /// An `Upgrade` line.
+    pub(crate) upgrade: bool,
+    /// A hop-by-hop name ([`is_hop_by_hop`]; `Upgrade` among them).
+    pub(crate) hop_by_hop: bool,
+    /// A name with `_` in it.
+    pub(crate) underscore: bool,
+    /// One of the method-override headers.
+    pub(crate) method_override: bool,
+    /// A client claim ([`is_client_claim`]).
+    pub(crate) client_claim: bool,
+    /// An `X-Request-Id` line.
+    pub(crate) request_id: bool,
+}
+
+impl HeadScan {
+    /// Scan `headers`' names once.
+    pub(crate) fn of(headers: &HeaderMap) -> HeadScan {
+        let mut scan = HeadScan::default();
+        for name in headers.keys() {
+            if is_hop_by_hop(name) {
+                scan.hop_by_hop = true;
+                scan.transfer_encoding |= name == header::TRANSFER_ENCODING;
+                scan.upgrade |= name == header::UPGRADE;
+            } else if is_client_claim(name) {
+                scan.client_claim = true;
+            } else if METHOD_OVERRIDE_HEADERS.contains(name) {
+                scan.method_override = true;
+            } else if name == X_REQUEST_ID {
+                scan.request_id = true;
+            } else if name.as_str().contains('_') {
+                scan.underscore = true;
+            }
+        }
+        scan
     }
 }
 
@@ -540,6 +588,33 @@ mod tests {
             );
         }
         map
+    }
+
+    #[test]
+    fn one_scan_sees_each_kind_of_name_and_nothing_in_an_ordinary_head() {
+        let ordinary = headers(&[("host", "a"), ("user-agent", "h2load"), ("accept", "*/*")]);
+        assert_eq!(HeadScan::of(&ordinary), HeadScan::default());
+        let scan = |name: &str| HeadScan::of(&headers(&[("host", "a"), (name, "x")]));
+        assert!(scan("transfer-encoding").transfer_encoding && scan("transfer-encoding").hop_by_hop);
+        assert!(scan("upgrade").upgrade && scan("upgrade").hop_by_hop);
+        assert!(scan("keep-alive").hop_by_hop && !scan("keep-alive").upgrade);
+        assert!(scan("connection").hop_by_hop);
+        assert!(scan("x_api_key").underscore);
+        assert!(scan("x-http-method-override").method_override);
+        assert!(scan("x-method-override").method_override);
+        assert!(scan("true-client-ip").client_claim);
+        assert!(scan("x-request-id").request_id);
+        // Each of those names is seen whatever comes before it.
+        let many = headers(&[
+            ("x-request-id", "1"),
+            ("upgrade", "websocket"),
+            ("x_real_ip", "1"),
+            ("x-forwarded-port", "1"),
+            ("x-http-method", "GET"),
+        ]);
+        let scan = HeadScan::of(&many);
+        assert!(scan.request_id && scan.upgrade && scan.hop_by_hop && scan.underscore);
+        assert!(scan.client_claim && scan.method_override && !scan.transfer_encoding);
     }
 
     #[test]

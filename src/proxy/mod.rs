@@ -64,7 +64,7 @@ use crate::telemetry::throttle::LogThrottle;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
 use cors::Cors;
-use headers::{MethodOverride, UnderscoreHeaders};
+use headers::{HeadScan, MethodOverride, UnderscoreHeaders};
 use request_id::{RequestIds, X_REQUEST_ID};
 use upgrades::UpgradeProtocols;
 
@@ -383,6 +383,8 @@ struct Forwarding<'a> {
     tunnel: Option<TunnelSlot>,
     /// It asks for an upgrade (read once, before the gate took a tunnel's place for it).
     upgrade: bool,
+    /// What `handle`'s one pass over the header names found.
+    scan: HeadScan,
 }
 
 /// What the log lines of one request need to know, wherever they are written.
@@ -413,14 +415,26 @@ impl Door for Proxy {
 
     /// Answer one request, arrived as `arrival` says.
     async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Answered<ResponseBody> {
-        let started = Instant::now();
-        let id = self.request_ids.for_request(request.headers());
+        // The access log's start, read only when a line about this request can be written at
+        // all (every line is at info or debug): under RUST_LOG=warn a request reads the clock
+        // once less.
+        let started = (tracing::enabled!(tracing::Level::INFO) || tracing::enabled!(tracing::Level::DEBUG))
+            .then(Instant::now);
+        // One pass over the header names, read by the request id and the request filter's
+        // checks (and the hop-by-hop and claim filters of `try_forward`): each skips its own
+        // pass or lookup when the names it looks for are not there.
+        let scan = HeadScan::of(request.headers());
+        let id = if scan.request_id {
+            self.request_ids.for_request(request.headers())
+        } else {
+            self.request_ids.generate()
+        };
         let origin = self
             .cors
             .as_ref()
             .and_then(|cors| cors.origin_of(request.headers()));
         let context = RequestContext { id: &id };
-        let proxied = match self.respond(request, arrival, &context, started).await {
+        let proxied = match self.respond(request, arrival, &context, scan, started).await {
             Ok(proxied) => proxied,
             // Answered before any rule was found: counted without one.
             Err(response) => {
@@ -497,14 +511,14 @@ impl Proxy {
         mut request: Request<Incoming>,
         arrival: Arrival,
         context: &RequestContext<'_>,
-        started: Instant,
+        scan: HeadScan,
+        started: Option<Instant>,
     ) -> Result<Proxied, Response<ResponseBody>> {
         let peer = arrival.connection.address;
         let id = context.id;
-        if let Some(refusal) = self.request_filter(&mut request, &arrival, context) {
-            return Err(refusal);
-        }
-        let upgrade = upgrades::is_upgrade(&request);
+        self.request_filter(&mut request, &arrival, context, &scan)?;
+        // Only a request that carried an `Upgrade` line can ask for one.
+        let upgrade = scan.upgrade && upgrades::is_upgrade(&request);
         // Awaited here, not in a function of its own: a future nested in the request's
         // costs instructions on every request (docs/benchmarks.md, part 17).
         let mut admission = match self.gate.admit(&head(&request, peer, upgrade)).await {
@@ -533,6 +547,7 @@ impl Proxy {
                     admission: &admission,
                     tunnel,
                     upgrade,
+                    scan,
                 };
                 // Boxed: the backend exchange's state is most of a request's future, and hyper
                 // moves the request's future by value several times before polling it; boxed,
@@ -566,13 +581,18 @@ impl Proxy {
     /// What is refused before the gate is asked, and what is taken off first: a request past
     /// the cap of requests in flight (`503`), a head HTTP/1.1 does not allow, an upgrade to a
     /// protocol the gateway cannot meter (removed), an underscore spelling of a key header,
-    /// a method override under `METHOD_OVERRIDE=strip` (removed). `Some`: the answer.
+    /// a method override under `METHOD_OVERRIDE=strip` (removed). `scan`: the head's names,
+    /// read once by `handle`. `Err`: the answer.
+    // The answer goes up by `?` as `respond`'s own `Err`, the same type: boxed, every such
+    // refusal would pay an allocation.
+    #[allow(clippy::result_large_err)]
     fn request_filter(
         &self,
         request: &mut Request<Incoming>,
         arrival: &Arrival,
         context: &RequestContext<'_>,
-    ) -> Option<Response<ResponseBody>> {
+        scan: &HeadScan,
+    ) -> Result<(), Response<ResponseBody>> {
         let peer = arrival.connection.address;
         if let Some(overload) = arrival.overloaded {
             if let Some(suppressed) = self.overload_log.admit() {
@@ -586,7 +606,7 @@ impl Proxy {
                     overload.variable()
                 );
             }
-            return Some(response::overloaded());
+            return Err(response::overloaded());
         }
         if let Err(violation) = strict::check(
             request.method(),
@@ -594,24 +614,30 @@ impl Proxy {
             request.version(),
             request.headers(),
             arrival.content_length_dropped,
+            scan,
         ) {
-            return Some(refuse_violation(violation, request, peer, context));
+            return Err(refuse_violation(violation, request, peer, context));
         }
         // An upgrade to a protocol the gateway cannot meter (h2c) would make this one counted
         // request a tunnel of uncounted ones: such tokens never reach the backend.
-        self.upgrade_protocols.filter(request.headers_mut());
+        if scan.upgrade {
+            self.upgrade_protocols.filter(request.headers_mut());
+        }
         // `X_API_Key` beside `X-API-Key`: a CGI-style backend reads one of the two, the rules
         // the other.
-        if self.underscore_headers == headers::UnderscoreHeaders::Forward
+        if scan.underscore
+            && self.underscore_headers == headers::UnderscoreHeaders::Forward
             && let Some(name) =
                 headers::underscore_alias(request.headers(), self.gate.current().key_headers())
         {
             let reason = format!("the {name} header is also sent spelled with '_'");
-            return Some(refuse(&reason, request.uri().path(), peer, context));
+            return Err(refuse(&reason, request.uri().path(), peer, context));
         }
         // Under `strip`, the backend reads the method the gate decides on, and no other.
-        self.method_override.apply(request.headers_mut());
-        None
+        if scan.method_override {
+            self.method_override.apply(request.headers_mut());
+        }
+        Ok(())
     }
 
     /// The `400` or `429` of a request the gate refused before deciding anything.
@@ -638,7 +664,7 @@ impl Proxy {
         admission: &Admission,
         response: &Response<ResponseBody>,
         summary: &RequestSummary,
-        started: Instant,
+        started: Option<Instant>,
     ) {
         let outcome = admission.outcome();
         let RequestSummary {
@@ -649,7 +675,7 @@ impl Proxy {
             user_agent,
         } = summary;
         let status = response.status().as_u16();
-        let latency_us = started.elapsed().as_micros() as u64;
+        let latency_us = started.map_or(0, |started| started.elapsed().as_micros() as u64);
         let retry_after_s = admission
             .decision()
             .filter(|decision| !decision.allowed)
@@ -790,6 +816,7 @@ impl Proxy {
             admission,
             tunnel: tunnel_slot,
             upgrade,
+            scan,
         } = to;
         let sent = admission.decided();
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
@@ -797,12 +824,20 @@ impl Proxy {
         let (mut parts, body) = request.into_parts();
         // An absolute-form target or HTTP/2's :authority names the host; else Host does.
         let host = strict::target_host(&parts.uri, &parts.headers);
-        headers::strip_hop_by_hop(&mut parts.headers, upgrade);
+        // `host` is the request's own (one, `strict::check` saw to it) `Host` line, still in
+        // place unless the hop-by-hop filter runs (a `Connection: host` names it).
+        let mut host_in_place = parts.uri.authority().is_none() && host.is_some();
+        if upgrade || scan.hop_by_hop {
+            headers::strip_hop_by_hop(&mut parts.headers, upgrade);
+            host_in_place = false;
+        }
         // An IPv4 client on a dual-stack listener is ::ffff:a.b.c.d; the backend sees a.b.c.d.
         let peer = connection.address.ip().to_canonical();
         // Read by the gate while it found the client.
         let peer_is_trusted = admission.peer_trusted();
-        headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
+        if scan.underscore || (scan.client_claim && !peer_is_trusted) {
+            headers::remove_unbelieved(&mut parts.headers, peer_is_trusted, self.underscore_headers);
+        }
         let hop = headers::Hop {
             peer,
             peer_is_trusted,
@@ -816,11 +851,16 @@ impl Proxy {
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
         // backend's own clients would send. An https backend always gets its own: the name
         // its certificate and SNI are for (the client's is in X-Forwarded-Host).
-        let host = match (host, self.pool.is_tls()) {
-            (Some(host), false) => host,
-            _ => self.pool.host().clone(),
-        };
-        parts.headers.insert(header::HOST, host);
+        match (host, self.pool.is_tls()) {
+            // The same value in the same place: the insert would change nothing.
+            (Some(_), false) if host_in_place => {}
+            (Some(host), false) => {
+                parts.headers.insert(header::HOST, host);
+            }
+            _ => {
+                parts.headers.insert(header::HOST, self.pool.host().clone());
+            }
+        }
         parts.uri = self.backend_uri(&parts.uri, admission.rewritten())?;
         // The backend speaks HTTP/1.1 whatever the client spoke, but for an HTTP/2 client's
         // request to an https backend that chooses h2 (the pool decides).

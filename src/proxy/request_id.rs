@@ -47,7 +47,8 @@ impl RequestIds {
         }
     }
 
-    fn generate(&self) -> HeaderValue {
+    /// A new id (for a request that sent no `X-Request-Id`).
+    pub(crate) fn generate(&self) -> HeaderValue {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         // Written by hand rather than with `format!`: this runs on every request.
         let mut id = [0u8; 32];

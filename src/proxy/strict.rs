@@ -31,6 +31,8 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Scheme, Uri};
 use http::{Method, StatusCode, Version};
 
+use super::headers::HeadScan;
+
 /// What is wrong with a request head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Violation {
@@ -79,6 +81,8 @@ pub(crate) static ALLOW: HeaderValue =
     HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH");
 
 /// Check a request head; see the module docs for what is refused and why.
+/// `scan`: the head's names, read once for this and the proxy's filters (`Transfer-Encoding`
+/// is looked up only if the scan saw one).
 /// `content_length_dropped`: the server saw a `Content-Length` in the client's bytes that
 /// hyper dropped because a `Transfer-Encoding` came with it.
 pub(crate) fn check(
@@ -87,8 +91,9 @@ pub(crate) fn check(
     version: Version,
     headers: &HeaderMap,
     content_length_dropped: bool,
+    scan: &HeadScan,
 ) -> Result<(), Violation> {
-    if content_length_dropped && headers.contains_key(header::TRANSFER_ENCODING) {
+    if content_length_dropped && scan.transfer_encoding {
         return Err(Violation::ContentLengthWithTransferEncoding);
     }
     if method == Method::CONNECT {
@@ -108,11 +113,13 @@ pub(crate) fn check(
             return Err(Violation::Scheme);
         }
     }
-    let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter();
-    match (codings.next(), codings.next()) {
-        (None, _) => {}
-        (Some(coding), None) if coding.as_bytes().eq_ignore_ascii_case(b"chunked") => {}
-        _ => return Err(Violation::TransferCoding),
+    if scan.transfer_encoding {
+        let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter();
+        match (codings.next(), codings.next()) {
+            (None, _) => {}
+            (Some(coding), None) if coding.as_bytes().eq_ignore_ascii_case(b"chunked") => {}
+            _ => return Err(Violation::TransferCoding),
+        }
     }
     let mut hosts = headers.get_all(header::HOST).iter();
     match (hosts.next(), hosts.next()) {
@@ -174,7 +181,7 @@ mod tests {
                 HeaderValue::from_str(value).unwrap(),
             );
         }
-        check(&method, &uri, version, &map, false)
+        check(&method, &uri, version, &map, false, &HeadScan::of(&map))
     }
 
     const HOST: (&str, &str) = ("host", "example.com");
@@ -209,7 +216,14 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, HeaderValue::from_static("a"));
         let checked = |headers: &HeaderMap, dropped: bool| {
-            check(&Method::POST, &uri, Version::HTTP_11, headers, dropped)
+            check(
+                &Method::POST,
+                &uri,
+                Version::HTTP_11,
+                headers,
+                dropped,
+                &HeadScan::of(headers),
+            )
         };
         // The mark alone is not enough: both readings must agree.
         assert_eq!(checked(&headers, true), Ok(()));
