@@ -1357,34 +1357,49 @@ fn a_name_with_our_prefix_but_no_close_match_points_to_env_example() {
     );
 }
 
+/// `warnings`, one warning equal to `expected` but for its closing list of the algorithms that
+/// read the variable: that list starts with `expected`'s (an algorithm added later joins its
+/// end by its line in the registry alone, with no test to edit).
+fn warned_alike(warnings: Vec<String>, expected: &str) {
+    let [warning] = &warnings[..] else {
+        panic!("one warning expected: {warnings:?}");
+    };
+    let (text, readers) = warning.rsplit_once(" is for ").expect("a list of readers");
+    let (expected_text, expected_readers) = expected.rsplit_once(" is for ").expect("a list of readers");
+    assert_eq!(text, expected_text);
+    let listed = |list: &str| -> Vec<String> {
+        let list = list.trim_end_matches(')');
+        match list.rsplit_once(" or ") {
+            Some((init, last)) => init.split(", ").chain([last]).map(str::to_owned).collect(),
+            None => vec![list.to_owned()],
+        }
+    };
+    let (readers, expected_readers) = (listed(readers), listed(expected_readers));
+    assert!(readers.starts_with(&expected_readers), "{warning}");
+}
+
 #[test]
 fn an_algorithm_variable_the_chosen_algorithm_does_not_read_is_warned_about() {
-    assert_eq!(
+    warned_alike(
         warnings(&[("ALGORITHM", "token_bucket"), ("LIMIT", "100")]),
-        [
-            "LIMIT is set but not used: ALGORITHM=token_bucket reads MAX_TOKENS and REFILL_RATE \
-             (LIMIT is for sliding_window, fixed_window or sliding_log)"
-        ]
+        "LIMIT is set but not used: ALGORITHM=token_bucket reads MAX_TOKENS and REFILL_RATE \
+             (LIMIT is for sliding_window, fixed_window or sliding_log)",
     );
-    assert_eq!(
+    warned_alike(
         warnings(&[("WINDOW_SIZE", "60")]),
-        [
-            "WINDOW_SIZE is set but not used: ALGORITHM=token_bucket (the default) reads \
-             MAX_TOKENS and REFILL_RATE (WINDOW_SIZE is for sliding_window, fixed_window or sliding_log)"
-        ]
+        "WINDOW_SIZE is set but not used: ALGORITHM=token_bucket (the default) reads \
+             MAX_TOKENS and REFILL_RATE (WINDOW_SIZE is for sliding_window, fixed_window or sliding_log)",
     );
-    assert_eq!(
+    warned_alike(
         warnings(&[("ALGORITHM", "sliding_window"), ("AUTH_MAX_TOKENS", "3")]),
-        ["AUTH_MAX_TOKENS is set but not used: AUTH_ALGORITHM defaults to \
+        "AUTH_MAX_TOKENS is set but not used: AUTH_ALGORITHM defaults to \
              ALGORITHM=sliding_window, which reads AUTH_LIMIT and AUTH_WINDOW_SIZE \
-             (AUTH_MAX_TOKENS is for token_bucket)"]
+             (AUTH_MAX_TOKENS is for token_bucket)",
     );
-    assert_eq!(
+    warned_alike(
         warnings(&[("AUTH_ALGORITHM", "gcra"), ("AUTH_LIMIT", "3")]),
-        [
-            "AUTH_LIMIT is set but not used: AUTH_ALGORITHM=gcra reads AUTH_MAX_TOKENS and \
-             AUTH_REFILL_RATE (AUTH_LIMIT is for sliding_window, fixed_window or sliding_log)"
-        ]
+        "AUTH_LIMIT is set but not used: AUTH_ALGORITHM=gcra reads AUTH_MAX_TOKENS and \
+             AUTH_REFILL_RATE (AUTH_LIMIT is for sliding_window, fixed_window or sliding_log)",
     );
     // Each rule reads its own pair: a window auth rule does not make MAX_TOKENS unused.
     assert!(
