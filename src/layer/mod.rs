@@ -25,7 +25,6 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
@@ -41,9 +40,6 @@ use crate::metrics::{Format, Metrics};
 use crate::outcome::Outcome;
 use crate::proxy::{ProxySettings, response};
 use crate::telemetry::throttle::LogThrottle;
-
-/// How often the memory store drops clients whose budget is entirely back (as the gateway's).
-const PURGE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The backend the configuration's parser is given when the app sets none: the layer's
 /// backend is the service it wraps, and this address is never connected to.
@@ -325,7 +321,7 @@ impl RateLimitLayer {
             .into());
         };
         let (gate, metrics) = crate::app::standalone_gate(config)?;
-        let mut upkeep = vec![tokio::spawn(purge(gate.clone()))];
+        let mut upkeep = vec![tokio::spawn(crate::app::purge_idle(gate.clone()))];
         if config.reloads_rules() {
             upkeep.push(tokio::spawn(crate::app::watch_rules(
                 Arc::new(config.clone()),
@@ -386,17 +382,6 @@ impl RateLimitLayer {
             false => Format::Prometheus,
         };
         self.shared.metrics.encode(format)
-    }
-}
-
-/// Every `PURGE_INTERVAL`, drop the clients whose budget is entirely back.
-async fn purge(gate: Arc<Gate>) {
-    let mut tick = tokio::time::interval(PURGE_INTERVAL);
-    loop {
-        tick.tick().await;
-        let limiter = gate.current().limiter().clone();
-        let purged = limiter.purge_idle();
-        tracing::trace!(purged, held = limiter.stats().clients, "purged idle clients");
     }
 }
 
