@@ -397,6 +397,7 @@ impl DescriptorTable {
 
     /// The table of `files`, each `(name, text)`: a pure function of the texts, for tests and
     /// fuzzing. Two files of one domain are refused.
+    #[cfg(any(test, feature = "testing"))]
     pub fn parse<'a>(
         files: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<DescriptorTable, RlsConfigError> {
