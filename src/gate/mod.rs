@@ -229,6 +229,22 @@ pub struct Head<'a> {
     pub upgrade: bool,
 }
 
+impl<'a> Head<'a> {
+    /// What the gate reads of `request` from `peer`, asking for a tunnel when `upgrade`: the
+    /// proxy's and the tower layer's head alike.
+    pub fn of<B>(request: &'a http::Request<B>, peer: IpAddr, upgrade: bool) -> Head<'a> {
+        Head {
+            method: request.method(),
+            path: request.uri().path(),
+            query: request.uri().query(),
+            authority: request.uri().authority().map(|authority| authority.as_str()),
+            headers: request.headers(),
+            peer,
+            upgrade,
+        }
+    }
+}
+
 /// Why the gate decided nothing: the request is refused before any budget is touched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {

@@ -465,16 +465,8 @@ impl Shared {
             return Ok(gate_answer(response::bad_request(&reason)));
         }
         self.settings.method_override.apply(request.headers_mut());
-        let head = gate::Head {
-            method: request.method(),
-            path: request.uri().path(),
-            query: request.uri().query(),
-            authority: request.uri().authority().map(|authority| authority.as_str()),
-            headers: request.headers(),
-            peer: peer.ip(),
-            // Upgrades are the app's server's (MAX_UPGRADES_PER_CLIENT is the gateway's).
-            upgrade: false,
-        };
+        // Upgrades are the app's server's (MAX_UPGRADES_PER_CLIENT is the gateway's).
+        let head = gate::Head::of(&request, peer.ip(), false);
         // Admit.
         let admission = match self.gate.admit(&head).await {
             Ok(admission) => admission,

@@ -521,7 +521,11 @@ impl Proxy {
         let upgrade = scan.upgrade && upgrades::is_upgrade(&request);
         // Awaited here, not in a function of its own: a future nested in the request's
         // costs instructions on every request (docs/benchmarks.md, part 17).
-        let mut admission = match self.gate.admit(&head(&request, peer, upgrade)).await {
+        let mut admission = match self
+            .gate
+            .admit(&gate::Head::of(&request, peer.ip(), upgrade))
+            .await
+        {
             Ok(admission) => admission,
             Err(refused) => return Err(self.refused(refused, &request, peer, context)),
         };
@@ -1040,19 +1044,6 @@ pub(crate) fn reported_cost(
         metrics.response_cost_invalid();
     }
     cost
-}
-
-/// What the gate reads of `request` from `peer` (asking for a tunnel when `upgrade`).
-fn head(request: &Request<Incoming>, peer: SocketAddr, upgrade: bool) -> gate::Head<'_> {
-    gate::Head {
-        method: request.method(),
-        path: request.uri().path(),
-        query: request.uri().query(),
-        authority: request.uri().authority().map(|authority| authority.as_str()),
-        headers: request.headers(),
-        peer: peer.ip(),
-        upgrade,
-    }
 }
 
 /// Refuse a request that cannot be read one way only, before any budget is touched. Logged at
