@@ -88,6 +88,113 @@ pub fn batch_script() -> &'static LuaScript {
     &BATCH
 }
 
+/// Every script of [`batch_script`], [`peek_script`] and each algorithm's, as one Redis 7
+/// function library (`FUNCTION LOAD` once per Redis node, then `FCALL` per decision): the
+/// algorithms' code is compiled once when it loads, not rebuilt with the batch script's
+/// closures on every call. The library's name, `tollgate_` and the first 12 hex digits of
+/// the SHA1 of its code, names its version: every function in it carries that name too
+/// (Redis function names are global across libraries), so replicas of two versions of
+/// tollgate (a rolling upgrade) each call their own, side by side on one Redis.
+///
+/// Its functions, for the algorithm of [`Policy::script_index`] `i`:
+/// - `<library>_d<i>`: a decision, `KEYS[1]` the client's key and `ARGV` the algorithm's two
+///   numbers, the cost and the deadline (µs on the Redis clock, or `""`): the script's six
+///   arguments less the two a decision leaves empty, each of which Redis would parse;
+/// - `<library>_s<i>`: the algorithm's script with its six arguments (a refund, a charge, a
+///   renewal, a pinned clock);
+/// - `<library>_batch` and `<library>_peek`: [`batch_script`] and [`peek_script`].
+#[derive(Debug)]
+pub struct FunctionLibrary {
+    /// The code for `FUNCTION LOAD REPLACE`, `#!lua name=<library>` first.
+    source: String,
+    /// `<library>_d<i>` for each algorithm, in [`Policy::script_index`] order.
+    decide: Vec<String>,
+    /// `<library>_s<i>` for each algorithm.
+    script: Vec<String>,
+    /// `<library>_batch`.
+    batch: String,
+    /// `<library>_peek`.
+    peek: String,
+}
+
+impl FunctionLibrary {
+    /// The code to load (`FUNCTION LOAD REPLACE <source>`).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The library's name, `tollgate_<version>`.
+    pub fn name(&self) -> &str {
+        self.batch.trim_end_matches("_batch")
+    }
+
+    /// The function deciding under the algorithm of script index `index` (four arguments).
+    pub fn decide(&self, index: usize) -> &str {
+        self.decide.get(index).map_or("", String::as_str)
+    }
+
+    /// The function running the algorithm's script with its six arguments.
+    pub fn script(&self, index: usize) -> &str {
+        self.script.get(index).map_or("", String::as_str)
+    }
+
+    /// The function of [`batch_script`].
+    pub fn batch(&self) -> &str {
+        &self.batch
+    }
+
+    /// The function of [`peek_script`].
+    pub fn peek(&self) -> &str {
+        &self.peek
+    }
+}
+
+/// The [`FunctionLibrary`], built once per process.
+pub fn function_library() -> &'static FunctionLibrary {
+    static LIBRARY: std::sync::LazyLock<FunctionLibrary> = std::sync::LazyLock::new(|| {
+        let mut body = String::from("local algorithms = {}\n");
+        let mut count = 0;
+        for (index, script) in Policy::scripts().enumerate() {
+            body.push_str(&format!(
+                "algorithms[{index}] = function(KEYS, ARGV)\n{}\nend\n",
+                script.source()
+            ));
+            count = index + 1;
+        }
+        body.push_str(&format!(
+            "local function batch(KEYS, ARGV)\n{BATCH_LOOP}\nend\n\
+             local function peek(KEYS, ARGV)\n{PEEK_BODY}\nend\n"
+        ));
+        let version = redis::Script::new(&body).get_hash().to_owned();
+        let name = format!("tollgate_{}", &version[..12]);
+        let decide: Vec<String> = (0..count).map(|i| format!("{name}_d{i}")).collect();
+        let script: Vec<String> = (0..count).map(|i| format!("{name}_s{i}")).collect();
+        let mut source = format!("#!lua name={name}\n{body}");
+        for index in 0..count {
+            // A decision: the script's arguments with an empty clock and call put back.
+            source.push_str(&format!(
+                "local run{index} = algorithms[{index}]\n\
+                 redis.register_function('{}', function(keys, args)\n  \
+                 return run{index}(keys, {{args[1], args[2], args[3], '', '', args[4]}})\nend)\n\
+                 redis.register_function('{}', run{index})\n",
+                decide[index], script[index]
+            ));
+        }
+        source.push_str(&format!(
+            "redis.register_function('{name}_batch', batch)\n\
+             redis.register_function('{name}_peek', peek)\n"
+        ));
+        FunctionLibrary {
+            source,
+            decide,
+            script,
+            batch: format!("{name}_batch"),
+            peek: format!("{name}_peek"),
+        }
+    });
+    &LIBRARY
+}
+
 /// One script that reads a client's budget without spending any of it, for the admin's
 /// `GET /v1/clients/RULE/KEY`: for each of the rule's limits, the algorithm's own script (the
 /// same functions as [`batch_script`], so one definition still serves memory and Redis) run

@@ -2,7 +2,9 @@
 //!
 //! Each algorithm has a Lua script in `scripts/` (embedded at build time) that reads the state,
 //! runs the same arithmetic as the Rust algorithm and writes the result in one atomic step, on
-//! one round trip (`EVALSHA`, or `EVAL` with the script's text after `NOSCRIPT`). The script reads
+//! one round trip. The scripts are loaded once per Redis node as one function library
+//! ([`function_library`]: `FUNCTION LOAD`, again after "Function not found") and called by
+//! `FCALL`; a Redis before 7.0 runs them by `EVALSHA` (`EVAL` after `NOSCRIPT`). The script reads
 //! Redis `TIME`, so replicas with skewed clocks agree. Every key carries a TTL and all keys of
 //! one client and rule share a `{hash tag}`, so the same scripts run on Redis Cluster.
 //!
@@ -26,16 +28,17 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::OnceCell;
 
-use crate::algorithms::{BATCH_CONTINUED, LuaScript, batch_script, peek_script};
+use crate::algorithms::{BATCH_CONTINUED, LuaScript, batch_script, function_library, peek_script};
 use crate::algorithms::{Cost, Decision, LimitDecision, MAX_LIMITS, Policy};
 use crate::rules::{ClientKey, Rule};
 use crate::stores::denials::reset_message;
@@ -175,6 +178,10 @@ pub struct RedisStore {
     clock: Arc<RedisClock>,
     /// A single Redis's client, for the subscription to resets (a connection of its own).
     pubsub_client: Option<Arc<redis::Client>>,
+    /// True while Redis takes functions (`FCALL` of the [`function_library`], Redis 7 and
+    /// later); false once it answered that it has no such command, or refused to load the
+    /// library (an ACL without `FUNCTION`): scripts by `EVALSHA` from then on.
+    functions: Arc<AtomicBool>,
 }
 
 /// `REDIS_CALLS_IN_FLIGHT`'s default: decision calls out at once before further decisions
@@ -479,6 +486,7 @@ impl RedisStore {
             coalescer,
             clock,
             pubsub_client,
+            functions: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -608,7 +616,13 @@ impl RedisStore {
             cmd
         };
         let reply = match self
-            .bounded(self.evaluate(peek_script(), command, Resend::IfConnectionLost))
+            .bounded(self.evaluate(
+                peek_script(),
+                function_library().peek(),
+                key,
+                command,
+                Resend::IfConnectionLost,
+            ))
             .await?
         {
             // One decision per limit: a rule of one reads as a single script's reply.
@@ -978,7 +992,7 @@ impl RedisStore {
         }
     }
 
-    /// `EVALSHA` of [`batch_script`] for `asks` (after `NOSCRIPT`, `EVAL` with its text): a
+    /// `FCALL` of [`batch_script`]'s function for `asks` (see [`evaluate`](Self::evaluate)): a
     /// batch of decisions, or a decision or refund under a rule of several limits. A batch is
     /// given up at its first decision's deadline, so every decision in it is given that
     /// deadline on the Redis clock too.
@@ -1023,18 +1037,43 @@ impl RedisStore {
             true => Resend::IfConnectionLost,
             false => Resend::IfNeverSent,
         };
-        self.evaluate(script, command, resend).await
+        let first_key = asks.first().map_or("", |ask| ask.key.as_str());
+        self.evaluate(script, function_library().batch(), first_key, command, resend)
+            .await
     }
 
-    /// `command("EVALSHA", hash)`, and after `NOSCRIPT` (a Redis restarted, flushed or failed
-    /// over) `command("EVAL", source)`, which caches the script on that node for the next
-    /// `EVALSHA`.
+    /// `command("FCALL", function)`, the [`function_library`]'s `function`; after "Function
+    /// not found" (a Redis restarted, flushed or failed over, or a master of a cluster never
+    /// asked before) the library is loaded on the node of `key` and the call sent again. A
+    /// Redis without functions (before 7) or a user the ACL forbids `FUNCTION LOAD` is asked
+    /// by scripts instead, from then on: `command("EVALSHA", hash)` of `script`, and after
+    /// `NOSCRIPT` `command("EVAL", source)`, which caches the script on that node.
     async fn evaluate(
         &self,
         script: &LuaScript,
+        function: &str,
+        key: &str,
         command: impl Fn(&str, &str) -> redis::Cmd,
         resend: Resend,
     ) -> redis::RedisResult<redis::Value> {
+        if self.functions.load(Ordering::Relaxed) {
+            let cmd = command("FCALL", function);
+            match self.query(&cmd, resend).await {
+                Err(error) if is_function_missing(&error) => match self.load_functions(key).await {
+                    Ok(()) => return self.query(&cmd, resend).await,
+                    Err(error) if error.code() == Some("NOPERM") => {
+                        tracing::warn!("redis refuses FUNCTION LOAD to this user: deciding by EVALSHA");
+                        self.functions.store(false, Ordering::Relaxed);
+                    }
+                    Err(error) => return Err(error),
+                },
+                Err(error) if is_without_functions(&error) => {
+                    tracing::warn!("redis has no functions (before 7.0): deciding by EVALSHA");
+                    self.functions.store(false, Ordering::Relaxed);
+                }
+                reply => return reply,
+            }
+        }
         match self.query(&command("EVALSHA", script.hash()), resend).await {
             Err(error) if error.code() == Some("NOSCRIPT") => {
                 self.query(&command("EVAL", script.source()), resend).await
@@ -1043,13 +1082,28 @@ impl RedisStore {
         }
     }
 
-    /// Run the script of `rule` on `key`: `EVALSHA` with its six arguments (the rule's two
-    /// numbers, the cost, the pinned clock or `""`, the refund's time or `""`, the deadline on
-    /// the Redis clock or `""`), and after
-    /// `NOSCRIPT` (a Redis restarted, flushed or failed over) the same as `EVAL` with the
-    /// script's text, which caches it on that node for the next `EVALSHA`. Both are routed by
-    /// the key, so on a cluster only the key's master is asked: a node down elsewhere cannot
-    /// fail the reload. The command is built in one buffer, and the reply left as Redis sent
+    /// `FUNCTION LOAD REPLACE` of the [`function_library`] on the node of `key` (on a cluster,
+    /// the master of its slot: another master down cannot fail it). Replicas loading it at
+    /// once load the same code, so REPLACE makes the later ones harmless.
+    async fn load_functions(&self, key: &str) -> redis::RedisResult<()> {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(function_library().source());
+        let _: redis::Value = match &self.connection {
+            Connection::Cluster(cluster) => {
+                let route = Route::new(key_slot(key.as_bytes()), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                cluster.get().await?.route_command(cmd, routing).await?
+            }
+            _ => self.query(&cmd, Resend::IfConnectionLost).await?,
+        };
+        Ok(())
+    }
+
+    /// Run the script of `rule` on `key` (see [`evaluate`](Self::evaluate)) with its six
+    /// arguments (the rule's two numbers, the cost, the pinned clock or `""`, the refund's time
+    /// or `""`, the deadline on the Redis clock or `""`); a decision on Redis's clock calls the
+    /// library's function that takes the four that are not empty. Routed by the key, so on a
+    /// cluster only the key's master is asked: a node down elsewhere cannot fail the reload. The command is built in one buffer, and the reply left as Redis sent
     /// it for the caller to read in place: the fewest allocations a call can make.
     async fn run_script(
         &self,
@@ -1060,7 +1114,15 @@ impl RedisStore {
         call: Call,
         deadline_us: Option<u64>,
     ) -> redis::RedisResult<redis::Value> {
-        let (script, [first, second]) = rule.limits.first().script();
+        let policy = rule.limits.first();
+        let (script, [first, second]) = policy.script();
+        // A decision on Redis's clock calls the library's lean function: four arguments.
+        let lean = call == Call::Decide && now_us.is_none();
+        let library = function_library();
+        let function = match lean {
+            true => library.decide(policy.script_index()),
+            false => library.script(policy.script_index()),
+        };
         let command = |name: &str, script: &str| {
             let mut cmd = redis::Cmd::with_capacity(10, script.len() + key.len() + 6 * 20);
             cmd.arg(name)
@@ -1070,6 +1132,13 @@ impl RedisStore {
                 .arg(first)
                 .arg(second)
                 .arg(cost.get());
+            if lean && name == "FCALL" {
+                match deadline_us {
+                    Some(deadline_us) => cmd.arg(deadline_us),
+                    None => cmd.arg(""),
+                };
+                return cmd;
+            }
             match now_us {
                 Some(now_us) => cmd.arg(now_us),
                 None => cmd.arg(""),
@@ -1085,7 +1154,7 @@ impl RedisStore {
             Call::Decide | Call::Renew(_) => Resend::IfConnectionLost,
             Call::Refund(_) | Call::Charge => Resend::IfNeverSent,
         };
-        self.evaluate(script, command, resend).await
+        self.evaluate(script, function, key, command, resend).await
     }
 
     /// Run `cmd`; on a single Redis (or Sentinel's master), once more at once if it failed on
@@ -1150,6 +1219,20 @@ fn key_in_slot(slot: u16) -> String {
         }
     }
     key
+}
+
+/// Redis has the command but not the function: "ERR Function not found".
+fn is_function_missing(error: &redis::RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with("Function not found"))
+}
+
+/// Redis has no `FCALL` (before 7.0): "ERR unknown command 'FCALL'...".
+fn is_without_functions(error: &redis::RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with("unknown command"))
 }
 
 /// One decision's entry in a batch's reply: its script's reply, or the text of its error.

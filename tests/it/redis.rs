@@ -7,7 +7,9 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use http::StatusCode;
 use tollgate::algorithms::{Cost, Limits, Policy};
-use tollgate::algorithms::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, batch_script};
+use tollgate::algorithms::{
+    FixedWindow, SlidingLog, SlidingWindow, TokenBucket, batch_script, function_library,
+};
 use tollgate::rules::Rule;
 use tollgate::stores::{MemoryStore, RedisStore, RedisTarget};
 
@@ -185,6 +187,59 @@ async fn scripts_are_reloaded_after_script_flush() {
     );
 }
 
+/// Decisions are `FCALL`s of the function library, loaded once: a Redis whose functions were
+/// flushed (or a new master) answers "Function not found", and the library is loaded again.
+#[tokio::test]
+async fn functions_are_reloaded_after_function_flush() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let gateway = Gateway::start(
+        &backend.url(),
+        &[("REDIS_ADDR", &redis.addr()), ("MAX_TOKENS", "5")],
+    )
+    .await;
+    assert_eq!(get(gateway.addr, "/").await.number("x-ratelimit-remaining"), 4);
+    assert_eq!(redis_calls(&redis, "evalsha"), 0, "decided by FCALL");
+    assert_eq!(redis.cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
+    let reply = get(gateway.addr, "/").await;
+    assert_eq!(
+        reply.number("x-ratelimit-remaining"),
+        3,
+        "decided by redis after the library was loaded again"
+    );
+    let loaded = redis.cli(&["FUNCTION", "LIST", "LIBRARYNAME", function_library().name()]);
+    assert!(loaded.contains(function_library().decide(0)), "{loaded}");
+}
+
+/// A Redis user the ACL forbids `FUNCTION` is still decided for, by `EVALSHA` of the scripts,
+/// with the same budget.
+#[tokio::test]
+async fn a_user_without_functions_is_decided_by_scripts() {
+    let redis = RedisServer::start();
+    redis.cli(&[
+        "ACL",
+        "SETUSER",
+        "nofunctions",
+        "on",
+        ">secret",
+        "~*",
+        "&*",
+        "+@all",
+        "-function",
+    ]);
+    let backend = Backend::start().await;
+    let url = format!("redis://nofunctions:secret@{}", redis.addr());
+    let gateway = Gateway::start(&backend.url(), &[("REDIS_URL", &url), ("MAX_TOKENS", "5")]).await;
+    for remaining in (0..5).rev() {
+        assert_eq!(
+            get(gateway.addr, "/").await.number("x-ratelimit-remaining"),
+            remaining
+        );
+    }
+    assert_eq!(get(gateway.addr, "/").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(redis_calls(&redis, "evalsha") >= 4, "decided by scripts");
+}
+
 /// A deterministic pseudo-random sequence (xorshift), so a failure replays exactly.
 struct Sequence(u64);
 
@@ -360,7 +415,7 @@ async fn rules_of_several_limits_sent_together_agree_with_memory_too() {
     )
     .await;
     let decisions = 400 * clients as u64;
-    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    let calls = script_calls(&redis);
     assert!(
         calls < decisions,
         "{calls} script calls for {decisions} decisions: nothing was sent together"
@@ -383,7 +438,7 @@ async fn decisions_sent_together_agree_with_memory_too() {
     )
     .await;
     let decisions = 400 * clients as u64;
-    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    let calls = script_calls(&redis);
     assert!(
         calls < decisions,
         "{calls} script calls for {decisions} decisions and their refunds: nothing was sent together"
@@ -512,11 +567,14 @@ async fn a_burst_sent_together_is_exact() {
     let decisions = join_all((0..300).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
     let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
     assert_eq!(allowed, 50);
-    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    let calls = script_calls(&redis);
     assert!(calls < 300, "{calls} script calls for 300 decisions");
-    // A fresh Redis had no batch script: its first batch met NOSCRIPT and sent the text.
-    let cached = redis.cli(&["SCRIPT", "EXISTS", batch_script().hash()]);
-    assert_eq!(cached.trim(), "1", "the batch script was loaded");
+    // A fresh Redis had no functions: the first call met "Function not found" and loaded them.
+    let loaded = redis.cli(&["FUNCTION", "LIST", "LIBRARYNAME", function_library().name()]);
+    assert!(
+        loaded.contains(function_library().batch()),
+        "the batch function was loaded"
+    );
 }
 
 /// `REDIS_CALLS_IN_FLIGHT=0`: every decision its own call, however many at once.
@@ -529,8 +587,12 @@ async fn coalescing_can_be_turned_off() {
     let decisions = join_all((0..100).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
     let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
     assert_eq!(allowed, 50);
-    // One EVALSHA each (those that met NOSCRIPT went again as EVAL).
-    assert_eq!(redis_calls(&redis, "evalsha"), 100);
+    // One FCALL each (those that met "Function not found" on the fresh Redis loaded the
+    // library and went again).
+    assert_eq!(
+        redis_calls(&redis, "fcall") - redis_failed_calls(&redis, "fcall"),
+        100
+    );
 }
 
 /// A key of the wrong type in a call that carries others fails alone, as a fault of that key.
@@ -563,11 +625,27 @@ async fn a_wrong_type_key_in_a_batch_fails_alone() {
         }
     }
     assert!(decisions.last().unwrap().is_err());
-    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    let calls = script_calls(&redis);
     assert!(
         calls < 65,
         "{calls} script calls for 65 decisions: nothing was sent together"
     );
+}
+
+/// Decision calls: `FCALL`s, and `EVALSHA`s and `EVAL`s (a Redis before 7).
+fn script_calls(redis: &RedisServer) -> u64 {
+    redis_calls(redis, "fcall") + redis_calls(redis, "evalsha") + redis_calls(redis, "eval")
+}
+
+/// `failed_calls` of one command in `INFO commandstats`: answered with an error.
+fn redis_failed_calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|line| line.split("failed_calls=").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.trim().parse().unwrap())
 }
 
 /// `calls` of one command in `INFO commandstats`.
@@ -601,7 +679,7 @@ async fn a_flood_of_denials_does_not_reach_redis() {
     }
     let first = get(gateway.addr, "/").await;
     assert_eq!(first.status, StatusCode::TOO_MANY_REQUESTS);
-    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    let calls = script_calls(&redis);
     for _ in 0..20 {
         let reply = get(gateway.addr, "/").await;
         assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
@@ -609,7 +687,7 @@ async fn a_flood_of_denials_does_not_reach_redis() {
         assert_eq!(reply.number("x-ratelimit-limit"), 2);
         assert!((1..=2).contains(&reply.number("retry-after")));
     }
-    let after = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    let after = script_calls(&redis);
     assert_eq!(after, calls, "no Redis call for 20 denials");
     let metrics = gateway.admin_get("/metrics").await;
     assert!(
@@ -736,18 +814,18 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     // Redis believed to be in 1970: every deadline looks long past to it.
     let behind = RedisClock::new();
     behind.reset(Instant::now(), 1_000_000);
-    let calls = redis_calls(&redis, "evalsha");
+    let calls = redis_calls(&redis, "fcall");
     let decision = store.check_key(&rule, key(), Cost::ONE, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 4));
     assert_eq!(
-        redis_calls(&redis, "evalsha") - calls,
+        redis_calls(&redis, "fcall") - calls,
         2,
         "expired once, then decided"
     );
     let decision = store.check_key(&rule, key(), Cost::ONE, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 3));
     assert_eq!(
-        redis_calls(&redis, "evalsha") - calls,
+        redis_calls(&redis, "fcall") - calls,
         3,
         "the estimate was renewed"
     );
@@ -762,7 +840,7 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     ahead.reset(Instant::now(), year_ahead);
     let decision = store.check_key(&rule, key(), Cost::ONE, &ahead).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 2));
-    assert_eq!(redis_calls(&redis, "evalsha") - calls, 4);
+    assert_eq!(redis_calls(&redis, "fcall") - calls, 4);
 }
 
 /// Calls written to a frozen Redis's socket time out; when it thaws it runs them, and each
