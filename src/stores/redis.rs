@@ -189,6 +189,10 @@ pub struct RedisStore {
 /// it, coalescing saves Redis a sixth of each decision (docs/benchmarks.md, part 2).
 pub const DEFAULT_CALLS_IN_FLIGHT: usize = 4;
 
+/// The longest a decision waits for Redis, in `REDIS_TIMEOUT_MS`s, however slow replies
+/// have been lately (see [`RedisStore::patience`]): 200 ms at the default 50.
+pub const PATIENCE_LIMIT: u32 = 4;
+
 /// The most decisions one call carries.
 pub const MAX_BATCH: usize = 64;
 
@@ -421,9 +425,12 @@ impl RedisStore {
     /// Call it inside a Tokio runtime: the connection manager starts its tasks there.
     pub fn new(target: &RedisTarget, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
         let clock = Arc::new(RedisClock::new());
+        // A decision may wait longer than `timeout` while replies are slow (`patience`): the
+        // client's own bound is the longest it may wait; each call is bounded by its caller.
+        let longest = timeout.saturating_mul(PATIENCE_LIMIT);
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(longest))
+            .set_response_timeout(Some(longest))
             // Few, quick retries: the circuit breaker, not the client, rides out outages.
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
@@ -465,8 +472,8 @@ impl RedisStore {
                 // The cluster client takes TLS from the first node's scheme.
                 let mut builder =
                     ClusterClient::builder(nodes.iter().map(|node| format!("{scheme}://{node}")))
-                        .connection_timeout(timeout)
-                        .response_timeout(timeout)
+                        .connection_timeout(longest)
+                        .response_timeout(longest)
                         .retries(1);
                 if let Some(password) = password {
                     builder = builder.password(password);
@@ -834,7 +841,7 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         // One clock read: when the call is sent, and from it when the caller stops waiting.
         let mut sent = tokio::time::Instant::now();
-        let deadline = sent + self.timeout;
+        let deadline = sent + self.patience(clock);
         let mut retried = false;
         loop {
             let redis_deadline = now_us.is_none().then(|| clock.redis_time(deadline));
@@ -860,6 +867,21 @@ impl RedisStore {
                 }
             }
         }
+    }
+
+    /// How long a decision waits for Redis: `REDIS_TIMEOUT_MS`, plus twice the lag `clock` has
+    /// seen lately (a call's way there beyond the fastest, and as much back), at most
+    /// [`PATIENCE_LIMIT`] times `REDIS_TIMEOUT_MS`. A machine or a Redis under load makes
+    /// calls slower for a while, and a fixed timeout then hands them to the fail mode (a
+    /// sliding log of 25 admitted 94 across three replicas at `FAIL_MODE=open`); a Redis
+    /// frozen or gone answers nothing, so shows no lag, and its calls still time out after
+    /// `REDIS_TIMEOUT_MS` for the circuit breaker to count (a timeout is not taken as a lag:
+    /// a frozen Redis costs each request what it cost).
+    fn patience(&self, clock: &RedisClock) -> Duration {
+        let lag = clock.lag();
+        self.timeout
+            .saturating_add(lag.saturating_add(lag))
+            .min(self.timeout.saturating_mul(PATIENCE_LIMIT))
     }
 
     /// One call of a decision's script, alone or in a batch, answered by `deadline`; the key

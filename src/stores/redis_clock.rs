@@ -25,6 +25,13 @@
 //! An estimate too high (Redis's clock stepped back) only widens the window in which a late
 //! call still counts, until the next reply lowers it. The gateway's own clock steps change
 //! nothing: offsets are taken against its monotonic clock.
+//!
+//! The same replies measure how late calls reach Redis: a reply's bound less the estimate is
+//! how much longer than the fastest call lately this one took to reach the script (a Redis
+//! busy or briefly paused, or this machine loaded, so that the gateway's task or the Redis
+//! process waits for a core). The largest such [`lag`](RedisClock::lag) of this period and
+//! the last is what a decision's deadline adds to `REDIS_TIMEOUT_MS` (twice, for the way back),
+//! so a machine under load makes calls wait longer rather than time out into the fail mode.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -51,6 +58,10 @@ pub struct RedisClock {
     previous: AtomicI64,
     /// When the current period began, in microseconds since `anchor`.
     period_start: AtomicI64,
+    /// The largest lag (µs) seen in the current period: a reply's bound less the estimate.
+    lag_current: AtomicI64,
+    /// The largest lag of the previous period.
+    lag_previous: AtomicI64,
 }
 
 impl Default for RedisClock {
@@ -70,6 +81,8 @@ impl RedisClock {
             current: AtomicI64::new(NONE),
             previous: AtomicI64::new(NONE),
             period_start: AtomicI64::new(0),
+            lag_current: AtomicI64::new(0),
+            lag_previous: AtomicI64::new(0),
         }
     }
 
@@ -103,13 +116,31 @@ impl RedisClock {
             let stale = now.saturating_sub(start) >= 2 * micros(PERIOD);
             self.previous
                 .store(if stale { NONE } else { last }, Ordering::Relaxed);
+            let lag = self.lag_current.swap(0, Ordering::Relaxed);
+            self.lag_previous
+                .store(if stale { 0 } else { lag }, Ordering::Relaxed);
             return;
         }
         // Read first: most replies bound no tighter, and a write on every reply would bounce
         // the cache line between the cores.
-        if bound < self.current.load(Ordering::Relaxed) {
+        let current = self.current.load(Ordering::Relaxed);
+        if bound < current {
             self.current.fetch_min(bound, Ordering::Relaxed);
         }
+        let lag = bound.saturating_sub(current.min(self.previous.load(Ordering::Relaxed)));
+        if lag > self.lag_current.load(Ordering::Relaxed) {
+            self.lag_current.fetch_max(lag, Ordering::Relaxed);
+        }
+    }
+
+    /// The largest lag seen in this period and the last: how much longer than the fastest
+    /// call lately a call took to reach Redis (zero until replies have shown one).
+    pub fn lag(&self) -> Duration {
+        let lag = self
+            .lag_current
+            .load(Ordering::Relaxed)
+            .max(self.lag_previous.load(Ordering::Relaxed));
+        Duration::from_micros(u64::try_from(lag).unwrap_or(0))
     }
 
     /// A call sent at `sent` was found expired at `redis_us` while the gateway still waited:
@@ -203,6 +234,29 @@ mod tests {
         // A Redis stepped back is followed by the next reply.
         clock.observe(sent, 120 * SECOND);
         assert_eq!(clock.redis_time(sent), 120 * SECOND);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lag_is_the_latest_call_beyond_the_fastest_and_is_forgotten_in_two_periods() {
+        let clock = RedisClock::new();
+        let sent = Instant::now();
+        clock.observe(sent, 1_000 * SECOND + 100);
+        assert_eq!(clock.lag(), Duration::ZERO, "the first reply is the fastest");
+        // A reply that reached Redis 30 ms later than the fastest, then quicker ones.
+        clock.observe(sent, 1_000 * SECOND + 100 + 30_000);
+        clock.observe(sent, 1_000 * SECOND + 100 + 2_000);
+        assert_eq!(clock.lag(), Duration::from_millis(30));
+        // NaN-free on hostile times: a reply from the far future saturates, never wraps.
+        clock.observe(sent, u64::MAX);
+        assert!(clock.lag() >= Duration::from_millis(30));
+        tokio::time::advance(PERIOD).await;
+        clock.observe(Instant::now(), 1_000 * SECOND + 100 + micros(PERIOD) as u64);
+        assert!(clock.lag() > Duration::ZERO, "the last period's still counts");
+        tokio::time::advance(PERIOD).await;
+        clock.observe(Instant::now(), 1_000 * SECOND + 100 + 2 * micros(PERIOD) as u64);
+        tokio::time::advance(PERIOD).await;
+        clock.observe(Instant::now(), 1_000 * SECOND + 100 + 3 * micros(PERIOD) as u64);
+        assert_eq!(clock.lag(), Duration::ZERO, "forgotten two periods on");
     }
 
     #[tokio::test(start_paused = true)]
