@@ -55,7 +55,9 @@
 #   --perf            add part 4
 #   --rounds N        interleaved rounds per scenario (default 5)
 #   --duration D      measured seconds per target and round, wrk -d syntax (default 10s)
-#   --scenarios LIST  comma-separated subset of allow,deny,many,h2,tls (default all but tls)
+#   --scenarios LIST  comma-separated subset of allow,deny,many,h2,redis,tls (default all but
+#                     redis and tls); redis: the Redis store alone, a hot key (one client) and
+#                     cold keys (100,000 clients), and BENCH_BASELINE's binary on both too
 #   --log FILE        raw output (every wrk/h2load report) goes here, results to FILE.tsv
 #                     (default bench-<date>.log in $TMPDIR); scripts/bench_plot.py draws FILE.tsv
 # Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_BACKEND (echo: examples/echo_backend,
@@ -315,7 +317,7 @@ hz=$(getconf CLK_TCK)
 # counts the commands a script runs (TIME, GET, SET), which are not round trips.
 redis_calls() {
   redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' |
-    awk -F'[=,:]' '/^cmdstat_eval/ {n += $3} END {print n + 0}'
+    awk -F'[=,:]' '/^cmdstat_(eval|fcall)/ {n += $3} END {print n + 0}'
 }
 
 to_us() { # wrk latency such as 512.00us, 1.23ms, 1.01s -> microseconds
@@ -539,6 +541,22 @@ if [ "$load" = 1 ]; then
         echo "  clients held by tollgate-memory-many: $(curl -s "http://127.0.0.1:${admin_of[tollgate-memory-many]}/metrics" |
           awk '/^tollgate_memory_clients/ {print $2}'); Redis keys: $(redis-cli -p "$redis_port" DBSIZE)"
         stop bare-many tollgate-memory-many tollgate-redis-many nginx-many
+        ;;
+      redis)
+        echo "== redis: the Redis store, a hot key (one client: X-Forwarded-For untrusted) and cold keys" \
+          "(100,000 clients by X-Forwarded-For); CPU per request includes redis-server's"
+        tollgate tollgate-redis-hot redis "${allow[@]}"
+        tollgate tollgate-redis-cold redis "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
+        redis_targets="tollgate-redis-hot tollgate-redis-cold"
+        if [ -n "$BASELINE" ]; then
+          binary=$BASELINE tollgate tollgate-base-redis-hot redis "${allow[@]}"
+          binary=$BASELINE tollgate tollgate-base-redis-cold redis "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
+          redis_targets="$redis_targets tollgate-base-redis-hot tollgate-base-redis-cold"
+        fi
+        for name in $redis_targets; do check "$name" 200 -H 'X-Forwarded-For: 10.0.0.1'; done
+        run_rounds redis wrk "$redis_targets" -s "$work/many.lua"
+        echo "  Redis keys: $(redis-cli -p "$redis_port" DBSIZE)"
+        stop $redis_targets
         ;;
       h2)
         echo "== h2: HTTP/2 cleartext with prior knowledge (the backend stays HTTP/1.1)"
