@@ -70,7 +70,13 @@ pub(crate) fn limiter(config: &Config) -> Result<Limiter, StoreError> {
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
                 .with_calls_in_flight(redis.calls_in_flight);
-            Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules))
+            Limiter::new(Guard::with_leases(
+                store,
+                redis.guard,
+                config.store.max_keys,
+                rules,
+                redis.leases,
+            ))
         }
     })
 }
@@ -431,6 +437,8 @@ impl App {
         self.admin_state.draining.store(true, Ordering::Release);
         drop((purge, reloads, self.certificate_watcher));
         tokio::join!(drain(proxy_drain), drain(decide_drain));
+        // After the drain: the shares of hot keys' budgets this replica did not spend go back.
+        self.gate.current().limiter().release().await;
         // After the drain: the budgets as the last requests left them.
         drop(periodic);
         if let Some(persistence) = self.persistence {

@@ -248,6 +248,10 @@ pub const KEY_PREFIX: Var = Var::new("KEY_PREFIX", "tollgate:");
 pub const REDIS_TIMEOUT_MS: Var = Var::new("REDIS_TIMEOUT_MS", "50");
 /// Redis calls sent at once on a single Redis's connection (default `4`).
 pub const REDIS_CALLS_IN_FLIGHT: Var = Var::new("REDIS_CALLS_IN_FLIGHT", "4");
+/// Hot keys decided from shares of their budgets taken from Redis, `on` or `off` (default `off`).
+pub const REDIS_LEASES: Var = Var::new("REDIS_LEASES", "off");
+/// Decisions a second for one key on one replica from which it takes shares (default `100`).
+pub const REDIS_LEASE_HOT: Var = Var::new("REDIS_LEASE_HOT", "100");
 /// What the rules do when Redis cannot decide (default `open`).
 pub const FAIL_MODE: Var = Var::new("FAIL_MODE", "open");
 /// What the auth rule does when Redis cannot decide (default: the value of FAIL_MODE).
@@ -353,6 +357,8 @@ pub const ALL: &[Var] = &[
     KEY_PREFIX,
     REDIS_TIMEOUT_MS,
     REDIS_CALLS_IN_FLIGHT,
+    REDIS_LEASES,
+    REDIS_LEASE_HOT,
     FAIL_MODE,
     AUTH_FAIL_MODE,
     REDIS_BREAKER_THRESHOLD,

@@ -18,6 +18,7 @@ mod http2;
 mod ingress;
 mod keys;
 mod layer;
+mod leases;
 mod limits;
 mod operator;
 mod overrides;
