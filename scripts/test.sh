@@ -4,6 +4,7 @@
 # running by hand), so redis-server and redis-cli must be installed; on Debian this script
 # installs them when they are missing, and so python3 (a backend that reads targets as Python
 # does), promtool and Python's prometheus_client.
+# Not the image: scripts/test_image.sh builds and runs it, a command of its own (README.md, Docker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
