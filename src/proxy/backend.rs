@@ -53,7 +53,7 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::body::ClientBody;
 use super::tls::{TlsConnector, TlsError};
@@ -78,6 +78,10 @@ pub(crate) enum BackendError {
     /// is opened.
     #[error("the backend switched to a protocol it was not asked for")]
     UnaskedSwitch,
+    /// No response head before the deadline [`BackendPool::send`] was given
+    /// (`BACKEND_TIMEOUT_MS` after the request was sent).
+    #[error("no response before the deadline")]
+    TimedOut,
 }
 
 /// Where the backend listens: an address, or a name resolved on every new connection (so a
@@ -134,6 +138,25 @@ struct Connection {
     sender: SendRequest<ClientBody>,
     /// The dispatcher's task, to close a connection that will not finish an exchange.
     task: AbortHandle,
+    /// The timer of its exchanges' deadlines, one for the connection's life: moved to each
+    /// request's later deadline, a registered timer only has its expiry pushed back (one
+    /// atomic operation), where a timer of the request's own is put into tokio's timer wheel
+    /// and taken out again under its lock (about 450 instructions a request,
+    /// docs/benchmarks.md part 21). Boxed: a timer must not move once polled.
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl Connection {
+    /// `exchange` (this connection's), or `None` once `deadline` has passed without its answer.
+    async fn within<F: Future>(mut deadline: Pin<&mut Sleep>, at: Instant, exchange: F) -> Option<F::Output> {
+        deadline.as_mut().reset(at);
+        tokio::select! {
+            // The exchange first: an answer that is there is taken even at the deadline.
+            biased;
+            output = exchange => Some(output),
+            () = deadline => None,
+        }
+    }
 }
 
 /// The shared HTTP/2 connection.
@@ -218,10 +241,14 @@ impl BackendPool {
     /// used if the backend is https and chooses it; anything else is sent as HTTP/1.1. The
     /// response body gives an HTTP/1.1 connection back to the pool when it has been read to
     /// its end. `now` is the caller's reading of the clock, which judges idle connections.
+    /// With a `deadline`, a response head not there by then (a new connection included) is
+    /// [`BackendError::TimedOut`], and the exchange is given up; without one the caller keeps
+    /// the time.
     pub(crate) async fn send(
         &self,
         mut request: Request<ClientBody>,
         now: Instant,
+        deadline: Option<Instant>,
     ) -> Result<Response<BackendBody>, BackendError> {
         if request.version() == Version::HTTP_2
             && self.inner.tls.is_some()
@@ -230,22 +257,31 @@ impl BackendPool {
             // Boxed: the HTTP/2 path (and its handshake) is large, and inline it would make
             // every request's future as large, copied by value on each hand-off (about
             // 24 KB a request, measured with callgrind: docs/benchmarks.md).
-            return Box::pin(self.inner.send_h2(request, now)).await;
+            return within(deadline, Box::pin(self.inner.send_h2(request, now))).await;
         }
         *request.version_mut() = Version::HTTP_11;
-        self.inner.send_http1(request, now).await
+        self.inner.send_http1(request, now, deadline).await
     }
 }
 
 impl Pool {
-    /// Send `request` over a pooled HTTP/1.1 connection, or a new one.
+    /// Send `request` over a pooled HTTP/1.1 connection, or a new one, by `deadline` (see
+    /// [`BackendPool::send`]): on a pooled connection, kept by the connection's own timer.
     async fn send_http1(
         self: &Arc<Self>,
         mut request: Request<ClientBody>,
         now: Instant,
+        deadline: Option<Instant>,
     ) -> Result<Response<BackendBody>, BackendError> {
         if let Some(mut connection) = self.checkout(now) {
-            match connection.sender.try_send_request(request).await {
+            let exchange = connection.sender.try_send_request(request);
+            let sent = match deadline {
+                Some(at) => Connection::within(connection.deadline.as_mut(), at, exchange)
+                    .await
+                    .ok_or(BackendError::TimedOut)?,
+                None => exchange.await,
+            };
+            match sent {
                 Ok(response) => return Ok(self.body_of(response, connection)),
                 Err(mut error) => match error.take_message() {
                     // Never written: the backend closed this connection as it was taken.
@@ -255,8 +291,17 @@ impl Pool {
             }
         }
         // Boxed for the same reason: a new connection (a TLS handshake, maybe an HTTP/2 one) is
-        // the rare case, and its future is the largest.
-        let mut connection = match Box::pin(self.connect(false)).await? {
+        // the rare case, and its future is the largest. Under the deadline as a whole, the
+        // connection's making included.
+        within(deadline, Box::pin(self.send_fresh(request))).await
+    }
+
+    /// Send `request` over a new HTTP/1.1 connection.
+    async fn send_fresh(
+        self: &Arc<Self>,
+        request: Request<ClientBody>,
+    ) -> Result<Response<BackendBody>, BackendError> {
+        let mut connection = match self.connect(false).await? {
             Opened::Http1(connection) => connection,
             // Offered http/1.1 only (rustls refuses a server that picks another itself).
             Opened::Http2(_) => {
@@ -319,7 +364,8 @@ impl Pool {
         }
         if self.h2_declined.load(Ordering::Relaxed) {
             drop(opening);
-            return self.send_http1(self.http1_form(request), now).await;
+            // The caller's deadline holds around this whole exchange.
+            return self.send_http1(self.http1_form(request), now, None).await;
         }
         match Box::pin(self.connect(true)).await? {
             Opened::Http2(mut sender) => {
@@ -463,7 +509,13 @@ where
         }
     })
     .abort_handle();
-    Ok(Connection { sender, task })
+    // Not in tokio's timer wheel until its first exchange with a deadline polls it.
+    let deadline = Box::pin(tokio::time::sleep_until(Instant::now()));
+    Ok(Connection {
+        sender,
+        task,
+        deadline,
+    })
 }
 
 /// Start hyper's HTTP/2 connection on `stream`, in a task of its own.
@@ -483,6 +535,20 @@ where
         }
     });
     Ok(sender)
+}
+
+/// `exchange`, unless `deadline` passes first ([`BackendError::TimedOut`]): on a timer of its
+/// own, for the rare ways (a new connection, HTTP/2).
+async fn within<F>(deadline: Option<Instant>, exchange: F) -> Result<Response<BackendBody>, BackendError>
+where
+    F: Future<Output = Result<Response<BackendBody>, BackendError>>,
+{
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, exchange)
+            .await
+            .unwrap_or(Err(BackendError::TimedOut)),
+        None => exchange.await,
+    }
 }
 
 /// A response on the shared HTTP/2 connection: nothing to give back at its end.
