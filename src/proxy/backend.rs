@@ -146,19 +146,6 @@ struct Connection {
     deadline: Pin<Box<Sleep>>,
 }
 
-impl Connection {
-    /// `exchange` (this connection's), or `None` once `deadline` has passed without its answer.
-    async fn within<F: Future>(mut deadline: Pin<&mut Sleep>, at: Instant, exchange: F) -> Option<F::Output> {
-        deadline.as_mut().reset(at);
-        tokio::select! {
-            // The exchange first: an answer that is there is taken even at the deadline.
-            biased;
-            output = exchange => Some(output),
-            () = deadline => None,
-        }
-    }
-}
-
 /// The shared HTTP/2 connection.
 struct Multiplexed {
     /// Cheap to clone; each request takes a clone.
@@ -244,43 +231,55 @@ impl BackendPool {
     /// With a `deadline`, a response head not there by then (a new connection included) is
     /// [`BackendError::TimedOut`], and the exchange is given up; without one the caller keeps
     /// the time.
-    pub(crate) async fn send(
+    // Not an `async fn`: the pool's own future is the request's, with no future of this
+    // function's around it (one copy of its state less, docs/benchmarks.md part 21).
+    pub(crate) fn send(
         &self,
-        mut request: Request<ClientBody>,
+        request: Request<ClientBody>,
         now: Instant,
         deadline: Option<Instant>,
-    ) -> Result<Response<BackendBody>, BackendError> {
-        if request.version() == Version::HTTP_2
-            && self.inner.tls.is_some()
-            && !self.inner.h2_declined.load(Ordering::Relaxed)
-        {
-            // Boxed: the HTTP/2 path (and its handshake) is large, and inline it would make
-            // every request's future as large, copied by value on each hand-off (about
-            // 24 KB a request, measured with callgrind: docs/benchmarks.md).
-            return within(deadline, Box::pin(self.inner.send_h2(request, now))).await;
-        }
-        *request.version_mut() = Version::HTTP_11;
-        self.inner.send_http1(request, now, deadline).await
+    ) -> impl Future<Output = Result<Response<BackendBody>, BackendError>> + Send + '_ {
+        self.inner.send(request, now, deadline)
     }
 }
 
 impl Pool {
-    /// Send `request` over a pooled HTTP/1.1 connection, or a new one, by `deadline` (see
-    /// [`BackendPool::send`]): on a pooled connection, kept by the connection's own timer.
-    async fn send_http1(
+    /// See [`BackendPool::send`]: over a pooled HTTP/1.1 connection, or a new one, by
+    /// `deadline`, on a pooled connection kept by the connection's own timer; an HTTP/2
+    /// client's request to an https backend, over HTTP/2 if it chooses it.
+    async fn send(
         self: &Arc<Self>,
         mut request: Request<ClientBody>,
         now: Instant,
         deadline: Option<Instant>,
     ) -> Result<Response<BackendBody>, BackendError> {
+        if request.version() == Version::HTTP_2
+            && self.tls.is_some()
+            && !self.h2_declined.load(Ordering::Relaxed)
+        {
+            // Boxed: the HTTP/2 path (and its handshake) is large, and inline it would make
+            // every request's future as large, copied by value on each hand-off (about
+            // 24 KB a request, measured with callgrind: docs/benchmarks.md).
+            return within(deadline, Box::pin(self.send_h2(request, now))).await;
+        }
+        *request.version_mut() = Version::HTTP_11;
         if let Some(mut connection) = self.checkout(now) {
-            let exchange = connection.sender.try_send_request(request);
-            let sent = match deadline {
-                Some(at) => Connection::within(connection.deadline.as_mut(), at, exchange)
-                    .await
-                    .ok_or(BackendError::TimedOut)?,
-                None => exchange.await,
-            };
+            let mut exchange = std::pin::pin!(connection.sender.try_send_request(request));
+            if let Some(at) = deadline {
+                connection.deadline.as_mut().reset(at);
+            }
+            let timer = &mut connection.deadline;
+            // Polled in place, not in a future of its own: each nested future is one more copy
+            // of its state into the one that awaits it.
+            let sent = std::future::poll_fn(|cx| match exchange.as_mut().poll(cx) {
+                // The exchange first: an answer that is there is taken even at the deadline.
+                Poll::Ready(sent) => Poll::Ready(Ok(sent)),
+                Poll::Pending if deadline.is_some() => {
+                    timer.as_mut().poll(cx).map(|()| Err(BackendError::TimedOut))
+                }
+                Poll::Pending => Poll::Pending,
+            })
+            .await?;
             match sent {
                 Ok(response) => return Ok(self.body_of(response, connection)),
                 Err(mut error) => match error.take_message() {
@@ -364,8 +363,9 @@ impl Pool {
         }
         if self.h2_declined.load(Ordering::Relaxed) {
             drop(opening);
-            // The caller's deadline holds around this whole exchange.
-            return self.send_http1(self.http1_form(request), now, None).await;
+            // The caller's deadline holds around this whole exchange; as HTTP/1.1 (its form's
+            // version), the way back to HTTP/2 is not taken.
+            return self.send(self.http1_form(request), now, None).await;
         }
         match Box::pin(self.connect(true)).await? {
             Opened::Http2(mut sender) => {

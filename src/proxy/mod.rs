@@ -927,17 +927,15 @@ impl Proxy {
         sent: Instant,
     ) -> Result<Response<BackendBody>, ProxyError> {
         // A request with no body to wait for (most): the backend has BACKEND_TIMEOUT_MS from
-        // `sent`, and the pool keeps that deadline on the connection's own timer.
-        let Some(progress) = progress else {
-            let result = self
-                .pool
-                .send(request, sent, Some(sent + self.backend_timeout))
-                .await;
-            return self.answered(result, None);
-        };
+        // `sent`, and the pool keeps that deadline on the connection's own timer. With a body,
+        // the deadline is kept here, from the body's end.
+        let deadline = progress.is_none().then(|| sent + self.backend_timeout);
         // Made here, not handed in: a future moved into another keeps its place in the one it
         // left, and each layer would hold a copy's worth of room.
-        let exchange = self.pool.send(request, sent, None);
+        let exchange = self.pool.send(request, sent, deadline);
+        let Some(progress) = progress else {
+            return self.answered(exchange.await, None);
+        };
         let mut exchange = std::pin::pin!(exchange);
         // When the body ended: the backend's BACKEND_TIMEOUT_MS counts from there.
         let waiting_since = loop {
