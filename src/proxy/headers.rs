@@ -276,6 +276,8 @@ pub(crate) struct HeadScan {
     pub(crate) client_claim: bool,
     /// An `X-Request-Id` line.
     pub(crate) request_id: bool,
+    /// A `traceparent` line (W3C Trace Context): read only when traces are on.
+    pub(crate) traceparent: bool,
 }
 
 impl HeadScan {
@@ -293,6 +295,8 @@ impl HeadScan {
                 scan.method_override = true;
             } else if name == X_REQUEST_ID {
                 scan.request_id = true;
+            } else if name == crate::telemetry::trace::TRACEPARENT {
+                scan.traceparent = true;
             } else if name.as_str().contains('_') {
                 scan.underscore = true;
             }
@@ -604,6 +608,7 @@ mod tests {
         assert!(scan("x-method-override").method_override);
         assert!(scan("true-client-ip").client_claim);
         assert!(scan("x-request-id").request_id);
+        assert!(scan("traceparent").traceparent && !scan("tracestate").traceparent);
         // Each of those names is seen whatever comes before it.
         let many = headers(&[
             ("x-request-id", "1"),
