@@ -354,3 +354,54 @@ fn a_bad_variable_is_refused_at_startup_naming_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_tower_layer_makes_the_same_spans_and_the_app_gets_the_context() {
+    use axum::Router;
+    use tollgate::layer::RateLimitLayer;
+
+    let collector = Collector::start(Otlp::Http);
+    let otel = collector.vars();
+    let layer = otel
+        .iter()
+        .fold(RateLimitLayer::builder(), |builder, (name, value)| {
+            builder.var(name, value.clone())
+        })
+        .var("MAX_TOKENS", "1")
+        .var("REFILL_RATE", "0.001")
+        .build()
+        .unwrap();
+    // The app answers with the traceparent it was given.
+    let app = Router::new().fallback(|headers: http::HeaderMap| async move {
+        headers
+            .get("traceparent")
+            .map(|value| value.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    });
+    let app = Router::new().fallback_service(layer.wrap(app));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, app).await.unwrap();
+    });
+    let allowed = get(addr, "/hello").await;
+    assert_eq!(allowed.status, StatusCode::OK);
+    assert_eq!(get(addr, "/hello").await.status, StatusCode::TOO_MANY_REQUESTS);
+    let spans = collector.wait_for(2, |span| kind(span) == SERVER).await;
+    let span = spans.iter().find(|span| status_code(span) == 200).unwrap();
+    assert_eq!(attribute(span, "tollgate.decision"), "allowed");
+    assert_eq!(attribute(span, "url.path"), "/hello");
+    let refused = spans.iter().find(|span| status_code(span) == 429).unwrap();
+    assert_eq!(attribute(refused, "tollgate.decision"), "limited");
+    assert_eq!(
+        allowed.text(),
+        format!(
+            "00-{}-{}-01",
+            span["trace_id"].as_str().unwrap(),
+            span["span_id"].as_str().unwrap()
+        ),
+        "the app's parent is the layer's span"
+    );
+    server.abort();
+}

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer, TracerProvider};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer, TracerProvider};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
@@ -259,27 +259,31 @@ impl Traces {
             None => Context::new(),
         };
         let (method_name, original) = method_attribute(method);
-        let mut attributes = Vec::with_capacity(8);
-        attributes.push(KeyValue::new("http.request.method", method_name));
-        if let Some(original) = original {
-            attributes.push(KeyValue::new("http.request.method_original", original));
-        }
-        attributes.push(KeyValue::new("url.path", path.to_owned()));
-        if let Some(host) = host.and_then(|host| std::str::from_utf8(host).ok()) {
-            let (address, port) = split_host(host);
-            attributes.push(KeyValue::new("server.address", address.to_owned()));
-            if let Some(port) = port {
-                attributes.push(KeyValue::new("server.port", i64::from(port)));
-            }
-        }
-        attributes.push(KeyValue::new("client.address", peer.to_string()));
-        attributes.push(KeyValue::new("network.peer.address", peer.to_string()));
         let tracer = &self.inner.tracer;
-        let span = tracer
+        // Started bare: a span the sampler drops (most, at a low ratio) is given nothing.
+        let mut span = tracer
             .span_builder(method_name)
             .with_kind(SpanKind::Server)
-            .with_attributes(attributes)
             .start_with_context(tracer, &parent);
+        if span.is_recording() {
+            let mut attributes = Vec::with_capacity(8);
+            attributes.push(KeyValue::new("http.request.method", method_name));
+            if let Some(original) = original {
+                attributes.push(KeyValue::new("http.request.method_original", original));
+            }
+            attributes.push(KeyValue::new("url.path", path.to_owned()));
+            if let Some(host) = host.and_then(|host| std::str::from_utf8(host).ok()) {
+                let (address, port) = split_host(host);
+                attributes.push(KeyValue::new("server.address", address.to_owned()));
+                if let Some(port) = port {
+                    attributes.push(KeyValue::new("server.port", i64::from(port)));
+                }
+            }
+            let peer = peer.to_string();
+            attributes.push(KeyValue::new("client.address", peer.clone()));
+            attributes.push(KeyValue::new("network.peer.address", peer));
+            span.set_attributes(attributes);
+        }
         RequestSpan {
             context: parent.with_span(span),
             traces: self.clone(),
