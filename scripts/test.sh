@@ -106,6 +106,11 @@ promtool --version 2>&1 | sed -n 1p
 # Python's grpcio-tools (its protoc and the grpc runtime), as a user of Envoy's API would.
 ensure_module 'grpc_tools.protoc, grpc' grpcio-tools python3-grpc-tools
 
+# tests/it/traces.rs receives tollgate's spans over OTLP (HTTP and gRPC) with the OpenTelemetry
+# project's own messages: the opentelemetry-proto package (its protobuf classes and the trace
+# service's gRPC stubs), behind the small receivers of tests/it/support/otlp_receiver.py.
+ensure_module 'opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc' opentelemetry-proto ''
+
 started=$SECONDS
 # docs/architecture.md says no module of src/ imports one that imports it back: held to it by
 # the team's tool where the checkout has it beside it (../shared is not part of the repository).

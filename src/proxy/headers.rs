@@ -288,6 +288,8 @@ pub(crate) struct HeadScan {
     pub(crate) request_id: bool,
     /// An `X-Forwarded-For` line.
     pub(crate) forwarded_for: bool,
+    /// A `traceparent` line (W3C Trace Context): read only when traces are on.
+    pub(crate) traceparent: bool,
 }
 
 impl HeadScan {
@@ -307,6 +309,8 @@ impl HeadScan {
                 scan.request_id = true;
             } else if name == X_FORWARDED_FOR {
                 scan.forwarded_for = true;
+            } else if name == crate::telemetry::trace::TRACEPARENT {
+                scan.traceparent = true;
             } else if name.as_str().contains('_') {
                 scan.underscore = true;
             }
@@ -628,6 +632,7 @@ mod tests {
         assert!(scan("true-client-ip").client_claim);
         assert!(scan("x-request-id").request_id);
         assert!(scan("x-forwarded-for").forwarded_for);
+        assert!(scan("traceparent").traceparent && !scan("tracestate").traceparent);
         // Each of those names is seen whatever comes before it.
         let many = headers(&[
             ("x-request-id", "1"),

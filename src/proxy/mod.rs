@@ -61,6 +61,7 @@ use crate::outcome::{BackendFailure, Outcome};
 use crate::refusal::Refusals;
 use crate::server::{Answered, Arrival, Door, Peer};
 use crate::telemetry::throttle::LogThrottle;
+use crate::telemetry::trace::RequestSpan;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
 use cors::Cors;
@@ -388,10 +389,13 @@ struct Forwarding<'a> {
     scan: HeadScan,
 }
 
-/// What the log lines of one request need to know, wherever they are written.
+/// What the log lines (and the trace) of one request need to know, wherever they are
+/// written.
 struct RequestContext<'a> {
     /// `X-Request-Id`.
     id: &'a HeaderValue,
+    /// Its server span, when traces are on.
+    span: Option<&'a RequestSpan>,
 }
 
 impl RequestContext<'_> {
@@ -434,7 +438,15 @@ impl Door for Proxy {
             .cors
             .as_ref()
             .and_then(|cors| cors.origin_of(request.headers()));
-        let context = RequestContext { id: &id };
+        // Traces off: `None`, and nothing read for them.
+        let span = self
+            .gate
+            .traces()
+            .map(|traces| traces.request_span(&request, arrival.connection.address.ip(), scan.traceparent));
+        let context = RequestContext {
+            id: &id,
+            span: span.as_ref(),
+        };
         let proxied = match self.respond(request, arrival, &context, scan, started).await {
             Ok(proxied) => proxied,
             // Answered before any rule was found: counted without one.
@@ -458,6 +470,9 @@ impl Door for Proxy {
             cors.apply(response.headers_mut(), origin);
         }
         response.headers_mut().insert(X_REQUEST_ID, id);
+        if let Some(span) = span {
+            span.end(response.status().as_u16());
+        }
         Answered {
             response,
             settled,
@@ -530,6 +545,9 @@ impl Proxy {
             Ok(admission) => admission,
             Err(refused) => return Err(self.refused(refused, &request, peer, context)),
         };
+        if let Some(span) = context.span {
+            span.admitted(admission.traced());
+        }
         let outcome = admission.outcome();
         // Captured only when a line about this request will be written (the request moves on
         // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
@@ -545,6 +563,10 @@ impl Proxy {
             None => {
                 // The backend gets the request id too, so its logs and ours can be joined.
                 request.headers_mut().insert(X_REQUEST_ID, id.clone());
+                // And the trace, this span its parent.
+                if let Some(span) = context.span {
+                    span.inject(request.headers_mut());
+                }
                 // Taken first: the rest of `to` borrows the admission.
                 let tunnel = admission.take_tunnel();
                 let to = Forwarding {

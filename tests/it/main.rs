@@ -33,3 +33,4 @@ mod state_file;
 mod strict;
 mod tls_backend;
 mod tls_listener;
+mod traces;
