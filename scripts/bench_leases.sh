@@ -51,15 +51,17 @@ start redis "$redis_port" "${on_proxy_cpu[@]}" -- \
   redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no
 
 tollgate() { # name VAR=value...
-  local name=$1 port
+  local name=$1 port admin_port
   shift
   port=$(free_port "$backend_port" "$redis_port")
+  admin_port=$(free_port "$backend_port" "$redis_port" "$port")
   start "$name" "$port" "${on_proxy_cpu[@]}" -- env -i PATH="$PATH" \
     BACKEND_URL="http://127.0.0.1:$backend_port" BIND=127.0.0.1 PORT="$port" RUST_LOG=warn \
+    ADMIN_BIND=127.0.0.1 ADMIN_PORT="$admin_port" \
     LIMITS="$limits" "$@" "$TOLLGATE"
 }
 tollgate memory
-tollgate redis REDIS_URL="redis://127.0.0.1:$redis_port" KEY_PREFIX="bench-redis:"
+tollgate redis-plain REDIS_URL="redis://127.0.0.1:$redis_port" KEY_PREFIX="bench-redis:"
 tollgate redis-leases REDIS_URL="redis://127.0.0.1:$redis_port" KEY_PREFIX="bench-leases:" REDIS_LEASES=on
 
 # calls and commands: the gateway's calls (scripts) and every command Redis counted.
@@ -74,7 +76,7 @@ printf '| %-5s | %-12s | %10s | %9s | %14s | %17s |\n' round target "req/s" "x m
 printf '|%s|%s|%s|%s|%s|%s|\n' "-------" "--------------" "------------" "-----------" "----------------" "-------------------"
 for round in $(seq 1 "$rounds"); do
   memory_rps=
-  for name in memory redis redis-leases; do
+  for name in memory redis-plain redis-leases; do
     url="http://127.0.0.1:${port_of[$name]}/"
     # Warm up (the key gets hot, shares are taken), then measure.
     "${on_load_cpu[@]}" wrk -t1 -c"$connections" -d2s "$url" >/dev/null

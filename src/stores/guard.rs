@@ -643,7 +643,12 @@ impl<S: Remote> Guard<S> {
             }
             Taken::Refused => {}
         }
-        match leases.taken(rule, &key, cost, sent, &taken) {
+        let mut returned = Vec::new();
+        let decision = leases.taken(rule, &key, cost, sent, &taken, &mut returned);
+        if !returned.is_empty() {
+            tokio::spawn(give_back(self.inner.shared.clone(), returned));
+        }
+        match decision {
             Some(decision) => Ok(decision),
             None => store.check_key(rule, key, cost, &breaker.clock).await,
         }
@@ -730,7 +735,19 @@ impl<S: Remote> Store for Guard<S> {
                 tokio::spawn(give_back(shared_arc(&self.inner), vec![returned]));
             }
             match step {
-                Step::Local(decision) => return Decide::ready(Verdict::Decided(decision)),
+                Step::Local(decision, refresh) => {
+                    if let Some(units) = refresh {
+                        let breaker = shared.breaker(&key).into_owned();
+                        tokio::spawn(refresh_share(
+                            self.inner.shared.clone(),
+                            rule.clone(),
+                            key,
+                            units,
+                            breaker,
+                        ));
+                    }
+                    return Decide::ready(Verdict::Decided(decision));
+                }
                 Step::Take(want) => take = Some((leases, want)),
                 Step::Ask => {}
             }
@@ -1207,5 +1224,56 @@ async fn return_expired<S: Remote>(shared: Weak<Shared<S>>) {
         if !returns.is_empty() {
             give_back(shared, returns).await;
         }
+    }
+}
+
+/// Take the next share of the hot key `key` under `rule` in the background (cost 0) while the
+/// one in hand still serves it; what the take brings is added to it (see [`Leases::taken`]).
+async fn refresh_share<S: Remote>(
+    shared: Arc<Shared<S>>,
+    rule: Rule,
+    key: String,
+    units: u64,
+    breaker: Arc<Breaker>,
+) {
+    let Some(leases) = &shared.leases else {
+        return;
+    };
+    if breaker.is_open() {
+        leases.abandon(&key);
+        return;
+    }
+    let sent = Instant::now();
+    let want = Want {
+        cost: Cost::ZERO,
+        units,
+    };
+    let taken = shared
+        .store
+        .take_lease(&rule, &key, want, leases.replica(), &breaker.clock, sent)
+        .await;
+    let taken = match taken {
+        Ok(taken) => taken,
+        Err(error) => {
+            leases.abandon(&key);
+            if !error.is_about_one_key() {
+                tracing::debug!(%error, "a lease's next share could not be taken");
+            }
+            return;
+        }
+    };
+    match &taken {
+        Taken::Share { now_us, .. } => breaker.clock.observe(sent, *now_us),
+        Taken::Expired(redis_us) => {
+            breaker.clock.reset(sent, *redis_us);
+            leases.abandon(&key);
+            return;
+        }
+        Taken::Refused => {}
+    }
+    let mut returned = Vec::new();
+    leases.taken(&rule, &key, Cost::ZERO, sent, &taken, &mut returned);
+    if !returned.is_empty() {
+        give_back(shared, returned).await;
     }
 }

@@ -191,8 +191,9 @@ pub struct Want {
 /// What the guard does with a decision, as the leases say.
 #[derive(Debug)]
 pub enum Step {
-    /// Decided from this replica's share: allowed, no round trip.
-    Local(Decision),
+    /// Decided from this replica's share: allowed, no round trip; with the units of the next
+    /// share to take meanwhile (cost 0, in the background) when this one runs low.
+    Local(Decision, Option<u64>),
     /// The key is hot and holds no share: take one, wanting this many units.
     Take(u64),
     /// Ask Redis, as without leases.
@@ -251,6 +252,12 @@ struct Held {
     /// Per limit: what Redis held after the share, its reset time as of the take, and when
     /// the share was counted.
     parts: [TakenPart; MAX_LIMITS],
+    /// Units the take debited: below half of them left, the next share is taken.
+    share: u64,
+    /// The next share is being taken.
+    refreshing: bool,
+    /// A refresh found no share to take (the budget runs low): none before then.
+    quiet_until: Option<Instant>,
 }
 
 /// The leases of one replica, over every rule table it serves.
@@ -340,10 +347,25 @@ impl Leases {
                 State::Quiet(until) if now < *until => return Step::Ask,
                 State::Quiet(_) => {}
                 State::Held(held) => {
-                    if lease.rule.limits == rule.limits && now < held.expires && held.left >= cost {
+                    let usable = lease.rule.limits == rule.limits && now < held.expires;
+                    if usable && held.left >= cost {
                         held.left -= cost;
                         self.local.fetch_add(1, Ordering::Relaxed);
-                        return Step::Local(held.decision(rule, now));
+                        // Below half the share, the next share is taken in the background while
+                        // this one still serves: the key's requests never wait for a take.
+                        let refresh = (hot
+                            && !held.refreshing
+                            && held.left < held.share / 2 + cost
+                            && held.quiet_until.is_none_or(|until| now >= until))
+                        .then(|| {
+                            held.refreshing = true;
+                            want(count, cost)
+                        });
+                        return Step::Local(held.decision(rule, now), refresh);
+                    }
+                    if held.refreshing {
+                        // The next share is on its way: until then, Redis decides.
+                        return Step::Ask;
                     }
                     // Spent, expired, or taken under other limits: what is left goes back.
                     if held.left > 0 {
@@ -404,8 +426,9 @@ impl Leases {
     }
 
     /// A take sent at `sent` for the client of `key` under `rule` answered `taken`: keep the
-    /// share (less the cost of the request that took it, whose decision this returns), or
-    /// drop the lease. `None`: no share, ask Redis.
+    /// share (less the cost of the request that took it, whose decision this returns), added
+    /// to the share still in hand when both are of the same windows; or drop the lease. `None`:
+    /// no share, ask Redis. What is not kept goes to `returned`, to go back.
     pub fn taken(
         &self,
         rule: &Rule,
@@ -413,12 +436,18 @@ impl Leases {
         cost: Cost,
         sent: Instant,
         taken: &Taken,
+        returned: &mut Vec<Return>,
     ) -> Option<Decision> {
         let hash = self.hasher.hash_one(key);
         let mut shard = self.shards[shard_index(hash)].lock();
         let Taken::Share { share, now_us, parts } = taken else {
-            if let Some(lease) = shard.get_mut(key) {
-                lease.state = State::Quiet(sent + QUIET);
+            match shard.get_mut(key).map(|lease| &mut lease.state) {
+                Some(State::Held(held)) => {
+                    held.refreshing = false;
+                    held.quiet_until = Some(sent + QUIET);
+                }
+                Some(state) => *state = State::Quiet(sent + QUIET),
+                None => {}
             }
             return None;
         };
@@ -429,6 +458,9 @@ impl Leases {
             sent,
             at_us: *now_us,
             parts: [TakenPart::default(); MAX_LIMITS],
+            share: *share,
+            refreshing: false,
+            quiet_until: None,
         };
         for (slot, part) in held.parts.iter_mut().zip(parts) {
             *slot = *part;
@@ -437,18 +469,56 @@ impl Leases {
             }
         }
         let decision = held.decision(rule, sent);
-        match shard.get_mut(key) {
-            // Still ours to fill (a reset or the shutdown may have dropped it meanwhile: then
-            // the share goes unspent, as a killed replica's would, never over).
-            Some(lease)
-                if matches!(lease.state, State::Taking)
-                    && held.left > 0
-                    && !self.closed.load(Ordering::Relaxed) =>
-            {
-                lease.state = State::Held(Box::new(held));
+        let give_back = |held: &Held, under: &Rule| Return {
+            rule: under.clone(),
+            key: key.to_owned(),
+            units: Cost::saturating(held.left),
+            at_us: held.at_us,
+        };
+        let open = !self.closed.load(Ordering::Relaxed);
+        let Some(lease) = shard
+            .get_mut(key)
+            .filter(|lease| open && lease.rule.limits == rule.limits)
+        else {
+            // The lease was dropped meanwhile (a reset, a reload, the shutdown), or is taken
+            // under other limits since: the share goes back.
+            if held.left > 0 {
+                returned.push(give_back(&held, rule));
             }
-            _ => {
+            return Some(decision);
+        };
+        match &mut lease.state {
+            State::Held(old) if old.refreshing => {
+                if *share <= cost.get() {
+                    // No units beyond the cost (the budget runs low): keep the share in hand,
+                    // and take no other for a while.
+                    old.refreshing = false;
+                    old.quiet_until = Some(sent + QUIET);
+                    return Some(decision);
+                }
+                if sent < old.expires && same_windows(rule, old, &held) {
+                    // One share: the units of both, spent by the earlier end (no unit is spent
+                    // later than a lease period after its take, nor past its window).
+                    held.left = held.left.saturating_add(old.left);
+                    held.expires = held.expires.min(old.expires);
+                } else if old.left > 0 {
+                    returned.push(give_back(old, &lease.rule));
+                }
+                if held.left > 0 {
+                    lease.state = State::Held(Box::new(held));
+                } else {
+                    shard.remove(key);
+                }
+            }
+            State::Taking if held.left > 0 => lease.state = State::Held(Box::new(held)),
+            State::Taking => {
                 shard.remove(key);
+            }
+            // A share in hand that did not ask for this one: this one goes back.
+            _ => {
+                if held.left > 0 {
+                    returned.push(give_back(&held, rule));
+                }
             }
         }
         Some(decision)
@@ -459,11 +529,12 @@ impl Leases {
     pub fn abandon(&self, key: &str) {
         let hash = self.hasher.hash_one(key);
         let mut shard = self.shards[shard_index(hash)].lock();
-        if shard
-            .get(key)
-            .is_some_and(|lease| matches!(lease.state, State::Taking))
-        {
-            shard.remove(key);
+        match shard.get_mut(key).map(|lease| &mut lease.state) {
+            Some(State::Taking) => {
+                shard.remove(key);
+            }
+            Some(State::Held(held)) => held.refreshing = false,
+            _ => {}
         }
     }
 
@@ -541,6 +612,25 @@ impl Held {
         }
         Decision::of(&parts[..limits])
     }
+}
+
+/// Whether two shares of `rule` were counted in the same window of every window limit (a
+/// bucket has none): then their units may be spent as one.
+fn same_windows(rule: &Rule, old: &Held, new: &Held) -> bool {
+    rule.limits
+        .iter()
+        .zip(old.parts.iter().zip(&new.parts))
+        .all(|(policy, (old, new))| match policy {
+            Policy::FixedWindow(window) => same_window(old.at_us, new.at_us, window.window_ms),
+            Policy::SlidingWindow(window) => same_window(old.at_us, new.at_us, window.window_ms),
+            _ => true,
+        })
+}
+
+/// Whether `a` and `b` (µs) fall in one window of `window_ms`, as the scripts number them.
+fn same_window(a: u64, b: u64, window_ms: u64) -> bool {
+    let window_ms = window_ms.max(1);
+    a / 1000 / window_ms == b / 1000 / window_ms
 }
 
 /// How many units a take asks for: twice the decisions counted this second (about one lease
