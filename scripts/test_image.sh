@@ -39,7 +39,6 @@ case "${1:-}" in
     exit 2
     ;;
 esac
-work=$(mktemp -d /tmp/tollgate-image.XXXXXX)
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 me=$(basename "$0")
@@ -63,6 +62,10 @@ install_missing "${missing[@]}"
 
 cache=${TOLLGATE_IMAGE_CACHE:-/var/tmp/tollgate-image}
 mkdir -p "$cache"
+# One run at a time per cache: two would share the stand-ins' making, the container names and
+# the network namespace.
+exec 9>"$cache/lock"
+flock -n 9 || fail "another run holds $cache/lock"
 image=localhost/tollgate:image-test
 container=tollgate-image-test
 netns=tollgate-image-test
@@ -89,6 +92,7 @@ bh() { buildah "${buildah_args[@]}" "$@"; }
 
 # --- cleanup: ours only, on any exit; and what a killed earlier run left -----------------------
 
+work=$(mktemp -d /tmp/tollgate-image.XXXXXX)
 pids=()
 cleanup() {
   local status=$? pid
