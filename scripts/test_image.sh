@@ -39,7 +39,6 @@ case "${1:-}" in
     exit 2
     ;;
 esac
-work=$(mktemp -d /tmp/tollgate-image.XXXXXX)
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 me=$(basename "$0")
@@ -63,6 +62,10 @@ install_missing "${missing[@]}"
 
 cache=${TOLLGATE_IMAGE_CACHE:-/var/tmp/tollgate-image}
 mkdir -p "$cache"
+# One run at a time per cache: two would share the stand-ins' making, the container names and
+# the network namespace.
+exec 9>"$cache/lock"
+flock -n 9 || fail "another run holds $cache/lock"
 image=localhost/tollgate:image-test
 container=tollgate-image-test
 netns=tollgate-image-test
@@ -89,6 +92,7 @@ bh() { buildah "${buildah_args[@]}" "$@"; }
 
 # --- cleanup: ours only, on any exit; and what a killed earlier run left -----------------------
 
+work=$(mktemp -d /tmp/tollgate-image.XXXXXX)
 pids=()
 cleanup() {
   local status=$? pid
@@ -358,7 +362,10 @@ ns_wait_for_port() {
 }
 
 # compose's redis: no persistence. Its backend: any path 200; /slow answers after 2 s.
-in_ns redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+# Started with `ip netns exec` itself, not a shell function: $! is then the program's own pid
+# (ip execs it), so the cleanup's kill reaches it; and without the lock's descriptor.
+ip netns exec "$netns" redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+  >"$work/redis.log" 2>&1 9>&- &
 pids+=($!)
 cat >"$work/backend.py" <<'EOF'
 import http.server, time
@@ -377,7 +384,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", 80), Backend).serve_forever()
 EOF
 # The interpreter itself, not a wrapper (pyenv's shims) that would outlive a kill of its pid.
 python=$(python3 -c 'import sys; print(sys.executable)')
-in_ns "$python" "$work/backend.py" >"$work/backend.log" 2>&1 &
+ip netns exec "$netns" "$python" "$work/backend.py" >"$work/backend.log" 2>&1 9>&- &
 pids+=($!)
 ns_wait_for_port 6379 redis
 ns_wait_for_port 80 backend
@@ -393,8 +400,8 @@ env_args=()
 for variable in "${compose_env[@]}"; do env_args+=(--env "$variable"); done
 say "running ${entrypoint[*]} as $image_user with $compose's environment: ${compose_env[*]}"
 
-in_ns_bh run --isolation chroot --user "$image_user" "${env_args[@]}" "$ctr" -- "${entrypoint[@]}" \
-  >"$work/tollgate.log" 2>&1 &
+ip netns exec "$netns" buildah "${buildah_args[@]}" run --isolation chroot --user "$image_user" \
+  "${env_args[@]}" "$ctr" -- "${entrypoint[@]}" >"$work/tollgate.log" 2>&1 9>&- &
 runner=$!
 pids+=("$runner")
 ns_wait_for_port 8080 tollgate
@@ -509,7 +516,8 @@ say "compose and Kubernetes: ports $k8s_ports, user $k8s_user, health check as t
 # SIGTERM drains: a request in flight (the backend takes 2 s) is answered, new connections are
 # refused, /readyz says 503 meanwhile, and tollgate exits 0 well before SHUTDOWN_TIMEOUT_MS.
 sleep 2 # a token back for the slow request (1 a second)
-ns_curl -sS -o "$work/slow.body" -w '%{http_code}' http://127.0.0.1:8080/slow >"$work/slow.code" 2>&1 &
+ip netns exec "$netns" curl --noproxy '*' -sS -o "$work/slow.body" -w '%{http_code}' \
+  http://127.0.0.1:8080/slow >"$work/slow.code" 2>&1 9>&- &
 slow=$!
 pids+=("$slow")
 sleep 0.5
