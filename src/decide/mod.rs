@@ -211,8 +211,12 @@ impl Decide {
                 .get(header::CONTENT_TYPE)
                 .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
         {
+            let mut request = request;
             if let Some(span) = span {
-                span.door("rls", None);
+                let route = crate::rls::ROUTE;
+                span.door("rls", (request.uri().path() == route).then_some(route));
+                // For the service to tell it the descriptor's decision.
+                request.extensions_mut().insert(span.clone());
             }
             return self.grpc(rls, request).await;
         }

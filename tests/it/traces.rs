@@ -405,3 +405,61 @@ async fn the_tower_layer_makes_the_same_spans_and_the_app_gets_the_context() {
     );
     server.abort();
 }
+
+/// Envoy's rate limit service on the decision listener (gRPC): one server span per
+/// `ShouldRateLimit` call, named by its method, with the rule, decision and numbers of the
+/// descriptor the answer follows, from a client generated from the protos.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_rate_limit_call_is_a_span_with_its_decision() {
+    let collector = Collector::start(Otlp::Http);
+    let otel = collector.vars();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("edge.yaml");
+    std::fs::write(
+        &file,
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let file = file.display().to_string();
+    let gateway = Gateway::start_decide(None, &vars(&otel, &[("RLS_CONFIG", &file)])).await;
+    let script = r#"
+import sys, grpc
+sys.path.insert(0, sys.argv[1])
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+stub = rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(sys.argv[2]))
+for _ in range(3):
+    r = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[
+        ratelimit_pb2.RateLimitDescriptor(entries=[
+            ratelimit_pb2.RateLimitDescriptor.Entry(key="remote_address", value="4.4.4.4")])]))
+    print(rls_pb2.RateLimitResponse.Code.Name(r.overall_code))
+"#;
+    let printed = crate::rls::python_client(script, gateway.decide.unwrap()).await;
+    assert_eq!(printed.lines().collect::<Vec<_>>(), ["OK", "OK", "OVER_LIMIT"]);
+    let mut spans = collector.wait_for(3, |span| kind(span) == SERVER).await;
+    spans.sort_by_key(|span| span["start_time_unix_nano"].as_u64().unwrap_or(0));
+    let route = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    for span in &spans {
+        assert_eq!(span["name"], format!("POST {route}").as_str());
+        assert_eq!(attribute(span, "http.route"), route);
+        assert_eq!(attribute(span, "tollgate.door"), "rls");
+        assert_eq!(attribute(span, "tollgate.limit"), 2);
+        assert!(
+            attribute(span, "tollgate.rule")
+                .as_str()
+                .is_some_and(|rule| !rule.is_empty()),
+            "{span}"
+        );
+    }
+    let decisions: Vec<&Value> = spans
+        .iter()
+        .map(|span| attribute(span, "tollgate.decision"))
+        .collect();
+    assert_eq!(decisions, ["allowed", "allowed", "limited"]);
+    let remaining: Vec<&Value> = spans
+        .iter()
+        .map(|span| attribute(span, "tollgate.remaining"))
+        .collect();
+    assert_eq!(remaining, [1, 0, 0]);
+    gateway.stop().await;
+}

@@ -51,6 +51,37 @@ pub(crate) struct Admitted<'a> {
     pub store_call: Option<(Instant, Instant)>,
 }
 
+/// An [`Admitted`] kept past its admission, for a door that makes several admissions for one
+/// span and tells it the one its answer follows (Envoy's descriptors: the nearest to its limit).
+pub(crate) struct Noted {
+    rule: String,
+    decision: &'static str,
+    numbers: Option<(u64, u64)>,
+    store_call: Option<(Instant, Instant)>,
+}
+
+impl Noted {
+    /// `admitted`, owned.
+    pub(crate) fn of(admitted: Admitted<'_>) -> Self {
+        Noted {
+            rule: admitted.rule.to_owned(),
+            decision: admitted.decision,
+            numbers: admitted.numbers,
+            store_call: admitted.store_call,
+        }
+    }
+
+    /// What was noted, as the span reads it.
+    pub(crate) fn admitted(&self) -> Admitted<'_> {
+        Admitted {
+            rule: &self.rule,
+            decision: self.decision,
+            numbers: self.numbers,
+            store_call: self.store_call,
+        }
+    }
+}
+
 /// The traces' settings (`OTEL_*`); `None` in the configuration when no endpoint is set.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct TraceSettings {
@@ -293,7 +324,10 @@ impl Traces {
     }
 }
 
-/// One request's server span, from its arrival to its answer.
+/// One request's server span, from its arrival to its answer. A clone writes on the same span
+/// (Envoy's door hands one to the gRPC service in the request's extensions); the span ends
+/// once, by [`RequestSpan::end`].
+#[derive(Clone)]
 pub struct RequestSpan {
     /// The span, as the parent of what it makes and writes on.
     context: Context,
