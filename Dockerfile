@@ -5,6 +5,8 @@
 # targets changes), then tollgate itself. The runtime image is distroless: glibc, libgcc and
 # CA certificates, no shell, no package manager, one stripped binary, a non-root user.
 # A compose file, a Kubernetes manifest and a Grafana dashboard: docs/deploy/.
+# scripts/test_image.sh builds this file with buildah (stand-ins for the two base images, made from
+# Debian's packages) and runs the image: docs/deploy/README.md says what it checks.
 
 # The toolchain tollgate is developed and tested with; bump it together with the CI toolchain.
 FROM rust:1.95.0-bookworm AS chef

@@ -4,6 +4,7 @@
 # running by hand), so redis-server and redis-cli must be installed; on Debian this script
 # installs them when they are missing, and so python3 (a backend that reads targets as Python
 # does), promtool and Python's prometheus_client.
+# Not the image: scripts/test_image.sh builds and runs it, a command of its own (README.md, Docker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -104,6 +105,11 @@ promtool --version 2>&1 | sed -n 1p
 # tests/it/rls.rs calls the gRPC rate limit service with a client generated from proto/ by
 # Python's grpcio-tools (its protoc and the grpc runtime), as a user of Envoy's API would.
 ensure_module 'grpc_tools.protoc, grpc' grpcio-tools python3-grpc-tools
+
+# tests/it/traces.rs receives tollgate's spans over OTLP (HTTP and gRPC) with the OpenTelemetry
+# project's own messages: the opentelemetry-proto package (its protobuf classes and the trace
+# service's gRPC stubs), behind the small receivers of tests/it/support/otlp_receiver.py.
+ensure_module 'opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc' opentelemetry-proto ''
 
 started=$SECONDS
 # docs/architecture.md says no module of src/ imports one that imports it back: held to it by

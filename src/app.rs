@@ -24,9 +24,13 @@ use crate::server::listener::Listener;
 use crate::server::{Capacity, Door, Drain, Server, tls};
 use crate::stores::state_file::{self, Persistence, StateFileSettings};
 use crate::stores::{Guard, Limiter, MemoryStore, RedisStore, StoreError};
+use crate::telemetry::trace::Traces;
 
 /// How often the memory store drops clients whose budget is entirely back.
 const PURGE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long the drained gateway waits for its last spans to reach the collector.
+const TRACES_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why tollgate could not start serving.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +64,9 @@ pub enum ServeError {
     /// `STATE_FILE` cannot be written where it is.
     #[error("STATE_FILE: {0}")]
     StateFile(#[from] state_file::StateFileError),
+    /// The traces' exporter could not be built (`OTEL_EXPORTER_OTLP_*`).
+    #[error("{0}")]
+    Traces(String),
 }
 
 /// Build the configured limiter. Redis is connected lazily, so this does not wait for it.
@@ -70,7 +77,13 @@ pub(crate) fn limiter(config: &Config) -> Result<Limiter, StoreError> {
         StoreConfig::Redis(redis) => {
             let store = RedisStore::new(&redis.target, &redis.key_prefix, redis.timeout)?
                 .with_calls_in_flight(redis.calls_in_flight);
-            Limiter::new(Guard::new(store, redis.guard, config.store.max_keys, rules))
+            Limiter::new(Guard::with_leases(
+                store,
+                redis.guard,
+                config.store.max_keys,
+                rules,
+                redis.leases,
+            ))
         }
     })
 }
@@ -431,10 +444,16 @@ impl App {
         self.admin_state.draining.store(true, Ordering::Release);
         drop((purge, reloads, self.certificate_watcher));
         tokio::join!(drain(proxy_drain), drain(decide_drain));
+        // After the drain: the shares of hot keys' budgets this replica did not spend go back.
+        self.gate.current().limiter().release().await;
         // After the drain: the budgets as the last requests left them.
         drop(periodic);
         if let Some(persistence) = self.persistence {
             persistence.save_on_shutdown().await;
+        }
+        // The last requests' spans, sent before the process ends.
+        if let Some(traces) = self.gate.traces() {
+            traces.shutdown(TRACES_SHUTDOWN_TIMEOUT).await;
         }
         drop(admin);
     }
@@ -517,7 +536,13 @@ fn build_gate(config: &Config, capacity: &Capacity) -> Result<(Arc<Gate>, Arc<Me
         requests: Arc::new(capacity.requests.clone()),
     };
     let metrics = Arc::new(Metrics::new(limiter.clone(), load));
-    let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()));
+    let traces = config
+        .traces
+        .as_ref()
+        .map(|settings| Traces::start(settings, metrics.traces(), limiter.memory().is_none()))
+        .transpose()
+        .map_err(|error| ServeError::Traces(error.to_string()))?;
+    let gate = Arc::new(Gate::new(config.gate.clone(), limiter, metrics.clone()).with_traces(traces));
     Ok((gate, metrics))
 }
 

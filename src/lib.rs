@@ -67,7 +67,8 @@
 //!   and the `metrics` both name it.
 //! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`) and `tollgate healthcheck`.
 //! - `metrics`: the Prometheus registry and the typed metrics, labels bounded by the config.
-//! - `telemetry`: log setup, and the throttle for log lines a flood could repeat.
+//! - `telemetry`: log setup, the throttle for log lines a flood could repeat, and traces
+//!   (`telemetry::trace`: an OpenTelemetry span per request, exported over OTLP).
 //! - `header_arena`: the header values written on every request (forwarding headers, request
 //!   ids, rate-limit numbers) cut from a per-thread buffer, with no allocation of their own.
 

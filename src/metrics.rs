@@ -27,6 +27,8 @@ use std::time::Duration;
 use http::HeaderValue;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+
+use crate::telemetry::trace::TraceCounters;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -78,7 +80,31 @@ pub const METRIC_NAMES: &[&str] = &[
     "tollgate_delayed_requests",
     "tollgate_delay_queue_full_total",
     "tollgate_rls_descriptor_total",
+    "tollgate_trace_spans_exported_total",
+    "tollgate_trace_spans_dropped_total",
 ];
+
+/// The traces' counters, registered.
+fn register_trace_counters(registry: &mut Registry) -> TraceCounters {
+    let exported = Counter::default();
+    registry.register(
+        "trace_spans_exported",
+        "Trace spans sent to the OTLP collector (OTEL_EXPORTER_OTLP_ENDPOINT)",
+        exported.clone(),
+    );
+    let dropped = Family::<ReasonLabels, Counter>::default();
+    registry.register(
+            "trace_spans_dropped",
+            "Trace spans dropped, never sent: the export queue was full (queue_full) or the collector did not take their batch (export_failed)",
+            dropped.clone(),
+        );
+    let reason = |reason| dropped.get_or_create(&ReasonLabels { reason }).clone();
+    TraceCounters {
+        exported,
+        dropped_queue_full: reason("queue_full"),
+        dropped_export_failed: reason("export_failed"),
+    }
+}
 
 /// What the delay queue (`gate::delay`) counts into: the requests waiting, and those refused for a full queue.
 #[derive(Debug, Clone, Default)]
@@ -243,6 +269,8 @@ pub struct BodyBytes {
 /// The metrics the request path updates, and the registry that exports them.
 pub struct Metrics {
     registry: Registry,
+    /// `tollgate_trace_spans_exported_total`, `tollgate_trace_spans_dropped_total`.
+    traces: TraceCounters,
     /// The per-rule families, from which each rule table's [`TableSeries`] is taken: a rule
     /// of the same name gets the same series in every table, so its counts carry on across
     /// reloads.
@@ -665,7 +693,9 @@ impl Metrics {
             "Envoy RLS descriptors decided under a limit with detailed_metric or value_to_metric, by domain, descriptor (its metric key, as envoyproxy/ratelimit builds it; (other) past the cap) and decision",
             descriptors.family.clone(),
         );
+        let traces = register_trace_counters(&mut registry);
         Metrics {
+            traces,
             families,
             delays,
             responses,
@@ -683,6 +713,11 @@ impl Metrics {
             response_cost_invalid: config.response_cost_invalid,
             descriptors,
         }
+    }
+
+    /// The traces' counters, for the export queue to count into.
+    pub(crate) fn traces(&self) -> TraceCounters {
+        self.traces.clone()
     }
 
     /// `tollgate_rls_descriptor_total`, for the RLS door to count decided descriptors into.

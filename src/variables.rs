@@ -72,6 +72,23 @@ pub const ACCESS_LOG: Var = Var::new("ACCESS_LOG", "denied");
 /// The log filter, read by tracing-subscriber.
 pub const RUST_LOG: Var = Var::unset("RUST_LOG");
 
+// --- traces (OpenTelemetry's own names)
+
+/// The OTLP collector's base URL; traces go to its `/v1/traces` (unset: no traces).
+pub const OTEL_EXPORTER_OTLP_ENDPOINT: Var = Var::unset("OTEL_EXPORTER_OTLP_ENDPOINT");
+/// The URL traces are sent to, as is (unset: from OTEL_EXPORTER_OTLP_ENDPOINT).
+pub const OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: Var = Var::unset("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+/// `http/protobuf` or `grpc` (default `http/protobuf`).
+pub const OTEL_EXPORTER_OTLP_PROTOCOL: Var = Var::new("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+/// The `service.name` of the spans (default `tollgate`).
+pub const OTEL_SERVICE_NAME: Var = Var::unset("OTEL_SERVICE_NAME");
+/// More resource attributes, `key=value,...` (unset: none).
+pub const OTEL_RESOURCE_ATTRIBUTES: Var = Var::unset("OTEL_RESOURCE_ATTRIBUTES");
+/// Which traces are recorded (default `parentbased_always_on`).
+pub const OTEL_TRACES_SAMPLER: Var = Var::new("OTEL_TRACES_SAMPLER", "parentbased_always_on");
+/// The ratio of the `*traceidratio` samplers, 0 to 1 (default `1.0`).
+pub const OTEL_TRACES_SAMPLER_ARG: Var = Var::unset("OTEL_TRACES_SAMPLER_ARG");
+
 /// The rules file (TOML): the rule table's settings, reloaded on SIGHUP and when it changes
 /// (unset: the environment alone).
 pub const RULES_FILE: Var = Var::unset("RULES_FILE");
@@ -248,6 +265,10 @@ pub const KEY_PREFIX: Var = Var::new("KEY_PREFIX", "tollgate:");
 pub const REDIS_TIMEOUT_MS: Var = Var::new("REDIS_TIMEOUT_MS", "50");
 /// Redis calls sent at once on a single Redis's connection (default `4`).
 pub const REDIS_CALLS_IN_FLIGHT: Var = Var::new("REDIS_CALLS_IN_FLIGHT", "4");
+/// Hot keys decided from shares of their budgets taken from Redis, `on` or `off` (default `off`).
+pub const REDIS_LEASES: Var = Var::new("REDIS_LEASES", "off");
+/// Decisions a second for one key on one replica from which it takes shares (default `100`).
+pub const REDIS_LEASE_HOT: Var = Var::new("REDIS_LEASE_HOT", "100");
 /// What the rules do when Redis cannot decide (default `open`).
 pub const FAIL_MODE: Var = Var::new("FAIL_MODE", "open");
 /// What the auth rule does when Redis cannot decide (default: the value of FAIL_MODE).
@@ -289,6 +310,13 @@ pub const ALL: &[Var] = &[
     LOG_FORMAT,
     ACCESS_LOG,
     RUST_LOG,
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_SERVICE_NAME,
+    OTEL_RESOURCE_ATTRIBUTES,
+    OTEL_TRACES_SAMPLER,
+    OTEL_TRACES_SAMPLER_ARG,
     MAX_TOKENS,
     REFILL_RATE,
     AUTH_MAX_TOKENS,
@@ -353,6 +381,8 @@ pub const ALL: &[Var] = &[
     KEY_PREFIX,
     REDIS_TIMEOUT_MS,
     REDIS_CALLS_IN_FLIGHT,
+    REDIS_LEASES,
+    REDIS_LEASE_HOT,
     FAIL_MODE,
     AUTH_FAIL_MODE,
     REDIS_BREAKER_THRESHOLD,

@@ -102,7 +102,8 @@ pub fn batch_script() -> &'static LuaScript {
 ///   arguments less the two a decision leaves empty, each of which Redis would parse;
 /// - `<library>_s<i>`: the algorithm's script with its six arguments (a refund, a charge, a
 ///   renewal, a pinned clock);
-/// - `<library>_batch` and `<library>_peek`: [`batch_script`] and [`peek_script`].
+/// - `<library>_batch` and `<library>_peek`: [`batch_script`] and [`peek_script`];
+/// - `<library>_lease`: [`LEASE_TAKE`], a hot key's share of its budget.
 #[derive(Debug)]
 pub struct FunctionLibrary {
     /// The code for `FUNCTION LOAD REPLACE`, `#!lua name=<library>` first.
@@ -115,6 +116,8 @@ pub struct FunctionLibrary {
     batch: String,
     /// `<library>_peek`.
     peek: String,
+    /// `<library>_lease`.
+    lease: String,
 }
 
 impl FunctionLibrary {
@@ -147,7 +150,17 @@ impl FunctionLibrary {
     pub fn peek(&self) -> &str {
         &self.peek
     }
+
+    /// The function of [`LEASE_TAKE`].
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
 }
+
+/// The take of a hot key's share of its budget under each of its limits (`stores::lease`;
+/// the arithmetic in docs/algorithms.md, "Leases"): each algorithm's state read as its own
+/// script reads it, so it lives with them.
+pub const LEASE_TAKE: &str = include_str!("../../scripts/lease_take.lua");
 
 /// The [`FunctionLibrary`], built once per process.
 pub fn function_library() -> &'static FunctionLibrary {
@@ -163,7 +176,8 @@ pub fn function_library() -> &'static FunctionLibrary {
         }
         body.push_str(&format!(
             "local function batch(KEYS, ARGV)\n{BATCH_LOOP}\nend\n\
-             local function peek(KEYS, ARGV)\n{PEEK_BODY}\nend\n"
+             local function peek(KEYS, ARGV)\n{PEEK_BODY}\nend\n\
+             local function lease(KEYS, ARGV)\n{LEASE_TAKE}\nend\n"
         ));
         let version = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &version[..12]);
@@ -182,7 +196,8 @@ pub fn function_library() -> &'static FunctionLibrary {
         }
         source.push_str(&format!(
             "redis.register_function('{name}_batch', batch)\n\
-             redis.register_function('{name}_peek', peek)\n"
+             redis.register_function('{name}_peek', peek)\n\
+             redis.register_function('{name}_lease', lease)\n"
         ));
         FunctionLibrary {
             source,
@@ -190,6 +205,7 @@ pub fn function_library() -> &'static FunctionLibrary {
             script,
             batch: format!("{name}_batch"),
             peek: format!("{name}_peek"),
+            lease: format!("{name}_lease"),
         }
     });
     &LIBRARY

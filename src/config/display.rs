@@ -52,6 +52,16 @@ impl Config {
                 writeln!(f, "backend TLS:      {tls}")?;
             }
         }
+        if let Some(traces) = &self.traces {
+            writeln!(
+                f,
+                "traces:           {} ({}, sampler {}, service {})",
+                traces.endpoint,
+                traces.protocol.as_str(),
+                traces.sampler,
+                traces.service_name
+            )?;
+        }
         Ok(())
     }
 

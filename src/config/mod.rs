@@ -15,7 +15,7 @@
 //!   (`rls`); `gate`: the gate's own settings beside it (`GateSettings`);
 //! - `store`: memory or Redis, `MAX_KEYS` and `STATE_FILE` ([`StoreSettings`]);
 //! - `admin`: the admin listener (`AdminSettings`); `telemetry`: the log
-//!   (`LogSettings`); `reload`: the files the rule table is reloaded from;
+//!   (`LogSettings`) and the traces (`TraceSettings`); `reload`: the files the rule table is reloaded from;
 //! - `warnings`: variables that are set but change nothing (misspelt, or not read by the
 //!   chosen algorithm or store), reported without stopping startup;
 //! - this module: the whole [`Config`], one field per component, and what the components'
@@ -62,6 +62,7 @@ use crate::proxy::ProxySettings;
 use crate::rls::DescriptorTable;
 use crate::server::ServerSettings;
 use crate::telemetry::LogSettings;
+use crate::telemetry::trace::TraceSettings;
 use admin::admin_address;
 use env::Env;
 pub(crate) use reload::{Loaded, ReloadSettings, Reloaded, read_dot_env};
@@ -183,6 +184,8 @@ pub struct Config {
     pub(crate) reload: Option<ReloadSettings>,
     /// The log.
     pub(crate) log: LogSettings,
+    /// Traces (`OTEL_*`); `None` when no endpoint is set: nothing exported.
+    pub(crate) traces: Option<TraceSettings>,
     /// Every variable name the parsers read (set or not), for warnings about the rest.
     #[cfg(test)]
     pub(crate) read: BTreeSet<&'static str>,
@@ -345,6 +348,7 @@ impl Config {
         let proxy = proxy::parse(env, addresses.proxied, answers)?;
         let admin = admin::parse(env, addresses.admin)?;
         let log = telemetry::parse(env)?;
+        let traces = telemetry::parse_traces(env)?;
         // Last, when every variable this configuration reads has been read.
         #[cfg(test)]
         let read = env.read_names();
@@ -360,6 +364,7 @@ impl Config {
             rls,
             reload,
             log,
+            traces,
             #[cfg(test)]
             read,
             warnings,

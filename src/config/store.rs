@@ -6,6 +6,7 @@
 use super::ConfigError;
 use super::MAX_MAX_KEYS;
 use super::env::{Env, entries};
+use crate::stores::lease::LeaseSettings;
 use crate::stores::redis::redact_url;
 use crate::stores::settings::{RedisConfig, StoreConfig, StoreSettings};
 use crate::stores::state_file::StateFileSettings;
@@ -180,11 +181,22 @@ fn redis(env: &Env, target: RedisTarget) -> Result<RedisConfig, ConfigError> {
         "a whole number from 0 (never coalesce) to 1024",
         |s| s.parse::<usize>().ok().filter(|n| *n <= 1024),
     )?;
+    let leases = env.parse(vars::REDIS_LEASES, "on or off", |s| match s {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    })?;
+    let hot_per_second = env.parse(
+        vars::REDIS_LEASE_HOT,
+        "a whole number of decisions a second, from 1 to 1000000",
+        |s| s.parse::<u32>().ok().filter(|n| (1..=1_000_000).contains(n)),
+    )?;
     Ok(RedisConfig {
         target,
         key_prefix,
         timeout: env.millis(vars::REDIS_TIMEOUT_MS)?,
         calls_in_flight,
+        leases: leases.then_some(LeaseSettings { hot_per_second }),
         guard: GuardSettings {
             failure_threshold,
             probe_interval: env.millis(vars::REDIS_PROBE_INTERVAL_MS)?,

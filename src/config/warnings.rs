@@ -37,6 +37,8 @@ const REDIS_ONLY: &[&str] = &[
     "REDIS_TLS",
     "KEY_PREFIX",
     "REDIS_TIMEOUT_MS",
+    "REDIS_LEASES",
+    "REDIS_LEASE_HOT",
     "FAIL_MODE",
     "AUTH_FAIL_MODE",
     "REDIS_BREAKER_THRESHOLD",

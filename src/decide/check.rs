@@ -27,6 +27,7 @@ use crate::algorithms::Cost;
 use crate::gate::{Admission, Head, Refused};
 use crate::rules::Rule;
 use crate::suggest::closest;
+use crate::telemetry::trace::RequestSpan;
 
 /// Where it is served.
 pub const PATH: &str = "/v1/check";
@@ -192,7 +193,12 @@ fn at_fault(body: &[u8], error: &serde_json::Error) -> Cow<'static, str> {
 const FIELDS: &[&str] = &["rule", "key", "cost", "method", "path", "client_ip", "headers"];
 
 /// Answer one call from `peer`.
-pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr) -> Response<DecideBody> {
+pub async fn answer(
+    door: &Decide,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    span: Option<&RequestSpan>,
+) -> Response<DecideBody> {
     if let Some(token) = &door.settings.token
         && !token.authorizes(request.headers().get(header::AUTHORIZATION))
     {
@@ -227,7 +233,7 @@ pub async fn answer(door: &Decide, request: Request<Incoming>, peer: SocketAddr)
             );
         }
     };
-    match decide(door, &body).await {
+    match decide(door, &body, span).await {
         Ok(response) => response,
         Err(bad) => super::error(StatusCode::BAD_REQUEST, &bad.reason, bad.field.as_deref()),
     }
@@ -363,12 +369,19 @@ pub fn ask<'r>(body: &[u8], rules: &'r [Rule]) -> Result<Ask<'r>, BadBody> {
 }
 
 /// Check a body and ask the gate.
-async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadBody> {
+async fn decide(
+    door: &Decide,
+    body: &[u8],
+    span: Option<&RequestSpan>,
+) -> Result<Response<DecideBody>, BadBody> {
     let generation = door.gate.current();
     match ask(body, generation.rules())? {
         Ask::Named { rule, key, cost } => {
             let key = generation.named_key(rule, key.as_bytes());
             let admission = door.gate.admit_named(generation.clone(), rule, key, cost).await;
+            if let Some(span) = span {
+                span.decided(admission.traced());
+            }
             door.log(&logged(None, None, &admission));
             Ok(respond(door, admission))
         }
@@ -399,6 +412,9 @@ async fn decide(door: &Decide, body: &[u8]) -> Result<Response<DecideBody>, BadB
                 Refused::Headers(reason) => BadBody::field("headers", reason),
                 Refused::Tunnels(_) => BadBody::field("path", "no upgrade was asked for"),
             })?;
+            if let Some(span) = span {
+                span.decided(admission.traced());
+            }
             door.log(&logged(Some(method.as_str()), Some(&path), &admission));
             Ok(respond(door, admission))
         }

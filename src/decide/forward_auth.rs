@@ -44,6 +44,7 @@ use super::{Decide, DecideBody, error, full};
 use crate::gate::identity::X_FORWARDED_FOR;
 use crate::gate::{Head, Refuse, Refused};
 use crate::rules::table::METHOD_OVERRIDE_HEADERS;
+use crate::telemetry::trace::RequestSpan;
 
 /// Where it is served.
 pub const PATH: &str = "/v1/forward-auth";
@@ -195,7 +196,12 @@ fn target_path(target: &[u8]) -> Result<(String, Option<String>), &'static str> 
 }
 
 /// Answer one call from `peer`.
-pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr) -> Response<DecideBody> {
+pub async fn answer(
+    door: &Decide,
+    request: &Request<Incoming>,
+    peer: SocketAddr,
+    span: Option<&RequestSpan>,
+) -> Response<DecideBody> {
     let peer_ip = peer.ip().to_canonical();
     if !door.gate.trusts(peer_ip) {
         if let Some(suppressed) = door.untrusted_log.admit() {
@@ -252,6 +258,9 @@ pub async fn answer(door: &Decide, request: &Request<Incoming>, peer: SocketAddr
         // Not asked for (upgrade is false); a tunnel is the ingress's to hold.
         Err(Refused::Tunnels(_)) => return error(refusal, "too many upgraded connections", None),
     };
+    if let Some(span) = span {
+        span.decided(admission.traced());
+    }
     let answers = &door.answers;
     let response = match answers.refusal(&admission, headers, Refuse::CallingProxy(refusal)) {
         Some(refused) => refused.map(full),

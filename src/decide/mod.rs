@@ -36,6 +36,7 @@ use crate::rules::KeyHasher;
 use crate::rules::key::Digest;
 use crate::server::{Answered, Arrival, Door};
 use crate::telemetry::throttle::LogThrottle;
+use crate::telemetry::trace::{RequestSpan, TRACEPARENT};
 
 /// The body of every answer on `DECIDE_PORT`.
 pub(crate) type DecideBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -178,14 +179,28 @@ impl Door for Decide {
     type Body = DecideBody;
 
     async fn handle(&self, request: Request<Incoming>, arrival: Arrival) -> Answered<DecideBody> {
+        // Traces off: `None`, and nothing read for them.
+        let span = self.gate.traces().map(|traces| {
+            let traceparent = request.headers().contains_key(&TRACEPARENT);
+            traces.request_span(&request, arrival.connection.address.ip(), traceparent)
+        });
         // Nothing follows an answer here: no request is carried out behind this door.
-        Answered::plain(self.answer(request, arrival).await)
+        let response = self.answer(request, arrival, span.as_ref()).await;
+        if let Some(span) = span {
+            span.end(response.status().as_u16());
+        }
+        Answered::plain(response)
     }
 }
 
 impl Decide {
-    /// Route one request to its endpoint.
-    async fn answer(&self, request: Request<Incoming>, arrival: Arrival) -> Response<DecideBody> {
+    /// Route one request to its endpoint, telling its `span` (traces on) which.
+    async fn answer(
+        &self,
+        request: Request<Incoming>,
+        arrival: Arrival,
+        span: Option<&RequestSpan>,
+    ) -> Response<DecideBody> {
         if let Some(overload) = arrival.overloaded {
             let reason = format!("too many requests in flight ({})", overload.variable());
             return error(StatusCode::SERVICE_UNAVAILABLE, &reason, None);
@@ -196,11 +211,26 @@ impl Decide {
                 .get(header::CONTENT_TYPE)
                 .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
         {
+            let mut request = request;
+            if let Some(span) = span {
+                let route = crate::rls::ROUTE;
+                span.door("rls", (request.uri().path() == route).then_some(route));
+                // For the service to tell it the descriptor's decision.
+                request.extensions_mut().insert(span.clone());
+            }
             return self.grpc(rls, request).await;
         }
         match request.uri().path() {
-            forward_auth::PATH => forward_auth::answer(self, &request, arrival.connection.address).await,
+            forward_auth::PATH => {
+                if let Some(span) = span {
+                    span.door("forward-auth", Some(forward_auth::PATH));
+                }
+                forward_auth::answer(self, &request, arrival.connection.address, span).await
+            }
             check::PATH => {
+                if let Some(span) = span {
+                    span.door("check", Some(check::PATH));
+                }
                 if request.method() != Method::POST {
                     let mut response = error(StatusCode::METHOD_NOT_ALLOWED, "use POST", None);
                     response
@@ -208,7 +238,7 @@ impl Decide {
                         .insert(header::ALLOW, HeaderValue::from_static("POST"));
                     return response;
                 }
-                check::answer(self, request, arrival.connection.address).await
+                check::answer(self, request, arrival.connection.address, span).await
             }
             _ => error(
                 StatusCode::NOT_FOUND,

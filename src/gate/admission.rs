@@ -30,6 +30,7 @@ use crate::metrics::RuleSeries;
 use crate::outcome::Outcome;
 use crate::rules::{ClientKey, Count, Mode, Rule};
 use crate::stores::{Decide, Verdict as StoreVerdict};
+use crate::telemetry::trace::Admitted;
 
 /// What the gate decided about one request, and everything the request holds until it is
 /// settled. Its life: this module's docs (`gate::admission`).
@@ -59,6 +60,9 @@ pub struct Admission {
     pub(super) decision: Option<StoreVerdict>,
     /// What the door is to do with it.
     pub(super) outcome: Outcome,
+    /// When the store was first asked (the decision's start; `decided` when none was asked):
+    /// a trace's child span for the store's call, read from the clocks the gate reads anyway.
+    pub(super) asked: Instant,
     /// When the decision ended: one reading of the clock ends it and starts the backend's.
     pub(super) decided: Instant,
     /// The client's place under `MAX_UPGRADES_PER_CLIENT` for an upgrade: the door hands it to
@@ -149,6 +153,19 @@ impl Admission {
     /// When the decision ended: what the backend's latency and timeout count from.
     pub fn decided(&self) -> Instant {
         self.decided
+    }
+
+    /// What its request's trace span says of it: rule, decision, the numbers, and when the
+    /// store was asked and when its decision ended (under a delay, the last decision's end).
+    pub(crate) fn traced(&self) -> Admitted<'_> {
+        Admitted {
+            rule: self.rule_name(),
+            decision: self.outcome.as_str(),
+            numbers: self
+                .decision()
+                .map(|decision| (decision.limit, decision.remaining)),
+            store_call: self.decision.as_ref().map(|_| (self.asked, self.decided)),
+        }
     }
 
     /// For a refused request with a decision, the whole seconds until the same request would

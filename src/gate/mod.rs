@@ -55,6 +55,7 @@ use crate::outcome::Outcome;
 use crate::rules::table::ClassifyError;
 use crate::rules::{ClientIp, ClientKey, Digest, Mode, RequestHead, Rule, RuleTable};
 use crate::stores::{Limiter, StoreError, Verdict as StoreVerdict};
+use crate::telemetry::trace::Traces;
 use admission::Place;
 pub use admission::{Admission, Settled};
 pub use answer::{Answers, Refuse};
@@ -92,6 +93,9 @@ pub struct Gate {
     metrics: Arc<Metrics>,
     /// One swap at a time: each builds on the table in force, so two at once would lose one.
     swapping: std::sync::Mutex<()>,
+    /// The tracer (`OTEL_EXPORTER_OTLP_ENDPOINT`), every door's, as the gate is; `None`:
+    /// traces are off and no door makes a span.
+    traces: Option<Traces>,
 }
 
 /// One rule table and everything kept by rule id for it: a request holds the generation it
@@ -293,7 +297,19 @@ impl Gate {
             delays: DelayQueue::new(settings.delay_bounds, metrics.delays()),
             metrics,
             swapping: std::sync::Mutex::new(()),
+            traces: None,
         }
+    }
+
+    /// This gate with `traces`: every door that admits through it makes a span per request.
+    pub(crate) fn with_traces(mut self, traces: Option<Traces>) -> Gate {
+        self.traces = traces;
+        self
+    }
+
+    /// The tracer, when traces are on: a door asks it for each request's span.
+    pub(crate) fn traces(&self) -> Option<&Traces> {
+        self.traces.as_ref()
     }
 
     /// The rule table in force, and what was built for it.
@@ -390,8 +406,11 @@ impl Gate {
             })?,
             false => None,
         };
-        let (decision, decided) = match matched.mode {
-            Mode::Exempt | Mode::Deny => (None, Instant::now()),
+        let (decision, asked, decided) = match matched.mode {
+            Mode::Exempt | Mode::Deny => {
+                let now = Instant::now();
+                (None, now, now)
+            }
             Mode::Enforce | Mode::Shadow => {
                 // As `check` does, written out: every request takes this way, and a future
                 // nested in it measured 200 instructions a request (docs/benchmarks.md,
@@ -412,7 +431,7 @@ impl Gate {
                             .unwrap_or((decision, decided))
                     }
                 };
-                (Some(decision), decided)
+                (Some(decision), asked, decided)
             }
         };
         let outcome = Outcome::of(matched.mode, decision.as_ref());
@@ -434,6 +453,7 @@ impl Gate {
             rewritten: path.rewritten,
             decision,
             outcome,
+            asked,
             decided,
             tunnel,
             places,
@@ -460,7 +480,7 @@ impl Gate {
         cost: Cost,
     ) -> Admission {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
-        let (decision, decided) = self.check(&generation, rule, key, cost, mode).await;
+        let (decision, asked, decided) = self.check(&generation, rule, key, cost, mode).await;
         let outcome = Outcome::of(mode, Some(&decision));
         generation.count(rule, key, outcome);
         let places = match outcome.forwards() {
@@ -477,6 +497,7 @@ impl Gate {
             rewritten: None,
             decision: Some(decision),
             outcome,
+            asked,
             decided,
             tunnel: None,
             places,
@@ -487,7 +508,8 @@ impl Gate {
     /// Ask `generation`'s limiter for `cost` of `key`'s budget under `rule`, each answer's
     /// latency counted; under a rule with a delay, an enforced denial that clears within it
     /// waits in the queue and is asked again (see the module's docs). Dropping the future
-    /// (the client went away) gives its place back. Returns the decision and when it ended.
+    /// (the client went away) gives its place back. Returns the decision, when it was first
+    /// asked for and when it ended.
     async fn check(
         &self,
         generation: &Generation,
@@ -495,34 +517,36 @@ impl Gate {
         key: ClientKey,
         cost: Cost,
         mode: Mode,
-    ) -> (StoreVerdict, Instant) {
-        let (decision, decided) = Gate::ask(generation, rule, key, cost).await;
+    ) -> (StoreVerdict, Instant, Instant) {
+        let (decision, asked, decided) = Gate::ask(generation, rule, key, cost).await;
         let Some((delay, retry_after)) = delayable(rule, mode, &decision) else {
-            return (decision, decided);
+            return (decision, asked, decided);
         };
         // Boxed, the rare way: its timer and queue place would make every request's future
         // larger, and a request's future is moved several times before it is polled
         // (docs/benchmarks.md, part 17).
-        Box::pin(self.wait(generation, rule, key, cost, delay, retry_after))
+        let (decision, decided) = Box::pin(self.wait(generation, rule, key, cost, delay, retry_after))
             .await
-            .unwrap_or((decision, decided))
+            .unwrap_or((decision, decided));
+        (decision, asked, decided)
     }
 
-    /// One decision, its latency counted in the rule's series: what it decided and when it
-    /// ended (one reading of the clock ends the decision and starts the backend's).
+    /// One decision, its latency counted in the rule's series: what it decided, when it was
+    /// asked for and when it ended (one reading of the clock ends the decision and starts the
+    /// backend's).
     async fn ask(
         generation: &Generation,
         rule: &Rule,
         key: ClientKey,
         cost: Cost,
-    ) -> (StoreVerdict, Instant) {
+    ) -> (StoreVerdict, Instant, Instant) {
         let asked = Instant::now();
         let decision = generation.limiter.check(rule, key, cost).await;
         let decided = Instant::now();
         if let Some(series) = generation.series(rule.id) {
             series.decision(decided - asked);
         }
-        (decision, decided)
+        (decision, asked, decided)
     }
 
     /// A denial clearing within `delay`, first in `retry_after`: wait for it in the queue and
@@ -548,7 +572,7 @@ impl Gate {
         let decision = loop {
             // At least a millisecond: a retry time rounded to zero must not spin.
             tokio::time::sleep(retry_after.max(std::time::Duration::from_millis(1))).await;
-            let (decision, decided) = Gate::ask(generation, rule, key, cost).await;
+            let (decision, _, decided) = Gate::ask(generation, rule, key, cost).await;
             match denied_within(&decision, delay.saturating_sub(decided - waiting)) {
                 Some(again) => retry_after = again,
                 None => break (decision, decided),

@@ -40,6 +40,7 @@ use crate::metrics::{Format, Metrics};
 use crate::outcome::Outcome;
 use crate::proxy::{ProxySettings, response};
 use crate::telemetry::throttle::LogThrottle;
+use crate::telemetry::trace::{RequestSpan, TRACEPARENT};
 
 /// The backend the configuration's parser is given when the app sets none: the layer's
 /// backend is the service it wraps, and this address is never connected to.
@@ -435,8 +436,8 @@ impl Shared {
     /// A request's way: admit, act (call the app, or answer for it), settle.
     async fn respond<S, ReqBody, ResBody>(
         &self,
-        mut inner: S,
-        mut request: Request<ReqBody>,
+        inner: S,
+        request: Request<ReqBody>,
     ) -> Result<Response<LayerBody<ResBody>>, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -444,6 +445,33 @@ impl Shared {
         let Some(peer) = (self.peer)(request.extensions()) else {
             return Ok(self.missing_peer());
         };
+        let Some(traces) = self.gate.traces() else {
+            return self.admit_and_act(inner, request, peer, None).await;
+        };
+        let traceparent = request.headers().contains_key(&TRACEPARENT);
+        let span = traces.request_span(&request, peer.ip(), traceparent);
+        let response = self.admit_and_act(inner, request, peer, Some(&span)).await;
+        // An app's error is no response: the server answers it as a failure.
+        span.end(
+            response
+                .as_ref()
+                .map_or(500, |response| response.status().as_u16()),
+        );
+        response
+    }
+
+    /// [`Shared::respond`]'s way past the client's address, with its `span` when traces are
+    /// on.
+    async fn admit_and_act<S, ReqBody, ResBody>(
+        &self,
+        mut inner: S,
+        mut request: Request<ReqBody>,
+        peer: std::net::SocketAddr,
+        span: Option<&RequestSpan>,
+    ) -> Result<Response<LayerBody<ResBody>>, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
         let origin = self
             .settings
             .cors
@@ -477,6 +505,9 @@ impl Shared {
             }
             Err(Refused::Tunnels(limit)) => return Ok(gate_answer(response::too_many_upgrades(limit))),
         };
+        if let Some(span) = span {
+            span.admitted(admission.traced());
+        }
         // Act: the app, or the gate's own answer (with its rate-limit headers).
         let refusal = self
             .answers
@@ -493,6 +524,9 @@ impl Shared {
                     *request.uri_mut() = uri;
                 }
                 self.answers.set_forwarded(&admission, request.headers_mut());
+                if let Some(span) = span {
+                    span.inject(request.headers_mut());
+                }
                 // An error drops the admission unsettled: its places go back.
                 inner.call(request).await?.map(LayerBody::app)
             }

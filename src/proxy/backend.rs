@@ -53,7 +53,7 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::body::ClientBody;
 use super::tls::{TlsConnector, TlsError};
@@ -78,6 +78,10 @@ pub(crate) enum BackendError {
     /// is opened.
     #[error("the backend switched to a protocol it was not asked for")]
     UnaskedSwitch,
+    /// No response head before the deadline [`BackendPool::send`] was given
+    /// (`BACKEND_TIMEOUT_MS` after the request was sent).
+    #[error("no response before the deadline")]
+    TimedOut,
 }
 
 /// Where the backend listens: an address, or a name resolved on every new connection (so a
@@ -134,6 +138,12 @@ struct Connection {
     sender: SendRequest<ClientBody>,
     /// The dispatcher's task, to close a connection that will not finish an exchange.
     task: AbortHandle,
+    /// The timer of its exchanges' deadlines, one for the connection's life: moved to each
+    /// request's later deadline, a registered timer only has its expiry pushed back (one
+    /// atomic operation), where a timer of the request's own is put into tokio's timer wheel
+    /// and taken out again under its lock (about 450 instructions a request,
+    /// docs/benchmarks.md part 21). Boxed: a timer must not move once polled.
+    deadline: Pin<Box<Sleep>>,
 }
 
 /// The shared HTTP/2 connection.
@@ -218,34 +228,59 @@ impl BackendPool {
     /// used if the backend is https and chooses it; anything else is sent as HTTP/1.1. The
     /// response body gives an HTTP/1.1 connection back to the pool when it has been read to
     /// its end. `now` is the caller's reading of the clock, which judges idle connections.
-    pub(crate) async fn send(
+    /// With a `deadline`, a response head not there by then (a new connection included) is
+    /// [`BackendError::TimedOut`], and the exchange is given up; without one the caller keeps
+    /// the time.
+    // Not an `async fn`: the pool's own future is the request's, with no future of this
+    // function's around it (one copy of its state less, docs/benchmarks.md part 21).
+    pub(crate) fn send(
         &self,
-        mut request: Request<ClientBody>,
+        request: Request<ClientBody>,
         now: Instant,
-    ) -> Result<Response<BackendBody>, BackendError> {
-        if request.version() == Version::HTTP_2
-            && self.inner.tls.is_some()
-            && !self.inner.h2_declined.load(Ordering::Relaxed)
-        {
-            // Boxed: the HTTP/2 path (and its handshake) is large, and inline it would make
-            // every request's future as large, copied by value on each hand-off (about
-            // 24 KB a request, measured with callgrind: docs/benchmarks.md).
-            return Box::pin(self.inner.send_h2(request, now)).await;
-        }
-        *request.version_mut() = Version::HTTP_11;
-        self.inner.send_http1(request, now).await
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Response<BackendBody>, BackendError>> + Send + '_ {
+        self.inner.send(request, now, deadline)
     }
 }
 
 impl Pool {
-    /// Send `request` over a pooled HTTP/1.1 connection, or a new one.
-    async fn send_http1(
+    /// See [`BackendPool::send`]: over a pooled HTTP/1.1 connection, or a new one, by
+    /// `deadline`, on a pooled connection kept by the connection's own timer; an HTTP/2
+    /// client's request to an https backend, over HTTP/2 if it chooses it.
+    async fn send(
         self: &Arc<Self>,
         mut request: Request<ClientBody>,
         now: Instant,
+        deadline: Option<Instant>,
     ) -> Result<Response<BackendBody>, BackendError> {
+        if request.version() == Version::HTTP_2
+            && self.tls.is_some()
+            && !self.h2_declined.load(Ordering::Relaxed)
+        {
+            // Boxed: the HTTP/2 path (and its handshake) is large, and inline it would make
+            // every request's future as large, copied by value on each hand-off (about
+            // 24 KB a request, measured with callgrind: docs/benchmarks.md).
+            return within(deadline, Box::pin(self.send_h2(request, now))).await;
+        }
+        *request.version_mut() = Version::HTTP_11;
         if let Some(mut connection) = self.checkout(now) {
-            match connection.sender.try_send_request(request).await {
+            let mut exchange = std::pin::pin!(connection.sender.try_send_request(request));
+            if let Some(at) = deadline {
+                connection.deadline.as_mut().reset(at);
+            }
+            let timer = &mut connection.deadline;
+            // Polled in place, not in a future of its own: each nested future is one more copy
+            // of its state into the one that awaits it.
+            let sent = std::future::poll_fn(|cx| match exchange.as_mut().poll(cx) {
+                // The exchange first: an answer that is there is taken even at the deadline.
+                Poll::Ready(sent) => Poll::Ready(Ok(sent)),
+                Poll::Pending if deadline.is_some() => {
+                    timer.as_mut().poll(cx).map(|()| Err(BackendError::TimedOut))
+                }
+                Poll::Pending => Poll::Pending,
+            })
+            .await?;
+            match sent {
                 Ok(response) => return Ok(self.body_of(response, connection)),
                 Err(mut error) => match error.take_message() {
                     // Never written: the backend closed this connection as it was taken.
@@ -255,8 +290,17 @@ impl Pool {
             }
         }
         // Boxed for the same reason: a new connection (a TLS handshake, maybe an HTTP/2 one) is
-        // the rare case, and its future is the largest.
-        let mut connection = match Box::pin(self.connect(false)).await? {
+        // the rare case, and its future is the largest. Under the deadline as a whole, the
+        // connection's making included.
+        within(deadline, Box::pin(self.send_fresh(request))).await
+    }
+
+    /// Send `request` over a new HTTP/1.1 connection.
+    async fn send_fresh(
+        self: &Arc<Self>,
+        request: Request<ClientBody>,
+    ) -> Result<Response<BackendBody>, BackendError> {
+        let mut connection = match self.connect(false).await? {
             Opened::Http1(connection) => connection,
             // Offered http/1.1 only (rustls refuses a server that picks another itself).
             Opened::Http2(_) => {
@@ -319,7 +363,9 @@ impl Pool {
         }
         if self.h2_declined.load(Ordering::Relaxed) {
             drop(opening);
-            return self.send_http1(self.http1_form(request), now).await;
+            // The caller's deadline holds around this whole exchange; as HTTP/1.1 (its form's
+            // version), the way back to HTTP/2 is not taken.
+            return self.send(self.http1_form(request), now, None).await;
         }
         match Box::pin(self.connect(true)).await? {
             Opened::Http2(mut sender) => {
@@ -463,7 +509,13 @@ where
         }
     })
     .abort_handle();
-    Ok(Connection { sender, task })
+    // Not in tokio's timer wheel until its first exchange with a deadline polls it.
+    let deadline = Box::pin(tokio::time::sleep_until(Instant::now()));
+    Ok(Connection {
+        sender,
+        task,
+        deadline,
+    })
 }
 
 /// Start hyper's HTTP/2 connection on `stream`, in a task of its own.
@@ -483,6 +535,20 @@ where
         }
     });
     Ok(sender)
+}
+
+/// `exchange`, unless `deadline` passes first ([`BackendError::TimedOut`]): on a timer of its
+/// own, for the rare ways (a new connection, HTTP/2).
+async fn within<F>(deadline: Option<Instant>, exchange: F) -> Result<Response<BackendBody>, BackendError>
+where
+    F: Future<Output = Result<Response<BackendBody>, BackendError>>,
+{
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, exchange)
+            .await
+            .unwrap_or(Err(BackendError::TimedOut)),
+        None => exchange.await,
+    }
 }
 
 /// A response on the shared HTTP/2 connection: nothing to give back at its end.

@@ -31,17 +31,27 @@ use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::request_id::X_REQUEST_ID;
-use crate::gate::identity::X_FORWARDED_FOR;
+use crate::gate::identity::{X_FORWARDED_FOR, X_FORWARDED_FOR_NAME};
 use crate::header_arena;
 use crate::rules::key::ipv4_text;
 use crate::rules::table::METHOD_OVERRIDE_HEADERS;
 
 /// `X-Forwarded-Proto`: the scheme the client used.
-pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_PROTO: HeaderName = X_FORWARDED_PROTO_NAME;
 /// `X-Forwarded-Host`: the `Host` the client asked for.
-pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub static X_FORWARDED_HOST: HeaderName = X_FORWARDED_HOST_NAME;
 /// `X-Real-IP`: the client address the gateway decided on (nginx's name for it).
-pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+#[cfg(any(test, feature = "testing"))]
+pub static X_REAL_IP: HeaderName = X_REAL_IP_NAME;
+
+// The names above as constants, for the inserts that take a name by value (see
+// `X_FORWARDED_FOR_NAME`).
+#[allow(clippy::declare_interior_mutable_const)]
+const X_FORWARDED_PROTO_NAME: HeaderName = HeaderName::from_static("x-forwarded-proto");
+#[allow(clippy::declare_interior_mutable_const)]
+const X_FORWARDED_HOST_NAME: HeaderName = HeaderName::from_static("x-forwarded-host");
+#[allow(clippy::declare_interior_mutable_const)]
+const X_REAL_IP_NAME: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Hop-by-hop headers that are always dropped, whether or not `Connection` names them.
 static HOP_BY_HOP: [HeaderName; 8] = [
@@ -276,6 +286,10 @@ pub(crate) struct HeadScan {
     pub(crate) client_claim: bool,
     /// An `X-Request-Id` line.
     pub(crate) request_id: bool,
+    /// An `X-Forwarded-For` line.
+    pub(crate) forwarded_for: bool,
+    /// A `traceparent` line (W3C Trace Context): read only when traces are on.
+    pub(crate) traceparent: bool,
 }
 
 impl HeadScan {
@@ -293,6 +307,10 @@ impl HeadScan {
                 scan.method_override = true;
             } else if name == X_REQUEST_ID {
                 scan.request_id = true;
+            } else if name == X_FORWARDED_FOR {
+                scan.forwarded_for = true;
+            } else if name == crate::telemetry::trace::TRACEPARENT {
+                scan.traceparent = true;
             } else if name.as_str().contains('_') {
                 scan.underscore = true;
             }
@@ -364,44 +382,53 @@ impl Hop<'_> {
 /// - `X-Real-IP`: `client`, always ours;
 /// - `Forwarded` (RFC 7239): our element `for=peer;proto=http;host=host` (`https` over TLS) appended to a trusted
 ///   proxy's list; anyone else's lines are dropped and ours is the only element.
+#[cfg(any(test, feature = "testing"))]
 pub fn set_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>) {
-    let values = match hop.peer_is_trusted || headers.contains_key(&X_FORWARDED_FOR) {
-        true => forwarding_values(headers, hop),
-        // Then the values depend on the hop alone: a thread's last ones are likely the same
-        // (the same client on the same keep-alive connection).
-        false => LAST_HOP
-            .try_with(|last| {
-                let mut last = last.borrow_mut();
-                match &*last {
-                    Some(last) if last.is(hop) => last.values.clone(),
-                    _ => {
-                        let values = forwarding_values(headers, hop);
-                        *last = Some(LastHop::new(hop, values.clone()));
-                        values
+    set_forwarded_scanned(headers, hop, true);
+}
+
+/// Set the forwarding headers for the backend, as `set_forwarded` (the tests' and fuzzers'
+/// entry) says, for a caller whose [`HeadScan`] of the names tells whether the request may
+/// carry an `X-Forwarded-For` (`false`: it has none, and none is looked up).
+pub(crate) fn set_forwarded_scanned(headers: &mut HeaderMap, hop: &Hop<'_>, may_have_forwarded_for: bool) {
+    let values =
+        match hop.peer_is_trusted || (may_have_forwarded_for && headers.contains_key(&X_FORWARDED_FOR)) {
+            true => forwarding_values(headers, hop),
+            // Then the values depend on the hop alone: a thread's last ones are likely the same
+            // (the same client on the same keep-alive connection).
+            false => LAST_HOP
+                .try_with(|last| {
+                    let mut last = last.borrow_mut();
+                    match &*last {
+                        Some(last) if last.is(hop) => last.values.clone(),
+                        _ => {
+                            let values = forwarding_values(headers, hop);
+                            *last = Some(LastHop::new(hop, values.clone()));
+                            values
+                        }
                     }
-                }
-            })
-            .unwrap_or_else(|_| forwarding_values(headers, hop)),
-    };
+                })
+                .unwrap_or_else(|_| forwarding_values(headers, hop)),
+        };
     let ForwardingValues {
         forwarded_for,
         real_ip,
         forwarded,
     } = values;
     if let Some(value) = forwarded_for {
-        headers.insert(&X_FORWARDED_FOR, value);
+        headers.insert(X_FORWARDED_FOR_NAME, value);
     }
     if !(hop.peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(hop.proto()));
+        headers.insert(X_FORWARDED_PROTO_NAME, HeaderValue::from_static(hop.proto()));
     }
     if !(hop.peer_is_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         match hop.host {
-            Some(host) => headers.insert(&X_FORWARDED_HOST, host.clone()),
+            Some(host) => headers.insert(X_FORWARDED_HOST_NAME, host.clone()),
             None => headers.remove(&X_FORWARDED_HOST),
         };
     }
     if let Some(value) = real_ip {
-        headers.insert(&X_REAL_IP, value);
+        headers.insert(X_REAL_IP_NAME, value);
     }
     match forwarded {
         Some(value) => headers.insert(header::FORWARDED, value),
@@ -604,6 +631,8 @@ mod tests {
         assert!(scan("x-method-override").method_override);
         assert!(scan("true-client-ip").client_claim);
         assert!(scan("x-request-id").request_id);
+        assert!(scan("x-forwarded-for").forwarded_for);
+        assert!(scan("traceparent").traceparent && !scan("tracestate").traceparent);
         // Each of those names is seen whatever comes before it.
         let many = headers(&[
             ("x-request-id", "1"),
@@ -611,10 +640,12 @@ mod tests {
             ("x_real_ip", "1"),
             ("x-forwarded-port", "1"),
             ("x-http-method", "GET"),
+            ("x-forwarded-for", "192.0.2.9"),
         ]);
         let scan = HeadScan::of(&many);
         assert!(scan.request_id && scan.upgrade && scan.hop_by_hop && scan.underscore);
         assert!(scan.client_claim && scan.method_override && !scan.transfer_encoding);
+        assert!(scan.forwarded_for);
     }
 
     #[test]
@@ -733,6 +764,25 @@ mod tests {
         assert_eq!(map["x-forwarded-host"], "example.com");
         assert_eq!(map["x-real-ip"], "203.0.113.1");
         assert_eq!(map.get_all("x-real-ip").iter().count(), 1);
+    }
+
+    #[test]
+    fn told_by_the_scan_the_forwarding_headers_are_the_same() {
+        let host = HeaderValue::from_static("example.com");
+        for lines in [
+            &[("accept", "*/*")][..],
+            &[("x-forwarded-for", "1.1.1.1"), ("x-forwarded-for", "2.2.2.2")][..],
+            &[("x-forwarded-proto", "https"), ("forwarded", "for=5.6.7.8")][..],
+        ] {
+            for (peer, trusted) in [("10.0.0.1", true), ("203.0.113.1", false), ("203.0.113.2", false)] {
+                let hop = hop(peer, trusted, peer, Some(&host));
+                let (mut looked_up, mut scanned) = (headers(lines), headers(lines));
+                set_forwarded(&mut looked_up, &hop);
+                let scan = HeadScan::of(&scanned);
+                set_forwarded_scanned(&mut scanned, &hop, scan.forwarded_for);
+                assert_eq!(looked_up, scanned, "{lines:?} from {peer}");
+            }
+        }
     }
 
     #[test]

@@ -61,6 +61,7 @@ use crate::outcome::{BackendFailure, Outcome};
 use crate::refusal::Refusals;
 use crate::server::{Answered, Arrival, Door, Peer};
 use crate::telemetry::throttle::LogThrottle;
+use crate::telemetry::trace::RequestSpan;
 use backend::{BackendBody, BackendError, BackendPool};
 use body::{BodyState, ClientBody, MinRate, Progress};
 use cors::Cors;
@@ -186,6 +187,7 @@ fn failure_of(error: &BackendError) -> BackendFailure {
     match error {
         BackendError::Resolve(_) => BackendFailure::Dns,
         BackendError::UnaskedSwitch => BackendFailure::Other,
+        BackendError::TimedOut => BackendFailure::Timeout,
         BackendError::Tls(_) => BackendFailure::Tls,
         BackendError::Connect(io) => failure_of_io(io).unwrap_or(BackendFailure::Other),
         BackendError::Exchange(hyper) => {
@@ -387,10 +389,13 @@ struct Forwarding<'a> {
     scan: HeadScan,
 }
 
-/// What the log lines of one request need to know, wherever they are written.
+/// What the log lines (and the trace) of one request need to know, wherever they are
+/// written.
 struct RequestContext<'a> {
     /// `X-Request-Id`.
     id: &'a HeaderValue,
+    /// Its server span, when traces are on.
+    span: Option<&'a RequestSpan>,
 }
 
 impl RequestContext<'_> {
@@ -433,7 +438,15 @@ impl Door for Proxy {
             .cors
             .as_ref()
             .and_then(|cors| cors.origin_of(request.headers()));
-        let context = RequestContext { id: &id };
+        // Traces off: `None`, and nothing read for them.
+        let span = self
+            .gate
+            .traces()
+            .map(|traces| traces.request_span(&request, arrival.connection.address.ip(), scan.traceparent));
+        let context = RequestContext {
+            id: &id,
+            span: span.as_ref(),
+        };
         let proxied = match self.respond(request, arrival, &context, scan, started).await {
             Ok(proxied) => proxied,
             // Answered before any rule was found: counted without one.
@@ -456,7 +469,10 @@ impl Door for Proxy {
         if let (Some(cors), Some(origin), AnsweredBy::Gateway) = (&self.cors, origin, by) {
             cors.apply(response.headers_mut(), origin);
         }
-        response.headers_mut().insert(&X_REQUEST_ID, id);
+        response.headers_mut().insert(X_REQUEST_ID, id);
+        if let Some(span) = span {
+            span.end(response.status().as_u16());
+        }
         Answered {
             response,
             settled,
@@ -529,6 +545,9 @@ impl Proxy {
             Ok(admission) => admission,
             Err(refused) => return Err(self.refused(refused, &request, peer, context)),
         };
+        if let Some(span) = context.span {
+            span.admitted(admission.traced());
+        }
         let outcome = admission.outcome();
         // Captured only when a line about this request will be written (the request moves on
         // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
@@ -543,7 +562,11 @@ impl Proxy {
         let (mut response, by, bytes) = match refusal {
             None => {
                 // The backend gets the request id too, so its logs and ours can be joined.
-                request.headers_mut().insert(&X_REQUEST_ID, id.clone());
+                request.headers_mut().insert(X_REQUEST_ID, id.clone());
+                // And the trace, this span its parent.
+                if let Some(span) = context.span {
+                    span.inject(request.headers_mut());
+                }
                 // Taken first: the rest of `to` borrows the admission.
                 let tunnel = admission.take_tunnel();
                 let to = Forwarding {
@@ -849,7 +872,7 @@ impl Proxy {
             host: host.as_ref(),
             tls: connection.tls,
         };
-        headers::set_forwarded(&mut parts.headers, &hop);
+        headers::set_forwarded_scanned(&mut parts.headers, &hop, scan.forwarded_for);
         // The budget as the client is told it, never as the client wrote it.
         self.answers.set_forwarded(admission, &mut parts.headers);
         // A request that names no host (HTTP/1.0 allows it) gets the backend's, as the
@@ -925,41 +948,43 @@ impl Proxy {
         progress: Option<&Progress>,
         sent: Instant,
     ) -> Result<Response<BackendBody>, ProxyError> {
+        // A request with no body to wait for (most): the backend has BACKEND_TIMEOUT_MS from
+        // `sent`, and the pool keeps that deadline on the connection's own timer. With a body,
+        // the deadline is kept here, from the body's end.
+        let deadline = progress.is_none().then(|| sent + self.backend_timeout);
         // Made here, not handed in: a future moved into another keeps its place in the one it
         // left, and each layer would hold a copy's worth of room.
-        let exchange = self.pool.send(request, sent);
+        let exchange = self.pool.send(request, sent, deadline);
+        let Some(progress) = progress else {
+            return self.answered(exchange.await, None);
+        };
         let mut exchange = std::pin::pin!(exchange);
-        let mut waiting_since = sent;
-        if let Some(progress) = progress {
-            loop {
-                let (since, waiting_for_client) = progress.activity();
-                let stall = match waiting_for_client {
-                    true => self.body_idle_timeout,
-                    false => self.backend_timeout,
-                };
-                tokio::select! {
-                    // An early answer (the backend need not read the whole body first).
-                    result = &mut exchange => return self.answered(result, Some(progress)),
-                    state = progress.finished() => match self.body_failure(state) {
-                        Some(error) => return Err(error),
-                        None => {
-                            waiting_since = Instant::now();
-                            break;
-                        }
-                    },
-                    () = tokio::time::sleep_until(since + stall) => {
-                        if progress.activity() == (since, waiting_for_client) {
-                            return Err(match waiting_for_client {
-                                true => ProxyError::BodyIdle(self.body_idle_timeout),
-                                false => ProxyError::UpstreamTimeout(self.backend_timeout),
-                            });
-                        }
+        // When the body ended: the backend's BACKEND_TIMEOUT_MS counts from there.
+        let waiting_since = loop {
+            let (since, waiting_for_client) = progress.activity();
+            let stall = match waiting_for_client {
+                true => self.body_idle_timeout,
+                false => self.backend_timeout,
+            };
+            tokio::select! {
+                // An early answer (the backend need not read the whole body first).
+                result = &mut exchange => return self.answered(result, Some(progress)),
+                state = progress.finished() => match self.body_failure(state) {
+                    Some(error) => return Err(error),
+                    None => break Instant::now(),
+                },
+                () = tokio::time::sleep_until(since + stall) => {
+                    if progress.activity() == (since, waiting_for_client) {
+                        return Err(match waiting_for_client {
+                            true => ProxyError::BodyIdle(self.body_idle_timeout),
+                            false => ProxyError::UpstreamTimeout(self.backend_timeout),
+                        });
                     }
                 }
             }
-        }
+        };
         match tokio::time::timeout_at(waiting_since + self.backend_timeout, exchange).await {
-            Ok(result) => self.answered(result, progress),
+            Ok(result) => self.answered(result, Some(progress)),
             Err(_) => Err(ProxyError::UpstreamTimeout(self.backend_timeout)),
         }
     }
@@ -980,6 +1005,7 @@ impl Proxy {
                     BackendError::Connect(io) if io.kind() == std::io::ErrorKind::TimedOut => {
                         ProxyError::UpstreamTimeout(self.backend_timeout)
                     }
+                    BackendError::TimedOut => ProxyError::UpstreamTimeout(self.backend_timeout),
                     _ => ProxyError::Upstream(error),
                 })
         })

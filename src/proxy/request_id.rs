@@ -13,8 +13,10 @@ use http::header::{HeaderName, HeaderValue};
 
 use crate::header_arena;
 
-/// `X-Request-Id`.
-pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `X-Request-Id`. A constant, not a static: inserted by value, it is a few stores rather than
+/// a call to clone a static's name (see `gate::identity::X_FORWARDED_FOR_NAME`).
+#[allow(clippy::declare_interior_mutable_const)]
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-supplied id kept.
 const MAX_LEN: usize = 128;
@@ -22,8 +24,9 @@ const MAX_LEN: usize = 128;
 /// Makes request ids.
 #[derive(Debug)]
 pub(crate) struct RequestIds {
-    /// Random per process, so two replicas (or restarts) never hand out the same id.
-    prefix: u64,
+    /// Random per process, so two replicas (or restarts) never hand out the same id: its 16
+    /// hex digits, written once.
+    prefix: [u8; 16],
     /// Requests numbered so far.
     counter: AtomicU64,
 }
@@ -32,8 +35,10 @@ impl RequestIds {
     /// A generator with a random prefix (a fixed one if the OS has no randomness to give,
     /// which only makes ids less unique across processes).
     pub(crate) fn new() -> RequestIds {
+        let mut prefix = [0u8; 16];
+        hex(&mut prefix, getrandom::u64().unwrap_or(0x746f_6c6c_6761_7465));
         RequestIds {
-            prefix: getrandom::u64().unwrap_or(0x746f_6c6c_6761_7465),
+            prefix,
             counter: AtomicU64::new(0),
         }
     }
@@ -52,7 +57,7 @@ impl RequestIds {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         // Written by hand rather than with `format!`: this runs on every request.
         let mut id = [0u8; 32];
-        hex(&mut id[..16], self.prefix);
+        id[..16].copy_from_slice(&self.prefix);
         hex(&mut id[16..], n);
         // 32 hex digits are always a valid header value. Cut from the thread's header buffer:
         // no allocation, and the clone the backend gets none either.
@@ -85,7 +90,7 @@ mod tests {
     fn id_for(values: &[&[u8]]) -> String {
         let mut headers = HeaderMap::new();
         for value in values {
-            headers.append(&X_REQUEST_ID, HeaderValue::from_bytes(value).unwrap());
+            headers.append(X_REQUEST_ID, HeaderValue::from_bytes(value).unwrap());
         }
         RequestIds::new()
             .for_request(&headers)

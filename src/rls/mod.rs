@@ -75,6 +75,7 @@ use crate::proxy::AccessLog;
 use crate::refusal::Refusals;
 use crate::rules::Rule;
 use crate::telemetry::throttle::LogThrottle;
+use crate::telemetry::trace::{Noted, RequestSpan};
 pub(crate) use config::DescriptorTable;
 
 /// The generated protocol: Envoy's messages and the tonic server, from `proto/`.
@@ -136,6 +137,9 @@ use proto::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{self, RateLimitServiceServer};
 use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+/// The gRPC method Envoy calls, as its HTTP/2 request's path (a trace span's `http.route`).
+pub(crate) const ROUTE: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The header names envoyproxy/ratelimit sends by default (`LIMIT_LIMIT_HEADER`,
 /// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
@@ -301,6 +305,16 @@ impl RateLimitService {
 
     /// Answer one `ShouldRateLimit` request.
     pub async fn check(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.check_traced(request, None).await
+    }
+
+    /// [`RateLimitService::check`], telling the request's `span` (traces on) the rule, decision
+    /// and numbers of the descriptor its answer follows (the refusing or nearest one).
+    async fn check_traced(
+        &self,
+        request: &RateLimitRequest,
+        span: Option<&RequestSpan>,
+    ) -> Result<RateLimitResponse, Status> {
         validate(request)?;
         // One table for the whole request, whatever a reload swaps meanwhile.
         let tables = self.tables.load_full();
@@ -311,8 +325,11 @@ impl RateLimitService {
         // Each status's decision, when a store made one: what the refusal and the forwarded
         // draft fields are built from.
         let mut decisions = Vec::with_capacity(plans.len());
+        // Each status's admission as its span would read it; traces off, nothing.
+        let mut noted: Vec<Option<Noted>> = Vec::new();
         for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
             let mut decided = None;
+            let mut note = None;
             let status = match plan {
                 Plan::Free => DescriptorStatus {
                     code: Code::Ok as i32,
@@ -332,6 +349,9 @@ impl RateLimitService {
                             self.count_descriptor(&tables.table, &request.domain, limit, descriptor, outcome);
                         }
                         decided = admission.decision().cloned();
+                        if span.is_some() {
+                            note = Some(Noted::of(admission.traced()));
+                        }
                         crate::decision_log::log(
                             self.access_log,
                             &self.denial_log,
@@ -375,6 +395,9 @@ impl RateLimitService {
                         let key = generation.key_of(&name);
                         let admission = self.gate.admit_named(generation.clone(), &rule, key, *cost).await;
                         decided = admission.decision().cloned();
+                        if span.is_some() {
+                            note = Some(Noted::of(admission.traced()));
+                        }
                         let status = status(limit, &rule, admission.decision(), admission.forwards());
                         admission.settle_elsewhere();
                         status
@@ -387,10 +410,21 @@ impl RateLimitService {
             };
             statuses.push(status);
             decisions.push(decided);
+            if span.is_some() {
+                noted.push(note);
+            }
         }
         let refusing = Refusing::of(&plans, &statuses);
         let over = (0..statuses.len()).any(|index| refusing.refuses(index));
         let nearest = nearest(&statuses, &refusing);
+        if let Some(span) = span
+            && let Some(note) = nearest
+                .and_then(|index| noted.get(index))
+                .or_else(|| noted.iter().find(|note| note.is_some()))
+                .and_then(Option::as_ref)
+        {
+            span.decided(note.admitted());
+        }
         let mut response = RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             response_headers_to_add: nearest.map(|index| headers(&statuses[index])).unwrap_or_default(),
@@ -568,7 +602,11 @@ impl rate_limit_service_server::RateLimitService for RateLimitService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.check(request.get_ref()).await.map(Response::new)
+        // The span the decision listener made for this call, traces on.
+        let span = request.extensions().get::<RequestSpan>();
+        self.check_traced(request.get_ref(), span)
+            .await
+            .map(Response::new)
     }
 }
 

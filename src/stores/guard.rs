@@ -45,6 +45,7 @@ use crate::algorithms::{Cost, Decision};
 use crate::rules::FailMode;
 use crate::rules::{ClientKey, Rule};
 use crate::stores::denials::{DenialCache, parse_reset_message};
+use crate::stores::lease::{LeaseSettings, Leases, Return, Step, Taken, Want};
 use crate::stores::redis_clock::RedisClock;
 use crate::stores::slots::{Master, SlotMap, key_slot};
 use crate::stores::store::{BreakerStats, Decide, Store, StoreStats};
@@ -177,6 +178,22 @@ pub trait Remote: Send + Sync + 'static {
         client: ClientKey,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
+    /// Take a share of `want.units` of the client of `key`'s budget under every limit of `rule`
+    /// for `replica`, `want.cost` of them spent at once by the request that takes it, debited in
+    /// one atomic step (`stores::lease`); sent at `sent`, its deadline put on `clock`. A store
+    /// without leases never gives one: every request is asked of it.
+    fn take_lease<'a>(
+        &'a self,
+        _rule: &'a Rule,
+        _key: &'a str,
+        _want: Want,
+        _replica: &'a str,
+        _clock: &'a RedisClock,
+        _sent: Instant,
+    ) -> impl Future<Output = Result<Taken, StoreError>> + Send + 'a {
+        std::future::ready(Ok(Taken::Refused))
+    }
+
     /// The resets every replica announces (their [`reset_key`](Self::reset_key)s' messages),
     /// from now until the subscription is lost; `None` for a store that announces none.
     fn reset_feed(&self) -> impl Future<Output = Result<Option<ResetFeed>, StoreError>> + Send + '_ {
@@ -280,6 +297,8 @@ struct Shared<S> {
     /// Every rule table's view still in use (weakly): a reset announced by another replica
     /// reaches each one's denial cache.
     views: Mutex<Vec<Weak<Inner<S>>>>,
+    /// Shares of hot keys' budgets in hand (`REDIS_LEASES=on`); `None` when off.
+    leases: Option<Leases>,
 }
 
 /// One circuit breaker: for the whole store, or for one cluster master.
@@ -403,6 +422,19 @@ impl<S: Remote> Guard<S> {
     /// the memory store of the rules that fail `local` (made only if one does). Call it inside
     /// a Tokio runtime: on a cluster it starts the task that keeps the slot map.
     pub fn new(store: S, settings: GuardSettings, max_keys: NonZeroUsize, rules: &[Rule]) -> Self {
+        Guard::with_leases(store, settings, max_keys, rules, None)
+    }
+
+    /// [`Guard::new`], deciding hot keys from shares of their budgets (`REDIS_LEASES=on`,
+    /// [`crate::stores::lease`]) when `leases` is given; it then starts the task that gives
+    /// back shares whose time is up.
+    pub fn with_leases(
+        store: S,
+        settings: GuardSettings,
+        max_keys: NonZeroUsize,
+        rules: &[Rule],
+        leases: Option<LeaseSettings>,
+    ) -> Self {
         // Until the slot map is known, the whole store's breaker serves every master, and
         // its clock estimate is the lowest of theirs: a deadline found passed in time is
         // sent again (see RedisClock).
@@ -425,7 +457,11 @@ impl<S: Remote> Guard<S> {
             denial_hits: Default::default(),
             one_key_log: LogThrottle::new(),
             views: Mutex::default(),
+            leases: leases.map(Leases::new),
         });
+        if shared.leases.is_some() {
+            tokio::spawn(return_expired(Arc::downgrade(&shared)));
+        }
         if matches!(shared.breakers, Breakers::PerMaster(_)) {
             tokio::spawn(keep_slot_map(Arc::downgrade(&shared)));
         }
@@ -437,6 +473,14 @@ impl<S: Remote> Guard<S> {
     /// local store (`FAIL_MODE=local`) keeps the budgets of rules whose name and policy did
     /// not change; the denial cache starts empty (its entries are by rule id).
     pub fn for_rules(&self, rules: &[Rule]) -> Self {
+        // A rule whose limits change must not be decided from shares of the old ones: every
+        // share goes back (the hot keys take new ones under the new table at once).
+        if let Some(leases) = &self.inner.shared.leases {
+            let returns = leases.drain(Instant::now(), true, false);
+            if !returns.is_empty() {
+                tokio::spawn(give_back(self.inner.shared.clone(), returns));
+            }
+        }
         Guard::of(self.inner.shared.clone(), rules, self.inner.local.as_ref())
     }
 
@@ -551,6 +595,65 @@ impl<S: Remote> Guard<S> {
         }
     }
 
+    /// Take a share for the hot client of `key` (see [`Leases::step`]): this request's decision
+    /// when a share was taken; else, the share refused, Redis decides it as without leases.
+    #[allow(clippy::too_many_arguments)]
+    async fn take(
+        &self,
+        leases: &Leases,
+        rule: &Rule,
+        key: String,
+        cost: Cost,
+        want: u64,
+        breaker: &Breaker,
+        sent: Instant,
+    ) -> Result<Decision, StoreError> {
+        let store = &self.inner.shared.store;
+        // Forgotten if this future is dropped before the take answers (its request went away).
+        let mut abandon = Abandon {
+            leases,
+            key: &key,
+            armed: true,
+        };
+        let taken = store
+            .take_lease(
+                rule,
+                &key,
+                Want { cost, units: want },
+                leases.replica(),
+                &breaker.clock,
+                sent,
+            )
+            .await;
+        abandon.armed = false;
+        drop(abandon);
+        let taken = match taken {
+            Ok(taken) => taken,
+            Err(error) => {
+                leases.abandon(&key);
+                return Err(error);
+            }
+        };
+        match &taken {
+            Taken::Share { now_us, .. } => breaker.clock.observe(sent, *now_us),
+            Taken::Expired(redis_us) => {
+                breaker.clock.reset(sent, *redis_us);
+                leases.abandon(&key);
+                return Err(StoreError::Expired);
+            }
+            Taken::Refused => {}
+        }
+        let mut returned = Vec::new();
+        let decision = leases.taken(rule, &key, cost, sent, &taken, &mut returned);
+        if !returned.is_empty() {
+            tokio::spawn(give_back(self.inner.shared.clone(), returned));
+        }
+        match decision {
+            Some(decision) => Ok(decision),
+            None => store.check_key(rule, key, cost, &breaker.clock).await,
+        }
+    }
+
     /// The memory store of the rules that fail `local`, if one does.
     fn local_store(&self) -> Option<&MemoryStore> {
         self.inner.local.as_ref()
@@ -624,13 +727,45 @@ impl<S: Remote> Store for Guard<S> {
             return Decide::ready(Verdict::Decided(denial));
         }
         let key = shared.store.key(rule, client);
+        let mut take = None;
+        if let Some(leases) = &shared.leases {
+            let mut returned = None;
+            let step = leases.step(rule, &key, cost, Instant::now(), &mut returned);
+            if let Some(returned) = returned {
+                tokio::spawn(give_back(shared_arc(&self.inner), vec![returned]));
+            }
+            match step {
+                Step::Local(decision, refresh) => {
+                    if let Some(units) = refresh {
+                        let breaker = shared.breaker(&key).into_owned();
+                        tokio::spawn(refresh_share(
+                            self.inner.shared.clone(),
+                            rule.clone(),
+                            key,
+                            units,
+                            breaker,
+                        ));
+                    }
+                    return Decide::ready(Verdict::Decided(decision));
+                }
+                Step::Take(want) => take = Some((leases, want)),
+                Step::Ask => {}
+            }
+        }
         let breaker = shared.breaker(&key);
         if breaker.is_open() {
+            if let Some((leases, _)) = take {
+                leases.abandon(&key);
+            }
             return Decide::ready(self.cannot_ask(&breaker, rule, client, cost));
         }
         Decide::Pending(Box::pin(async move {
             let sent = Instant::now();
-            match shared.store.check_key(rule, key, cost, &breaker.clock).await {
+            let decided = match take {
+                Some((leases, want)) => self.take(leases, rule, key, cost, want, &breaker, sent).await,
+                None => shared.store.check_key(rule, key, cost, &breaker.clock).await,
+            };
+            match decided {
                 Ok(decision) => {
                     // Read first: a store on every request would bounce the cache line.
                     if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
@@ -716,6 +851,9 @@ impl<S: Remote> Store for Guard<S> {
         let held_locally = self.local_store().is_some_and(|local| local.reset(rule, client));
         let shared = &*inner.shared;
         let key = shared.store.key(rule, client);
+        if let Some(leases) = &shared.leases {
+            leases.forget(&key);
+        }
         let breaker = shared.breaker(&key);
         if breaker.is_open() {
             return Decide::ready(Err(StoreError::BreakerOpen));
@@ -759,6 +897,19 @@ impl<S: Remote> Store for Guard<S> {
 
     fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store> {
         Arc::new(Guard::for_rules(self, rules))
+    }
+
+    /// Give every share in hand back, and take none from now on (the shutdown, after the
+    /// drain): each client's budget gets what this replica did not spend.
+    fn release(&self) -> Decide<'_, ()> {
+        let Some(leases) = &self.inner.shared.leases else {
+            return Decide::ready(());
+        };
+        let returns = leases.drain(Instant::now(), true, true);
+        if returns.is_empty() {
+            return Decide::ready(());
+        }
+        Decide::Pending(Box::pin(give_back(self.inner.shared.clone(), returns)))
     }
 }
 
@@ -1018,3 +1169,111 @@ async fn keep_slot_map<S: Remote>(inner: Weak<Shared<S>>) {
 
 #[cfg(test)]
 mod tests;
+
+/// Forgets a take under way when dropped armed (its request went away before the answer).
+struct Abandon<'a> {
+    leases: &'a Leases,
+    key: &'a str,
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.leases.abandon(self.key);
+        }
+    }
+}
+
+/// The shared part of a view, for a task.
+fn shared_arc<S>(inner: &Inner<S>) -> Arc<Shared<S>> {
+    inner.shared.clone()
+}
+
+/// Give `returns` back to the store, each as a refund of a request counted at its take's time
+/// (which gives back no more than was taken, and nothing to a window that has ended). A return
+/// that fails leaves the share spent: never over.
+async fn give_back<S: Remote>(shared: Arc<Shared<S>>, returns: Vec<Return>) {
+    for returned in returns {
+        let done = shared
+            .store
+            .refund_key(&returned.rule, &returned.key, returned.units, returned.at_us)
+            .await;
+        if let Err(error) = done {
+            tracing::debug!(%error, "a lease's unspent share could not go back; it stays spent");
+        }
+    }
+}
+
+/// How often shares whose time is up are looked for, to go back.
+const RETURN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Every [`RETURN_INTERVAL`], give back the shares whose time is up, until the guard is gone.
+async fn return_expired<S: Remote>(shared: Weak<Shared<S>>) {
+    let mut tick = tokio::time::interval(RETURN_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let Some(leases) = &shared.leases else {
+            return;
+        };
+        let returns = leases.drain(Instant::now(), false, false);
+        if !returns.is_empty() {
+            give_back(shared, returns).await;
+        }
+    }
+}
+
+/// Take the next share of the hot key `key` under `rule` in the background (cost 0) while the
+/// one in hand still serves it; what the take brings is added to it (see [`Leases::taken`]).
+async fn refresh_share<S: Remote>(
+    shared: Arc<Shared<S>>,
+    rule: Rule,
+    key: String,
+    units: u64,
+    breaker: Arc<Breaker>,
+) {
+    let Some(leases) = &shared.leases else {
+        return;
+    };
+    if breaker.is_open() {
+        leases.abandon(&key);
+        return;
+    }
+    let sent = Instant::now();
+    let want = Want {
+        cost: Cost::ZERO,
+        units,
+    };
+    let taken = shared
+        .store
+        .take_lease(&rule, &key, want, leases.replica(), &breaker.clock, sent)
+        .await;
+    let taken = match taken {
+        Ok(taken) => taken,
+        Err(error) => {
+            leases.abandon(&key);
+            if !error.is_about_one_key() {
+                tracing::debug!(%error, "a lease's next share could not be taken");
+            }
+            return;
+        }
+    };
+    match &taken {
+        Taken::Share { now_us, .. } => breaker.clock.observe(sent, *now_us),
+        Taken::Expired(redis_us) => {
+            breaker.clock.reset(sent, *redis_us);
+            leases.abandon(&key);
+            return;
+        }
+        Taken::Refused => {}
+    }
+    let mut returned = Vec::new();
+    leases.taken(&rule, &key, Cost::ZERO, sent, &taken, &mut returned);
+    if !returned.is_empty() {
+        give_back(shared, returned).await;
+    }
+}

@@ -116,6 +116,11 @@ impl Limiter {
         self.store.purge_idle()
     }
 
+    /// Give back what this replica holds of the shared budgets (see [`Store::release`]).
+    pub fn release(&self) -> Decide<'_, ()> {
+        self.store.release()
+    }
+
     /// The memory store, if that is the store (see [`Store::memory`]).
     pub fn memory(&self) -> Option<&MemoryStore> {
         self.store.memory()

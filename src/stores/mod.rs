@@ -8,6 +8,7 @@
 
 pub mod denials;
 pub mod guard;
+pub mod lease;
 pub mod limiter;
 pub mod memory;
 pub mod redis;

@@ -43,6 +43,7 @@ use crate::algorithms::{Cost, Decision, LimitDecision, MAX_LIMITS, Policy};
 use crate::rules::{ClientKey, Rule};
 use crate::stores::denials::reset_message;
 use crate::stores::guard::{Remote, ResetFeed};
+use crate::stores::lease::{Taken, Want};
 use crate::stores::redis_clock::RedisClock;
 use crate::stores::sentinel::{SentinelMaster, SentinelSettings};
 use crate::stores::slots::{SlotMap, key_slot};
@@ -1179,6 +1180,31 @@ impl RedisStore {
         self.evaluate(script, function, key, command, resend).await
     }
 
+    /// Run `script` (the library's `function`, see [`evaluate`](Self::evaluate)) on `keys`
+    /// with `args`, routed by the first key, bounded by the timeout, sent
+    /// again only if it never left (a lease's take, `stores::lease`, would debit twice).
+    pub(crate) async fn eval_keys(
+        &self,
+        script: &LuaScript,
+        function: &str,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<redis::Value, StoreError> {
+        let command = |name: &str, script: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
+            cmd
+        };
+        let first_key = keys.first().map_or("", String::as_str);
+        self.bounded(self.evaluate(script, function, first_key, command, Resend::IfNeverSent))
+            .await
+    }
+
+    /// The client's key under each of `rule`'s limits, from its key under the first.
+    pub(crate) fn keys_of(&self, rule: &Rule, first: &str) -> Vec<String> {
+        limit_keys(rule, first)
+    }
+
     /// Run `cmd`; on a single Redis (or Sentinel's master), once more at once if it failed on
     /// a connection that `resend` says was gone (see [`Resend`]). The caller's deadline bounds
     /// both.
@@ -1472,6 +1498,19 @@ impl Remote for RedisStore {
 
     fn reset_feed(&self) -> impl Future<Output = Result<Option<ResetFeed>, StoreError>> + Send + '_ {
         RedisStore::reset_feed(self)
+    }
+
+    fn take_lease<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        want: Want,
+        replica: &'a str,
+        clock: &'a RedisClock,
+        sent: tokio::time::Instant,
+    ) -> impl Future<Output = Result<Taken, StoreError>> + Send + 'a {
+        let deadline_us = clock.redis_time(sent + self.timeout);
+        crate::stores::lease::take(self, rule, key, want, replica, Some(deadline_us))
     }
 
     fn is_cluster(&self) -> bool {

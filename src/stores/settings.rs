@@ -6,6 +6,7 @@ use std::fmt;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use super::lease::LeaseSettings;
 use super::{GuardSettings, RedisTarget};
 use crate::stores::state_file::StateFileSettings;
 
@@ -45,6 +46,9 @@ pub struct RedisConfig {
     pub calls_in_flight: usize,
     /// The circuit breaker.
     pub guard: GuardSettings,
+    /// `REDIS_LEASES` and `REDIS_LEASE_HOT`: hot keys decided from shares of their budgets;
+    /// `None` when off.
+    pub leases: Option<LeaseSettings>,
 }
 
 /// As `--check-config` shows it, password redacted.
@@ -58,13 +62,17 @@ impl fmt::Display for RedisConfig {
         };
         write!(
             f,
-            "redis {single}{} (prefix {:?}, timeout {} ms, {} calls in flight, breaker after {} failures, probe every {} ms)",
+            "redis {single}{} (prefix {:?}, timeout {} ms, {} calls in flight, breaker after {} failures, probe every {} ms, leases {})",
             self.target.redacted(),
             self.key_prefix,
             self.timeout.as_millis(),
             self.calls_in_flight,
             self.guard.failure_threshold,
             self.guard.probe_interval.as_millis(),
+            match self.leases {
+                Some(leases) => format!("from {} decisions/s", leases.hot_per_second),
+                None => "off".to_owned(),
+            },
         )
     }
 }

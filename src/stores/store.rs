@@ -96,6 +96,13 @@ pub trait Store: Send + Sync + 'static {
     /// every other starts afresh. Connections, breakers and counters carry on.
     fn for_rules(&self, rules: &[Rule]) -> Arc<dyn Store>;
 
+    /// Give back whatever this replica holds of the shared budgets (a lease's unspent share,
+    /// `REDIS_LEASES`), and take no more: the shutdown's last word to the store, after the
+    /// drain. A store that holds nothing has nothing to give back.
+    fn release(&self) -> Decide<'_, ()> {
+        Decide::ready(())
+    }
+
     /// The memory store, if this is one (what `STATE_FILE` saves).
     fn memory(&self) -> Option<&crate::stores::MemoryStore> {
         None

@@ -6,8 +6,10 @@
 //! targets (`tollgate`, `tollgate::proxy`); another crate's target is written with its level
 //! (`hyper=trace`).
 //! Lines that a flood could repeat go through a [`throttle::LogThrottle`].
+//! Traces (OpenTelemetry, over OTLP) are [`trace`]'s.
 
 pub(crate) mod throttle;
+pub(crate) mod trace;
 
 use std::ffi::OsStr;
 use std::io::IsTerminal;

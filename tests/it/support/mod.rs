@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod client;
 pub mod gateway;
+pub mod otlp;
 pub mod redis;
 
 pub use backend::Backend;
