@@ -1,7 +1,7 @@
 //! Exact leases (`REDIS_LEASES=on`): hot keys decided from shares of their budgets, with a real
 //! `redis-server` shared by several replicas. Never over the budget; the whole budget when
 //! every replica has demand; a killed replica's share back within seconds (token bucket); the
-//! shares given back at shutdown and on a reload; the same totals as without leases.
+//! shares given back at shutdown and on a reload; the totals of no leases, within a percent.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -131,8 +131,11 @@ fn counted(redis: &RedisServer, key: &str) -> u64 {
     redis.cli(&["HGET", key, "c"]).trim().parse().unwrap_or(0)
 }
 
-/// Leases on and off, three replicas, one client: the same totals, exactly the budget, for a
-/// fixed window, a sliding window, a limit list of both, and a cost of 2 a request.
+/// Leases on and off, three replicas, one client: exactly the budget without leases, and with
+/// them never more and at most one percent (or two requests) less, for a fixed window, a
+/// sliding window, a limit list of both, and a cost of 2 a request. (A replica whose demand
+/// ends holding less of a share than a request costs gives it back on its next request or at
+/// its expiry, a second later, when the others may have stopped asking: docs/algorithms.md.)
 #[tokio::test]
 async fn leases_on_and_off_admit_the_same() {
     let backend = Backend::start().await;
@@ -166,7 +169,12 @@ async fn leases_on_and_off_admit_the_same() {
                 gateway.stop().await;
             }
         }
-        assert_eq!(totals, [expected, expected], "{vars:?}: leases on, then off");
+        let [on, off] = [totals[0], totals[1]];
+        assert_eq!(off, expected, "{vars:?}: leases off");
+        assert!(
+            on <= expected && on + (expected / 100).max(2) >= expected,
+            "{vars:?}: leases on admitted {on} of a budget of {expected}"
+        );
     }
 }
 
@@ -240,9 +248,10 @@ async fn a_reload_that_changes_the_rule_gives_its_shares_back() {
 }
 
 /// A replica SIGKILLed with a share in hand (a token bucket of 1,000 refilling 100 a second):
-/// nobody can know what it spent, so the share stays spent; but a share is at most one second
-/// of refill, so the bucket is ahead of the requests admitted by at most a second, and another
-/// replica finds the whole bucket again within seconds.
+/// nobody can know what it spent, so the share stays spent; but a take is at most one second
+/// of refill and the next is taken when less than half is left, so what a replica holds is
+/// less than two seconds of refill: the bucket is ahead of the requests admitted by less than
+/// two seconds, and another replica finds the whole bucket again within seconds.
 #[tokio::test]
 async fn a_killed_replicas_share_comes_back_within_seconds() {
     let backend = Backend::start().await;
@@ -270,7 +279,7 @@ async fn a_killed_replicas_share_comes_back_within_seconds() {
     doomed.child.kill().unwrap();
     doomed.child.wait().unwrap();
     // How far the bucket's schedule is ahead of Redis's now: the 200 admitted (10 ms each, some
-    // refilled since) and what the dead replica held, at most one second's refill.
+    // refilled since) and what the dead replica held, less than two seconds' refill.
     // No key: the bucket is full again already.
     let tat: u64 = redis.cli(&["GET", &key]).trim().parse().unwrap_or(0);
     let time = redis.cli(&["TIME"]);
@@ -278,8 +287,8 @@ async fn a_killed_replicas_share_comes_back_within_seconds() {
     let now = time.next().unwrap() * 1_000_000 + time.next().unwrap();
     let ahead = Duration::from_micros(tat.saturating_sub(now));
     assert!(
-        ahead <= Duration::from_millis(200 * 10 + 1_000 + 100),
-        "the bucket is {ahead:?} ahead: more than the admitted and a second"
+        ahead <= Duration::from_millis(200 * 10 + 2_000 + 100),
+        "the bucket is {ahead:?} ahead: more than the admitted and two seconds"
     );
     // Once that has refilled, the other replica admits the whole bucket.
     tokio::time::sleep(ahead + Duration::from_millis(100)).await;
