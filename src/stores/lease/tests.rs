@@ -148,6 +148,23 @@ enum Op {
     Shutdown(usize),
 }
 
+impl Op {
+    /// The same operation on one of `replicas` (the strategy draws replicas from a fixed
+    /// range; a case with fewer folds them onto its own).
+    fn among(&self, replicas: usize) -> Op {
+        match *self {
+            Op::Decide { r, cost, want } => Op::Decide {
+                r: r % replicas,
+                cost,
+                want,
+            },
+            Op::Kill(r) => Op::Kill(r % replicas),
+            Op::Shutdown(r) => Op::Shutdown(r % replicas),
+            Op::Wait(us) => Op::Wait(us),
+        }
+    }
+}
+
 fn ops(replicas: usize) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         8 => (0..replicas, 0u64..4, 1u64..40).prop_map(|(r, cost, want)| Op::Decide { r, cost, want }),
@@ -280,12 +297,7 @@ proptest! {
         let mut world = World::new(Model::Bucket { capacity, interval, tat: None }, replicas);
         let start = world.now;
         for op in &ops {
-            let op = match *op {
-                Op::Decide { r, cost, want } => Op::Decide { r: r % replicas, cost, want },
-                Op::Kill(r) => Op::Kill(r % replicas),
-                Op::Shutdown(r) => Op::Shutdown(r % replicas),
-                Op::Wait(us) => Op::Wait(us),
-            };
+            let op = op.among(replicas);
             world.run(&op);
             let admitted = world.admitted_in(0, u64::MAX);
             prop_assert!(admitted <= capacity + (world.now - start) / interval,
@@ -310,12 +322,7 @@ proptest! {
         let mut world = World::new(Model::Fixed { limit, window, state: None }, replicas);
         let mut lost_in_window = std::collections::HashMap::<u64, u64>::new();
         for op in &ops {
-            let op = match *op {
-                Op::Decide { r, cost, want } => Op::Decide { r: r % replicas, cost, want },
-                Op::Kill(r) => Op::Kill(r % replicas),
-                Op::Shutdown(r) => Op::Shutdown(r % replicas),
-                Op::Wait(us) => Op::Wait(us),
-            };
+            let op = op.among(replicas);
             if let Op::Kill(r) = op
                 && let Some(share) = world.shares[r]
             {
@@ -345,12 +352,7 @@ proptest! {
         let mut world = World::new(Model::Sliding { limit, window, state: None }, replicas);
         let long = window > 1_000_000_000;
         for op in &ops {
-            let op = match *op {
-                Op::Decide { r, cost, want } => Op::Decide { r: r % replicas, cost, want },
-                Op::Kill(r) => Op::Kill(r % replicas),
-                Op::Shutdown(r) => Op::Shutdown(r % replicas),
-                Op::Wait(us) => Op::Wait(us),
-            };
+            let op = op.among(replicas);
             world.run(&op);
             let k = world.now / window;
             let counted = match world.redis {
