@@ -609,7 +609,8 @@ impl<S: Remote> Guard<S> {
         sent: Instant,
     ) -> Result<Decision, StoreError> {
         let store = &self.inner.shared.store;
-        // Forgotten if this future is dropped before the take answers (its request went away).
+        // The take forgotten if it fails, expires, or this future is dropped before it answers
+        // (its request went away): only an answered take is the lease's to settle.
         let mut abandon = Abandon {
             leases,
             key: &key,
@@ -624,25 +625,17 @@ impl<S: Remote> Guard<S> {
                 &breaker.clock,
                 sent,
             )
-            .await;
-        abandon.armed = false;
-        drop(abandon);
-        let taken = match taken {
-            Ok(taken) => taken,
-            Err(error) => {
-                leases.abandon(&key);
-                return Err(error);
-            }
-        };
+            .await?;
         match &taken {
             Taken::Share { now_us, .. } => breaker.clock.observe(sent, *now_us),
             Taken::Expired(redis_us) => {
                 breaker.clock.reset(sent, *redis_us);
-                leases.abandon(&key);
                 return Err(StoreError::Expired);
             }
             Taken::Refused => {}
         }
+        abandon.armed = false;
+        drop(abandon);
         let mut returned = Vec::new();
         let decision = leases.taken(rule, &key, cost, sent, &taken, &mut returned);
         if !returned.is_empty() {
