@@ -675,13 +675,17 @@ impl<S: Remote> Guard<S> {
     }
 
     /// Count a failed call, and open `breaker` at the threshold when the store could not be
-    /// reached ([`RedisErrorKind::feeds_breaker`]: a timeout or a connection failure).
+    /// reached ([`RedisErrorKind::feeds_breaker`]: a timeout or a connection failure, not an
+    /// "expired" answer).
     fn record_failure(&self, breaker: &Arc<Breaker>, error: &StoreError) {
         let inner = &self.inner.shared;
         let kind = RedisErrorKind::of(error);
         inner.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
         let node = breaker.node();
-        if !kind.feeds_breaker() {
+        // An "expired" answer is an answer: Redis ran the call, late behind a busy Redis or
+        // machine, and a breaker opened by it would let every request through unlimited for a
+        // probe interval while Redis is there.
+        if !kind.feeds_breaker() || matches!(error, StoreError::Expired) {
             // Redis answered: an error reply or a reply out of range is that call's trouble
             // and says nothing of the store's health, and an open breaker would hand every
             // other client the fail mode too.

@@ -29,6 +29,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -190,9 +191,10 @@ pub struct RedisStore {
 /// it, coalescing saves Redis a sixth of each decision (docs/benchmarks.md, part 2).
 pub const DEFAULT_CALLS_IN_FLIGHT: usize = 4;
 
-/// The longest a decision waits for Redis, in `REDIS_TIMEOUT_MS`s, however slow replies
-/// have been lately (see [`RedisStore::patience`]): 200 ms at the default 50.
-pub const PATIENCE_LIMIT: u32 = 4;
+/// The longest a decision waits for a Redis that keeps answering (busy, or this machine
+/// loaded), in `REDIS_TIMEOUT_MS`s, calls sent again after an "expired" answer included (see
+/// [`RedisStore::patiently`]): 500 ms at the default 50.
+pub const WAIT_LIMIT: u32 = 10;
 
 /// The most decisions one call carries.
 pub const MAX_BATCH: usize = 64;
@@ -325,9 +327,18 @@ struct Waiting {
     ask: Ask,
     /// Where the reply goes, with the key.
     reply: tokio::sync::oneshot::Sender<(String, BatchReply)>,
-    /// `REDIS_TIMEOUT_MS` from when it was queued: the batch that carries it must answer by
-    /// then, waiting included, as a decision sent alone would.
+    /// Its caller's wait, from when it was queued: the batch that carries it answers within
+    /// it, waiting for a place included, as a decision sent alone would.
+    wait: Wait,
+}
+
+/// How long a decision waits for Redis: until `deadline` (`REDIS_TIMEOUT_MS` and the lag
+/// replies showed lately), and on to `cap` while Redis keeps answering (see
+/// [`RedisStore::patiently`]).
+#[derive(Debug, Clone, Copy)]
+struct Wait {
     deadline: tokio::time::Instant,
+    cap: tokio::time::Instant,
 }
 
 /// A decision call's place among the `REDIS_CALLS_IN_FLIGHT`. When it ends (the call came
@@ -348,7 +359,7 @@ impl Drop for CallSlot {
         // answered by the fail mode: it must not spend the client's budget now.
         state
             .waiting
-            .retain(|waiting| !waiting.reply.is_closed() && waiting.deadline > now);
+            .retain(|waiting| !waiting.reply.is_closed() && waiting.wait.cap > now);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime (the process is ending): the waiting decisions see their replies
             // dropped and take the fail mode; the place is given up.
@@ -428,7 +439,7 @@ impl RedisStore {
         let clock = Arc::new(RedisClock::new());
         // A decision may wait longer than `timeout` while replies are slow (`patience`): the
         // client's own bound is the longest it may wait; each call is bounded by its caller.
-        let longest = timeout.saturating_mul(PATIENCE_LIMIT);
+        let longest = timeout.saturating_mul(WAIT_LIMIT);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(longest))
             .set_response_timeout(Some(longest))
@@ -828,10 +839,14 @@ impl RedisStore {
         }
     }
 
-    /// Decide, telling the script when the caller stops waiting on `clock`'s estimate of the
-    /// Redis clock (a pinned clock, in tests, has no deadline). A script that found the
-    /// deadline passed while the gateway still waits shows the estimate too low: it is renewed
-    /// from that answer and the call sent once more, by the same deadline.
+    /// Decide, telling the script the call's deadline on `clock`'s estimate of the Redis clock
+    /// (a pinned clock, in tests, has no deadline): after it the script changes nothing and
+    /// answers "expired". The gateway waits for the answer at least until then, and on while
+    /// Redis keeps answering ([`patiently`](Self::patiently)), so whenever it gives up, a call
+    /// that runs later counts nothing. An "expired" answer that arrives while it still waits
+    /// (the call ran late: a busy Redis or machine, or the estimate was too low) is renewed
+    /// from and the call sent again with a deadline of its own, until the
+    /// [`WAIT_LIMIT`] from the first send.
     async fn decide(
         &self,
         rule: &Rule,
@@ -842,12 +857,15 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         // One clock read: when the call is sent, and from it when the caller stops waiting.
         let mut sent = tokio::time::Instant::now();
-        let deadline = sent + self.patience(clock);
-        let mut retried = false;
+        let cap = sent + self.timeout.saturating_mul(WAIT_LIMIT);
         loop {
-            let redis_deadline = now_us.is_none().then(|| clock.redis_time(deadline));
+            let wait = Wait {
+                deadline: (sent + self.patience(clock)).min(cap),
+                cap,
+            };
+            let redis_deadline = now_us.is_none().then(|| clock.redis_time(wait.deadline));
             let (returned, reply) = self
-                .call(rule, key, cost, now_us, deadline, redis_deadline)
+                .call(rule, key, cost, now_us, wait, clock, redis_deadline)
                 .await?;
             match answer_of(rule, &reply)? {
                 Answer::Decided(decision) => {
@@ -859,12 +877,11 @@ impl RedisStore {
                 Answer::Expired(redis_us) => {
                     // Only a call with a deadline expires: its clock is Redis's own.
                     clock.reset(sent, redis_us);
-                    if retried || tokio::time::Instant::now() >= deadline {
+                    sent = tokio::time::Instant::now();
+                    if sent >= cap {
                         return Err(StoreError::Expired);
                     }
-                    retried = true;
                     key = returned;
-                    sent = tokio::time::Instant::now();
                 }
             }
         }
@@ -872,7 +889,7 @@ impl RedisStore {
 
     /// How long a decision waits for Redis: `REDIS_TIMEOUT_MS`, plus twice the lag `clock` has
     /// seen lately (a call's way there beyond the fastest, and as much back), at most
-    /// [`PATIENCE_LIMIT`] times `REDIS_TIMEOUT_MS`. A machine or a Redis under load makes
+    /// [`WAIT_LIMIT`] times `REDIS_TIMEOUT_MS`. A machine or a Redis under load makes
     /// calls slower for a while, and a fixed timeout then hands them to the fail mode (a
     /// sliding log of 25 admitted 94 across three replicas at `FAIL_MODE=open`); a Redis
     /// frozen or gone answers nothing, so shows no lag, and its calls still time out after
@@ -882,62 +899,96 @@ impl RedisStore {
         let lag = clock.lag();
         self.timeout
             .saturating_add(lag.saturating_add(lag))
-            .min(self.timeout.saturating_mul(PATIENCE_LIMIT))
+            .min(self.timeout.saturating_mul(WAIT_LIMIT))
     }
 
-    /// One call of a decision's script, alone or in a batch, answered by `deadline`; the key
-    /// comes back with the reply.
+    /// Wait for `call` until `wait`'s deadline, and past it until its cap for as long as Redis
+    /// may still be answering: a reply to any decision (as `clock` sees it) since the last
+    /// look means Redis is busy or this machine loaded, not gone; and a gateway so busy that
+    /// its own tasks wait their turn (the deadline's timer ran late, or a yield took long)
+    /// cannot tell a silent Redis from replies it has not read yet. A decision handed to the
+    /// fail mode then would let a burst through uncounted (three replicas of a sliding log
+    /// admitted 94 of 25, and a circuit breaker opened by such timeouts let every request
+    /// through for a probe interval). A Redis that answers nothing (frozen, cut off) to a
+    /// gateway that is not overloaded is given up on at the first deadline, or one
+    /// `REDIS_TIMEOUT_MS` later for a call sent just before it stopped (before the first
+    /// reply, at the cap). Before giving up, what reached the process meanwhile is read (a
+    /// yield lets the connection's task run), so a call already answered is never taken for
+    /// a timeout. `None` when it timed out.
+    async fn patiently<T>(&self, clock: &RedisClock, wait: Wait, call: impl Future<Output = T>) -> Option<T> {
+        let mut call = std::pin::pin!(call);
+        let mut seen = clock.latest_reply();
+        let mut until = wait.deadline;
+        // Later than this, the timer or a yield shows the gateway's own tasks queueing.
+        let busy = self.timeout / 16;
+        loop {
+            if let Ok(done) = tokio::time::timeout_at(until, call.as_mut()).await {
+                return Some(done);
+            }
+            let woken = tokio::time::Instant::now();
+            tokio::task::yield_now().await;
+            if let Poll::Ready(done) = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
+                return Some(done);
+            }
+            let now = tokio::time::Instant::now();
+            let latest = clock.latest_reply();
+            let answering = latest != seen || latest == 0;
+            let queueing =
+                woken.saturating_duration_since(until) + now.saturating_duration_since(woken) > busy;
+            if !(answering || queueing) || now >= wait.cap {
+                self.timed_out();
+                return None;
+            }
+            seen = latest;
+            until = (now + self.timeout).min(wait.cap);
+        }
+    }
+
+    /// One call of a decision's script, alone or in a batch, answered within `wait` (see
+    /// [`patiently`](Self::patiently)); the key comes back with the reply.
+    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         rule: &Rule,
         key: String,
         cost: Cost,
         now_us: Option<u64>,
-        deadline: tokio::time::Instant,
+        wait: Wait,
+        clock: &RedisClock,
         redis_deadline: Option<u64>,
     ) -> Result<(String, redis::Value), StoreError> {
-        match self.turn(rule, key, cost, now_us, deadline, redis_deadline) {
+        match self.turn(rule, key, cost, now_us, wait, redis_deadline) {
             Turn::Now(slot, key) if rule.limits.len() > 1 => {
                 let ask = Ask::new(rule, key, cost, now_us, redis_deadline);
-                let reply = match tokio::time::timeout_at(deadline, self.run_asks(std::slice::from_ref(&ask)))
+                let reply = match self
+                    .patiently(clock, wait, self.run_asks(std::slice::from_ref(&ask)))
                     .await
                 {
-                    Ok(Ok(redis::Value::Array(replies))) => group_reply(replies),
-                    Ok(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
-                    Ok(Err(error)) => Err(StoreError::from(error)),
-                    Err(_) => {
-                        self.timed_out();
-                        Err(StoreError::Timeout(self.timeout))
-                    }
+                    Some(Ok(redis::Value::Array(replies))) => group_reply(replies),
+                    Some(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
+                    Some(Err(error)) => Err(StoreError::from(error)),
+                    None => Err(StoreError::Timeout(self.timeout)),
                 };
                 drop(slot);
                 Ok((ask.key, reply?))
             }
             Turn::Now(slot, key) => {
-                let reply = match tokio::time::timeout_at(
-                    deadline,
-                    self.run_script(rule, &key, cost, now_us, Call::Decide, redis_deadline),
-                )
-                .await
-                {
-                    Ok(reply) => reply.map_err(StoreError::from),
-                    Err(_) => {
-                        self.timed_out();
-                        Err(StoreError::Timeout(self.timeout))
-                    }
+                let call = self.run_script(rule, &key, cost, now_us, Call::Decide, redis_deadline);
+                let reply = match self.patiently(clock, wait, call).await {
+                    Some(reply) => reply.map_err(StoreError::from),
+                    None => Err(StoreError::Timeout(self.timeout)),
                 };
                 // The place passes to the decisions that waited meanwhile.
                 drop(slot);
                 Ok((key, reply?))
             }
-            // The batch answers by this decision's deadline; a millisecond more is only the
-            // backstop for a batch task that never ran.
+            // The batch judges Redis from when it is sent, and answers by this decision's cap;
+            // a millisecond more is only the backstop for a batch task that never ran.
             Turn::Later(waiting) => {
-                match tokio::time::timeout_at(deadline + Duration::from_millis(1), waiting).await {
+                match tokio::time::timeout_at(wait.cap + Duration::from_millis(1), waiting).await {
                     Ok(Ok((key, reply))) => Ok((key, reply?)),
-                    // Dropped unsent: its deadline passed while it waited for a place.
-                    Ok(Err(_)) => Err(StoreError::Timeout(self.timeout)),
-                    Err(_) => Err(StoreError::Timeout(self.timeout)),
+                    // Dropped unsent: its cap passed while it waited for a place.
+                    Ok(Err(_)) | Err(_) => Err(StoreError::Timeout(self.timeout)),
                 }
             }
         }
@@ -951,7 +1002,7 @@ impl RedisStore {
         key: String,
         cost: Cost,
         now_us: Option<u64>,
-        deadline: tokio::time::Instant,
+        wait: Wait,
         redis_deadline: Option<u64>,
     ) -> Turn {
         let Some(coalescer) = &self.coalescer else {
@@ -966,7 +1017,7 @@ impl RedisStore {
         state.waiting.push(Waiting {
             ask: Ask::new(rule, key, cost, now_us, redis_deadline),
             reply,
-            deadline,
+            wait,
         });
         Turn::Later(waiting)
     }
@@ -975,25 +1026,35 @@ impl RedisStore {
     /// its reply; then pass the place on.
     async fn send_batch(self, slot: CallSlot, batch: Vec<Waiting>) {
         let _slot = slot;
-        // By the first deadline among them (they are queued in order): none waits longer
-        // than REDIS_TIMEOUT_MS in all.
-        let deadline = batch.iter().map(|waiting| waiting.deadline).min();
+        // Redis is judged from now, when it is asked (a decision that waited for a place
+        // waited for this gateway, not for Redis), and the batch gives up no later than the
+        // first of its callers (they are queued in order). The scripts get the batch's own
+        // deadline, never later than a caller's cap: a caller answered by the fail mode is
+        // never counted afterwards.
+        let now = tokio::time::Instant::now();
+        let cap = batch.iter().map(|waiting| waiting.wait.cap).min().unwrap_or(now);
+        let wait = Wait {
+            deadline: (now + self.patience(&self.clock)).min(cap),
+            cap,
+        };
+        let redis_deadline = self.clock.redis_time(wait.deadline);
         let (asks, senders): (Vec<Ask>, Vec<_>) = batch
             .into_iter()
-            .map(|waiting| (waiting.ask, waiting.reply))
+            .map(|mut waiting| {
+                if waiting.ask.redis_deadline.is_some() {
+                    waiting.ask.redis_deadline = Some(redis_deadline);
+                }
+                (waiting.ask, waiting.reply)
+            })
             .unzip();
         let keys: usize = asks.iter().map(Ask::keys).sum();
         let call = self.run_asks(&asks);
-        let replies =
-            match tokio::time::timeout_at(deadline.unwrap_or_else(tokio::time::Instant::now), call).await {
-                Ok(Ok(redis::Value::Array(replies))) if replies.len() == keys => Ok(replies),
-                Ok(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
-                Ok(Err(error)) => Err(StoreError::from(error)),
-                Err(_) => {
-                    self.timed_out();
-                    Err(StoreError::Timeout(self.timeout))
-                }
-            };
+        let replies = match self.patiently(&self.clock, wait, call).await {
+            Some(Ok(redis::Value::Array(replies))) if replies.len() == keys => Ok(replies),
+            Some(Ok(other)) => Err(StoreError::Reply(format!("{other:?}"))),
+            Some(Err(error)) => Err(StoreError::from(error)),
+            None => Err(StoreError::Timeout(self.timeout)),
+        };
         match replies {
             Ok(replies) => {
                 let mut replies = replies.into_iter();

@@ -33,7 +33,7 @@
 //! the last is what a decision's deadline adds to `REDIS_TIMEOUT_MS` (twice, for the way back),
 //! so a machine under load makes calls wait longer rather than time out into the fail mode.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -41,6 +41,10 @@ use tokio::time::Instant;
 /// How long one period's minimum serves: the estimate is the minimum of this period and the
 /// previous one, so a bound that has become too low is forgotten within two periods.
 pub const PERIOD: Duration = Duration::from_secs(10);
+
+/// How far (µs of Redis time) a reply must be past the last one marked to move
+/// [`RedisClock::latest_reply`] on.
+pub const PROGRESS_STEP: u64 = 1_000;
 
 /// No bound yet in this period.
 const NONE: i64 = i64::MAX;
@@ -62,6 +66,10 @@ pub struct RedisClock {
     lag_current: AtomicI64,
     /// The largest lag of the previous period.
     lag_previous: AtomicI64,
+    /// The Redis time of a recent reply (µs), moved on by replies at least [`PROGRESS_STEP`]
+    /// later: whether Redis answered anything while a call waited (see
+    /// [`latest_reply`](RedisClock::latest_reply)).
+    latest: AtomicU64,
 }
 
 impl Default for RedisClock {
@@ -83,6 +91,7 @@ impl RedisClock {
             period_start: AtomicI64::new(0),
             lag_current: AtomicI64::new(0),
             lag_previous: AtomicI64::new(0),
+            latest: AtomicU64::new(0),
         }
     }
 
@@ -99,6 +108,7 @@ impl RedisClock {
 
     /// A reply to a call sent at `sent` says Redis's clock read `redis_us` (or later).
     pub fn observe(&self, sent: Instant, redis_us: u64) {
+        self.answered(redis_us);
         // Periods are turned by the send time, a moment ago: no clock read on every reply.
         let now = self.since_anchor(sent);
         let bound = self.bound(sent, redis_us);
@@ -146,11 +156,29 @@ impl RedisClock {
     /// A call sent at `sent` was found expired at `redis_us` while the gateway still waited:
     /// the estimate was too low. Start over from this bound alone.
     pub fn reset(&self, sent: Instant, redis_us: u64) {
+        self.answered(redis_us);
         let bound = self.bound(sent, redis_us);
         self.previous.store(NONE, Ordering::Relaxed);
         self.current.store(bound, Ordering::Relaxed);
         self.period_start
             .store(self.since_anchor(Instant::now()), Ordering::Relaxed);
+    }
+
+    /// A mark that moves while Redis answers: a call that waited past its deadline compares it
+    /// with the mark it saw when it began to wait, and a Redis that answered meanwhile (busy,
+    /// or this machine loaded) is waited for longer, while a Redis that answered nothing
+    /// (frozen, cut off) is not. Zero before any reply.
+    pub fn latest_reply(&self) -> u64 {
+        self.latest.load(Ordering::Relaxed)
+    }
+
+    /// Move [`latest_reply`](Self::latest_reply) on to `redis_us` if that is
+    /// [`PROGRESS_STEP`] past it: one read a reply, a write at most once a step (a write on
+    /// every reply would bounce the cache line between the cores).
+    fn answered(&self, redis_us: u64) {
+        if redis_us >= self.latest.load(Ordering::Relaxed).saturating_add(PROGRESS_STEP) {
+            self.latest.store(redis_us, Ordering::Relaxed);
+        }
     }
 
     fn offset(&self) -> i64 {
@@ -184,6 +212,23 @@ mod tests {
     use super::*;
 
     const SECOND: u64 = 1_000_000;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reply_mark_moves_on_with_replies_a_step_apart() {
+        let clock = RedisClock::new();
+        assert_eq!(clock.latest_reply(), 0, "no reply yet");
+        let sent = Instant::now();
+        clock.observe(sent, 1_000 * SECOND);
+        assert_eq!(clock.latest_reply(), 1_000 * SECOND);
+        // Replies within a step of the mark leave it (no write on every reply).
+        clock.observe(sent, 1_000 * SECOND + PROGRESS_STEP - 1);
+        assert_eq!(clock.latest_reply(), 1_000 * SECOND);
+        clock.observe(sent, 1_000 * SECOND + PROGRESS_STEP);
+        assert_eq!(clock.latest_reply(), 1_000 * SECOND + PROGRESS_STEP);
+        // An "expired" answer is a reply too.
+        clock.reset(sent, 1_001 * SECOND);
+        assert_eq!(clock.latest_reply(), 1_001 * SECOND);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_deadline_is_the_tightest_bound_seen_plus_the_wait() {

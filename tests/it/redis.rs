@@ -13,6 +13,7 @@ use tollgate::algorithms::{
 use tollgate::rules::Rule;
 use tollgate::stores::{MemoryStore, RedisStore, RedisTarget};
 
+use crate::binary::Running;
 use crate::support::{Backend, Gateway, RedisServer, get, get_from};
 
 /// Budget 25, no refill worth speaking of during a test, for every algorithm. The fixed
@@ -90,6 +91,90 @@ async fn three_replicas_share_one_exact_budget() {
         }
         let allowed = flood(&gateways, &["127.0.0.1".parse().unwrap()]).await;
         assert_eq!(allowed, [25], "{algorithm:?}");
+    }
+}
+
+/// Issue 28: at the default `REDIS_TIMEOUT_MS` (50 ms) a loaded machine made three replicas
+/// of a sliding log admit 94 of 25 at `FAIL_MODE=open`: their calls waited behind the
+/// machine, not behind Redis, timed out into the fail mode, and the timeouts opened the
+/// circuit breaker, which let the rest through unlimited. A decision now waits on while Redis
+/// keeps answering (`RedisStore::patiently`). Three replicas (the binary, each a process of
+/// its own, having served a request before) take a flood of 300 while busy loops of this test
+/// keep every core loaded; at the default timeout, every answer is decided and the budget is
+/// exact. (`TOLLGATE_UNDER_TEST` runs it on another build.)
+#[tokio::test]
+async fn three_replicas_hold_one_exact_budget_on_a_loaded_machine_at_the_default_timeout() {
+    let redis = RedisServer::start();
+    let backend = Backend::start().await;
+    let url = backend.url();
+    let addr = redis.addr();
+    let vars = [
+        ("BACKEND_URL", url.as_str()),
+        ("REDIS_ADDR", addr.as_str()),
+        ("ALGORITHM", "sliding_log"),
+        ("LIMIT", "25"),
+        ("WINDOW_SIZE", "3600"),
+    ];
+    let replicas: Vec<Running> = (0..3).map(|_| Running::start(&vars)).collect();
+    // Each has served before: connected, its Redis clock estimated.
+    for replica in &replicas {
+        assert_eq!(get(replica.addr, "/").await.status, StatusCode::OK);
+    }
+    let hogs = CpuHogs::start();
+    let replies = join_all((0..300).map(|i| get(replicas[i % 3].addr, "/"))).await;
+    drop(hogs);
+    let undecided = replies
+        .iter()
+        .filter(|reply| !reply.headers.contains_key("x-ratelimit-remaining"))
+        .count();
+    let allowed = replies
+        .iter()
+        .filter(|reply| reply.status == StatusCode::OK)
+        .count();
+    let warnings: Vec<String> = replicas
+        .iter()
+        .flat_map(|replica| {
+            replica
+                .log()
+                .lines()
+                .filter(|line| line.contains("WARN"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .take(8)
+        .collect();
+    assert_eq!(
+        undecided, 0,
+        "answered by the fail mode; {allowed} allowed; {warnings:#?}"
+    );
+    assert_eq!(allowed, 25 - 3, "the budget of 25, 3 spent before");
+}
+
+/// Busy loops, one per core, until dropped.
+struct CpuHogs(Vec<std::process::Child>);
+
+impl CpuHogs {
+    fn start() -> CpuHogs {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        CpuHogs(
+            (0..cores)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for hog in &mut self.0 {
+            let _ = hog.kill();
+            let _ = hog.wait();
+        }
     }
 }
 
