@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh # loadavg, run_header
 binary=${1:?usage: scripts/redis_per_core.sh BINARY [--no-callgrind] [--no-cpu] [--single-only|--cluster-only]}
+arguments=$*
 shift
 callgrind=1 cpu=1 deployments="1 3"
 while [ $# -gt 0 ]; do
@@ -32,7 +33,7 @@ done
 [ -x "$binary" ] || { echo "redis_per_core.sh: $binary is not an executable" >&2; exit 2; }
 two=${BENCH_TWO_LIMITS:-token_bucket:1000000000:1000000+fixed_window:10000000:86400}
 n1=${BENCH_N1:-1000} n2=${BENCH_N2:-5000}
-run_header "$binary $*"
+run_header "$arguments"
 echo "rate ${BENCH_RATE:-4000}/s for ${BENCH_DURATION:-20} s; callgrind over $n1 and $n2 decisions; two limits: $two"
 
 rows=()
