@@ -11,10 +11,14 @@
 
 use std::time::Duration;
 
+use redis::AsyncConnectionConfig;
 use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
 
 const CALLERS: u64 = 8;
+/// redis-rs gives up on an answer after 500 ms by default; a loaded machine (or redis-server
+/// under valgrind) may take longer, and a floor that fails measures nothing.
+const PATIENCE: Duration = Duration::from_secs(30);
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,13 +44,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::var("REDIS_CLUSTER_NODES") {
         Ok(nodes) => {
             let nodes = nodes.split(',').map(|node| format!("redis://{}", node.trim()));
-            let connection = ClusterClient::new(nodes)?.get_async_connection().await?;
+            let connection = ClusterClient::builder(nodes)
+                .connection_timeout(PATIENCE)
+                .response_timeout(PATIENCE)
+                .build()?
+                .get_async_connection()
+                .await?;
             run(connection, total, cold, period).await
         }
         Err(_) => {
             let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(PATIENCE))
+                .set_response_timeout(Some(PATIENCE));
             let connection = redis::Client::open(url)?
-                .get_multiplexed_async_connection()
+                .get_multiplexed_async_connection_with_config(&config)
                 .await?;
             run(connection, total, cold, period).await
         }

@@ -10,11 +10,13 @@
 # coalesces decisions when more than REDIS_CALLS_IN_FLIGHT are out) and wake-ups do.
 #
 # usage: scripts/redis_cpu_at_rate.sh BINARY|pair
-# BINARY   a tollgate binary: h2load sends the requests (hot: --h1, 8 connections; cold: one
-#          HTTP/2 connection of 8 streams walking distinct URIs), each connection paced
+# BINARY   a tollgate binary: h2load sends the requests (hot: --h1, 32 connections each paced
+#          at BENCH_RATE / 32; cold: one HTTP/2 connection of up to 32 streams paced at BENCH_RATE,
+#          walking distinct URIs); room for 32 at once, so a slow moment does not lower the rate
+#          (how many are out at once follows from the rate and the latency, not from this)
 # pair     the floor instead: examples/redis_pair at the same rate, INCRBY + PEXPIRE NX
 #          pipelined, one round trip per decision, 8 callers on one multiplexed connection
-# BENCH_RATE      requests (decisions) a second, default 4000
+# BENCH_RATE      requests (decisions) a second, a multiple of 32, default 4000
 # BENCH_DURATION  seconds measured, default 20 (after a warm-up of 2 s at the same rate)
 # BENCH_IDLE      seconds redis-server's idle CPU is read over first (default 5): the "net"
 #                 figure takes that rate times the measured seconds out
@@ -40,7 +42,7 @@ keys=${BENCH_KEYS:-hot}
 case $keys in hot|cold) ;; *) echo "BENCH_KEYS is hot or cold, not $keys" >&2; exit 2 ;; esac
 case $rate in *[!0-9]* | '' | 0) echo "BENCH_RATE is a whole number of requests a second, not $rate" >&2; exit 2 ;; esac
 case $duration in *[!0-9]* | '' | 0) echo "BENCH_DURATION is a whole number of seconds, not $duration" >&2; exit 2 ;; esac
-(( rate % 8 == 0 )) || { echo "BENCH_RATE is a multiple of 8 (8 paced connections or callers), not $rate" >&2; exit 2; }
+(( rate % 32 == 0 )) || { echo "BENCH_RATE is a multiple of 32 (32 paced connections, 8 paced callers), not $rate" >&2; exit 2; }
 masters=${REDIS_CLUSTER:-1}
 case $masters in
   1) ;;
@@ -149,9 +151,9 @@ else
   seq "$requests" | sed "s|^|http://127.0.0.1:$gateway_port/?k=|" >"$work/uris"
   load() { # N URI-FILE
     if [ "$keys" = cold ]; then
-      "${on_load_cpu[@]}" h2load -n "$1" -c 1 -m 8 --rps "$rate" -i "$2"
+      "${on_load_cpu[@]}" h2load -n "$1" -c 1 -m 32 --rps "$rate" -i "$2"
     else
-      "${on_load_cpu[@]}" h2load --h1 -n "$1" -c 8 --rps $((rate / 8)) "http://127.0.0.1:$gateway_port/"
+      "${on_load_cpu[@]}" h2load --h1 -n "$1" -c 32 --rps $((rate / 32)) "http://127.0.0.1:$gateway_port/"
     fi
   }
   load "$warmup" "$work/warmup-uris" >/dev/null
