@@ -90,7 +90,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=${2:?--duration needs a time such as 10s}; duration_set=1; shift ;;
     --scenarios) scenarios=${2:?--scenarios needs a list}; shift ;;
     --log) log=${2:?--log needs a file}; shift ;;
-    -h | --help) sed -n '2,66p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
