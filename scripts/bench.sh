@@ -56,8 +56,11 @@
 #   --rounds N        interleaved rounds per scenario (default 5)
 #   --duration D      measured seconds per target and round, wrk -d syntax (default 10s)
 #   --scenarios LIST  comma-separated subset of allow,deny,many,h2,redis,tls (default all but
-#                     redis and tls); redis: the Redis store alone, a hot key (one client) and
-#                     cold keys (100,000 clients), and BENCH_BASELINE's binary on both too
+#                     redis and tls); redis: the Redis store beside the memory store, a hot key
+#                     (one client; with Redis also REDIS_LEASES=on) and cold keys (100,000
+#                     clients), and BENCH_BASELINE's binary with Redis on both too; a second
+#                     table gives redis-server's own CPU per request, decisions per Redis core
+#                     and each Redis target against memory in the same round
 #   --log FILE        raw output (every wrk/h2load report) goes here, results to FILE.tsv
 #                     (default bench-<date>.log in $TMPDIR); scripts/bench_plot.py draws FILE.tsv
 # Environment: BENCH_CONNECTIONS (wrk -c, default 32), BENCH_BACKEND (echo: examples/echo_backend,
@@ -87,7 +90,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=${2:?--duration needs a time such as 10s}; duration_set=1; shift ;;
     --scenarios) scenarios=${2:?--scenarios needs a list}; shift ;;
     --log) log=${2:?--log needs a file}; shift ;;
-    -h | --help) sed -n '2,66p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -339,13 +342,13 @@ function request()
 end
 EOF
 
-echo -e "scenario\tround\ttarget\treq_s\tp50_us\tp99_us\trequests\tnon2xx\terrors\tcpu_ticks\tcpu_us_per_req\tredis_calls" >"$results"
+echo -e "scenario\tround\ttarget\treq_s\tp50_us\tp99_us\trequests\tnon2xx\terrors\tcpu_ticks\tcpu_us_per_req\tredis_calls\tredis_cpu_us_per_req" >"$results"
 
 # One measurement: warm up, then load the target for $duration, recording one results row.
 measure() { # scenario round target tool(wrk|h2load) [wrk args...]
   local scenario=$1 round=$2 name=$3 tool=$4
   shift 4
-  local url=${scheme_of[$name]:-http}://127.0.0.1:${port_of[$name]}/ pid=${pid_of[$name]} out c0 c1 r0=0 r1=0
+  local url=${scheme_of[$name]:-http}://127.0.0.1:${port_of[$name]}/ pid=${pid_of[$name]} out c0 c1 r0=0 r1=0 rc0=0 rc1=0
   local rps requests p50 p99 non2xx errors billed=$pid
   all_alive
   if [ "$tool" = wrk ]; then
@@ -354,7 +357,7 @@ measure() { # scenario round target tool(wrk|h2load) [wrk args...]
     timeout 60 "${on_load_cpu[@]}" h2load -t1 -c"$h2_clients" -m"$h2_streams" -D "$warmup_s" "$url" >/dev/null
   fi
   c0=$(cpu_ticks "$pid")
-  case $name in *redis*) c0=$((c0 + $(cpu_ticks "${pid_of[redis]}"))) r0=$(redis_calls) ;; esac
+  case $name in *redis*) rc0=$(cpu_ticks "${pid_of[redis]}") c0=$((c0 + rc0)) r0=$(redis_calls) ;; esac
   if [ "$tool" = wrk ]; then
     out=$(timeout $((duration_s + 60)) "${on_load_cpu[@]}" wrk -t1 -c"$connections" -d"$duration" --latency "$@" "$url")
     rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
@@ -375,16 +378,18 @@ measure() { # scenario round target tool(wrk|h2load) [wrk args...]
       awk '{v[NR] = $1} END {printf "%d %d\n", v[int(NR * 0.5) + 1], v[int(NR * 0.99) + 1]}')
   fi
   c1=$(cpu_ticks "$pid")
-  case $name in *redis*) c1=$((c1 + $(cpu_ticks "${pid_of[redis]}"))) r1=$(redis_calls) ;; esac
+  case $name in *redis*) rc1=$(cpu_ticks "${pid_of[redis]}") c1=$((c1 + rc1)) r1=$(redis_calls) ;; esac
   all_alive
   printf '%s\n' "--- $scenario round $round $name ($tool $*)" "$out" >>"$log"
   local ticks=$((c1 - c0))
   local cpu=$(awk -v t="$ticks" -v hz="$hz" -v n="${requests:-0}" 'BEGIN { printf "%.2f", n ? t * 1e6 / hz / n : 0 }')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$round" "$name" "${rps:-0}" \
-    "${p50:-0}" "${p99:-0}" "${requests:-0}" "${non2xx:-0}" "${errors:-0}" "$ticks" "$cpu" $((r1 - r0)) >>"$results"
+  # redis-server's own share (0 for a target without Redis).
+  local redis_cpu=$(awk -v t=$((rc1 - rc0)) -v hz="$hz" -v n="${requests:-0}" 'BEGIN { printf "%.2f", n ? t * 1e6 / hz / n : 0 }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$round" "$name" "${rps:-0}" \
+    "${p50:-0}" "${p99:-0}" "${requests:-0}" "${non2xx:-0}" "${errors:-0}" "$ticks" "$cpu" $((r1 - r0)) "$redis_cpu" >>"$results"
   printf '  %-5s r%-2s %-16s %9.0f req/s  p50 %6s us  p99 %7s us  CPU %6s us/req  (%s requests, %s non-2xx, %s errors%s)\n' \
     "$scenario" "$round" "$name" "${rps:-0}" "${p50:-0}" "${p99:-0}" "$cpu" "${requests:-0}" "${non2xx:-0}" "${errors:-0}" \
-    "$(case $name in *redis*) echo ", $((r1 - r0)) redis script calls" ;; esac)"
+    "$(case $name in *redis*) echo ", $((r1 - r0)) redis script calls, redis-server $redis_cpu us/req" ;; esac)"
 }
 
 check() { # name expected-status [curl args...]: the target answers as the scenario expects
@@ -543,11 +548,14 @@ if [ "$load" = 1 ]; then
         stop bare-many tollgate-memory-many tollgate-redis-many nginx-many
         ;;
       redis)
-        echo "== redis: the Redis store, a hot key (one client: X-Forwarded-For untrusted) and cold keys" \
-          "(100,000 clients by X-Forwarded-For); CPU per request includes redis-server's"
+        echo "== redis: the Redis store beside memory, a hot key (one client: X-Forwarded-For untrusted) and" \
+          "cold keys (100,000 clients by X-Forwarded-For); CPU per request includes redis-server's"
+        tollgate tollgate-memory-hot memory "${allow[@]}"
         tollgate tollgate-redis-hot redis "${allow[@]}"
+        tollgate tollgate-redis-hot-leases redis "${allow[@]}" REDIS_LEASES=on
+        tollgate tollgate-memory-cold memory "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
         tollgate tollgate-redis-cold redis "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
-        redis_targets="tollgate-redis-hot tollgate-redis-cold"
+        redis_targets="tollgate-memory-hot tollgate-redis-hot tollgate-redis-hot-leases tollgate-memory-cold tollgate-redis-cold"
         if [ -n "$BASELINE" ]; then
           binary=$BASELINE tollgate tollgate-base-redis-hot redis "${allow[@]}"
           binary=$BASELINE tollgate tollgate-base-redis-cold redis "${many[@]}" TRUSTED_PROXIES=127.0.0.1 MAX_KEYS=200000
@@ -694,6 +702,37 @@ EOF
           for (r = 1; r <= rounds; r++) if (cpu[ab[2], r] > 0 && rps[ab[2], r] > 0) {
             rc = rc " " cpu[ab[1], r] / cpu[ab[2], r]; rr = rr " " rps[ab[1], r] / rps[ab[2], r] }
           printf "| %-34s | %-20s | %-20s |\n", ab[1] " / " ab[2], spread(rc), spread(rr) }
+      }' "$results"
+  fi
+  if grep -q '^redis	' "$results"; then
+    echo
+    echo "scenario redis: redis-server's own CPU per request (median [min-max] over rounds) and requests per"
+    echo "Redis core (1 s over that median); against memory with the same keys, the ratios of each round's"
+    echo "two figures (CPU: the gateway's process plus redis-server's), median [min-max]"
+    awk -F'\t' '
+      function sorted(list, a,   n, i, j, t) {
+        n = split(list, a, " ")
+        for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+        return n }
+      function med(list,   a, n) { n = sorted(list, a); return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+      function spread(list,   a, n) { if (list == "") return "-"; n = sorted(list, a)
+        return sprintf("%.2f [%.2f-%.2f]", med(list), a[1], a[n]) }
+      $1 == "redis" {
+        if (!($3 in seen)) { seen[$3] = 1; order[++n] = $3 }
+        rps[$3, $2] = $4; cpu[$3, $2] = $11; rcpu[$3] = rcpu[$3] " " $13; reqs[$3] += $7; calls[$3] += $12
+        if ($2 > rounds) rounds = $2 }
+      END {
+        printf "| %-26s | %-24s | %-22s | %-23s | %-20s | %-20s |\n", "target", "redis-server CPU us/req", "requests per Redis core",
+          "script calls per request", "req/s vs memory", "CPU vs memory"
+        printf "|---|--:|--:|--:|--:|--:|\n"
+        for (i = 1; i <= n; i++) { T = order[i]
+          if (T !~ /redis/) continue
+          ref = T ~ /hot/ ? "tollgate-memory-hot" : "tollgate-memory-cold"; rc = rr = ""
+          for (r = 1; r <= rounds; r++) if (cpu[ref, r] > 0 && rps[ref, r] > 0) {
+            rc = rc " " cpu[T, r] / cpu[ref, r]; rr = rr " " rps[T, r] / rps[ref, r] }
+          m = med(rcpu[T])
+          printf "| %-26s | %-24s | %22s | %23.4f | %-20s | %-20s |\n", T, spread(rcpu[T]), (m > 0 ? sprintf("%.0f", 1e6 / m) : "-"),
+            (reqs[T] ? calls[T] / reqs[T] : 0), spread(rr), spread(rc) }
       }' "$results"
   fi
   echo "load average at the end: $(loadavg)"

@@ -3,7 +3,11 @@
 # one run, wrk on loopback against tollgate in memory, tollgate with Redis (leases off), and
 # tollgate with Redis and REDIS_LEASES=on; for each Redis target, the Redis commands per request
 # from INFO commandstats before and after (the calls the gateway made, EVALSHA/EVAL/FCALL, and
-# every command counted, those the scripts ran included).
+# every command counted, those the scripts ran included), and the CPU per request of tollgate's
+# process plus, for the Redis targets, redis-server's (utime+stime from /proc/PID/stat, as
+# scripts/bench.sh counts it): on a machine others load, requests per second follow the share of
+# the core the benchmark's processes get (two processes, tollgate and redis-server, get more of
+# a contended core than one), CPU per request far less.
 #
 # Usage: scripts/bench_leases.sh [--duration D] [--rounds N]
 #   --duration D   measured seconds per target and round, wrk -d syntax (default 10s)
@@ -72,26 +76,38 @@ stats() {
     END { printf "%d %d\n", calls, all }'
 }
 
-printf '| %-5s | %-12s | %10s | %9s | %14s | %17s |\n' round target "req/s" "x memory" "calls/request" "commands/request"
-printf '|%s|%s|%s|%s|%s|%s|\n' "-------" "--------------" "------------" "-----------" "----------------" "-------------------"
+# CPU time (clock ticks) of a process.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+printf '| %-5s | %-12s | %10s | %9s | %14s | %17s | %10s | %12s |\n' round target "req/s" "x memory" "calls/request" "commands/request" \
+  "CPU us/req" "CPU x memory"
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' "-------" "--------------" "------------" "-----------" "----------------" "-------------------" \
+  "------------" "--------------"
 for round in $(seq 1 "$rounds"); do
-  memory_rps=
+  memory_rps= memory_cpu=
   for name in memory redis-plain redis-leases; do
     url="http://127.0.0.1:${port_of[$name]}/"
     # Warm up (the key gets hot, shares are taken), then measure.
     "${on_load_cpu[@]}" wrk -t1 -c"$connections" -d2s "$url" >/dev/null
     all_alive
     redis-cli -p "$redis_port" CONFIG RESETSTAT >/dev/null
+    billed=(${pid_of[$name]})
+    [ "$name" = memory ] || billed+=(${pid_of[redis]})
+    c0=0; for pid in "${billed[@]}"; do c0=$((c0 + $(cpu_ticks "$pid"))); done
     out=$("${on_load_cpu[@]}" wrk -t1 -c"$connections" -d"$duration" "$url")
+    c1=0; for pid in "${billed[@]}"; do c1=$((c1 + $(cpu_ticks "$pid"))); done
     read -r calls commands < <(stats)
     echo "$out" >>"$log"
     rps=$(echo "$out" | awk '/^Requests\/sec/ { print $2 }')
     requests=$(echo "$out" | awk '/requests in/ { print $1 }')
     non2xx=$(echo "$out" | awk '/Non-2xx/ { print $4 }')
     [ -z "$non2xx" ] || echo "  $name: $non2xx responses not 2xx" >&2
-    [ -n "$memory_rps" ] || memory_rps=$rps
+    cpu=$(awk -v t=$((c1 - c0)) -v hz="$hz" -v q="$requests" 'BEGIN { printf "%.2f", t * 1e6 / hz / q }')
+    [ -n "$memory_rps" ] || memory_rps=$rps memory_cpu=$cpu
     if [ "$name" = memory ]; then calls=0 commands=0; fi
     awk -v r="$round" -v n="$name" -v rps="$rps" -v m="$memory_rps" -v c="$calls" -v a="$commands" -v q="$requests" \
-      'BEGIN { printf "| %-5s | %-12s | %10.0f | %8.2fx | %14.4f | %17.4f |\n", r, n, rps, rps / m, c / q, a / q }'
+      -v cpu="$cpu" -v mc="$memory_cpu" \
+      'BEGIN { printf "| %-5s | %-12s | %10.0f | %8.2fx | %14.4f | %17.4f | %10.2f | %11.2fx |\n", r, n, rps, rps / m, c / q, a / q, cpu, cpu / mc }'
   done
 done
