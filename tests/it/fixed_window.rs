@@ -80,6 +80,49 @@ async fn replicas_at_once_admit_exactly_the_limit_without_a_script() {
     assert!(ttl > LONG_MS - 60_000 && ttl <= LONG_MS + 1_000, "{ttl}");
 }
 
+/// Costs of 1 to 7 from three stores at once, 40 rounds of 30 requests, each round a window
+/// of its own (another client): the costs admitted never sum above the limit, and once every
+/// refusal is given back the window's count is exactly what was admitted. (With costs, a
+/// request may be refused while another's increment is out, although it would have fitted:
+/// conservative for a round trip, never over.)
+#[tokio::test]
+async fn costs_at_once_never_pass_the_limit_and_refusals_leave_no_trace() {
+    let redis = RedisServer::start();
+    let rule = rule(20);
+    let stores: Vec<RedisStore> = (0..3)
+        .map(|_| store(&redis, "fw-costs:", Duration::from_secs(5)))
+        .collect();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    for round in 0..40u32 {
+        let client: IpAddr = format!("198.51.100.{}", round + 1).parse().unwrap();
+        let costs: Vec<u64> = (0..30)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                1 + seed % 7
+            })
+            .collect();
+        let decisions = join_all(
+            costs
+                .iter()
+                .enumerate()
+                .map(|(i, &cost)| stores[i % 3].check(&rule, client.into(), Cost::saturating(cost))),
+        )
+        .await;
+        let admitted: u64 = decisions
+            .iter()
+            .zip(&costs)
+            .filter(|(decision, _)| decision.as_ref().unwrap().allowed)
+            .map(|(_, cost)| cost)
+            .sum();
+        assert!(admitted <= 20, "round {round}: {admitted} admitted");
+        assert!(admitted > 0, "round {round}: nothing admitted");
+        let key = counter(&redis, &stores[0], &rule, client);
+        assert_eq!(count(&redis, &key), admitted as i64, "round {round}");
+    }
+}
+
 /// A refusal leaves the count as it was, a cost above the limit (however hostile) is refused
 /// and spends nothing, and the numbers are the algorithm's.
 #[tokio::test]
