@@ -296,3 +296,36 @@ async fn without_pexpire_nx_the_script_decides() {
         "the first request's increment given back"
     );
 }
+
+/// The admin's inspection reads a fixed window without writing (its script with a cost of 0
+/// writes nothing), and a reset deletes the window's count: the whole limit is back.
+#[tokio::test]
+async fn inspecting_writes_nothing_and_a_reset_gives_the_window_back() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "fw-reset:", Duration::from_secs(5));
+    let rule = rule(3);
+    let client: IpAddr = "192.0.2.9".parse().unwrap();
+    for _ in 0..3 {
+        assert!(
+            store
+                .check(&rule, client.into(), Cost::ONE)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let key = store.key(&rule, client.into());
+    let keys = || {
+        let mut keys: Vec<String> = redis.cli(&["--scan"]).lines().map(str::to_owned).collect();
+        keys.sort();
+        keys
+    };
+    let before = keys();
+    let seen = store.inspect_key(&rule, &key).await.unwrap();
+    assert_eq!(seen.remaining, 0);
+    assert_eq!(keys(), before, "inspecting wrote nothing");
+    assert!(store.reset_key(&rule, &key, client.into()).await.unwrap());
+    assert!(keys().is_empty(), "{:?}", keys());
+    let decision = store.check(&rule, client.into(), Cost::ONE).await.unwrap();
+    assert_eq!((decision.allowed, decision.remaining), (true, 2));
+}
