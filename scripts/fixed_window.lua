@@ -1,9 +1,16 @@
 -- Fixed window counter: the same function as src/algorithms/fixed_window.rs, line for
 -- line, so memory and Redis decide alike (a differential test holds them to it).
 --
--- KEYS[1]  the client's key under one rule: a hash of
---          w = index of the window counted in (windows are aligned to the Unix epoch),
---          c = requests counted in it
+-- The layout is the one the gateway decides on without a script (`INCRBY` + `PEXPIRE NX`,
+-- src/stores/redis.rs): a key per window, KEYS[1] .. ':' .. the window's index (windows are
+-- aligned to the Unix epoch), holding the window's count as a plain integer and expiring
+-- W + 1000 ms after its first count (past the window's end, whatever the clock estimate's
+-- error up to a second). Beside them, KEYS[1] .. ':w' holds the newest window this script
+-- counted in (what the Rust state calls its window), so a clock that steps back counts in
+-- it rather than in an older window, as the memory store does. KEYS[1] itself is not used
+-- (it held the hash {w, c} before; a rolling upgrade leaves it to expire).
+--
+-- KEYS[1]  the client's key under one rule
 -- ARGV[1]  limit, requests per window
 -- ARGV[2]  window length in milliseconds
 -- ARGV[3]  cost of this request
@@ -15,7 +22,7 @@
 --          the gateway has given up on this call: later, the script changes nothing and
 --          returns {-1, now_us} ("expired")
 -- A decision returns {allowed 1|0, remaining, retry_after_us, reset_after_us, now_us}, where
--- now_us is the time the request was counted at (never before the stored window).
+-- now_us is the time the request was counted at (never before the newest window counted).
 --
 -- Every number stays an integer below 2^53 (the configuration guarantees it, the gateway
 -- sends a cost of at most 2^50, and a charge counts no more than twice the limit, the debt
@@ -35,61 +42,91 @@ if deadline and now > deadline then
   return {-1, now}
 end
 
-local stored = redis.call('HMGET', KEYS[1], 'w', 'c')
-local sw, sc = tonumber(stored[1]), tonumber(stored[2])
-
-if ARGV[5] == 'charge' then
-  -- Charge: counted in the current window whatever is left, past the limit if need be; the
-  -- window's end forgives the debt, as it starts every count afresh.
-  local now_ms = math.floor(now / 1000)
+local newest = KEYS[1] .. ':w'
+local ttl = w + 1000
+local function counter(window)
+  return KEYS[1] .. ':' .. string.format('%.0f', window)
+end
+-- A count no script wrote (a give-back that met a reset: below zero) is read as nothing.
+local function count_of(value)
+  local v = tonumber(value)
+  if not v or v ~= v or v < 0 then
+    return 0
+  end
+  return v
+end
+-- Set window's count to count, from what it held (stored, or false): a delta keeps the key's
+-- expiry, a new key gets its own.
+local function store(window, stored, count)
+  local key = counter(window)
+  if stored then
+    redis.call('INCRBY', key, string.format('%.0f', count - tonumber(stored)))
+  else
+    redis.call('SET', key, string.format('%.0f', count), 'PX', ttl)
+  end
+end
+-- The window now falls in, never before the newest one counted (a clock that stepped back
+-- must not count in an older window), and that window's count as stored.
+local function place(now_ms, sw)
   if sw and sw * w > now_ms then
     now_ms = sw * w
   end
   local window = math.floor(now_ms / w)
-  local count = cost
-  if sw == window and sc then
-    count = sc + cost
+  return now_ms, window
+end
+local function counted(window, sw)
+  if not sw or window > sw then
+    redis.call('SET', newest, string.format('%.0f', window), 'PX', ttl)
   end
-  count = math.min(count, 2 * limit)
-  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
-  redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(((window + 1) * w * 1000 - now) / 1000000)))
+end
+
+if ARGV[5] ~= '' and ARGV[5] ~= 'charge' then
+  -- Refund: only the window the request was counted in can give it back, while it is the
+  -- newest (a decision without a script counts without moving ':w': never ahead of it).
+  local at = tonumber(ARGV[5])
+  if not at then
+    return 1
+  end
+  local window = math.floor(math.floor(at / 1000) / w)
+  local sw = tonumber(redis.call('GET', newest))
+  if not sw or sw <= window then
+    local stored = redis.call('GET', counter(window))
+    if stored then
+      store(window, stored, math.max(0, count_of(stored) - cost))
+    end
+  end
   return 1
 end
 
-if ARGV[5] ~= '' then
-  -- Refund: only the window the request was counted in can give it back.
-  local counted = math.floor(math.floor(tonumber(ARGV[5]) / 1000) / w)
-  if sw == counted and sc then
-    redis.call('HSET', KEYS[1], 'c', string.format('%.0f', math.max(0, sc - cost)))
-  end
+local sw = tonumber(redis.call('GET', newest))
+local now_ms, window = place(math.floor(now / 1000), sw)
+local stored = redis.call('GET', counter(window))
+local count = count_of(stored)
+
+if ARGV[5] == 'charge' then
+  -- Charge: counted in the current window whatever is left, past the limit if need be; the
+  -- window's end forgives the debt, as it starts every count afresh.
+  store(window, stored, math.min(count + cost, 2 * limit))
+  counted(window, sw)
   return 1
 end
 
--- A clock that stepped back must not erase newer counts: never place now before the stored
--- window.
-local now_ms = math.floor(now / 1000)
-if sw and sw * w > now_ms then
-  now_ms = sw * w
-end
-local window = math.floor(now_ms / w)
-local count = 0
-if sw == window and sc then
-  count = sc
-end
 local until_end = (window + 1) * w * 1000 - now
 local counted_at = math.max(now, now_ms * 1000)
 
 if count + cost <= limit then
-  count = count + cost
-  -- Relative, not PEXPIREAT: an absolute expiry is read on the server's clock, not on now.
-  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
-  redis.call('EXPIRE', KEYS[1], math.max(1, math.ceil(until_end / 1000000)))
-  -- Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
-  local reset_after = until_end
-  if count == 0 then
-    reset_after = 0
+  -- A look of cost 0 writes nothing: nothing counted, nothing to wait for.
+  if cost == 0 then
+    local reset_after = until_end
+    if count == 0 then
+      reset_after = 0
+    end
+    return {1, limit - count, 0, reset_after, counted_at}
   end
-  return {1, limit - count, 0, reset_after, counted_at}
+  count = count + cost
+  store(window, stored, count)
+  counted(window, sw)
+  return {1, limit - count, 0, until_end, counted_at}
 end
 
 -- Denied: nothing is counted, nothing written. The request fits when the window ends.

@@ -99,7 +99,9 @@ for i = 1, n do
   elseif kind == 'fw' or kind == 'sw' then
     local stored
     if kind == 'fw' then
-      stored = redis.call('HMGET', KEYS[i], 'w', 'c')
+      -- The fixed window's layout (scripts/fixed_window.lua): the newest window counted at
+      -- KEYS[i] .. ':w', each window's count at KEYS[i] .. ':' .. its index.
+      stored = {redis.call('GET', KEYS[i] .. ':w')}
     else
       stored = redis.call('HMGET', KEYS[i], 'w', 'p', 'c')
     end
@@ -114,11 +116,10 @@ for i = 1, n do
     l.elapsed = ms - l.start
     l.at = math.max(now, ms * 1000)
     if kind == 'fw' then
-      local sc = number(stored[2])
-      l.current = 0
-      if sw == window and sc then
-        l.current = sc
-      end
+      l.counter = KEYS[i] .. ':' .. string.format('%.0f', window)
+      l.newest = sw
+      l.stored = redis.call('GET', l.counter)
+      l.current = math.max(0, number(l.stored) or 0)
       l.avail = math.max(0, a - l.current)
     else
       local sp, sc = number(stored[2]), number(stored[3])
@@ -163,8 +164,16 @@ for i = 1, n do
   elseif l.kind == 'fw' then
     local count = l.current + share
     until_end = (l.window + 1) * b * 1000 - now
-    redis.call('HSET', KEYS[i], 'w', string.format('%.0f', l.window), 'c', string.format('%.0f', count))
-    redis.call('EXPIRE', KEYS[i], math.max(1, math.ceil(until_end / 1000000)))
+    -- As the fixed window's script counts: a delta keeps the key's expiry, a new key gets
+    -- the window and a second.
+    if l.stored then
+      redis.call('INCRBY', l.counter, string.format('%.0f', count - tonumber(l.stored)))
+    else
+      redis.call('SET', l.counter, string.format('%.0f', count), 'PX', b + 1000)
+    end
+    if not l.newest or l.window > l.newest then
+      redis.call('SET', KEYS[i] .. ':w', string.format('%.0f', l.window), 'PX', b + 1000)
+    end
     reset_after = until_end
   else
     local current = l.current + share

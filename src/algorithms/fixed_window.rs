@@ -6,11 +6,14 @@
 //! ignored. The cheapest algorithm, at the price of letting a client spend up to twice the
 //! limit across a window boundary; the sliding window and sliding log exist to close that gap.
 //!
-//! `scripts/fixed_window.lua` is the same function, line for line, on a hash `{w, c}`. The key
-//! lives until its window ends (`EXPIRE`, whole seconds rounded up, at least 1 s). `EXPIRE`
-//! rather than `PEXPIREAT` because it is relative to the script's `now`: an absolute expiry is
-//! read on the Redis server's own clock, which deletes the key at once when tests pin `now`
-//! in the past.
+//! On Redis a client's count is a plain integer on a key per window (the client's key, `:` and
+//! the window's index), expiring `window_ms + 1000` ms after its first count: what a decision
+//! without a script (`INCRBY` + `PEXPIRE ... NX`, `stores::redis`) reads and writes.
+//! `scripts/fixed_window.lua` is the same function as this one, line for line, on that layout
+//! (with `:w` beside it, the newest window counted: the state's `window`), for refunds,
+//! charges, limit lists, pinned clocks and a Redis before 7. Expiries are relative (`PX`),
+//! never absolute: an absolute expiry is read on the Redis server's own clock, which deletes
+//! the key at once when tests pin `now` in the past.
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -99,17 +102,18 @@ impl Algorithm for FixedWindow {
 
         // Saturating: a cost above the limit, whatever it is, is refused.
         if count.saturating_add(cost) <= self.limit {
-            *state = FixedWindowState {
-                window,
-                count: count + cost,
-            };
+            let count = count + cost;
+            // A look of cost 0 changes nothing (Redis writes nothing for it either).
+            if cost > 0 {
+                *state = FixedWindowState { window, count };
+            }
             return LimitDecision {
                 allowed: true,
                 limit: self.limit,
-                remaining: self.limit - state.count,
+                remaining: self.limit - count,
                 retry_after: Duration::ZERO,
                 // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
-                reset_after: if state.count == 0 {
+                reset_after: if count == 0 {
                     Duration::ZERO
                 } else {
                     until_end

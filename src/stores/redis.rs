@@ -40,7 +40,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use tokio::sync::OnceCell;
 
 use crate::algorithms::{BATCH_CONTINUED, LuaScript, batch_script, function_library, peek_script};
-use crate::algorithms::{Cost, Decision, LimitDecision, MAX_LIMITS, Policy};
+use crate::algorithms::{Cost, Decision, FixedWindow, LimitDecision, MAX_LIMITS, Policy, US_PER_MS};
 use crate::rules::{ClientKey, Rule};
 use crate::stores::denials::reset_message;
 use crate::stores::guard::{Remote, ResetFeed};
@@ -80,7 +80,8 @@ impl StoreError {
     /// of another type at the client's key (`WRONGTYPE`, say from another application sharing
     /// `KEY_PREFIX`). Other clients are unaffected, so the circuit breaker does not count it.
     pub fn is_about_one_key(&self) -> bool {
-        matches!(self, StoreError::Redis(error) if error.code() == Some("WRONGTYPE"))
+        matches!(self, StoreError::Redis(error) if error.code() == Some("WRONGTYPE")
+            || error.detail().is_some_and(|detail| detail.starts_with("value is not an integer")))
     }
 }
 
@@ -184,6 +185,10 @@ pub struct RedisStore {
     /// later); false once it answered that it has no such command, or refused to load the
     /// library (an ACL without `FUNCTION`): scripts by `EVALSHA` from then on.
     functions: Arc<AtomicBool>,
+    /// True while Redis takes `PEXPIRE ... NX` (7.0 and later): a fixed window of one limit
+    /// is decided by `INCRBY` + `PEXPIRE NX` without a script ([`count`](Self::count));
+    /// false once Redis refused it: by the fixed window's script from then on.
+    counters: Arc<AtomicBool>,
 }
 
 /// `REDIS_CALLS_IN_FLIGHT`'s default: decision calls out at once before further decisions
@@ -432,6 +437,29 @@ struct LazyCluster {
     connection: OnceCell<ClusterConnection>,
 }
 
+impl Connection {
+    /// Run `pipe` (its keys in one slot: on a cluster, the slot's master answers); on a single
+    /// Redis (or Sentinel's master), once more at once if it failed on a connection that was
+    /// gone, as a decision is ([`Resend::IfConnectionLost`]). The caller bounds it.
+    async fn query_pipeline(&self, pipe: &redis::Pipeline) -> redis::RedisResult<redis::Value> {
+        let once = || async {
+            match self {
+                Connection::Single(manager) => pipe.query_async(&mut manager.clone()).await,
+                Connection::Cluster(cluster) => pipe.query_async(&mut cluster.get().await?).await,
+                Connection::Sentinel(master) => master.query_pipeline(pipe).await,
+            }
+        };
+        match once().await {
+            Err(error)
+                if Resend::IfConnectionLost.after(&error) && !matches!(self, Connection::Cluster(_)) =>
+            {
+                once().await
+            }
+            reply => reply,
+        }
+    }
+}
+
 impl RedisStore {
     /// A store for `target`; connects on first use, so this fails only on a malformed target.
     /// Call it inside a Tokio runtime: the connection manager starts its tasks there.
@@ -506,6 +534,7 @@ impl RedisStore {
             clock,
             pubsub_client,
             functions: Arc::new(AtomicBool::new(true)),
+            counters: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -671,6 +700,12 @@ impl RedisStore {
             .arg(&keys)
             .arg(self.reset_channel())
             .arg(reset_message(&rule.name, client));
+        for policy in rule.limits.iter() {
+            match policy {
+                Policy::FixedWindow(window) => cmd.arg(window.window_ms),
+                _ => cmd.arg(""),
+            };
+        }
         let deleted: u64 = self.bounded(self.query(&cmd, Resend::IfConnectionLost)).await?;
         Ok(deleted > 0)
     }
@@ -855,6 +890,12 @@ impl RedisStore {
         now_us: Option<u64>,
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
+        if let (None, [Policy::FixedWindow(window)]) = (now_us, &*rule.limits)
+            && self.counters.load(Ordering::Relaxed)
+            && let Some(decision) = self.count(window, &mut key, cost, clock).await?
+        {
+            return Ok(decision);
+        }
         // One clock read: when the call is sent, and from it when the caller stops waiting.
         let mut sent = tokio::time::Instant::now();
         let cap = sent + self.timeout.saturating_mul(WAIT_LIMIT);
@@ -884,6 +925,186 @@ impl RedisStore {
                     key = returned;
                 }
             }
+        }
+    }
+
+    /// Decide a fixed window of one limit without a script: `INCRBY` of the cost on the key of
+    /// the window now on `clock`'s estimate of Redis's clock ([`counter_key`]) and `PEXPIRE
+    /// ... NX` of it, pipelined, one round trip (the fixed window as envoyproxy/ratelimit runs
+    /// it). The count it answers decides: at most the limit, allowed; above it, refused, and
+    /// the increment given back (`DECRBY`) before the refusal is answered, so a refusal spends
+    /// nothing. A cost above the limit is sent as the limit + 1: refused whatever it is, and
+    /// nothing hostile reaches `INCRBY`. Never coalesced: a pipeline costs Redis what the
+    /// commands cost, and batching them would save nothing.
+    ///
+    /// **Exact across replicas.** `INCRBY` is atomic, so the counts the calls on one window's
+    /// key answer are the running sums of their increments in Redis's order; a call is allowed
+    /// only when its sum, every increment before it included, is at most the limit. Increments
+    /// still there are those of allowed calls (never given back) and of refused ones not yet
+    /// given back; so the allowed ones' costs sum to at most the limit, whatever the
+    /// interleaving of replicas: never more than the limit in a window. A refused increment
+    /// not given back yet can only make a call that lands meanwhile see a larger sum: refused
+    /// where it would have been allowed only when that sum, without it, still fits. With costs
+    /// of 1 that needs the window full already (a refused call's increment takes the count
+    /// above the limit only from the limit), so nothing is lost; with larger costs a request
+    /// may be refused for one round trip that would have fit (transiently conservative). A
+    /// given-back refusal leaves the count as it was: `+c` then `-c`.
+    ///
+    /// **The deadline.** No script checks it: a call the gateway stops waiting for (the fail
+    /// mode answered) is left to finish in a task of its own, which gives back whatever it
+    /// counted, so a request the fail mode answered is never charged. What remains is a call
+    /// Redis counted and whose reply the connection lost (docs/reliability.md).
+    ///
+    /// `None` (the key as it came) when Redis refused `PEXPIRE ... NX` (before 7.0): the
+    /// increment given back, and the script decides, from then on.
+    async fn count(
+        &self,
+        window: &FixedWindow,
+        key: &mut String,
+        cost: Cost,
+        clock: &RedisClock,
+    ) -> Result<Option<Decision>, StoreError> {
+        let sent = tokio::time::Instant::now();
+        let deadline = sent + self.patience(clock);
+        let now_us = clock.redis_time(sent);
+        let index = now_us / US_PER_MS / window.window_ms;
+        let counted = cost.get().min(window.limit.saturating_add(1));
+        let ttl = counter_ttl_ms(window.window_ms);
+        let sample = clock.wants_sample(sent);
+        let base = key.len();
+        counter_key(key, index);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("INCRBY").arg(&**key).arg(counted);
+        pipe.cmd("PEXPIRE").arg(&**key).arg(ttl).arg("NX");
+        if sample {
+            pipe.cmd("TIME");
+        }
+        key.truncate(base);
+        let connection = self.connection.clone();
+        // Boxed, so that it can outlive the wait: a call given up on is finished in a task.
+        let mut call = Box::pin(async move { connection.query_pipeline(&pipe).await });
+        // What a call counted after its caller gave up goes back (below), so it may wait on
+        // while Redis is answering, as a script's decision does.
+        let wait = Wait {
+            deadline,
+            cap: sent + self.timeout.saturating_mul(WAIT_LIMIT),
+        };
+        let reply = match self.patiently(clock, wait, call.as_mut()).await {
+            Some(reply) => {
+                clock.answered(now_us);
+                reply?
+            }
+            None => {
+                let store = self.clone();
+                let mut counter = key.clone();
+                counter_key(&mut counter, index);
+                tokio::spawn(async move {
+                    let counted_there = match call.await {
+                        Ok(redis::Value::Array(replies)) => {
+                            matches!(replies.first(), Some(redis::Value::Int(_)))
+                        }
+                        // The connection's response timeout gave up on it too, but it was sent:
+                        // a frozen Redis runs it when it wakes, and the give-back sent now on
+                        // the same connection right after it.
+                        Err(error) => error.is_timeout(),
+                        Ok(_) => false,
+                    };
+                    if counted_there {
+                        store.uncount(&counter, counted, ttl).await;
+                    }
+                });
+                return Err(StoreError::Timeout(self.timeout));
+            }
+        };
+        let unexpected = || StoreError::Reply(format!("{reply:?}"));
+        let redis::Value::Array(replies) = &reply else {
+            return Err(unexpected());
+        };
+        let count = match replies.first() {
+            Some(redis::Value::Int(count)) => *count,
+            Some(redis::Value::ServerError(error)) => return Err(StoreError::Redis(error.clone().into())),
+            _ => return Err(unexpected()),
+        };
+        match replies.get(1) {
+            Some(redis::Value::Int(_)) => {}
+            Some(redis::Value::ServerError(error)) => {
+                // A Redis before 7.0 (no NX), or an ACL that forbids PEXPIRE: the script
+                // decides from now on. This increment goes back, with an expiry of its own.
+                tracing::warn!(
+                    "redis refused PEXPIRE ... NX ({}): deciding fixed windows by script",
+                    error.details().unwrap_or("")
+                );
+                self.counters.store(false, Ordering::Relaxed);
+                let mut counter = key.clone();
+                counter_key(&mut counter, index);
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                pipe.cmd("DECRBY").arg(&counter).arg(counted).ignore();
+                pipe.cmd("PEXPIRE").arg(&counter).arg(ttl).ignore();
+                let _ = self.bounded(self.connection.query_pipeline(&pipe)).await;
+                return Ok(None);
+            }
+            _ => return Err(unexpected()),
+        }
+        if let Some(time) = replies.get(2)
+            && let Ok((seconds, micros)) = redis::from_redis_value_ref::<(u64, u64)>(time)
+        {
+            clock.observe(sent, seconds.saturating_mul(1_000_000).saturating_add(micros));
+        }
+        let limit = window.limit;
+        let until_end = Duration::from_micros(
+            (index + 1)
+                .saturating_mul(window.window_ms)
+                .saturating_mul(US_PER_MS)
+                .saturating_sub(now_us),
+        );
+        let decision = match u64::try_from(count.max(0)) {
+            Ok(count) if count <= limit => LimitDecision {
+                allowed: true,
+                limit,
+                remaining: limit - count,
+                retry_after: Duration::ZERO,
+                // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
+                reset_after: if count == 0 { Duration::ZERO } else { until_end },
+                at_us: now_us,
+            },
+            _ => {
+                // Refused: what it counted goes back before the refusal is answered (by the
+                // same deadline; past it, in a task of its own).
+                let mut counter = key.clone();
+                counter_key(&mut counter, index);
+                let store = self.clone();
+                let mut give_back = Box::pin(async move { store.uncount(&counter, counted, ttl).await });
+                if tokio::time::timeout_at(deadline, give_back.as_mut())
+                    .await
+                    .is_err()
+                {
+                    tokio::spawn(give_back);
+                }
+                LimitDecision {
+                    allowed: false,
+                    limit,
+                    remaining: 0,
+                    retry_after: until_end,
+                    reset_after: until_end,
+                    at_us: now_us,
+                }
+            }
+        };
+        Ok(Some(Decision::one(decision)))
+    }
+
+    /// Give back `counted` on the fixed window's `counter`: `DECRBY`, and `PEXPIRE ... NX`
+    /// in case a reset deleted the key meanwhile (the count below zero then lives no longer
+    /// than the window would have). A failure leaves the window's count higher than it should
+    /// be until the window ends: conservative, never over the limit.
+    async fn uncount(&self, counter: &str, counted: u64, ttl: u64) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("DECRBY").arg(counter).arg(counted).ignore();
+        pipe.cmd("PEXPIRE").arg(counter).arg(ttl).arg("NX").ignore();
+        if let Err(error) = self.connection.query_pipeline(&pipe).await {
+            tracing::debug!("a fixed window's increment was not given back: {error}");
         }
     }
 
@@ -1311,8 +1532,31 @@ impl RedisStore {
 /// in one atomic step; returns how many keys were deleted. The announcement is `pcall`ed: a
 /// Redis user without pub/sub rights (Redis 7's ACL default, `resetchannels`) still resets,
 /// and the other replicas hear of it by their recheck instead.
-const RESET_SCRIPT: &str = "local deleted = redis.call('DEL', unpack(KEYS)) \
-                            redis.pcall('PUBLISH', ARGV[1], ARGV[2]) return deleted";
+///
+/// A fixed window's count is on a key per window (see [`counter_key`]): for the i-th key
+/// `ARGV[2 + i]` is its window in ms (empty for other algorithms), and the keys of the
+/// window now on Redis's clock, the two before and the one after go too (beside `:w`, the
+/// newest window counted): every count a decision on a clock that did not step back more
+/// than two windows can read.
+const RESET_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+local doomed = {}
+for i = 1, #KEYS do
+  doomed[#doomed + 1] = KEYS[i]
+  local w = tonumber(ARGV[2 + i])
+  if w and w > 0 then
+    doomed[#doomed + 1] = KEYS[i] .. ':w'
+    local window = math.floor(now_ms / w)
+    for k = window - 2, window + 1 do
+      doomed[#doomed + 1] = KEYS[i] .. ':' .. string.format('%.0f', k)
+    end
+  end
+end
+local deleted = redis.call('DEL', unpack(doomed))
+redis.pcall('PUBLISH', ARGV[1], ARGV[2])
+return deleted
+"#;
 
 /// A key (`{N}`, the smallest such `N`) whose hash slot is `slot`: at most a few tens of
 /// thousands of CRC16s of a few bytes, once per probe of a dead master.
@@ -1453,6 +1697,24 @@ fn push_limit_part(key: &mut String, policy: &Policy) {
         let digit = (fingerprint >> (shift * 4)) & 0xF;
         key.push(char::from_digit(digit, 16).unwrap_or('0'));
     }
+}
+
+/// How long a fixed window's count lives after its first count, in ms: the window, and a
+/// second more (a key counted first a little before its window began on Redis's own clock,
+/// the clock estimate's error, still lasts past the window's end; and a TTL of at least a
+/// second). The fixed window's script and the lease's take use the same.
+pub fn counter_ttl_ms(window_ms: u64) -> u64 {
+    window_ms.saturating_add(1_000)
+}
+
+/// Append to a fixed window's key (the client's key under it) `:` and the window's index: the
+/// key of that window's count, in the key's hash slot (scripts/fixed_window.lua names it
+/// alike).
+pub fn counter_key(key: &mut String, index: u64) {
+    use std::fmt::Write;
+    key.push(':');
+    // Writing to a String cannot fail.
+    let _ = write!(key, "{index}");
 }
 
 /// The key under `policy` of the client whose key under `rule`'s first limit is `first`:

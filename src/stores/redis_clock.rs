@@ -143,6 +143,18 @@ impl RedisClock {
         }
     }
 
+    /// True when no reply has bounded the offset in this period, or the period is due to
+    /// turn: a caller whose calls read no Redis time (a fixed window decided without a
+    /// script) then asks for `TIME` along with its call, so the estimate stays fresh at the
+    /// cost of a `TIME` a period, not one a decision.
+    pub fn wants_sample(&self, at: Instant) -> bool {
+        self.current.load(Ordering::Relaxed) == NONE
+            || self
+                .since_anchor(at)
+                .saturating_sub(self.period_start.load(Ordering::Relaxed))
+                >= micros(PERIOD)
+    }
+
     /// The largest lag seen in this period and the last: how much longer than the fastest
     /// call lately a call took to reach Redis (zero until replies have shown one).
     pub fn lag(&self) -> Duration {
@@ -174,8 +186,9 @@ impl RedisClock {
 
     /// Move [`latest_reply`](Self::latest_reply) on to `redis_us` if that is
     /// [`PROGRESS_STEP`] past it: one read a reply, a write at most once a step (a write on
-    /// every reply would bounce the cache line between the cores).
-    fn answered(&self, redis_us: u64) {
+    /// every reply would bounce the cache line between the cores). A reply that carries no
+    /// Redis time (a fixed window's count) gives the estimate of it at its sending.
+    pub fn answered(&self, redis_us: u64) {
         if redis_us >= self.latest.load(Ordering::Relaxed).saturating_add(PROGRESS_STEP) {
             self.latest.store(redis_us, Ordering::Relaxed);
         }
@@ -302,6 +315,19 @@ mod tests {
         tokio::time::advance(PERIOD).await;
         clock.observe(Instant::now(), 1_000 * SECOND + 100 + 3 * micros(PERIOD) as u64);
         assert_eq!(clock.lag(), Duration::ZERO, "forgotten two periods on");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sample_is_wanted_until_a_reply_and_again_when_the_period_turns() {
+        let clock = RedisClock::new();
+        let sent = Instant::now();
+        assert!(clock.wants_sample(sent));
+        clock.observe(sent, 1_000 * SECOND);
+        assert!(!clock.wants_sample(sent));
+        tokio::time::advance(PERIOD).await;
+        assert!(clock.wants_sample(Instant::now()));
+        clock.observe(Instant::now(), 1_000 * SECOND + micros(PERIOD) as u64);
+        assert!(!clock.wants_sample(Instant::now()));
     }
 
     #[tokio::test(start_paused = true)]

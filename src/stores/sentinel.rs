@@ -142,6 +142,18 @@ impl SentinelMaster {
         reply
     }
 
+    /// Run `pipe` on the master, as [`query`](Self::query) runs a command.
+    pub async fn query_pipeline(&self, pipe: &redis::Pipeline) -> RedisResult<redis::Value> {
+        let reply = match self.connection().await {
+            Ok(mut connection) => pipe.query_async(&mut connection).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = &reply {
+            self.failed(error);
+        }
+        reply
+    }
+
     /// The connection to the master now. At startup, waits for the first lookup (the caller
     /// bounds the wait); after it, fails at once while no master is known.
     async fn connection(&self) -> RedisResult<ConnectionManager> {

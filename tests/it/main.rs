@@ -14,6 +14,7 @@ mod costs;
 mod decide;
 mod delay;
 mod faults;
+mod fixed_window;
 mod http2;
 mod ingress;
 mod keys;
