@@ -2,7 +2,8 @@
 //! (forward the request, or answer with the gate's shared refusal), settle (the
 //! [`Admission`](crate::gate::Admission), consumed, leaves its concurrency places to the
 //! response body). Each phase of a request's way is one function of [`Proxy`]: `respond` (the
-//! phases in order), `forward` and `try_forward` (the backend), `log` (after the answer).
+//! phases in order), `forward` (the backend: `backend_request`, the pool, `switch`), `log`
+//! (after the answer).
 //!
 //! - [`strict`]: request heads HTTP/1.1 does not allow (`CONNECT`, two `Host`s, ...), refused
 //!   first; the host a request is for.
@@ -427,7 +428,7 @@ impl Door for Proxy {
         let started = (tracing::enabled!(tracing::Level::INFO) || tracing::enabled!(tracing::Level::DEBUG))
             .then(Instant::now);
         // One pass over the header names, read by the request id and the request filter's
-        // checks (and the hop-by-hop and claim filters of `try_forward`): each skips its own
+        // checks (and the hop-by-hop and claim filters of `backend_request`): each skips its own
         // pass or lookup when the names it looks for are not there.
         let scan = HeadScan::of(request.headers());
         let id = if scan.request_id {
@@ -536,14 +537,13 @@ impl Proxy {
         self.request_filter(&mut request, &arrival, context, &scan)?;
         // Only a request that carried an `Upgrade` line can ask for one.
         let upgrade = scan.upgrade && upgrades::is_upgrade(&request);
-        // Awaited here, not in a function of its own: a future nested in the request's
-        // costs instructions on every request (docs/benchmarks.md, part 17).
-        let mut admission = match self
-            .gate
-            .admit(&gate::Head::of(&request, peer.ip(), upgrade))
-            .await
-        {
-            Ok(admission) => admission,
+        // Admitted at once where nothing is to be waited for (the memory store): no future of
+        // the gate's is made, or moved, on the way (docs/benchmarks.md, part 26). The store
+        // that answers over the network is awaited here, not in a function of its own: a
+        // future nested in the request's costs instructions on every request (part 17).
+        let mut admission = match self.gate.admit_now(&gate::Head::of(&request, peer.ip(), upgrade)) {
+            Ok(Ok(admission)) => admission,
+            Ok(Err(pending)) => self.gate.admit_pending(pending).await,
             Err(refused) => return Err(self.refused(refused, &request, peer, context)),
         };
         if let Some(span) = context.span {
