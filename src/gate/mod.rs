@@ -212,6 +212,66 @@ pub(crate) enum ClientError {
     Store(#[from] StoreError),
 }
 
+/// A request [`Gate::admit_now`] classified (its rule, key, cost and mode found, its tunnel's
+/// place taken) but did not decide: the store is to be waited for, or its rule may delay.
+/// Decided by [`Gate::admit_pending`]; dropped, it gives its tunnel's place back.
+pub(crate) struct Pending {
+    /// The table it was classified under.
+    generation: Arc<Generation>,
+    /// Its rule's id in `generation`.
+    rule: u16,
+    /// Whose budget.
+    key: ClientKey,
+    /// What it costs.
+    cost: Cost,
+    /// Enforced, shadowed, exempt or denied (only the first two are ever left pending).
+    mode: Mode,
+    /// The client address the rules used.
+    client: IpAddr,
+    /// Whether the TCP peer is one of `TRUSTED_PROXIES`.
+    peer_trusted: bool,
+    /// The path to forward, when not the one sent.
+    rewritten: Option<String>,
+    /// Its place under `MAX_UPGRADES_PER_CLIENT`, for an upgrade.
+    tunnel: Option<TunnelSlot>,
+}
+
+impl Pending {
+    /// The admission, with what the store said (`None`: nothing decided) and when it was
+    /// asked and answered: counted under its rule, its concurrency places taken if it goes
+    /// ahead.
+    fn admitted(self, decision: Option<StoreVerdict>, asked: Instant, decided: Instant) -> Admission {
+        let outcome = Outcome::of(self.mode, decision.as_ref());
+        self.generation.count(self.rule, self.key, outcome);
+        let places = match outcome.forwards() {
+            true => Place::take(
+                &self.generation,
+                self.rule,
+                self.key,
+                self.cost,
+                decision.as_ref(),
+            ),
+            false => None,
+        };
+        Admission {
+            generation: self.generation,
+            rule: self.rule,
+            key: self.key,
+            cost: self.cost,
+            mode: self.mode,
+            client: Some(self.client),
+            peer_trusted: self.peer_trusted,
+            rewritten: self.rewritten,
+            decision,
+            outcome,
+            asked,
+            decided,
+            tunnel: self.tunnel,
+            places,
+        }
+    }
+}
+
 /// What a door knows of a request before anything is decided.
 #[derive(Debug, Clone, Copy)]
 pub struct Head<'a> {
@@ -362,6 +422,19 @@ impl Gate {
     /// allowed request under its rule's concurrency limits. The [`Admission`] owns all of it
     /// until the door settles it; or why nothing was decided.
     pub async fn admit(&self, head: &Head<'_>) -> Result<Admission, Refused> {
+        match self.admit_now(head)? {
+            Ok(admission) => Ok(admission),
+            Err(pending) => Ok(self.admit_pending(pending).await),
+        }
+    }
+
+    /// [`Gate::admit`] without waiting, where nothing is to be waited for: `Ok(admission)`
+    /// when the memory store decides (it answers at once) under a rule that cannot delay, or
+    /// nothing is decided (`SKIP_PATHS`, exempt, denied); else the classified request, for
+    /// [`Gate::admit_pending`] to decide. A door on the request's way calls the two itself:
+    /// a memory decision then makes no future at all, where `admit`'s (hundreds of bytes)
+    /// was made and moved twice on every request (docs/benchmarks.md, part 27).
+    pub(crate) fn admit_now(&self, head: &Head<'_>) -> Result<Result<Admission, Pending>, Refused> {
         let generation = self.current();
         let path = if head.path == "*" {
             // `OPTIONS *` names the server, not a resource: no path pattern matches it but a
@@ -406,58 +479,62 @@ impl Gate {
             })?,
             false => None,
         };
-        let (decision, asked, decided) = match matched.mode {
+        let rule = matched.rule;
+        // The table's costs are at most their rule's capacity: the saturation never bites.
+        let (key, cost, mode) = (matched.key, Cost::saturating(matched.cost), matched.mode);
+        let decided = match mode {
             Mode::Exempt | Mode::Deny => {
                 let now = Instant::now();
-                (None, now, now)
+                Some((None, now, now))
             }
-            Mode::Enforce | Mode::Shadow => {
-                // As `check` does, written out: every request takes this way, and a future
-                // nested in it measured 200 instructions a request (docs/benchmarks.md,
-                // part 17).
-                // The table's costs are at most their rule's capacity: the saturation never bites.
-                let (rule, key, cost) = (matched.rule, matched.key, Cost::saturating(matched.cost));
+            // A rule that may delay a denial waits in the queue.
+            Mode::Enforce if rule.delay.is_some() => None,
+            // A store other than memory (Redis, the guard) answers over the network.
+            Mode::Enforce | Mode::Shadow => generation.limiter.memory().map(|memory| {
                 let asked = Instant::now();
-                let decision = generation.limiter.check(rule, key, cost).await;
+                let decision = StoreVerdict::Decided(memory.check(rule, key, cost));
                 let decided = Instant::now();
                 if let Some(series) = generation.series(rule.id) {
                     series.decision(decided - asked);
                 }
-                let (decision, decided) = match delayable(rule, matched.mode, &decision) {
-                    None => (decision, decided),
-                    Some((delay, retry_after)) => {
-                        Box::pin(self.wait(&generation, rule, key, cost, delay, retry_after))
-                            .await
-                            .unwrap_or((decision, decided))
-                    }
-                };
                 (Some(decision), asked, decided)
-            }
+            }),
         };
-        let outcome = Outcome::of(matched.mode, decision.as_ref());
-        generation.count(matched.rule, matched.key, outcome);
-        let rule = matched.rule.id;
-        let (key, cost, mode) = (matched.key, Cost::saturating(matched.cost), matched.mode);
-        let places = match outcome.forwards() {
-            true => Place::take(&generation, rule, key, cost, decision.as_ref()),
-            false => None,
-        };
-        Ok(Admission {
+        let pending = Pending {
+            rule: rule.id,
             generation,
-            rule,
             key,
             cost,
             mode,
-            client: Some(client),
+            client,
             peer_trusted,
             rewritten: path.rewritten,
-            decision,
-            outcome,
-            asked,
-            decided,
             tunnel,
-            places,
+        };
+        Ok(match decided {
+            Some((decision, asked, decided)) => Ok(pending.admitted(decision, asked, decided)),
+            None => Err(pending),
         })
+    }
+
+    /// Decide a request [`Gate::admit_now`] classified but could not decide at once: the
+    /// store asked and waited for, the delay queue if its rule delays.
+    pub(crate) async fn admit_pending(&self, pending: Pending) -> Admission {
+        let decided = match pending.generation.rules.rules().get(usize::from(pending.rule)) {
+            Some(rule) => Some(
+                self.check(&pending.generation, rule, pending.key, pending.cost, pending.mode)
+                    .await,
+            ),
+            // Not reached: the id is of this table's rules. Decided as nothing would be.
+            None => None,
+        };
+        match decided {
+            Some((decision, asked, decided)) => pending.admitted(Some(decision), asked, decided),
+            None => {
+                let now = Instant::now();
+                pending.admitted(None, now, now)
+            }
+        }
     }
 
     /// The metrics decisions are counted in, for a door's own series (the RLS door's per
@@ -482,7 +559,7 @@ impl Gate {
         let mode = if rule.shadow { Mode::Shadow } else { Mode::Enforce };
         let (decision, asked, decided) = self.check(&generation, rule, key, cost, mode).await;
         let outcome = Outcome::of(mode, Some(&decision));
-        generation.count(rule, key, outcome);
+        generation.count(rule.id, key, outcome);
         let places = match outcome.forwards() {
             true => Place::take(&generation, rule.id, key, cost, Some(&decision)),
             false => None,
@@ -672,12 +749,12 @@ fn denied_within(decision: &StoreVerdict, delay: std::time::Duration) -> Option<
 impl Generation {
     /// A decided request counts in the metrics, and a refused one toward its client's place
     /// in `/v1/limited`.
-    fn count(&self, rule: &Rule, key: ClientKey, outcome: Outcome) {
-        if let Some(series) = self.series(rule.id) {
+    fn count(&self, rule: u16, key: ClientKey, outcome: Outcome) {
+        if let Some(series) = self.series(rule) {
             series.request(outcome);
         }
         if matches!(outcome, Outcome::Limited | Outcome::LocalLimited) {
-            self.refused.refused(rule.id, key);
+            self.refused.refused(rule, key);
         }
     }
 

@@ -2,7 +2,8 @@
 //! (forward the request, or answer with the gate's shared refusal), settle (the
 //! [`Admission`](crate::gate::Admission), consumed, leaves its concurrency places to the
 //! response body). Each phase of a request's way is one function of [`Proxy`]: `respond` (the
-//! phases in order), `forward` and `try_forward` (the backend), `log` (after the answer).
+//! phases in order), `forward` (the backend: `backend_request`, the pool, `switch`), `log`
+//! (after the answer).
 //!
 //! - [`strict`]: request heads HTTP/1.1 does not allow (`CONNECT`, two `Host`s, ...), refused
 //!   first; the host a request is for.
@@ -49,6 +50,7 @@ use http::{Request, Response, Version, header};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
@@ -426,7 +428,7 @@ impl Door for Proxy {
         let started = (tracing::enabled!(tracing::Level::INFO) || tracing::enabled!(tracing::Level::DEBUG))
             .then(Instant::now);
         // One pass over the header names, read by the request id and the request filter's
-        // checks (and the hop-by-hop and claim filters of `try_forward`): each skips its own
+        // checks (and the hop-by-hop and claim filters of `backend_request`): each skips its own
         // pass or lookup when the names it looks for are not there.
         let scan = HeadScan::of(request.headers());
         let id = if scan.request_id {
@@ -535,14 +537,13 @@ impl Proxy {
         self.request_filter(&mut request, &arrival, context, &scan)?;
         // Only a request that carried an `Upgrade` line can ask for one.
         let upgrade = scan.upgrade && upgrades::is_upgrade(&request);
-        // Awaited here, not in a function of its own: a future nested in the request's
-        // costs instructions on every request (docs/benchmarks.md, part 17).
-        let mut admission = match self
-            .gate
-            .admit(&gate::Head::of(&request, peer.ip(), upgrade))
-            .await
-        {
-            Ok(admission) => admission,
+        // Admitted at once where nothing is to be waited for (the memory store): no future of
+        // the gate's is made, or moved, on the way (docs/benchmarks.md, part 27). The store
+        // that answers over the network is awaited here, not in a function of its own: a
+        // future nested in the request's costs instructions on every request (part 17).
+        let mut admission = match self.gate.admit_now(&gate::Head::of(&request, peer.ip(), upgrade)) {
+            Ok(Ok(admission)) => admission,
+            Ok(Err(pending)) => self.gate.admit_pending(pending).await,
             Err(refused) => return Err(self.refused(refused, &request, peer, context)),
         };
         if let Some(span) = context.span {
@@ -552,9 +553,11 @@ impl Proxy {
         // Captured only when a line about this request will be written (the request moves on
         // to the backend): not for the allowed requests of the default ACCESS_LOG=denied, nor
         // for the refusals it would log at info when the log level is above info.
+        // Boxed: it is held while the backend answers, and the request's future (moved by
+        // value several times) would otherwise carry its room on every request.
         let logged = ((self.access_log.logs(outcome) && tracing::enabled!(tracing::Level::INFO))
             || tracing::enabled!(tracing::Level::DEBUG))
-        .then(|| RequestSummary::of(&request, peer));
+        .then(|| Box::new(RequestSummary::of(&request, peer)));
         let refusal = self
             .answers
             .refusal(&admission, request.headers(), Refuse::Client);
@@ -766,6 +769,12 @@ impl Proxy {
     /// Send an allowed request to the backend and stream its answer back: the response, who
     /// wrote it, and where its bytes are counted. The backend's latency and timeout count
     /// from the decision's end.
+    ///
+    /// One future for the whole exchange: the backend's request made in place
+    /// ([`Proxy::backend_request`]), the pool's future awaited here (or, for a request with a
+    /// body, [`Proxy::response_after_body`]'s), the answer checked in place
+    /// ([`Proxy::switch`]). Each `async fn` between here and the pool was one more copy of
+    /// the state below it on every request (docs/benchmarks.md, part 27).
     async fn forward(
         &self,
         request: Request<Incoming>,
@@ -778,7 +787,24 @@ impl Proxy {
         let version = request.version();
         let series = to.admission.series();
         let bytes = series.and_then(|series| series.body_bytes());
-        match self.try_forward(request, to, bytes).await {
+        let result = match self.backend_request(request, &to, bytes) {
+            Ok((request, client_upgrade, None)) => {
+                // No body to wait for (most requests): the backend has BACKEND_TIMEOUT_MS from
+                // `sent`, and the pool keeps that deadline on the connection's own timer.
+                let exchange = self
+                    .pool
+                    .send(request, sent, Some(sent + self.backend_timeout))
+                    .await;
+                self.answered(exchange, None)
+                    .and_then(|response| self.switch(response, client_upgrade, to.tunnel))
+            }
+            Ok((request, client_upgrade, Some(progress))) => self
+                .response_after_body(request, &progress, sent)
+                .await
+                .and_then(|response| self.switch(response, client_upgrade, to.tunnel)),
+            Err(error) => Err(error),
+        };
+        match result {
             Ok(mut response) => {
                 if let Some(series) = series {
                     series.backend_response(response.status().as_u16(), sent.elapsed());
@@ -832,22 +858,26 @@ impl Proxy {
         }
     }
 
-    async fn try_forward(
+    /// The request the backend gets, made of the client's in place: hop-by-hop headers and
+    /// unbelieved claims removed, the forwarding headers and the budget told, `Host`, the
+    /// target and the version set, the body watched. Also the client's side of an upgrade it
+    /// asks for, and the body's progress when it has one to wait for.
+    #[allow(clippy::type_complexity)]
+    fn backend_request(
         &self,
         mut request: Request<Incoming>,
-        to: Forwarding<'_>,
+        to: &Forwarding<'_>,
         bytes: Option<&BodyBytes>,
-    ) -> Result<Response<ResponseBody>, ProxyError> {
+    ) -> Result<(Request<ClientBody>, Option<OnUpgrade>, Option<Arc<Progress>>), ProxyError> {
         let Forwarding {
             connection,
             admission,
-            tunnel: tunnel_slot,
             upgrade,
             scan,
+            ..
         } = to;
-        let sent = admission.decided();
+        let (connection, upgrade) = (*connection, *upgrade);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-
         let (mut parts, body) = request.into_parts();
         // An absolute-form target or HTTP/2's :authority names the host; else Host does.
         let host = strict::target_host(&parts.uri, &parts.headers);
@@ -903,10 +933,18 @@ impl Proxy {
             bytes.map(|bytes| &bytes.request),
         );
         let progress = body.progress();
-        let mut response = self
-            .response_to(Request::from_parts(parts, body), progress.as_deref(), sent)
-            .await?;
+        Ok((Request::from_parts(parts, body), client_upgrade, progress))
+    }
 
+    /// The backend's `response`, checked: a `101` opens the tunnel the client asked for (with
+    /// its place under `MAX_UPGRADES_PER_CLIENT`, `tunnel_slot`), or is refused when it was
+    /// not asked for; hop-by-hop headers removed.
+    fn switch(
+        &self,
+        mut response: Response<BackendBody>,
+        client_upgrade: Option<OnUpgrade>,
+        tunnel_slot: Option<TunnelSlot>,
+    ) -> Result<Response<ResponseBody>, ProxyError> {
         let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
         // RFC 9110 section 7.8: a server switches only to a protocol the client asked for.
         // One not in UPGRADE_PROTOCOLS (or no upgrade asked for at all) opens no tunnel.
@@ -936,28 +974,20 @@ impl Proxy {
         Ok(response.map(BodyExt::boxed))
     }
 
-    /// Wait for the backend's response headers. While the request body streams, a client that
-    /// pauses longer than `BODY_IDLE_TIMEOUT_MS` is cut off (408; the body times itself out
-    /// too, for the time after the response has come) and a backend that reads none of it for
-    /// `BACKEND_TIMEOUT_MS` is given up on (504); once the body has ended, the backend has
-    /// `BACKEND_TIMEOUT_MS` to answer, counted from when it ended, or from `sent` for a request
-    /// with no body. A failure of the client's body is the client's (400).
-    async fn response_to(
+    /// Wait for the backend's response headers to a request with a body. While the body
+    /// streams, a client that pauses longer than `BODY_IDLE_TIMEOUT_MS` is cut off (408; the
+    /// body times itself out too, for the time after the response has come) and a backend that
+    /// reads none of it for `BACKEND_TIMEOUT_MS` is given up on (504); once the body has
+    /// ended, the backend has `BACKEND_TIMEOUT_MS` to answer, counted from when it ended. A
+    /// failure of the client's body is the client's (400).
+    async fn response_after_body(
         &self,
         request: Request<ClientBody>,
-        progress: Option<&Progress>,
+        progress: &Progress,
         sent: Instant,
     ) -> Result<Response<BackendBody>, ProxyError> {
-        // A request with no body to wait for (most): the backend has BACKEND_TIMEOUT_MS from
-        // `sent`, and the pool keeps that deadline on the connection's own timer. With a body,
-        // the deadline is kept here, from the body's end.
-        let deadline = progress.is_none().then(|| sent + self.backend_timeout);
-        // Made here, not handed in: a future moved into another keeps its place in the one it
-        // left, and each layer would hold a copy's worth of room.
-        let exchange = self.pool.send(request, sent, deadline);
-        let Some(progress) = progress else {
-            return self.answered(exchange.await, None);
-        };
+        // The deadline is kept here, from the body's end: none for the pool.
+        let exchange = self.pool.send(request, sent, None);
         let mut exchange = std::pin::pin!(exchange);
         // When the body ended: the backend's BACKEND_TIMEOUT_MS counts from there.
         let waiting_since = loop {
