@@ -134,7 +134,8 @@ impl FunctionLibrary {
         self.batch.trim_end_matches("_batch")
     }
 
-    /// The function deciding under the algorithm of script index `index` (four arguments).
+    /// The function deciding under the algorithm of script index `index` on Redis's clock: its
+    /// lean decision, or its script with four arguments.
     pub fn decide(&self, index: usize) -> &str {
         self.decide.get(index).map_or("", String::as_str)
     }
