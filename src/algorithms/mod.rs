@@ -97,9 +97,12 @@ pub fn batch_script() -> &'static LuaScript {
 /// tollgate (a rolling upgrade) each call their own, side by side on one Redis.
 ///
 /// Its functions, for the algorithm of [`Policy::script_index`] `i`:
-/// - `<library>_d<i>`: a decision, `KEYS[1]` the client's key and `ARGV` the algorithm's two
-///   numbers, the cost and the deadline (µs on the Redis clock, or `""`): the script's six
-///   arguments less the two a decision leaves empty, each of which Redis would parse;
+/// - `<library>_d<i>`: a decision on Redis's clock, `KEYS[1]` the client's key: the
+///   algorithm's lean decision ([`Algorithm::LEAN`]: the token bucket's and the sliding
+///   window's, its [`Algorithm::lean_arguments`] and the deadline), or else its script with
+///   `ARGV` the algorithm's two numbers, the cost and the deadline (µs on the Redis clock, or
+///   `""`): the script's six arguments less the two a decision leaves empty, each of which
+///   Redis would parse;
 /// - `<library>_s<i>`: the algorithm's script with its six arguments (a refund, a charge, a
 ///   renewal, a pinned clock);
 /// - `<library>_batch` and `<library>_peek`: [`batch_script`] and [`peek_script`];
@@ -131,7 +134,8 @@ impl FunctionLibrary {
         self.batch.trim_end_matches("_batch")
     }
 
-    /// The function deciding under the algorithm of script index `index` (four arguments).
+    /// The function deciding under the algorithm of script index `index` on Redis's clock: its
+    /// lean decision, or its script with four arguments.
     pub fn decide(&self, index: usize) -> &str {
         self.decide.get(index).map_or("", String::as_str)
     }
@@ -174,6 +178,12 @@ pub fn function_library() -> &'static FunctionLibrary {
             ));
             count = index + 1;
         }
+        // The lean decisions are part of the body, so of the library's version.
+        for (index, lean) in Policy::leans().enumerate() {
+            if let Some(lean) = lean {
+                body.push_str(&format!("local function lean{index}(KEYS, ARGV)\n{lean}\nend\n"));
+            }
+        }
         body.push_str(&format!(
             "local function batch(KEYS, ARGV)\n{BATCH_LOOP}\nend\n\
              local function peek(KEYS, ARGV)\n{PEEK_BODY}\nend\n\
@@ -184,15 +194,24 @@ pub fn function_library() -> &'static FunctionLibrary {
         let decide: Vec<String> = (0..count).map(|i| format!("{name}_d{i}")).collect();
         let script: Vec<String> = (0..count).map(|i| format!("{name}_s{i}")).collect();
         let mut source = format!("#!lua name={name}\n{body}");
-        for index in 0..count {
-            // A decision: the script's arguments with an empty clock and call put back.
+        for (index, lean) in Policy::leans().enumerate().take(count) {
             source.push_str(&format!(
-                "local run{index} = algorithms[{index}]\n\
-                 redis.register_function('{}', function(keys, args)\n  \
-                 return run{index}(keys, {{args[1], args[2], args[3], '', '', args[4]}})\nend)\n\
-                 redis.register_function('{}', run{index})\n",
-                decide[index], script[index]
+                "local run{index} = algorithms[{index}]\nredis.register_function('{}', run{index})\n",
+                script[index]
             ));
+            match lean {
+                // The algorithm's own lean decision.
+                Some(_) => source.push_str(&format!(
+                    "redis.register_function('{}', lean{index})\n",
+                    decide[index]
+                )),
+                // A decision: the script's arguments with an empty clock and call put back.
+                None => source.push_str(&format!(
+                    "redis.register_function('{}', function(keys, args)\n  \
+                     return run{index}(keys, {{args[1], args[2], args[3], '', '', args[4]}})\nend)\n",
+                    decide[index]
+                )),
+            }
         }
         source.push_str(&format!(
             "redis.register_function('{name}_batch', batch)\n\
@@ -394,6 +413,29 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// [`script_arguments`]: Algorithm::script_arguments
     fn script() -> &'static LuaScript;
 
+    /// The lean decision (`scripts/<name>_decide.lua`), for the hot path only: a decision on
+    /// Redis's clock, the library's `<library>_d<i>` (see [`function_library`]). `KEYS[1]` the
+    /// client's key, `ARGV` the [`lean_arguments`](Algorithm::lean_arguments) and the deadline
+    /// (µs on the Redis clock, or `""`); it writes what [`script`](Algorithm::script) writes
+    /// and returns `{now_us, ...}`, the Redis time and the state the decision read, for
+    /// [`lean_decision`](Algorithm::lean_decision); `{-1, now_us}` after the deadline. `None`:
+    /// the library's wrapper runs the full script instead (four arguments, its five-number reply).
+    const LEAN: Option<&'static str> = None;
+
+    /// The lean decision's arguments before the deadline, for a request of `cost`: numbers
+    /// the gateway can work out once, sent worked out (the cost clamped as the scripts clamp
+    /// it). Only called for an algorithm with [`LEAN`](Algorithm::LEAN).
+    fn lean_arguments(&self, _cost: u64) -> LeanArguments {
+        LeanArguments::default()
+    }
+
+    /// The decision of a request of `cost` from the lean function's reply: the Redis time it
+    /// decided at and the state it read (`state`, after the time). The same function as the
+    /// memory store's, run on what the script read; `None` for a reply it could not have meant.
+    fn lean_decision(&self, _now_us: u64, _state: &[u64], _cost: u64) -> Option<LimitDecision> {
+        None
+    }
+
     /// Build from the two numbers as written (already trimmed).
     fn from_parameters(first: &str, second: &str) -> Result<Self, ParameterError>;
 
@@ -458,6 +500,32 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// count over the bounded debt, a window not begun) is the file's corruption, and every
     /// length is bounded by [`StateReader::left`] before anything is allocated.
     fn load_state(&self, input: &mut StateReader<'_>, saved_at: u64) -> Result<Self::State, codec::Corrupt>;
+}
+
+/// The arguments of an algorithm's lean decision before its deadline (at most three numbers):
+/// [`Algorithm::lean_arguments`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeanArguments {
+    values: [u64; 3],
+    len: usize,
+}
+
+impl LeanArguments {
+    /// The arguments `values`, at most three (more are left off: a programming error the
+    /// library's tests catch).
+    pub fn new(values: &[u64]) -> LeanArguments {
+        let mut arguments = LeanArguments::default();
+        for (slot, value) in arguments.values.iter_mut().zip(values) {
+            *slot = *value;
+            arguments.len += 1;
+        }
+        arguments
+    }
+
+    /// The numbers, in order.
+    pub fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len]
+    }
 }
 
 /// One number of a rule: the variables it is read from for the general and auth rules, and
@@ -636,6 +704,24 @@ macro_rules! algorithms {
             /// Every algorithm's script, in the order of [`Policy::script_index`].
             pub fn scripts() -> impl Iterator<Item = &'static LuaScript> {
                 [$(<$algorithm as Algorithm>::script()),+].into_iter()
+            }
+
+            /// Every algorithm's [`Algorithm::LEAN`], in the order of [`Policy::script_index`].
+            pub fn leans() -> impl Iterator<Item = Option<&'static str>> {
+                [$(<$algorithm as Algorithm>::LEAN),+].into_iter()
+            }
+
+            /// The lean decision's arguments before the deadline, `None` for an algorithm
+            /// without one (see [`Algorithm::LEAN`]).
+            pub fn lean_arguments(&self, cost: Cost) -> Option<LeanArguments> {
+                match self {
+                    $(Policy::$variant(a) => <$algorithm as Algorithm>::LEAN.map(|_| a.lean_arguments(cost.get()))),+
+                }
+            }
+
+            /// See [`Algorithm::lean_decision`].
+            pub fn lean_decision(&self, now_us: u64, state: &[u64], cost: Cost) -> Option<LimitDecision> {
+                match self { $(Policy::$variant(a) => a.lean_decision(now_us, state, cost.get())),+ }
             }
 
             /// The position of this algorithm's script in [`Policy::scripts`].

@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{
-    Algorithm, Corrupt, DEBT_LIMITS, LuaScript, Parameter, ParameterError, StateReader, US_PER_MS, parse_count,
+    Algorithm, Corrupt, DEBT_LIMITS, LeanArguments, LuaScript, Parameter, ParameterError, StateReader, US_PER_MS, parse_count,
     parse_window_ms, put_u64,
 };
 use crate::algorithms::LimitDecision;
@@ -79,6 +79,9 @@ pub(crate) fn parse_limit_and_window(limit: &str, window: &str) -> Result<(u64, 
     }
     Ok((limit, window_ms))
 }
+
+/// 2^53: Lua's doubles hold every integer below it exactly.
+const LUA_EXACT: u64 = 1 << 53;
 
 /// Parameters of one sliding window rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +209,37 @@ impl Algorithm for SlidingWindow {
 
     fn script() -> &'static LuaScript {
         &SCRIPT
+    }
+
+    const LEAN: Option<&'static str> = Some(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/sliding_window_decide.lua"
+    )));
+
+    /// The window (ms), the limit and the cost, decided as at most the limit + 1 (any cost
+    /// above the limit is refused alike).
+    fn lean_arguments(&self, cost: u64) -> LeanArguments {
+        LeanArguments::new(&[self.window_ms, self.limit, cost.min(self.limit + 1)])
+    }
+
+    /// The reply's state is the hash the script read (none: a client never seen):
+    /// [`SlidingWindow::decide`] on it.
+    fn lean_decision(&self, now_us: u64, state: &[u64], cost: u64) -> Option<LimitDecision> {
+        let state = match *state {
+            [] => None,
+            // Beyond what Lua's doubles hold exactly, no script wrote it.
+            [window, previous, current]
+                if window.saturating_mul(self.window_ms) < LUA_EXACT && previous.max(current) < LUA_EXACT =>
+            {
+                Some(WindowState {
+                window,
+                    previous,
+                    current,
+                })
+            }
+            _ => return None,
+        };
+        Some(self.decide(state, now_us, cost).0)
     }
 
     /// The window, then the previous and current counts.

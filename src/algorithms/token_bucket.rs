@@ -16,7 +16,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{
-    Algorithm, Corrupt, DEBT_LIMITS, EXACT_LIMIT, LuaScript, Parameter, ParameterError, StateReader, parse_count,
+    Algorithm, Corrupt, DEBT_LIMITS, EXACT_LIMIT, LeanArguments, LuaScript, Parameter, ParameterError, StateReader, parse_count,
     put_u64,
 };
 use crate::algorithms::LimitDecision;
@@ -113,6 +113,29 @@ impl Algorithm for TokenBucket {
 
     fn script() -> &'static LuaScript {
         &SCRIPT
+    }
+
+    const LEAN: Option<&'static str> = Some(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/token_bucket_decide.lua"
+    )));
+
+    /// τ (capacity x interval) and the request's increment, its cost decided as at most the
+    /// capacity + 1 (as [`TokenBucket::decide`] does) times the interval: below 2^51.
+    fn lean_arguments(&self, cost: u64) -> LeanArguments {
+        let cost = cost.min(self.capacity + 1);
+        LeanArguments::new(&[
+            self.capacity * self.interval_us,
+            cost.saturating_mul(self.interval_us),
+        ])
+    }
+
+    /// The reply's state is the TAT the script started from: [`TokenBucket::decide`] on it.
+    fn lean_decision(&self, now_us: u64, state: &[u64], cost: u64) -> Option<LimitDecision> {
+        match *state {
+            [tat] => Some(self.decide(Some(tat), now_us, cost).0),
+            _ => None,
+        }
     }
 
     fn from_parameters(capacity: &str, rate: &str) -> Result<Self, ParameterError> {

@@ -679,7 +679,8 @@ impl RedisStore {
             }
             reply => reply,
         };
-        match answer_of(rule, &reply)? {
+        // The peek's replies are its scripts' own, with a cost of 0.
+        match answer_of(rule, &reply, Cost::ZERO)? {
             Answer::Decided(decision) => Ok(decision),
             Answer::Expired(_) => Err(StoreError::Expired),
         }
@@ -908,7 +909,7 @@ impl RedisStore {
             let (returned, reply) = self
                 .call(rule, key, cost, now_us, wait, clock, redis_deadline)
                 .await?;
-            match answer_of(rule, &reply)? {
+            match answer_of(rule, &reply, cost)? {
                 Answer::Decided(decision) => {
                     if now_us.is_none() {
                         clock.observe(sent, decision.at_us);
@@ -1421,7 +1422,8 @@ impl RedisStore {
     ) -> redis::RedisResult<redis::Value> {
         let policy = rule.limits.first();
         let (script, [first, second]) = policy.script();
-        // A decision on Redis's clock calls the library's lean function: four arguments.
+        // A decision on Redis's clock calls the library's decision: the algorithm's lean one
+        // (its own arguments), or its script with four.
         let lean = call == Call::Decide && now_us.is_none();
         let library = function_library();
         let function = match lean {
@@ -1438,6 +1440,18 @@ impl RedisStore {
                 .arg(second)
                 .arg(cost.get());
             if lean && name == "FCALL" {
+                if let Some(arguments) = policy.lean_arguments(cost) {
+                    let mut cmd = redis::Cmd::with_capacity(8, script.len() + key.len() + 4 * 20);
+                    cmd.arg(name).arg(script).arg(1).arg(key);
+                    for argument in arguments.as_slice() {
+                        cmd.arg(*argument);
+                    }
+                    match deadline_us {
+                        Some(deadline_us) => cmd.arg(deadline_us),
+                        None => cmd.arg(""),
+                    };
+                    return cmd;
+                }
                 match deadline_us {
                     Some(deadline_us) => cmd.arg(deadline_us),
                     None => cmd.arg(""),
@@ -1613,9 +1627,9 @@ fn group_reply(replies: Vec<redis::Value>) -> BatchReply {
 /// What a script's reply says: a decision (five non-negative integers; under a rule of several
 /// limits, an array of those, one per limit), or that the call had expired (`-1` and the Redis
 /// time; under several limits, any of them expired: the deadline is the same for all).
-fn answer_of(rule: &Rule, reply: &redis::Value) -> Result<Answer, StoreError> {
+fn answer_of(rule: &Rule, reply: &redis::Value, cost: Cost) -> Result<Answer, StoreError> {
     if rule.limits.len() == 1 {
-        return Ok(match limit_answer(rule.limits.first(), reply)? {
+        return Ok(match limit_answer(rule.limits.first(), reply, cost)? {
             Ok(decision) => Answer::Decided(Decision::one(decision)),
             Err(redis_us) => Answer::Expired(redis_us),
         });
@@ -1629,7 +1643,7 @@ fn answer_of(rule: &Rule, reply: &redis::Value) -> Result<Answer, StoreError> {
     }
     let mut parts = [LimitDecision::default(); MAX_LIMITS];
     for ((part, policy), reply) in parts.iter_mut().zip(rule.limits.iter()).zip(replies) {
-        match limit_answer(policy, reply)? {
+        match limit_answer(policy, reply, cost)? {
             Ok(decision) => *part = decision,
             Err(redis_us) => return Ok(Answer::Expired(redis_us)),
         }
@@ -1639,9 +1653,17 @@ fn answer_of(rule: &Rule, reply: &redis::Value) -> Result<Answer, StoreError> {
     )))
 }
 
-/// One algorithm's reply under `policy`: its decision, or the Redis time (µs) at which it
-/// found the call's deadline passed.
-fn limit_answer(policy: &Policy, reply: &redis::Value) -> Result<Result<LimitDecision, u64>, StoreError> {
+/// One algorithm's reply under `policy` to a request of `cost`: its decision, or the Redis
+/// time (µs) at which it found the call's deadline passed. The script's five numbers, or the
+/// lean decision's Redis time and the state it read (see [`Algorithm::LEAN`]), whose numbers
+/// the algorithm works out here.
+///
+/// [`Algorithm::LEAN`]: crate::algorithms::Algorithm::LEAN
+fn limit_answer(
+    policy: &Policy,
+    reply: &redis::Value,
+    cost: Cost,
+) -> Result<Result<LimitDecision, u64>, StoreError> {
     let unexpected = || StoreError::Reply(format!("{reply:?}"));
     let redis::Value::Array(fields) = reply else {
         return Err(unexpected());
@@ -1653,6 +1675,20 @@ fn limit_answer(policy: &Policy, reply: &redis::Value) -> Result<Result<LimitDec
     let [allowed, remaining, retry_after_us, reset_after_us, at_us] = fields.as_slice() else {
         return match fields.as_slice() {
             [redis::Value::Int(-1), redis_us] => Ok(Err(number(redis_us)?)),
+            [now_us, state @ ..] if state.len() <= LEAN_STATE => {
+                let mut numbers = [0; LEAN_STATE];
+                for (slot, field) in numbers.iter_mut().zip(state) {
+                    *slot = number(field)?;
+                }
+                policy
+                    .lean_decision(number(now_us)?, &numbers[..state.len()], cost)
+                    .filter(|decision| {
+                        decision.retry_after.as_micros() <= u128::from(MAX_WAIT_US)
+                            && decision.reset_after.as_micros() <= u128::from(MAX_WAIT_US)
+                    })
+                    .map(Ok)
+                    .ok_or_else(unexpected)
+            }
             _ => Err(unexpected()),
         };
     };
@@ -1677,6 +1713,9 @@ fn limit_answer(policy: &Policy, reply: &redis::Value) -> Result<Result<LimitDec
         at_us: number(at_us)?,
     }))
 }
+
+/// The most numbers of state a lean decision's reply carries after the Redis time.
+const LEAN_STATE: usize = 3;
 
 /// The longest wait a script's reply may tell, in µs: 2^52, over 140 years, past anything
 /// the scripts can mean (a window or a refill is below 2^50 µs, and a debt at most one more),
@@ -1890,7 +1929,7 @@ mod tests {
             interval_us: 1_000_000,
         });
         let reply = |fields: [i64; 5]| Array(fields.into_iter().map(Int).collect());
-        let decided = limit_answer(&policy, &reply([1, 2, 0, 1_000_000, 7])).unwrap();
+        let decided = limit_answer(&policy, &reply([1, 2, 0, 1_000_000, 7]), Cost::ONE).unwrap();
         assert_eq!(decided.map(|d| (d.allowed, d.remaining)), Ok((true, 2)));
         let wait = MAX_WAIT_US as i64;
         for fields in [
@@ -1902,11 +1941,14 @@ mod tests {
             [0, 0, 0, 0, -1],
         ] {
             assert!(
-                matches!(limit_answer(&policy, &reply(fields)), Err(StoreError::Reply(_))),
+                matches!(
+                    limit_answer(&policy, &reply(fields), Cost::ONE),
+                    Err(StoreError::Reply(_))
+                ),
                 "{fields:?}"
             );
         }
-        assert!(limit_answer(&policy, &reply([0, 0, wait, wait, 7])).is_ok());
+        assert!(limit_answer(&policy, &reply([0, 0, wait, wait, 7]), Cost::ONE).is_ok());
     }
 
     #[tokio::test]

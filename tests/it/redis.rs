@@ -1057,3 +1057,263 @@ async fn calls_that_timed_out_in_a_frozen_redis_cost_nothing_when_it_thaws() {
     let decision = store.check(&rule, refunded.into(), Cost::ONE).await.unwrap();
     assert_eq!(decision.remaining, 4, "the late refund gave its token back");
 }
+
+/// The lean decisions (`<library>_d<i>` of the token bucket and the sliding window) against
+/// their full scripts on a real redis-server, over capacities, intervals and windows from
+/// tiny to the largest accepted, costs from 0 to hostile, charges into debt, states past the
+/// debt bound, windows ahead of the clock and values that are not numbers: at every step the
+/// full script, pinned at the time the lean reply reports, runs on a twin of the state the
+/// lean call read, and its decision is the one the gateway works out from the lean reply, and
+/// the state it leaves the lean call's, byte for byte, on a key that lives as long as the
+/// state matters. Late, the lean call changes nothing.
+#[tokio::test]
+async fn lean_decisions_are_the_full_scripts_decisions() {
+    use redis::Value::{Array, Int};
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let library = function_library();
+    let _: redis::Value = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library.source())
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut policies = vec![
+        Policy::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval_us: 2_000,
+        }),
+        Policy::TokenBucket(TokenBucket {
+            capacity: 10,
+            interval_us: 700,
+        }),
+        Policy::TokenBucket(TokenBucket {
+            capacity: 1,
+            interval_us: 1,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 4,
+            window_ms: 7,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 10,
+            window_ms: 30,
+        }),
+        Policy::SlidingWindow(SlidingWindow {
+            limit: 1,
+            window_ms: 1,
+        }),
+    ];
+    policies.extend(
+        Policy::examples().filter(|p| matches!(p, Policy::TokenBucket(_) | Policy::SlidingWindow(_))),
+    );
+    let mut seen = [0usize; 2];
+    for (n, policy) in policies.into_iter().enumerate() {
+        let mut sequence = Sequence(0xA076_1D64_78BD_642F + n as u64);
+        let (script, [first, second]) = policy.script();
+        let function = library.decide(policy.script_index());
+        let lean_key = format!("lean:{{{n}}}:{}", policy.key_suffix());
+        let full_key = format!("full:{{{n}}}:{}", policy.key_suffix());
+        // Reads a key's state into a transaction: a value, or a hash's three.
+        let read = |pipe: &mut redis::Pipeline, key: &str| {
+            match policy {
+                Policy::TokenBucket(_) => pipe.cmd("GET").arg(key),
+                _ => pipe.cmd("HMGET").arg(key).arg(&["w", "p", "c"][..]),
+            };
+        };
+        for step in 0..300 {
+            let cost = match sequence.next(10) {
+                0 => HOSTILE_COSTS[sequence.next(HOSTILE_COSTS.len() as u64) as usize],
+                1 => 0,
+                2 => policy.limit() + sequence.next(2),
+                _ => 1 + sequence.next(2),
+            };
+            let cost = Cost::saturating(cost);
+            let arguments = policy.lean_arguments(cost).expect("a lean decision");
+            // Now and then a deadline long past: nothing changes, the reply says so.
+            let late = sequence.next(19) == 0;
+            // One transaction, so no key expires between its commands (Redis 7 reads expiry
+            // on the time the transaction began): the twin made, the lean call, what it left.
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            read(&mut pipe, &lean_key);
+            pipe.cmd("DEL").arg(&full_key).ignore();
+            pipe.cmd("COPY").arg(&lean_key).arg(&full_key).ignore();
+            pipe.cmd("PERSIST").arg(&full_key).ignore();
+            pipe.cmd("FCALL").arg(function).arg(1).arg(&lean_key);
+            for argument in arguments.as_slice() {
+                pipe.arg(*argument);
+            }
+            pipe.arg(if late { "1" } else { "" });
+            read(&mut pipe, &lean_key);
+            pipe.cmd("PEXPIRETIME").arg(&lean_key);
+            let (before, reply, after, expires_ms): (
+                Vec<Option<String>>,
+                redis::Value,
+                Vec<Option<String>>,
+                i64,
+            ) = match policy {
+                Policy::TokenBucket(_) => {
+                    let (before, reply, after, expires_ms): (
+                        Option<String>,
+                        redis::Value,
+                        Option<String>,
+                        i64,
+                    ) = pipe.query_async(&mut connection).await.unwrap();
+                    (vec![before], reply, vec![after], expires_ms)
+                }
+                _ => pipe.query_async(&mut connection).await.unwrap(),
+            };
+            let Array(reply) = reply else {
+                panic!("{policy:?}: not a reply: {reply:?}");
+            };
+            let number = |value: &redis::Value| match value {
+                Int(n) => u64::try_from(*n).unwrap(),
+                other => panic!("{policy:?}: {other:?} in a lean reply"),
+            };
+            if late {
+                assert_eq!(reply.len(), 2, "{policy:?}: {reply:?}");
+                assert_eq!(reply[0], Int(-1), "{policy:?}: late");
+                if after != before {
+                    // Only expired meanwhile, as a key does in the middle of a stalled
+                    // transaction: a TAT or a window of the past.
+                    let (seconds, micros): (u64, u64) =
+                        redis::cmd("TIME").query_async(&mut connection).await.unwrap();
+                    let first_value: u64 = before[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+                    let until_ms = match policy {
+                        Policy::TokenBucket(_) => first_value / 1_000,
+                        Policy::SlidingWindow(sw) => (first_value + 2) * sw.window_ms,
+                        _ => unreachable!(),
+                    };
+                    assert!(
+                        after.iter().all(Option::is_none) && seconds * 1_000 + micros / 1_000 >= until_ms,
+                        "{policy:?}: a late call changed the state: {before:?}, {after:?}"
+                    );
+                }
+                continue;
+            }
+            let now = number(&reply[0]);
+            let state: Vec<u64> = reply[1..].iter().map(number).collect();
+            let lean_decision = policy.lean_decision(now, &state, cost).expect("a decision");
+            // The full script on the twin, at the lean call's time, and what it left.
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe.cmd("EVAL")
+                .arg(script.source())
+                .arg(1)
+                .arg(&full_key)
+                .arg(first)
+                .arg(second)
+                .arg(cost.get())
+                .arg(now)
+                .arg("")
+                .arg("");
+            read(&mut pipe, &full_key);
+            let (full, full_after): (Vec<i64>, Vec<Option<String>>) = match policy {
+                Policy::TokenBucket(_) => {
+                    let (full, after): (Vec<i64>, Option<String>) =
+                        pipe.query_async(&mut connection).await.unwrap();
+                    (full, vec![after])
+                }
+                _ => pipe.query_async(&mut connection).await.unwrap(),
+            };
+            let full_decision = (
+                full[0] == 1,
+                full[1] as u64,
+                Duration::from_micros(full[2] as u64),
+                Duration::from_micros(full[3] as u64),
+                full[4] as u64,
+            );
+            assert_eq!(
+                (
+                    lean_decision.allowed,
+                    lean_decision.remaining,
+                    lean_decision.retry_after,
+                    lean_decision.reset_after,
+                    lean_decision.at_us
+                ),
+                full_decision,
+                "{policy:?}, step {step}, cost {cost:?}, state {before:?} read as {state:?}, now {now}"
+            );
+            // Until when a state matters (ms): the TAT, or two windows on.
+            let matters_until_ms = |state: &[Option<String>]| {
+                let first_value: u64 = state[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+                match policy {
+                    Policy::TokenBucket(_) => first_value / 1_000,
+                    Policy::SlidingWindow(sw) => (first_value + 2) * sw.window_ms,
+                    _ => unreachable!(),
+                }
+            };
+            if after != full_after {
+                // Only a lean key whose state stopped mattering, expired already (a window
+                // of a millisecond, a transaction the loaded machine stalled).
+                let (seconds, micros): (u64, u64) =
+                    redis::cmd("TIME").query_async(&mut connection).await.unwrap();
+                assert!(
+                    after.iter().all(Option::is_none)
+                        && seconds * 1_000 + micros / 1_000 >= matters_until_ms(&full_after),
+                    "{policy:?}, step {step}: the states differ: {after:?}, {full_after:?}"
+                );
+            }
+            seen[usize::from(lean_decision.allowed)] += 1;
+            if lean_decision.allowed {
+                // The key lives as long as its state matters.
+                let matters_until_ms = matters_until_ms(&after);
+                assert!(
+                    expires_ms == -2 || expires_ms as u64 >= matters_until_ms,
+                    "{policy:?}, step {step}: the key expires at {expires_ms} ms, its state matters until {matters_until_ms}"
+                );
+            }
+            match sequence.next(23) {
+                // A cost reported above the one charged (the full script, on Redis's clock),
+                // into debt.
+                0 => {
+                    let charged = 1 + sequence.next(2 * policy.limit());
+                    let _: i64 = redis::cmd("EVAL")
+                        .arg(script.source())
+                        .arg(1)
+                        .arg(&lean_key)
+                        .arg(first)
+                        .arg(second)
+                        .arg(charged)
+                        .arg("")
+                        .arg("charge")
+                        .arg("")
+                        .query_async(&mut connection)
+                        .await
+                        .unwrap();
+                }
+                // A state no decision leaves: a TAT past the debt bound, a window ahead of the
+                // clock (a clock stepped back), not a number.
+                1 => match policy {
+                    Policy::TokenBucket(tb) => {
+                        let tat = now + 3 * tb.capacity * tb.interval_us + sequence.next(9);
+                        redis.cli(&["SET", &lean_key, &tat.to_string(), "PX", "60000"]);
+                    }
+                    Policy::SlidingWindow(sw) => {
+                        let window = (now / 1_000 / sw.window_ms + 1).to_string();
+                        redis.cli(&["HSET", &lean_key, "w", &window, "p", "1", "c", "0"]);
+                        redis.cli(&["PEXPIRE", &lean_key, "60000"]);
+                    }
+                    _ => unreachable!(),
+                },
+                2 => {
+                    redis.cli(&["DEL", &lean_key]);
+                    match policy {
+                        Policy::TokenBucket(_) => redis.cli(&["SET", &lean_key, "x", "PX", "60000"]),
+                        _ => redis.cli(&["HSET", &lean_key, "p", "x"]),
+                    };
+                }
+                // Time passes: a refill, a window slides.
+                3..=8 => tokio::time::sleep(Duration::from_micros(sequence.next(3_000))).await,
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        seen[0] > 50 && seen[1] > 50,
+        "allowed and refused both decided: {seen:?}"
+    );
+}
