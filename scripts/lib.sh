@@ -70,3 +70,26 @@ pin_cpus() {
     echo "$(basename "$0"): one CPU only: nothing pinned, CPU per request includes the load generator's interference"
   fi
 }
+
+# form_cluster TRIES PAUSE PORT...: wait until each redis-server on PORT answers PING, then,
+# for more than one, form them into a Cluster of masters (redis-cli --cluster create) and wait
+# until every node says cluster_state:ok; TRIES checks PAUSE seconds apart for each wait, else
+# exit naming the node (`work` holds create.log).
+form_cluster() {
+  local tries=$1 pause=$2 port
+  shift 2
+  for port in "$@"; do
+    for _ in $(seq "$tries"); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep "$pause"; done
+  done
+  [ $# -gt 1 ] || return 0
+  redis-cli --cluster create $(printf '127.0.0.1:%s ' "$@") --cluster-replicas 0 \
+    --cluster-yes >"$work/create.log" 2>&1 || { cat "$work/create.log" >&2; exit 1; }
+  for port in "$@"; do
+    for _ in $(seq "$tries"); do
+      redis-cli -p "$port" CLUSTER INFO 2>/dev/null | grep -q cluster_state:ok && break
+      sleep "$pause"
+    done
+    redis-cli -p "$port" CLUSTER INFO | grep -q cluster_state:ok ||
+      { echo "the Cluster's node $port is not ok" >&2; exit 1; }
+  done
+}

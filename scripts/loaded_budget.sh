@@ -5,19 +5,23 @@
 # client. Prints, per run, how many were admitted (the budget is 25) and how many store calls
 # timed out (the replicas' WARN lines). Builds are taken in turn, run by run, so each sees the
 # same load; the load average is printed with each run (docs/benchmarks.md, part 30).
+# Needs redis-server, nginx and h2load.
 #
-# Usage: scripts/loaded_budget.sh [--runs N] BINARY...
+# Usage: scripts/loaded_budget.sh [--runs N] [--hogs N] BINARY...
 #   --runs N   runs per binary (default 8), in turn
+#   --hogs N   busy loops kept running meanwhile (default 0: the machine as it is), so a quiet
+#              machine can be loaded alike for every build
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
 
-runs=8
+runs=8 hogs=0
 binaries=()
 while [ $# -gt 0 ]; do
   case $1 in
     --runs) runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --hogs) hogs=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) binaries+=("$1"); shift ;;
   esac
 done
@@ -25,7 +29,7 @@ done
 for binary in "${binaries[@]}"; do
   [ -x "$binary" ] || { echo "loaded_budget.sh: $binary is not an executable" >&2; exit 2; }
 done
-for tool in redis-server nginx h2load curl; do
+for tool in redis-server nginx h2load; do
   command -v "$tool" >/dev/null || { echo "loaded_budget.sh: $tool is missing" >&2; exit 2; }
 done
 
@@ -51,6 +55,10 @@ EOF
 nginx -c "$work/nginx.conf" -p "$work"
 wait_for_port "$redis_port" redis
 wait_for_port "$backend_port" nginx
+for _ in $(seq 1 "$hogs"); do
+  sh -c 'while :; do :; done' &
+  pids+=($!)
+done
 
 echo "run  binary  admitted/25  timeouts  load"
 for run in $(seq 1 "$runs"); do

@@ -31,7 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-. scripts/lib.sh # free_port, loadavg, pin_cpus
+. scripts/lib.sh # free_port, loadavg, pin_cpus, form_cluster
 binary=${1:?usage: scripts/redis_cpu_at_rate.sh BINARY|pair}
 if [ "$binary" != pair ]; then
   [ -x "$binary" ] || { echo "redis_cpu_at_rate.sh: $binary is not an executable" >&2; exit 2; }
@@ -73,21 +73,7 @@ for i in $(seq 0 $((masters - 1))); do
     --save '' --appendonly no --daemonize no "${cluster[@]}") >"$work/node$i.log" 2>&1 &
   redis_pids+=($!)
 done
-for i in $(seq 0 $((masters - 1))); do
-  for _ in $(seq 100); do redis-cli -p "${redis_ports[$i]}" ping >/dev/null 2>&1 && break; sleep 0.1; done
-done
-if [ "$masters" != 1 ]; then
-  redis-cli --cluster create $(printf '127.0.0.1:%s ' "${redis_ports[@]}") --cluster-replicas 0 \
-    --cluster-yes >"$work/create.log" 2>&1 || { cat "$work/create.log" >&2; exit 1; }
-  for i in $(seq 0 $((masters - 1))); do
-    for _ in $(seq 100); do
-      redis-cli -p "${redis_ports[$i]}" CLUSTER INFO 2>/dev/null | grep -q cluster_state:ok && break
-      sleep 0.2
-    done
-    redis-cli -p "${redis_ports[$i]}" CLUSTER INFO | grep -q cluster_state:ok ||
-      { echo "the Cluster's node ${redis_ports[$i]} is not ok" >&2; exit 1; }
-  done
-fi
+form_cluster 100 0.2 "${redis_ports[@]}"
 
 # redis-server's CPU so far, summed over the masters: "ticks nanoseconds".
 redis_cpu() {

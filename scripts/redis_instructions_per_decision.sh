@@ -27,7 +27,7 @@
 # BENCH_CALLGRIND_OUT=DIR keeps the measured dump(s) there (for callgrind_annotate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/lib.sh # free_port
+. scripts/lib.sh # free_port, form_cluster
 binary=${1:?usage: scripts/redis_instructions_per_decision.sh BINARY|pair [N1 N2]}
 n1=${2:-2000} n2=${3:-12000}
 (( n2 > n1 )) || { echo "N2 ($n2) is more than N1 ($n1)" >&2; exit 2; }
@@ -74,20 +74,7 @@ start_redis() { # the masters under callgrind, formed into a Cluster if there ar
       --daemonize no "${cluster[@]}") >"$work/node$i.log" 2>&1 &
     redis_pids+=($!)
   done
-  for i in $(seq 0 $((masters - 1))); do
-    for _ in $(seq 200); do redis-cli -p "${redis_ports[$i]}" ping >/dev/null 2>&1 && break; sleep 0.3; done
-  done
-  [ "$masters" = 1 ] && return
-  redis-cli --cluster create $(printf '127.0.0.1:%s ' "${redis_ports[@]}") --cluster-replicas 0 \
-    --cluster-yes >"$work/create.log" 2>&1 || { cat "$work/create.log" >&2; exit 1; }
-  for i in $(seq 0 $((masters - 1))); do
-    for _ in $(seq 300); do
-      redis-cli -p "${redis_ports[$i]}" CLUSTER INFO 2>/dev/null | grep -q cluster_state:ok && break
-      sleep 0.3
-    done
-    redis-cli -p "${redis_ports[$i]}" CLUSTER INFO | grep -q cluster_state:ok ||
-      { echo "the Cluster's node ${redis_ports[$i]} is not ok" >&2; exit 1; }
-  done
+  form_cluster 300 0.3 "${redis_ports[@]}"
 }
 
 stop_redis() { # prints each master's total instructions since its start or last dump, a line each
