@@ -64,18 +64,19 @@ echo "run  binary  admitted/25  timeouts  load"
 for run in $(seq 1 "$runs"); do
   for binary in "${binaries[@]}"; do
     replicas=() ports=() taken=("$redis_port" "$backend_port")
+    # One prefix for the three: one budget, fresh for each run.
+    prefix="run$run-$(basename "$binary")-$RANDOM:"
     for i in 1 2 3; do
       port=$(free_port "${taken[@]}"); taken+=("$port")
       admin=$(free_port "${taken[@]}"); taken+=("$admin")
       BACKEND_URL=http://127.0.0.1:$backend_port BIND=127.0.0.1 PORT=$port ADMIN_PORT=$admin \
-        REDIS_URL=redis://127.0.0.1:$redis_port KEY_PREFIX="run$run-$i-$RANDOM:" \
+        REDIS_URL=redis://127.0.0.1:$redis_port KEY_PREFIX="$prefix" \
         ALGORITHM=sliding_log LIMIT=25 WINDOW_SIZE=3600 LOG_LEVEL=warn \
         "$binary" >"$work/replica$i.log" 2>&1 &
       replicas+=($!) ports+=("$port")
     done
     pids+=("${replicas[@]}")
     for i in 1 2 3; do wait_for_port "${ports[$((i - 1))]}" "replica$i"; done
-    # The same prefix on all three: one budget.
     floods=()
     for port in "${ports[@]}"; do
       h2load --h1 -n100 -c100 "http://127.0.0.1:$port/x" >"$work/h2load.$port" 2>&1 &
