@@ -337,6 +337,43 @@ struct Waiting {
     wait: Wait,
 }
 
+/// A fixed window's count on its way to Redis ([`RedisStore::count`]): dropped before its reply
+/// was read (the caller gave up at its deadline, or its request went away), the call is
+/// finished in a task of its own, and what it counted is given back. Only a reply that shows
+/// the count proves it: an error (a connect that timed out, a call dropped unsent) gives
+/// nothing back, which errs toward refusing, never toward admitting past the limit.
+struct Counting<'a, F: Future<Output = redis::RedisResult<redis::Value>> + Send + 'static> {
+    call: Option<std::pin::Pin<Box<F>>>,
+    store: &'a RedisStore,
+    /// The client's key under the fixed window (the window's counter is it plus the index).
+    key: &'a str,
+    index: u64,
+    counted: u64,
+    ttl: u64,
+}
+
+impl<F: Future<Output = redis::RedisResult<redis::Value>> + Send + 'static> Drop for Counting<'_, F> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.store.clone();
+        let mut counter = self.key.to_owned();
+        counter_key(&mut counter, self.index);
+        let (counted, ttl) = (self.counted, self.ttl);
+        runtime.spawn(async move {
+            if let Ok(redis::Value::Array(replies)) = call.await
+                && matches!(replies.first(), Some(redis::Value::Int(_)))
+            {
+                store.uncount(&counter, counted, ttl).await;
+            }
+        });
+    }
+}
+
 /// How long a decision waits for Redis: until `deadline` (`REDIS_TIMEOUT_MS` and the lag
 /// replies showed lately), and on to `cap` while Redis keeps answering (see
 /// [`RedisStore::patiently`]).
@@ -983,41 +1020,37 @@ impl RedisStore {
         }
         key.truncate(base);
         let connection = self.connection.clone();
-        // Boxed, so that it can outlive the wait: a call given up on is finished in a task.
-        let mut call = Box::pin(async move { connection.query_pipeline(&pipe).await });
-        // What a call counted after its caller gave up goes back (below), so it may wait on
-        // while Redis is answering, as a script's decision does.
+        // Boxed, so that it can outlive the wait: a call given up on, or whose request went
+        // away meanwhile, is finished in a task that gives back what it counted (`Counting`).
+        let mut counting = Counting {
+            call: Some(Box::pin(async move { connection.query_pipeline(&pipe).await })),
+            store: self,
+            key,
+            index,
+            counted,
+            ttl,
+        };
+        // What a call counted after its caller gave up goes back, so it may wait on while Redis
+        // is answering, as a script's decision does.
         let wait = Wait {
             deadline,
             cap: sent + self.timeout.saturating_mul(WAIT_LIMIT),
         };
-        let reply = match self.patiently(clock, wait, call.as_mut()).await {
-            Some(reply) => {
-                clock.answered(now_us);
-                reply?
-            }
-            None => {
-                let store = self.clone();
-                let mut counter = key.clone();
-                counter_key(&mut counter, index);
-                tokio::spawn(async move {
-                    let counted_there = match call.await {
-                        Ok(redis::Value::Array(replies)) => {
-                            matches!(replies.first(), Some(redis::Value::Int(_)))
-                        }
-                        // The connection's response timeout gave up on it too, but it was sent:
-                        // a frozen Redis runs it when it wakes, and the give-back sent now on
-                        // the same connection right after it.
-                        Err(error) => error.is_timeout(),
-                        Ok(_) => false,
-                    };
-                    if counted_there {
-                        store.uncount(&counter, counted, ttl).await;
-                    }
-                });
-                return Err(StoreError::Timeout(self.timeout));
-            }
+        let answered = match counting.call.as_mut() {
+            Some(call) => self.patiently(clock, wait, call.as_mut()).await,
+            None => None,
         };
+        let reply = match answered {
+            Some(reply) => {
+                counting.call = None;
+                let reply = reply?;
+                clock.answered(now_us);
+                reply
+            }
+            // `counting` is dropped armed: its task finishes the call.
+            None => return Err(StoreError::Timeout(self.timeout)),
+        };
+        drop(counting);
         let unexpected = || StoreError::Reply(format!("{reply:?}"));
         let redis::Value::Array(replies) = &reply else {
             return Err(unexpected());
@@ -1072,17 +1105,13 @@ impl RedisStore {
             },
             _ => {
                 // Refused: what it counted goes back before the refusal is answered (by the
-                // same deadline; past it, in a task of its own).
+                // same deadline). In a task of its own, so that neither the deadline nor the
+                // request going away meanwhile leaves it counted.
                 let mut counter = key.clone();
                 counter_key(&mut counter, index);
                 let store = self.clone();
-                let mut give_back = Box::pin(async move { store.uncount(&counter, counted, ttl).await });
-                if tokio::time::timeout_at(deadline, give_back.as_mut())
-                    .await
-                    .is_err()
-                {
-                    tokio::spawn(give_back);
-                }
+                let give_back = tokio::spawn(async move { store.uncount(&counter, counted, ttl).await });
+                let _ = tokio::time::timeout_at(deadline, give_back).await;
                 LimitDecision {
                     allowed: false,
                     limit,
@@ -1097,15 +1126,32 @@ impl RedisStore {
     }
 
     /// Give back `counted` on the fixed window's `counter`: `DECRBY`, and `PEXPIRE ... NX`
-    /// in case a reset deleted the key meanwhile (the count below zero then lives no longer
-    /// than the window would have). A failure leaves the window's count higher than it should
-    /// be until the window ends: conservative, never over the limit.
+    /// in case a reset deleted the key meanwhile. A count that went below zero so (the reset
+    /// came between the count and its give-back) is brought back up to zero at once: a
+    /// negative count would admit more than the limit. A failure leaves the window's count
+    /// higher than it should be until the window ends: conservative, never over the limit.
     async fn uncount(&self, counter: &str, counted: u64, ttl: u64) {
         let mut pipe = redis::pipe();
-        pipe.cmd("DECRBY").arg(counter).arg(counted).ignore();
+        pipe.cmd("DECRBY").arg(counter).arg(counted);
         pipe.cmd("PEXPIRE").arg(counter).arg(ttl).arg("NX").ignore();
-        if let Err(error) = self.connection.query_pipeline(&pipe).await {
-            tracing::debug!("a fixed window's increment was not given back: {error}");
+        match self.connection.query_pipeline(&pipe).await {
+            Ok(redis::Value::Array(replies)) => {
+                if let Some(redis::Value::Int(count)) = replies.first()
+                    && *count < 0
+                {
+                    let mut up = redis::cmd("INCRBY");
+                    up.arg(counter).arg(count.saturating_neg());
+                    if let Err(error) = self
+                        .connection
+                        .query_pipeline(redis::pipe().add_command(up))
+                        .await
+                    {
+                        tracing::debug!("a fixed window's count below zero was not put back: {error}");
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!("a fixed window's increment was not given back: {error}"),
         }
     }
 

@@ -173,8 +173,9 @@ async fn a_refusal_spends_nothing() {
 
 /// Calls frozen past their deadline (SIGSTOP) were answered by the timeout; when Redis wakes
 /// it runs them, and what they counted is given back: the client has exactly what it had. A
-/// short freeze (the replies come back, late) and a long one (the connection's own response
-/// timeout gives up on them too, and the give-back queued behind them on the connection).
+/// freeze longer than the connection's own response timeout (10 times the timeout) leaves
+/// them counted instead (nothing proves that such a call reached Redis, and a give-back of a
+/// count never made would admit past the limit): conservative, never over the limit.
 #[tokio::test]
 async fn calls_given_up_on_are_given_back_when_redis_wakes() {
     let redis = RedisServer::start();
@@ -191,7 +192,7 @@ async fn calls_given_up_on_are_given_back_when_redis_wakes() {
         );
     }
     let key = counter(&redis, &store, &rule, client);
-    for frozen in [Duration::from_millis(250), Duration::from_millis(1_200)] {
+    for (frozen, left) in [(Duration::from_millis(250), 2), (Duration::from_millis(1_200), 7)] {
         redis.freeze();
         let decisions = join_all((0..5).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
         for decision in decisions {
@@ -200,20 +201,17 @@ async fn calls_given_up_on_are_given_back_when_redis_wakes() {
         tokio::time::sleep(frozen).await;
         redis.thaw();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while count(&redis, &key) != 2 && std::time::Instant::now() < deadline {
+        while count(&redis, &key) != left && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
             count(&redis, &key),
-            2,
-            "frozen {frozen:?}: every late count given back"
+            left,
+            "frozen {frozen:?}: late counts given back, or left counted past the response timeout"
         );
     }
-    for remaining in [2, 1, 0] {
-        let decision = store.check(&rule, client.into(), Cost::ONE).await.unwrap();
-        assert_eq!((decision.allowed, decision.remaining), (true, remaining));
-    }
+    // 7 of 5 counted: refused until the window ends, never admitted past the limit.
     assert!(
         !store
             .check(&rule, client.into(), Cost::ONE)
