@@ -374,6 +374,20 @@ impl<F: Future<Output = redis::RedisResult<redis::Value>> + Send + 'static> Drop
     }
 }
 
+/// Work that must not be lost with the future that awaits it: dropped unfinished (a deadline
+/// passed, or the request went away), it is finished in a task of its own.
+struct Finish<F: Future<Output = ()> + Send + 'static>(Option<std::pin::Pin<Box<F>>>);
+
+impl<F: Future<Output = ()> + Send + 'static> Drop for Finish<F> {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(work);
+        }
+    }
+}
+
 /// How long a decision waits for Redis: until `deadline` (`REDIS_TIMEOUT_MS` and the lag
 /// replies showed lately), and on to `cap` while Redis keeps answering (see
 /// [`RedisStore::patiently`]).
@@ -1105,13 +1119,20 @@ impl RedisStore {
             },
             _ => {
                 // Refused: what it counted goes back before the refusal is answered (by the
-                // same deadline). In a task of its own, so that neither the deadline nor the
-                // request going away meanwhile leaves it counted.
+                // same deadline); past it, or if the request goes away meanwhile, in a task of
+                // its own (`Finish`).
                 let mut counter = key.clone();
                 counter_key(&mut counter, index);
                 let store = self.clone();
-                let give_back = tokio::spawn(async move { store.uncount(&counter, counted, ttl).await });
-                let _ = tokio::time::timeout_at(deadline, give_back).await;
+                let mut give_back = Finish(Some(Box::pin(async move {
+                    store.uncount(&counter, counted, ttl).await
+                })));
+                if let Some(call) = give_back.0.as_mut()
+                    && tokio::time::timeout_at(deadline, call.as_mut()).await.is_ok()
+                {
+                    give_back.0 = None;
+                }
+                drop(give_back);
                 LimitDecision {
                     allowed: false,
                     limit,
