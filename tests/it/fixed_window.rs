@@ -44,13 +44,9 @@ fn count(redis: &RedisServer, key: &str) -> i64 {
     redis.cli(&["GET", key]).trim().parse().unwrap_or(0)
 }
 
-fn calls(redis: &RedisServer, command: &str) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
+/// Whether `store` admits one request of `client` under `rule`.
+async fn admits(store: &RedisStore, rule: &Rule, client: IpAddr) -> bool {
+    store.check(rule, client.into(), Cost::ONE).await.unwrap().allowed
 }
 
 /// Three stores (three replicas' connections) deciding 300 requests at once for one client
@@ -68,9 +64,9 @@ async fn replicas_at_once_admit_exactly_the_limit_without_a_script() {
     let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
     assert_eq!(allowed, 25);
     assert_eq!(count(&redis, &counter(&redis, &stores[0], &rule, client)), 25);
-    assert_eq!(calls(&redis, "incrby"), 300, "a pipeline per decision");
-    assert_eq!(calls(&redis, "decrby"), 275, "every refusal given back");
-    assert_eq!(calls(&redis, "fcall") + calls(&redis, "evalsha"), 0, "no script");
+    assert_eq!(redis.calls("incrby"), 300, "a pipeline per decision");
+    assert_eq!(redis.calls("decrby"), 275, "every refusal given back");
+    assert_eq!(redis.calls("fcall") + redis.calls("evalsha"), 0, "no script");
     // The count lives past the window's end: its window and a second, set once.
     let ttl: u64 = redis
         .cli(&["PTTL", &counter(&redis, &stores[0], &rule, client)])
@@ -183,13 +179,7 @@ async fn calls_given_up_on_are_given_back_when_redis_wakes() {
     let rule = rule(5);
     let client: IpAddr = "192.0.2.4".parse().unwrap();
     for _ in 0..2 {
-        assert!(
-            store
-                .check(&rule, client.into(), Cost::ONE)
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(admits(&store, &rule, client).await);
     }
     let key = counter(&redis, &store, &rule, client);
     for (frozen, left) in [(Duration::from_millis(250), 2), (Duration::from_millis(1_200), 7)] {
@@ -212,13 +202,7 @@ async fn calls_given_up_on_are_given_back_when_redis_wakes() {
         );
     }
     // 7 of 5 counted: refused until the window ends, never admitted past the limit.
-    assert!(
-        !store
-            .check(&rule, client.into(), Cost::ONE)
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(!admits(&store, &rule, client).await);
 }
 
 /// On a Cluster every client's count is on the master of its key's slot (the hash tag's), and
@@ -286,10 +270,10 @@ async fn without_pexpire_nx_the_script_decides() {
         assert_eq!(reply.number("x-ratelimit-remaining"), remaining);
     }
     assert_eq!(get(gateway.addr, "/").await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(calls(&redis, "fcall") >= 3, "decided by the script");
-    assert_eq!(calls(&redis, "pexpire"), 0, "refused, and not tried again");
+    assert!(redis.calls("fcall") >= 3, "decided by the script");
+    assert_eq!(redis.calls("pexpire"), 0, "refused, and not tried again");
     assert_eq!(
-        calls(&redis, "decrby"),
+        redis.calls("decrby"),
         1,
         "the first request's increment given back"
     );
@@ -304,13 +288,7 @@ async fn inspecting_writes_nothing_and_a_reset_gives_the_window_back() {
     let rule = rule(3);
     let client: IpAddr = "192.0.2.9".parse().unwrap();
     for _ in 0..3 {
-        assert!(
-            store
-                .check(&rule, client.into(), Cost::ONE)
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(admits(&store, &rule, client).await);
     }
     let key = store.key(&rule, client.into());
     let keys = || {

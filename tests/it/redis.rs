@@ -294,7 +294,7 @@ async fn scripts_are_reloaded_after_script_flush() {
 async fn functions_are_reloaded_after_function_flush() {
     let redis = decided_again_after_a_flush(
         "FUNCTION",
-        |redis| assert_eq!(redis_calls(redis, "evalsha"), 0, "decided by FCALL"),
+        |redis| assert_eq!(redis.calls("evalsha"), 0, "decided by FCALL"),
         "decided by redis after the library was loaded again",
     )
     .await;
@@ -328,7 +328,7 @@ async fn a_user_without_functions_is_decided_by_scripts() {
         );
     }
     assert_eq!(get(gateway.addr, "/").await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(redis_calls(&redis, "evalsha") >= 4, "decided by scripts");
+    assert!(redis.calls("evalsha") >= 4, "decided by scripts");
 }
 
 /// A Redis (or a machine) under load answers late for a while: here it is frozen 80 ms out of
@@ -759,10 +759,7 @@ async fn coalescing_can_be_turned_off() {
     assert_eq!(allowed, 50);
     // One FCALL each (those that met "Function not found" on the fresh Redis loaded the
     // library and went again).
-    assert_eq!(
-        redis_calls(&redis, "fcall") - redis_failed_calls(&redis, "fcall"),
-        100
-    );
+    assert_eq!(redis.calls("fcall") - redis_failed_calls(&redis, "fcall"), 100);
 }
 
 /// A key of the wrong type in a call that carries others fails alone, as a fault of that key.
@@ -804,7 +801,7 @@ async fn a_wrong_type_key_in_a_batch_fails_alone() {
 
 /// Decision calls: `FCALL`s, and `EVALSHA`s and `EVAL`s (a Redis before 7).
 fn script_calls(redis: &RedisServer) -> u64 {
-    redis_calls(redis, "fcall") + redis_calls(redis, "evalsha") + redis_calls(redis, "eval")
+    redis.calls("fcall") + redis.calls("evalsha") + redis.calls("eval")
 }
 
 /// `failed_calls` of one command in `INFO commandstats`: answered with an error.
@@ -816,16 +813,6 @@ fn redis_failed_calls(redis: &RedisServer, command: &str) -> u64 {
         .and_then(|line| line.split("failed_calls=").nth(1))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |calls| calls.trim().parse().unwrap())
-}
-
-/// `calls` of one command in `INFO commandstats`.
-fn redis_calls(redis: &RedisServer, command: &str) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
 }
 
 /// A flood from a refused client is answered locally until its retry time: near zero Redis
@@ -984,21 +971,13 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     // Redis believed to be in 1970: every deadline looks long past to it.
     let behind = RedisClock::new();
     behind.reset(Instant::now(), 1_000_000);
-    let calls = redis_calls(&redis, "fcall");
+    let calls = redis.calls("fcall");
     let decision = store.check_key(&rule, key(), Cost::ONE, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 4));
-    assert_eq!(
-        redis_calls(&redis, "fcall") - calls,
-        2,
-        "expired once, then decided"
-    );
+    assert_eq!(redis.calls("fcall") - calls, 2, "expired once, then decided");
     let decision = store.check_key(&rule, key(), Cost::ONE, &behind).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 3));
-    assert_eq!(
-        redis_calls(&redis, "fcall") - calls,
-        3,
-        "the estimate was renewed"
-    );
+    assert_eq!(redis.calls("fcall") - calls, 3, "the estimate was renewed");
 
     // Redis believed to be a year ahead: decided at once, as without a deadline.
     let ahead = RedisClock::new();
@@ -1010,7 +989,7 @@ async fn a_wrong_clock_estimate_costs_one_more_call_never_a_refusal() {
     ahead.reset(Instant::now(), year_ahead);
     let decision = store.check_key(&rule, key(), Cost::ONE, &ahead).await.unwrap();
     assert_eq!((decision.allowed, decision.remaining), (true, 2));
-    assert_eq!(redis_calls(&redis, "fcall") - calls, 4);
+    assert_eq!(redis.calls("fcall") - calls, 4);
 }
 
 /// Calls written to a frozen Redis's socket time out; when it thaws it runs them, and each

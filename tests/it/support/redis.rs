@@ -152,6 +152,15 @@ impl RedisServer {
     }
 
     /// Run `redis-cli` against this server and return its output.
+    /// `calls` of one command in its `INFO commandstats` (0 for a command never run).
+    pub fn calls(&self, command: &str) -> u64 {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().unwrap())
+    }
+
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, self.tls.as_deref(), args)
     }
