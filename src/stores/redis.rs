@@ -1759,10 +1759,11 @@ fn answer_of(rule: &Rule, reply: &redis::Value, cost: Cost) -> Result<Answer, St
     // back and say so themselves).
     if !parts.iter().take(rule.limits.len()).all(|part| part.allowed) {
         for ((part, policy), reply) in parts.iter_mut().zip(rule.limits.iter()).zip(replies) {
-            if part.allowed && is_lean_reply(reply) {
-                if let Ok(decision) = limit_answer(policy, reply, Cost::ZERO)? {
-                    *part = decision;
-                }
+            if part.allowed
+                && is_lean_reply(reply)
+                && let Ok(decision) = limit_answer(policy, reply, Cost::ZERO)?
+            {
+                *part = decision;
             }
         }
     }
