@@ -15,10 +15,14 @@
 --   read(key)         the hash's w (window index), p and c (counts) as numbers, or nil for
 --                     no hash
 --   decide(state, now, w, limit, cost)
---                     the reply {now, w, p, c}: the Redis time and the state as read (counts
---                     only read together), {now} for none; then the state to store when the
---                     request fits the sliding window (counted in it), else nil
+--                     the state to store when the request fits the sliding window (counted in
+--                     it), else nil; nil (nothing to store when refused); then the reply's
+--                     numbers after the Redis time: 3 and the state as read, w, p and c
+--                     (counts only read together), or 0 for none
 --   write(key, state) store it, expiring two windows after its window's start
+-- Numbers go to redis.call as digits made by string.format's '%d' (an integer's formatting):
+-- Redis would write a Lua number with '%.17g', a floating-point formatting several times as
+-- costly. (The library's load runs without the string library: looked up on each call.)
 return {
   arguments = 3,
   read = function(key)
@@ -51,20 +55,20 @@ return {
     elseif sw and sw + 1 == window then
       previous = sc
     end
-    local reply = {now}
-    if sw then
-      reply = {now, sw, sp, sc}
-    end
+    local next
     if cost <= limit and previous * (w - now_ms + start) + (current + cost) * w <= limit * w then
-      return reply, {window, previous, current + cost, w}
+      next = {window, previous, current + cost, w}
     end
-    return reply
+    if sw then
+      return next, nil, 3, sw, sp, sc
+    end
+    return next, nil, 0
   end,
   -- Absolute, on the clock the call read (no rewrite for propagation, as EXPIRE has): nothing
   -- it counts weighs two windows on.
   write = function(key, state)
     local window, w = state[1], state[4]
-    redis.call('HSET', key, 'w', window, 'p', state[2], 'c', state[3])
-    redis.call('PEXPIREAT', key, window * w + 2 * w)
+    redis.call('HSET', key, 'w', string.format('%d', window), 'p', string.format('%d', state[2]), 'c', string.format('%d', state[3]))
+    redis.call('PEXPIREAT', key, string.format('%d', window * w + 2 * w))
   end,
 }

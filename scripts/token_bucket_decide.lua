@@ -15,12 +15,15 @@
 --   read(key)         the state stored: the TAT in µs, as the full script keeps it (nil: none,
 --                     or not a number)
 --   decide(tat, now, tau, increment)
---                     the reply {now, TAT}: the Redis time and the TAT the decision started
---                     from (never before now nor past the debt bound); then the TAT to store
---                     when allowed (the TAT moved on by the increment, when that leaves it
---                     within tau of now), else nil; then the TAT to store even when refused
---                     (one past the debt bound, tidied to it so it ages), else nil
+--                     the TAT to store when allowed (the TAT moved on by the increment, when
+--                     that leaves it within tau of now), else nil; the TAT to store even when
+--                     refused (one past the debt bound, tidied to it so it ages), else nil;
+--                     then the reply's numbers after the Redis time: 1 and the TAT the
+--                     decision started from (never before now nor past the debt bound)
 --   write(key, tat)   store it
+-- Numbers go to redis.call as digits made by string.format's '%d' (an integer's formatting):
+-- Redis would write a Lua number with '%.17g', a floating-point formatting several times as
+-- costly. (The library's load runs without the string library: looked up on each call.)
 return {
   arguments = 2,
   read = function(key)
@@ -41,13 +44,13 @@ return {
     end
     local new_tat = tat + increment
     if new_tat - now <= tau then
-      return {now, tat}, new_tat, tidied
+      return new_tat, tidied, 1, tat
     end
-    return {now, tat}, nil, tidied
+    return nil, tidied, 1, tat
   end,
   -- Expiry is absolute, on the clock the call read (no rewrite for propagation, as EX has):
   -- the first millisecond past the TAT, when the bucket is full again.
   write = function(key, tat)
-    redis.call('SET', key, tat, 'PXAT', math.floor(tat / 1000) + 1)
+    redis.call('SET', key, string.format('%d', tat), 'PXAT', string.format('%d', math.floor(tat / 1000) + 1))
   end,
 }

@@ -304,12 +304,23 @@ pub const BATCH_CONTINUED: usize = 100;
 ///   in (the call is atomic, so its decisions are those one call each would make in turn at
 ///   that time). A request is allowed when every limit allows it, and only then does any limit
 ///   count it, so a refused request spends nothing (the gateway works out what an allowing
-///   limit has left with a cost of 0). The reply has an entry per key: its algorithm's reply,
-///   `{-1, now}` for every key past the deadline, or an error's text for a key that could not
-///   be read (a key of another type): its request is not decided, the others are.
+///   limit has left with a cost of 0). The reply is flat, one table however many keys (each
+///   table Redis converts costs it as much as a command's arguments): the Redis time, then for
+///   each key the count of its algorithm's reply numbers and those numbers, or in the count's
+///   place an error's text for a key that could not be read (a key of another type: its
+///   request is not decided, the others are); `{-1, now}` past the deadline, when nothing is
+///   read or written.
 pub const LEAN_FUNCTIONS: &str = r#"
 local function lean_decision(lean)
-  local arguments = lean.arguments
+  local arguments, read, decide, write = lean.arguments, lean.read, lean.decide, lean.write
+  local function finish(key, now, next, tidied, count, a, b, c)
+    next = next or tidied
+    if next then
+      write(key, next)
+    end
+    -- The reply's numbers are never nil: the table ends after the last of them.
+    return {now, a, b, c}
+  end
   return function(KEYS, ARGV)
     local t = redis.call('TIME')
     local now = t[1] * 1000000 + t[2]
@@ -318,15 +329,10 @@ local function lean_decision(lean)
       return {-1, now}
     end
     local key = KEYS[1]
-    local reply, next, tidied = lean.decide(lean.read(key), now, ARGV[1], ARGV[2], ARGV[3])
-    next = next or tidied
-    if next then
-      lean.write(key, next)
-    end
-    return reply
+    return finish(key, now, decide(read(key), now, ARGV[1], ARGV[2], ARGV[3]))
   end
 end
--- A key's decision from what this call knows of it (nil: not read yet); what it read too.
+-- A key's decision from what this call knows of it (nil: not read yet); what it read first.
 local function lean_step(lean, key, state, now, a, b, c)
   if state == nil then
     state = lean.read(key) or false
@@ -336,14 +342,13 @@ end
 local function lean_batch(KEYS, ARGV)
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2]
-  local replies = {}
   local deadline = tonumber(ARGV[1])
   if deadline and now > deadline then
-    for i = 1, #KEYS do
-      replies[i] = {-1, now}
-    end
-    return replies
+    return {-1, now}
   end
+  -- The reply, flat: the time, then for each key the count of its reply's numbers and them
+  -- (or the error's text).
+  local out, length = {now}, 1
   -- Each key's state as the decisions so far left it (false: none), and the lean parts that
   -- write it at the end.
   local states, writers = {}, {}
@@ -367,16 +372,24 @@ local function lean_batch(KEYS, ARGV)
         state = nexts[k]
       end
     end
-    local ok, read, reply, next, tidied = pcall(lean_step, lean, key, state, now,
+    local ok, read, next, tidied, n, a, b, c = pcall(lean_step, lean, key, state, now,
       ARGV[at + 1], ARGV[at + 2], ARGV[at + 3])
     if not ok then
-      replies[i] = type(read) == 'table' and read.err or tostring(read)
+      out[length + 1] = type(read) == 'table' and read.err or tostring(read)
+      length = length + 1
       refused = true
     else
       if states[key] == nil then
         states[key] = read
       end
-      replies[i] = reply
+      out[length + 1] = n
+      if n > 0 then
+        out[length + 2] = a
+        if n > 1 then
+          out[length + 3], out[length + 4] = b, c
+        end
+      end
+      length = length + 1 + n
       if next then
         count = count + 1
         keys[count], nexts[count], owners[count] = key, next, lean
@@ -400,7 +413,7 @@ local function lean_batch(KEYS, ARGV)
   for key, lean in pairs(writers) do
     lean.write(key, states[key])
   end
-  return replies
+  return out
 end
 "#;
 

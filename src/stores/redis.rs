@@ -1381,9 +1381,10 @@ impl RedisStore {
     }
 
     /// `FCALL` of [`batch_script`]'s function for `asks` (see [`evaluate`](Self::evaluate)): a
-    /// batch of decisions, or a decision or refund under a rule of several limits. A batch is
-    /// given up at its first decision's deadline, so every decision in it is given that
-    /// deadline on the Redis clock too.
+    /// batch of decisions, or a decision or refund under a rule of several limits; the lean
+    /// batch's instead when every limit of every ask has a lean decision. A batch is given up
+    /// at its first decision's deadline, so every decision in it is given that deadline on the
+    /// Redis clock too. The reply has an entry per key, whichever function answered.
     async fn run_asks(&self, asks: &[Ask]) -> redis::RedisResult<redis::Value> {
         let script = batch_script();
         let keys: usize = asks.iter().map(Ask::keys).sum();
@@ -1451,7 +1452,13 @@ impl RedisStore {
             true => function_library().lean(),
             false => function_library().batch(),
         };
-        self.evaluate(script, function, first_key, command, resend).await
+        let reply = self
+            .evaluate(script, function, first_key, command, resend)
+            .await?;
+        Ok(match lean {
+            true => entries_of_lean_batch(reply, keys),
+            false => reply,
+        })
     }
 
     /// `command("FCALL", function)`, the [`function_library`]'s `function`; after "Function
@@ -1831,6 +1838,44 @@ fn limit_answer(
         reset_after: Duration::from_micros(wait(reset_after_us)?),
         at_us: number(at_us)?,
     }))
+}
+
+/// The lean batch's flat reply (see [`LEAN_FUNCTIONS`](crate::algorithms::LEAN_FUNCTIONS)) as
+/// the batch script's, an entry per key: the Redis time and the numbers of the key's lean
+/// reply, `{-1, now}` for each past the deadline, or the error's text. A reply of another
+/// shape (the batch script's, from a Redis without functions) is left as it came.
+fn entries_of_lean_batch(reply: redis::Value, keys: usize) -> redis::Value {
+    use redis::Value::{Array, Int};
+    let Array(flat) = &reply else {
+        return reply;
+    };
+    let (now, mut rest) = match flat.as_slice() {
+        [Int(-1), now] => return Array(vec![Array(vec![Int(-1), now.clone()]); keys]),
+        [Int(now), rest @ ..] => (*now, rest),
+        _ => return reply,
+    };
+    let mut entries = Vec::with_capacity(keys);
+    while let [first, tail @ ..] = rest {
+        match first {
+            Int(count)
+                if usize::try_from(*count).is_ok_and(|count| count <= LEAN_STATE && count <= tail.len()) =>
+            {
+                let (numbers, tail) = tail.split_at(*count as usize);
+                let mut entry = Vec::with_capacity(1 + numbers.len());
+                entry.push(Int(now));
+                entry.extend_from_slice(numbers);
+                entries.push(Array(entry));
+                rest = tail;
+            }
+            error @ (redis::Value::BulkString(_) | redis::Value::SimpleString(_)) => {
+                entries.push(error.clone());
+                rest = tail;
+            }
+            // Not a reply the function makes: the caller's count check fails it.
+            _ => return Array(Vec::new()),
+        }
+    }
+    Array(entries)
 }
 
 /// Whether `reply` is a lean decision's (the Redis time and the state read), not a script's

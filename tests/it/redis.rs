@@ -1443,28 +1443,31 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         }
         let mut results: Vec<redis::Value> = pipe.query_async(&mut connection).await.unwrap();
         let after = results.split_off(limits.len() + 1);
-        let Some(Array(replies)) = results.pop() else {
+        let Some(Array(flat)) = results.pop() else {
             panic!("step {step}: not a lean batch's reply");
         };
         let before = results;
-        assert_eq!(replies.len(), limits.len(), "step {step}: {replies:?}");
         let number = |value: &redis::Value| match value {
             Int(n) => u64::try_from(*n).unwrap(),
             other => panic!("step {step}: {other:?} in a lean reply"),
         };
         if late {
-            for reply in &replies {
-                let Array(reply) = reply else { panic!("{reply:?}") };
-                assert_eq!(reply[0], Int(-1), "step {step}: late");
-            }
+            assert_eq!(flat.len(), 2, "step {step}: {flat:?}");
+            assert_eq!(flat[0], Int(-1), "step {step}: late");
             assert_eq!(after, before, "step {step}: a late call changed the state");
             continue;
         }
+        // The flat reply: the time, then for each key the count of its numbers and them.
+        let now = number(&flat[0]);
+        let mut replies: Vec<Vec<u64>> = Vec::new();
+        let mut rest = &flat[1..];
+        while let [count, tail @ ..] = rest {
+            let (numbers, tail) = tail.split_at(number(count) as usize);
+            replies.push(numbers.iter().map(number).collect());
+            rest = tail;
+        }
+        assert_eq!(replies.len(), limits.len(), "step {step}: {flat:?}");
         // The full batch on the twins, at the lean call's time.
-        let Array(first) = &replies[0] else {
-            panic!("{:?}", replies[0])
-        };
-        let now = number(&first[0]);
         let mut full = redis::cmd("FCALL");
         full.arg(library.batch()).arg(limits.len());
         for &(policy, client, _, _) in &limits {
@@ -1489,7 +1492,7 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         assert_eq!(
             states(&after, now),
             states(&full_after, now),
-            "step {step}: {requests:?} at {now}, from {before:?}: lean {replies:?}, full {full:?}"
+            "step {step}: {requests:?} at {now}, from {before:?}: lean {flat:?}, full {full:?}"
         );
         // Each request's decision, as the gateway works it out from the lean replies.
         let mut at = 0;
@@ -1500,14 +1503,7 @@ async fn lean_batches_are_the_full_batchs_decisions() {
                 policies
                     .iter()
                     .zip(&replies[at..at + policies.len()])
-                    .map(|(policy, reply)| {
-                        let Array(reply) = reply else {
-                            panic!("step {step}: {reply:?}")
-                        };
-                        assert_eq!(number(&reply[0]), now, "step {step}: one time for the call");
-                        let state: Vec<u64> = reply[1..].iter().map(number).collect();
-                        policy.lean_decision(now, &state, cost).expect("a decision")
-                    })
+                    .map(|(policy, state)| policy.lean_decision(now, state, cost).expect("a decision"))
                     .collect()
             };
             let mut parts = decide(cost);
