@@ -8,13 +8,13 @@
 -- A chunk returning the algorithm's lean parts, which the library's lean functions drive
 -- (src/algorithms/mod.rs, LEAN_FUNCTIONS): a decision alone (`<library>_d<i>`) and a batch
 -- of them (`<library>_lean`), both after one `TIME` and the deadline's check.
---   arguments         how many ARGV a decision takes:
+--   parameters        how many numbers the rule gives it, before a decision's cost:
 --                     1. the window's length in milliseconds
 --                     2. the limit, requests per window
---                     3. the cost of this request (the gateway sends at most the limit + 1)
 --   read(key)         the hash's w (window index), p and c (counts) as numbers, or nil for
 --                     no hash
---   decide(state, now, w, limit, cost)
+--   decide(state, now, cost, w, limit)
+--                     (numbers, the cost at most the limit + 1, as the gateway sends it)
 --                     the state to store when the request fits the sliding window (counted in
 --                     it), else nil; nil (nothing to store when refused); then the reply's
 --                     numbers after the Redis time: 3 and the state as read, w, p and c
@@ -24,7 +24,7 @@
 -- Redis would write a Lua number with '%.17g', a floating-point formatting several times as
 -- costly. (The library's load runs without the string library: looked up on each call.)
 return {
-  arguments = 3,
+  parameters = 2,
   read = function(key)
     local stored = redis.call('HMGET', key, 'w', 'p', 'c')
     local w = tonumber(stored[1])
@@ -32,10 +32,8 @@ return {
       return {w, tonumber(stored[2]), tonumber(stored[3])}
     end
   end,
-  decide = function(state, now, w, limit, cost)
-    w = tonumber(w)
-    limit = tonumber(limit)
-    cost = math.min(tonumber(cost), limit + 1)
+  decide = function(state, now, cost, w, limit)
+    cost = math.min(cost, limit + 1)
     local sw, sp, sc
     if state then
       sw, sp, sc = state[1], state[2], state[3]

@@ -8,31 +8,31 @@
 -- A chunk returning the algorithm's lean parts, which the library's lean functions drive
 -- (src/algorithms/mod.rs, LEAN_FUNCTIONS): a decision alone (`<library>_d<i>`) and a batch
 -- of them (`<library>_lean`), both after one `TIME` and the deadline's check.
---   arguments         how many ARGV a decision takes:
+--   parameters        how many numbers the rule gives it, before a decision's cost:
 --                     1. tau, the capacity x the interval (µs)
---                     2. the request's increment: its cost (at most the capacity + 1) x the
---                        interval (µs)
+--                     2. the interval (µs)
 --   read(key)         the state stored: the TAT in µs, as the full script keeps it (nil: none,
 --                     or not a number)
---   decide(tat, now, tau, increment)
---                     the TAT to store when allowed (the TAT moved on by the increment, when
---                     that leaves it within tau of now), else nil; the TAT to store even when
---                     refused (one past the debt bound, tidied to it so it ages), else nil;
---                     then the reply's numbers after the Redis time: 1 and the TAT the
---                     decision started from (never before now nor past the debt bound)
+--   decide(tat, now, cost, tau, interval)
+--                     (numbers, the cost at most the capacity + 1, as the gateway sends it)
+--                     the TAT to store when allowed (the TAT moved on by the cost's
+--                     increment, when that leaves it within tau of now), else nil; the TAT to
+--                     store even when refused (one past the debt bound, tidied to it so it
+--                     ages), else nil; then the reply's numbers after the Redis time: 1 and
+--                     the TAT the decision started from (never before now nor past the debt
+--                     bound)
 --   write(key, tat)   store it
 -- Numbers go to redis.call as digits made by string.format's '%d' (an integer's formatting):
 -- Redis would write a Lua number with '%.17g', a floating-point formatting several times as
 -- costly. (The library's load runs without the string library: looked up on each call.)
 return {
-  arguments = 2,
+  parameters = 2,
   read = function(key)
     return tonumber(redis.call('GET', key))
   end,
-  decide = function(tat, now, tau, increment)
-    tau = tonumber(tau)
+  decide = function(tat, now, cost, tau, interval)
     -- Bounded as the full script bounds a cost: no more than a capacity + 1's worth matters.
-    increment = math.min(tonumber(increment), 2 * tau)
+    local increment = math.min(cost * interval, 2 * tau)
     local tidied
     if not (tat and tat >= now) then
       -- A client never seen, a full bucket, or not a number (NaN compares false).

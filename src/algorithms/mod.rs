@@ -294,12 +294,18 @@ pub const BATCH_CONTINUED: usize = 100;
 /// the algorithm of [`Policy::script_index`] `i`), defined after them in the
 /// [`function_library`]:
 /// - `lean_decision(lean)`: the function deciding one request under that one limit,
-///   `<library>_d<i>`: `KEYS[1]` the client's key, `ARGV` the algorithm's lean arguments then
-///   the deadline (µs on the Redis clock, or `""`); the reply is the algorithm's, `{now, ...}`.
+///   `<library>_d<i>`: `KEYS[1]` the client's key, `ARGV` the algorithm's
+///   [`lean_arguments`](Algorithm::lean_arguments) (its parameters, then the cost) then the
+///   deadline (µs on the Redis clock, or `""`); the reply is `{now, ...}`, the Redis time and
+///   the numbers the algorithm's `decide` gives for it.
 /// - `lean_batch`: several requests, each under one limit or several, in one call
 ///   (`<library>_lean`): `KEYS` every request's keys, a request's consecutive; `ARGV[1]` the
-///   deadline, then for each key its algorithm's index (plus [`BATCH_CONTINUED`] when another
-///   key of the same request follows) and the algorithm's lean arguments. One `TIME` for all;
+///   deadline; `ARGV[2]` how many limits the call's requests are under, then each of them once:
+///   its algorithm's index and its parameters (all but the last of its lean arguments); then
+///   for each key the number of its limit among those (from 1, negative when another key of
+///   the same request follows) and the cost (the last lean argument): a hot rule's numbers are
+///   sent and parsed once a call, not once a key, as each argument costs Redis about a
+///   command's parsing. One `TIME` for all;
 ///   each key read once and written once, at the end, however many decisions it takes part
 ///   in (the call is atomic, so its decisions are those one call each would make in turn at
 ///   that time). A request is allowed when every limit allows it, and only then does any limit
@@ -312,7 +318,7 @@ pub const BATCH_CONTINUED: usize = 100;
 ///   read or written.
 pub const LEAN_FUNCTIONS: &str = r#"
 local function lean_decision(lean)
-  local arguments, read, decide, write = lean.arguments, lean.read, lean.decide, lean.write
+  local parameters, read, decide, write = lean.parameters, lean.read, lean.decide, lean.write
   local function finish(key, now, next, tidied, count, a, b, c)
     next = next or tidied
     if next then
@@ -324,20 +330,21 @@ local function lean_decision(lean)
   return function(KEYS, ARGV)
     local t = redis.call('TIME')
     local now = t[1] * 1000000 + t[2]
-    local deadline = tonumber(ARGV[arguments + 1])
+    local deadline = tonumber(ARGV[parameters + 2])
     if deadline and now > deadline then
       return {-1, now}
     end
     local key = KEYS[1]
-    return finish(key, now, decide(read(key), now, ARGV[1], ARGV[2], ARGV[3]))
+    return finish(key, now, decide(read(key), now, tonumber(ARGV[parameters + 1]),
+      tonumber(ARGV[1]), tonumber(ARGV[2])))
   end
 end
 -- A key's decision from what this call knows of it (nil: not read yet); what it read first.
-local function lean_step(lean, key, state, now, a, b, c)
+local function lean_step(lean, key, state, now, cost, a, b)
   if state == nil then
     state = lean.read(key) or false
   end
-  return state, lean.decide(state or nil, now, a, b, c)
+  return state, lean.decide(state or nil, now, cost, a, b)
 end
 local function lean_batch(KEYS, ARGV)
   local t = redis.call('TIME')
@@ -345,6 +352,13 @@ local function lean_batch(KEYS, ARGV)
   local deadline = tonumber(ARGV[1])
   if deadline and now > deadline then
     return {-1, now}
+  end
+  -- The limits, each once: its algorithm's lean parts and its parameters, as numbers.
+  local limits, at = {}, 3
+  for j = 1, tonumber(ARGV[2]) do
+    local lean = leans[tonumber(ARGV[at])]
+    limits[j] = {lean, tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])}
+    at = at + 1 + lean.parameters
   end
   -- The reply, flat: the time, then for each key the count of its reply's numbers and them
   -- (or the error's text).
@@ -355,14 +369,15 @@ local function lean_batch(KEYS, ARGV)
   -- The request being decided: its keys so far, the states each would leave, the algorithm
   -- of each, and whether any limit refused it (or failed).
   local keys, nexts, owners, count, refused = {}, {}, {}, 0, false
-  local at = 2
   for i = 1, #KEYS do
-    local index = tonumber(ARGV[at])
-    local continued = index >= 100
+    -- The key's limit, negative when another key of the same request follows, and its cost.
+    local j = tonumber(ARGV[at])
+    local continued = j < 0
     if continued then
-      index = index - 100
+      j = -j
     end
-    local lean = leans[index]
+    local limit = limits[j]
+    local lean = limit[1]
     local key = KEYS[i]
     -- A key an earlier limit of this request counted in (a rule listing one limit twice)
     -- decides on what that limit would leave.
@@ -373,7 +388,7 @@ local function lean_batch(KEYS, ARGV)
       end
     end
     local ok, read, next, tidied, n, a, b, c = pcall(lean_step, lean, key, state, now,
-      ARGV[at + 1], ARGV[at + 2], ARGV[at + 3])
+      tonumber(ARGV[at + 1]), limit[2], limit[3])
     if not ok then
       out[length + 1] = type(read) == 'table' and read.err or tostring(read)
       length = length + 1
@@ -400,7 +415,7 @@ local function lean_batch(KEYS, ARGV)
         states[key], writers[key] = tidied, lean
       end
     end
-    at = at + 1 + lean.arguments
+    at = at + 2
     if not continued then
       if not refused then
         for k = 1, count do
@@ -557,18 +572,20 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// The lean decision (`scripts/<name>_decide.lua`), for the hot path only: decisions on
     /// Redis's clock, alone (the library's `<library>_d<i>`) and in batches
     /// (`<library>_lean`), see [`LEAN_FUNCTIONS`]. A Lua chunk returning the algorithm's lean
-    /// parts: `arguments`, how many [`lean_arguments`](Algorithm::lean_arguments) a decision
-    /// takes; `read(key)`, the state stored; `decide(state, now, ...)`, the reply (`{now_us,
-    /// ...}`, the Redis time and the state the decision started from, for
-    /// [`lean_decision`](Algorithm::lean_decision)), then the state to store when allowed, then
-    /// one to store even when refused; `write(key, state)`. What it stores is what
-    /// [`script`](Algorithm::script) stores. `None`: the library's wrapper runs the full script
+    /// parts: `parameters`, how many of its [`lean_arguments`](Algorithm::lean_arguments) the
+    /// rule gives (at most two; the last argument is the cost); `read(key)`, the state stored;
+    /// `decide(state, now, cost, ...)` (numbers, the parameters after the cost): the state to
+    /// store when allowed, one to store even when refused, then the count of the reply's
+    /// numbers after the Redis time and those numbers (the state the decision started from,
+    /// for [`lean_decision`](Algorithm::lean_decision)); `write(key, state)`. What it stores
+    /// is what [`script`](Algorithm::script) stores. `None`: the library's wrapper runs the full script
     /// instead (four arguments, its five-number reply), and batches with it run the full scripts.
     const LEAN: Option<&'static str> = None;
 
-    /// The lean decision's arguments before the deadline, for a request of `cost`: numbers
-    /// the gateway can work out once, sent worked out (the cost clamped as the scripts clamp
-    /// it). Only called for an algorithm with [`LEAN`](Algorithm::LEAN).
+    /// The lean decision's arguments before the deadline, for a request of `cost`: the
+    /// parameters (numbers the gateway can work out once, sent worked out), then the cost
+    /// clamped as the scripts clamp it. Only called for an algorithm with
+    /// [`LEAN`](Algorithm::LEAN).
     fn lean_arguments(&self, _cost: u64) -> LeanArguments {
         LeanArguments::default()
     }

@@ -1402,21 +1402,7 @@ impl RedisStore {
                 }
             }
             if lean && name == "FCALL" {
-                match redis_deadline {
-                    Some(deadline) => cmd.arg(deadline),
-                    None => cmd.arg(""),
-                };
-                for ask in asks {
-                    let limits = std::iter::once((ask.algorithm, &ask.lean))
-                        .chain(ask.more.iter().map(|(algorithm, _, lean, _)| (*algorithm, lean)));
-                    for (i, (algorithm, arguments)) in limits.enumerate() {
-                        let continued = if i < ask.more.len() { BATCH_CONTINUED } else { 0 };
-                        cmd.arg(algorithm + continued);
-                        for argument in arguments.iter().flat_map(LeanArguments::as_slice) {
-                            cmd.arg(*argument);
-                        }
-                    }
-                }
+                lean_batch_arguments(&mut cmd, asks, redis_deadline);
                 return cmd;
             }
             for ask in asks {
@@ -1838,6 +1824,52 @@ fn limit_answer(
         reset_after: Duration::from_micros(wait(reset_after_us)?),
         at_us: number(at_us)?,
     }))
+}
+
+/// The lean batch's arguments after its keys (see
+/// [`LEAN_FUNCTIONS`](crate::algorithms::LEAN_FUNCTIONS)): the deadline, the limits the asks
+/// are under, each once (its algorithm's index and parameters), then for each key the number
+/// of its limit (from 1, negative when another key of the same request follows) and the cost.
+fn lean_batch_arguments(cmd: &mut redis::Cmd, asks: &[Ask], redis_deadline: Option<u64>) {
+    match redis_deadline {
+        Some(deadline) => cmd.arg(deadline),
+        None => cmd.arg(""),
+    };
+    // Each key's limit: its algorithm and parameters, and its cost (the lean arguments' last).
+    let limits = || {
+        asks.iter().flat_map(|ask| {
+            std::iter::once((ask.algorithm, &ask.lean, ask.more.is_empty()))
+                .chain(ask.more.iter().enumerate().map(|(i, (algorithm, _, lean, _))| {
+                    (*algorithm, lean, i + 1 == ask.more.len())
+                }))
+                .map(|(algorithm, lean, last)| {
+                    let arguments = lean.as_ref().map_or(&[][..], LeanArguments::as_slice);
+                    let (cost, parameters) = arguments.split_last().unwrap_or((&0, &[]));
+                    (algorithm, parameters, *cost, last)
+                })
+        })
+    };
+    // The distinct limits, in order of first use: a handful for any batch.
+    let mut distinct: Vec<(usize, &[u64])> = Vec::new();
+    for (algorithm, parameters, _, _) in limits() {
+        if !distinct.contains(&(algorithm, parameters)) {
+            distinct.push((algorithm, parameters));
+        }
+    }
+    cmd.arg(distinct.len());
+    for (algorithm, parameters) in &distinct {
+        cmd.arg(*algorithm);
+        for parameter in *parameters {
+            cmd.arg(*parameter);
+        }
+    }
+    for (algorithm, parameters, cost, last) in limits() {
+        let number = distinct
+            .iter()
+            .position(|limit| *limit == (algorithm, parameters))
+            .map_or(0, |i| i as i64 + 1);
+        cmd.arg(if last { number } else { -number }).arg(cost);
+    }
 }
 
 /// The lean batch's flat reply (see [`LEAN_FUNCTIONS`](crate::algorithms::LEAN_FUNCTIONS)) as

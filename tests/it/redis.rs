@@ -1432,11 +1432,28 @@ async fn lean_batches_are_the_full_batchs_decisions() {
             pipe.arg(key("lean", client, policy));
         }
         pipe.arg(if late { "1" } else { "" });
-        for &(policy, _, continued, cost) in &limits {
-            pipe.arg(policy.script_index() + if continued { 100 } else { 0 });
-            for argument in policy.lean_arguments(cost).expect("a lean decision").as_slice() {
-                pipe.arg(*argument);
+        // Each limit once (its algorithm and parameters), then each key's limit and cost.
+        let arguments = |policy: &Policy, cost| policy.lean_arguments(cost).expect("a lean decision");
+        let mut distinct: Vec<(usize, Vec<u64>)> = Vec::new();
+        for &(policy, _, _, cost) in &limits {
+            let arguments = arguments(policy, cost);
+            let (_, parameters) = arguments.as_slice().split_last().unwrap();
+            if !distinct.contains(&(policy.script_index(), parameters.to_vec())) {
+                distinct.push((policy.script_index(), parameters.to_vec()));
             }
+        }
+        pipe.arg(distinct.len());
+        for (index, parameters) in &distinct {
+            pipe.arg(*index).arg(parameters);
+        }
+        for &(policy, _, continued, cost) in &limits {
+            let arguments = arguments(policy, cost);
+            let (cost, parameters) = arguments.as_slice().split_last().unwrap();
+            let number = 1 + distinct
+                .iter()
+                .position(|(index, p)| *index == policy.script_index() && p == parameters)
+                .unwrap() as i64;
+            pipe.arg(if continued { -number } else { number }).arg(*cost);
         }
         for &(policy, client, _, _) in &limits {
             read(&mut pipe, &key("lean", client, policy), policy);
