@@ -1839,9 +1839,12 @@ fn lean_batch_arguments(cmd: &mut redis::Cmd, asks: &[Ask], redis_deadline: Opti
     let limits = || {
         asks.iter().flat_map(|ask| {
             std::iter::once((ask.algorithm, &ask.lean, ask.more.is_empty()))
-                .chain(ask.more.iter().enumerate().map(|(i, (algorithm, _, lean, _))| {
-                    (*algorithm, lean, i + 1 == ask.more.len())
-                }))
+                .chain(
+                    ask.more
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (algorithm, _, lean, _))| (*algorithm, lean, i + 1 == ask.more.len())),
+                )
                 .map(|(algorithm, lean, last)| {
                     let arguments = lean.as_ref().map_or(&[][..], LeanArguments::as_slice);
                     let (cost, parameters) = arguments.split_last().unwrap_or((&0, &[]));
