@@ -1266,25 +1266,8 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
                 }
                 // A state no decision leaves: a TAT past the debt bound, a window ahead of the
                 // clock (a clock stepped back), not a number.
-                1 => match policy {
-                    Policy::TokenBucket(tb) => {
-                        let tat = now + 3 * tb.capacity * tb.interval_us + sequence.next(9);
-                        redis.cli(&["SET", &lean_key, &tat.to_string(), "PX", "60000"]);
-                    }
-                    Policy::SlidingWindow(sw) => {
-                        let window = (now / 1_000 / sw.window_ms + 1).to_string();
-                        redis.cli(&["HSET", &lean_key, "w", &window, "p", "1", "c", "0"]);
-                        redis.cli(&["PEXPIRE", &lean_key, "60000"]);
-                    }
-                    _ => unreachable!(),
-                },
-                2 => {
-                    redis.cli(&["DEL", &lean_key]);
-                    match policy {
-                        Policy::TokenBucket(_) => redis.cli(&["SET", &lean_key, "x", "PX", "60000"]),
-                        _ => redis.cli(&["HSET", &lean_key, "p", "x"]),
-                    };
-                }
+                1 => plant_state(&redis, &lean_key, &policy, Some(now + sequence.next(9))),
+                2 => plant_state(&redis, &lean_key, &policy, None),
                 // Time passes: a refill, a window slides.
                 3..=8 => tokio::time::sleep(Duration::from_micros(sequence.next(3_000))).await,
                 _ => {}
@@ -1552,33 +1535,12 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         match sequence.next(17) {
             // A state no decision leaves: a TAT past the debt bound, a window ahead of the
             // clock (a clock stepped back), not a number.
-            0 => {
+            0 | 1 => {
                 let client = sequence.next(3);
+                let number = step % 2 == 0;
                 for policy in rules.iter().flatten() {
-                    let lean = key("lean", client, policy);
-                    match policy {
-                        Policy::TokenBucket(tb) => {
-                            let tat = now + 3 * tb.capacity * tb.interval_us + sequence.next(9);
-                            redis.cli(&["SET", &lean, &tat.to_string(), "PX", "60000"]);
-                        }
-                        Policy::SlidingWindow(sw) => {
-                            let window = (now / 1_000 / sw.window_ms + 1).to_string();
-                            redis.cli(&["HSET", &lean, "w", &window, "p", "1", "c", "0"]);
-                            redis.cli(&["PEXPIRE", &lean, "60000"]);
-                        }
-                        _ => unreachable!(),
-                    }
-                }
-            }
-            1 => {
-                let client = sequence.next(3);
-                for policy in rules.iter().flatten() {
-                    let lean = key("lean", client, policy);
-                    redis.cli(&["DEL", &lean]);
-                    match policy {
-                        Policy::TokenBucket(_) => redis.cli(&["SET", &lean, "x", "PX", "60000"]),
-                        _ => redis.cli(&["HSET", &lean, "p", "x"]),
-                    };
+                    let at = number.then(|| now + sequence.next(9));
+                    plant_state(&redis, &key("lean", client, policy), policy, at);
                 }
             }
             // Time passes: a refill, a window slides.
@@ -1590,4 +1552,29 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         seen[0] > 50 && seen[1] > 50,
         "allowed and refused both decided: {seen:?}"
     );
+}
+
+/// Plant at `key` a state no lean decision of `policy` leaves: with `at` (about now, µs), a
+/// TAT past the debt bound or a window ahead of the clock (a clock stepped back); without, a
+/// value that is not a number.
+fn plant_state(redis: &RedisServer, key: &str, policy: &Policy, at: Option<u64>) {
+    redis.cli(&["DEL", key]);
+    match (policy, at) {
+        (Policy::TokenBucket(tb), Some(at)) => {
+            let tat = at + 3 * tb.capacity * tb.interval_us;
+            redis.cli(&["SET", key, &tat.to_string(), "PX", "60000"]);
+        }
+        (Policy::SlidingWindow(sw), Some(at)) => {
+            let window = (at / 1_000 / sw.window_ms + 1).to_string();
+            redis.cli(&["HSET", key, "w", &window, "p", "1", "c", "0"]);
+            redis.cli(&["PEXPIRE", key, "60000"]);
+        }
+        (Policy::TokenBucket(_), None) => {
+            redis.cli(&["SET", key, "x", "PX", "60000"]);
+        }
+        (Policy::SlidingWindow(_), None) => {
+            redis.cli(&["HSET", key, "p", "x"]);
+        }
+        _ => unreachable!("a lean algorithm"),
+    }
 }
