@@ -1,40 +1,56 @@
--- The token bucket's decision on Redis's clock, lean: the hot path of
--- scripts/token_bucket.lua (which pinned clocks, refunds, charges, peeks and batches still
--- run) with the fewest arguments, numbers and calls. It decides and writes exactly as the
--- full script, on the same key; the gateway derives the decision's numbers from the reply
--- (TokenBucket::decide, src/algorithms/token_bucket.rs), and a property test on a real
--- redis-server holds the two to each other.
+-- The token bucket's lean decision on Redis's clock: the hot path of scripts/token_bucket.lua
+-- (which pinned clocks, refunds, charges, peeks and rules with other algorithms still run)
+-- with the fewest arguments, numbers and calls. It decides and writes exactly as the full
+-- script, on the same key; the gateway derives the decision's numbers from the reply
+-- (TokenBucket::decide, src/algorithms/token_bucket.rs), and property tests on a real
+-- redis-server hold the two to each other.
 --
--- KEYS[1]  the client's key under one rule: the TAT in µs, as the full script keeps it
--- ARGV[1]  tau, the capacity x the interval (µs)
--- ARGV[2]  the request's increment: its cost (at most the capacity + 1) x the interval (µs)
--- ARGV[3]  the deadline (µs on the Redis clock) after which the call changes nothing and
---          returns {-1, now_us} ("expired"), or "" for none
--- Returns {now_us, tat}: the Redis time and the TAT the decision started from (never before
--- now nor past the debt bound); the request was allowed, and the TAT moved on by the
--- increment, when that leaves it within tau of now.
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local deadline = tonumber(ARGV[3])
-if deadline and now > deadline then
-  return {-1, now}
-end
-local tau = tonumber(ARGV[1])
--- Bounded as the full script bounds a cost: no more than a capacity + 1's worth matters.
-local increment = math.min(tonumber(ARGV[2]), 2 * tau)
-local tat = tonumber(redis.call('GET', KEYS[1]))
--- Expiry is absolute, on the clock just read (no rewrite for propagation, as EX has): the
--- first millisecond past the TAT, when the bucket is full again.
-if not (tat and tat >= now) then
-  -- A client never seen, a full bucket, or not a number (NaN compares false).
-  tat = now
-elseif tat > now + 2 * tau then
-  -- Past the debt bound: tidied to it (and so it ages), as the full script does.
-  tat = now + 2 * tau
-  redis.call('SET', KEYS[1], tat, 'PXAT', math.floor(tat / 1000) + 1)
-end
-local new_tat = tat + increment
-if new_tat - now <= tau then
-  redis.call('SET', KEYS[1], new_tat, 'PXAT', math.floor(new_tat / 1000) + 1)
-end
-return {now, tat}
+-- A chunk returning the algorithm's lean parts, which the library's lean functions drive
+-- (src/algorithms/mod.rs, LEAN_FUNCTIONS): a decision alone (`<library>_d<i>`) and a batch
+-- of them (`<library>_lean`), both after one `TIME` and the deadline's check.
+--   parameters        how many numbers the rule gives it, before a decision's cost:
+--                     1. tau, the capacity x the interval (µs)
+--                     2. the interval (µs)
+--   read(key)         the state stored: the TAT in µs, as the full script keeps it (nil: none,
+--                     or not a number)
+--   decide(tat, now, cost, tau, interval)
+--                     (numbers, the cost at most the capacity + 1, as the gateway sends it)
+--                     the TAT to store when allowed (the TAT moved on by the cost's
+--                     increment, when that leaves it within tau of now), else nil; the TAT to
+--                     store even when refused (one past the debt bound, tidied to it so it
+--                     ages), else nil; then the reply's numbers after the Redis time: 1 and
+--                     the TAT the decision started from (never before now nor past the debt
+--                     bound)
+--   write(key, tat)   store it
+-- Numbers go to redis.call as digits made by string.format's '%d' (an integer's formatting):
+-- Redis would write a Lua number with '%.17g', a floating-point formatting several times as
+-- costly. (The library's load runs without the string library: looked up on each call.)
+return {
+  parameters = 2,
+  read = function(key)
+    return tonumber(redis.call('GET', key))
+  end,
+  decide = function(tat, now, cost, tau, interval)
+    -- Bounded as the full script bounds a cost: no more than a capacity + 1's worth matters.
+    local increment = math.min(cost * interval, 2 * tau)
+    local tidied
+    if not (tat and tat >= now) then
+      -- A client never seen, a full bucket, or not a number (NaN compares false).
+      tat = now
+    elseif tat > now + 2 * tau then
+      -- Past the debt bound: tidied to it (and so it ages), as the full script does.
+      tat = now + 2 * tau
+      tidied = tat
+    end
+    local new_tat = tat + increment
+    if new_tat - now <= tau then
+      return new_tat, tidied, 1, tat
+    end
+    return nil, tidied, 1, tat
+  end,
+  -- Expiry is absolute, on the clock the call read (no rewrite for propagation, as EX has):
+  -- the first millisecond past the TAT, when the bucket is full again.
+  write = function(key, tat)
+    redis.call('SET', key, string.format('%d', tat), 'PXAT', string.format('%d', math.floor(tat / 1000) + 1))
+  end,
+}

@@ -105,6 +105,8 @@ pub fn batch_script() -> &'static LuaScript {
 ///   Redis would parse;
 /// - `<library>_s<i>`: the algorithm's script with its six arguments (a refund, a charge, a
 ///   renewal, a pinned clock);
+/// - `<library>_lean`: decisions on Redis's clock, several requests' and each request's
+///   limits, whose every algorithm has a lean decision ([`LEAN_FUNCTIONS`]);
 /// - `<library>_batch` and `<library>_peek`: [`batch_script`] and [`peek_script`];
 /// - `<library>_lease`: [`LEASE_TAKE`], a hot key's share of its budget.
 #[derive(Debug)]
@@ -115,6 +117,8 @@ pub struct FunctionLibrary {
     decide: Vec<String>,
     /// `<library>_s<i>` for each algorithm.
     script: Vec<String>,
+    /// `<library>_lean`.
+    lean: String,
     /// `<library>_batch`.
     batch: String,
     /// `<library>_peek`.
@@ -143,6 +147,12 @@ impl FunctionLibrary {
     /// The function running the algorithm's script with its six arguments.
     pub fn script(&self, index: usize) -> &str {
         self.script.get(index).map_or("", String::as_str)
+    }
+
+    /// The lean batch: decisions on Redis's clock whose every limit has a lean decision
+    /// ([`LEAN_FUNCTIONS`]' `lean_batch`).
+    pub fn lean(&self) -> &str {
+        &self.lean
     }
 
     /// The function of [`batch_script`].
@@ -179,15 +189,17 @@ pub fn function_library() -> &'static FunctionLibrary {
             count = index + 1;
         }
         // The lean decisions are part of the body, so of the library's version.
+        body.push_str("local leans = {}\n");
         for (index, lean) in Policy::leans().enumerate() {
             if let Some(lean) = lean {
-                body.push_str(&format!("local function lean{index}(KEYS, ARGV)\n{lean}\nend\n"));
+                body.push_str(&format!("leans[{index}] = (function()\n{lean}\nend)()\n"));
             }
         }
         body.push_str(&format!(
             "local function batch(KEYS, ARGV)\n{BATCH_LOOP}\nend\n\
              local function peek(KEYS, ARGV)\n{PEEK_BODY}\nend\n\
-             local function lease(KEYS, ARGV)\n{LEASE_TAKE}\nend\n"
+             local function lease(KEYS, ARGV)\n{LEASE_TAKE}\nend\n\
+             {LEAN_FUNCTIONS}"
         ));
         let version = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &version[..12]);
@@ -202,7 +214,7 @@ pub fn function_library() -> &'static FunctionLibrary {
             match lean {
                 // The algorithm's own lean decision.
                 Some(_) => source.push_str(&format!(
-                    "redis.register_function('{}', lean{index})\n",
+                    "redis.register_function('{}', lean_decision(leans[{index}]))\n",
                     decide[index]
                 )),
                 // A decision: the script's arguments with an empty clock and call put back.
@@ -216,12 +228,14 @@ pub fn function_library() -> &'static FunctionLibrary {
         source.push_str(&format!(
             "redis.register_function('{name}_batch', batch)\n\
              redis.register_function('{name}_peek', peek)\n\
-             redis.register_function('{name}_lease', lease)\n"
+             redis.register_function('{name}_lease', lease)\n\
+             redis.register_function('{name}_lean', lean_batch)\n"
         ));
         FunctionLibrary {
             source,
             decide,
             script,
+            lean: format!("{name}_lean"),
             batch: format!("{name}_batch"),
             peek: format!("{name}_peek"),
             lease: format!("{name}_lease"),
@@ -275,6 +289,148 @@ return replies
 /// Added to an algorithm's index in [`batch_script`]'s arguments when another key of the same
 /// request follows.
 pub const BATCH_CONTINUED: usize = 100;
+
+/// The functions that drive the algorithms' lean parts ([`Algorithm::LEAN`], `leans[i]` for
+/// the algorithm of [`Policy::script_index`] `i`), defined after them in the
+/// [`function_library`]:
+/// - `lean_decision(lean)`: the function deciding one request under that one limit,
+///   `<library>_d<i>`: `KEYS[1]` the client's key, `ARGV` the algorithm's
+///   [`lean_arguments`](Algorithm::lean_arguments) (its parameters, then the cost) then the
+///   deadline (µs on the Redis clock, or `""`); the reply is `{now, ...}`, the Redis time and
+///   the numbers the algorithm's `decide` gives for it.
+/// - `lean_batch`: several requests, each under one limit or several, in one call
+///   (`<library>_lean`): `KEYS` every request's keys, a request's consecutive; `ARGV[1]` the
+///   deadline; `ARGV[2]` how many limits the call's requests are under, then each of them once:
+///   its algorithm's index and its parameters (all but the last of its lean arguments); then
+///   for each key the number of its limit among those (from 1, negative when another key of
+///   the same request follows) and the cost (the last lean argument): a hot rule's numbers are
+///   sent and parsed once a call, not once a key, as each argument costs Redis about a
+///   command's parsing. One `TIME` for all;
+///   each key read once and written once, at the end, however many decisions it takes part
+///   in (the call is atomic, so its decisions are those one call each would make in turn at
+///   that time). A request is allowed when every limit allows it, and only then does any limit
+///   count it, so a refused request spends nothing (the gateway works out what an allowing
+///   limit has left with a cost of 0). The reply is flat, one table however many keys (each
+///   table Redis converts costs it as much as a command's arguments): the Redis time, then for
+///   each key the count of its algorithm's reply numbers and those numbers, or in the count's
+///   place an error's text for a key that could not be read (a key of another type: its
+///   request is not decided, the others are); `{-1, now}` past the deadline, when nothing is
+///   read or written.
+pub const LEAN_FUNCTIONS: &str = r#"
+local function lean_decision(lean)
+  local parameters, read, decide, write = lean.parameters, lean.read, lean.decide, lean.write
+  local function finish(key, now, next, tidied, count, a, b, c)
+    next = next or tidied
+    if next then
+      write(key, next)
+    end
+    -- The reply's numbers are never nil: the table ends after the last of them.
+    return {now, a, b, c}
+  end
+  return function(KEYS, ARGV)
+    local t = redis.call('TIME')
+    local now = t[1] * 1000000 + t[2]
+    local deadline = tonumber(ARGV[parameters + 2])
+    if deadline and now > deadline then
+      return {-1, now}
+    end
+    local key = KEYS[1]
+    return finish(key, now, decide(read(key), now, tonumber(ARGV[parameters + 1]),
+      tonumber(ARGV[1]), tonumber(ARGV[2])))
+  end
+end
+-- A key's decision from what this call knows of it (nil: not read yet); what it read first.
+local function lean_step(lean, key, state, now, cost, a, b)
+  if state == nil then
+    state = lean.read(key) or false
+  end
+  return state, lean.decide(state or nil, now, cost, a, b)
+end
+local function lean_batch(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  local deadline = tonumber(ARGV[1])
+  if deadline and now > deadline then
+    return {-1, now}
+  end
+  -- The limits, each once: its algorithm's lean parts and its parameters, as numbers.
+  local limits, at = {}, 3
+  for j = 1, tonumber(ARGV[2]) do
+    local lean = leans[tonumber(ARGV[at])]
+    limits[j] = {lean, tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])}
+    at = at + 1 + lean.parameters
+  end
+  -- The reply, flat: the time, then for each key the count of its reply's numbers and them
+  -- (or the error's text).
+  local out, length = {now}, 1
+  -- Each key's state as the decisions so far left it (false: none), and the lean parts that
+  -- write it at the end.
+  local states, writers = {}, {}
+  -- The request being decided: its keys so far, the states each would leave, the algorithm
+  -- of each, and whether any limit refused it (or failed).
+  local keys, nexts, owners, count, refused = {}, {}, {}, 0, false
+  for i = 1, #KEYS do
+    -- The key's limit, negative when another key of the same request follows, and its cost.
+    local j = tonumber(ARGV[at])
+    local continued = j < 0
+    if continued then
+      j = -j
+    end
+    local limit = limits[j]
+    local lean = limit[1]
+    local key = KEYS[i]
+    -- A key an earlier limit of this request counted in (a rule listing one limit twice)
+    -- decides on what that limit would leave.
+    local state = states[key]
+    for k = 1, count do
+      if keys[k] == key then
+        state = nexts[k]
+      end
+    end
+    local ok, read, next, tidied, n, a, b, c = pcall(lean_step, lean, key, state, now,
+      tonumber(ARGV[at + 1]), limit[2], limit[3])
+    if not ok then
+      out[length + 1] = type(read) == 'table' and read.err or tostring(read)
+      length = length + 1
+      refused = true
+    else
+      if states[key] == nil then
+        states[key] = read
+      end
+      out[length + 1] = n
+      if n > 0 then
+        out[length + 2] = a
+        if n > 1 then
+          out[length + 3], out[length + 4] = b, c
+        end
+      end
+      length = length + 1 + n
+      if next then
+        count = count + 1
+        keys[count], nexts[count], owners[count] = key, next, lean
+      else
+        refused = true
+      end
+      if tidied then
+        states[key], writers[key] = tidied, lean
+      end
+    end
+    at = at + 2
+    if not continued then
+      if not refused then
+        for k = 1, count do
+          states[keys[k]], writers[keys[k]] = nexts[k], owners[k]
+        end
+      end
+      count, refused = 0, false
+    end
+  end
+  for key, lean in pairs(writers) do
+    lean.write(key, states[key])
+  end
+  return out
+end
+"#;
 
 /// The loop of [`batch_script`], after the algorithms' functions.
 const BATCH_LOOP: &str = r#"
@@ -413,18 +569,23 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// [`script_arguments`]: Algorithm::script_arguments
     fn script() -> &'static LuaScript;
 
-    /// The lean decision (`scripts/<name>_decide.lua`), for the hot path only: a decision on
-    /// Redis's clock, the library's `<library>_d<i>` (see [`function_library`]). `KEYS[1]` the
-    /// client's key, `ARGV` the [`lean_arguments`](Algorithm::lean_arguments) and the deadline
-    /// (µs on the Redis clock, or `""`); it writes what [`script`](Algorithm::script) writes
-    /// and returns `{now_us, ...}`, the Redis time and the state the decision read, for
-    /// [`lean_decision`](Algorithm::lean_decision); `{-1, now_us}` after the deadline. `None`:
-    /// the library's wrapper runs the full script instead (four arguments, its five-number reply).
+    /// The lean decision (`scripts/<name>_decide.lua`), for the hot path only: decisions on
+    /// Redis's clock, alone (the library's `<library>_d<i>`) and in batches
+    /// (`<library>_lean`), see [`LEAN_FUNCTIONS`]. A Lua chunk returning the algorithm's lean
+    /// parts: `parameters`, how many of its [`lean_arguments`](Algorithm::lean_arguments) the
+    /// rule gives (at most two; the last argument is the cost); `read(key)`, the state stored;
+    /// `decide(state, now, cost, ...)` (numbers, the parameters after the cost): the state to
+    /// store when allowed, one to store even when refused, then the count of the reply's
+    /// numbers after the Redis time and those numbers (the state the decision started from,
+    /// for [`lean_decision`](Algorithm::lean_decision)); `write(key, state)`. What it stores
+    /// is what [`script`](Algorithm::script) stores. `None`: the library's wrapper runs the full script
+    /// instead (four arguments, its five-number reply), and batches with it run the full scripts.
     const LEAN: Option<&'static str> = None;
 
-    /// The lean decision's arguments before the deadline, for a request of `cost`: numbers
-    /// the gateway can work out once, sent worked out (the cost clamped as the scripts clamp
-    /// it). Only called for an algorithm with [`LEAN`](Algorithm::LEAN).
+    /// The lean decision's arguments before the deadline, for a request of `cost`: the
+    /// parameters (numbers the gateway can work out once, sent worked out), then the cost
+    /// clamped as the scripts clamp it. Only called for an algorithm with
+    /// [`LEAN`](Algorithm::LEAN).
     fn lean_arguments(&self, _cost: u64) -> LeanArguments {
         LeanArguments::default()
     }

@@ -120,13 +120,14 @@ impl Algorithm for TokenBucket {
         "/scripts/token_bucket_decide.lua"
     )));
 
-    /// τ (capacity x interval) and the request's increment, its cost decided as at most the
-    /// capacity + 1 (as [`TokenBucket::decide`] does) times the interval: below 2^51.
+    /// τ (capacity x interval), the interval, and the cost decided as at most the capacity + 1
+    /// (as [`TokenBucket::decide`] does); the increment, the cost times the interval, is below
+    /// 2^51.
     fn lean_arguments(&self, cost: u64) -> LeanArguments {
-        let cost = cost.min(self.capacity + 1);
         LeanArguments::new(&[
             self.capacity * self.interval_us,
-            cost.saturating_mul(self.interval_us),
+            self.interval_us,
+            cost.min(self.capacity + 1),
         ])
     }
 

@@ -303,12 +303,14 @@ impl RateLimitService {
         self
     }
 
-    /// Answer one `ShouldRateLimit` request.
+    /// Answer one `ShouldRateLimit` request (the integration tests' way in; the server's is
+    /// `should_rate_limit`, which traces).
+    #[cfg(feature = "testing")]
     pub async fn check(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         self.check_traced(request, None).await
     }
 
-    /// [`RateLimitService::check`], telling the request's `span` (traces on) the rule, decision
+    /// Answer one `ShouldRateLimit` request, telling the request's `span` (traces on) the rule, decision
     /// and numbers of the descriptor its answer follows (the refusing or nearest one).
     async fn check_traced(
         &self,

@@ -40,7 +40,9 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use tokio::sync::OnceCell;
 
 use crate::algorithms::{BATCH_CONTINUED, LuaScript, batch_script, function_library, peek_script};
-use crate::algorithms::{Cost, Decision, FixedWindow, LimitDecision, MAX_LIMITS, Policy, US_PER_MS};
+use crate::algorithms::{
+    Cost, Decision, FixedWindow, LeanArguments, LimitDecision, MAX_LIMITS, Policy, US_PER_MS,
+};
 use crate::rules::{ClientKey, Rule};
 use crate::stores::denials::reset_message;
 use crate::stores::guard::{Remote, ResetFeed};
@@ -254,11 +256,13 @@ struct Ask {
     algorithm: usize,
     /// Its script's first two arguments, and the cost.
     arguments: [u64; 3],
+    /// Its lean decision's arguments, for an algorithm with one.
+    lean: Option<LeanArguments>,
     /// The client's key under the first limit.
     key: String,
-    /// A rule of several limits: each further limit's algorithm, arguments and key (empty,
-    /// allocating nothing, for a rule of one).
-    more: Vec<(usize, [u64; 2], String)>,
+    /// A rule of several limits: each further limit's algorithm, arguments, lean arguments and
+    /// key (empty, allocating nothing, for a rule of one).
+    more: Vec<(usize, [u64; 2], Option<LeanArguments>, String)>,
     /// The pinned clock, for tests; `None` reads Redis `TIME`.
     now_us: Option<u64>,
     /// To decide, refund or charge.
@@ -278,6 +282,7 @@ impl Ask {
                 (
                     policy.script_index(),
                     policy.script().1,
+                    policy.lean_arguments(cost),
                     limit_key(rule, &key, policy),
                 )
             })
@@ -285,6 +290,7 @@ impl Ask {
         Ask {
             algorithm: rule.limits.first().script_index(),
             arguments: [first, second, cost.get()],
+            lean: rule.limits.first().lean_arguments(cost),
             key,
             more,
             now_us,
@@ -296,6 +302,15 @@ impl Ask {
     /// How many keys it asks about: one per limit.
     fn keys(&self) -> usize {
         1 + self.more.len()
+    }
+
+    /// A decision on Redis's clock whose every limit has a lean decision: the library's
+    /// lean batch can take it.
+    fn is_lean(&self) -> bool {
+        self.call == Call::Decide
+            && self.now_us.is_none()
+            && self.lean.is_some()
+            && self.more.iter().all(|(_, _, lean, _)| lean.is_some())
     }
 }
 
@@ -1366,28 +1381,36 @@ impl RedisStore {
     }
 
     /// `FCALL` of [`batch_script`]'s function for `asks` (see [`evaluate`](Self::evaluate)): a
-    /// batch of decisions, or a decision or refund under a rule of several limits. A batch is
-    /// given up at its first decision's deadline, so every decision in it is given that
-    /// deadline on the Redis clock too.
+    /// batch of decisions, or a decision or refund under a rule of several limits; the lean
+    /// batch's instead when every limit of every ask has a lean decision. A batch is given up
+    /// at its first decision's deadline, so every decision in it is given that deadline on the
+    /// Redis clock too. The reply has an entry per key, whichever function answered.
     async fn run_asks(&self, asks: &[Ask]) -> redis::RedisResult<redis::Value> {
         let script = batch_script();
         let keys: usize = asks.iter().map(Ask::keys).sum();
         let redis_deadline = asks.iter().filter_map(|ask| ask.redis_deadline).min();
+        // Decisions on Redis's clock under lean algorithms only: the lean batch, whose
+        // arguments are the lean decisions' (a Redis without functions runs the scripts).
+        let lean = asks.iter().all(Ask::is_lean);
         let command = |name: &str, script: &str| {
             let mut cmd = redis::Cmd::with_capacity(3 + keys * 8, script.len() + keys * 200);
             cmd.arg(name).arg(script).arg(keys);
             for ask in asks {
                 cmd.arg(&ask.key);
-                for (_, _, key) in &ask.more {
+                for (_, _, _, key) in &ask.more {
                     cmd.arg(key);
                 }
+            }
+            if lean && name == "FCALL" {
+                lean_batch_arguments(&mut cmd, asks, redis_deadline);
+                return cmd;
             }
             for ask in asks {
                 let [first, second, cost] = ask.arguments;
                 let limits = std::iter::once((ask.algorithm, [first, second])).chain(
                     ask.more
                         .iter()
-                        .map(|&(algorithm, arguments, _)| (algorithm, arguments)),
+                        .map(|&(algorithm, arguments, _, _)| (algorithm, arguments)),
                 );
                 for (i, (algorithm, [first, second])) in limits.enumerate() {
                     let continued = if i < ask.more.len() { BATCH_CONTINUED } else { 0 };
@@ -1411,8 +1434,17 @@ impl RedisStore {
             false => Resend::IfNeverSent,
         };
         let first_key = asks.first().map_or("", |ask| ask.key.as_str());
-        self.evaluate(script, function_library().batch(), first_key, command, resend)
-            .await
+        let function = match lean {
+            true => function_library().lean(),
+            false => function_library().batch(),
+        };
+        let reply = self
+            .evaluate(script, function, first_key, command, resend)
+            .await?;
+        Ok(match lean {
+            true => entries_of_lean_batch(reply, keys),
+            false => reply,
+        })
     }
 
     /// `command("FCALL", function)`, the [`function_library`]'s `function`; after "Function
@@ -1715,6 +1747,19 @@ fn answer_of(rule: &Rule, reply: &redis::Value, cost: Cost) -> Result<Answer, St
             Err(redis_us) => return Ok(Answer::Expired(redis_us)),
         }
     }
+    // A refused request spent nothing: a lean reply is the state a limit read, so what a limit
+    // that allowed it has left is its decision of a cost of 0 (the full scripts give the cost
+    // back and say so themselves).
+    if !parts.iter().take(rule.limits.len()).all(|part| part.allowed) {
+        for ((part, policy), reply) in parts.iter_mut().zip(rule.limits.iter()).zip(replies) {
+            if part.allowed
+                && is_lean_reply(reply)
+                && let Ok(decision) = limit_answer(policy, reply, Cost::ZERO)?
+            {
+                *part = decision;
+            }
+        }
+    }
     Ok(Answer::Decided(Decision::of(
         &parts[..rule.limits.len().min(MAX_LIMITS)],
     )))
@@ -1779,6 +1824,99 @@ fn limit_answer(
         reset_after: Duration::from_micros(wait(reset_after_us)?),
         at_us: number(at_us)?,
     }))
+}
+
+/// The lean batch's arguments after its keys (see
+/// [`LEAN_FUNCTIONS`](crate::algorithms::LEAN_FUNCTIONS)): the deadline, the limits the asks
+/// are under, each once (its algorithm's index and parameters), then for each key the number
+/// of its limit (from 1, negative when another key of the same request follows) and the cost.
+fn lean_batch_arguments(cmd: &mut redis::Cmd, asks: &[Ask], redis_deadline: Option<u64>) {
+    match redis_deadline {
+        Some(deadline) => cmd.arg(deadline),
+        None => cmd.arg(""),
+    };
+    // Each key's limit: its algorithm and parameters, and its cost (the lean arguments' last).
+    let limits = || {
+        asks.iter().flat_map(|ask| {
+            std::iter::once((ask.algorithm, &ask.lean, ask.more.is_empty()))
+                .chain(
+                    ask.more
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (algorithm, _, lean, _))| (*algorithm, lean, i + 1 == ask.more.len())),
+                )
+                .map(|(algorithm, lean, last)| {
+                    let arguments = lean.as_ref().map_or(&[][..], LeanArguments::as_slice);
+                    let (cost, parameters) = arguments.split_last().unwrap_or((&0, &[]));
+                    (algorithm, parameters, *cost, last)
+                })
+        })
+    };
+    // The distinct limits, in order of first use: a handful for any batch.
+    let mut distinct: Vec<(usize, &[u64])> = Vec::new();
+    for (algorithm, parameters, _, _) in limits() {
+        if !distinct.contains(&(algorithm, parameters)) {
+            distinct.push((algorithm, parameters));
+        }
+    }
+    cmd.arg(distinct.len());
+    for (algorithm, parameters) in &distinct {
+        cmd.arg(*algorithm);
+        for parameter in *parameters {
+            cmd.arg(*parameter);
+        }
+    }
+    for (algorithm, parameters, cost, last) in limits() {
+        let number = distinct
+            .iter()
+            .position(|limit| *limit == (algorithm, parameters))
+            .map_or(0, |i| i as i64 + 1);
+        cmd.arg(if last { number } else { -number }).arg(cost);
+    }
+}
+
+/// The lean batch's flat reply (see [`LEAN_FUNCTIONS`](crate::algorithms::LEAN_FUNCTIONS)) as
+/// the batch script's, an entry per key: the Redis time and the numbers of the key's lean
+/// reply, `{-1, now}` for each past the deadline, or the error's text. A reply of another
+/// shape (the batch script's, from a Redis without functions) is left as it came.
+fn entries_of_lean_batch(reply: redis::Value, keys: usize) -> redis::Value {
+    use redis::Value::{Array, Int};
+    let Array(flat) = &reply else {
+        return reply;
+    };
+    let (now, mut rest) = match flat.as_slice() {
+        [Int(-1), now] => return Array(vec![Array(vec![Int(-1), now.clone()]); keys]),
+        [Int(now), rest @ ..] => (*now, rest),
+        _ => return reply,
+    };
+    let mut entries = Vec::with_capacity(keys);
+    while let [first, tail @ ..] = rest {
+        match first {
+            Int(count)
+                if usize::try_from(*count).is_ok_and(|count| count <= LEAN_STATE && count <= tail.len()) =>
+            {
+                let (numbers, tail) = tail.split_at(*count as usize);
+                let mut entry = Vec::with_capacity(1 + numbers.len());
+                entry.push(Int(now));
+                entry.extend_from_slice(numbers);
+                entries.push(Array(entry));
+                rest = tail;
+            }
+            error @ (redis::Value::BulkString(_) | redis::Value::SimpleString(_)) => {
+                entries.push(error.clone());
+                rest = tail;
+            }
+            // Not a reply the function makes: the caller's count check fails it.
+            _ => return Array(Vec::new()),
+        }
+    }
+    Array(entries)
+}
+
+/// Whether `reply` is a lean decision's (the Redis time and the state read), not a script's
+/// five numbers.
+fn is_lean_reply(reply: &redis::Value) -> bool {
+    matches!(reply, redis::Value::Array(fields) if fields.len() <= 1 + LEAN_STATE)
 }
 
 /// The most numbers of state a lean decision's reply carries after the Redis time.

@@ -1048,17 +1048,8 @@ async fn calls_that_timed_out_in_a_frozen_redis_cost_nothing_when_it_thaws() {
 #[tokio::test]
 async fn lean_decisions_are_the_full_scripts_decisions() {
     use redis::Value::{Array, Int};
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let (redis, mut connection) = redis_with_the_library().await;
     let library = function_library();
-    let _: redis::Value = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(library.source())
-        .query_async(&mut connection)
-        .await
-        .unwrap();
     let mut policies = vec![
         Policy::TokenBucket(TokenBucket {
             capacity: 3,
@@ -1266,25 +1257,8 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
                 }
                 // A state no decision leaves: a TAT past the debt bound, a window ahead of the
                 // clock (a clock stepped back), not a number.
-                1 => match policy {
-                    Policy::TokenBucket(tb) => {
-                        let tat = now + 3 * tb.capacity * tb.interval_us + sequence.next(9);
-                        redis.cli(&["SET", &lean_key, &tat.to_string(), "PX", "60000"]);
-                    }
-                    Policy::SlidingWindow(sw) => {
-                        let window = (now / 1_000 / sw.window_ms + 1).to_string();
-                        redis.cli(&["HSET", &lean_key, "w", &window, "p", "1", "c", "0"]);
-                        redis.cli(&["PEXPIRE", &lean_key, "60000"]);
-                    }
-                    _ => unreachable!(),
-                },
-                2 => {
-                    redis.cli(&["DEL", &lean_key]);
-                    match policy {
-                        Policy::TokenBucket(_) => redis.cli(&["SET", &lean_key, "x", "PX", "60000"]),
-                        _ => redis.cli(&["HSET", &lean_key, "p", "x"]),
-                    };
-                }
+                1 => plant_state(&redis, &lean_key, &policy, Some(now + sequence.next(9))),
+                2 => plant_state(&redis, &lean_key, &policy, None),
                 // Time passes: a refill, a window slides.
                 3..=8 => tokio::time::sleep(Duration::from_micros(sequence.next(3_000))).await,
                 _ => {}
@@ -1295,4 +1269,310 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
         seen[0] > 50 && seen[1] > 50,
         "allowed and refused both decided: {seen:?}"
     );
+}
+
+/// The lean batch (`<library>_lean`) against the full batch (`<library>_batch`), as a property
+/// on a real redis-server: requests of one limit and of several (a limit listed twice
+/// included), several of them on one key in one call, costs from 0 to hostile, states past
+/// the debt bound, windows ahead of the clock and values that are not numbers. Each lean call
+/// runs in a transaction with a persisted twin of every key it reads; then the full batch runs
+/// on the twins, pinned at the time the lean reply reports. The decisions the gateway works
+/// out from the lean replies (a refused request's allowing limits at a cost of 0) must be the
+/// full batch's, and the states the two leave decide alike (the full batch's refund leaves a
+/// full bucket's TAT, or a window moved on, where the lean batch left what it read). Late, the
+/// lean call changes nothing.
+#[tokio::test]
+async fn lean_batches_are_the_full_batchs_decisions() {
+    use redis::Value::{Array, Int};
+    let (redis, mut connection) = redis_with_the_library().await;
+    let library = function_library();
+    let bucket = |capacity, interval_us| {
+        Policy::TokenBucket(TokenBucket {
+            capacity,
+            interval_us,
+        })
+    };
+    let window = |limit, window_ms| Policy::SlidingWindow(SlidingWindow { limit, window_ms });
+    // Numbers whose states outlive the test's steps (a key expiring between the lean call and
+    // its twin's would be a difference the test would have to excuse).
+    let rules: Vec<Vec<Policy>> = vec![
+        vec![bucket(3, 20_000)],
+        vec![bucket(5, 7_000)],
+        vec![window(4, 300)],
+        vec![window(10, 1_000)],
+        vec![bucket(3, 20_000), window(4, 300)],
+        vec![window(10, 1_000), bucket(5, 7_000), window(2, 500)],
+        vec![bucket(3, 20_000), bucket(3, 20_000)],
+    ];
+    let key = |side: &str, client: u64, policy: &Policy| {
+        format!(
+            "{side}:{{{client}}}:{}:{:08x}",
+            policy.key_suffix(),
+            policy.fingerprint()
+        )
+    };
+    // A key's state: a value, or a hash's three.
+    let read = |pipe: &mut redis::Pipeline, key: &str, policy: &Policy| {
+        match policy {
+            Policy::TokenBucket(_) => pipe.cmd("GET").arg(key),
+            _ => pipe.cmd("HMGET").arg(key).arg(&["w", "p", "c"][..]),
+        };
+    };
+    let mut sequence = Sequence(0x51_7CC1_B727_220A);
+    let mut seen = [0usize; 2];
+    for step in 0..400 {
+        // 1 to 8 requests, from 3 clients, so keys repeat within a call.
+        let requests: Vec<(usize, u64, u64)> = (0..1 + sequence.next(8))
+            .map(|_| {
+                let rule = sequence.next(rules.len() as u64) as usize;
+                let limit = rules[rule][0].limit();
+                let cost = match sequence.next(10) {
+                    0 => HOSTILE_COSTS[sequence.next(HOSTILE_COSTS.len() as u64) as usize],
+                    1 => 0,
+                    2 => limit + sequence.next(2),
+                    _ => 1 + sequence.next(2),
+                };
+                (rule, sequence.next(3), cost)
+            })
+            .collect();
+        let limits: Vec<(&Policy, u64, bool, Cost)> = requests
+            .iter()
+            .flat_map(|&(rule, client, cost)| {
+                let count = rules[rule].len();
+                rules[rule]
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, policy)| (policy, client, i + 1 < count, Cost::saturating(cost)))
+            })
+            .collect();
+        // States as they decide at `now` or later: the full batch gives a refused request's cost
+        // back where the lean batch writes nothing, which leaves a TAT of now (a full bucket), or
+        // a window moved on to now's with its counts as they were, where the lean call left the
+        // state it read.
+        let states = |values: &[redis::Value], now: u64| -> Vec<String> {
+            let text = |value: &redis::Value| match value {
+                redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).parse::<u64>().ok(),
+                _ => None,
+            };
+            values
+                .iter()
+                .zip(&limits)
+                .map(|(value, (policy, ..))| match (policy, value) {
+                    (_, redis::Value::Nil) => "none".to_owned(),
+                    // Not a number: read as a client never seen.
+                    (Policy::TokenBucket(_), tat) if text(tat).is_none_or(|tat| tat <= now) => {
+                        "none".to_owned()
+                    }
+                    (Policy::SlidingWindow(sw), redis::Value::Array(hash)) => {
+                        let now_window = now / 1_000 / sw.window_ms;
+                        let state = match (text(&hash[0]), text(&hash[1]), text(&hash[2])) {
+                            (Some(w), Some(_), Some(c)) if w + 1 == now_window => (now_window, c, 0),
+                            (Some(w), Some(_), Some(_)) if w + 1 < now_window => (now_window, 0, 0),
+                            (Some(w), Some(p), Some(c)) => (w, p, c),
+                            (None, ..) => (now_window, 0, 0),
+                            _ => return format!("{hash:?}"),
+                        };
+                        match state {
+                            (w, 0, 0) if w == now_window => "none".to_owned(),
+                            (w, p, c) => format!("{w} {p} {c}"),
+                        }
+                    }
+                    (_, other) => format!("{other:?}"),
+                })
+                .collect()
+        };
+        let late = sequence.next(29) == 0;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for &(policy, client, _, _) in &limits {
+            let (lean, full) = (key("lean", client, policy), key("full", client, policy));
+            pipe.cmd("DEL").arg(&full).ignore();
+            pipe.cmd("COPY").arg(&lean).arg(&full).ignore();
+            pipe.cmd("PERSIST").arg(&full).ignore();
+        }
+        for &(policy, client, _, _) in &limits {
+            read(&mut pipe, &key("lean", client, policy), policy);
+        }
+        pipe.cmd("FCALL").arg(library.lean()).arg(limits.len());
+        for &(policy, client, _, _) in &limits {
+            pipe.arg(key("lean", client, policy));
+        }
+        pipe.arg(if late { "1" } else { "" });
+        // Each limit once (its algorithm and parameters), then each key's limit and cost.
+        let arguments = |policy: &Policy, cost| policy.lean_arguments(cost).expect("a lean decision");
+        let mut distinct: Vec<(usize, Vec<u64>)> = Vec::new();
+        for &(policy, _, _, cost) in &limits {
+            let arguments = arguments(policy, cost);
+            let (_, parameters) = arguments.as_slice().split_last().unwrap();
+            if !distinct.contains(&(policy.script_index(), parameters.to_vec())) {
+                distinct.push((policy.script_index(), parameters.to_vec()));
+            }
+        }
+        pipe.arg(distinct.len());
+        for (index, parameters) in &distinct {
+            pipe.arg(*index).arg(parameters);
+        }
+        for &(policy, _, continued, cost) in &limits {
+            let arguments = arguments(policy, cost);
+            let (cost, parameters) = arguments.as_slice().split_last().unwrap();
+            let number = 1 + distinct
+                .iter()
+                .position(|(index, p)| *index == policy.script_index() && p == parameters)
+                .unwrap() as i64;
+            pipe.arg(if continued { -number } else { number }).arg(*cost);
+        }
+        for &(policy, client, _, _) in &limits {
+            read(&mut pipe, &key("lean", client, policy), policy);
+        }
+        let mut results: Vec<redis::Value> = pipe.query_async(&mut connection).await.unwrap();
+        let after = results.split_off(limits.len() + 1);
+        let Some(Array(flat)) = results.pop() else {
+            panic!("step {step}: not a lean batch's reply");
+        };
+        let before = results;
+        let number = |value: &redis::Value| match value {
+            Int(n) => u64::try_from(*n).unwrap(),
+            other => panic!("step {step}: {other:?} in a lean reply"),
+        };
+        if late {
+            assert_eq!(flat.len(), 2, "step {step}: {flat:?}");
+            assert_eq!(flat[0], Int(-1), "step {step}: late");
+            assert_eq!(after, before, "step {step}: a late call changed the state");
+            continue;
+        }
+        // The flat reply: the time, then for each key the count of its numbers and them.
+        let now = number(&flat[0]);
+        let mut replies: Vec<Vec<u64>> = Vec::new();
+        let mut rest = &flat[1..];
+        while let [count, tail @ ..] = rest {
+            let (numbers, tail) = tail.split_at(number(count) as usize);
+            replies.push(numbers.iter().map(number).collect());
+            rest = tail;
+        }
+        assert_eq!(replies.len(), limits.len(), "step {step}: {flat:?}");
+        // The full batch on the twins, at the lean call's time.
+        let mut full = redis::cmd("FCALL");
+        full.arg(library.batch()).arg(limits.len());
+        for &(policy, client, _, _) in &limits {
+            full.arg(key("full", client, policy));
+        }
+        for &(policy, _, continued, cost) in &limits {
+            let (_, [a, b]) = policy.script();
+            full.arg(policy.script_index() + if continued { 100 } else { 0 })
+                .arg(a)
+                .arg(b)
+                .arg(cost.get())
+                .arg(now)
+                .arg("")
+                .arg("");
+        }
+        let full: Vec<Vec<i64>> = full.query_async(&mut connection).await.unwrap();
+        let mut pipe = redis::pipe();
+        for &(policy, client, _, _) in &limits {
+            read(&mut pipe, &key("full", client, policy), policy);
+        }
+        let full_after: Vec<redis::Value> = pipe.query_async(&mut connection).await.unwrap();
+        assert_eq!(
+            states(&after, now),
+            states(&full_after, now),
+            "step {step}: {requests:?} at {now}, from {before:?}: lean {flat:?}, full {full:?}"
+        );
+        // Each request's decision, as the gateway works it out from the lean replies.
+        let mut at = 0;
+        for &(rule, _, cost) in &requests {
+            let policies = &rules[rule];
+            let cost = Cost::saturating(cost);
+            let decide = |cost| -> Vec<_> {
+                policies
+                    .iter()
+                    .zip(&replies[at..at + policies.len()])
+                    .map(|(policy, state)| policy.lean_decision(now, state, cost).expect("a decision"))
+                    .collect()
+            };
+            let mut parts = decide(cost);
+            let allowed = parts.iter().all(|part| part.allowed);
+            if !allowed {
+                for (part, nothing) in parts.iter_mut().zip(decide(Cost::ZERO)) {
+                    if part.allowed {
+                        *part = nothing;
+                    }
+                }
+            }
+            for (i, part) in parts.iter().enumerate() {
+                let expected = &full[at + i];
+                assert_eq!(
+                    (
+                        i64::from(part.allowed),
+                        part.remaining as i64,
+                        part.retry_after.as_micros() as i64,
+                        part.reset_after.as_micros() as i64,
+                        part.at_us as i64
+                    ),
+                    (expected[0], expected[1], expected[2], expected[3], expected[4]),
+                    "step {step}, request of rule {rule} at {now}, limit {i}: {requests:?}"
+                );
+            }
+            seen[usize::from(allowed)] += 1;
+            at += policies.len();
+        }
+        match sequence.next(17) {
+            // A state no decision leaves: a TAT past the debt bound, a window ahead of the
+            // clock (a clock stepped back), not a number.
+            0 | 1 => {
+                let client = sequence.next(3);
+                let number = step % 2 == 0;
+                for policy in rules.iter().flatten() {
+                    let at = number.then(|| now + sequence.next(9));
+                    plant_state(&redis, &key("lean", client, policy), policy, at);
+                }
+            }
+            // Time passes: a refill, a window slides.
+            2..=9 => tokio::time::sleep(Duration::from_micros(sequence.next(20_000))).await,
+            _ => {}
+        }
+    }
+    assert!(
+        seen[0] > 50 && seen[1] > 50,
+        "allowed and refused both decided: {seen:?}"
+    );
+}
+
+/// Plant at `key` a state no lean decision of `policy` leaves: with `at` (about now, µs), a
+/// TAT past the debt bound or a window ahead of the clock (a clock stepped back); without, a
+/// value that is not a number.
+fn plant_state(redis: &RedisServer, key: &str, policy: &Policy, at: Option<u64>) {
+    redis.cli(&["DEL", key]);
+    match (policy, at) {
+        (Policy::TokenBucket(tb), Some(at)) => {
+            let tat = at + 3 * tb.capacity * tb.interval_us;
+            redis.cli(&["SET", key, &tat.to_string(), "PX", "60000"]);
+        }
+        (Policy::SlidingWindow(sw), Some(at)) => {
+            let window = (at / 1_000 / sw.window_ms + 1).to_string();
+            redis.cli(&["HSET", key, "w", &window, "p", "1", "c", "0"]);
+            redis.cli(&["PEXPIRE", key, "60000"]);
+        }
+        (Policy::TokenBucket(_), None) => {
+            redis.cli(&["SET", key, "x", "PX", "60000"]);
+        }
+        (Policy::SlidingWindow(_), None) => {
+            redis.cli(&["HSET", key, "p", "x"]);
+        }
+        _ => unreachable!("a lean algorithm"),
+    }
+}
+
+/// A fresh redis-server with the function library loaded, and a connection to it.
+async fn redis_with_the_library() -> (RedisServer, redis::aio::MultiplexedConnection) {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let _: redis::Value = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(function_library().source())
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    (redis, connection)
 }
