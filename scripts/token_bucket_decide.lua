@@ -48,8 +48,9 @@ return {
     end
     return nil, tidied, 1, tat
   end,
-  -- Expiry is absolute, on the clock the call read (no rewrite for propagation, as EX has):
-  -- the first millisecond past the TAT, when the bucket is full again.
+  -- Expiry is absolute, on the clock the call read (Redis 7.0 still rewrites it for
+  -- propagation, but converts no relative time): the first millisecond past the TAT, when the
+  -- bucket is full again.
   write = function(key, tat)
     redis.call('SET', key, string.format('%d', tat), 'PXAT', string.format('%d', math.floor(tat / 1000) + 1))
   end,
