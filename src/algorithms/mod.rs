@@ -1036,8 +1036,13 @@ macro_rules! algorithms {
 /// `token_bucket:20:10+fixed_window:10000:86400`, a burst limit and a daily quota). A request
 /// goes through only when each allows it, and a refused one spends nothing in any. From one
 /// to [`MAX_LIMITS`](crate::algorithms::MAX_LIMITS), no policy twice.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Limits(Box<[Policy]>);
+#[derive(Clone, PartialEq)]
+pub struct Limits {
+    policies: Box<[Policy]>,
+    /// Each policy's [`Policy::fingerprint`], in order: part of every Redis key a decision
+    /// names, worked out once here rather than by formatting the policy on each request.
+    fingerprints: Box<[u32]>,
+}
 
 /// Why a list of policies is not a rule's limits.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1056,7 +1061,20 @@ pub enum LimitsError {
 impl Limits {
     /// The limits of a rule of one policy.
     pub fn one(policy: Policy) -> Limits {
-        Limits(Box::new([policy]))
+        Limits::of(Box::new([policy]))
+    }
+
+    fn of(policies: Box<[Policy]>) -> Limits {
+        let fingerprints = policies.iter().map(Policy::fingerprint).collect();
+        Limits {
+            policies,
+            fingerprints,
+        }
+    }
+
+    /// The [`Policy::fingerprint`] of the `index`-th limit (0 for none).
+    pub fn fingerprint(&self, index: usize) -> u32 {
+        self.fingerprints.get(index).copied().unwrap_or(0)
     }
 
     /// The limits `policies`, in order: what the draft headers list and the stores decide.
@@ -1071,18 +1089,18 @@ impl Limits {
                 return Err(LimitsError::Repeated(policy.to_string()));
             }
         }
-        Ok(Limits(policies.into_boxed_slice()))
+        Ok(Limits::of(policies.into_boxed_slice()))
     }
 
     /// The first limit, as written.
     pub fn first(&self) -> &Policy {
         // Never empty: `new` refuses an empty list.
-        &self.0[0]
+        &self.policies[0]
     }
 
     /// The smallest limit: the most one request can ever cost and still go through.
     pub fn capacity(&self) -> u64 {
-        self.0.iter().map(Policy::limit).min().unwrap_or(0)
+        self.policies.iter().map(Policy::limit).min().unwrap_or(0)
     }
 }
 
@@ -1096,13 +1114,21 @@ impl std::ops::Deref for Limits {
     type Target = [Policy];
 
     fn deref(&self) -> &[Policy] {
-        &self.0
+        &self.policies
+    }
+}
+
+/// As the policies alone were written (`Limits([...])`): the rule table's digest is made of it,
+/// and stays the same across versions that decide alike.
+impl fmt::Debug for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Limits").field(&self.policies).finish()
     }
 }
 
 impl fmt::Display for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, policy) in self.0.iter().enumerate() {
+        for (i, policy) in self.policies.iter().enumerate() {
             if i > 0 {
                 f.write_str(" + ")?;
             }

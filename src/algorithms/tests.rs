@@ -277,3 +277,26 @@ fn messages_name_the_algorithms_from_the_algorithms() {
     let unknown = super::parse_limit("leaky_bucket:1:1").unwrap_err();
     assert!(unknown.ends_with(&super::limit_kinds()), "{unknown}");
 }
+
+/// The fingerprints a rule's limits keep are each policy's own (every Redis key names one, and
+/// a replica of another version must name the same), and the limits read as the policies
+/// alone do: the rule table's digest is made of that text.
+#[test]
+fn limits_keep_each_policys_fingerprint_and_read_as_their_policies() {
+    let policies = vec![
+        super::parse_limit("token_bucket:20:10").unwrap(),
+        super::parse_limit("fixed_window:10000:86400").unwrap(),
+        super::parse_limit("sliding_window:5:1.5").unwrap(),
+    ];
+    let limits = Limits::new(policies.clone()).unwrap();
+    for (index, policy) in policies.iter().enumerate() {
+        assert_eq!(limits.fingerprint(index), policy.fingerprint(), "{policy}");
+    }
+    assert_eq!(limits.fingerprint(policies.len()), 0, "no such limit");
+    assert_eq!(
+        format!("{limits:?}"),
+        format!("Limits({:?})", policies.into_boxed_slice())
+    );
+    let one = Limits::one(super::parse_limit("gcra:3:1").unwrap());
+    assert_eq!(one.fingerprint(0), one.first().fingerprint());
+}

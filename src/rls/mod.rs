@@ -241,7 +241,7 @@ enum Plan<'s> {
     Decide(&'s config::Limit, &'s Rule, Cost, Vec<(usize, &'s str)>),
     /// The descriptor's own `limit` (Envoy's override): decided under the override rule of its
     /// unit with the request's numbers, at this cost.
-    Override(config::Limit, Rule, Cost),
+    Override(Box<config::Limit>, Rule, Cost),
 }
 
 impl Plan<'_> {
@@ -539,7 +539,7 @@ impl Tables {
             })),
             ..base.clone()
         };
-        Plan::Override(limit, rule, cost)
+        Plan::Override(Box::new(limit), rule, cost)
     }
 
     /// What each descriptor comes to: its limit, unless another matched limit replaces it.

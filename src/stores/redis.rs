@@ -276,14 +276,14 @@ impl Ask {
     /// `cost` of `rule` for the client whose key under the rule's first limit is `key`.
     fn new(rule: &Rule, key: String, cost: Cost, now_us: Option<u64>, redis_deadline: Option<u64>) -> Ask {
         let (_, [first, second]) = rule.limits.first().script();
-        let more = rule.limits[1..]
-            .iter()
-            .map(|policy| {
+        let more = (1..rule.limits.len())
+            .map(|index| {
+                let policy = &rule.limits[index];
                 (
                     policy.script_index(),
                     policy.script().1,
                     policy.lean_arguments(cost),
-                    limit_key(rule, &key, policy),
+                    limit_key(rule, &key, index),
                 )
             })
             .collect();
@@ -819,7 +819,6 @@ impl RedisStore {
     /// rule lives on one node; the key under each further limit is this one with the limit's
     /// own last two parts (`limit_keys`).
     pub fn key(&self, rule: &Rule, client: ClientKey) -> String {
-        let policy = rule.limits.first();
         // Room for the longest client key (an IPv6 prefix and a digest) in one allocation.
         let mut key = String::with_capacity(self.prefix.len() + rule.name.len() + LIMIT_PART + 96);
         key.push_str(&self.prefix);
@@ -828,7 +827,7 @@ impl RedisStore {
         key.push(':');
         client.push_to(&mut key);
         key.push('}');
-        push_limit_part(&mut key, policy);
+        push_limit_part(&mut key, rule, 0);
         key
     }
 
@@ -1931,12 +1930,13 @@ pub const MAX_WAIT_US: u64 = 1 << 52;
 /// digits): room kept for them.
 const LIMIT_PART: usize = 24;
 
-/// Write the last two parts of a key under `policy`: `:{algorithm}:{fingerprint in hex}`.
-fn push_limit_part(key: &mut String, policy: &Policy) {
+/// Write the last two parts of a key under `rule`'s `index`-th limit:
+/// `:{algorithm}:{fingerprint in hex}`.
+fn push_limit_part(key: &mut String, rule: &Rule, index: usize) {
     key.push(':');
-    key.push_str(policy.key_suffix());
+    key.push_str(rule.limits[index].key_suffix());
     key.push(':');
-    let fingerprint = policy.fingerprint();
+    let fingerprint = rule.limits.fingerprint(index);
     for shift in (0..8).rev() {
         let digit = (fingerprint >> (shift * 4)) & 0xF;
         key.push(char::from_digit(digit, 16).unwrap_or('0'));
@@ -1961,26 +1961,22 @@ pub fn counter_key(key: &mut String, index: u64) {
     let _ = write!(key, "{index}");
 }
 
-/// The key under `policy` of the client whose key under `rule`'s first limit is `first`:
-/// the same up to the hash tag's end, then the limit's own last two parts.
-fn limit_key(rule: &Rule, first: &str, policy: &Policy) -> String {
+/// The key under `rule`'s `index`-th limit of the client whose key under its first limit is
+/// `first`: the same up to the hash tag's end, then the limit's own last two parts.
+fn limit_key(rule: &Rule, first: &str, index: usize) -> String {
     // The first limit's parts: `:`, its suffix, `:`, 8 digits.
     let tail = rule.limits.first().key_suffix().len() + 10;
     let base = &first[..first.len().saturating_sub(tail)];
     let mut key = String::with_capacity(base.len() + LIMIT_PART);
     key.push_str(base);
-    push_limit_part(&mut key, policy);
+    push_limit_part(&mut key, rule, index);
     key
 }
 
 /// The client's key under each of `rule`'s limits, in order, from its key under the first.
 fn limit_keys(rule: &Rule, first: &str) -> Vec<String> {
     std::iter::once(first.to_owned())
-        .chain(
-            rule.limits[1..]
-                .iter()
-                .map(|policy| limit_key(rule, first, policy)),
-        )
+        .chain((1..rule.limits.len()).map(|index| limit_key(rule, first, index)))
         .collect()
 }
 
