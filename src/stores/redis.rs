@@ -1529,6 +1529,22 @@ impl RedisStore {
             false => library.script(policy.script_index()),
         };
         let command = |name: &str, script: &str| {
+            let decision = lean && name == "FCALL";
+            // The algorithm's lean decision: its own arguments, then the deadline.
+            if let Some(arguments) = decision.then(|| policy.lean_arguments(cost)).flatten() {
+                let arguments = arguments.as_slice();
+                let mut cmd =
+                    redis::Cmd::with_capacity(5 + arguments.len(), script.len() + key.len() + 4 * 20);
+                cmd.arg(name).arg(script).arg(1).arg(key);
+                for argument in arguments {
+                    cmd.arg(*argument);
+                }
+                match deadline_us {
+                    Some(deadline_us) => cmd.arg(deadline_us),
+                    None => cmd.arg(""),
+                };
+                return cmd;
+            }
             let mut cmd = redis::Cmd::with_capacity(10, script.len() + key.len() + 6 * 20);
             cmd.arg(name)
                 .arg(script)
@@ -1537,19 +1553,7 @@ impl RedisStore {
                 .arg(first)
                 .arg(second)
                 .arg(cost.get());
-            if lean && name == "FCALL" {
-                if let Some(arguments) = policy.lean_arguments(cost) {
-                    let mut cmd = redis::Cmd::with_capacity(8, script.len() + key.len() + 4 * 20);
-                    cmd.arg(name).arg(script).arg(1).arg(key);
-                    for argument in arguments.as_slice() {
-                        cmd.arg(*argument);
-                    }
-                    match deadline_us {
-                        Some(deadline_us) => cmd.arg(deadline_us),
-                        None => cmd.arg(""),
-                    };
-                    return cmd;
-                }
+            if decision {
                 match deadline_us {
                     Some(deadline_us) => cmd.arg(deadline_us),
                     None => cmd.arg(""),
