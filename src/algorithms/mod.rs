@@ -317,6 +317,10 @@ pub const BATCH_CONTINUED: usize = 100;
 ///   request is not decided, the others are); `{-1, now}` past the deadline, when nothing is
 ///   read or written.
 pub const LEAN_FUNCTIONS: &str = r#"
+-- A lean decision's reply, the Redis time and the `count` numbers of the state it decided
+-- from, as one string of digits and spaces: Redis turns a string into a reply for much less than a
+-- table (whose every field it reads through the Lua API, and looks for `err` and `ok` in).
+local REPLY_FORMATS = {[0] = '%d', '%d %d', '%d %d %d', '%d %d %d %d'}
 local function lean_decision(lean)
   local parameters, read, decide, write = lean.parameters, lean.read, lean.decide, lean.write
   local function finish(key, now, next, tidied, count, a, b, c)
@@ -324,8 +328,7 @@ local function lean_decision(lean)
     if next then
       write(key, next)
     end
-    -- The reply's numbers are never nil: the table ends after the last of them.
-    return {now, a, b, c}
+    return string.format(REPLY_FORMATS[count], now, a, b, c)
   end
   return function(KEYS, ARGV)
     local t = redis.call('TIME')

@@ -1780,8 +1780,24 @@ fn limit_answer(
     cost: Cost,
 ) -> Result<Result<LimitDecision, u64>, StoreError> {
     let unexpected = || StoreError::Reply(format!("{reply:?}"));
-    let redis::Value::Array(fields) = reply else {
-        return Err(unexpected());
+    let lean = |now_us: u64, state: &[u64]| {
+        policy
+            .lean_decision(now_us, state, cost)
+            .filter(|decision| {
+                decision.retry_after.as_micros() <= u128::from(MAX_WAIT_US)
+                    && decision.reset_after.as_micros() <= u128::from(MAX_WAIT_US)
+            })
+            .map(Ok)
+            .ok_or_else(unexpected)
+    };
+    let fields = match reply {
+        redis::Value::Array(fields) => fields,
+        // A lean decision alone: its numbers in one string.
+        redis::Value::BulkString(text) => {
+            let (numbers, count) = lean_numbers(text).ok_or_else(unexpected)?;
+            return lean(numbers[0], &numbers[1..count]);
+        }
+        _ => return Err(unexpected()),
     };
     let number = |field: &redis::Value| match field {
         redis::Value::Int(n) => u64::try_from(*n).map_err(|_| unexpected()),
@@ -1795,14 +1811,7 @@ fn limit_answer(
                 for (slot, field) in numbers.iter_mut().zip(state) {
                     *slot = number(field)?;
                 }
-                policy
-                    .lean_decision(number(now_us)?, &numbers[..state.len()], cost)
-                    .filter(|decision| {
-                        decision.retry_after.as_micros() <= u128::from(MAX_WAIT_US)
-                            && decision.reset_after.as_micros() <= u128::from(MAX_WAIT_US)
-                    })
-                    .map(Ok)
-                    .ok_or_else(unexpected)
+                lean(number(now_us)?, &numbers[..state.len()])
             }
             _ => Err(unexpected()),
         };
@@ -1918,6 +1927,22 @@ fn entries_of_lean_batch(reply: redis::Value, keys: usize) -> redis::Value {
 
 /// Whether `reply` is a lean decision's (the Redis time and the state read), not a script's
 /// five numbers.
+/// The numbers of a lean decision's reply as `<library>_d<i>` writes them, the Redis time
+/// then at most [`LEAN_STATE`] more, in decimal, one space apart: `None` for any other text
+/// (nothing else, nothing longer, no number past `u64`).
+fn lean_numbers(text: &[u8]) -> Option<([u64; 1 + LEAN_STATE], usize)> {
+    let mut numbers = [0; 1 + LEAN_STATE];
+    let mut count = 0;
+    for part in text.split(|&byte| byte == b' ') {
+        if part.is_empty() || part.len() > 20 || !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        *numbers.get_mut(count)? = std::str::from_utf8(part).ok()?.parse().ok()?;
+        count += 1;
+    }
+    Some((numbers, count))
+}
+
 fn is_lean_reply(reply: &redis::Value) -> bool {
     matches!(reply, redis::Value::Array(fields) if fields.len() <= 1 + LEAN_STATE)
 }
@@ -2154,6 +2179,54 @@ mod tests {
             );
         }
         assert!(limit_answer(&policy, &reply([0, 0, wait, wait, 7]), Cost::ONE).is_ok());
+    }
+
+    /// A lean decision alone answers its numbers as one string: read as the table was, and any
+    /// other text is no decision (never a panic, never a number made up).
+    #[test]
+    fn a_lean_reply_in_one_string_is_read_and_no_other_text_is() {
+        let policy = crate::algorithms::Policy::TokenBucket(crate::algorithms::TokenBucket {
+            capacity: 3,
+            interval_us: 1_000_000,
+        });
+        let text = |text: &str| redis::Value::BulkString(text.as_bytes().to_vec());
+        let as_table = redis::Value::Array(vec![redis::Value::Int(5_000_000), redis::Value::Int(5_500_000)]);
+        let decided = limit_answer(&policy, &text("5000000 5500000"), Cost::ONE)
+            .unwrap()
+            .unwrap();
+        assert_eq!(Ok(decided), limit_answer(&policy, &as_table, Cost::ONE).unwrap());
+        assert!(decided.allowed);
+        // A sliding window's client never seen: the time alone.
+        let window = crate::algorithms::Policy::SlidingWindow(crate::algorithms::SlidingWindow {
+            limit: 5,
+            window_ms: 1_000,
+        });
+        for state in ["5000000", "5000000 5000 1 2"] {
+            let decided = limit_answer(&window, &text(state), Cost::ONE).unwrap().unwrap();
+            assert!(decided.allowed, "{state}");
+        }
+        for bad in [
+            "",
+            " ",
+            "5000000 ",
+            " 5000000",
+            "5000000  5500000",
+            "-5000000 5500000",
+            "5000000 -1",
+            "5000000 5.5",
+            "5000000 1 2 3 4",
+            "18446744073709551616 1",
+            "99999999999999999999999 1",
+            "WRONGTYPE Operation against a key",
+        ] {
+            assert!(
+                matches!(
+                    limit_answer(&policy, &text(bad), Cost::ONE),
+                    Err(StoreError::Reply(_))
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[tokio::test]
