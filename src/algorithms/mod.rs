@@ -296,8 +296,9 @@ pub const BATCH_CONTINUED: usize = 100;
 /// - `lean_decision(lean)`: the function deciding one request under that one limit,
 ///   `<library>_d<i>`: `KEYS[1]` the client's key, `ARGV` the algorithm's
 ///   [`lean_arguments`](Algorithm::lean_arguments) (its parameters, then the cost) then the
-///   deadline (µs on the Redis clock, or `""`); the reply is `{now, ...}`, the Redis time and
-///   the numbers the algorithm's `decide` gives for it.
+///   deadline (µs on the Redis clock, or `""`); the reply is one string, `"now ..."`: the
+///   Redis time and the numbers the algorithm's `decide` gives for it, in decimal, one space
+///   apart (a table would cost Redis more to convert).
 /// - `lean_batch`: several requests, each under one limit or several, in one call
 ///   (`<library>_lean`): `KEYS` every request's keys, a request's consecutive; `ARGV[1]` the
 ///   deadline; `ARGV[2]` how many limits the call's requests are under, then each of them once:
@@ -318,7 +319,7 @@ pub const BATCH_CONTINUED: usize = 100;
 ///   read or written.
 pub const LEAN_FUNCTIONS: &str = r#"
 -- A lean decision's reply, the Redis time and the `count` numbers of the state it decided
--- from, as one string of digits and spaces: Redis turns a string into a reply for much less than a
+-- from, as one string of digits and spaces: Redis turns a string into a reply for less than a
 -- table (whose every field it reads through the Lua API, and looks for `err` and `ok` in).
 local REPLY_FORMATS = {[0] = '%d', '%d %d', '%d %d %d', '%d %d %d %d'}
 local function lean_decision(lean)

@@ -1925,8 +1925,6 @@ fn entries_of_lean_batch(reply: redis::Value, keys: usize) -> redis::Value {
     Array(entries)
 }
 
-/// Whether `reply` is a lean decision's (the Redis time and the state read), not a script's
-/// five numbers.
 /// The numbers of a lean decision's reply as `<library>_d<i>` writes them, the Redis time
 /// then at most [`LEAN_STATE`] more, in decimal, one space apart: `None` for any other text
 /// (nothing else, nothing longer, no number past `u64`).
@@ -1943,6 +1941,8 @@ fn lean_numbers(text: &[u8]) -> Option<([u64; 1 + LEAN_STATE], usize)> {
     Some((numbers, count))
 }
 
+/// Whether `reply` is a lean decision's (the Redis time and the state read), not a script's
+/// five numbers.
 fn is_lean_reply(reply: &redis::Value) -> bool {
     matches!(reply, redis::Value::Array(fields) if fields.len() <= 1 + LEAN_STATE)
 }
