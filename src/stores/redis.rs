@@ -1927,15 +1927,17 @@ fn entries_of_lean_batch(reply: redis::Value, keys: usize) -> redis::Value {
 
 /// The numbers of a lean decision's reply as `<library>_d<i>` writes them, the Redis time
 /// then at most [`LEAN_STATE`] more, in decimal, one space apart: `None` for any other text
-/// (nothing else, nothing longer, no number past `u64`).
+/// (nothing else, nothing longer, no number past a Redis integer's `i64`, as a table's would
+/// be: the algorithms' sums on them stay far from a `u64`'s end).
 fn lean_numbers(text: &[u8]) -> Option<([u64; 1 + LEAN_STATE], usize)> {
     let mut numbers = [0; 1 + LEAN_STATE];
     let mut count = 0;
     for part in text.split(|&byte| byte == b' ') {
-        if part.is_empty() || part.len() > 20 || !part.iter().all(u8::is_ascii_digit) {
+        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
             return None;
         }
-        *numbers.get_mut(count)? = std::str::from_utf8(part).ok()?.parse().ok()?;
+        let number: i64 = std::str::from_utf8(part).ok()?.parse().ok()?;
+        *numbers.get_mut(count)? = u64::try_from(number).ok()?;
         count += 1;
     }
     Some((numbers, count))
@@ -2216,6 +2218,8 @@ mod tests {
             "5000000 5.5",
             "5000000 1 2 3 4",
             "18446744073709551616 1",
+            "18446744073709551615 1",
+            "9223372036854775808 1",
             "99999999999999999999999 1",
             "WRONGTYPE Operation against a key",
         ] {
@@ -2226,6 +2230,20 @@ mod tests {
                 ),
                 "{bad:?}"
             );
+        }
+        // The largest numbers a Redis integer holds decide (or are refused as out of range),
+        // never overflow: a time and a state at i64::MAX under either algorithm.
+        for policy in [&policy, &window] {
+            for extreme in [
+                "9223372036854775807 9223372036854775807",
+                "9223372036854775807 0 0 0",
+            ] {
+                let answer = limit_answer(policy, &text(extreme), Cost::ONE);
+                assert!(
+                    matches!(answer, Ok(Ok(_)) | Err(StoreError::Reply(_))),
+                    "{policy:?} {extreme}: {answer:?}"
+                );
+            }
         }
     }
 
