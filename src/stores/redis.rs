@@ -1933,11 +1933,21 @@ fn lean_numbers(text: &[u8]) -> Option<([u64; 1 + LEAN_STATE], usize)> {
     let mut numbers = [0; 1 + LEAN_STATE];
     let mut count = 0;
     for part in text.split(|&byte| byte == b' ') {
-        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+        if part.is_empty() {
             return None;
         }
-        let number: i64 = std::str::from_utf8(part).ok()?.parse().ok()?;
-        *numbers.get_mut(count)? = u64::try_from(number).ok()?;
+        let mut number: u64 = 0;
+        for &byte in part {
+            let digit = byte.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            number = number.checked_mul(10)?.checked_add(u64::from(digit))?;
+        }
+        if number > i64::MAX as u64 {
+            return None;
+        }
+        *numbers.get_mut(count)? = number;
         count += 1;
     }
     Some((numbers, count))
