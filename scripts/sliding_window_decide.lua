@@ -24,10 +24,13 @@
 --                     it), else nil; nil (nothing to store when refused); then the reply's
 --                     numbers after the Redis time: 3 and the window, previous and current
 --                     counts decided from, or 0 for a client never seen
---   write(key, state) store it as the full script does: the count's delta (a new key: the
---                     count, expiring 2W + 1000 ms on, more for a window ahead of the clock),
---                     and `:w` when the window is newer;
---                     nothing for a state only looked at (costs of 0)
+--   write(key, state) store the count as the full script does: its delta (a new key: the
+--                     count, expiring 2W + 1000 ms on, more for a window ahead of the clock);
+--                     nothing for a state only looked at (costs of 0). Not `:w`: as the
+--                     decisions without a script, the lean part counts in the window it
+--                     reads `:w` for without moving it (only the full script does, for a
+--                     clock that steps back; a new key's SET saved on every client's first
+--                     count of a window)
 -- Numbers go to redis.call as digits made by string.format's '%d' (an integer's formatting):
 -- Redis would write a Lua number with '%.17g', a floating-point formatting several times as
 -- costly. (The library's load runs without the string library: looked up on each call.)
@@ -78,9 +81,6 @@ return {
       redis.call('INCRBY', counter, string.format('%d', state[3] - stored))
     else
       redis.call('SET', counter, string.format('%d', state[3]), 'PX', ttl)
-    end
-    if not state[4] or window > state[4] then
-      redis.call('SET', key .. ':w', string.format('%d', window), 'PX', ttl)
     end
   end,
 }
