@@ -97,15 +97,9 @@ for i = 1, n do
     l.cap = math.max(1, math.floor(1000000 / b))
     l.at = now
   elseif kind == 'fw' or kind == 'sw' then
-    local stored
-    if kind == 'fw' then
-      -- The fixed window's layout (scripts/fixed_window.lua): the newest window counted at
-      -- KEYS[i] .. ':w', each window's count at KEYS[i] .. ':' .. its index.
-      stored = {redis.call('GET', KEYS[i] .. ':w')}
-    else
-      stored = redis.call('HMGET', KEYS[i], 'w', 'p', 'c')
-    end
-    local sw = number(stored[1])
+    -- The windows' layout (scripts/fixed_window.lua, scripts/sliding_window.lua): the newest
+    -- window counted at KEYS[i] .. ':w', each window's count at KEYS[i] .. ':' .. its index.
+    local sw = number(redis.call('GET', KEYS[i] .. ':w'))
     local ms = now_ms
     if sw and sw * b > ms then
       ms = sw * b
@@ -115,24 +109,23 @@ for i = 1, n do
     l.start = window * b
     l.elapsed = ms - l.start
     l.at = math.max(now, ms * 1000)
+    l.counter = KEYS[i] .. ':' .. string.format('%.0f', window)
+    l.newest = sw
+    l.stored = redis.call('GET', l.counter)
+    if not number(l.stored) then
+      l.stored = false
+    end
+    l.current = math.max(0, number(l.stored) or 0)
     if kind == 'fw' then
-      l.counter = KEYS[i] .. ':' .. string.format('%.0f', window)
-      l.newest = sw
-      l.stored = redis.call('GET', l.counter)
-      l.current = math.max(0, number(l.stored) or 0)
       l.avail = math.max(0, a - l.current)
+      l.ttl = b + 1000
     else
-      local sp, sc = number(stored[2]), number(stored[3])
-      l.previous, l.current = 0, 0
-      if sw and sp and sc then
-        if sw == window then
-          l.previous, l.current = sp, sc
-        elseif sw + 1 == window then
-          l.previous, l.current = sc, 0
-        end
-      end
+      l.previous = math.max(0, number(redis.call('GET', KEYS[i] .. ':' .. string.format('%.0f', window - 1))) or 0)
       local room = a * b - l.previous * (b - l.elapsed) - l.current * b
       l.avail = math.max(0, math.floor(room / b))
+      -- Counted here, a count is the previous one through the next window (as the sliding
+      -- window's script sets it: more for a window ahead of the clock).
+      l.ttl = 2 * b + 1000 + ms - now_ms
     end
     l.cap = want
   else
@@ -161,27 +154,24 @@ for i = 1, n do
     redis.call('SET', KEYS[i], string.format('%.0f', new_tat), 'EX', math.max(1, math.ceil((new_tat - now) / 1000000)))
     reset_after = new_tat - now
     until_end = -1
-  elseif l.kind == 'fw' then
+  else
     local count = l.current + share
     until_end = (l.window + 1) * b * 1000 - now
-    -- As the fixed window's script counts: a delta keeps the key's expiry, a new key gets
-    -- the window and a second.
+    -- As the windows' scripts count: a delta keeps the key's expiry, a new key gets its own
+    -- (the window and a second; two windows and a second for the sliding window).
     if l.stored then
       redis.call('INCRBY', l.counter, string.format('%.0f', count - tonumber(l.stored)))
     else
-      redis.call('SET', l.counter, string.format('%.0f', count), 'PX', b + 1000)
+      redis.call('SET', l.counter, string.format('%.0f', count), 'PX', l.ttl)
     end
     if not l.newest or l.window > l.newest then
-      redis.call('SET', KEYS[i] .. ':w', string.format('%.0f', l.window), 'PX', b + 1000)
+      redis.call('SET', KEYS[i] .. ':w', string.format('%.0f', l.window), 'PX', l.ttl)
     end
-    reset_after = until_end
-  else
-    local current = l.current + share
-    until_end = (l.start + b) * 1000 - now
-    reset_after = math.max(0, (l.start + 2 * b) * 1000 - now)
-    redis.call('HSET', KEYS[i], 'w', string.format('%.0f', l.window),
-      'p', string.format('%.0f', l.previous), 'c', string.format('%.0f', current))
-    redis.call('EXPIRE', KEYS[i], math.max(1, math.ceil(reset_after / 1000000)))
+    if l.kind == 'fw' then
+      reset_after = until_end
+    else
+      reset_after = math.max(0, (l.start + 2 * b) * 1000 - now)
+    end
   end
   reply[#reply + 1] = l.avail - share
   reply[#reply + 1] = math.max(0, reset_after)

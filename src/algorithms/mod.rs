@@ -338,15 +338,14 @@ local function lean_decision(lean)
     if deadline and now > deadline then
       return {-1, now}
     end
-    local key = KEYS[1]
-    return finish(key, now, decide(read(key), now, tonumber(ARGV[parameters + 1]),
-      tonumber(ARGV[1]), tonumber(ARGV[2])))
+    local key, a, b = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+    return finish(key, now, decide(read(key, now, a, b), now, tonumber(ARGV[parameters + 1]), a, b))
   end
 end
 -- A key's decision from what this call knows of it (nil: not read yet); what it read first.
 local function lean_step(lean, key, state, now, cost, a, b)
   if state == nil then
-    state = lean.read(key) or false
+    state = lean.read(key, now, a, b) or false
   end
   return state, lean.decide(state or nil, now, cost, a, b)
 end
@@ -577,7 +576,8 @@ pub trait Algorithm: Copy + PartialEq + fmt::Debug + fmt::Display + Send + Sync 
     /// Redis's clock, alone (the library's `<library>_d<i>`) and in batches
     /// (`<library>_lean`), see [`LEAN_FUNCTIONS`]. A Lua chunk returning the algorithm's lean
     /// parts: `parameters`, how many of its [`lean_arguments`](Algorithm::lean_arguments) the
-    /// rule gives (at most two; the last argument is the cost); `read(key)`, the state stored;
+    /// rule gives (at most two; the last argument is the cost); `read(key, now, ...)` (the
+    /// parameters after `now`), the state stored as it stands at `now`;
     /// `decide(state, now, cost, ...)` (numbers, the parameters after the cost): the state to
     /// store when allowed, one to store even when refused, then the count of the reply's
     /// numbers after the Redis time and those numbers (the state the decision started from,

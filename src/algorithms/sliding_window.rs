@@ -8,6 +8,16 @@
 //! The comparison is done multiplied through by `window`, in whole request-milliseconds, so
 //! there is no rounding at all and `scripts/sliding_window.lua` (Lua numbers are doubles,
 //! exact below 2^53, which the configuration guarantees) reaches the same answers.
+//!
+//! On Redis the state is the fixed window's layout: a count per window, a plain integer on the
+//! client's key, `:` and the window's index, expiring `2 * window_ms + 1000` ms after its first
+//! count (it is the previous count through the window after its own), and `:w` beside them,
+//! the newest window a script counted in (the state's `window`). A rule of one sliding window
+//! is decided there without a script (`INCRBY` + `PEXPIRE ... NX` + `GET` of the window
+//! before, `stores::redis`), by [`SlidingWindow::decide`] on the counts Redis answers;
+//! `scripts/sliding_window.lua` (refunds, charges, peeks, limit lists, pinned clocks, a Redis
+//! before 7) and `scripts/sliding_window_decide.lua` (the lean batch) are this function on
+//! the same keys.
 
 use crate::variables;
 use std::fmt;
@@ -222,8 +232,8 @@ impl Algorithm for SlidingWindow {
         LeanArguments::new(&[self.window_ms, self.limit, cost.min(self.limit + 1)])
     }
 
-    /// The reply's state is the hash the script read (none: a client never seen):
-    /// [`SlidingWindow::decide`] on it.
+    /// The reply's state is the window the script placed now in and its counts, previous and
+    /// current (none: a client never seen): [`SlidingWindow::decide`] on it.
     fn lean_decision(&self, now_us: u64, state: &[u64], cost: u64) -> Option<LimitDecision> {
         let state = match *state {
             [] => None,

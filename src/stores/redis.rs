@@ -41,7 +41,8 @@ use tokio::sync::OnceCell;
 
 use crate::algorithms::{BATCH_CONTINUED, LuaScript, batch_script, function_library, peek_script};
 use crate::algorithms::{
-    Cost, Decision, FixedWindow, LeanArguments, LimitDecision, MAX_LIMITS, Policy, US_PER_MS,
+    Cost, Decision, FixedWindow, LeanArguments, LimitDecision, MAX_LIMITS, Policy, SlidingWindow, US_PER_MS,
+    WindowState,
 };
 use crate::rules::{ClientKey, Rule};
 use crate::stores::denials::reset_message;
@@ -187,9 +188,10 @@ pub struct RedisStore {
     /// later); false once it answered that it has no such command, or refused to load the
     /// library (an ACL without `FUNCTION`): scripts by `EVALSHA` from then on.
     functions: Arc<AtomicBool>,
-    /// True while Redis takes `PEXPIRE ... NX` (7.0 and later): a fixed window of one limit
-    /// is decided by `INCRBY` + `PEXPIRE NX` without a script ([`count`](Self::count));
-    /// false once Redis refused it: by the fixed window's script from then on.
+    /// True while Redis takes `PEXPIRE ... NX` (7.0 and later): a fixed or sliding window of
+    /// one limit is decided by `INCRBY` + `PEXPIRE NX` (+ `GET` of the window before) without
+    /// a script ([`count`](Self::count)); false once Redis refused it: by the windows' scripts
+    /// from then on.
     counters: Arc<AtomicBool>,
 }
 
@@ -352,7 +354,7 @@ struct Waiting {
     wait: Wait,
 }
 
-/// A fixed window's count on its way to Redis ([`RedisStore::count`]): dropped before its reply
+/// A window's count on its way to Redis ([`RedisStore::count`]): dropped before its reply
 /// was read (the caller gave up at its deadline, or its request went away), the call is
 /// finished in a task of its own, and what it counted is given back. Only a reply that shows
 /// the count proves it: an error (a connect that timed out, a call dropped unsent) gives
@@ -360,7 +362,7 @@ struct Waiting {
 struct Counting<'a, F: Future<Output = redis::RedisResult<redis::Value>> + Send + 'static> {
     call: Option<std::pin::Pin<Box<F>>>,
     store: &'a RedisStore,
-    /// The client's key under the fixed window (the window's counter is it plus the index).
+    /// The client's key under the window (the window's counter is it plus the index).
     key: &'a str,
     index: u64,
     counted: u64,
@@ -770,6 +772,7 @@ impl RedisStore {
         for policy in rule.limits.iter() {
             match policy {
                 Policy::FixedWindow(window) => cmd.arg(window.window_ms),
+                Policy::SlidingWindow(window) => cmd.arg(window.window_ms),
                 _ => cmd.arg(""),
             };
         }
@@ -956,7 +959,8 @@ impl RedisStore {
         now_us: Option<u64>,
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
-        if let (None, [Policy::FixedWindow(window)]) = (now_us, &*rule.limits)
+        if now_us.is_none()
+            && let Some(window) = Windowed::of(&rule.limits)
             && self.counters.load(Ordering::Relaxed)
             && let Some(decision) = self.count(window, &mut key, cost, clock).await?
         {
@@ -994,27 +998,34 @@ impl RedisStore {
         }
     }
 
-    /// Decide a fixed window of one limit without a script: `INCRBY` of the cost on the key of
-    /// the window now on `clock`'s estimate of Redis's clock ([`counter_key`]) and `PEXPIRE
-    /// ... NX` of it, pipelined, one round trip (the fixed window as envoyproxy/ratelimit runs
-    /// it). The count it answers decides: at most the limit, allowed; above it, refused, and
-    /// the increment given back (`DECRBY`) before the refusal is answered, so a refusal spends
-    /// nothing. A cost above the limit is sent as the limit + 1: refused whatever it is, and
-    /// nothing hostile reaches `INCRBY`. Never coalesced: a pipeline costs Redis what the
-    /// commands cost, and batching them would save nothing.
+    /// Decide a fixed or sliding window of one limit without a script: `INCRBY` of the cost on
+    /// the key of the window now on `clock`'s estimate of Redis's clock ([`counter_key`]) and
+    /// `PEXPIRE ... NX` of it, pipelined, one round trip (the fixed window as
+    /// envoyproxy/ratelimit runs it); for a sliding window, a `GET` of the window before's
+    /// count after them. The count it answers decides: for a fixed window, at most the limit,
+    /// allowed; for a sliding window, [`SlidingWindow::decide`] on the window before's count
+    /// and this one's before the increment (allowed iff `previous · (W − elapsed) + count · W ≤
+    /// limit · W`). Refused, the increment is given back (`DECRBY`) before the refusal is
+    /// answered, so a refusal spends nothing. A cost above the limit is sent as the limit + 1:
+    /// refused whatever it is, and nothing hostile reaches `INCRBY`. Never coalesced: a
+    /// pipeline costs Redis what the commands cost, and batching them would save nothing.
     ///
     /// **Exact across replicas.** `INCRBY` is atomic, so the counts the calls on one window's
     /// key answer are the running sums of their increments in Redis's order; a call is allowed
-    /// only when its sum, every increment before it included, is at most the limit. Increments
+    /// only when its sum, every increment before it included, fits (a sliding window's also
+    /// with the weight of the window before as it stood after the increment). Increments
     /// still there are those of allowed calls (never given back) and of refused ones not yet
     /// given back; so the allowed ones' costs sum to at most the limit, whatever the
     /// interleaving of replicas: never more than the limit in a window. A refused increment
     /// not given back yet can only make a call that lands meanwhile see a larger sum: refused
     /// where it would have been allowed only when that sum, without it, still fits. With costs
     /// of 1 that needs the window full already (a refused call's increment takes the count
-    /// above the limit only from the limit), so nothing is lost; with larger costs a request
-    /// may be refused for one round trip that would have fit (transiently conservative). A
-    /// given-back refusal leaves the count as it was: `+c` then `-c`.
+    /// above the limit only from the limit), so nothing is lost; with larger costs, or a
+    /// sliding window's weight, a request may be refused for one round trip that would have
+    /// fit (transiently conservative). A given-back refusal leaves the count as it was: `+c`
+    /// then `-c`. What the window before's count may still gain after a call read it (a
+    /// replica whose clock estimate lags, counting there late) is docs/algorithms.md's "The
+    /// sliding window without a script".
     ///
     /// **The deadline.** No script checks it: a call the gateway stops waiting for (the fail
     /// mode answered) is left to finish in a task of its own, which gives back whatever it
@@ -1025,7 +1036,7 @@ impl RedisStore {
     /// increment given back, and the script decides, from then on.
     async fn count(
         &self,
-        window: &FixedWindow,
+        window: Windowed,
         key: &mut String,
         cost: Cost,
         clock: &RedisClock,
@@ -1033,9 +1044,10 @@ impl RedisStore {
         let sent = tokio::time::Instant::now();
         let deadline = sent + self.patience(clock);
         let now_us = clock.redis_time(sent);
-        let index = now_us / US_PER_MS / window.window_ms;
-        let counted = cost.get().min(window.limit.saturating_add(1));
-        let ttl = counter_ttl_ms(window.window_ms);
+        let (limit, window_ms) = window.limit_and_window_ms();
+        let index = now_us / US_PER_MS / window_ms;
+        let counted = cost.get().min(limit.saturating_add(1));
+        let ttl = window.counter_ttl_ms();
         let sample = clock.wants_sample(sent);
         let base = key.len();
         counter_key(key, index);
@@ -1043,6 +1055,14 @@ impl RedisStore {
         pipe.ignore_errors();
         pipe.cmd("INCRBY").arg(&**key).arg(counted);
         pipe.cmd("PEXPIRE").arg(&**key).arg(ttl).arg("NX");
+        // After the increment: a late increment of the window before (a replica whose clock
+        // estimate lags) that landed first is seen.
+        let reads_before = matches!(window, Windowed::Sliding(_)) && index > 0;
+        if reads_before {
+            key.truncate(base);
+            counter_key(key, index - 1);
+            pipe.cmd("GET").arg(&**key);
+        }
         if sample {
             pipe.cmd("TIME");
         }
@@ -1094,7 +1114,7 @@ impl RedisStore {
                 // A Redis before 7.0 (no NX), or an ACL that forbids PEXPIRE: the script
                 // decides from now on. This increment goes back, with an expiry of its own.
                 tracing::warn!(
-                    "redis refused PEXPIRE ... NX ({}): deciding fixed windows by script",
+                    "redis refused PEXPIRE ... NX ({}): deciding windows by script",
                     error.details().unwrap_or("")
                 );
                 self.counters.store(false, Ordering::Relaxed);
@@ -1109,58 +1129,83 @@ impl RedisStore {
             }
             _ => return Err(unexpected()),
         }
-        if let Some(time) = replies.get(2)
+        let mut rest = replies[2..].iter();
+        // The window before's count, as the scripts read it: none, or not a number, is 0.
+        let previous = match reads_before.then(|| rest.next()).flatten() {
+            Some(redis::Value::ServerError(error)) => return Err(StoreError::Redis(error.clone().into())),
+            Some(value) => redis::from_redis_value_ref::<i64>(value).map_or(0, |count| count.max(0) as u64),
+            None => 0,
+        };
+        if let Some(time) = rest.next()
             && let Ok((seconds, micros)) = redis::from_redis_value_ref::<(u64, u64)>(time)
         {
             clock.observe(sent, seconds.saturating_mul(1_000_000).saturating_add(micros));
         }
-        let limit = window.limit;
-        let until_end = Duration::from_micros(
-            (index + 1)
-                .saturating_mul(window.window_ms)
-                .saturating_mul(US_PER_MS)
-                .saturating_sub(now_us),
-        );
-        let decision = match u64::try_from(count.max(0)) {
-            Ok(count) if count <= limit => LimitDecision {
-                allowed: true,
-                limit,
-                remaining: limit - count,
-                retry_after: Duration::ZERO,
-                // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
-                reset_after: if count == 0 { Duration::ZERO } else { until_end },
-                at_us: now_us,
-            },
-            _ => {
-                // Refused: what it counted goes back before the refusal is answered (by the
-                // same deadline); past it, or if the request goes away meanwhile, in a task of
-                // its own (`Finish`).
-                let mut counter = key.clone();
-                counter_key(&mut counter, index);
-                let store = self.clone();
-                let mut give_back = Finish(Some(Box::pin(async move {
-                    store.uncount(&counter, counted, ttl).await
-                })));
-                if let Some(call) = give_back.0.as_mut()
-                    && tokio::time::timeout_at(deadline, call.as_mut()).await.is_ok()
-                {
-                    give_back.0 = None;
-                }
-                drop(give_back);
-                LimitDecision {
-                    allowed: false,
-                    limit,
-                    remaining: 0,
-                    retry_after: until_end,
-                    reset_after: until_end,
-                    at_us: now_us,
+        // This window's count, the increment included (below zero: a give-back that met a
+        // reset, read as nothing).
+        let count = count.max(0) as u64;
+        let decision = match window {
+            Windowed::Fixed(_) => {
+                let until_end = Duration::from_micros(
+                    (index + 1)
+                        .saturating_mul(window_ms)
+                        .saturating_mul(US_PER_MS)
+                        .saturating_sub(now_us),
+                );
+                if count <= limit {
+                    LimitDecision {
+                        allowed: true,
+                        limit,
+                        remaining: limit - count,
+                        retry_after: Duration::ZERO,
+                        // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
+                        reset_after: if count == 0 { Duration::ZERO } else { until_end },
+                        at_us: now_us,
+                    }
+                } else {
+                    LimitDecision {
+                        allowed: false,
+                        limit,
+                        remaining: 0,
+                        retry_after: until_end,
+                        reset_after: until_end,
+                        at_us: now_us,
+                    }
                 }
             }
+            Windowed::Sliding(sliding) => {
+                // What this window held before the increment, and the decision on it: the
+                // memory store's, on the counts Redis answered (at most 2^63 each, the cost at
+                // most the limit + 1: its sums cannot overflow).
+                let state = WindowState {
+                    window: index,
+                    previous,
+                    current: count.saturating_sub(counted),
+                };
+                sliding.decide(Some(state), now_us, counted).0
+            }
         };
+        if !decision.allowed {
+            // Refused: what it counted goes back before the refusal is answered (by the same
+            // deadline); past it, or if the request goes away meanwhile, in a task of its own
+            // (`Finish`).
+            let mut counter = key.clone();
+            counter_key(&mut counter, index);
+            let store = self.clone();
+            let mut give_back = Finish(Some(Box::pin(async move {
+                store.uncount(&counter, counted, ttl).await
+            })));
+            if let Some(call) = give_back.0.as_mut()
+                && tokio::time::timeout_at(deadline, call.as_mut()).await.is_ok()
+            {
+                give_back.0 = None;
+            }
+            drop(give_back);
+        }
         Ok(Some(Decision::one(decision)))
     }
 
-    /// Give back `counted` on the fixed window's `counter`: `DECRBY`, and `PEXPIRE ... NX`
+    /// Give back `counted` on a window's `counter`: `DECRBY`, and `PEXPIRE ... NX`
     /// in case a reset deleted the key meanwhile. A count that went below zero so (the reset
     /// came between the count and its give-back) is brought back up to zero at once: a
     /// negative count would admit more than the limit. A failure leaves the window's count
@@ -1649,11 +1694,11 @@ impl RedisStore {
 /// Redis user without pub/sub rights (Redis 7's ACL default, `resetchannels`) still resets,
 /// and the other replicas hear of it by their recheck instead.
 ///
-/// A fixed window's count is on a key per window (see [`counter_key`]): for the i-th key
-/// `ARGV[2 + i]` is its window in ms (empty for other algorithms), and the keys of the
-/// window now on Redis's clock, the two before and the one after go too (beside `:w`, the
+/// A fixed or sliding window's count is on a key per window (see [`counter_key`]): for the
+/// i-th key `ARGV[2 + i]` is its window in ms (empty for other algorithms), and the keys of
+/// the window now on Redis's clock, the two before and the one after go too (beside `:w`, the
 /// newest window counted): every count a decision on a clock that did not step back more
-/// than two windows can read.
+/// than two windows can read, the sliding window's previous count included.
 const RESET_SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
@@ -1992,9 +2037,50 @@ pub fn counter_ttl_ms(window_ms: u64) -> u64 {
     window_ms.saturating_add(1_000)
 }
 
-/// Append to a fixed window's key (the client's key under it) `:` and the window's index: the
-/// key of that window's count, in the key's hash slot (scripts/fixed_window.lua names it
-/// alike).
+/// How long a sliding window's count lives after its first count, in ms: two windows (it is
+/// the previous count through the window after its own) and a second more, as
+/// [`counter_ttl_ms`]. The sliding window's scripts and the lease's take use the same.
+pub fn sliding_counter_ttl_ms(window_ms: u64) -> u64 {
+    window_ms.saturating_mul(2).saturating_add(1_000)
+}
+
+/// A rule of one limit that is decided on the windows' counters without a script
+/// ([`RedisStore::count`]).
+#[derive(Debug, Clone, Copy)]
+enum Windowed {
+    Fixed(FixedWindow),
+    Sliding(SlidingWindow),
+}
+
+impl Windowed {
+    /// The rule's window, when `limits` is one fixed or sliding window.
+    fn of(limits: &[Policy]) -> Option<Windowed> {
+        match limits {
+            [Policy::FixedWindow(window)] => Some(Windowed::Fixed(*window)),
+            [Policy::SlidingWindow(window)] => Some(Windowed::Sliding(*window)),
+            _ => None,
+        }
+    }
+
+    fn limit_and_window_ms(self) -> (u64, u64) {
+        match self {
+            Windowed::Fixed(window) => (window.limit, window.window_ms),
+            Windowed::Sliding(window) => (window.limit, window.window_ms),
+        }
+    }
+
+    /// How long a window's count lives after its first count.
+    fn counter_ttl_ms(self) -> u64 {
+        match self {
+            Windowed::Fixed(window) => counter_ttl_ms(window.window_ms),
+            Windowed::Sliding(window) => sliding_counter_ttl_ms(window.window_ms),
+        }
+    }
+}
+
+/// Append to a window's key (the client's key under a fixed or sliding window) `:` and the
+/// window's index: the key of that window's count, in the key's hash slot
+/// (scripts/fixed_window.lua and scripts/sliding_window.lua name it alike).
 pub fn counter_key(key: &mut String, index: u64) {
     use std::fmt::Write;
     key.push(':');

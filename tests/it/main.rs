@@ -30,6 +30,7 @@ mod reload;
 mod rls;
 mod rules;
 mod sentinel;
+mod sliding_window;
 mod state_file;
 mod strict;
 mod tls_backend;

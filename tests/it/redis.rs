@@ -206,14 +206,15 @@ async fn keys_are_hash_tagged_and_all_expire() {
     }
     let mut keys: Vec<String> = redis.cli(&["--scan"]).lines().map(str::to_owned).collect();
     keys.sort();
-    // Each key ends in its policy's fingerprint: 8 hex digits; a fixed window's count is on a
-    // key per window, the fingerprint then `:` and the window's index.
+    // Each key ends in its policy's fingerprint: 8 hex digits; a fixed or sliding window's
+    // count is on a key per window, the fingerprint then `:` and the window's index.
     let unprinted: Vec<&str> = keys
         .iter()
         .map(|key| {
             let key = match key.rsplit_once(':') {
                 Some((key, index))
-                    if key.ends_with(|c: char| c.is_ascii_hexdigit()) && key.contains(":fw:") =>
+                    if key.ends_with(|c: char| c.is_ascii_hexdigit())
+                        && (key.contains(":fw:") || key.contains(":sw:")) =>
                 {
                     assert!(index.bytes().all(|b| b.is_ascii_digit()), "{key}:{index}");
                     key
@@ -250,14 +251,15 @@ async fn keys_are_hash_tagged_and_all_expire() {
         assert!(ttl >= 1, "{key} has TTL {ttl}");
     }
     // Token bucket keys live until the bucket is full again: 10 s for the general rule
-    // (one token at 0.1/s), 100 s for auth (one token at 0.01/s); sliding windows two windows.
+    // (one token at 0.1/s), 100 s for auth (one token at 0.01/s); a sliding window's count two
+    // windows and a second from its first count (set once).
     let ttl = |key: &str| {
         let key = keys.iter().find(|full| full.starts_with(key)).unwrap();
         redis.cli(&["TTL", key]).trim().parse::<i64>().unwrap()
     };
     assert!((1..=10).contains(&ttl("ttl-tb:{general:127.0.0.1}:tb")));
     assert!((99..=100).contains(&ttl("ttl-tb:{auth:127.0.0.1}:tb")));
-    assert!((60..=120).contains(&ttl("ttl-sw:{general:127.0.0.1}:sw")));
+    assert!((115..=121).contains(&ttl("ttl-sw:{general:127.0.0.1}:sw")));
     // A fixed window's count lives to the window's end (and a second, from its first count:
     // set once), a log's until its newest entry expires.
     assert!((1..=61).contains(&ttl("ttl-fw:{general:127.0.0.1}:fw")));
@@ -1042,9 +1044,11 @@ async fn calls_that_timed_out_in_a_frozen_redis_cost_nothing_when_it_thaws() {
 /// tiny to the largest accepted, costs from 0 to hostile, charges into debt, states past the
 /// debt bound, windows ahead of the clock and values that are not numbers: at every step the
 /// full script, pinned at the time the lean reply reports, runs on a twin of the state the
-/// lean call read, and its decision is the one the gateway works out from the lean reply, and
-/// the state it leaves the lean call's, byte for byte, on a key that lives as long as the
-/// state matters. Late, the lean call changes nothing.
+/// lean call read (every key of the client's: a sliding window's counts and `:w`), and its
+/// decision is the one the gateway works out from the lean reply, and the state it leaves the
+/// lean call's, byte for byte (but a sliding window's `:w`, which only the full script
+/// moves), on keys that live as long as the state matters. Late, the lean call changes
+/// nothing.
 #[tokio::test]
 async fn lean_decisions_are_the_full_scripts_decisions() {
     use redis::Value::{Array, Int};
@@ -1086,12 +1090,10 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
         let function = library.decide(policy.script_index());
         let lean_key = format!("lean:{{{n}}}:{}", policy.key_suffix());
         let full_key = format!("full:{{{n}}}:{}", policy.key_suffix());
-        // Reads a key's state into a transaction: a value, or a hash's three.
+        // Reads a client's keys into a transaction: each key's name after the client's key
+        // and its value.
         let read = |pipe: &mut redis::Pipeline, key: &str| {
-            match policy {
-                Policy::TokenBucket(_) => pipe.cmd("GET").arg(key),
-                _ => pipe.cmd("HMGET").arg(key).arg(&["w", "p", "c"][..]),
-            };
+            pipe.cmd("EVAL").arg(FAMILY).arg(0).arg(key);
         };
         for step in 0..300 {
             let cost = match sequence.next(10) {
@@ -1109,9 +1111,12 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
             let mut pipe = redis::pipe();
             pipe.atomic();
             read(&mut pipe, &lean_key);
-            pipe.cmd("DEL").arg(&full_key).ignore();
-            pipe.cmd("COPY").arg(&lean_key).arg(&full_key).ignore();
-            pipe.cmd("PERSIST").arg(&full_key).ignore();
+            pipe.cmd("EVAL")
+                .arg(TWIN)
+                .arg(0)
+                .arg(&lean_key)
+                .arg(&full_key)
+                .ignore();
             pipe.cmd("FCALL").arg(function).arg(1).arg(&lean_key);
             for argument in arguments.as_slice() {
                 pipe.arg(*argument);
@@ -1119,23 +1124,8 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
             pipe.arg(if late { "1" } else { "" });
             read(&mut pipe, &lean_key);
             pipe.cmd("PEXPIRETIME").arg(&lean_key);
-            let (before, reply, after, expires_ms): (
-                Vec<Option<String>>,
-                redis::Value,
-                Vec<Option<String>>,
-                i64,
-            ) = match policy {
-                Policy::TokenBucket(_) => {
-                    let (before, reply, after, expires_ms): (
-                        Option<String>,
-                        redis::Value,
-                        Option<String>,
-                        i64,
-                    ) = pipe.query_async(&mut connection).await.unwrap();
-                    (vec![before], reply, vec![after], expires_ms)
-                }
-                _ => pipe.query_async(&mut connection).await.unwrap(),
-            };
+            let (before, reply, after, expires_ms): (Vec<String>, redis::Value, Vec<String>, i64) =
+                pipe.query_async(&mut connection).await.unwrap();
             // A decision's numbers come as one string of them; a late call's as a table.
             let reply = match reply {
                 redis::Value::BulkString(text) => String::from_utf8(text)
@@ -1153,22 +1143,12 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
             if late {
                 assert_eq!(reply.len(), 2, "{policy:?}: {reply:?}");
                 assert_eq!(reply[0], Int(-1), "{policy:?}: late");
-                if after != before {
-                    // Only expired meanwhile, as a key does in the middle of a stalled
-                    // transaction: a TAT or a window of the past.
-                    let (seconds, micros): (u64, u64) =
-                        redis::cmd("TIME").query_async(&mut connection).await.unwrap();
-                    let first_value: u64 = before[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
-                    let until_ms = match policy {
-                        Policy::TokenBucket(_) => first_value / 1_000,
-                        Policy::SlidingWindow(sw) => (first_value + 2) * sw.window_ms,
-                        _ => unreachable!(),
-                    };
-                    assert!(
-                        after.iter().all(Option::is_none) && seconds * 1_000 + micros / 1_000 >= until_ms,
-                        "{policy:?}: a late call changed the state: {before:?}, {after:?}"
-                    );
-                }
+                // Nothing written (a key may only have expired meanwhile, as one does in the
+                // middle of a stalled transaction).
+                assert!(
+                    after.iter().all(|entry| before.contains(entry)),
+                    "{policy:?}: a late call changed the state: {before:?}, {after:?}"
+                );
                 continue;
             }
             let now = number(&reply[0]);
@@ -1188,14 +1168,14 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
                 .arg("")
                 .arg("");
             read(&mut pipe, &full_key);
-            let (full, full_after): (Vec<i64>, Vec<Option<String>>) = match policy {
-                Policy::TokenBucket(_) => {
-                    let (full, after): (Vec<i64>, Option<String>) =
-                        pipe.query_async(&mut connection).await.unwrap();
-                    (full, vec![after])
-                }
-                _ => pipe.query_async(&mut connection).await.unwrap(),
-            };
+            let (full, mut full_after): (Vec<i64>, Vec<String>) =
+                pipe.query_async(&mut connection).await.unwrap();
+            // The lean part does not move a sliding window's `:w` (as a decision without a
+            // script does not): the counts must be the same, byte for byte.
+            let mut after = after;
+            for family in [&mut after, &mut full_after] {
+                family.retain(|entry| !entry.starts_with(":w="));
+            }
             let full_decision = (
                 full[0] == 1,
                 full[1] as u64,
@@ -1214,30 +1194,45 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
                 full_decision,
                 "{policy:?}, step {step}, cost {cost:?}, state {before:?} read as {state:?}, now {now}"
             );
-            // Until when a state matters (ms): the TAT, or two windows on.
-            let matters_until_ms = |state: &[Option<String>]| {
-                let first_value: u64 = state[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
-                match policy {
-                    Policy::TokenBucket(_) => first_value / 1_000,
-                    Policy::SlidingWindow(sw) => (first_value + 2) * sw.window_ms,
-                    _ => unreachable!(),
-                }
+            // The token bucket's TAT (ms) matters until it has passed.
+            let tat_ms = |state: &[String]| -> u64 {
+                state
+                    .iter()
+                    .find_map(|entry| entry.strip_prefix('='))
+                    .and_then(|tat| tat.parse::<u64>().ok())
+                    .unwrap_or(0)
+                    / 1_000
             };
             if after != full_after {
-                // Only a lean key whose state stopped mattering, expired already (a window
-                // of a millisecond, a transaction the loaded machine stalled).
+                // Only a bucket whose TAT has passed, expired already (a transaction the loaded
+                // machine stalled): a sliding window's keys expire relative to their first
+                // count, seconds on.
                 let (seconds, micros): (u64, u64) =
                     redis::cmd("TIME").query_async(&mut connection).await.unwrap();
                 assert!(
-                    after.iter().all(Option::is_none)
-                        && seconds * 1_000 + micros / 1_000 >= matters_until_ms(&full_after),
+                    matches!(policy, Policy::TokenBucket(_))
+                        && after.is_empty()
+                        && seconds * 1_000 + micros / 1_000 >= tat_ms(&full_after),
                     "{policy:?}, step {step}: the states differ: {after:?}, {full_after:?}"
                 );
             }
             seen[usize::from(lean_decision.allowed)] += 1;
-            if lean_decision.allowed {
-                // The key lives as long as its state matters.
-                let matters_until_ms = matters_until_ms(&after);
+            if lean_decision.allowed && (cost.get() > 0 || matches!(policy, Policy::TokenBucket(_))) {
+                // What was counted lives as long as it matters: the TAT until it has passed, a
+                // window's count until the window after it has ended.
+                let (expires_ms, matters_until_ms) = match policy {
+                    Policy::SlidingWindow(sw) => {
+                        let window = state.first().copied().unwrap_or(now / 1_000 / sw.window_ms);
+                        let counter = format!("{lean_key}:{window}");
+                        let expires_ms: i64 = redis::cmd("PEXPIRETIME")
+                            .arg(&counter)
+                            .query_async(&mut connection)
+                            .await
+                            .unwrap();
+                        (expires_ms, (window + 2) * sw.window_ms)
+                    }
+                    _ => (expires_ms, tat_ms(&after)),
+                };
                 assert!(
                     expires_ms == -2 || expires_ms as u64 >= matters_until_ms,
                     "{policy:?}, step {step}: the key expires at {expires_ms} ms, its state matters until {matters_until_ms}"
@@ -1318,12 +1313,9 @@ async fn lean_batches_are_the_full_batchs_decisions() {
             policy.fingerprint()
         )
     };
-    // A key's state: a value, or a hash's three.
-    let read = |pipe: &mut redis::Pipeline, key: &str, policy: &Policy| {
-        match policy {
-            Policy::TokenBucket(_) => pipe.cmd("GET").arg(key),
-            _ => pipe.cmd("HMGET").arg(key).arg(&["w", "p", "c"][..]),
-        };
+    // A client's keys under a limit: each one's name after the client's key, and its value.
+    let read = |pipe: &mut redis::Pipeline, key: &str| {
+        pipe.cmd("EVAL").arg(FAMILY).arg(0).arg(key);
     };
     let mut sequence = Sequence(0x51_7CC1_B727_220A);
     let mut seen = [0usize; 2];
@@ -1354,37 +1346,36 @@ async fn lean_batches_are_the_full_batchs_decisions() {
             .collect();
         // States as they decide at `now` or later: the full batch gives a refused request's cost
         // back where the lean batch writes nothing, which leaves a TAT of now (a full bucket), or
-        // a window moved on to now's with its counts as they were, where the lean call left the
+        // a window's count of 0 and `:w` moved on to now's window, where the lean call left the
         // state it read.
-        let states = |values: &[redis::Value], now: u64| -> Vec<String> {
-            let text = |value: &redis::Value| match value {
-                redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).parse::<u64>().ok(),
-                _ => None,
-            };
+        let states = |values: &[Vec<String>], now: u64| -> Vec<String> {
             values
                 .iter()
                 .zip(&limits)
-                .map(|(value, (policy, ..))| match (policy, value) {
-                    (_, redis::Value::Nil) => "none".to_owned(),
-                    // Not a number: read as a client never seen.
-                    (Policy::TokenBucket(_), tat) if text(tat).is_none_or(|tat| tat <= now) => {
-                        "none".to_owned()
-                    }
-                    (Policy::SlidingWindow(sw), redis::Value::Array(hash)) => {
-                        let now_window = now / 1_000 / sw.window_ms;
-                        let state = match (text(&hash[0]), text(&hash[1]), text(&hash[2])) {
-                            (Some(w), Some(_), Some(c)) if w + 1 == now_window => (now_window, c, 0),
-                            (Some(w), Some(_), Some(_)) if w + 1 < now_window => (now_window, 0, 0),
-                            (Some(w), Some(p), Some(c)) => (w, p, c),
-                            (None, ..) => (now_window, 0, 0),
-                            _ => return format!("{hash:?}"),
-                        };
-                        match state {
-                            (w, 0, 0) if w == now_window => "none".to_owned(),
-                            (w, p, c) => format!("{w} {p} {c}"),
+                .map(|(family, (policy, ..))| {
+                    let value = |suffix: &str| {
+                        family
+                            .iter()
+                            .find_map(|entry| entry.strip_prefix(suffix)?.strip_prefix('='))
+                    };
+                    let number = |suffix: &str| value(suffix).and_then(|v| v.parse::<i64>().ok());
+                    match policy {
+                        // Not a number, or passed: a client never seen.
+                        Policy::TokenBucket(_) => match number("").filter(|&tat| tat > now as i64) {
+                            Some(tat) => tat.to_string(),
+                            None => "none".to_owned(),
+                        },
+                        Policy::SlidingWindow(sw) => {
+                            let now_window = (now / 1_000 / sw.window_ms) as i64;
+                            let window = number(":w").map_or(now_window, |w| w.max(now_window));
+                            let count = |window: i64| number(&format!(":{window}")).unwrap_or(0).max(0);
+                            match (window, count(window - 1), count(window)) {
+                                (w, 0, 0) if w == now_window => "none".to_owned(),
+                                (w, p, c) => format!("{w} {p} {c}"),
+                            }
                         }
+                        other => panic!("{other:?} has no lean decision"),
                     }
-                    (_, other) => format!("{other:?}"),
                 })
                 .collect()
         };
@@ -1393,12 +1384,10 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         pipe.atomic();
         for &(policy, client, _, _) in &limits {
             let (lean, full) = (key("lean", client, policy), key("full", client, policy));
-            pipe.cmd("DEL").arg(&full).ignore();
-            pipe.cmd("COPY").arg(&lean).arg(&full).ignore();
-            pipe.cmd("PERSIST").arg(&full).ignore();
+            pipe.cmd("EVAL").arg(TWIN).arg(0).arg(&lean).arg(&full).ignore();
         }
         for &(policy, client, _, _) in &limits {
-            read(&mut pipe, &key("lean", client, policy), policy);
+            read(&mut pipe, &key("lean", client, policy));
         }
         pipe.cmd("FCALL").arg(library.lean()).arg(limits.len());
         for &(policy, client, _, _) in &limits {
@@ -1429,14 +1418,20 @@ async fn lean_batches_are_the_full_batchs_decisions() {
             pipe.arg(if continued { -number } else { number }).arg(*cost);
         }
         for &(policy, client, _, _) in &limits {
-            read(&mut pipe, &key("lean", client, policy), policy);
+            read(&mut pipe, &key("lean", client, policy));
         }
         let mut results: Vec<redis::Value> = pipe.query_async(&mut connection).await.unwrap();
-        let after = results.split_off(limits.len() + 1);
+        let families = |values: Vec<redis::Value>| -> Vec<Vec<String>> {
+            values
+                .into_iter()
+                .map(|value| redis::from_redis_value(value).unwrap())
+                .collect()
+        };
+        let after = families(results.split_off(limits.len() + 1));
         let Some(Array(flat)) = results.pop() else {
             panic!("step {step}: not a lean batch's reply");
         };
-        let before = results;
+        let before = families(results);
         let number = |value: &redis::Value| match value {
             Int(n) => u64::try_from(*n).unwrap(),
             other => panic!("step {step}: {other:?} in a lean reply"),
@@ -1476,9 +1471,9 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         let full: Vec<Vec<i64>> = full.query_async(&mut connection).await.unwrap();
         let mut pipe = redis::pipe();
         for &(policy, client, _, _) in &limits {
-            read(&mut pipe, &key("full", client, policy), policy);
+            read(&mut pipe, &key("full", client, policy));
         }
-        let full_after: Vec<redis::Value> = pipe.query_async(&mut connection).await.unwrap();
+        let full_after: Vec<Vec<String>> = pipe.query_async(&mut connection).await.unwrap();
         assert_eq!(
             states(&after, now),
             states(&full_after, now),
@@ -1545,29 +1540,78 @@ async fn lean_batches_are_the_full_batchs_decisions() {
 }
 
 /// Plant at `key` a state no lean decision of `policy` leaves: with `at` (about now, µs), a
-/// TAT past the debt bound or a window ahead of the clock (a clock stepped back); without, a
-/// value that is not a number.
+/// TAT past the debt bound or a window ahead of the clock (a clock stepped back); without,
+/// values that are not numbers (a sliding window's `:w` and its counts about now).
 fn plant_state(redis: &RedisServer, key: &str, policy: &Policy, at: Option<u64>) {
-    redis.cli(&["DEL", key]);
+    redis.cli(&[
+        "EVAL",
+        "for _, k in ipairs(redis.call('KEYS', ARGV[1] .. '*')) do redis.call('DEL', k) end",
+        "0",
+        key,
+    ]);
     match (policy, at) {
         (Policy::TokenBucket(tb), Some(at)) => {
             let tat = at + 3 * tb.capacity * tb.interval_us;
             redis.cli(&["SET", key, &tat.to_string(), "PX", "60000"]);
         }
         (Policy::SlidingWindow(sw), Some(at)) => {
-            let window = (at / 1_000 / sw.window_ms + 1).to_string();
-            redis.cli(&["HSET", key, "w", &window, "p", "1", "c", "0"]);
-            redis.cli(&["PEXPIRE", key, "60000"]);
+            // The window after now's, newest counted, with a previous count of 1 (now's
+            // window: living as long as a count made now would).
+            let window = at / 1_000 / sw.window_ms + 1;
+            let ttl = (2 * sw.window_ms + 1_000).to_string();
+            redis.cli(&["SET", &format!("{key}:w"), &window.to_string(), "PX", &ttl]);
+            redis.cli(&["SET", &format!("{key}:{}", window - 1), "1", "PX", &ttl]);
         }
         (Policy::TokenBucket(_), None) => {
             redis.cli(&["SET", key, "x", "PX", "60000"]);
         }
-        (Policy::SlidingWindow(_), None) => {
-            redis.cli(&["HSET", key, "p", "x"]);
+        (Policy::SlidingWindow(sw), None) => {
+            let time = redis.cli(&["TIME"]);
+            let mut time = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
+            let now_ms = time.next().unwrap() * 1_000 + time.next().unwrap() / 1_000;
+            let window = now_ms / sw.window_ms;
+            redis.cli(&["SET", &format!("{key}:w"), "x", "PX", "60000"]);
+            for index in [window.saturating_sub(1), window, window + 1] {
+                redis.cli(&["SET", &format!("{key}:{index}"), "x", "PX", "60000"]);
+            }
         }
         _ => unreachable!("a lean algorithm"),
     }
 }
+
+/// Every key of a client's under one limit (`ARGV[1]`, and `ARGV[1] .. ':' ..` anything: a
+/// window's counts and `:w`), sorted, each as its name after `ARGV[1]`, `=` and its value (a
+/// hash's fields and values, comma-separated).
+const FAMILY: &str = r#"
+local keys = redis.call('KEYS', ARGV[1] .. '*')
+table.sort(keys)
+local out = {}
+for _, key in ipairs(keys) do
+  local value
+  if redis.call('TYPE', key).ok == 'hash' then
+    value = table.concat(redis.call('HGETALL', key), ',')
+  else
+    value = redis.call('GET', key)
+  end
+  out[#out + 1] = string.sub(key, #ARGV[1] + 1) .. '=' .. value
+end
+return out
+"#;
+
+/// A twin of a client's keys under one limit: every key of `ARGV[2]`'s (as [`FAMILY`] finds
+/// them) deleted, then each of `ARGV[1]`'s copied to the same name under `ARGV[2]`, persisted
+/// (so nothing of it expires between the lean call and the full script's run).
+const TWIN: &str = r#"
+for _, key in ipairs(redis.call('KEYS', ARGV[2] .. '*')) do
+  redis.call('DEL', key)
+end
+for _, key in ipairs(redis.call('KEYS', ARGV[1] .. '*')) do
+  local twin = ARGV[2] .. string.sub(key, #ARGV[1] + 1)
+  redis.call('COPY', key, twin)
+  redis.call('PERSIST', twin)
+end
+return 0
+"#;
 
 /// A fresh redis-server with the function library loaded, and a connection to it.
 async fn redis_with_the_library() -> (RedisServer, redis::aio::MultiplexedConnection) {
