@@ -34,23 +34,22 @@
 -- Numbers go to redis.call as digits made by string.format's '%d' (an integer's formatting):
 -- Redis would write a Lua number with '%.17g', a floating-point formatting several times as
 -- costly. (The library's load runs without the string library: looked up on each call.)
+-- `whole` is the library's (src/algorithms/mod.rs, LEAN_PRELUDE): a whole number in
+-- [0, 2^53) or nil, so the state decided on is the state the gateway is handed.
 local function count_of(value)
-  local v = tonumber(value)
-  if not v or v ~= v or v < 0 then
-    return 0
-  end
-  return v
+  return whole(value) or 0
 end
 return {
   parameters = 2,
   read = function(key, now, w)
-    local sw = tonumber(redis.call('GET', key .. ':w'))
+    local sw = whole(redis.call('GET', key .. ':w'))
     local now_ms = math.floor(now / 1000)
     if sw and sw * w > now_ms then
       now_ms = sw * w
     end
     local window = math.floor(now_ms / w)
-    local stored = tonumber(redis.call('GET', key .. ':' .. string.format('%d', window)))
+    -- Not a whole number: written afresh (SET), never added to.
+    local stored = whole(redis.call('GET', key .. ':' .. string.format('%d', window)))
     local previous = count_of(redis.call('GET', key .. ':' .. string.format('%d', window - 1)))
     -- A new count's expiry: two windows and a second, and as far as the window is ahead of
     -- the clock (one a clock that stepped back counts in).

@@ -28,7 +28,8 @@
 return {
   parameters = 2,
   read = function(key)
-    return tonumber(redis.call('GET', key))
+    -- `whole` is the library's (LEAN_PRELUDE): nothing but a whole number is a TAT.
+    return whole(redis.call('GET', key))
   end,
   decide = function(tat, now, cost, tau, interval)
     -- Bounded as the full script bounds a cost: no more than a capacity + 1's worth matters.

@@ -189,6 +189,7 @@ pub fn function_library() -> &'static FunctionLibrary {
             count = index + 1;
         }
         // The lean decisions are part of the body, so of the library's version.
+        body.push_str(LEAN_PRELUDE);
         body.push_str("local leans = {}\n");
         for (index, lean) in Policy::leans().enumerate() {
             if let Some(lean) = lean {
@@ -289,6 +290,21 @@ return replies
 /// Added to an algorithm's index in [`batch_script`]'s arguments when another key of the same
 /// request follows.
 pub const BATCH_CONTINUED: usize = 100;
+
+/// What the lean parts share, defined before them in the [`function_library`]: `whole(value)`,
+/// a stored value as a whole number in [0, 2^53), else `nil`. Lua's `tonumber` also takes
+/// `"2.5"`, `"nan"`, `"inf"` or `"1e300"`, which a lean part would decide on as they are while
+/// Redis hands the gateway other integers for them (a `long long` cast), and the gateway
+/// decides on what it is handed: the two would disagree, and a request refused in Lua (so never
+/// counted) be allowed by the gateway. So a lean part reads nothing else as a number.
+pub(crate) const LEAN_PRELUDE: &str = r#"
+local function whole(value)
+  local v = tonumber(value)
+  if v and v >= 0 and v < 9007199254740992 and v == math.floor(v) then
+    return v
+  end
+end
+"#;
 
 /// The functions that drive the algorithms' lean parts ([`Algorithm::LEAN`], `leans[i]` for
 /// the algorithm of [`Policy::script_index`] `i`), defined after them in the

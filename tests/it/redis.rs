@@ -1614,6 +1614,82 @@ return 0
 "#;
 
 /// A fresh redis-server with the function library loaded, and a connection to it.
+/// A lean decision reads nothing but a whole number in [0, 2^53) as a stored state: Lua's
+/// `tonumber` takes `"2.5"`, `"nan"`, `"inf"` or `"1e300"`, which Redis would hand the gateway
+/// as other integers, so Lua (which counts) and the gateway (which answers) would disagree and a
+/// request refused in Lua, never counted, be let through. Planted so, a key is a client never
+/// seen: the reply says so, and the allowed request's count replaces the value.
+#[tokio::test]
+async fn lean_decisions_read_only_whole_numbers_as_state() {
+    let (_redis, mut connection) = redis_with_the_library().await;
+    let library = function_library();
+    let bucket = Policy::TokenBucket(TokenBucket {
+        capacity: 3,
+        interval_us: 1_000_000,
+    });
+    let window = Policy::SlidingWindow(SlidingWindow {
+        limit: 3,
+        window_ms: 60_000,
+    });
+    let decide = |policy: &Policy, key: &str| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(library.decide(policy.script_index())).arg(1).arg(key);
+        for argument in policy.lean_arguments(Cost::ONE).unwrap().as_slice() {
+            cmd.arg(*argument);
+        }
+        cmd.arg("");
+        cmd
+    };
+    let numbers = |reply: redis::Value| -> Vec<u64> {
+        let redis::Value::BulkString(text) = reply else {
+            panic!("not a lean reply: {reply:?}");
+        };
+        String::from_utf8(text)
+            .unwrap()
+            .split(' ')
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    for hostile in ["2.5", "nan", "inf", "-inf", "-1", "1e300", "9007199254740993"] {
+        // The bucket: its TAT.
+        let _: () = redis::cmd("SET")
+            .arg("b")
+            .arg(hostile)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let reply = numbers(decide(&bucket, "b").query_async(&mut connection).await.unwrap());
+        assert_eq!(
+            reply[1], reply[0],
+            "{hostile}: a TAT of {reply:?}, not a bucket never seen"
+        );
+        let tat: String = redis::cmd("GET")
+            .arg("b")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(tat.parse::<u64>().unwrap(), reply[0] + 1_000_000, "{hostile}");
+        // The window: `:w` and the counts of every window near now.
+        let (seconds, _): (u64, u64) = redis::cmd("TIME").query_async(&mut connection).await.unwrap();
+        let now_window = seconds * 1_000 / 60_000;
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg("s:w").arg(hostile).ignore();
+        for index in now_window - 1..=now_window + 1 {
+            pipe.cmd("SET").arg(format!("s:{index}")).arg(hostile).ignore();
+        }
+        let _: () = pipe.query_async(&mut connection).await.unwrap();
+        let reply = numbers(decide(&window, "s").query_async(&mut connection).await.unwrap());
+        assert_eq!(reply.len(), 1, "{hostile}: {reply:?}, not a client never seen");
+        let counted_window = reply[0] / 1_000 / 60_000;
+        let count: String = redis::cmd("GET")
+            .arg(format!("s:{counted_window}"))
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(count, "1", "{hostile}");
+    }
+}
+
 async fn redis_with_the_library() -> (RedisServer, redis::aio::MultiplexedConnection) {
     let redis = RedisServer::start();
     let client = redis::Client::open(redis.url()).unwrap();
