@@ -210,16 +210,7 @@ async fn calls_given_up_on_are_given_back_when_redis_wakes() {
 #[tokio::test]
 async fn a_cluster_counts_each_window_on_its_keys_master() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::new(
-        &RedisTarget::Cluster {
-            nodes: cluster.seeds().split(',').map(str::to_owned).collect(),
-            password: None,
-            tls: false,
-        },
-        "fw-cluster:",
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let store = cluster.store("fw-cluster:");
     let rule = rule(4);
     for n in 1..=6u8 {
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();

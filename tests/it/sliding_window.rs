@@ -214,16 +214,7 @@ async fn refunds_inspection_and_reset_read_the_counters() {
 #[tokio::test]
 async fn a_cluster_counts_each_window_on_its_keys_master() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::new(
-        &RedisTarget::Cluster {
-            nodes: cluster.seeds().split(',').map(str::to_owned).collect(),
-            password: None,
-            tls: false,
-        },
-        "sw-cluster:",
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let store = cluster.store("sw-cluster:");
     let rule = rule(4);
     for n in 1..=6u8 {
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();

@@ -359,6 +359,20 @@ impl RedisCluster {
         None
     }
 
+    /// A store on this Cluster, its keys under `prefix`, with a timeout of 5 s.
+    pub fn store(&self, prefix: &str) -> tollgate::stores::RedisStore {
+        tollgate::stores::RedisStore::new(
+            &tollgate::stores::RedisTarget::Cluster {
+                nodes: self.nodes.iter().map(RedisServer::addr).collect(),
+                password: None,
+                tls: false,
+            },
+            prefix,
+            Duration::from_secs(5),
+        )
+        .unwrap()
+    }
+
     /// `REDIS_CLUSTER_NODES`.
     pub fn seeds(&self) -> String {
         self.nodes
