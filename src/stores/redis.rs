@@ -354,19 +354,129 @@ struct Waiting {
     wait: Wait,
 }
 
-/// A window's count on its way to Redis ([`RedisStore::count`]): dropped before its reply
+/// One window's count in a call of [`RedisStore::count`].
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    window: Windowed,
+    /// The window's index, on the clock estimate's time of the call.
+    index: u64,
+    /// What the call adds to the window's count: the cost, at most the limit + 1.
+    counted: u64,
+    /// How long the window's count lives after its first count.
+    ttl: u64,
+    /// Whether the call reads the window before's count too (a sliding window's, after the
+    /// first window).
+    reads_before: bool,
+}
+
+impl Counted {
+    /// How many replies the call's commands for this window answer: `INCRBY`, `PEXPIRE`, and
+    /// a sliding window's `GET` of the window before.
+    fn replies(&self) -> usize {
+        2 + usize::from(self.reads_before)
+    }
+
+    /// The limit's decision at `now_us` on `cost`, with the window before's count at
+    /// `previous` and this one's at `before` (what the memory store decides on the same
+    /// state); a cost of 0 is the limit as it stands.
+    fn decide(&self, now_us: u64, previous: u64, before: u64, cost: u64) -> LimitDecision {
+        match self.window {
+            Windowed::Fixed(window) => {
+                let count = before.saturating_add(cost);
+                let until_end = Duration::from_micros(
+                    (self.index + 1)
+                        .saturating_mul(window.window_ms)
+                        .saturating_mul(US_PER_MS)
+                        .saturating_sub(now_us),
+                );
+                if count <= window.limit {
+                    LimitDecision {
+                        allowed: true,
+                        limit: window.limit,
+                        remaining: window.limit - count,
+                        retry_after: Duration::ZERO,
+                        // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
+                        reset_after: if count == 0 { Duration::ZERO } else { until_end },
+                        at_us: now_us,
+                    }
+                } else {
+                    LimitDecision {
+                        allowed: false,
+                        limit: window.limit,
+                        remaining: 0,
+                        retry_after: until_end,
+                        reset_after: until_end,
+                        at_us: now_us,
+                    }
+                }
+            }
+            // The memory store's decision, on the counts Redis answered (at most 2^63 each, the
+            // cost at most the limit + 1: its sums cannot overflow).
+            Windowed::Sliding(sliding) => {
+                let state = WindowState {
+                    window: self.index,
+                    previous,
+                    current: before,
+                };
+                sliding.decide(Some(state), now_us, cost).0
+            }
+        }
+    }
+}
+
+/// A window's counter as a give-back names it: its key, what was counted on it, its TTL, and
+/// how many replies its commands answered in the call that counted.
+struct Counter {
+    key: String,
+    counted: u64,
+    ttl: u64,
+    replies: usize,
+}
+
+/// The counters of `counts`, the first under `key`, each further one under its own in `more`.
+fn counters<'a>(key: &str, more: &[String], counts: impl Iterator<Item = &'a Counted>) -> Vec<Counter> {
+    std::iter::once(key)
+        .chain(more.iter().map(String::as_str))
+        .zip(counts)
+        .map(|(key, count)| {
+            let mut counter = key.to_owned();
+            counter_key(&mut counter, count.index);
+            Counter {
+                key: counter,
+                counted: count.counted,
+                ttl: count.ttl,
+                replies: count.replies(),
+            }
+        })
+        .collect()
+}
+
+/// Of `counters`, those whose increment `replies` (the counting call's) shows counted: only a
+/// count answered proves it, and a give-back of an increment that failed would take away
+/// what others counted.
+fn counted(mut counters: Vec<Counter>, replies: &[redis::Value]) -> Vec<Counter> {
+    let mut at = 0;
+    counters.retain(|counter| {
+        let counted = matches!(replies.get(at), Some(redis::Value::Int(_)));
+        at += counter.replies;
+        counted
+    });
+    counters
+}
+
+/// Windows' counts on their way to Redis ([`RedisStore::count`]): dropped before its reply
 /// was read (the caller gave up at its deadline, or its request went away), the call is
 /// finished in a task of its own, and what it counted is given back. Only a reply that shows
-/// the count proves it: an error (a connect that timed out, a call dropped unsent) gives
+/// a count proves it: an error (a connect that timed out, a call dropped unsent) gives
 /// nothing back, which errs toward refusing, never toward admitting past the limit.
 struct Counting<'a, F: Future<Output = redis::RedisResult<redis::Value>> + Send + 'static> {
     call: Option<std::pin::Pin<Box<F>>>,
     store: &'a RedisStore,
-    /// The client's key under the window (the window's counter is it plus the index).
+    /// The client's key under the rule's first limit, and under each further one (a
+    /// window's counter is its key plus the window's index).
     key: &'a str,
-    index: u64,
-    counted: u64,
-    ttl: u64,
+    more: &'a [String],
+    counts: &'a [Option<Counted>],
 }
 
 impl<F: Future<Output = redis::RedisResult<redis::Value>> + Send + 'static> Drop for Counting<'_, F> {
@@ -378,14 +488,10 @@ impl<F: Future<Output = redis::RedisResult<redis::Value>> + Send + 'static> Drop
             return;
         };
         let store = self.store.clone();
-        let mut counter = self.key.to_owned();
-        counter_key(&mut counter, self.index);
-        let (counted, ttl) = (self.counted, self.ttl);
+        let counters = counters(self.key, self.more, self.counts.iter().flatten());
         runtime.spawn(async move {
-            if let Ok(redis::Value::Array(replies)) = call.await
-                && matches!(replies.first(), Some(redis::Value::Int(_)))
-            {
-                store.uncount(&counter, counted, ttl).await;
+            if let Ok(redis::Value::Array(replies)) = call.await {
+                store.uncount(&counted(counters, &replies)).await;
             }
         });
     }
@@ -960,9 +1066,9 @@ impl RedisStore {
         clock: &RedisClock,
     ) -> Result<Decision, StoreError> {
         if now_us.is_none()
-            && let Some(window) = Windowed::of(&rule.limits)
+            && Windowed::all(&rule.limits)
             && self.counters.load(Ordering::Relaxed)
-            && let Some(decision) = self.count(window, &mut key, cost, clock).await?
+            && let Some(decision) = self.count(rule, &mut key, cost, clock).await?
         {
             return Ok(decision);
         }
@@ -998,45 +1104,49 @@ impl RedisStore {
         }
     }
 
-    /// Decide a fixed or sliding window of one limit without a script: `INCRBY` of the cost on
-    /// the key of the window now on `clock`'s estimate of Redis's clock ([`counter_key`]) and
-    /// `PEXPIRE ... NX` of it, pipelined, one round trip (the fixed window as
-    /// envoyproxy/ratelimit runs it); for a sliding window, a `GET` of the window before's
-    /// count after them. The count it answers decides: for a fixed window, at most the limit,
-    /// allowed; for a sliding window, [`SlidingWindow::decide`] on the window before's count
-    /// and this one's before the increment (allowed iff `previous · (W − elapsed) + count · W ≤
-    /// limit · W`). Refused, the increment is given back (`DECRBY`) before the refusal is
-    /// answered, so a refusal spends nothing. A cost above the limit is sent as the limit + 1:
-    /// refused whatever it is, and nothing hostile reaches `INCRBY`. Never coalesced: a
-    /// pipeline costs Redis what the commands cost, and batching them would save nothing.
+    /// Decide a rule whose every limit is a fixed or sliding window without a script: for
+    /// each limit, `INCRBY` of the cost on the client's key of the window now on `clock`'s
+    /// estimate of Redis's clock ([`counter_key`]) and `PEXPIRE ... NX` of it (the fixed
+    /// window as envoyproxy/ratelimit runs it), and for a sliding window a `GET` of the window
+    /// before's count after them; all pipelined, one round trip. The counts answered decide
+    /// each limit: for a fixed window, at most the limit, allowed; for a sliding window,
+    /// [`SlidingWindow::decide`] on the window before's count and this one's before the
+    /// increment (allowed iff `previous · (W − elapsed) + count · W ≤ limit · W`). The request
+    /// goes through when every limit allows it; refused, every increment is given back
+    /// (`DECRBY`) before the refusal is answered, so a refusal spends nothing in any limit. A
+    /// cost above a limit is sent as that limit + 1: refused whatever it is, and nothing
+    /// hostile reaches `INCRBY`. Never coalesced: a pipeline costs Redis what the commands
+    /// cost, and batching them would save nothing.
     ///
     /// **Exact across replicas.** `INCRBY` is atomic, so the counts the calls on one window's
     /// key answer are the running sums of their increments in Redis's order; a call is allowed
-    /// only when its sum, every increment before it included, fits (a sliding window's also
-    /// with the weight of the window before as it stood after the increment). Increments
-    /// still there are those of allowed calls (never given back) and of refused ones not yet
-    /// given back; so the allowed ones' costs sum to at most the limit, whatever the
-    /// interleaving of replicas: never more than the limit in a window. A refused increment
-    /// not given back yet can only make a call that lands meanwhile see a larger sum: refused
-    /// where it would have been allowed only when that sum, without it, still fits. With costs
-    /// of 1 that needs the window full already (a refused call's increment takes the count
-    /// above the limit only from the limit), so nothing is lost; with larger costs, or a
-    /// sliding window's weight, a request may be refused for one round trip that would have
-    /// fit (transiently conservative). A given-back refusal leaves the count as it was: `+c`
-    /// then `-c`. What the window before's count may still gain after a call read it (a
-    /// replica whose clock estimate lags, counting there late) is docs/algorithms.md's "The
-    /// sliding window without a script".
+    /// only when its sum on every limit's key, every increment before it included, fits (a
+    /// sliding window's also with the weight of the window before as it stood after the
+    /// increment). Increments still there are those of allowed calls (never given back) and
+    /// of refused ones not yet given back; so on each key the allowed ones' costs sum to at
+    /// most its limit, whatever the interleaving of replicas: never more than a limit in a
+    /// window. A refused increment not given back yet can only make a call that lands
+    /// meanwhile see a larger sum: refused where it would have been allowed only when that
+    /// sum, without it, still fits. With one limit and costs of 1 that needs the window full
+    /// already (a refused call's increment takes the count above the limit only from the
+    /// limit), so nothing is lost; with larger costs, a sliding window's weight, or a request
+    /// another limit of the list refused, a request may be refused for one round trip that
+    /// would have fit (transiently conservative). A given-back refusal leaves the counts as
+    /// they were: `+c` then `-c`. What the window before's count may still gain after a call
+    /// read it (a replica whose clock estimate lags, counting there late) is
+    /// docs/algorithms.md's "The sliding window without a script".
     ///
     /// **The deadline.** No script checks it: a call the gateway stops waiting for (the fail
     /// mode answered) is left to finish in a task of its own, which gives back whatever it
-    /// counted, so a request the fail mode answered is never charged. What remains is a call
-    /// Redis counted and whose reply the connection lost (docs/reliability.md).
+    /// counted, so a request the fail mode answered is never charged; so is a call of which a
+    /// limit's count failed (an error answers the request). What remains is a call Redis
+    /// counted and whose reply the connection lost (docs/reliability.md).
     ///
     /// `None` (the key as it came) when Redis refused `PEXPIRE ... NX` (before 7.0): the
-    /// increment given back, and the script decides, from then on.
+    /// increments given back, and the scripts decide, from then on.
     async fn count(
         &self,
-        window: Windowed,
+        rule: &Rule,
         key: &mut String,
         cost: Cost,
         clock: &RedisClock,
@@ -1044,29 +1154,52 @@ impl RedisStore {
         let sent = tokio::time::Instant::now();
         let deadline = sent + self.patience(clock);
         let now_us = clock.redis_time(sent);
-        let (limit, window_ms) = window.limit_and_window_ms();
-        let index = now_us / US_PER_MS / window_ms;
-        let counted = cost.get().min(limit.saturating_add(1));
-        let ttl = window.counter_ttl_ms();
+        let mut counts = [None::<Counted>; MAX_LIMITS];
+        if rule.limits.len() > MAX_LIMITS {
+            return Ok(None);
+        }
+        for (count, policy) in counts.iter_mut().zip(rule.limits.iter()) {
+            let Some(window) = Windowed::of(policy) else {
+                return Ok(None);
+            };
+            let (limit, window_ms) = window.limit_and_window_ms();
+            let index = now_us / US_PER_MS / window_ms;
+            *count = Some(Counted {
+                window,
+                index,
+                counted: cost.get().min(limit.saturating_add(1)),
+                ttl: window.counter_ttl_ms(),
+                reads_before: matches!(window, Windowed::Sliding(_)) && index > 0,
+            });
+        }
+        // The client's key under each further limit (none, and nothing allocated, for one).
+        let mut more: Vec<String> = (1..rule.limits.len())
+            .map(|index| limit_key(rule, key, index))
+            .collect();
         let sample = clock.wants_sample(sent);
-        let base = key.len();
-        counter_key(key, index);
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        pipe.cmd("INCRBY").arg(&**key).arg(counted);
-        pipe.cmd("PEXPIRE").arg(&**key).arg(ttl).arg("NX");
-        // After the increment: a late increment of the window before (a replica whose clock
-        // estimate lags) that landed first is seen.
-        let reads_before = matches!(window, Windowed::Sliding(_)) && index > 0;
-        if reads_before {
-            key.truncate(base);
-            counter_key(key, index - 1);
-            pipe.cmd("GET").arg(&**key);
+        for (base, count) in std::iter::once(&mut *key)
+            .chain(more.iter_mut())
+            .zip(counts.iter().flatten())
+        {
+            let length = base.len();
+            counter_key(base, count.index);
+            pipe.cmd("INCRBY").arg(&**base).arg(count.counted);
+            pipe.cmd("PEXPIRE").arg(&**base).arg(count.ttl).arg("NX");
+            // After the increment: a late increment of the window before (a replica whose
+            // clock estimate lags) that landed first is seen.
+            if count.reads_before {
+                base.truncate(length);
+                counter_key(base, count.index - 1);
+                pipe.cmd("GET").arg(&**base);
+            }
+            base.truncate(length);
         }
         if sample {
             pipe.cmd("TIME");
         }
-        key.truncate(base);
+        let key: &str = key;
         let connection = self.connection.clone();
         // Boxed, so that it can outlive the wait: a call given up on, or whose request went
         // away meanwhile, is finished in a task that gives back what it counted (`Counting`).
@@ -1074,9 +1207,8 @@ impl RedisStore {
             call: Some(Box::pin(async move { connection.query_pipeline(&pipe).await })),
             store: self,
             key,
-            index,
-            counted,
-            ttl,
+            more: &more,
+            counts: &counts,
         };
         // What a call counted after its caller gave up goes back, so it may wait on while Redis
         // is answering, as a script's decision does.
@@ -1103,98 +1235,79 @@ impl RedisStore {
         let redis::Value::Array(replies) = &reply else {
             return Err(unexpected());
         };
-        let count = match replies.first() {
-            Some(redis::Value::Int(count)) => *count,
-            Some(redis::Value::ServerError(error)) => return Err(StoreError::Redis(error.clone().into())),
-            _ => return Err(unexpected()),
-        };
-        match replies.get(1) {
-            Some(redis::Value::Int(_)) => {}
-            Some(redis::Value::ServerError(error)) => {
-                // A Redis before 7.0 (no NX), or an ACL that forbids PEXPIRE: the script
-                // decides from now on. This increment goes back, with an expiry of its own.
-                tracing::warn!(
-                    "redis refused PEXPIRE ... NX ({}): deciding windows by script",
-                    error.details().unwrap_or("")
-                );
-                self.counters.store(false, Ordering::Relaxed);
-                let mut counter = key.clone();
-                counter_key(&mut counter, index);
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors();
-                pipe.cmd("DECRBY").arg(&counter).arg(counted).ignore();
-                pipe.cmd("PEXPIRE").arg(&counter).arg(ttl).ignore();
-                let _ = self.bounded(self.connection.query_pipeline(&pipe)).await;
-                return Ok(None);
+        // Each limit's count (the increment included) and the window before's, as the scripts
+        // read them: none, or not a number, is 0.
+        let mut read = [(0_i64, 0_u64); MAX_LIMITS];
+        let mut failed = None;
+        let mut at = 0;
+        for (read, count) in read.iter_mut().zip(counts.iter().flatten()) {
+            let mine = &replies[at.min(replies.len())..];
+            at += count.replies();
+            let previous = match count.reads_before.then(|| mine.get(2)).flatten() {
+                Some(redis::Value::ServerError(error)) => Err(StoreError::Redis(error.clone().into())),
+                Some(value) => {
+                    Ok(redis::from_redis_value_ref::<i64>(value).map_or(0, |count| count.max(0) as u64))
+                }
+                None => Ok(0),
+            };
+            let counted = match (mine.first(), mine.get(1), previous) {
+                (Some(redis::Value::Int(count)), Some(redis::Value::Int(_)), Ok(previous)) => {
+                    Ok((*count, previous))
+                }
+                (Some(redis::Value::ServerError(error)), ..) => Err(StoreError::Redis(error.clone().into())),
+                (Some(redis::Value::Int(_)), Some(redis::Value::ServerError(error)), _) => {
+                    // A Redis before 7.0 (no NX), or an ACL that forbids PEXPIRE: the scripts
+                    // decide from now on.
+                    tracing::warn!(
+                        "redis refused PEXPIRE ... NX ({}): deciding windows by script",
+                        error.details().unwrap_or("")
+                    );
+                    self.counters.store(false, Ordering::Relaxed);
+                    return self.give_back_counts(key, &more, &counts, replies).await;
+                }
+                (_, _, Err(error)) => Err(error),
+                _ => Err(unexpected()),
+            };
+            match counted {
+                Ok(counted) => *read = counted,
+                Err(error) => {
+                    failed.get_or_insert(error);
+                }
             }
-            _ => return Err(unexpected()),
         }
-        let mut rest = replies[2..].iter();
-        // The window before's count, as the scripts read it: none, or not a number, is 0.
-        let previous = match reads_before.then(|| rest.next()).flatten() {
-            Some(redis::Value::ServerError(error)) => return Err(StoreError::Redis(error.clone().into())),
-            Some(value) => redis::from_redis_value_ref::<i64>(value).map_or(0, |count| count.max(0) as u64),
-            None => 0,
-        };
-        if let Some(time) = rest.next()
+        if let Some(error) = failed {
+            // What the other limits counted goes back: the error answers the request.
+            let counters = counted(counters(key, &more, counts.iter().flatten()), replies);
+            Finish(Some(Box::pin(self.clone().uncount_owned(counters))));
+            return Err(error);
+        }
+        if let Some(time) = replies.get(at)
             && let Ok((seconds, micros)) = redis::from_redis_value_ref::<(u64, u64)>(time)
         {
             clock.observe(sent, seconds.saturating_mul(1_000_000).saturating_add(micros));
         }
-        // This window's count, the increment included (below zero: a give-back that met a
-        // reset, read as nothing).
-        let count = count.max(0) as u64;
-        let decision = match window {
-            Windowed::Fixed(_) => {
-                let until_end = Duration::from_micros(
-                    (index + 1)
-                        .saturating_mul(window_ms)
-                        .saturating_mul(US_PER_MS)
-                        .saturating_sub(now_us),
-                );
-                if count <= limit {
-                    LimitDecision {
-                        allowed: true,
-                        limit,
-                        remaining: limit - count,
-                        retry_after: Duration::ZERO,
-                        // Nothing counted (a look of cost 0 at a whole budget): nothing to wait for.
-                        reset_after: if count == 0 { Duration::ZERO } else { until_end },
-                        at_us: now_us,
-                    }
-                } else {
-                    LimitDecision {
-                        allowed: false,
-                        limit,
-                        remaining: 0,
-                        retry_after: until_end,
-                        reset_after: until_end,
-                        at_us: now_us,
-                    }
+        let mut parts = [LimitDecision::default(); MAX_LIMITS];
+        for ((part, count), &(after, previous)) in parts.iter_mut().zip(counts.iter().flatten()).zip(&read) {
+            // This window's count before the increment (below zero: a give-back that met a
+            // reset, read as nothing).
+            let before = (after.max(0) as u64).saturating_sub(count.counted);
+            *part = count.decide(now_us, previous, before, count.counted);
+        }
+        let parts = &mut parts[..rule.limits.len()];
+        if parts.iter().any(|part| !part.allowed) {
+            // Refused: what each limit counted goes back before the refusal is answered (by the
+            // same deadline); past it, or if the request goes away meanwhile, in a task of its
+            // own (`Finish`). A limit that allowed it says what it has with nothing spent.
+            for ((part, count), &(after, previous)) in
+                parts.iter_mut().zip(counts.iter().flatten()).zip(&read)
+            {
+                if part.allowed {
+                    let before = (after.max(0) as u64).saturating_sub(count.counted);
+                    *part = count.decide(now_us, previous, before, 0);
                 }
             }
-            Windowed::Sliding(sliding) => {
-                // What this window held before the increment, and the decision on it: the
-                // memory store's, on the counts Redis answered (at most 2^63 each, the cost at
-                // most the limit + 1: its sums cannot overflow).
-                let state = WindowState {
-                    window: index,
-                    previous,
-                    current: count.saturating_sub(counted),
-                };
-                sliding.decide(Some(state), now_us, counted).0
-            }
-        };
-        if !decision.allowed {
-            // Refused: what it counted goes back before the refusal is answered (by the same
-            // deadline); past it, or if the request goes away meanwhile, in a task of its own
-            // (`Finish`).
-            let mut counter = key.clone();
-            counter_key(&mut counter, index);
-            let store = self.clone();
-            let mut give_back = Finish(Some(Box::pin(async move {
-                store.uncount(&counter, counted, ttl).await
-            })));
+            let counters = counters(key, &more, counts.iter().flatten());
+            let mut give_back = Finish(Some(Box::pin(self.clone().uncount_owned(counters))));
             if let Some(call) = give_back.0.as_mut()
                 && tokio::time::timeout_at(deadline, call.as_mut()).await.is_ok()
             {
@@ -1202,36 +1315,73 @@ impl RedisStore {
             }
             drop(give_back);
         }
-        Ok(Some(Decision::one(decision)))
+        Ok(Some(Decision::of(parts)))
     }
 
-    /// Give back `counted` on a window's `counter`: `DECRBY`, and `PEXPIRE ... NX`
-    /// in case a reset deleted the key meanwhile. A count that went below zero so (the reset
-    /// came between the count and its give-back) is brought back up to zero at once: a
-    /// negative count would admit more than the limit. A failure leaves the window's count
-    /// higher than it should be until the window ends: conservative, never over the limit.
-    async fn uncount(&self, counter: &str, counted: u64, ttl: u64) {
+    /// Redis refused `PEXPIRE ... NX`: give back what the call counted, each counter with an
+    /// expiry of its own (plain `PEXPIRE`), and answer `None` for the scripts to decide.
+    async fn give_back_counts(
+        &self,
+        key: &str,
+        more: &[String],
+        counts: &[Option<Counted>],
+        replies: &[redis::Value],
+    ) -> Result<Option<Decision>, StoreError> {
         let mut pipe = redis::pipe();
-        pipe.cmd("DECRBY").arg(counter).arg(counted);
-        pipe.cmd("PEXPIRE").arg(counter).arg(ttl).arg("NX").ignore();
+        pipe.ignore_errors();
+        for counter in counted(counters(key, more, counts.iter().flatten()), replies) {
+            pipe.cmd("DECRBY").arg(&counter.key).arg(counter.counted).ignore();
+            pipe.cmd("PEXPIRE").arg(&counter.key).arg(counter.ttl).ignore();
+        }
+        let _ = self.bounded(self.connection.query_pipeline(&pipe)).await;
+        Ok(None)
+    }
+
+    /// [`uncount`](Self::uncount), owning what it needs: for a task of its own.
+    async fn uncount_owned(self, counters: Vec<Counter>) {
+        self.uncount(&counters).await;
+    }
+
+    /// Give back what was counted on each of `counters`: `DECRBY`, and `PEXPIRE ... NX` in
+    /// case a reset deleted the key meanwhile. A count that went below zero so (the reset
+    /// came between the count and its give-back) is brought back up to zero at once: a
+    /// negative count would admit more than the limit. A failure leaves a window's count
+    /// higher than it should be until the window ends: conservative, never over the limit.
+    async fn uncount(&self, counters: &[Counter]) {
+        if counters.is_empty() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for counter in counters {
+            pipe.cmd("DECRBY").arg(&counter.key).arg(counter.counted);
+            pipe.cmd("PEXPIRE")
+                .arg(&counter.key)
+                .arg(counter.ttl)
+                .arg("NX")
+                .ignore();
+        }
         match self.connection.query_pipeline(&pipe).await {
             Ok(redis::Value::Array(replies)) => {
-                if let Some(redis::Value::Int(count)) = replies.first()
-                    && *count < 0
-                {
-                    let mut up = redis::cmd("INCRBY");
-                    up.arg(counter).arg(count.saturating_neg());
-                    if let Err(error) = self
-                        .connection
-                        .query_pipeline(redis::pipe().add_command(up))
-                        .await
+                let mut up = redis::pipe();
+                for (reply, counter) in replies.iter().zip(counters) {
+                    if let redis::Value::Int(count) = reply
+                        && *count < 0
                     {
-                        tracing::debug!("a fixed window's count below zero was not put back: {error}");
+                        up.cmd("INCRBY")
+                            .arg(&counter.key)
+                            .arg(count.saturating_neg())
+                            .ignore();
                     }
+                }
+                if !up.is_empty()
+                    && let Err(error) = self.connection.query_pipeline(&up).await
+                {
+                    tracing::debug!("a window's count below zero was not put back: {error}");
                 }
             }
             Ok(_) => {}
-            Err(error) => tracing::debug!("a fixed window's increment was not given back: {error}"),
+            Err(error) => tracing::debug!("a window's increment was not given back: {error}"),
         }
     }
 
@@ -2044,7 +2194,7 @@ pub fn sliding_counter_ttl_ms(window_ms: u64) -> u64 {
     window_ms.saturating_mul(2).saturating_add(1_000)
 }
 
-/// A rule of one limit that is decided on the windows' counters without a script
+/// A limit decided on its windows' counters without a script
 /// ([`RedisStore::count`]).
 #[derive(Debug, Clone, Copy)]
 enum Windowed {
@@ -2053,13 +2203,18 @@ enum Windowed {
 }
 
 impl Windowed {
-    /// The rule's window, when `limits` is one fixed or sliding window.
-    fn of(limits: &[Policy]) -> Option<Windowed> {
-        match limits {
-            [Policy::FixedWindow(window)] => Some(Windowed::Fixed(*window)),
-            [Policy::SlidingWindow(window)] => Some(Windowed::Sliding(*window)),
+    /// The window `policy` is, if it is one.
+    fn of(policy: &Policy) -> Option<Windowed> {
+        match policy {
+            Policy::FixedWindow(window) => Some(Windowed::Fixed(*window)),
+            Policy::SlidingWindow(window) => Some(Windowed::Sliding(*window)),
             _ => None,
         }
+    }
+
+    /// Whether every one of `limits` (at most [`MAX_LIMITS`]) is a fixed or sliding window.
+    fn all(limits: &[Policy]) -> bool {
+        limits.len() <= MAX_LIMITS && limits.iter().all(|policy| Windowed::of(policy).is_some())
     }
 
     fn limit_and_window_ms(self) -> (u64, u64) {

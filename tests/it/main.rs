@@ -36,3 +36,4 @@ mod strict;
 mod tls_backend;
 mod tls_listener;
 mod traces;
+mod window_lists;
