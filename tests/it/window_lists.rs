@@ -191,3 +191,44 @@ async fn a_cluster_counts_a_list_on_the_clients_master() {
         assert_eq!(counts, [4, 4], "client {client}: both counted on its master");
     }
 }
+
+/// A Redis that refuses `PEXPIRE ... NX` (before 7.0; here a user the ACL forbids `PEXPIRE`)
+/// decides a list of windows by the batch script instead, from the first request on,
+/// exactly: that request's increments, one per limit, given back.
+#[tokio::test]
+async fn without_pexpire_nx_the_script_decides_a_list() {
+    let redis = RedisServer::start();
+    redis.cli(&[
+        "ACL",
+        "SETUSER",
+        "nopexpire",
+        "on",
+        ">secret",
+        "~*",
+        "&*",
+        "+@all",
+        "-pexpire",
+    ]);
+    let url = format!("redis://nopexpire:secret@{}", redis.addr());
+    let store = RedisStore::new(&RedisTarget::Single(url), "wl-nx:", Duration::from_secs(5)).unwrap();
+    let rule = rule(&[sliding(3, LONG_MS), fixed(5, LONG_MS)]);
+    let client: IpAddr = "192.0.2.20".parse().unwrap();
+    let mut allowed = 0;
+    for _ in 0..6 {
+        if store
+            .check(&rule, client.into(), Cost::ONE)
+            .await
+            .unwrap()
+            .allowed
+        {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 3);
+    assert_eq!(
+        redis.calls("decrby"),
+        2,
+        "the first request's increments given back"
+    );
+    assert!(redis.calls("fcall") >= 6, "decided by the script");
+}
