@@ -17,6 +17,13 @@
 #             (m): no expiry per client, the set swept of full buckets instead
 #   string    SET k now NX PX 61000, INCRBY k inc, PEXPIRE k 61000: a TAT in a string (not
 #             exact: a stale TAT is not raised to now; for its cost only)
+#   bitfield  BITFIELD k OVERFLOW SAT INCRBY u63 0 -now INCRBY u63 0 now OVERFLOW FAIL
+#             INCRBY u63 0 K+inc INCRBY u63 0 -K, PEXPIREAT k now+61000: a token bucket's TAT
+#             raised to now and moved on only if it fits (K = 2^63 - 1 - now - capacity
+#             turns "over capacity" into an overflow, which FAIL refuses), and its expiry
+#   bitfield_rel  the same with PEXPIRE k 61000 (relative: Redis rewrites it to propagate)
+#   bitfield_gt   the same BITFIELD, then PEXPIREAT k t NX and PEXPIREAT k t GT: an expiry
+#             set on a new key and only ever moved later (what tollgate sends)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh # free_port
@@ -27,10 +34,10 @@ if [[ ${1:-} =~ ^[0-9]+$ ]]; then
 fi
 (( n2 > n1 )) || { echo "N2 ($n2) is more than N1 ($n1)" >&2; exit 2; }
 shapes=("$@")
-[ ${#shapes[@]} -gt 0 ] || shapes=(pair window zset zset_ttl zset_rule string)
+[ ${#shapes[@]} -gt 0 ] || shapes=(pair window zset zset_ttl zset_rule string bitfield bitfield_rel bitfield_gt)
 for shape in "${shapes[@]}"; do
-  case $shape in pair|window|zset|zset_ttl|zset_rule|string) ;;
-    *) echo "unknown shape $shape (pair, window, zset, zset_ttl, zset_rule, string)" >&2; exit 2 ;;
+  case $shape in pair|window|zset|zset_ttl|zset_rule|string|bitfield|bitfield_rel|bitfield_gt) ;;
+    *) echo "unknown shape $shape (pair, window, zset, zset_ttl, zset_rule, string, bitfield, bitfield_rel, bitfield_gt)" >&2; exit 2 ;;
   esac
 done
 work=$(mktemp -d)
@@ -64,6 +71,18 @@ for i in range(n):
         cmd("ZADD", "tollgate:{general:7}:tb", "GT", t, client); cmd("ZINCRBY", "tollgate:{general:7}:tb", 1000, client)
     elif shape == "string":
         cmd("SET", key, t, "NX", "PX", 61000); cmd("INCRBY", key, 1000); cmd("PEXPIRE", key, 61000)
+    elif shape in ("bitfield", "bitfield_rel", "bitfield_gt"):
+        # A capacity of 60 s of TAT: the hot key is refused now and then, as in production.
+        k = 2**63 - 1 - t - 60_000_000
+        cmd("BITFIELD", key, "OVERFLOW", "SAT", "INCRBY", "u63", 0, -t, "INCRBY", "u63", 0, t,
+            "OVERFLOW", "FAIL", "INCRBY", "u63", 0, k + 1000, "INCRBY", "u63", 0, -k)
+        if shape == "bitfield":
+            cmd("PEXPIREAT", key, t // 1000 + 61000)
+        elif shape == "bitfield_gt":
+            cmd("PEXPIREAT", key, t // 1000 + 61000, "NX")
+            cmd("PEXPIREAT", key, t // 1000 + 61000, "GT")
+        else:
+            cmd("PEXPIRE", key, 61000)
 EOF
 }
 
