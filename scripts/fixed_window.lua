@@ -56,11 +56,13 @@ local function count_of(value)
   return v
 end
 -- Set window's count to count, from what it held (stored, or false): a delta keeps the key's
--- expiry, a new key gets its own.
+-- expiry, a new key (or one that held no whole number, as the lean part reads it: written
+-- afresh) gets its own.
 local function store(window, stored, count)
   local key = counter(window)
-  if stored then
-    redis.call('INCRBY', key, string.format('%.0f', count - tonumber(stored)))
+  local held = tonumber(stored)
+  if held and held >= 0 and held < 9007199254740992 and held == math.floor(held) then
+    redis.call('INCRBY', key, string.format('%.0f', count - held))
   else
     redis.call('SET', key, string.format('%.0f', count), 'PX', ttl)
   end

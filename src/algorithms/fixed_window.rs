@@ -19,8 +19,8 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::sliding_window::{parse_limit_and_window, window_parameters};
-use super::{Algorithm, Corrupt, DEBT_LIMITS, LuaScript, ParameterError, StateReader, US_PER_MS, put_u64};
+use super::sliding_window::{LUA_EXACT, parse_limit_and_window, window_parameters};
+use super::{Algorithm, Corrupt, DEBT_LIMITS, LeanArguments, LuaScript, ParameterError, StateReader, US_PER_MS, put_u64};
 use crate::algorithms::LimitDecision;
 
 static SCRIPT: LazyLock<LuaScript> =
@@ -67,6 +67,31 @@ impl Algorithm for FixedWindow {
 
     fn script() -> &'static LuaScript {
         &SCRIPT
+    }
+
+    const LEAN: Option<&'static str> = Some(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/fixed_window_decide.lua"
+    )));
+
+    /// The window (ms), the limit and the cost, decided as at most the limit + 1 (any cost
+    /// above the limit is refused alike).
+    fn lean_arguments(&self, cost: u64) -> LeanArguments {
+        LeanArguments::new(&[self.window_ms, self.limit, cost.min(self.limit.saturating_add(1))])
+    }
+
+    /// The reply's state is the window the script placed now in and its count (none: a client
+    /// never seen): [`check`](Algorithm::check) on it.
+    fn lean_decision(&self, now_us: u64, state: &[u64], cost: u64) -> Option<LimitDecision> {
+        let mut state = match *state {
+            [] => FixedWindowState::default(),
+            // Beyond what Lua's doubles hold exactly, no script wrote it.
+            [window, count] if window.saturating_mul(self.window_ms) < LUA_EXACT && count < LUA_EXACT => {
+                FixedWindowState { window, count }
+            }
+            _ => return None,
+        };
+        Some(self.check(&mut state, now_us, cost))
     }
 
     /// The window, then its count.

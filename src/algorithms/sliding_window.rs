@@ -91,7 +91,7 @@ pub(crate) fn parse_limit_and_window(limit: &str, window: &str) -> Result<(u64, 
 }
 
 /// 2^53: Lua's doubles hold every integer below it exactly.
-const LUA_EXACT: u64 = 1 << 53;
+pub(super) const LUA_EXACT: u64 = 1 << 53;
 
 /// Parameters of one sliding window rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1079,10 +1079,25 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
             limit: 1,
             window_ms: 1,
         }),
+        Policy::FixedWindow(FixedWindow {
+            limit: 4,
+            window_ms: 7,
+        }),
+        Policy::FixedWindow(FixedWindow {
+            limit: 10,
+            window_ms: 30,
+        }),
+        Policy::FixedWindow(FixedWindow {
+            limit: 1,
+            window_ms: 1,
+        }),
     ];
-    policies.extend(
-        Policy::examples().filter(|p| matches!(p, Policy::TokenBucket(_) | Policy::SlidingWindow(_))),
-    );
+    policies.extend(Policy::examples().filter(|p| {
+        matches!(
+            p,
+            Policy::TokenBucket(_) | Policy::SlidingWindow(_) | Policy::FixedWindow(_)
+        )
+    }));
     let mut seen = [0usize; 2];
     for (n, policy) in policies.into_iter().enumerate() {
         let mut sequence = Sequence(0xA076_1D64_78BD_642F + n as u64);
@@ -1220,16 +1235,22 @@ async fn lean_decisions_are_the_full_scripts_decisions() {
             if lean_decision.allowed && (cost.get() > 0 || matches!(policy, Policy::TokenBucket(_))) {
                 // What was counted lives as long as it matters: the TAT until it has passed, a
                 // window's count until the window after it has ended.
-                let (expires_ms, matters_until_ms) = match policy {
-                    Policy::SlidingWindow(sw) => {
-                        let window = state.first().copied().unwrap_or(now / 1_000 / sw.window_ms);
-                        let counter = format!("{lean_key}:{window}");
+                // A window's count: its window, and how many windows on from its start it
+                // matters (a sliding window's is the previous count through the next one).
+                let counted = match policy {
+                    Policy::SlidingWindow(sw) => Some((sw.window_ms, 2)),
+                    Policy::FixedWindow(fw) => Some((fw.window_ms, 1)),
+                    _ => None,
+                };
+                let (expires_ms, matters_until_ms) = match counted {
+                    Some((window_ms, windows)) => {
+                        let window = state.first().copied().unwrap_or(now / 1_000 / window_ms);
                         let expires_ms: i64 = redis::cmd("PEXPIRETIME")
-                            .arg(&counter)
+                            .arg(format!("{lean_key}:{window}"))
                             .query_async(&mut connection)
                             .await
                             .unwrap();
-                        (expires_ms, (window + 2) * sw.window_ms)
+                        (expires_ms, (window + windows) * window_ms)
                     }
                     _ => (expires_ms, tat_ms(&after)),
                 };
@@ -1295,6 +1316,7 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         })
     };
     let window = |limit, window_ms| Policy::SlidingWindow(SlidingWindow { limit, window_ms });
+    let fixed = |limit, window_ms| Policy::FixedWindow(FixedWindow { limit, window_ms });
     // Numbers whose states outlive the test's steps (a key expiring between the lean call and
     // its twin's would be a difference the test would have to excuse).
     let rules: Vec<Vec<Policy>> = vec![
@@ -1305,6 +1327,9 @@ async fn lean_batches_are_the_full_batchs_decisions() {
         vec![bucket(3, 20_000), window(4, 300)],
         vec![window(10, 1_000), bucket(5, 7_000), window(2, 500)],
         vec![bucket(3, 20_000), bucket(3, 20_000)],
+        vec![fixed(4, 300)],
+        vec![bucket(3, 20_000), fixed(4, 300)],
+        vec![fixed(10, 1_000), bucket(5, 7_000), window(2, 500)],
     ];
     let key = |side: &str, client: u64, policy: &Policy| {
         format!(
@@ -1372,6 +1397,14 @@ async fn lean_batches_are_the_full_batchs_decisions() {
                             match (window, count(window - 1), count(window)) {
                                 (w, 0, 0) if w == now_window => "none".to_owned(),
                                 (w, p, c) => format!("{w} {p} {c}"),
+                            }
+                        }
+                        Policy::FixedWindow(fw) => {
+                            let now_window = (now / 1_000 / fw.window_ms) as i64;
+                            let window = number(":w").map_or(now_window, |w| w.max(now_window));
+                            match (window, number(&format!(":{window}")).unwrap_or(0).max(0)) {
+                                (w, 0) if w == now_window => "none".to_owned(),
+                                (w, c) => format!("{w} {c}"),
                             }
                         }
                         other => panic!("{other:?} has no lean decision"),
@@ -1562,8 +1595,25 @@ fn plant_state(redis: &RedisServer, key: &str, policy: &Policy, at: Option<u64>)
             redis.cli(&["SET", &format!("{key}:w"), &window.to_string(), "PX", &ttl]);
             redis.cli(&["SET", &format!("{key}:{}", window - 1), "1", "PX", &ttl]);
         }
+        (Policy::FixedWindow(fw), Some(at)) => {
+            // The window after now's, newest counted, holding 1 (a clock stepped back).
+            let window = at / 1_000 / fw.window_ms + 1;
+            let ttl = (2 * fw.window_ms + 1_000).to_string();
+            redis.cli(&["SET", &format!("{key}:w"), &window.to_string(), "PX", &ttl]);
+            redis.cli(&["SET", &format!("{key}:{window}"), "1", "PX", &ttl]);
+        }
         (Policy::TokenBucket(_), None) => {
             redis.cli(&["SET", key, "x", "PX", "60000"]);
+        }
+        (Policy::FixedWindow(fw), None) => {
+            let time = redis.cli(&["TIME"]);
+            let mut time = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
+            let now_ms = time.next().unwrap() * 1_000 + time.next().unwrap() / 1_000;
+            let window = now_ms / fw.window_ms;
+            redis.cli(&["SET", &format!("{key}:w"), "x", "PX", "60000"]);
+            for index in [window, window + 1] {
+                redis.cli(&["SET", &format!("{key}:{index}"), "x", "PX", "60000"]);
+            }
         }
         (Policy::SlidingWindow(sw), None) => {
             let time = redis.cli(&["TIME"]);
