@@ -616,6 +616,18 @@ impl Connection {
     /// Redis (or Sentinel's master), once more at once if it failed on a connection that was
     /// gone, as a decision is ([`Resend::IfConnectionLost`]). The caller bounds it.
     async fn query_pipeline(&self, pipe: &redis::Pipeline) -> redis::RedisResult<redis::Value> {
+        self.query_pipeline_resending(pipe, Resend::IfConnectionLost)
+            .await
+    }
+
+    /// Run `pipe` as [`query_pipeline`](Self::query_pipeline) does, sent again only as
+    /// `resend` allows: a give-back ([`Resend::IfNeverSent`]) that reached Redis must not run
+    /// twice, or it would give back what others counted.
+    async fn query_pipeline_resending(
+        &self,
+        pipe: &redis::Pipeline,
+        resend: Resend,
+    ) -> redis::RedisResult<redis::Value> {
         let once = || async {
             match self {
                 Connection::Single(manager) => pipe.query_async(&mut manager.clone()).await,
@@ -624,11 +636,7 @@ impl Connection {
             }
         };
         match once().await {
-            Err(error)
-                if Resend::IfConnectionLost.after(&error) && !matches!(self, Connection::Cluster(_)) =>
-            {
-                once().await
-            }
+            Err(error) if resend.after(&error) && !matches!(self, Connection::Cluster(_)) => once().await,
             reply => reply,
         }
     }
@@ -1333,7 +1341,12 @@ impl RedisStore {
             pipe.cmd("DECRBY").arg(&counter.key).arg(counter.counted).ignore();
             pipe.cmd("PEXPIRE").arg(&counter.key).arg(counter.ttl).ignore();
         }
-        let _ = self.bounded(self.connection.query_pipeline(&pipe)).await;
+        let _ = self
+            .bounded(
+                self.connection
+                    .query_pipeline_resending(&pipe, Resend::IfNeverSent),
+            )
+            .await;
         Ok(None)
     }
 
@@ -1361,7 +1374,13 @@ impl RedisStore {
                 .arg("NX")
                 .ignore();
         }
-        match self.connection.query_pipeline(&pipe).await {
+        // Sent again only if it never left: a give-back run twice would take away what
+        // others counted.
+        match self
+            .connection
+            .query_pipeline_resending(&pipe, Resend::IfNeverSent)
+            .await
+        {
             Ok(redis::Value::Array(replies)) => {
                 let mut up = redis::pipe();
                 for (reply, counter) in replies.iter().zip(counters) {
@@ -1375,7 +1394,10 @@ impl RedisStore {
                     }
                 }
                 if !up.is_empty()
-                    && let Err(error) = self.connection.query_pipeline(&up).await
+                    && let Err(error) = self
+                        .connection
+                        .query_pipeline_resending(&up, Resend::IfNeverSent)
+                        .await
                 {
                     tracing::debug!("a window's count below zero was not put back: {error}");
                 }

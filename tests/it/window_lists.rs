@@ -232,3 +232,48 @@ async fn without_pexpire_nx_the_script_decides_a_list() {
     );
     assert!(redis.calls("fcall") >= 6, "decided by the script");
 }
+
+/// A limit whose count fails (its key holds another type) fails the request, and what the
+/// other limits counted for it is given back: the error answers the request, which spends
+/// nothing.
+#[tokio::test]
+async fn a_count_that_fails_gives_the_others_back() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "wl-error:");
+    let rule = rule(&[fixed(5, LONG_MS), sliding(5, LONG_MS)]);
+    let client: IpAddr = "192.0.2.30".parse().unwrap();
+    assert!(
+        store
+            .check(&rule, client.into(), Cost::ONE)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let counts = counts(&redis);
+    let fixed_key = counts
+        .iter()
+        .find(|(key, _)| key.contains(":fw:"))
+        .unwrap()
+        .0
+        .clone();
+    let sliding_key = counts
+        .iter()
+        .find(|(key, _)| key.contains(":sw:"))
+        .unwrap()
+        .0
+        .clone();
+    redis.cli(&["DEL", &sliding_key]);
+    redis.cli(&["HSET", &sliding_key, "planted", "1"]);
+    let failed = store.check(&rule, client.into(), Cost::ONE).await;
+    assert!(failed.is_err(), "{failed:?}");
+    // The give-back runs in a task of its own: give it a moment.
+    let mut count = 0;
+    for _ in 0..100 {
+        count = redis.cli(&["GET", &fixed_key]).trim().parse::<i64>().unwrap();
+        if count == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count, 1, "the fixed window's increment given back");
+}
