@@ -296,13 +296,26 @@ pub const BATCH_CONTINUED: usize = 100;
 /// `"2.5"`, `"nan"`, `"inf"` or `"1e300"`, which a lean part would decide on as they are while
 /// Redis hands the gateway other integers for them (a `long long` cast), and the gateway
 /// decides on what it is handed: the two would disagree, and a request refused in Lua (so never
-/// counted) be allowed by the gateway. So a lean part reads nothing else as a number.
+/// counted) be allowed by the gateway. So a lean part reads nothing else as a number. And
+/// `placed(key, now, w)`, where the windows (fixed and sliding) count now: never before the
+/// newest window counted, `:w`.
 pub(crate) const LEAN_PRELUDE: &str = r#"
 local function whole(value)
   local v = tonumber(value)
   if v and v >= 0 and v < 9007199254740992 and v == math.floor(v) then
     return v
   end
+end
+-- A window of w ms that counts in `key .. ':' .. index`: the index of the window now falls in,
+-- never before the newest one counted (`key .. ':w'`, where a clock that stepped back counts),
+-- then `:w` as read (nil: none) and now in ms as placed so.
+local function placed(key, now, w)
+  local sw = whole(redis.call('GET', key .. ':w'))
+  local now_ms = math.floor(now / 1000)
+  if sw and sw * w > now_ms then
+    now_ms = sw * w
+  end
+  return math.floor(now_ms / w), sw, now_ms
 end
 "#;
 

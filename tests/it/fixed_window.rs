@@ -11,7 +11,7 @@ use tollgate::algorithms::{Cost, FixedWindow, Policy};
 use tollgate::rules::Rule;
 use tollgate::stores::{RedisStore, RedisTarget, StoreError};
 
-use crate::support::{Backend, Gateway, RedisCluster, RedisServer, get};
+use crate::support::{Backend, Gateway, RedisCluster, RedisServer, admitted_at_once, get};
 
 /// 10^7 s: a window boundary (aligned to the epoch) almost never falls inside a test run.
 const LONG_MS: u64 = 10_000_000_000;
@@ -60,8 +60,7 @@ async fn replicas_at_once_admit_exactly_the_limit_without_a_script() {
         .map(|_| store(&redis, "fw-exact:", Duration::from_secs(5)))
         .collect();
     let client: IpAddr = "192.0.2.1".parse().unwrap();
-    let decisions = join_all((0..300).map(|i| stores[i % 3].check(&rule, client.into(), Cost::ONE))).await;
-    let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+    let allowed = admitted_at_once(&stores, &rule, client, 300).await;
     assert_eq!(allowed, 25);
     assert_eq!(count(&redis, &counter(&redis, &stores[0], &rule, client)), 25);
     assert_eq!(redis.calls("incrby"), 300, "a pipeline per decision");
@@ -214,8 +213,7 @@ async fn a_cluster_counts_each_window_on_its_keys_master() {
     let rule = rule(4);
     for n in 1..=6u8 {
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
-        let decisions = join_all((0..10).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
-        let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+        let allowed = admitted_at_once(std::slice::from_ref(&store), &rule, client, 10).await;
         assert_eq!(allowed, 4, "client {client}");
         let owner = &cluster.nodes[cluster.owner_of(&store.key(&rule, client.into()))];
         let key = counter(owner, &store, &rule, client);
@@ -232,19 +230,8 @@ async fn a_cluster_counts_each_window_on_its_keys_master() {
 #[tokio::test]
 async fn without_pexpire_nx_the_script_decides() {
     let redis = RedisServer::start();
-    redis.cli(&[
-        "ACL",
-        "SETUSER",
-        "nopexpire",
-        "on",
-        ">secret",
-        "~*",
-        "&*",
-        "+@all",
-        "-pexpire",
-    ]);
     let backend = Backend::start().await;
-    let url = format!("redis://nopexpire:secret@{}", redis.addr());
+    let url = redis.url_of_user_without("nopexpire", "-pexpire");
     let gateway = Gateway::start(
         &backend.url(),
         &[

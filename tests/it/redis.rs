@@ -309,19 +309,8 @@ async fn functions_are_reloaded_after_function_flush() {
 #[tokio::test]
 async fn a_user_without_functions_is_decided_by_scripts() {
     let redis = RedisServer::start();
-    redis.cli(&[
-        "ACL",
-        "SETUSER",
-        "nofunctions",
-        "on",
-        ">secret",
-        "~*",
-        "&*",
-        "+@all",
-        "-function",
-    ]);
     let backend = Backend::start().await;
-    let url = format!("redis://nofunctions:secret@{}", redis.addr());
+    let url = redis.url_of_user_without("nofunctions", "-function");
     let gateway = Gateway::start(&backend.url(), &[("REDIS_URL", &url), ("MAX_TOKENS", "5")]).await;
     for remaining in (0..5).rev() {
         assert_eq!(
@@ -1606,20 +1595,14 @@ fn plant_state(redis: &RedisServer, key: &str, policy: &Policy, at: Option<u64>)
             redis.cli(&["SET", key, "x", "PX", "60000"]);
         }
         (Policy::FixedWindow(fw), None) => {
-            let time = redis.cli(&["TIME"]);
-            let mut time = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
-            let now_ms = time.next().unwrap() * 1_000 + time.next().unwrap() / 1_000;
-            let window = now_ms / fw.window_ms;
+            let window = redis.now_ms() / fw.window_ms;
             redis.cli(&["SET", &format!("{key}:w"), "x", "PX", "60000"]);
             for index in [window, window + 1] {
                 redis.cli(&["SET", &format!("{key}:{index}"), "x", "PX", "60000"]);
             }
         }
         (Policy::SlidingWindow(sw), None) => {
-            let time = redis.cli(&["TIME"]);
-            let mut time = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
-            let now_ms = time.next().unwrap() * 1_000 + time.next().unwrap() / 1_000;
-            let window = now_ms / sw.window_ms;
+            let window = redis.now_ms() / sw.window_ms;
             redis.cli(&["SET", &format!("{key}:w"), "x", "PX", "60000"]);
             for index in [window.saturating_sub(1), window, window + 1] {
                 redis.cli(&["SET", &format!("{key}:{index}"), "x", "PX", "60000"]);

@@ -5,12 +5,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use tollgate::algorithms::{Cost, Policy, SlidingWindow};
 use tollgate::rules::Rule;
 use tollgate::stores::{RedisStore, RedisTarget};
 
-use crate::support::{RedisCluster, RedisServer};
+use crate::support::{RedisCluster, RedisServer, admitted_at_once};
 
 /// 10^7 s: a window boundary (aligned to the epoch) almost never falls inside a test run, and
 /// the window before weighs all it holds for the whole test.
@@ -31,19 +30,12 @@ fn store(redis: &RedisServer, prefix: &str) -> RedisStore {
     RedisStore::new(&RedisTarget::Single(redis.url()), prefix, Duration::from_secs(5)).unwrap()
 }
 
-/// Now on `redis`'s clock, in ms.
-fn now_ms(redis: &RedisServer) -> u64 {
-    let time = redis.cli(&["TIME"]);
-    let mut time = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
-    time.next().unwrap() * 1_000 + time.next().unwrap() / 1_000
-}
-
 /// The key of `client`'s count in the window now on `redis`'s clock, `back` windows before.
 fn counter(redis: &RedisServer, store: &RedisStore, rule: &Rule, client: IpAddr, back: u64) -> String {
     format!(
         "{}:{}",
         store.key(rule, client.into()),
-        now_ms(redis) / LONG_MS - back
+        redis.now_ms() / LONG_MS - back
     )
 }
 
@@ -62,8 +54,7 @@ async fn replicas_at_once_admit_exactly_the_limit_without_a_script() {
     let rule = rule(25);
     let stores: Vec<RedisStore> = (0..3).map(|_| store(&redis, "sw-exact:")).collect();
     let client: IpAddr = "192.0.2.1".parse().unwrap();
-    let decisions = join_all((0..300).map(|i| stores[i % 3].check(&rule, client.into(), Cost::ONE))).await;
-    let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+    let allowed = admitted_at_once(&stores, &rule, client, 300).await;
     assert_eq!(allowed, 25);
     assert_eq!(redis.calls("incrby"), 300, "a pipeline per decision");
     assert_eq!(redis.calls("get"), 300, "the window before read by each");
@@ -94,10 +85,9 @@ async fn the_window_before_weighs_on_every_replica() {
     let client: IpAddr = "192.0.2.2".parse().unwrap();
     let before = counter(&redis, &stores[0], &rule, client, 1);
     redis.cli(&["SET", &before, "6", "PX", "600000"]);
-    let elapsed = now_ms(&redis) % LONG_MS;
+    let elapsed = redis.now_ms() % LONG_MS;
     let fits = (10 * LONG_MS - 6 * (LONG_MS - elapsed)) / LONG_MS;
-    let decisions = join_all((0..60).map(|i| stores[i % 3].check(&rule, client.into(), Cost::ONE))).await;
-    let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count() as u64;
+    let allowed = admitted_at_once(&stores, &rule, client, 60).await as u64;
     assert_eq!(allowed, fits);
     assert_eq!(
         count(&redis, &counter(&redis, &stores[0], &rule, client, 0)),
@@ -218,8 +208,7 @@ async fn a_cluster_counts_each_window_on_its_keys_master() {
     let rule = rule(4);
     for n in 1..=6u8 {
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
-        let decisions = join_all((0..10).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
-        let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+        let allowed = admitted_at_once(std::slice::from_ref(&store), &rule, client, 10).await;
         assert_eq!(allowed, 4, "client {client}");
         let owner = &cluster.nodes[cluster.owner_of(&store.key(&rule, client.into()))];
         let key = counter(owner, &store, &rule, client, 0);

@@ -6,12 +6,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use tollgate::algorithms::{Cost, FixedWindow, Limits, Policy, SlidingWindow};
 use tollgate::rules::Rule;
 use tollgate::stores::{MemoryStore, RedisStore, RedisTarget};
 
-use crate::support::{RedisCluster, RedisServer};
+use crate::support::{RedisCluster, RedisServer, admitted_at_once};
 
 /// 10^7 s: a window boundary (aligned to the epoch) almost never falls inside a test run.
 const LONG_MS: u64 = 10_000_000_000;
@@ -62,8 +61,7 @@ async fn replicas_at_once_admit_the_tightest_limit_without_a_script() {
     let rule = rule(&[fixed(25, LONG_MS), sliding(40, LONG_MS)]);
     let stores: Vec<RedisStore> = (0..3).map(|_| store(&redis, "wl-exact:")).collect();
     let client: IpAddr = "192.0.2.1".parse().unwrap();
-    let decisions = join_all((0..300).map(|i| stores[i % 3].check(&rule, client.into(), Cost::ONE))).await;
-    let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+    let allowed = admitted_at_once(&stores, &rule, client, 300).await;
     assert_eq!(allowed, 25);
     assert_eq!(redis.calls("incrby"), 600, "an increment per limit and decision");
     assert_eq!(redis.calls("decrby"), 550, "every refusal gave back both");
@@ -90,15 +88,10 @@ async fn a_refusal_by_one_limit_spends_nothing_in_the_others() {
     ] {
         let rule = rule(&limits);
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
-        for _ in 0..3 {
-            assert!(
-                store
-                    .check(&rule, client.into(), Cost::ONE)
-                    .await
-                    .unwrap()
-                    .allowed
-            );
-        }
+        assert_eq!(
+            admitted_at_once(std::slice::from_ref(&store), &rule, client, 3).await,
+            3
+        );
         for cost in [1, 2, 4, 1 << 53, u64::MAX] {
             let refused = store
                 .check(&rule, client.into(), Cost::saturating(cost))
@@ -176,8 +169,7 @@ async fn a_cluster_counts_a_list_on_the_clients_master() {
     let rule = rule(&[sliding(4, LONG_MS), fixed(6, LONG_MS)]);
     for n in 1..=6u8 {
         let client: IpAddr = format!("192.0.2.{n}").parse().unwrap();
-        let decisions = join_all((0..10).map(|_| store.check(&rule, client.into(), Cost::ONE))).await;
-        let allowed = decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count();
+        let allowed = admitted_at_once(std::slice::from_ref(&store), &rule, client, 10).await;
         assert_eq!(allowed, 4, "client {client}");
         let owner = &cluster.nodes[cluster.owner_of(&store.key(&rule, client.into()))];
         let prefix = store.key(&rule, client.into());
@@ -198,18 +190,7 @@ async fn a_cluster_counts_a_list_on_the_clients_master() {
 #[tokio::test]
 async fn without_pexpire_nx_the_script_decides_a_list() {
     let redis = RedisServer::start();
-    redis.cli(&[
-        "ACL",
-        "SETUSER",
-        "nopexpire",
-        "on",
-        ">secret",
-        "~*",
-        "&*",
-        "+@all",
-        "-pexpire",
-    ]);
-    let url = format!("redis://nopexpire:secret@{}", redis.addr());
+    let url = redis.url_of_user_without("nopexpire", "-pexpire");
     let store = RedisStore::new(&RedisTarget::Single(url), "wl-nx:", Duration::from_secs(5)).unwrap();
     let rule = rule(&[sliding(3, LONG_MS), fixed(5, LONG_MS)]);
     let client: IpAddr = "192.0.2.20".parse().unwrap();
@@ -242,12 +223,9 @@ async fn a_count_that_fails_gives_the_others_back() {
     let store = store(&redis, "wl-error:");
     let rule = rule(&[fixed(5, LONG_MS), sliding(5, LONG_MS)]);
     let client: IpAddr = "192.0.2.30".parse().unwrap();
-    assert!(
-        store
-            .check(&rule, client.into(), Cost::ONE)
-            .await
-            .unwrap()
-            .allowed
+    assert_eq!(
+        admitted_at_once(std::slice::from_ref(&store), &rule, client, 1).await,
+        1
     );
     let counts = counts(&redis);
     let fixed_key = counts

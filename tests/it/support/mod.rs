@@ -11,7 +11,7 @@ pub mod redis;
 pub use backend::Backend;
 pub use client::{Reply, get, get_from, raw_status_line, read_head, request};
 pub use gateway::Gateway;
-pub use redis::{RedisCluster, RedisServer, SentinelGroup};
+pub use redis::{RedisCluster, RedisServer, SentinelGroup, admitted_at_once};
 
 use std::hash::{BuildHasher, RandomState};
 use std::net::TcpListener;

@@ -82,6 +82,22 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Now on this server's clock, in ms.
+    pub fn now_ms(&self) -> u64 {
+        let time = self.cli(&["TIME"]);
+        let mut time = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
+        time.next().unwrap() * 1_000 + time.next().unwrap() / 1_000
+    }
+
+    /// The URL of a user `name` this server's ACL allows everything but `commands` (`-`
+    /// rules: `-pexpire`, `-function`), for a Redis that refuses them.
+    pub fn url_of_user_without(&self, name: &str, commands: &str) -> String {
+        self.cli(&[
+            "ACL", "SETUSER", name, "on", ">secret", "~*", "&*", "+@all", commands,
+        ]);
+        format!("redis://{name}:secret@{}", self.addr())
+    }
+
     /// The certificate of a TLS server.
     pub fn cert_file(&self) -> PathBuf {
         self.tls.as_ref().expect("not a TLS server").cert_file()
@@ -536,4 +552,19 @@ pub fn keys_of(vars: &[(&str, &str)], rule: &str, client: &str) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// How many of `n` requests of cost 1 for `client` under `rule`, decided all at once by
+/// `stores` in turn (each a replica's connection), were allowed; every decision must succeed.
+pub async fn admitted_at_once(
+    stores: &[tollgate::stores::RedisStore],
+    rule: &tollgate::rules::Rule,
+    client: std::net::IpAddr,
+    n: usize,
+) -> usize {
+    let decisions = futures_util::future::join_all(
+        (0..n).map(|i| stores[i % stores.len()].check(rule, client.into(), tollgate::algorithms::Cost::ONE)),
+    )
+    .await;
+    decisions.iter().filter(|d| d.as_ref().unwrap().allowed).count()
 }
