@@ -768,7 +768,16 @@ impl<S: Remote> Store for Guard<S> {
                     if breaker.consecutive_failures.load(Ordering::Relaxed) != 0 {
                         breaker.consecutive_failures.store(0, Ordering::Relaxed);
                     }
-                    inner.denials.remember(rule, client, cost, &decision, sent);
+                    // A refusal while this replica holds units of the key (or has them on
+                    // their way) is not repeated: the next request spends them.
+                    let holds = !decision.allowed
+                        && shared
+                            .leases
+                            .as_ref()
+                            .is_some_and(|leases| leases.may_hold(&shared.store.key(rule, client)));
+                    if !holds {
+                        inner.denials.remember(rule, client, cost, &decision, sent);
+                    }
                     Verdict::Decided(decision)
                 }
                 Err(error) => {

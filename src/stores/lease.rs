@@ -538,6 +538,24 @@ impl Leases {
         }
     }
 
+    /// Whether this replica holds units of `key`'s budget, or has a take of them on its way (a
+    /// share with units left, a take under way, a refresh not back yet): a refusal Redis gives
+    /// meanwhile is not the key's last word, since those units are this replica's to spend, so
+    /// the denial cache must not repeat it (it would leave them unspent until the share
+    /// expires).
+    pub fn may_hold(&self, key: &str) -> bool {
+        let hash = self.hasher.hash_one(key);
+        match self.shards[shard_index(hash)]
+            .lock()
+            .get(key)
+            .map(|lease| &lease.state)
+        {
+            Some(State::Taking) => true,
+            Some(State::Held(held)) => held.left > 0 || held.refreshing,
+            Some(State::Quiet(_)) | None => false,
+        }
+    }
+
     /// Forget the share of `key` without giving it back (an operator's reset gave the client
     /// its whole budget: spending the share now would be over it).
     pub fn forget(&self, key: &str) {
