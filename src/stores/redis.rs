@@ -1243,9 +1243,9 @@ impl RedisStore {
         let redis::Value::Array(replies) = &reply else {
             return Err(unexpected());
         };
-        // Each limit's count (the increment included) and the window before's, as the scripts
-        // read them: none, or not a number, is 0.
-        let mut read = [(0_i64, 0_u64); MAX_LIMITS];
+        // Each limit's count before its increment and the window before's count, as the
+        // scripts read them: none, or not a number, is 0.
+        let mut read = [(0_u64, 0_u64); MAX_LIMITS];
         let mut failed = None;
         let mut at = 0;
         for (read, count) in read.iter_mut().zip(counts.iter().flatten()) {
@@ -1277,7 +1277,11 @@ impl RedisStore {
                 _ => Err(unexpected()),
             };
             match counted {
-                Ok(counted) => *read = counted,
+                // This window's count before the increment (below zero: a give-back that met
+                // a reset, read as nothing), and the window before's.
+                Ok((after, previous)) => {
+                    *read = ((after.max(0) as u64).saturating_sub(count.counted), previous)
+                }
                 Err(error) => {
                     failed.get_or_insert(error);
                 }
@@ -1295,10 +1299,7 @@ impl RedisStore {
             clock.observe(sent, seconds.saturating_mul(1_000_000).saturating_add(micros));
         }
         let mut parts = [LimitDecision::default(); MAX_LIMITS];
-        for ((part, count), &(after, previous)) in parts.iter_mut().zip(counts.iter().flatten()).zip(&read) {
-            // This window's count before the increment (below zero: a give-back that met a
-            // reset, read as nothing).
-            let before = (after.max(0) as u64).saturating_sub(count.counted);
+        for ((part, count), &(before, previous)) in parts.iter_mut().zip(counts.iter().flatten()).zip(&read) {
             *part = count.decide(now_us, previous, before, count.counted);
         }
         let parts = &mut parts[..rule.limits.len()];
@@ -1306,11 +1307,10 @@ impl RedisStore {
             // Refused: what each limit counted goes back before the refusal is answered (by the
             // same deadline); past it, or if the request goes away meanwhile, in a task of its
             // own (`Finish`). A limit that allowed it says what it has with nothing spent.
-            for ((part, count), &(after, previous)) in
+            for ((part, count), &(before, previous)) in
                 parts.iter_mut().zip(counts.iter().flatten()).zip(&read)
             {
                 if part.allowed {
-                    let before = (after.max(0) as u64).saturating_sub(count.counted);
                     *part = count.decide(now_us, previous, before, 0);
                 }
             }
