@@ -464,6 +464,122 @@ fn counted(mut counters: Vec<Counter>, replies: &[redis::Value]) -> Vec<Counter>
     counters
 }
 
+/// The windows a call of [`RedisStore::count`] counts `cost` in, one a limit of `rule`, on the
+/// clock estimate's `now_us`; `None` if a limit is not a window, or the rule has more limits
+/// than a call counts.
+fn counts_of(rule: &Rule, cost: Cost, now_us: u64) -> Option<[Option<Counted>; MAX_LIMITS]> {
+    if rule.limits.len() > MAX_LIMITS {
+        return None;
+    }
+    let mut counts = [None::<Counted>; MAX_LIMITS];
+    for (count, policy) in counts.iter_mut().zip(rule.limits.iter()) {
+        let window = Windowed::of(policy)?;
+        let (limit, window_ms) = window.limit_and_window_ms();
+        let index = now_us / US_PER_MS / window_ms;
+        *count = Some(Counted {
+            window,
+            index,
+            counted: cost.get().min(limit.saturating_add(1)),
+            ttl: window.counter_ttl_ms(),
+            reads_before: matches!(window, Windowed::Sliding(_)) && index > 0,
+        });
+    }
+    Some(counts)
+}
+
+/// The one pipeline of a call of [`RedisStore::count`]: for each window of `counts` (the
+/// first under `key`, each further one under its own in `more`) its `INCRBY` and
+/// `PEXPIRE ... NX`, and a sliding window's `GET` of the window before; then `TIME` if the
+/// clock estimate wants a `sample`. The keys are left as they came.
+fn count_pipeline(
+    key: &mut String,
+    more: &mut [String],
+    counts: &[Option<Counted>],
+    sample: bool,
+) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for (base, count) in std::iter::once(key)
+        .chain(more.iter_mut())
+        .zip(counts.iter().flatten())
+    {
+        let length = base.len();
+        counter_key(base, count.index);
+        pipe.cmd("INCRBY").arg(&**base).arg(count.counted);
+        pipe.cmd("PEXPIRE").arg(&**base).arg(count.ttl).arg("NX");
+        // After the increment: a late increment of the window before (a replica whose
+        // clock estimate lags) that landed first is seen.
+        if count.reads_before {
+            base.truncate(length);
+            counter_key(base, count.index - 1);
+            pipe.cmd("GET").arg(&**base);
+        }
+        base.truncate(length);
+    }
+    if sample {
+        pipe.cmd("TIME");
+    }
+    pipe
+}
+
+/// Each window's count before its increment and the window before's count
+/// ([`read_counts`]).
+type Read = [(u64, u64); MAX_LIMITS];
+
+/// Why a call's replies decide nothing ([`read_counts`]).
+enum Unread {
+    /// Redis refused `PEXPIRE ... NX` (before 7.0, or an ACL): the scripts must decide.
+    NoExpireNx(redis::ServerError),
+    /// A limit's count failed, or the reply was not one: the first such error.
+    Failed(StoreError),
+}
+
+/// Each window's count before its increment and the window before's count, as the scripts
+/// read them (none, or not a number, is 0; below zero, a give-back that met a reset, is
+/// nothing), from the `replies` of a call of `counts`; and the `TIME` reply after them, if
+/// any.
+fn read_counts<'a>(
+    replies: &'a [redis::Value],
+    counts: &[Option<Counted>],
+) -> Result<(Read, Option<&'a redis::Value>), Unread> {
+    let unexpected = || StoreError::Reply(format!("{replies:?}"));
+    let mut read: Read = [(0, 0); MAX_LIMITS];
+    let mut failed = None;
+    let mut at = 0;
+    for (read, count) in read.iter_mut().zip(counts.iter().flatten()) {
+        let mine = &replies[at.min(replies.len())..];
+        at += count.replies();
+        let previous = match count.reads_before.then(|| mine.get(2)).flatten() {
+            Some(redis::Value::ServerError(error)) => Err(StoreError::Redis(error.clone().into())),
+            Some(value) => {
+                Ok(redis::from_redis_value_ref::<i64>(value).map_or(0, |count| count.max(0) as u64))
+            }
+            None => Ok(0),
+        };
+        let counted = match (mine.first(), mine.get(1), previous) {
+            (Some(redis::Value::Int(after)), Some(redis::Value::Int(_)), Ok(previous)) => {
+                Ok((((*after).max(0) as u64).saturating_sub(count.counted), previous))
+            }
+            (Some(redis::Value::ServerError(error)), ..) => Err(StoreError::Redis(error.clone().into())),
+            (Some(redis::Value::Int(_)), Some(redis::Value::ServerError(error)), _) => {
+                return Err(Unread::NoExpireNx(error.clone()));
+            }
+            (_, _, Err(error)) => Err(error),
+            _ => Err(unexpected()),
+        };
+        match counted {
+            Ok(counted) => *read = counted,
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(Unread::Failed(error)),
+        None => Ok((read, replies.get(at))),
+    }
+}
+
 /// Windows' counts on their way to Redis ([`RedisStore::count`]): dropped before its reply
 /// was read (the caller gave up at its deadline, or its request went away), the call is
 /// finished in a task of its own, and what it counted is given back. Only a reply that shows
@@ -1162,51 +1278,14 @@ impl RedisStore {
         let sent = tokio::time::Instant::now();
         let deadline = sent + self.patience(clock);
         let now_us = clock.redis_time(sent);
-        let mut counts = [None::<Counted>; MAX_LIMITS];
-        if rule.limits.len() > MAX_LIMITS {
+        let Some(counts) = counts_of(rule, cost, now_us) else {
             return Ok(None);
-        }
-        for (count, policy) in counts.iter_mut().zip(rule.limits.iter()) {
-            let Some(window) = Windowed::of(policy) else {
-                return Ok(None);
-            };
-            let (limit, window_ms) = window.limit_and_window_ms();
-            let index = now_us / US_PER_MS / window_ms;
-            *count = Some(Counted {
-                window,
-                index,
-                counted: cost.get().min(limit.saturating_add(1)),
-                ttl: window.counter_ttl_ms(),
-                reads_before: matches!(window, Windowed::Sliding(_)) && index > 0,
-            });
-        }
+        };
         // The client's key under each further limit (none, and nothing allocated, for one).
         let mut more: Vec<String> = (1..rule.limits.len())
             .map(|index| limit_key(rule, key, index))
             .collect();
-        let sample = clock.wants_sample(sent);
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for (base, count) in std::iter::once(&mut *key)
-            .chain(more.iter_mut())
-            .zip(counts.iter().flatten())
-        {
-            let length = base.len();
-            counter_key(base, count.index);
-            pipe.cmd("INCRBY").arg(&**base).arg(count.counted);
-            pipe.cmd("PEXPIRE").arg(&**base).arg(count.ttl).arg("NX");
-            // After the increment: a late increment of the window before (a replica whose
-            // clock estimate lags) that landed first is seen.
-            if count.reads_before {
-                base.truncate(length);
-                counter_key(base, count.index - 1);
-                pipe.cmd("GET").arg(&**base);
-            }
-            base.truncate(length);
-        }
-        if sample {
-            pipe.cmd("TIME");
-        }
+        let pipe = count_pipeline(key, &mut more, &counts, clock.wants_sample(sent));
         let key: &str = key;
         let connection = self.connection.clone();
         // Boxed, so that it can outlive the wait: a call given up on, or whose request went
@@ -1239,61 +1318,29 @@ impl RedisStore {
             None => return Err(StoreError::Timeout(self.timeout)),
         };
         drop(counting);
-        let unexpected = || StoreError::Reply(format!("{reply:?}"));
         let redis::Value::Array(replies) = &reply else {
-            return Err(unexpected());
+            return Err(StoreError::Reply(format!("{reply:?}")));
         };
-        // Each limit's count before its increment and the window before's count, as the
-        // scripts read them: none, or not a number, is 0.
-        let mut read = [(0_u64, 0_u64); MAX_LIMITS];
-        let mut failed = None;
-        let mut at = 0;
-        for (read, count) in read.iter_mut().zip(counts.iter().flatten()) {
-            let mine = &replies[at.min(replies.len())..];
-            at += count.replies();
-            let previous = match count.reads_before.then(|| mine.get(2)).flatten() {
-                Some(redis::Value::ServerError(error)) => Err(StoreError::Redis(error.clone().into())),
-                Some(value) => {
-                    Ok(redis::from_redis_value_ref::<i64>(value).map_or(0, |count| count.max(0) as u64))
-                }
-                None => Ok(0),
-            };
-            let counted = match (mine.first(), mine.get(1), previous) {
-                (Some(redis::Value::Int(count)), Some(redis::Value::Int(_)), Ok(previous)) => {
-                    Ok((*count, previous))
-                }
-                (Some(redis::Value::ServerError(error)), ..) => Err(StoreError::Redis(error.clone().into())),
-                (Some(redis::Value::Int(_)), Some(redis::Value::ServerError(error)), _) => {
-                    // A Redis before 7.0 (no NX), or an ACL that forbids PEXPIRE: the scripts
-                    // decide from now on.
-                    tracing::warn!(
-                        "redis refused PEXPIRE ... NX ({}): deciding windows by script",
-                        error.details().unwrap_or("")
-                    );
-                    self.counters.store(false, Ordering::Relaxed);
-                    return self.give_back_counts(key, &more, &counts, replies).await;
-                }
-                (_, _, Err(error)) => Err(error),
-                _ => Err(unexpected()),
-            };
-            match counted {
-                // This window's count before the increment (below zero: a give-back that met
-                // a reset, read as nothing), and the window before's.
-                Ok((after, previous)) => {
-                    *read = ((after.max(0) as u64).saturating_sub(count.counted), previous)
-                }
-                Err(error) => {
-                    failed.get_or_insert(error);
-                }
+        let (read, time) = match read_counts(replies, &counts) {
+            Ok(read) => read,
+            Err(Unread::NoExpireNx(error)) => {
+                // A Redis before 7.0 (no NX), or an ACL that forbids PEXPIRE: the scripts
+                // decide from now on.
+                tracing::warn!(
+                    "redis refused PEXPIRE ... NX ({}): deciding windows by script",
+                    error.details().unwrap_or("")
+                );
+                self.counters.store(false, Ordering::Relaxed);
+                return self.give_back_counts(key, &more, &counts, replies).await;
             }
-        }
-        if let Some(error) = failed {
-            // What the other limits counted goes back: the error answers the request.
-            let counters = counted(counters(key, &more, counts.iter().flatten()), replies);
-            Finish(Some(Box::pin(self.clone().uncount_owned(counters))));
-            return Err(error);
-        }
-        if let Some(time) = replies.get(at)
+            Err(Unread::Failed(error)) => {
+                // What the other limits counted goes back: the error answers the request.
+                let counters = counted(counters(key, &more, counts.iter().flatten()), replies);
+                Finish(Some(Box::pin(self.clone().uncount_owned(counters))));
+                return Err(error);
+            }
+        };
+        if let Some(time) = time
             && let Ok((seconds, micros)) = redis::from_redis_value_ref::<(u64, u64)>(time)
         {
             clock.observe(sent, seconds.saturating_mul(1_000_000).saturating_add(micros));
@@ -1304,9 +1351,7 @@ impl RedisStore {
         }
         let parts = &mut parts[..rule.limits.len()];
         if parts.iter().any(|part| !part.allowed) {
-            // Refused: what each limit counted goes back before the refusal is answered (by the
-            // same deadline); past it, or if the request goes away meanwhile, in a task of its
-            // own (`Finish`). A limit that allowed it says what it has with nothing spent.
+            // A limit that allowed it says what it has with nothing spent.
             for ((part, count), &(before, previous)) in
                 parts.iter_mut().zip(counts.iter().flatten()).zip(&read)
             {
@@ -1314,16 +1359,22 @@ impl RedisStore {
                     *part = count.decide(now_us, previous, before, 0);
                 }
             }
-            let counters = counters(key, &more, counts.iter().flatten());
-            let mut give_back = Finish(Some(Box::pin(self.clone().uncount_owned(counters))));
-            if let Some(call) = give_back.0.as_mut()
-                && tokio::time::timeout_at(deadline, call.as_mut()).await.is_ok()
-            {
-                give_back.0 = None;
-            }
-            drop(give_back);
+            self.give_back_refused(counters(key, &more, counts.iter().flatten()), deadline)
+                .await;
         }
         Ok(Some(Decision::of(parts)))
+    }
+
+    /// A refused call's increments go back before the refusal is answered (by the call's
+    /// `deadline`); past it, or if the request goes away meanwhile, in a task of their own
+    /// (`Finish`).
+    async fn give_back_refused(&self, counters: Vec<Counter>, deadline: tokio::time::Instant) {
+        let mut give_back = Finish(Some(Box::pin(self.clone().uncount_owned(counters))));
+        if let Some(call) = give_back.0.as_mut()
+            && tokio::time::timeout_at(deadline, call.as_mut()).await.is_ok()
+        {
+            give_back.0 = None;
+        }
     }
 
     /// Redis refused `PEXPIRE ... NX`: give back what the call counted, each counter with an
