@@ -1,12 +1,17 @@
 //! Denials remembered locally in Redis mode, so a flood of rejected traffic does not reach
 //! Redis once per request.
 //!
-//! When Redis refuses a request of cost `c` and says it fits again after `retry_after`, every
-//! request of cost `c` or more from that client under that rule is refused by Redis too until
-//! then: nothing but time gives a budget back (refunds excepted: rules that refund, under
-//! `count=failures`, are never cached). So this replica answers those itself, with the same
-//! decision, and asks Redis again only once the time has come. It never admits anything: a
-//! miss or an expired entry asks Redis.
+//! When Redis refuses a request of cost `c` and says it fits again after `retry_after`, the
+//! same request from that client under that rule is refused by Redis too, with the same
+//! numbers, until then: nothing but time gives a budget back (refunds excepted: rules that
+//! refund, under `count=failures`, are never cached). So this replica answers those itself,
+//! with the same decision, and asks Redis again only once the time has come. It never admits
+//! anything: a miss or an expired entry asks Redis. A request of another cost asks Redis too:
+//! a cheaper one may fit sooner, and a costlier one, refused all the same, may have to wait
+//! longer than the denial says, or for another limit of the rule (its answer, `Retry-After`
+//! and the limit it names, is Redis's, as the memory store's would be). When Redis admits a
+//! request of a client it has a denial of (a cheaper request, or one after a reset), the
+//! denial is forgotten: what the admission spent puts its retry time off.
 //!
 //! A reset on any replica (the admin's `DELETE /v1/clients/RULE/KEY`) gives the client its
 //! budget back in Redis and announces it on the channel `<KEY_PREFIX>resets` in the same
@@ -47,13 +52,26 @@ struct Denial {
     recheck: Instant,
     /// When the request was sent: the decision's waits are counted from then.
     sent: Instant,
-    /// The cost of the refused request: a cheaper one may fit sooner.
+    /// The cost of the refused request: the one answered from here while Redis can be asked
+    /// (a cheaper one may fit sooner, a costlier one wait longer).
     cost: Cost,
     /// What Redis decided (every limit's part, for the headers).
     decision: Decision,
 }
 
 type Shard = Mutex<LruCache<(u16, ClientKey), Denial>>;
+
+/// What the cache knows of a request while Redis can be asked ([`DenialCache::check`]).
+#[derive(Debug)]
+pub enum Remembered {
+    /// No denial of the client under the rule.
+    Nothing,
+    /// Refused as Redis refused the same request, less than [`RECHECK_AFTER`] ago: the answer.
+    Refused(Decision),
+    /// A denial that does not answer this request (of another cost, or due a recheck): Redis
+    /// decides, and its admission of the request forgets the denial.
+    Unsure,
+}
 
 /// The cache. Cheap to share behind the guard.
 pub struct DenialCache {
@@ -77,39 +95,47 @@ impl DenialCache {
         }
     }
 
-    /// The denial Redis would give this request now, if one is remembered and was asked for
-    /// less than [`RECHECK_AFTER`] ago.
-    pub fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Option<Decision> {
-        self.answer(rule, client, cost, |denial| denial.recheck)
+    /// The denial Redis would give this request now, if Redis refused a request of the same
+    /// cost less than [`RECHECK_AFTER`] ago; else whether a denial of the client is remembered
+    /// at all (one Redis's admission of this request should forget).
+    pub fn check(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Remembered {
+        let key = (rule.id, client);
+        let shard = self.shard(&key);
+        let Some(denial) = shard.peek(&key) else {
+            return Remembered::Nothing;
+        };
+        let now = Instant::now();
+        if now >= denial.recheck || cost != denial.cost {
+            return Remembered::Unsure;
+        }
+        let denial = denial.clone();
+        drop(shard);
+        Remembered::Refused(self.answer(&denial, now))
     }
 
-    /// The denial Redis would give this request now, if one is remembered, until its retry
-    /// time: for when Redis cannot be asked again.
+    /// A denial of this request until its retry time, if one of the same cost or a cheaper one
+    /// is remembered (the retry time at least, a costlier request's may be later): for when
+    /// Redis cannot be asked again, and a client it refused stays refused.
     pub fn check_until_retry(&self, rule: &Rule, client: ClientKey, cost: Cost) -> Option<Decision> {
-        self.answer(rule, client, cost, |denial| denial.until)
-    }
-
-    fn answer(
-        &self,
-        rule: &Rule,
-        client: ClientKey,
-        cost: Cost,
-        trusted_until: impl Fn(&Denial) -> Instant,
-    ) -> Option<Decision> {
         let key = (rule.id, client);
         let shard = self.shard(&key);
         let denial = shard.peek(&key)?.clone();
+        drop(shard);
         let now = Instant::now();
-        if now >= trusted_until(&denial) || cost < denial.cost {
+        if now >= denial.until || cost < denial.cost {
             return None;
         }
-        drop(shard);
+        Some(self.answer(&denial, now))
+    }
+
+    /// What `denial` answers at `now`: its decision, aged by the time since it was asked.
+    fn answer(&self, denial: &Denial, now: Instant) -> Decision {
         self.hits.fetch_add(1, Ordering::Relaxed);
         let mut decision = denial.decision.aged(now - denial.sent);
         decision.retry_after = denial.until - now;
         // Not counted anywhere, so there is nothing a refund could find.
         decision.at_us = 0;
-        Some(decision)
+        decision
     }
 
     /// Remember `decision`, a denial Redis gave a request of `cost` sent at `sent`.
@@ -138,7 +164,8 @@ impl DenialCache {
         self.shard(&key).put(key, denial);
     }
 
-    /// Forget the denial of `client` under `rule`, if one is remembered (its budget was reset).
+    /// Forget the denial of `client` under `rule`, if one is remembered (its budget was reset,
+    /// or Redis admitted a request of it since).
     pub fn forget(&self, rule: &Rule, client: ClientKey) {
         self.forget_id(rule.id, client);
     }
@@ -215,6 +242,13 @@ mod tests {
         std::net::IpAddr::from([192, 0, 2, 1]).into()
     }
 
+    fn refused(remembered: Remembered) -> Option<Decision> {
+        match remembered {
+            Remembered::Refused(decision) => Some(decision),
+            Remembered::Nothing | Remembered::Unsure => None,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_denial_is_repeated_until_its_retry_time_and_not_after() {
         let cache = DenialCache::new(NonZeroUsize::new(100).unwrap(), Default::default());
@@ -228,22 +262,30 @@ mod tests {
             sent,
         );
         tokio::time::advance(Duration::from_millis(500)).await;
-        let decision = cache
-            .check(&rule, client(), Cost::saturating(2))
-            .expect("still refused");
+        let decision = refused(cache.check(&rule, client(), Cost::saturating(2))).expect("still refused");
         assert!(!decision.allowed);
         assert_eq!(decision.retry_after, Duration::from_millis(1_500));
         assert!(
-            cache.check(&rule, client(), Cost::saturating(3)).is_some(),
-            "a costlier request too"
+            matches!(
+                cache.check(&rule, client(), Cost::saturating(3)),
+                Remembered::Unsure
+            ),
+            "a costlier request may wait longer, or for another limit: ask Redis"
         );
         assert!(
-            cache.check(&rule, client(), Cost::ONE).is_none(),
+            matches!(cache.check(&rule, client(), Cost::ONE), Remembered::Unsure),
             "a cheaper one may fit: ask Redis"
         );
+        let costlier = cache
+            .check_until_retry(&rule, client(), Cost::saturating(3))
+            .expect("Redis cannot be asked: a costlier request is refused until then at least");
+        assert_eq!(costlier.retry_after, Duration::from_millis(1_500));
         tokio::time::advance(Duration::from_millis(1_500)).await;
         assert!(
-            cache.check(&rule, client(), Cost::saturating(2)).is_none(),
+            matches!(
+                cache.check(&rule, client(), Cost::saturating(2)),
+                Remembered::Unsure
+            ),
             "at the retry time, ask Redis"
         );
         assert_eq!(cache.hits(), 2);
@@ -261,16 +303,14 @@ mod tests {
             Instant::now(),
         );
         tokio::time::advance(RECHECK_AFTER - Duration::from_millis(1)).await;
-        let decision = cache
-            .check(&rule, client(), Cost::ONE)
-            .expect("still answered here");
+        let decision = refused(cache.check(&rule, client(), Cost::ONE)).expect("still answered here");
         assert!(
             decision.retry_after > Duration::from_secs(3598),
             "the retry time Redis gave"
         );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(
-            cache.check(&rule, client(), Cost::ONE).is_none(),
+            matches!(cache.check(&rule, client(), Cost::ONE), Remembered::Unsure),
             "a second on: ask Redis"
         );
     }
@@ -288,7 +328,7 @@ mod tests {
         );
         tokio::time::advance(Duration::from_secs(999)).await;
         assert!(
-            cache.check(&rule, client(), Cost::ONE).is_none(),
+            matches!(cache.check(&rule, client(), Cost::ONE), Remembered::Unsure),
             "Redis is asked again"
         );
         let decision = cache
@@ -344,10 +384,16 @@ mod tests {
             &denied(Duration::from_secs(9)),
             sent,
         );
-        assert!(cache.check(&rule(Count::Failures), client(), Cost::ONE).is_none());
+        assert!(matches!(
+            cache.check(&rule(Count::Failures), client(), Cost::ONE),
+            Remembered::Nothing
+        ));
         let mut allowed = denied(Duration::ZERO);
         allowed.allowed = true;
         cache.remember(&rule(Count::All), client(), Cost::ONE, &allowed, sent);
-        assert!(cache.check(&rule(Count::All), client(), Cost::ONE).is_none());
+        assert!(matches!(
+            cache.check(&rule(Count::All), client(), Cost::ONE),
+            Remembered::Nothing
+        ));
     }
 }

@@ -44,7 +44,7 @@ use std::num::NonZeroUsize;
 use crate::algorithms::{Cost, Decision};
 use crate::rules::FailMode;
 use crate::rules::{ClientKey, Rule};
-use crate::stores::denials::{DenialCache, parse_reset_message};
+use crate::stores::denials::{DenialCache, Remembered, parse_reset_message};
 use crate::stores::lease::{LeaseSettings, Leases, Return, Step, Taken, Want};
 use crate::stores::redis_clock::RedisClock;
 use crate::stores::slots::{Master, SlotMap, key_slot};
@@ -720,9 +720,13 @@ impl<S: Remote> Store for Guard<S> {
     fn check<'a>(&'a self, rule: &'a Rule, client: ClientKey, cost: Cost) -> Decide<'a, Verdict> {
         let inner = &*self.inner;
         let shared = &*inner.shared;
-        if let Some(denial) = inner.denials.check(rule, client, cost) {
-            return Decide::ready(Verdict::Decided(denial));
-        }
+        // A denial of the client that does not answer this request is forgotten when the
+        // request is admitted: what it spends puts the denial's retry time off.
+        let remembered = match inner.denials.check(rule, client, cost) {
+            Remembered::Refused(denial) => return Decide::ready(Verdict::Decided(denial)),
+            Remembered::Unsure => true,
+            Remembered::Nothing => false,
+        };
         let key = shared.store.key(rule, client);
         let mut take = None;
         if let Some(leases) = &shared.leases {
@@ -733,6 +737,9 @@ impl<S: Remote> Store for Guard<S> {
             }
             match step {
                 Step::Local(decision, refresh) => {
+                    if remembered && decision.allowed {
+                        inner.denials.forget(rule, client);
+                    }
                     if let Some(units) = refresh {
                         let breaker = shared.breaker(&key).into_owned();
                         tokio::spawn(refresh_share(
@@ -775,7 +782,11 @@ impl<S: Remote> Store for Guard<S> {
                             .leases
                             .as_ref()
                             .is_some_and(|leases| leases.may_hold(&shared.store.key(rule, client)));
-                    if !holds {
+                    if decision.allowed {
+                        if remembered {
+                            inner.denials.forget(rule, client);
+                        }
+                    } else if !holds {
                         inner.denials.remember(rule, client, cost, &decision, sent);
                     }
                     Verdict::Decided(decision)

@@ -622,6 +622,53 @@ async fn every_algorithm_and_list_answers_alike_in_memory_and_in_redis() {
     );
 }
 
+/// A refusal is remembered on Redis's side of the gateway (the denial cache) for the request it
+/// refused, not for a costlier one: that one has longer to wait, and is told so, as the memory
+/// store tells it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_costlier_request_after_a_refusal_is_told_its_own_retry_time_in_memory_and_in_redis() {
+    let redis = RedisServer::start();
+    let addr = redis.addr();
+    let dir = tempfile::tempdir().unwrap();
+    let memory = service(&extended_config(dir.path(), &[]));
+    let shared = service(&extended_config(
+        dir.path(),
+        &[
+            ("REDIS_ADDR", addr.as_str()),
+            ("KEY_HASH_SECRET", "0123456789abcdef0123"),
+            ("REDIS_TIMEOUT_MS", "5000"),
+            ("FAIL_MODE", "closed"),
+        ],
+    ));
+    let retry_after = |response: &RateLimitResponse| {
+        response
+            .response_headers_to_add
+            .iter()
+            .find(|header| header.key == "Retry-After")
+            .map(|header| header.value.clone())
+    };
+    // The bucket: 30, one back every 2 s. 29 spent, then costs of 4, 10 and 4 again: 3, 9 and
+    // 3 tokens short.
+    for (hits, code, retry) in [
+        (29, Code::Ok, None),
+        (4, Code::OverLimit, Some("6")),
+        (10, Code::OverLimit, Some("18")),
+        (4, Code::OverLimit, Some("6")),
+        (10, Code::OverLimit, Some("18")),
+    ] {
+        let mut one = request("edge", &[&[("bucket", "client")]]);
+        one.hits_addend = hits;
+        for (store, service) in [("memory", &memory), ("redis", &shared)] {
+            let response = service.check(&one).await.unwrap();
+            assert_eq!(
+                (code_of(&response), retry_after(&response).as_deref()),
+                (code, retry),
+                "{store}: a cost of {hits}"
+            );
+        }
+    }
+}
+
 /// The real binary, a client generated from the protos: a token bucket's burst and then its
 /// steady refill (one every 2 s, not a window's worth at once), and a list refused by its
 /// second limit with the first's budget unspent.

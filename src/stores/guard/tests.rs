@@ -426,6 +426,56 @@ async fn a_denial_is_repeated_until_its_retry_time_without_asking() {
     assert_eq!(store.calls(), 3);
 }
 
+/// The cache answers only the request Redis refused: a costlier one may have to wait longer
+/// (or for another limit) than the denial says, so Redis answers it, and so it does a cheaper
+/// one, whose admission forgets the denial (what it spent puts the retry time off).
+#[tokio::test(start_paused = true)]
+async fn a_denial_answers_only_its_own_cost_and_an_admission_forgets_it() {
+    let rules = [rule(0, "general", FailMode::Open)];
+    let (guard, store) = guarded(&rules, 1);
+    let two = Cost::saturating(2);
+    let denial = Decision {
+        allowed: false,
+        remaining: 0,
+        retry_after: Duration::from_secs(60),
+        ..ALLOWED
+    };
+    store.answer(denial.clone());
+    assert_eq!(
+        guard.check(&rules[0], client(1), two).await,
+        Verdict::Decided(denial.clone())
+    );
+    let refused = |verdict: &Verdict| matches!(verdict, Verdict::Decided(decision) if !decision.allowed);
+    assert!(refused(&guard.check(&rules[0], client(1), two).await));
+    assert_eq!((store.calls(), guard.stats().cached_denials), (1, 1));
+    // Costlier: Redis is asked (and its denial, the costlier one's, is remembered instead).
+    let longer = Decision {
+        retry_after: Duration::from_secs(90),
+        ..denial.clone()
+    };
+    store.answer(longer.clone());
+    let three = Cost::saturating(3);
+    assert_eq!(
+        guard.check(&rules[0], client(1), three).await,
+        Verdict::Decided(longer)
+    );
+    assert_eq!(store.calls(), 2);
+    assert!(refused(&guard.check(&rules[0], client(1), three).await));
+    assert_eq!((store.calls(), guard.stats().cached_denials), (2, 2));
+    // Cheaper, and admitted: the denial is forgotten, and the next request of its cost asks.
+    store.heal();
+    assert_eq!(
+        guard.check(&rules[0], client(1), Cost::ONE).await,
+        Verdict::Decided(ALLOWED)
+    );
+    store.answer(denial.clone());
+    assert_eq!(
+        guard.check(&rules[0], client(1), three).await,
+        Verdict::Decided(denial)
+    );
+    assert_eq!((store.calls(), guard.stats().cached_denials), (4, 2));
+}
+
 #[tokio::test(start_paused = true)]
 async fn while_redis_cannot_be_asked_a_denial_holds_until_its_retry_time_in_every_fail_mode() {
     for fail_mode in [FailMode::Open, FailMode::Local, FailMode::Closed] {
