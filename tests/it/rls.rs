@@ -571,11 +571,8 @@ fn timeless(response: &RateLimitResponse) -> String {
     format!("{:?} {statuses:?} {budgets:?}", code_of(response))
 }
 
-/// The same requests through the memory store and through Redis: the same answers, limit by
-/// limit (each descriptor of several costs, one over the budget of some).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_algorithm_and_list_answers_alike_in_memory_and_in_redis() {
-    let redis = RedisServer::start();
+/// The extended configuration's service twice: on the memory store, and on `redis`.
+fn in_memory_and_in_redis(redis: &RedisServer) -> (RateLimitService, RateLimitService) {
     let addr = redis.addr();
     let dir = tempfile::tempdir().unwrap();
     let memory = service(&extended_config(dir.path(), &[]));
@@ -588,6 +585,15 @@ async fn every_algorithm_and_list_answers_alike_in_memory_and_in_redis() {
             ("FAIL_MODE", "closed"),
         ],
     ));
+    (memory, shared)
+}
+
+/// The same requests through the memory store and through Redis: the same answers, limit by
+/// limit (each descriptor of several costs, one over the budget of some).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_and_list_answers_alike_in_memory_and_in_redis() {
+    let redis = RedisServer::start();
+    let (memory, shared) = in_memory_and_in_redis(&redis);
     let (mut asked, mut allowed) = (0, 0);
     for round in 0..4u64 {
         for key in ["slow", "tenant", "sliding", "log", "fixed", "plain"] {
@@ -628,18 +634,7 @@ async fn every_algorithm_and_list_answers_alike_in_memory_and_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_costlier_request_after_a_refusal_is_told_its_own_retry_time_in_memory_and_in_redis() {
     let redis = RedisServer::start();
-    let addr = redis.addr();
-    let dir = tempfile::tempdir().unwrap();
-    let memory = service(&extended_config(dir.path(), &[]));
-    let shared = service(&extended_config(
-        dir.path(),
-        &[
-            ("REDIS_ADDR", addr.as_str()),
-            ("KEY_HASH_SECRET", "0123456789abcdef0123"),
-            ("REDIS_TIMEOUT_MS", "5000"),
-            ("FAIL_MODE", "closed"),
-        ],
-    ));
+    let (memory, shared) = in_memory_and_in_redis(&redis);
     let retry_after = |response: &RateLimitResponse| {
         response
             .response_headers_to_add
